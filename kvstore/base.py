@@ -1,0 +1,285 @@
+"""The API every store type implements, and the argument handling they share.
+
+Subclasses implement the ``_do_*`` hooks on already validated, normalised
+arguments: numpy arrays and :class:`KeyInfo` records.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import arrays, states_file
+from . import optimizer as _optimizer
+from .errors import ArgumentTypeError, InvalidArgumentError
+from .protocol.codec import ALLOWED_DTYPES
+
+log = logging.getLogger(__name__)
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What init() fixed for a key: its shape and dtype (and, in dist mode, chunks)."""
+    key: object
+    shape: tuple
+    dtype: np.dtype
+    chunks: tuple = ()
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class KVStore:
+    """A key-value store for gradients and weights, with MXNet's KVStore API.
+
+    Keys are ``int`` (64-bit) or ``str``, one kind per store. Values are numpy
+    arrays, torch tensors or cupy arrays; a list of values for one key (one per
+    device) is summed. Create stores with :func:`kvstore.create`.
+    """
+
+    def __init__(self, name: str):
+        self._type = name
+        self._keys: dict[object, KeyInfo] = {}
+        self._key_kind: type | None = None
+        self._optimizer = None
+        self._closed = False
+
+    # -- properties -------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The name the store was created with, e.g. ``"dist_sync"``."""
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        """Rank of this worker, 0 .. num_workers - 1."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return 1
+
+    # -- argument handling ---------------------------------------------------------
+    def _check_key(self, key, what: str):
+        if isinstance(key, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{what}: a key must be an int or a str, not a bool")
+        if isinstance(key, np.integer):
+            key = int(key)
+        if isinstance(key, int):
+            if not INT64_MIN <= key <= INT64_MAX:
+                raise InvalidArgumentError(f"{what}: int key {key} does not fit in 64 bits")
+            kind = int
+        elif isinstance(key, str):
+            kind = str
+        else:
+            raise ArgumentTypeError(f"{what}: a key must be an int or a str, got "
+                                    f"{type(key).__name__} {key!r}")
+        if self._key_kind is not None and kind is not self._key_kind:
+            raise ArgumentTypeError(f"{what}: key {key!r} is a {kind.__name__} but this store uses "
+                                    f"{self._key_kind.__name__} keys; do not mix int and str keys")
+        return key
+
+    def _pairs(self, keys, values, what: str, values_name: str = "value") -> list[tuple]:
+        """[(key, [values...])] from MXNet's forms: key + value, key + [values],
+        [keys] + [values], [keys] + [[values], ...]."""
+        if isinstance(keys, (list, tuple)):
+            if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+                got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+                raise InvalidArgumentError(f"{what}: {len(keys)} keys need a list of {len(keys)} "
+                                           f"{values_name}s, got {got}")
+            pairs = [(self._check_key(k, what), _as_list(v)) for k, v in zip(keys, values)]
+        else:
+            pairs = [(self._check_key(keys, what), _as_list(values))]
+        kinds = {type(k) for k, _ in pairs}
+        if len(kinds) > 1:
+            raise ArgumentTypeError(f"{what}: do not mix int and str keys in one call")
+        for key, vals in pairs:
+            if not vals:
+                raise InvalidArgumentError(f"{what}: key {key!r} got an empty list of {values_name}s")
+        return pairs
+
+    def _info(self, key, what: str) -> KeyInfo:
+        info = self._keys.get(key)
+        if info is None:
+            raise InvalidArgumentError(f"{what}: key {key!r} has not been initialised; call init() first")
+        return info
+
+    def _check_value(self, info: KeyInfo, value, what: str) -> None:
+        shape, dtype = arrays.shape_dtype(value, what)
+        if shape != info.shape:
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
+                                       f"got an array of shape {shape}")
+        if dtype != info.dtype:
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {info.dtype.name}, "
+                                       f"got {dtype.name}")
+
+    def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
+        """Validated (info, values) per distinct key; a key listed twice gets both lists."""
+        groups: dict = {}
+        for key, vals in self._pairs(keys, values, what):
+            info = self._info(key, what)
+            for v in vals:
+                self._check_value(info, v, what)
+            groups.setdefault(key, (info, []))[1].extend(vals)
+        return list(groups.values())
+
+    @staticmethod
+    def _merged(info: KeyInfo, vals: list, what: str) -> np.ndarray:
+        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
+        first = arrays.to_numpy(vals[0], what)
+        if len(vals) == 1:
+            return np.ascontiguousarray(first).reshape(-1)
+        acc = np.array(first, dtype=info.dtype, order="C", copy=True).reshape(-1)
+        for v in vals[1:]:
+            acc += arrays.to_numpy(v, what).reshape(-1)
+        return acc
+
+    # -- the API --------------------------------------------------------------------
+    def init(self, key, value) -> None:
+        """Create keys with initial values. In dist mode every worker calls it with
+        the same keys; rank 0's values win and nobody returns before the servers
+        hold them. Raises InvalidArgumentError for a key initialised twice."""
+        what = "init"
+        self._check_open(what)
+        items, seen = [], set()
+        for k, vals in self._pairs(key, value, what):
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"{what}: key {k!r} needs one initial value, got {len(vals)}")
+            if k in self._keys or k in seen:
+                raise InvalidArgumentError(f"{what}: key {k!r} is already initialised")
+            shape, dtype = arrays.shape_dtype(vals[0], what)
+            if dtype.str not in ALLOWED_DTYPES:
+                raise InvalidArgumentError(f"{what}: key {k!r} has unsupported dtype {dtype.name}")
+            seen.add(k)
+            items.append((k, shape, dtype, arrays.to_numpy(vals[0], what)))
+        if self._key_kind is None and items:
+            self._key_kind = type(items[0][0])
+        self._do_init(items)
+
+    def push(self, key, value, priority: int = 0) -> None:
+        """Push values (gradients) for keys. A list of values for one key is summed.
+        Without an optimizer the (merged) sum replaces the stored value; with one,
+        the optimizer applies it. May return before the servers applied it."""
+        what = "push"
+        self._check_open(what)
+        _check_priority(priority, what)
+        self._do_push([(info, self._merged(info, vals, what)) for info, vals in
+                       self._grouped(key, value, what)])
+
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
+        """Fill ``out`` (an array, or every array of a list) with the stored value,
+        including the effect of this worker's earlier pushes."""
+        what = "pull"
+        self._check_open(what)
+        _check_priority(priority, what)
+        if out is None:
+            raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
+        self._do_pull(self._grouped(key, out, what))
+
+    def pushpull(self, key, value, out=None, priority: int = 0) -> None:
+        """Push ``value`` then pull the result into ``out`` (into ``value`` when
+        ``out`` is None), in one round trip."""
+        what = "pushpull"
+        self._check_open(what)
+        _check_priority(priority, what)
+        pushes = self._grouped(key, value, what)
+        outs = pushes if out is None else self._grouped(key, out, what)
+        merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
+        self._do_pushpull([(info, merged[info.key], targets) for info, targets in outs])
+
+    def broadcast(self, key, value, out, priority: int = 0) -> None:
+        """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        self.init(key, value)
+        self.pull(key, out=out, priority=priority)
+
+    def set_optimizer(self, optimizer) -> None:
+        """Apply ``optimizer`` to every push (on the servers in dist mode). In dist
+        mode every worker calls it; rank 0's optimizer is used."""
+        self._check_open("set_optimizer")
+        if not isinstance(optimizer, _optimizer.Optimizer):
+            raise ArgumentTypeError("set_optimizer: expected a kvstore.optimizer.Optimizer "
+                                    f"(e.g. kvstore.optimizer.SGD(...)), got {type(optimizer).__name__}")
+        optimizer = _optimizer.from_config(optimizer.to_config())  # validated, and our own copy
+        self._do_set_optimizer(optimizer)
+        self._optimizer = optimizer
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write the optimizer state of every key (momentum, Adam moments, update
+        counts) to ``fname`` atomically; with ``dump_optimizer`` also the optimizer."""
+        self._check_open("save_optimizer_states")
+        if self._optimizer is None:
+            raise InvalidArgumentError("save_optimizer_states: no optimizer is set")
+        config = self._optimizer.to_config() if dump_optimizer else None
+        states_file.dump(fname, config, self._get_states())
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Restore states written by :meth:`save_optimizer_states` (by any store
+        type). An optimizer saved in the file replaces the current one."""
+        what = "load_optimizer_states"
+        self._check_open(what)
+        config, states = states_file.load(fname)
+        if config is not None:
+            self._set_optimizer_only(_optimizer.from_config(config))
+        if self._optimizer is None:
+            raise InvalidArgumentError(f"{what}: call set_optimizer() first (the file holds no optimizer)")
+        for key, entry in states.items():
+            info = self._info(self._check_key(key, what), what)
+            for s in entry["state"]:
+                if s.shape != info.shape:
+                    raise InvalidArgumentError(f"{what}: state of key {key!r} has shape {s.shape}, "
+                                               f"the key has {info.shape}")
+        self._set_states(states)
+
+    def barrier(self) -> None:
+        """Wait until every worker called barrier() (after this worker's pushes landed)."""
+
+    def close(self) -> None:
+        """Release the store; in dist mode tell the job this worker is done."""
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise InvalidArgumentError(f"{what}: the store is closed")
+
+    # -- hooks for subclasses ------------------------------------------------------------
+    def _do_init(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_push(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_pushpull(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None: raise NotImplementedError
+    def _get_states(self) -> dict: raise NotImplementedError
+    def _set_states(self, states: dict) -> None: raise NotImplementedError
+
+    def _set_optimizer_only(self, optimizer) -> None:
+        self._do_set_optimizer(optimizer, collective=False)
+        self._optimizer = optimizer
+
+
+def _check_priority(priority, what: str) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise ArgumentTypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
+
+
+def fill_outputs(targets: list, flat: np.ndarray, direct: bool, what: str) -> None:
+    """After ``flat`` was filled: copy it into the first target unless it is that
+    target's memory, then into every other target."""
+    if not direct:
+        arrays.write(targets[0], flat)
+    for t in targets[1:]:
+        arrays.write(t, flat)

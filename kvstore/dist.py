@@ -1,0 +1,274 @@
+"""``dist_sync`` and ``dist_async``: a store whose values live on the servers.
+
+Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); every
+call groups the chunks bound for one server into one message. Collective calls
+(create, init, set_optimizer, barrier) pass through the scheduler's barrier with
+a token describing what the workers agree on, so a worker that initialises other
+keys, shapes or dtypes gets an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import threading
+
+import numpy as np
+
+from tracker.errors import JobAborted, RendezvousError, RendezvousTimeout
+from tracker.membership import Membership
+
+from . import arrays
+from .base import KeyInfo, KVStore, fill_outputs
+from .client import Client
+from .config import Config
+from .errors import DeadlineError, InvalidArgumentError, NodeFailedError
+from .protocol import ops
+from .sharding import Placement
+
+log = logging.getLogger(__name__)
+
+
+class DistStore(KVStore):
+    """A worker's handle on the distributed store. Created by
+    ``kvstore.create("dist_sync")`` inside a process started by a launcher."""
+
+    def __init__(self, name: str, config: Config, exit_on_abort: bool = True):
+        super().__init__(name)
+        config.require_cluster(f"kvstore.create({name!r})")
+        self._config = config
+        self._mode = "async" if "async" in name else "sync"
+        self._exit_on_abort = exit_on_abort
+        self._membership = Membership(
+            role="worker", rank=config.rank, host=config.node_host,
+            scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
+            heartbeat_interval=config.heartbeat_interval,
+            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort)
+        self._client = None
+        try:
+            reg = self._translate(self._membership.register)
+            self._rank, self._num_workers = reg.rank, reg.num_workers
+            self._client = Client(config, self._membership, reg.servers, reg.rank)
+            self._placement = Placement(reg.num_servers, config.chunk_bytes)
+            self._collective(f"create {name} chunk_bytes={config.chunk_bytes}")
+            if self._rank == 0:
+                self._to_all_servers(ops.CONFIGURE, "configuring the servers",
+                                     mode=self._mode, num_workers=self._num_workers)
+        except BaseException:
+            self._release()
+            raise
+        atexit.register(self._close_at_exit)
+        log.info("[worker:%d] joined %s with %d workers and %d servers",
+                 self._rank, name, self._num_workers, reg.num_servers)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._num_workers
+
+    # -- collective plumbing ------------------------------------------------------------
+    def _translate(self, fn, *args, **kwargs):
+        """Call a tracker function, re-raising its errors as kvstore errors."""
+        try:
+            return fn(*args, **kwargs)
+        except JobAborted as e:
+            raise NodeFailedError(f"the job was aborted: {e}") from e
+        except RendezvousTimeout as e:
+            raise DeadlineError(str(e)) from e
+        except RendezvousError as e:
+            if self._membership.aborted.is_set():
+                raise NodeFailedError(f"the job was aborted: {self._membership.abort_reason}") from e
+            raise InvalidArgumentError(str(e)) from e
+
+    def _collective(self, token: str) -> None:
+        if len(token) > 200:
+            token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
+        self._translate(self._membership.barrier, token)
+
+    def _to_all_servers(self, op: str, what: str, **fields) -> None:
+        ids = [self._client.request(s, op, what, **fields)[0] for s in range(len(self._client.servers))]
+        self._client.wait(ids, what)
+
+    def _on_abort(self, reason: str) -> None:
+        if not self._exit_on_abort:
+            return
+        grace = self._config.abort_grace
+
+        def die():
+            log.critical("job aborted (%s) and this worker did not stop within %gs "
+                         "(KVSTORE_ABORT_GRACE); exiting", reason, grace)
+            os._exit(70)
+        timer = threading.Timer(grace, die)
+        timer.daemon = True
+        timer.start()
+
+    # -- requests grouped by server ---------------------------------------------------------
+    def _by_server(self, infos_and_flats):
+        """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
+        groups: dict[int, tuple[list, list]] = {}
+        for info, flat in infos_and_flats:
+            for chunk in info.chunks:
+                ids, parts = groups.setdefault(chunk.server, ([], []))
+                ids.append(chunk.wire_id)
+                parts.append(flat[chunk.start:chunk.stop])
+        return groups
+
+    def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
+        """Send ``op`` with ``sources`` [(info, flat)] (None: no data) and copy the
+        reply values into ``targets`` [(info, [outs])]."""
+        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
+        dests = self._by_server([(info, flat) for info, flat, _ in flats])
+        datas = self._by_server(sources) if sources is not None else {}
+        ids = []
+        for server, (wire_ids, parts) in dests.items():
+            payload = datas.get(server, ([], []))[1]
+            rid, _ = self._client.request(server, op, what, payload, self._filler(parts), chunks=wire_ids)
+            ids.append(rid)
+        self._client.wait(ids, what)
+        for (info, outs), (_, flat, direct) in zip(targets, flats):
+            fill_outputs(outs, flat, direct, what)
+
+    @staticmethod
+    def _filler(parts):
+        def fill(header, values):
+            if len(values) != len(parts):
+                raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(parts)} chunks")
+            for dest, value in zip(parts, values):
+                np.copyto(dest, value.reshape(-1))
+        return fill
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _do_init(self, items) -> None:
+        desc = ", ".join(f"{k!r}:{tuple(shape)}:{dtype.name}" for k, shape, dtype, _ in items)
+        self._collective(f"init {desc}")
+        infos, flats = [], []
+        for key, shape, dtype, value in items:
+            size = int(np.prod(shape, dtype=np.int64))
+            info = KeyInfo(key, tuple(shape), dtype, self._placement.place(key, size, dtype.itemsize))
+            infos.append(info)
+            flats.append((info, np.ascontiguousarray(value, dtype=dtype).reshape(-1)))
+        if self._rank == 0:
+            ids = [self._client.request(server, ops.INIT, "init", parts, chunks=wire_ids)[0]
+                   for server, (wire_ids, parts) in self._by_server(flats).items()]
+            self._client.wait(ids, f"init of {len(items)} key(s)")
+        for info in infos:
+            self._keys[info.key] = info
+        self._collective("init done")
+
+    def _do_push(self, items) -> None:
+        if self._mode == "async" and self._optimizer is None:
+            raise InvalidArgumentError("dist_async applies every push with an optimizer on the "
+                                       "servers: call set_optimizer() before push()")
+        what = f"push of {_keys_text(info for info, _ in items)}"
+        trackers = []
+        for server, (wire_ids, parts) in self._by_server(items).items():
+            big = any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
+            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big, chunks=wire_ids)
+            if tracker is not None:
+                trackers.append(tracker)
+        # the caller may reuse its gradient buffers once we return
+        self._client.wait_sent(trackers, what)
+
+    def _do_pull(self, items) -> None:
+        self._send_and_fill(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
+
+    def _do_pushpull(self, items) -> None:
+        if self._mode == "async" and self._optimizer is None:
+            raise InvalidArgumentError("dist_async needs set_optimizer() before pushpull()")
+        self._send_and_fill(ops.PUSHPULL, f"pushpull of {_keys_text(i for i, _, _ in items)}",
+                            [(info, merged) for info, merged, _ in items],
+                            [(info, targets) for info, _, targets in items])
+
+    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:
+        config = optimizer.to_config()
+        if not collective:
+            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", optimizer=config)
+            return
+        self._client.flush("set_optimizer")
+        self._collective(f"set_optimizer {config['name']}")
+        if self._rank == 0:
+            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", optimizer=config)
+        self._collective("set_optimizer done")
+
+    def _get_states(self) -> dict:
+        self._client.flush("save_optimizer_states")
+        found: dict[tuple, tuple[int, list]] = {}
+
+        def collect(header, values):
+            pos = 0
+            for key, index, t, count in header["states"]:
+                found[(key, index)] = (t, values[pos:pos + count])
+                pos += count
+        ids = [self._client.request(s, ops.GET_STATES, "save_optimizer_states", on_reply=collect)[0]
+               for s in range(len(self._client.servers))]
+        self._client.wait(ids, "save_optimizer_states")
+        states = {}
+        for key, info in self._keys.items():
+            per_chunk = [found.get((key, c.index)) for c in info.chunks]
+            if all(p is None for p in per_chunk):
+                continue  # never updated: no state yet
+            parts, ts = [], []
+            for chunk, entry in zip(info.chunks, per_chunk):
+                if entry is None:  # async: this chunk not updated yet
+                    entry = (0, list(self._optimizer.create_state(np.zeros(chunk.size, info.dtype))))
+                ts.append(entry[0])
+                parts.append(entry[1])
+            joined = [np.concatenate([p[i].reshape(-1) for p in parts]).reshape(info.shape)
+                      for i in range(len(parts[0]))]
+            states[key] = {"t": max(ts), "state": joined}
+        return states
+
+    def _set_states(self, states: dict) -> None:
+        groups: dict[int, tuple[list, list]] = {}
+        for key, entry in states.items():
+            info = self._keys[key]
+            flats = [np.ascontiguousarray(s, dtype=info.dtype).reshape(-1) for s in entry["state"]]
+            for chunk in info.chunks:
+                meta, parts = groups.setdefault(chunk.server, ([], []))
+                meta.append([key, chunk.index, entry["t"], len(flats)])
+                parts += [f[chunk.start:chunk.stop] for f in flats]
+        ids = [self._client.request(server, ops.SET_STATES, "load_optimizer_states", parts,
+                                    states=meta)[0]
+               for server, (meta, parts) in groups.items()]
+        self._client.wait(ids, "load_optimizer_states")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def barrier(self) -> None:
+        self._check_open("barrier")
+        self._client.flush("barrier")
+        self._collective("barrier")
+
+    def close(self) -> None:
+        """Wait for pushes in flight, tell the scheduler this worker is done, release sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+        try:
+            if not self._membership.aborted.is_set():
+                self._client.flush("close")
+                self._translate(self._membership.finish)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._membership.close()
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except Exception as e:  # at interpreter exit there is no caller left to raise to
+            log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
+
+
+def _keys_text(infos) -> str:
+    keys = [repr(info.key) for info in infos]
+    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return f"key{'s' if len(keys) > 1 else ''} {shown}"

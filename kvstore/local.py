@@ -1,0 +1,76 @@
+"""The ``local`` store: everything in this process, no network.
+
+Pushed values are summed and either assigned or handed to the optimizer; pulls
+copy the stored value out. It is also the oracle the distributed stores are
+tested against: a ``local`` store fed every worker's pushes of a round as one
+list ends in the same state as ``dist_sync``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import optimizer as _optimizer
+from .base import KeyInfo, KVStore, fill_outputs
+from . import arrays
+
+
+class LocalStore(KVStore):
+    """In-process store (``kvstore.create("local")``).
+
+    Example::
+
+        kv = kvstore.create("local")
+        kv.init(0, np.zeros(3, np.float32))
+        kv.push(0, [np.ones(3, np.float32), np.ones(3, np.float32)])   # sums: 2
+        w = np.empty(3, np.float32); kv.pull(0, out=w)                 # w == [2, 2, 2]
+    """
+
+    def __init__(self, name: str = "local"):
+        super().__init__(name)
+        self._store: dict[object, np.ndarray] = {}
+        self._updater = None
+
+    def _set_updater(self, updater) -> None:
+        """MXNet's escape hatch: ``updater(key, merged_grad, stored_weight)`` in place."""
+        self._updater = updater
+
+    def _do_init(self, items) -> None:
+        for key, shape, dtype, value in items:
+            self._keys[key] = KeyInfo(key, shape, dtype)
+            self._store[key] = np.array(value, dtype=dtype, order="C", copy=True)
+
+    def _apply(self, info: KeyInfo, merged: np.ndarray) -> None:
+        stored = self._store[info.key]
+        if self._updater is None:
+            np.copyto(stored, merged.reshape(info.shape))
+        else:
+            self._updater(info.key, merged.reshape(info.shape), stored)
+
+    def _do_push(self, items) -> None:
+        for info, merged in items:
+            self._apply(info, merged)
+
+    def _do_pull(self, items) -> None:
+        for info, targets in items:
+            stored = self._store[info.key].reshape(-1)
+            flat, direct = arrays.flat_target(targets[0], "pull")
+            np.copyto(flat, stored)
+            fill_outputs(targets, flat, direct, "pull")
+
+    def _do_pushpull(self, items) -> None:
+        self._do_push([(info, merged) for info, merged, _ in items])
+        self._do_pull([(info, targets) for info, _, targets in items])
+
+    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:
+        self._updater = _optimizer.Updater(optimizer)
+
+    def _get_states(self) -> dict:
+        if not isinstance(self._updater, _optimizer.Updater):
+            return {}
+        return {key: {"t": entry["t"], "state": [np.array(s) for s in entry["state"]]}
+                for key, entry in self._updater.get_states().items()}
+
+    def _set_states(self, states: dict) -> None:
+        self._updater.set_states({key: {"t": entry["t"], "state": list(entry["state"])}
+                                  for key, entry in states.items()})

@@ -1,0 +1,15 @@
+"""Operation names of the data plane (worker -> server requests and replies)."""
+
+CONFIGURE = "configure"          # {mode: "sync"|"async", num_workers}
+INIT = "init"                    # chunks + one buffer each: initial values
+PUSH = "push"                    # chunks + one buffer each: gradients
+PULL = "pull"                    # chunks; reply carries one buffer each
+PUSHPULL = "pushpull"            # push, then reply with the values after the round
+SET_OPTIMIZER = "set_optimizer"  # {optimizer: {name, params, lr_scheduler}}
+GET_STATES = "get_states"        # reply: optimizer state of every chunk
+SET_STATES = "set_states"        # optimizer state of some chunks
+
+REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES})
+
+OK = "ok"          # reply: success (with buffers for pull, pushpull, get_states)
+ERROR = "error"    # reply: {kind, message}

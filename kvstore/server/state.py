@@ -1,0 +1,283 @@
+"""The server's brain: a pure state machine, requests in, replies out.
+
+No sockets, threads or clocks: :meth:`ServerState.handle` takes one decoded
+request and returns the replies it makes ready (to this sender or to others
+whose requests were waiting). The I/O loop in :mod:`kvstore.server.node` feeds it.
+
+Synchronous mode (BSP), per chunk: pushes are merged into a round until every
+worker contributed once; then the round is applied once (assigned, or given to
+the optimizer) and every request waiting on it is answered. A worker that
+pushes again before its round completed starts the next round. A pull (or the
+reply of a pushpull) is answered once the sender has no push pending on the
+chunk, so a worker always reads the result of its own last push's round.
+
+Asynchronous mode: every push is applied on arrival with the optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import optimizer as _optimizer
+from ..errors import ConfigError, InvalidArgumentError, KVStoreError, ProtocolError
+from ..protocol import chunk_label, error_header, ops
+
+
+@dataclass
+class Reply:
+    """One message to send: ``peer`` is the opaque address the request came from."""
+    peer: object
+    header: dict
+    arrays: list = field(default_factory=list)
+
+
+@dataclass
+class _Round:
+    acc: np.ndarray
+    workers: set
+
+
+@dataclass
+class _Chunk:
+    value: np.ndarray                 # 1-D; the stored parameter chunk
+    spare: np.ndarray | None = None   # reused as the accumulator of the next round
+    rounds: list = field(default_factory=list)   # queued _Round, oldest first
+    waiting: list = field(default_factory=list)  # _Pending requests parked here
+
+    def pending_from(self, worker: int) -> bool:
+        return any(worker in r.workers for r in self.rounds)
+
+
+@dataclass
+class _Pending:
+    peer: object
+    req_id: int
+    worker: int
+    chunks: list          # chunk ids (tuples) of the request, in order
+    want_values: bool
+    blocked: set          # chunk ids still waiting for the sender's rounds
+
+
+class ServerState:
+    """State of one server: its chunks, the mode, the optimizer.
+
+    Example::
+
+        s = ServerState(name="server 0")
+        replies = s.handle(peer, {"op": "configure", "id": 1, "src": 0,
+                                  "mode": "sync", "num_workers": 2}, [])
+    """
+
+    def __init__(self, name: str = "server"):
+        self.name = name
+        self.mode: str | None = None
+        self.num_workers: int | None = None
+        self.chunks: dict[tuple, _Chunk] = {}
+        self.updater = None
+
+    # -- entry point -----------------------------------------------------------
+    def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
+        """Process one request; return the replies now ready. Never raises for bad
+        input: an invalid request gets an error reply and changes nothing."""
+        req_id = header.get("id")
+        try:
+            op = header["op"]
+            if op not in ops.REQUESTS:
+                raise ProtocolError(f"unknown op {op!r}")
+            if op != ops.CONFIGURE and self.mode is None:
+                raise InvalidArgumentError("server is not configured yet (no store has connected)")
+            return getattr(self, f"_on_{op}")(peer, header, arrays)
+        except KVStoreError as e:
+            return [Reply(peer, error_header(req_id, type(e).__name__, str(e)))]
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            # a structurally valid message whose fields are wrong
+            return [Reply(peer, error_header(req_id, "ProtocolError", f"malformed {header.get('op')!r} "
+                                             f"request: {type(e).__name__}: {e}"))]
+
+    # -- helpers ------------------------------------------------------------------
+    def _ok(self, peer, req_id, arrays=(), **fields) -> Reply:
+        return Reply(peer, {"op": ops.OK, "id": req_id, **fields}, list(arrays))
+
+    @staticmethod
+    def _chunk_ids(header: dict, arrays: list | None) -> list[tuple]:
+        raw = header["chunks"]
+        if not isinstance(raw, list):
+            raise ProtocolError("'chunks' must be a list")
+        ids = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], int)
+                    and isinstance(item[0], (int, str)) and not isinstance(item[0], bool)):
+                raise ProtocolError(f"bad chunk id {item!r}: expected [key, index]")
+            ids.append((item[0], item[1]))
+        if len(set(ids)) != len(ids):
+            raise ProtocolError("a chunk appears twice in one request")
+        if arrays is not None and len(arrays) != len(ids):
+            raise ProtocolError(f"{len(ids)} chunks but {len(arrays)} buffers")
+        return ids
+
+    def _existing(self, ids: list[tuple], arrays: list | None = None) -> list[_Chunk]:
+        chunks = []
+        for i, cid in enumerate(ids):
+            chunk = self.chunks.get(cid)
+            if chunk is None:
+                raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.name}; "
+                                           "call init() first")
+            if arrays is not None:
+                a = arrays[i]
+                if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
+                    raise InvalidArgumentError(
+                        f"{chunk_label(cid)}: got {a.size} x {a.dtype.name}, stored is "
+                        f"{chunk.value.size} x {chunk.value.dtype.name}")
+            chunks.append(chunk)
+        return chunks
+
+    @staticmethod
+    def _worker(header: dict) -> int:
+        src = header["src"]
+        if not isinstance(src, int) or isinstance(src, bool):
+            raise ProtocolError("'src' must be the sender's worker rank")
+        return src
+
+    # -- ops -------------------------------------------------------------------------
+    def _on_configure(self, peer, header, arrays):
+        mode, workers = header["mode"], header["num_workers"]
+        if mode not in ("sync", "async") or not isinstance(workers, int) or workers < 1:
+            raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}")
+        if self.mode is not None and (self.mode, self.num_workers) != (mode, workers):
+            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode for "
+                                       f"{self.num_workers} workers; cannot switch to {mode}/{workers}")
+        self.mode, self.num_workers = mode, workers
+        return [self._ok(peer, header["id"])]
+
+    def _on_init(self, peer, header, arrays):
+        ids = self._chunk_ids(header, arrays)
+        for cid in ids:
+            if cid in self.chunks:
+                raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
+        for cid, a in zip(ids, arrays):
+            self.chunks[cid] = _Chunk(np.array(a, copy=True).reshape(-1))
+        return [self._ok(peer, header["id"])]
+
+    def _on_push(self, peer, header, arrays, want_values=False):
+        worker = self._worker(header)
+        ids = self._chunk_ids(header, arrays)
+        chunks = self._existing(ids, arrays)
+        if self.mode == "async" and self.updater is None:
+            raise InvalidArgumentError("dist_async applies every push with an optimizer: "
+                                       "call set_optimizer() before push")
+        if self.mode == "async":
+            for cid, chunk, grad in zip(ids, chunks, arrays):
+                self.updater(cid, grad.reshape(-1), chunk.value)
+            return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
+        ready = []
+        for cid, chunk, grad in zip(ids, chunks, arrays):
+            ready += self._contribute(cid, chunk, worker, grad.reshape(-1))
+        pending = _Pending(peer, header["id"], worker, ids, want_values,
+                           {cid for cid, c in zip(ids, chunks) if c.pending_from(worker)})
+        if not pending.blocked:
+            return ready + [self._finish(pending)]
+        for cid in pending.blocked:
+            self.chunks[cid].waiting.append(pending)
+        return ready
+
+    def _on_pushpull(self, peer, header, arrays):
+        return self._on_push(peer, header, arrays, want_values=True)
+
+    def _on_pull(self, peer, header, arrays):
+        if arrays:
+            raise ProtocolError("a pull carries no buffers")
+        worker = self._worker(header)
+        ids = self._chunk_ids(header, None)
+        chunks = self._existing(ids)
+        if self.mode == "async":
+            return [self._reply_now(peer, header["id"], chunks, True, copy=True)]
+        pending = _Pending(peer, header["id"], worker, ids, True,
+                           {cid for cid, c in zip(ids, chunks) if c.pending_from(worker)})
+        if not pending.blocked:
+            return [self._finish(pending)]
+        for cid in pending.blocked:
+            self.chunks[cid].waiting.append(pending)
+        return []
+
+    def _reply_now(self, peer, req_id, chunks, want_values, copy):
+        values = [c.value.copy() if copy else c.value for c in chunks] if want_values else []
+        return self._ok(peer, req_id, values)
+
+    def _contribute(self, cid, chunk: _Chunk, worker: int, grad: np.ndarray) -> list[Reply]:
+        """Add one worker's push to the first round it has not contributed to."""
+        for rnd in chunk.rounds:
+            if worker not in rnd.workers:
+                rnd.acc += grad
+                rnd.workers.add(worker)
+                break
+        else:
+            if chunk.spare is not None:
+                acc, chunk.spare = chunk.spare, None
+                np.copyto(acc, grad)
+            else:
+                acc = grad.copy()
+            chunk.rounds.append(_Round(acc, {worker}))
+        return self._apply_complete_rounds(cid, chunk)
+
+    def _apply_complete_rounds(self, cid, chunk: _Chunk) -> list[Reply]:
+        replies = []
+        while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
+            acc = chunk.rounds.pop(0).acc
+            if self.updater is None:
+                # no optimizer: the merged sum becomes the value; the old value
+                # buffer is recycled as the next round's accumulator
+                chunk.value, acc = acc, chunk.value
+            else:
+                self.updater(cid, acc, chunk.value)
+            chunk.spare = acc
+            still = []
+            for pending in chunk.waiting:
+                if chunk.pending_from(pending.worker):
+                    still.append(pending)
+                    continue
+                pending.blocked.discard(cid)
+                if not pending.blocked:
+                    replies.append(self._finish(pending))
+            chunk.waiting = still
+        return replies
+
+    def _finish(self, pending: _Pending) -> Reply:
+        # Values are sent without a copy: in sync mode a chunk cannot change again
+        # before this worker, who is blocked on this reply, pushes to it.
+        values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
+        return self._ok(pending.peer, pending.req_id, values)
+
+    def _on_set_optimizer(self, peer, header, arrays):
+        try:
+            opt = _optimizer.from_config(header["optimizer"])
+        except ConfigError as e:
+            raise ConfigError(f"set_optimizer: {e}") from None
+        self.updater = _optimizer.Updater(opt)
+        return [self._ok(peer, header["id"])]
+
+    def _on_get_states(self, peer, header, arrays):
+        if self.updater is None:
+            raise InvalidArgumentError("no optimizer is set, so there are no optimizer states")
+        meta, out = [], []
+        for cid, entry in sorted(self.updater.get_states().items(), key=lambda kv: repr(kv[0])):
+            meta.append([cid[0], cid[1], int(entry["t"]), len(entry["state"])])
+            out += [np.ascontiguousarray(s) for s in entry["state"]]
+        return [self._ok(peer, header["id"], out, states=meta)]
+
+    def _on_set_states(self, peer, header, arrays):
+        if self.updater is None:
+            raise InvalidArgumentError("set_optimizer() must come before load_optimizer_states()")
+        meta = header["states"]
+        if sum(m[3] for m in meta) != len(arrays):
+            raise ProtocolError("state descriptions do not match the buffers")
+        states, pos = {}, 0
+        for key, index, t, count in meta:
+            cid = (key, index)
+            self._existing([cid])
+            states[cid] = {"t": t, "state": [np.array(a, copy=True).reshape(-1)
+                                             for a in arrays[pos:pos + count]]}
+            pos += count
+        self.updater.set_states(states)
+        return [self._ok(peer, header["id"])]

@@ -1,0 +1,71 @@
+"""An in-process cluster for tests: the scheduler and servers run as threads,
+workers are threads with their own store object. Real ZeroMQ tcp sockets on
+127.0.0.1 with random ports; nothing is mocked."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+import kvstore
+from kvstore.config import Config
+from kvstore.server import ServerNode
+from tracker.rendezvous import Scheduler
+
+
+class Cluster:
+    def __init__(self, num_workers: int, num_servers: int, **settings):
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        settings.setdefault("timeout", 30.0)
+        settings.setdefault("heartbeat_interval", 0.2)
+        settings.setdefault("heartbeat_timeout", 5.0)
+        self.settings = settings
+        self.scheduler = Scheduler(num_workers, num_servers, timeout=settings["timeout"],
+                                   heartbeat_interval=settings["heartbeat_interval"],
+                                   heartbeat_timeout=settings["heartbeat_timeout"]).start()
+        self.server_codes: list = [None] * num_servers
+        self._threads = []
+        for rank in range(num_servers):
+            node = ServerNode(self.config("server", rank))
+            t = threading.Thread(target=self._serve, args=(rank, node), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def config(self, role: str, rank: int | None) -> Config:
+        return Config(role=role, rank=rank, scheduler_host="127.0.0.1",
+                      scheduler_port=self.scheduler.port, num_workers=self.num_workers,
+                      num_servers=self.num_servers, **self.settings)
+
+    def _serve(self, rank, node):
+        self.server_codes[rank] = node.run()
+
+    def run(self, fn, store_type: str = "dist_sync", timeout: float = 60.0) -> list:
+        """Run ``fn(kv)`` in every worker thread; return their results by rank.
+        Re-raises the first worker exception (with its traceback text)."""
+        results, errors = [None] * self.num_workers, [None] * self.num_workers
+
+        def work(rank):
+            try:
+                with kvstore.create(store_type, config=self.config("worker", rank)) as kv:
+                    results[rank] = fn(kv)
+            except BaseException as e:  # reported to the test thread below
+                errors[rank] = (e, traceback.format_exc())
+
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(self.num_workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+            if t.is_alive():
+                raise TimeoutError(f"a worker did not finish within {timeout}s")
+        for err in errors:
+            if err is not None:
+                raise err[0].with_traceback(err[0].__traceback__)
+        return results
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.scheduler.wait(timeout)
+        for t in self._threads:
+            t.join(timeout)
+        self.scheduler.close()

@@ -1,0 +1,163 @@
+"""THE contract of environment variables between launchers and processes.
+
+Launchers (``tracker.local`` and friends) set these for every process they start;
+``kvstore.config`` reads them through :func:`read`. MXNet's ``DMLC_*`` names are
+accepted as aliases so that processes started by another launcher also work.
+docs/configuration.md renders this table; keep them in sync
+(``tests/test_config.py`` checks that every variable is documented).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    aliases: tuple[str, ...]
+    default: object
+    parse: Callable[[str], object]
+    help: str
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError("must be a TCP port 1..65535")
+    return value
+
+
+def _role(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("worker", "server", "scheduler"):
+        raise ValueError("must be one of worker, server, scheduler")
+    return value
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be 0/1, true/false, yes/no or on/off")
+
+
+VARIABLES: tuple[Var, ...] = (
+    Var("KVSTORE_ROLE", ("DMLC_ROLE",), None, _role,
+        "Role of this process: worker, server or scheduler."),
+    Var("KVSTORE_SCHEDULER_HOST", ("DMLC_PS_ROOT_URI",), None, str,
+        "Address of the scheduler (rendezvous) that every process connects to."),
+    Var("KVSTORE_SCHEDULER_PORT", ("DMLC_PS_ROOT_PORT",), None, _port,
+        "TCP port of the scheduler."),
+    Var("KVSTORE_NUM_WORKERS", ("DMLC_NUM_WORKER",), None, _positive_int,
+        "Number of worker processes in the job."),
+    Var("KVSTORE_NUM_SERVERS", ("DMLC_NUM_SERVER",), None, _positive_int,
+        "Number of server processes in the job."),
+    Var("KVSTORE_RANK", (), None, _non_negative_int,
+        "Rank of this process within its role, in launch order. Set by our launchers; "
+        "when no process of the job sets it, ranks follow registration order (as MXNet)."),
+    Var("KVSTORE_NODE_HOST", ("DMLC_NODE_HOST",), "127.0.0.1", str,
+        "Address this process binds and advertises to its peers."),
+    Var("KVSTORE_TIMEOUT", (), 300.0, _positive_float,
+        "Seconds any blocking call (registration, init, push/pull reply, barrier) "
+        "may wait before failing with an error that names what it waited for."),
+    Var("KVSTORE_HEARTBEAT_INTERVAL", (), 1.0, _positive_float,
+        "Seconds between heartbeats from each process to the scheduler."),
+    Var("KVSTORE_HEARTBEAT_TIMEOUT", (), 10.0, _positive_float,
+        "Seconds without a heartbeat after which a process is declared dead and the "
+        "whole job is aborted with an error naming it."),
+    Var("KVSTORE_ABORT_GRACE", (), 5.0, _positive_float,
+        "Seconds a worker whose job was aborted may keep running (to raise the error "
+        "from its next kvstore call) before it exits by itself with status 70."),
+    Var("KVSTORE_CHUNK_BYTES", (), 2 << 20, _positive_int,
+        "Arrays larger than this are split into chunks of about this size, spread "
+        "over all servers. Must be equal on every worker (checked at init)."),
+    Var("KVSTORE_ZERO_COPY_BYTES", (), 64 << 10, _non_negative_int,
+        "Buffers at least this large are sent without copying."),
+    Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _positive_int,
+        "Largest frame a server or client accepts; bigger ones are rejected."),
+    Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
+        "Log level of the entry points (server processes, launchers)."),
+)
+
+BY_NAME = {var.name: var for var in VARIABLES}
+
+
+class EnvError(ValueError):
+    """An environment variable has a value that cannot be parsed."""
+
+
+def read(environ: Mapping[str, str]) -> dict[str, object]:
+    """Parse every variable of the contract from ``environ``.
+
+    Returns a dict keyed by the canonical name (``KVSTORE_...``); the canonical
+    name wins over an alias. Raises :class:`EnvError` naming the variable.
+    """
+    values: dict[str, object] = {}
+    for var in VARIABLES:
+        for name in (var.name, *var.aliases):
+            text = environ.get(name)
+            if text is None or text == "":
+                continue
+            try:
+                values[var.name] = var.parse(text)
+            except ValueError as e:
+                raise EnvError(f"environment variable {name}={text!r} is invalid: {e}") from None
+            break
+        else:
+            values[var.name] = var.default
+    return values
+
+
+def for_process(*, role: str, rank: int | None, scheduler_host: str, scheduler_port: int,
+                num_workers: int, num_servers: int, node_host: str = "127.0.0.1",
+                extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a launcher sets for one child process (both our names and
+    MXNet's, so scripts written for either find what they expect)."""
+    env = {
+        "KVSTORE_ROLE": role, "DMLC_ROLE": role,
+        "KVSTORE_SCHEDULER_HOST": scheduler_host, "DMLC_PS_ROOT_URI": scheduler_host,
+        "KVSTORE_SCHEDULER_PORT": str(scheduler_port), "DMLC_PS_ROOT_PORT": str(scheduler_port),
+        "KVSTORE_NUM_WORKERS": str(num_workers), "DMLC_NUM_WORKER": str(num_workers),
+        "KVSTORE_NUM_SERVERS": str(num_servers), "DMLC_NUM_SERVER": str(num_servers),
+        "KVSTORE_NODE_HOST": node_host, "DMLC_NODE_HOST": node_host,
+    }
+    if rank is not None:
+        env["KVSTORE_RANK"] = str(rank)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def markdown_table() -> str:
+    """The table of variables as markdown (for docs/configuration.md)."""
+    lines = ["| variable | MXNet alias | default | meaning |", "|---|---|---|---|"]
+    for var in VARIABLES:
+        alias = ", ".join(f"`{a}`" for a in var.aliases) or ""
+        default = "" if var.default is None else f"`{var.default}`"
+        lines.append(f"| `{var.name}` | {alias} | {default} | {var.help} |")
+    return "\n".join(lines)

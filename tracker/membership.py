@@ -1,0 +1,182 @@
+"""A node's membership in a job: registration, heartbeats, barrier, finish.
+
+Every server and worker holds one :class:`Membership`. Requests (register,
+barrier, finish) go over a control socket owned by the calling thread; a
+background thread owns a second socket that sends heartbeats and hears
+``abort`` and ``shutdown`` from the scheduler. Both sockets have deadlines, so
+no call waits for a dead scheduler forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import zmq
+
+from . import wire
+from .errors import JobAborted, RendezvousError, RendezvousTimeout
+
+log = logging.getLogger(__name__)
+
+SLICE = 0.1  # seconds: how often a waiting call re-checks the abort flag
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the scheduler tells a node once the whole job has registered."""
+    rank: int
+    num_workers: int
+    num_servers: int
+    servers: list       # data-plane address of each server, by rank
+    workers: list       # "host:pid" of each worker, by rank
+
+
+class Membership:
+    """One node's link to the scheduler.
+
+    Example::
+
+        m = Membership(role="worker", rank=None, scheduler=("127.0.0.1", 9000))
+        reg = m.register()       # blocks until every node of the job registered
+        m.barrier(token="init")  # workers only
+        m.finish()               # done; servers are shut down when all workers finish
+    """
+
+    def __init__(self, *, role: str, rank: int | None, scheduler: tuple[str, int],
+                 host: str = "127.0.0.1", addr: str = "", timeout: float = 300.0,
+                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0,
+                 on_abort: Callable[[str], None] | None = None):
+        self.role = role
+        self.requested_rank = rank
+        self.scheduler = scheduler
+        self.host = host
+        self.addr = addr
+        self.timeout = timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.node_id = f"{role}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.aborted = threading.Event()
+        self.shutdown = threading.Event()
+        self.abort_reason: str | None = None
+        self.registration: Registration | None = None
+        self._on_abort = on_abort
+        self._ids = itertools.count(1)
+        self._ctx = zmq.Context()
+        self._url = f"tcp://{scheduler[0]}:{scheduler[1]}"
+        self._ctl = self._socket()
+        self._stop_hb = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                           name=f"kvstore-heartbeat-{role}")
+        self._hb_thread.start()
+
+    @property
+    def name(self) -> str:
+        rank = self.registration.rank if self.registration else self.requested_rank
+        return f"{self.role} {'?' if rank is None else rank}"
+
+    def _socket(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BYTES)
+        sock.connect(self._url)
+        return sock
+
+    # -- requests -----------------------------------------------------------
+    def _request(self, op: str, what: str, timeout: float | None = None, **fields) -> dict:
+        """Send one control request and wait for its reply (or abort/deadline)."""
+        req_id = next(self._ids)
+        self._ctl.send(wire.encode(op, id=req_id, node=self.node_id, **fields))
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            self.check()
+            if self._ctl.poll(SLICE * 1000):
+                msg = wire.decode(self._ctl.recv())
+                if msg.get("id") != req_id:
+                    continue  # a stale reply to an earlier, abandoned request
+                if msg["op"] == "error":
+                    raise RendezvousError(f"{what} failed: {msg.get('message')}")
+                return msg
+            if time.monotonic() > deadline:
+                raise RendezvousTimeout(
+                    f"{self.name} waited {limit:g}s for {what} from the scheduler at "
+                    f"{self.scheduler[0]}:{self.scheduler[1]}; raise KVSTORE_TIMEOUT to wait longer")
+
+    def register(self) -> Registration:
+        """Join the job; blocks until every node registered. Returns ranks and address book."""
+        msg = self._request("register", "registration", role=self.role, rank=self.requested_rank,
+                            host=self.host, addr=self.addr, pid=os.getpid())
+        self.registration = Registration(msg["rank"], msg["num_workers"], msg["num_servers"],
+                                         list(msg["servers"]), list(msg["workers"]))
+        return self.registration
+
+    def barrier(self, token: str = "", timeout: float | None = None) -> None:
+        """Wait until every worker reached a barrier. All must pass the same ``token``
+        (a digest of what the collective call agrees on) or all get an error."""
+        self._request("barrier", "a barrier (waiting for every worker)", timeout, token=token)
+
+    def finish(self) -> None:
+        """Tell the scheduler this node is done, then stop heartbeats."""
+        try:
+            if not self.aborted.is_set():
+                self._request("finish", "acknowledgement of finish", min(self.timeout, 10.0))
+        finally:
+            self.close()
+
+    def check(self) -> None:
+        """Raise :class:`JobAborted` if the job was aborted."""
+        if self.aborted.is_set():
+            raise JobAborted(self.abort_reason)
+
+    def close(self) -> None:
+        self._stop_hb.set()
+        if self._hb_thread.is_alive() and threading.current_thread() is not self._hb_thread:
+            self._hb_thread.join(2 * SLICE + self.heartbeat_interval)
+        if not self._ctl.closed:
+            self._ctl.close(linger=0)
+        if not self._hb_thread.is_alive():
+            self._ctx.term()
+
+    # -- heartbeat thread ---------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        sock = self._socket()
+        last_contact = time.monotonic()
+        next_beat = 0.0
+        try:
+            while not self._stop_hb.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    sock.send(wire.encode("heartbeat", node=self.node_id))
+                    next_beat = now + self.heartbeat_interval
+                if sock.poll(min(SLICE, self.heartbeat_interval) * 1000):
+                    msg = wire.decode(sock.recv())
+                    last_contact = time.monotonic()
+                    if msg["op"] == "abort":
+                        self._abort(str(msg.get("reason")))
+                        return
+                    if msg["op"] == "shutdown":
+                        self.shutdown.set()
+                elif time.monotonic() - last_contact > self.heartbeat_timeout:
+                    self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
+                                f"{self.scheduler[1]} for {self.heartbeat_timeout:g}s "
+                                "(KVSTORE_HEARTBEAT_TIMEOUT)")
+                    return
+        except (zmq.ZMQError, RendezvousError) as e:
+            if not self._stop_hb.is_set():
+                self._abort(f"heartbeat channel to the scheduler failed: {e}")
+        finally:
+            sock.close(linger=0)
+
+    def _abort(self, reason: str) -> None:
+        self.abort_reason = reason
+        self.aborted.set()
+        log.error("[%s] job aborted: %s", self.name, reason)
+        if self._on_abort is not None:
+            self._on_abort(reason)

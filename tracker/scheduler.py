@@ -1,0 +1,54 @@
+"""``python -m tracker.scheduler``: run a job's scheduler as its own process.
+
+For jobs started by another launcher (MXNet's ``DMLC_ROLE=scheduler`` process,
+Kubernetes, ...). Our own launchers run the scheduler inside the launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Mapping
+
+from . import env
+from .rendezvous import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+def serve(environ: Mapping[str, str]) -> int:
+    """Run the scheduler described by ``environ`` until the job ends. Returns 0 if
+    every node finished, 1 if the job was aborted, 2 for a bad configuration."""
+    try:
+        values = env.read(environ)
+        missing = [name for name in ("KVSTORE_SCHEDULER_PORT", "KVSTORE_NUM_WORKERS",
+                                     "KVSTORE_NUM_SERVERS") if values[name] is None]
+        if missing:
+            raise env.EnvError(f"the scheduler needs {', '.join(missing)}")
+    except env.EnvError as e:
+        log.error("%s", e)
+        return 2
+    sched = Scheduler(values["KVSTORE_NUM_WORKERS"], values["KVSTORE_NUM_SERVERS"],
+                      host=values["KVSTORE_SCHEDULER_HOST"] or "0.0.0.0",
+                      port=values["KVSTORE_SCHEDULER_PORT"], timeout=values["KVSTORE_TIMEOUT"],
+                      heartbeat_interval=values["KVSTORE_HEARTBEAT_INTERVAL"],
+                      heartbeat_timeout=values["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
+    try:
+        sched.wait()
+    finally:
+        sched.close()
+    if sched.failure:
+        log.error("job failed: %s", sched.failure)
+        return 1
+    return 0
+
+
+def main() -> int:
+    level = os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s [scheduler] %(levelname)s %(message)s")
+    return serve(os.environ)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
