@@ -61,7 +61,10 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30) -> tuple[dict, lis
                             "every process of a job must run the same kvstore version")
     if not isinstance(header.get("op"), str):
         raise ProtocolError("header has no 'op' string")
-    if not isinstance(header.get("id"), int) or isinstance(header.get("id"), bool):
+    req_id = header.get("id")
+    # nil only in an error reply to a request whose id could not be read
+    if (req_id is not None and not isinstance(req_id, int)) or isinstance(req_id, bool) \
+            or (req_id is None and header["op"] != "error"):
         raise ProtocolError("header has no integer 'id'")
     bufs = header.get("bufs")
     if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 
+import msgpack
 import zmq
 
 from tracker.membership import Membership
@@ -53,7 +55,7 @@ class ServerNode:
             self._close()
             return 1
         self.state = ServerState(name=f"server {reg.rank}")
-        log.info("server %d serving on %s", reg.rank, self.address)
+        log.info("server %d (pid %d) serving on %s", reg.rank, os.getpid(), self.address)
         try:
             while True:
                 if self.membership.aborted.is_set():
@@ -77,8 +79,8 @@ class ServerNode:
             peer, body = frames[0].bytes, frames[1:]
             try:
                 header, arrays = decode(body, self.config.max_message_bytes)
-                if not isinstance(header.get("src"), int):
-                    raise ProtocolError("request has no integer 'src'")
+                if not isinstance(header.get("src"), int) or header["id"] is None:
+                    raise ProtocolError("request has no integer 'src' or 'id'")
             except ProtocolError as e:
                 log.warning("%s: rejected a malformed message: %s", self.state.name, e)
                 self._send(peer, error_header(_guess_id(body), "ProtocolError", str(e)), [])
@@ -103,7 +105,6 @@ class ServerNode:
 def _guess_id(frames) -> int | None:
     """The request id of a message we could not decode, if the header is readable."""
     try:
-        import msgpack
         header = msgpack.unpackb(frames[0].bytes, raw=False, strict_map_key=False)
         rid = header.get("id") if isinstance(header, dict) else None
         return rid if isinstance(rid, int) else None

@@ -1,0 +1,31 @@
+"""Optimizers that parameter servers apply to gradient chunks.
+
+An optimizer crosses the wire as a registry name plus hyper-parameters (never a
+pickle) and is rebuilt with :func:`from_config`. Updates run in place on NumPy or
+CuPy arrays with MXNet 1.x math; learning-rate schedulers are pure functions of
+the per-slot update count, so restarts from checkpoints are exact.
+
+Example::
+
+    from kvstore import optimizer as opt
+    o = opt.create("sgd", learning_rate=0.1, momentum=0.9,
+                   lr_scheduler=opt.FactorScheduler(step=100, factor=0.5))
+    cfg = o.to_config()              # plain dict: send it with msgpack
+    u = opt.Updater(opt.from_config(cfg))   # e.g. on a server
+    u(3, grad, weight)               # weight (numpy or cupy) updated in place
+
+Invalid names, parameters or values raise :class:`kvstore.errors.ConfigError`.
+"""
+
+from .base import Optimizer, create, from_config, register, registered
+from .lr_scheduler import (CosineScheduler, FactorScheduler, LRScheduler, MultiFactorScheduler,
+                           register_scheduler, registered_schedulers, scheduler_from_config)
+from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp
+from .updater import Updater
+
+__all__ = [
+    "Optimizer", "create", "from_config", "register", "registered", "Updater",
+    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp",
+    "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
+    "register_scheduler", "registered_schedulers", "scheduler_from_config",
+]

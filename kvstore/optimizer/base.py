@@ -1,0 +1,225 @@
+"""Optimizer base class, the name registry, and config (de)serialisation.
+
+Optimizers cross the wire as a name plus hyper-parameters, never as pickles::
+
+    >>> o = create("sgd", learning_rate=0.1, momentum=0.9)
+    >>> cfg = o.to_config()          # plain dict, msgpack/json-able
+    >>> from_config(cfg).to_config() == cfg
+    True
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ..errors import ConfigError
+from ._util import (_array_module, _to_module, check_config_shape, check_params, real,
+                    update_count)
+from .lr_scheduler import LRScheduler, scheduler_from_config
+
+__all__ = ["Optimizer", "register", "registered", "create", "from_config"]
+
+_REGISTRY: dict[str, type] = {}
+
+# Hyper-parameters every optimizer has, in config order.
+_BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient")
+
+
+def register(cls):
+    """Class decorator: register an :class:`Optimizer` subclass under ``cls.name``.
+
+    The name is matched case-insensitively by :func:`create` and :func:`from_config`.
+    Raises ConfigError if ``cls`` is not an Optimizer subclass, has no ``name``, or
+    the name is already taken by a different class.
+
+    Example::
+
+        @register
+        class MySGD(Optimizer):
+            name = "mysgd"
+            def _step(self, weight, grad, state, t, lr, xp): ...
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Optimizer)):
+        raise ConfigError(f"register expects an Optimizer subclass, got {cls!r}")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{cls.__name__} needs its own non-empty str class attribute 'name'")
+    key = name.lower()
+    old = _REGISTRY.get(key)
+    # Same class again (module reload) is fine; another class taking over a name
+    # would silently change what configs already on the wire mean.
+    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ConfigError(f"optimizer name {key!r} is already registered by {old.__qualname__}")
+    _REGISTRY[key] = cls
+    return cls
+
+
+def registered():
+    """Return the sorted list of registered optimizer names."""
+    return sorted(_REGISTRY)
+
+
+def _lookup(name):
+    if not isinstance(name, str):
+        raise ConfigError(f"optimizer name must be a str, got {type(name).__name__}")
+    cls = _REGISTRY.get(name.lower())
+    if cls is None:
+        raise ConfigError(f"unknown optimizer {name!r}; valid names are {', '.join(registered())}")
+    return cls
+
+
+def create(name, **kwargs):
+    """Build a registered optimizer by (case-insensitive) name.
+
+    ``kwargs`` are its hyper-parameters; ``lr_scheduler`` may be an
+    :class:`~kvstore.optimizer.LRScheduler`, its config dict, or None.
+    Raises ConfigError for an unknown name (listing the valid ones), an unknown
+    parameter, or an invalid value.
+
+    Example: ``create("Adam", learning_rate=1e-3, wd=1e-5)``
+    """
+    cls = _lookup(name)
+    check_params(f"optimizer {cls.name!r}", kwargs, cls.param_names() + ("lr_scheduler",))
+    return cls(**kwargs)
+
+
+def from_config(cfg):
+    """Rebuild an optimizer from the dict made by :meth:`Optimizer.to_config`.
+
+    ``cfg`` is ``{"name": str, "params": dict, "lr_scheduler": None | dict}``
+    (``params`` and ``lr_scheduler`` may be omitted). Raises ConfigError for a
+    malformed config, unknown optimizer/scheduler names (the message lists the valid
+    ones), unknown parameters, wrong types or out-of-range values.
+    """
+    params = check_config_shape("optimizer", cfg, ("name",), ("params", "lr_scheduler"))
+    cls = _lookup(cfg["name"])
+    # lr_scheduler is a separate, top-level entry, so it is not a valid key in params.
+    check_params(f"optimizer {cls.name!r}", params, cls.param_names())
+    sched = cfg.get("lr_scheduler")
+    if sched is not None and not isinstance(sched, dict):
+        raise ConfigError(f"optimizer config 'lr_scheduler' must be None or a dict, got "
+                          f"{type(sched).__name__}")
+    return cls(lr_scheduler=sched, **params)
+
+
+class Optimizer:
+    """Base class of optimizers that update weight arrays in place.
+
+    Common hyper-parameters (keyword-only): ``learning_rate`` (>= 0),
+    ``wd`` (weight decay, >= 0), ``rescale_grad`` (> 0, multiplies the gradient
+    first), ``clip_gradient`` (None, or > 0 to clip the rescaled gradient to
+    ``[-c, c]``), ``lr_scheduler`` (None, an LRScheduler or its config dict; a
+    scheduler without ``base_lr`` starts from ``learning_rate``).
+    Invalid values raise ConfigError. Hyper-parameters are plain attributes;
+    treat them as read-only and build a new optimizer to change them.
+
+    Arrays may be NumPy or CuPy; all math runs in place in the weight's dtype and
+    array module, and the gradient passed in is never modified.
+
+    Subclasses set ``name``, ``hyper_params`` (their extra constructor arguments,
+    stored as same-named attributes), ``num_states`` and implement ``_step``.
+    """
+
+    name: ClassVar[str] = ""
+    hyper_params: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, learning_rate=0.01, wd=0.0, rescale_grad=1.0, clip_gradient=None,
+                 lr_scheduler=None):
+        owner = type(self).__name__
+        self.learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
+        self.wd = real(owner, "wd", wd, lo=0.0)
+        self.rescale_grad = real(owner, "rescale_grad", rescale_grad, lo=0.0, lo_open=True)
+        self.clip_gradient = real(owner, "clip_gradient", clip_gradient, lo=0.0, lo_open=True,
+                                  allow_none=True)
+        if isinstance(lr_scheduler, dict):
+            lr_scheduler = scheduler_from_config(lr_scheduler)
+        elif lr_scheduler is not None and not isinstance(lr_scheduler, LRScheduler):
+            raise ConfigError(f"{owner}: lr_scheduler must be None, an LRScheduler or its "
+                              f"config dict, got {type(lr_scheduler).__name__}")
+        if lr_scheduler is not None and lr_scheduler.base_lr is None:
+            lr_scheduler.check_base_lr(self.learning_rate)
+        self.lr_scheduler = lr_scheduler
+
+    @classmethod
+    def param_names(cls):
+        """Names of the hyper-parameters recorded in ``to_config()["params"]``."""
+        return _BASE_PARAMS + cls.hyper_params
+
+    @property
+    def num_states(self):
+        """Number of state arrays :meth:`create_state` returns (0 if stateless)."""
+        return 0
+
+    def to_config(self):
+        """Return ``{"name", "params", "lr_scheduler"}`` made only of str/int/float/bool/
+        None/list values, suitable for msgpack; :func:`from_config` inverts it."""
+        sched = self.lr_scheduler.to_config() if self.lr_scheduler is not None else None
+        return {"name": self.name,
+                "params": {p: getattr(self, p) for p in self.param_names()},
+                "lr_scheduler": sched}
+
+    def learning_rate_at(self, t):
+        """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""
+        t = update_count(type(self).__name__, t)
+        if self.lr_scheduler is None:
+            return self.learning_rate
+        return self.lr_scheduler(t, self.learning_rate)
+
+    def create_state(self, weight):
+        """Return a tuple of ``num_states`` zero arrays like ``weight`` (same dtype,
+        shape and array module); ``()`` for a stateless optimizer."""
+        xp = _array_module(weight)
+        return tuple(xp.zeros_like(weight) for _ in range(self.num_states))
+
+    def update(self, weight, grad, state, t):
+        """Apply one update to ``weight`` (and ``state``) in place.
+
+        ``state`` is what :meth:`create_state` returned; ``t`` is the 1-based number
+        of updates this slot has received including this one. ``grad`` is left
+        unchanged; it may have another float dtype (it is converted). Raises
+        TypeError for a non-float weight and ValueError for mismatched shapes,
+        dtypes or state length.
+        """
+        owner = type(self).__name__
+        t = update_count(owner, t)
+        xp = _array_module(weight)
+        if getattr(weight, "dtype", None) is None or weight.dtype.kind != "f":
+            raise TypeError(f"{owner}: weight must be a floating-point array, got "
+                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
+        if tuple(grad.shape) != tuple(weight.shape):
+            raise ValueError(f"{owner}: grad shape {tuple(grad.shape)} does not match weight "
+                             f"shape {tuple(weight.shape)}")
+        state = tuple(state) if state is not None else ()
+        if len(state) != self.num_states:
+            raise ValueError(f"{owner}: expected {self.num_states} state array(s), got "
+                             f"{len(state)}")
+        for s in state:
+            if tuple(s.shape) != tuple(weight.shape) or s.dtype != weight.dtype:
+                raise ValueError(f"{owner}: state array {s.dtype}{tuple(s.shape)} does not "
+                                 f"match weight {weight.dtype}{tuple(weight.shape)}")
+        self._step(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp)
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        raise NotImplementedError
+
+    def _rescaled_grad(self, weight, grad, xp, *, wd_before_clip):
+        """Return a fresh copy of ``rescale_grad * grad`` in the weight's dtype, clipped.
+
+        MXNet's adam/rmsprop kernels add ``wd * weight`` before clipping while
+        sgd/nag/adagrad add it after; ``wd_before_clip`` selects the former.
+        """
+        g = grad.astype(weight.dtype, copy=True)  # the copy keeps the caller's grad intact
+        if self.rescale_grad != 1.0:
+            g *= self.rescale_grad
+        if wd_before_clip and self.wd:
+            g += self.wd * weight
+        if self.clip_gradient is not None:
+            xp.clip(g, -self.clip_gradient, self.clip_gradient, out=g)
+        return g
+
+    def __repr__(self):
+        cfg = self.to_config()
+        args = [f"{k}={v!r}" for k, v in cfg["params"].items()]
+        if self.lr_scheduler is not None:
+            args.append(f"lr_scheduler={self.lr_scheduler!r}")
+        return f"{type(self).__name__}({', '.join(args)})"

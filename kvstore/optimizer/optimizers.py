@@ -1,0 +1,260 @@
+"""The built-in optimizers, with MXNet 1.x update math.
+
+In every formula ``g`` starts as ``rescale_grad * grad``, ``clip(g, c)`` means
+clipping to ``[-clip_gradient, clip_gradient]`` when ``clip_gradient`` is set,
+``lr`` is ``learning_rate_at(t)``, and all arithmetic happens in place in the
+weight's dtype. Default learning rates follow MXNet (0.01, but 0.001 for Adam
+and RMSProp).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._util import boolean, real
+from .base import Optimizer, register
+
+__all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp"]
+
+
+def _unit(owner, name, value):
+    # Decay/momentum factors live in [0, 1): 1 would never forget (or never move).
+    return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
+
+
+@register
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional (Nesterov) momentum.
+
+    ``momentum == 0`` (stateless, MXNet ``sgd_update``)::
+
+        w -= lr * (clip(g, c) + wd * w)
+
+    ``momentum > 0`` (MXNet ``sgd_mom_update``; state ``(mom,)``)::
+
+        mom = momentum * mom - lr * (clip(g, c) + wd * w);  w += mom
+
+    ``nesterov=True``: the :class:`NAG` update below. Raises ConfigError unless
+    ``0 <= momentum < 1``.
+
+    Example: ``SGD(learning_rate=0.1, momentum=0.9, wd=1e-4)``
+    """
+
+    name = "sgd"
+    hyper_params = ("momentum", "nesterov")
+
+    def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
+                 clip_gradient=None, lr_scheduler=None, nesterov=False):
+        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+        owner = type(self).__name__
+        self.momentum = _unit(owner, "momentum", momentum)
+        self.nesterov = boolean(owner, "nesterov", nesterov)
+
+    @property
+    def num_states(self):
+        # Like MXNet, no momentum buffer is kept (or updated) when momentum is 0.
+        return 1 if self.momentum > 0.0 else 0
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        if self.wd:
+            g += self.wd * weight
+        if not state:
+            g *= lr
+            weight -= g
+            return
+        (mom,) = state
+        mom *= self.momentum
+        if self.nesterov:
+            # MXNet nag_mom_update: mom = momentum*mom + g;  w -= lr*(g + momentum*mom)
+            mom += g
+            g += self.momentum * mom
+            g *= lr
+            weight -= g
+        else:
+            g *= lr
+            mom -= g
+            weight += mom
+
+
+@register
+class NAG(SGD):
+    """Nesterov accelerated gradient: :class:`SGD` with ``nesterov=True``.
+
+    State ``(mom,)`` when ``momentum > 0`` (MXNet ``nag_mom_update``)::
+
+        g = clip(g, c) + wd * w
+        mom = momentum * mom + g
+        w -= lr * (g + momentum * mom)
+
+    With ``momentum == 0`` it is plain SGD. Its config has no ``nesterov`` entry.
+
+    Example: ``NAG(learning_rate=0.1, momentum=0.9)``
+    """
+
+    name = "nag"
+    hyper_params = ("momentum",)
+
+    def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
+                 clip_gradient=None, lr_scheduler=None):
+        super().__init__(learning_rate=learning_rate, momentum=momentum, wd=wd,
+                         rescale_grad=rescale_grad, clip_gradient=clip_gradient,
+                         lr_scheduler=lr_scheduler, nesterov=True)
+
+
+@register
+class Adam(Optimizer):
+    """Adam (MXNet ``adam_update``; state ``(mean, var)``)::
+
+        g = clip(g + wd * w, c)
+        mean = beta1 * mean + (1 - beta1) * g
+        var = beta2 * var + (1 - beta2) * g**2
+        lr_t = lr * sqrt(1 - beta2**t) / (1 - beta1**t)
+        w -= lr_t * mean / (sqrt(var) + epsilon)
+
+    Raises ConfigError unless ``0 <= beta1, beta2 < 1`` and ``epsilon >= 0``.
+
+    Example: ``Adam(learning_rate=1e-3, beta1=0.9, beta2=0.999)``
+    """
+
+    name = "adam"
+    hyper_params = ("beta1", "beta2", "epsilon")
+    num_states = 2
+
+    def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.0,
+                 rescale_grad=1.0, clip_gradient=None, lr_scheduler=None):
+        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+        owner = type(self).__name__
+        self.beta1 = _unit(owner, "beta1", beta1)
+        self.beta2 = _unit(owner, "beta2", beta2)
+        self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)
+        mean, var = state
+        mean *= self.beta1
+        mean += (1.0 - self.beta1) * g
+        g *= g  # g is a private copy, so it can hold g**2 from here on
+        g *= 1.0 - self.beta2
+        var *= self.beta2
+        var += g
+        # MXNet folds the bias corrections into the lr (in float64 on the host).
+        lr_t = lr * math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        denom = xp.sqrt(var)
+        denom += self.epsilon
+        xp.divide(mean, denom, out=denom)
+        denom *= lr_t
+        weight -= denom
+
+
+@register
+class AdaGrad(Optimizer):
+    """AdaGrad (MXNet 1.x ``AdaGrad.update``, dense path; state ``(history,)``)::
+
+        g = clip(g, c)
+        history += g**2
+        w -= lr * (g / sqrt(history + epsilon) + wd * w)
+
+    Note ``epsilon`` sits *inside* the square root, as in MXNet 1.x (whose
+    parameter is called ``eps``). Raises ConfigError unless ``epsilon >= 0``.
+
+    Example: ``AdaGrad(learning_rate=0.1, epsilon=1e-7)``
+    """
+
+    name = "adagrad"
+    hyper_params = ("epsilon",)
+    num_states = 1
+
+    def __init__(self, *, learning_rate=0.01, epsilon=1e-7, wd=0.0, rescale_grad=1.0,
+                 clip_gradient=None, lr_scheduler=None):
+        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+        self.epsilon = real(type(self).__name__, "epsilon", epsilon, lo=0.0)
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        (history,) = state
+        history += g * g
+        denom = history + self.epsilon
+        xp.sqrt(denom, out=denom)
+        g /= denom
+        if self.wd:
+            g += self.wd * weight
+        g *= lr
+        weight -= g
+
+
+@register
+class RMSProp(Optimizer):
+    """RMSProp, both MXNet 1.x variants.
+
+    ``centered=False`` (Tieleman & Hinton; MXNet ``rmsprop_update``; state ``(n,)``)::
+
+        g = clip(g + wd * w, c)
+        n = (1 - gamma1) * g**2 + gamma1 * n
+        w = w - lr * g / sqrt(n + epsilon)
+
+    ``centered=True`` (Graves 2013; MXNet ``rmspropalex_update``; state
+    ``(n, gbar, delta)``)::
+
+        g = clip(g + wd * w, c)
+        n = (1 - gamma1) * g**2 + gamma1 * n
+        gbar = (1 - gamma1) * g + gamma1 * gbar
+        delta = gamma2 * delta - lr * g / sqrt(n - gbar**2 + epsilon)
+        w = w + delta
+
+    Then, if ``clip_weights`` is set, ``w = clip(w, clip_weights)``. ``gamma2`` is
+    only used when centered. Raises ConfigError unless ``0 <= gamma1, gamma2 < 1``,
+    ``epsilon >= 0`` and ``clip_weights`` is None or > 0.
+
+    Example: ``RMSProp(learning_rate=1e-3, gamma1=0.9, centered=True)``
+    """
+
+    name = "rmsprop"
+    hyper_params = ("gamma1", "gamma2", "epsilon", "centered", "clip_weights")
+
+    def __init__(self, *, learning_rate=0.001, gamma1=0.9, gamma2=0.9, epsilon=1e-8,
+                 centered=False, clip_weights=None, wd=0.0, rescale_grad=1.0,
+                 clip_gradient=None, lr_scheduler=None):
+        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+        owner = type(self).__name__
+        self.gamma1 = _unit(owner, "gamma1", gamma1)
+        self.gamma2 = _unit(owner, "gamma2", gamma2)
+        self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
+        self.centered = boolean(owner, "centered", centered)
+        self.clip_weights = real(owner, "clip_weights", clip_weights, lo=0.0, lo_open=True,
+                                 allow_none=True)
+
+    @property
+    def num_states(self):
+        return 3 if self.centered else 1
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)
+        n = state[0]
+        n *= self.gamma1
+        n += (1.0 - self.gamma1) * (g * g)
+        if not self.centered:
+            denom = n + self.epsilon
+            xp.sqrt(denom, out=denom)
+            g /= denom
+            g *= lr
+            weight -= g
+        else:
+            _, gbar, delta = state
+            gbar *= self.gamma1
+            gbar += (1.0 - self.gamma1) * g
+            denom = gbar * gbar
+            xp.subtract(n, denom, out=denom)
+            denom += self.epsilon
+            xp.sqrt(denom, out=denom)
+            g /= denom
+            g *= lr
+            delta *= self.gamma2
+            delta -= g
+            weight += delta
+        if self.clip_weights is not None:
+            xp.clip(weight, -self.clip_weights, self.clip_weights, out=weight)

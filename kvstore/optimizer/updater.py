@@ -1,0 +1,124 @@
+"""Updater: applies one optimizer to many weight slots, like MXNet's ``get_updater``."""
+
+from __future__ import annotations
+
+import numbers
+
+from ._util import _array_module, _to_module
+from .base import Optimizer
+
+__all__ = ["Updater"]
+
+
+def _key(index):
+    """Normalise a slot index to a hashable int / str / tuple of those."""
+    if isinstance(index, bool):
+        raise TypeError("updater index must be an int, str or tuple, got bool")
+    if isinstance(index, numbers.Integral):
+        return int(index)  # numpy ints become plain ints, so get_states() stays msgpack-able
+    if isinstance(index, str):
+        return index
+    if isinstance(index, tuple):
+        return tuple(_key(i) for i in index)
+    raise TypeError(f"updater index must be an int, str or tuple, got {type(index).__name__}")
+
+
+def _is_array(a):
+    return hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(a, "__setitem__")
+
+
+class Updater:
+    """Apply ``optimizer`` to many weight slots, keeping per-slot state and counts.
+
+    ``updater(index, grad, weight)`` (MXNet's updater signature) updates
+    ``weight`` in place. ``index`` is an int, str or tuple naming one slot (a
+    tuple is one composite key, e.g. ``(key, chunk)``, not a batch as in MXNet).
+    The slot's state is created on first use and its update count ``t`` goes
+    1, 2, 3, ...; if the optimizer raises, the count is not advanced.
+
+    Not thread-safe: callers must serialise calls for the same slot and around
+    :meth:`get_states` / :meth:`set_states`.
+
+    Example::
+
+        u = Updater(SGD(learning_rate=0.1, momentum=0.9))
+        w = numpy.zeros(3, numpy.float32)
+        u(0, numpy.ones(3, numpy.float32), w)    # w is now [-0.1, -0.1, -0.1]
+        u.get_states()    # {0: {"t": 1, "state": [array([-0.1, -0.1, -0.1])]}}
+    """
+
+    def __init__(self, optimizer):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"Updater needs an Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self._states = {}
+        self._counts = {}
+
+    def __call__(self, index, grad, weight):
+        """Update ``weight`` in place from ``grad`` for slot ``index``."""
+        key = _key(index)
+        state = self._states.get(key)
+        if state is None:
+            state = self.optimizer.create_state(weight)
+        else:
+            # State restored by set_states may live in another array module than
+            # the weight (e.g. a host checkpoint for a GPU weight): move it once.
+            xp = _array_module(weight)
+            state = tuple(_to_module(s, xp) for s in state)
+        t = self._counts.get(key, 0) + 1
+        self.optimizer.update(weight, grad, state, t)
+        self._states[key] = state
+        self._counts[key] = t
+
+    def get_states(self):
+        """Return ``{index: {"t": int, "state": [arrays]}}`` for every known slot.
+
+        The arrays are the live state arrays, not copies: copy them before the next
+        update if you need a snapshot.
+        """
+        return {key: {"t": self._counts[key], "state": list(state)}
+                for key, state in self._states.items()}
+
+    def set_states(self, states):
+        """Load ``{index: {"t": int, "state": [arrays]}}`` (as from :meth:`get_states`).
+
+        Values are copied: into the existing arrays of a slot that has state (whose
+        shapes and dtypes must match), or into fresh copies for a new slot. Slots not
+        in ``states`` are left as they are. Everything is validated before anything
+        is changed, so a bad entry leaves the updater untouched. Raises TypeError for
+        wrong types and ValueError for a wrong count, number of arrays, shape or dtype.
+        """
+        if not isinstance(states, dict):
+            raise TypeError(f"set_states expects a dict, got {type(states).__name__}")
+        n = self.optimizer.num_states
+        staged = []
+        for index, entry in states.items():
+            key = _key(index)
+            where = f"set_states[{index!r}]"
+            if not isinstance(entry, dict) or set(entry) != {"t", "state"}:
+                raise ValueError(f"{where} must be a dict with exactly the keys 't' and 'state'")
+            t = entry["t"]
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{where}['t'] must be an int, got {type(t).__name__}")
+            if t < 0:
+                raise ValueError(f"{where}['t'] must be >= 0, got {t}")
+            arrays = entry["state"]
+            if not isinstance(arrays, (list, tuple)) or not all(map(_is_array, arrays)):
+                raise TypeError(f"{where}['state'] must be a list of arrays")
+            if len(arrays) != n:
+                raise ValueError(f"{where}['state'] has {len(arrays)} array(s); "
+                                 f"{type(self.optimizer).__name__} uses {n}")
+            existing = self._states.get(key)
+            if existing is not None:
+                for old, new in zip(existing, arrays):
+                    if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+                        raise ValueError(f"{where}: state {new.dtype}{tuple(new.shape)} does "
+                                         f"not match existing {old.dtype}{tuple(old.shape)}")
+            staged.append((key, int(t), arrays, existing))
+        for key, t, arrays, existing in staged:
+            if existing is not None:
+                for old, new in zip(existing, arrays):
+                    old[...] = _to_module(new, _array_module(old))
+            else:
+                self._states[key] = tuple(_array_module(a).array(a, copy=True) for a in arrays)
+            self._counts[key] = t

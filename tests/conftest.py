@@ -1,0 +1,37 @@
+import os
+import sys
+import threading
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from cluster import Cluster  # noqa: E402
+
+
+@pytest.fixture
+def make_cluster():
+    """Start in-process clusters; every one is shut down (and checked) at the end."""
+    started = []
+
+    def make(num_workers, num_servers, **settings):
+        c = Cluster(num_workers, num_servers, **settings)
+        started.append(c)
+        return c
+    yield make
+    for c in started:
+        c.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    """A test must not leave kvstore threads behind (servers, heartbeats, scheduler)."""
+    before = set(threading.enumerate())
+    yield
+    def ours():
+        return [t for t in threading.enumerate() if t not in before and t.is_alive()
+                and t.name.startswith(("kvstore-", "output-"))]
+    for t in ours():
+        t.join(5)
+    leaked = ours()
+    assert not leaked, f"leaked threads: {[t.name for t in leaked]}"

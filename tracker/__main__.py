@@ -1,0 +1,3 @@
+from .local import main
+
+main()

@@ -1,0 +1,61 @@
+"""``python -m tracker.local``: run a whole job on this machine.
+
+Starts the scheduler in this process, S server processes and W copies of the
+command, prefixes every output line with role and rank, and exits with the
+first failure's status (every other process is stopped at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from . import env
+from .launcher import JobSpec, run_cli
+
+EXAMPLE = """\b
+Example:
+  python -m tracker.local -n 2 -s 2 python examples/dist_sync_mlp.py --kvstore dist_sync
+Environment variables (KVSTORE_TIMEOUT, KVSTORE_HEARTBEAT_TIMEOUT, ...) are read
+here and passed on to every process; see docs/configuration.md.
+"""
+
+
+@click.command(context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]},
+               epilog=EXAMPLE)
+@click.option("-n", "--num-workers", type=click.IntRange(min=1), required=True,
+              help="Number of worker processes (copies of COMMAND).")
+@click.option("-s", "--num-servers", type=click.IntRange(min=1), default=None,
+              help="Number of server processes [default: the number of workers].")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+              help="Extra environment variable for every process (repeatable).")
+@click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
+@click.option("--dry-run", is_flag=True, help="Print what would run, start nothing.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def main(num_workers, num_servers, env_pairs, kill_grace, dry_run, command):
+    """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
+    logging.basicConfig(level=os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s [launcher] %(levelname)s %(message)s")
+    extra = {}
+    for pair in env_pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        extra[name] = value
+    try:
+        settings = env.read({**os.environ, **extra})
+    except env.EnvError as e:
+        raise click.UsageError(str(e))
+    spec = JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
+                   command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings)
+    sys.exit(run_cli(spec, dry_run=dry_run))
+
+
+if __name__ == "__main__":
+    main()
