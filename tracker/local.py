@@ -40,6 +40,8 @@ here and passed on to every process; see docs/configuration.md.
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_pairs, kill_grace, dry_run, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
     logging.basicConfig(level=os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper(),
                         format="%(asctime)s [launcher] %(levelname)s %(message)s")
     extra = {}

@@ -1,0 +1,229 @@
+"""Real multi-process jobs through `python -m tracker.local` (and processes
+started by hand, as another launcher would): formulas, failures, teardown."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow
+
+
+class Proc:
+    """A subprocess whose output lines are collected so tests can wait on them."""
+
+    def __init__(self, argv, env=None, tag=None):
+        self.tag = tag or uuid.uuid4().hex
+        full_env = {**os.environ, "KVSTORE_TEST_TAG": self.tag, "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": ROOT, **(env or {})}
+        self.popen = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for(self, pattern, count=1, timeout=60):
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while sum(bool(regex.search(line)) for line in self.lines) < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"{pattern!r} x{count} not seen; output:\n{self.text}")
+                self._cond.wait(min(left, 0.5))
+
+    def wait(self, timeout=60):
+        try:
+            code = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            raise AssertionError(f"did not exit within {timeout}s; output:\n{self.text}")
+        self._reader.join(5)
+        return code
+
+    @property
+    def text(self):
+        return "\n".join(self.lines)
+
+
+def launch(*args, env=None):
+    return Proc([sys.executable, "-m", "tracker.local", *args], env=env)
+
+
+def leftovers(tag):
+    """Processes (other than us) whose environment carries this test's tag."""
+    found = []
+    needle = f"KVSTORE_TEST_TAG={tag}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().split()[2] != "Z":
+                            found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_leftovers(proc):
+    assert leftovers(proc.tag) == [], f"processes left behind; output:\n{proc.text}"
+
+
+FAST_FAILURE = {"KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "2",
+                "KVSTORE_ABORT_GRACE": "2"}
+
+
+@pytest.mark.parametrize("workers, servers, keys", [
+    (1, 1, "int"), (2, 3, "str"), (3, 2, "int"), (4, 3, "str"),
+])
+def test_dist_sync_job_matches_formulas(workers, servers, keys):
+    p = launch("-n", str(workers), "-s", str(servers), sys.executable,
+               os.path.join(SCRIPTS, "formulas.py"), "--keys", keys)
+    assert p.wait(120) == 0, p.text
+    for rank in range(workers):
+        assert f"[worker:{rank}] OK rank {rank} of {workers}" in p.text
+    assert_no_leftovers(p)
+
+
+def test_dist_async_job_matches_formulas():
+    p = launch("-n", "3", "-s", "2", sys.executable, os.path.join(SCRIPTS, "formulas.py"),
+               "--store", "dist_async")
+    assert p.wait(120) == 0, p.text
+    assert p.text.count("OK rank") == 3
+
+
+@pytest.mark.parametrize("mode, culprit, code", [
+    ("exit", "worker 1 exited with status 3", 3),
+    ("sigkill", "worker 1 was killed by SIGKILL", 128 + 9),
+])
+def test_failing_worker_stops_the_job(mode, culprit, code):
+    p = launch("-n", "3", "-s", "2", sys.executable, os.path.join(SCRIPTS, "faulty.py"), mode,
+               env=FAST_FAILURE)
+    assert p.wait(60) == code, p.text
+    assert f"job failed: {culprit}" in p.text
+    assert re.search(r"worker 1 +\d+ .*<- root cause", p.text)
+    assert_no_leftovers(p)
+
+
+def test_killed_server_stops_the_job():
+    p = launch("-n", "2", "-s", "2", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop",
+               env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    pid = int(re.search(r"server 1 \(pid (\d+)\)", p.text).group(1))
+    os.kill(pid, signal.SIGKILL)
+    assert p.wait(60) == 128 + 9, p.text
+    assert "job failed: server 1 was killed by SIGKILL" in p.text
+    assert_no_leftovers(p)
+
+
+def test_stuck_server_is_detected_by_heartbeats():
+    p = launch("-n", "2", "-s", "1", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop",
+               env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    pid = int(re.search(r"server 0 \(pid (\d+)\)", p.text).group(1))
+    os.kill(pid, signal.SIGSTOP)    # alive but silent
+    assert p.wait(60) != 0, p.text
+    assert re.search(r"server 0 \(pid \d+ on 127.0.0.1\) sent no heartbeat", p.text), p.text
+    assert_no_leftovers(p)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_launcher_ends_every_process(sig):
+    p = launch("-n", "2", "-s", "2", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop")
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(sig)
+    assert p.wait(30) == 128 + sig, p.text
+    assert f"interrupted by {signal.Signals(sig).name}" in p.text
+    assert_no_leftovers(p)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "Missing"),
+    (["-n", "0", "python", "x.py"], "-n"),
+    (["-n", "2"], "Missing argument"),
+    (["-n", "2", "--bogus", "python", "x.py"], "--bogus"),
+    (["-n", "1", "--env", "NOEQUALS", "python", "x.py"], "NAME=VALUE"),
+])
+def test_bad_command_lines_fail_before_starting_anything(args, message):
+    p = launch(*args)
+    assert p.wait(30) == 2, p.text
+    assert message in p.text
+    assert "scheduler listening" not in p.text
+
+
+def test_missing_program_is_reported():
+    p = launch("-n", "1", "-s", "1", "/nonexistent/program")
+    assert p.wait(30) == 127, p.text
+    assert "could not start worker 0" in p.text
+    assert_no_leftovers(p)
+
+
+def test_dry_run_prints_the_plan():
+    p = launch("-n", "2", "-s", "1", "--dry-run", "python", "train.py")
+    assert p.wait(30) == 0, p.text
+    assert "server 0:" in p.text and "worker 1: python train.py" in p.text
+    assert "scheduler listening" not in p.text
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dmlc_env(role, port, workers=2, servers=1):
+    return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+            "DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers), **FAST_FAILURE}
+
+
+def test_mxnet_style_job_where_every_process_runs_the_script():
+    """DMLC_* variables only, no ranks, each role running the same script (as with
+    MXNet's launchers): create() turns scheduler and server processes into their role."""
+    port, tag = _free_port(), uuid.uuid4().hex
+    script = [sys.executable, os.path.join(SCRIPTS, "formulas.py")]
+    procs = [Proc(script, _dmlc_env(role, port), tag)
+             for role in ("scheduler", "server", "worker", "worker")]
+    codes = [p.wait(120) for p in procs]
+    assert codes == [0, 0, 0, 0], "\n---\n".join(p.text for p in procs)
+    assert sorted(p.text.strip() for p in procs[2:]) == ["OK rank 0 of 2", "OK rank 1 of 2"]
+    assert leftovers(tag) == []
+
+
+def test_without_launcher_a_dead_server_is_found_by_heartbeats():
+    """Nobody watches the processes: the scheduler's heartbeats must stop the workers."""
+    port, tag = _free_port(), uuid.uuid4().hex
+    scheduler = Proc([sys.executable, "-m", "tracker.scheduler"], _dmlc_env("scheduler", port), tag)
+    server = Proc([sys.executable, "-m", "kvstore.server"], _dmlc_env("server", port), tag)
+    workers = [Proc([sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop"],
+                    _dmlc_env("worker", port), tag) for _ in range(2)]
+    for w in workers:
+        w.wait_for("ready rank")
+    server.popen.kill()
+    for w in workers:
+        assert w.wait(30) != 0, w.text
+        assert re.search(r"server 0 \(pid \d+ on 127.0.0.1\) sent no heartbeat", w.text), w.text
+    assert scheduler.wait(30) == 1, scheduler.text
+    server.wait(5)
+    assert leftovers(tag) == []
