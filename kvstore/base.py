@@ -133,6 +133,14 @@ class KVStore:
             groups.setdefault(key, (info, []))[1].extend(vals)
         return list(groups.values())
 
+    def _check_optimizable(self, groups, what: str) -> None:
+        if self._optimizer is None:
+            return
+        for info, _ in groups:
+            if info.dtype.kind != "f":
+                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
+                                           "optimizers update floating-point values only")
+
     @staticmethod
     def _merged(info: KeyInfo, vals: list, what: str) -> np.ndarray:
         """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
@@ -173,8 +181,9 @@ class KVStore:
         what = "push"
         self._check_open(what)
         _check_priority(priority, what)
-        self._do_push([(info, self._merged(info, vals, what)) for info, vals in
-                       self._grouped(key, value, what)])
+        groups = self._grouped(key, value, what)
+        self._check_optimizable(groups, what)
+        self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups])
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
@@ -193,6 +202,7 @@ class KVStore:
         self._check_open(what)
         _check_priority(priority, what)
         pushes = self._grouped(key, value, what)
+        self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
         self._do_pushpull([(info, merged[info.key], targets) for info, targets in outs])
@@ -228,16 +238,20 @@ class KVStore:
         what = "load_optimizer_states"
         self._check_open(what)
         config, states = states_file.load(fname)
-        if config is not None:
-            self._set_optimizer_only(_optimizer.from_config(config))
-        if self._optimizer is None:
+        optimizer = _optimizer.from_config(config) if config is not None else self._optimizer
+        if optimizer is None:
             raise InvalidArgumentError(f"{what}: call set_optimizer() first (the file holds no optimizer)")
-        for key, entry in states.items():
+        for key, entry in states.items():   # validate everything before changing anything
             info = self._info(self._check_key(key, what), what)
+            if len(entry["state"]) != optimizer.num_states:
+                raise InvalidArgumentError(f"{what}: key {key!r} has {len(entry['state'])} state arrays; "
+                                           f"{optimizer.to_config()['name']} keeps {optimizer.num_states}")
             for s in entry["state"]:
-                if s.shape != info.shape:
-                    raise InvalidArgumentError(f"{what}: state of key {key!r} has shape {s.shape}, "
-                                               f"the key has {info.shape}")
+                if s.shape != info.shape or s.dtype != info.dtype:
+                    raise InvalidArgumentError(f"{what}: state of key {key!r} is {s.shape} {s.dtype.name}; "
+                                               f"the key is {info.shape} {info.dtype.name}")
+        if config is not None:
+            self._set_optimizer_only(optimizer)
         self._set_states(states)
 
     def barrier(self) -> None:

@@ -64,8 +64,8 @@ class Client:
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, **fields):
         """Send one request; returns (request id, zmq MessageTracker or None)."""
-        while len(self._pending) >= MAX_IN_FLIGHT:
-            self._progress(SLICE, "back-pressure: too many requests without a reply")
+        if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
+            self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
         req_id = next(self._ids)
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays)
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)

@@ -13,6 +13,7 @@ import atexit
 import hashlib
 import logging
 import os
+import sys
 import threading
 
 import numpy as np
@@ -59,6 +60,9 @@ class DistStore(KVStore):
         except BaseException:
             self._release()
             raise
+        self._crash: str | None = None
+        if exit_on_abort:
+            self._watch_for_crash()
         atexit.register(self._close_at_exit)
         log.info("[worker:%d] joined %s with %d workers and %d servers",
                  self._rank, name, self._num_workers, reg.num_servers)
@@ -139,6 +143,8 @@ class DistStore(KVStore):
             if len(values) != len(parts):
                 raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(parts)} chunks")
             for dest, value in zip(parts, values):
+                if value.size != dest.size:
+                    raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
                 np.copyto(dest, value.reshape(-1))
         return fill
 
@@ -261,7 +267,24 @@ class DistStore(KVStore):
             self._client.close()
         self._membership.close()
 
+    def _watch_for_crash(self) -> None:
+        """Remember an uncaught exception so that the exit handler reports a failure
+        (the scheduler then aborts the job at once) instead of a clean finish."""
+        previous = sys.excepthook
+
+        def hook(exc_type, exc, tb):
+            self._crash = f"{exc_type.__name__}: {exc}"
+            previous(exc_type, exc, tb)
+        sys.excepthook = hook
+
     def _close_at_exit(self) -> None:
+        if self._crash is not None and not self._closed:
+            self._closed = True
+            try:
+                self._membership.fail(self._crash)
+            finally:
+                self._release()
+            return
         try:
             self.close()
         except Exception as e:  # at interpreter exit there is no caller left to raise to

@@ -3,8 +3,8 @@
 Launchers (``tracker.local`` and friends) set these for every process they start;
 ``kvstore.config`` reads them through :func:`read`. MXNet's ``DMLC_*`` names are
 accepted as aliases so that processes started by another launcher also work.
-docs/configuration.md renders this table; keep them in sync
-(``tests/test_config.py`` checks that every variable is documented).
+docs/configuration.md renders this table; ``tests/test_config.py`` checks that
+every variable is documented there.
 """
 
 from __future__ import annotations
@@ -94,12 +94,14 @@ VARIABLES: tuple[Var, ...] = (
         "Seconds a worker whose job was aborted may keep running (to raise the error "
         "from its next kvstore call) before it exits by itself with status 70."),
     Var("KVSTORE_CHUNK_BYTES", (), 2 << 20, _positive_int,
-        "Arrays larger than this are split into chunks of about this size, spread "
-        "over all servers. Must be equal on every worker (checked at init)."),
+        "Arrays larger than this are split into near-equal chunks of at most this size, "
+        "spread over the servers. Must be equal on every worker (checked when the store "
+        "is created)."),
     Var("KVSTORE_ZERO_COPY_BYTES", (), 64 << 10, _non_negative_int,
         "Buffers at least this large are sent without copying."),
     Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _positive_int,
-        "Largest frame a server or client accepts; bigger ones are rejected."),
+        "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
+        "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )

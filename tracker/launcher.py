@@ -103,11 +103,11 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     finally:
         _restore_signal_handlers(restore)
         alive = [c for c in children if c.poll() is None]
+        if alive:  # tell the survivors why before they are stopped
+            scheduler.abort("the launcher stopped the job")
         terminate_all(alive, spec.kill_grace)
         for c in children:
             c.finish_output()
-        if alive:
-            scheduler.abort("the launcher stopped the job")
         scheduler.close()
     if spawn_error is not None:
         return Outcome(127, spawn_error, [(c.spec.label, c.pid, c.poll(), "") for c in children])

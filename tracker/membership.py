@@ -102,6 +102,8 @@ class Membership:
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
                 if msg["op"] == "error":
+                    if msg.get("kind") == "aborted":
+                        raise JobAborted(str(msg.get("message")))
                     raise RendezvousError(f"{what} failed: {msg.get('message')}")
                 return msg
             if time.monotonic() > deadline:
@@ -127,6 +129,17 @@ class Membership:
         try:
             if not self.aborted.is_set():
                 self._request("finish", "acknowledgement of finish", min(self.timeout, 10.0))
+        finally:
+            self.close()
+
+    def fail(self, reason: str) -> None:
+        """Report a fatal error of this node: the scheduler aborts the whole job
+        at once (instead of others waiting for heartbeats to stop)."""
+        try:
+            if not self.aborted.is_set():
+                self._ctl.send(wire.encode("fail", id=next(self._ids), node=self.node_id,
+                                           reason=reason[:2000]))
+                self._ctl.poll(1000)  # best effort: the scheduler acknowledges by aborting
         finally:
             self.close()
 

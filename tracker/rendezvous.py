@@ -212,7 +212,7 @@ class Scheduler:
         for role, total in counts.items():
             got = sum(1 for n in self._nodes.values() if n.role == role)
             missing = [str(r) for r in range(total) if (role, r) not in have]
-            detail = f" (missing ranks {', '.join(missing)})" if got and len(missing) < total else ""
+            detail = f" (missing ranks {', '.join(missing)})" if got and 0 < len(missing) < total else ""
             parts.append(f"{got} of {total} {role}s registered{detail}")
         return "; ".join(parts)
 
@@ -233,7 +233,8 @@ class Scheduler:
             handler(ident, msg)
         except (RendezvousError, KeyError, TypeError, ValueError) as e:
             log.warning("bad control message: %s", e)
-            self._send(ident, "error", id=_req_id(frame), message=str(e))
+            kind = "aborted" if self.failure is not None else "invalid"
+            self._send(ident, "error", id=_req_id(frame), kind=kind, message=str(e))
 
     def _op_heartbeat(self, ident: bytes, msg: dict) -> None:
         node_id = str(msg["node"])
@@ -251,7 +252,7 @@ class Scheduler:
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
-            return self._send(ident, "error", id=msg.get("id"), message=self.failure)
+            return self._send(ident, "error", id=msg.get("id"), kind="aborted", message=self.failure)
         role, rank = msg["role"], msg.get("rank")
         if role not in ("worker", "server"):
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
@@ -291,9 +292,7 @@ class Scheduler:
         for ident, node_id, req_id in self._registered_at_start:
             node = self._nodes[node_id]
             self._send(ident, "registered", id=req_id, rank=node.rank,
-                       num_workers=self.num_workers, num_servers=self.num_servers,
-                       heartbeat_interval=self.heartbeat_interval,
-                       heartbeat_timeout=self.heartbeat_timeout, **self._book)
+                       num_workers=self.num_workers, num_servers=self.num_servers, **self._book)
         log.info("all %d nodes registered", len(self._nodes))
 
     def _op_barrier(self, ident: bytes, msg: dict) -> None:
@@ -305,22 +304,23 @@ class Scheduler:
         gone = [n for n in self._nodes.values() if n.role == "worker" and n.finished]
         if gone:
             names = ", ".join(n.name() for n in gone)
-            self._fail_barrier(f"barrier cannot complete: {names} already finished (called close())")
+            self._fail_barrier(f"barrier cannot complete: {names} already finished (called close())",
+                               "invalid")
         elif len(waiting) == self.num_workers:
             tokens = {token for _, _, token in waiting.values()}
             if len(tokens) > 1:
                 detail = "; ".join(f"worker {self._nodes[nid].rank}: {tok!r}"
                                    for nid, (_, _, tok) in sorted(waiting.items(),
                                                                   key=lambda kv: self._nodes[kv[0]].rank))
-                self._fail_barrier(f"workers disagree at a collective call: {detail}")
+                self._fail_barrier(f"workers disagree at a collective call: {detail}", "mismatch")
             else:
                 for ident_, req_id, _ in waiting.values():
                     self._send(ident_, "barrier_done", id=req_id)
                 waiting.clear()
 
-    def _fail_barrier(self, message: str) -> None:
+    def _fail_barrier(self, message: str, kind: str) -> None:
         for ident_, req_id, _ in self._barrier.waiting.values():
-            self._send(ident_, "error", id=req_id, message=message)
+            self._send(ident_, "error", id=req_id, kind=kind, message=message)
         self._barrier.waiting.clear()
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
@@ -329,8 +329,15 @@ class Scheduler:
         self._send(ident, "finished", id=msg.get("id"))
         log.debug("%s finished", node.name())
         if node.role == "worker" and self._barrier.waiting:
-            self._fail_barrier(f"barrier cannot complete: {node.name()} finished (called close())")
+            self._fail_barrier(f"barrier cannot complete: {node.name()} finished (called close())",
+                               "invalid")
         self._maybe_shutdown_servers()
+
+    def _op_fail(self, ident: bytes, msg: dict) -> None:
+        """A node reports its own fatal error (e.g. an uncaught exception)."""
+        node = self._known(msg, ident)
+        node.finished = True
+        self._abort(f"{node.name()} failed: {msg.get('reason')}")
 
     def _maybe_shutdown_servers(self) -> None:
         workers = [n for n in self._nodes.values() if n.role == "worker"]
@@ -374,8 +381,8 @@ class Scheduler:
                 self._send(node.hb_ident, "abort", reason=reason)
         if self._book is None:
             for ident, _, req_id in self._registered_at_start:
-                self._send(ident, "error", id=req_id, message=reason)
-        self._fail_barrier(reason)
+                self._send(ident, "error", id=req_id, kind="aborted", message=reason)
+        self._fail_barrier(reason, "aborted")
         # keep answering heartbeats with 'abort' for a while so late nodes hear it too
         self._abort_until = time.monotonic() + 2 * self.heartbeat_interval + 1.0
 

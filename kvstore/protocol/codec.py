@@ -21,8 +21,8 @@ import numpy as np
 from ..errors import ProtocolError
 
 VERSION = 1
-MAX_HEADER_BYTES = 1 << 20
-MAX_BUFFERS = 1 << 16
+MAX_HEADER_BYTES = 16 << 20
+MAX_BUFFERS = 1 << 20
 
 ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -56,7 +56,7 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30) -> tuple[dict, lis
         raise ProtocolError(f"header is not valid msgpack: {e}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map")
-    if header.get("v") != VERSION:
+    if type(header.get("v")) is not int or header["v"] != VERSION:
         raise ProtocolError(f"protocol version {header.get('v')!r} is not ours ({VERSION}): "
                             "every process of a job must run the same kvstore version")
     if not isinstance(header.get("op"), str):

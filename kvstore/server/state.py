@@ -58,6 +58,11 @@ class _Pending:
     chunks: list          # chunk ids (tuples) of the request, in order
     want_values: bool
     blocked: set          # chunk ids still waiting for the sender's rounds
+    failed: bool = False  # already answered with an error
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ServerState:
@@ -83,6 +88,8 @@ class ServerState:
         input: an invalid request gets an error reply and changes nothing."""
         req_id = header.get("id")
         try:
+            if not _is_int(req_id):
+                raise ProtocolError("request has no integer 'id'")
             op = header["op"]
             if op not in ops.REQUESTS:
                 raise ProtocolError(f"unknown op {op!r}")
@@ -107,8 +114,8 @@ class ServerState:
             raise ProtocolError("'chunks' must be a list")
         ids = []
         for item in raw:
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], int)
-                    and isinstance(item[0], (int, str)) and not isinstance(item[0], bool)):
+            if not (isinstance(item, list) and len(item) == 2 and _is_int(item[1])
+                    and (_is_int(item[0]) or isinstance(item[0], str))):
                 raise ProtocolError(f"bad chunk id {item!r}: expected [key, index]")
             ids.append((item[0], item[1]))
         if len(set(ids)) != len(ids):
@@ -133,17 +140,17 @@ class ServerState:
             chunks.append(chunk)
         return chunks
 
-    @staticmethod
-    def _worker(header: dict) -> int:
+    def _worker(self, header: dict) -> int:
         src = header["src"]
-        if not isinstance(src, int) or isinstance(src, bool):
-            raise ProtocolError("'src' must be the sender's worker rank")
+        if not _is_int(src) or not 0 <= src < self.num_workers:
+            raise ProtocolError(f"'src' must be the sender's worker rank (0..{self.num_workers - 1}), "
+                                f"got {src!r}")
         return src
 
     # -- ops -------------------------------------------------------------------------
     def _on_configure(self, peer, header, arrays):
         mode, workers = header["mode"], header["num_workers"]
-        if mode not in ("sync", "async") or not isinstance(workers, int) or workers < 1:
+        if mode not in ("sync", "async") or not _is_int(workers) or workers < 1:
             raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}")
         if self.mode is not None and (self.mode, self.num_workers) != (mode, workers):
             raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode for "
@@ -167,19 +174,23 @@ class ServerState:
         if self.mode == "async" and self.updater is None:
             raise InvalidArgumentError("dist_async applies every push with an optimizer: "
                                        "call set_optimizer() before push")
+        if self.updater is not None:
+            for cid, chunk in zip(ids, chunks):
+                if chunk.value.dtype.kind != "f":
+                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
+                                               "optimizers update floating-point values only")
         if self.mode == "async":
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
+        # Park the request first: completing (or failing) the rounds below answers
+        # it through the same path as everyone else waiting on those chunks.
+        pending = _Pending(peer, header["id"], worker, ids, want_values, set(ids))
+        for chunk in chunks:
+            chunk.waiting.append(pending)
         ready = []
         for cid, chunk, grad in zip(ids, chunks, arrays):
             ready += self._contribute(cid, chunk, worker, grad.reshape(-1))
-        pending = _Pending(peer, header["id"], worker, ids, want_values,
-                           {cid for cid, c in zip(ids, chunks) if c.pending_from(worker)})
-        if not pending.blocked:
-            return ready + [self._finish(pending)]
-        for cid in pending.blocked:
-            self.chunks[cid].waiting.append(pending)
         return ready
 
     def _on_pushpull(self, peer, header, arrays):
@@ -230,10 +241,17 @@ class ServerState:
                 # buffer is recycled as the next round's accumulator
                 chunk.value, acc = acc, chunk.value
             else:
-                self.updater(cid, acc, chunk.value)
+                try:
+                    self.updater(cid, acc, chunk.value)
+                except Exception as e:  # an optimizer failure must not leave workers waiting
+                    replies += self._fail_waiting(chunk, f"applying the optimizer to {chunk_label(cid)} "
+                                                         f"failed: {type(e).__name__}: {e}")
+                    continue
             chunk.spare = acc
             still = []
             for pending in chunk.waiting:
+                if pending.failed:
+                    continue
                 if chunk.pending_from(pending.worker):
                     still.append(pending)
                     continue
@@ -241,6 +259,15 @@ class ServerState:
                 if not pending.blocked:
                     replies.append(self._finish(pending))
             chunk.waiting = still
+        return replies
+
+    def _fail_waiting(self, chunk: _Chunk, message: str) -> list[Reply]:
+        replies = []
+        for pending in chunk.waiting:
+            if not pending.failed:
+                pending.failed = True
+                replies.append(Reply(pending.peer, error_header(pending.req_id, "RemoteError", message)))
+        chunk.waiting = []
         return replies
 
     def _finish(self, pending: _Pending) -> Reply:
@@ -263,21 +290,35 @@ class ServerState:
         meta, out = [], []
         for cid, entry in sorted(self.updater.get_states().items(), key=lambda kv: repr(kv[0])):
             meta.append([cid[0], cid[1], int(entry["t"]), len(entry["state"])])
-            out += [np.ascontiguousarray(s) for s in entry["state"]]
+            # copies: in async mode pushes may change the live arrays while they are sent
+            out += [np.array(s, order="C", copy=True) for s in entry["state"]]
         return [self._ok(peer, header["id"], out, states=meta)]
 
     def _on_set_states(self, peer, header, arrays):
         if self.updater is None:
             raise InvalidArgumentError("set_optimizer() must come before load_optimizer_states()")
         meta = header["states"]
+        if not isinstance(meta, list) or not all(
+                isinstance(m, list) and len(m) == 4 and all(_is_int(v) and v >= 0 for v in m[1:])
+                for m in meta):
+            raise ProtocolError("'states' must be a list of [key, index, t, count]")
         if sum(m[3] for m in meta) != len(arrays):
             raise ProtocolError("state descriptions do not match the buffers")
         states, pos = {}, 0
         for key, index, t, count in meta:
             cid = (key, index)
-            self._existing([cid])
-            states[cid] = {"t": t, "state": [np.array(a, copy=True).reshape(-1)
-                                             for a in arrays[pos:pos + count]]}
+            chunk = self._existing([cid])[0]
+            parts = arrays[pos:pos + count]
+            for a in parts:
+                if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
+                    raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: got {a.size} x "
+                                               f"{a.dtype.name}, the chunk is {chunk.value.size} x "
+                                               f"{chunk.value.dtype.name}")
+            if len(parts) != self.updater.optimizer.num_states:
+                raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: {len(parts)} arrays, "
+                                           f"{self.updater.optimizer.to_config()['name']} keeps "
+                                           f"{self.updater.optimizer.num_states}")
+            states[cid] = {"t": t, "state": [np.array(a, copy=True).reshape(-1) for a in parts]}
             pos += count
         self.updater.set_states(states)
         return [self._ok(peer, header["id"])]
