@@ -178,12 +178,17 @@ class KVStore:
         """Push values (gradients) for keys. A list of values for one key is summed.
         Without an optimizer the (merged) sum replaces the stored value; with one,
         the optimizer applies it. May return before the servers applied it."""
+        self._push(key, value, priority, wait_sent=True)
+
+    def _push(self, key, value, priority: int, wait_sent: bool) -> None:
+        """push(); with ``wait_sent=False`` it may return while the network still reads
+        the caller's buffers: the caller must not modify them before its next pull."""
         what = "push"
         self._check_open(what)
         _check_priority(priority, what)
         groups = self._grouped(key, value, what)
         self._check_optimizable(groups, what)
-        self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups])
+        self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent)
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
@@ -257,6 +262,11 @@ class KVStore:
     def barrier(self) -> None:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
 
+    def comm_stats(self) -> dict:
+        """Bytes this worker sent to and received from the servers so far (headers
+        included): ``{"bytes_sent": int, "bytes_received": int}``; zeros for 'local'."""
+        return {"bytes_sent": 0, "bytes_received": 0}
+
     def close(self) -> None:
         """Release the store; in dist mode tell the job this worker is done."""
         self._closed = True
@@ -273,7 +283,7 @@ class KVStore:
 
     # -- hooks for subclasses ------------------------------------------------------------
     def _do_init(self, items: list[tuple]) -> None: raise NotImplementedError
-    def _do_push(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_push(self, items: list[tuple], wait_sent: bool = True) -> None: raise NotImplementedError
     def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pushpull(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_set_optimizer(self, optimizer, collective: bool = True) -> None: raise NotImplementedError

@@ -60,6 +60,8 @@ class Client:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
+        self.bytes_sent = 0       # payload + headers handed to ZeroMQ, for users' accounting
+        self.bytes_received = 0
 
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, **fields):
@@ -69,6 +71,7 @@ class Client:
         req_id = next(self._ids)
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays)
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
+        self.bytes_sent += len(frames[0]) + sum(a.nbytes for a in arrays)
         self._pending[req_id] = _Request(server, what, on_reply)
         return req_id, (tracker if track else None)
 
@@ -126,6 +129,7 @@ class Client:
                 self._on_reply(self._index[sock], frames)
 
     def _on_reply(self, server: int, frames) -> None:
+        self.bytes_received += sum(len(f) for f in frames)
         try:
             header, arrays = decode(frames, self.config.max_message_bytes)
         except ProtocolError as e:

@@ -166,14 +166,14 @@ class DistStore(KVStore):
             self._keys[info.key] = info
         self._collective("init done")
 
-    def _do_push(self, items) -> None:
+    def _do_push(self, items, wait_sent: bool = True) -> None:
         if self._mode == "async" and self._optimizer is None:
             raise InvalidArgumentError("dist_async applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push()")
         what = f"push of {_keys_text(info for info, _ in items)}"
         trackers = []
         for server, (wire_ids, parts) in self._by_server(items).items():
-            big = any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
+            big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
             _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big, chunks=wire_ids)
             if tracker is not None:
                 trackers.append(tracker)
@@ -242,6 +242,9 @@ class DistStore(KVStore):
                                     states=meta)[0]
                for server, (meta, parts) in groups.items()]
         self._client.wait(ids, "load_optimizer_states")
+
+    def comm_stats(self) -> dict:
+        return {"bytes_sent": self._client.bytes_sent, "bytes_received": self._client.bytes_received}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def barrier(self) -> None:

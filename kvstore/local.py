@@ -47,7 +47,7 @@ class LocalStore(KVStore):
         else:
             self._updater(info.key, merged.reshape(info.shape), stored)
 
-    def _do_push(self, items) -> None:
+    def _do_push(self, items, wait_sent: bool = True) -> None:
         for info, merged in items:
             self._apply(info, merged)
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvstore.errors import KVStoreError, ProtocolError
 from kvstore.protocol import VERSION, chunk_label, decode, encode, error_header, ops
+from kvstore.protocol import codec
 from kvstore.protocol.codec import ALLOWED_DTYPES, MAX_BUFFERS, MAX_HEADER_BYTES
 
 # No example database: the tests must not write files into the checkout.
@@ -165,7 +166,7 @@ def test_header_not_a_map(value):
         decode([msgpack.packb(value, use_bin_type=True)])
 
 
-@pytest.mark.parametrize("v", [0, 2, VERSION + 1, "1", 1.5, None, [1]])
+@pytest.mark.parametrize("v", [0, 2, VERSION + 1, "1", 1.5, None, [1], -1])
 def test_wrong_version(v):
     with pytest.raises(ProtocolError, match=r"protocol version .* is not ours") as e:
         decode(raw(good_header(v=v), FOUR_FLOATS))
@@ -179,11 +180,11 @@ def test_missing_version():
         decode(raw(h, FOUR_FLOATS))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: codec.decode compares header['v'] with == so the "
-                   "msgpack boolean true (== 1 in Python) passes as protocol version 1")
-def test_bool_version_is_rejected():
-    with pytest.raises(ProtocolError, match="version"):
-        decode(raw(good_header(v=True), FOUR_FLOATS))
+@pytest.mark.parametrize("v", [True, 1.0], ids=["true", "float"])
+def test_version_equal_to_1_but_not_an_int_is_rejected(v):
+    # regression: msgpack true (== 1 in Python) used to pass as version 1
+    with pytest.raises(ProtocolError, match="protocol version"):
+        decode(raw(good_header(v=v), FOUR_FLOATS))
 
 
 @pytest.mark.parametrize("op", [None, 5, b"push", ["push"]], ids=["missing", "int", "bin", "list"])
@@ -214,10 +215,22 @@ def test_missing_or_bad_bufs(bufs):
         decode(raw(h, FOUR_FLOATS))
 
 
-def test_too_many_buffers():
-    h = good_header(bufs=[["<f4", [0]]] * (MAX_BUFFERS + 1))
+def test_error_reply_may_have_nil_id_but_requests_may_not():
+    # a server answers a request whose id it could not read with id nil
+    h, arrays = decode(wire(encode(error_header(None, "ProtocolError", "bad header"))))
+    assert h["op"] == ops.ERROR and h["id"] is None and arrays == []
+    with pytest.raises(ProtocolError, match="integer 'id'"):
+        decode(wire(encode({"op": ops.OK, "id": None})))
+
+
+def test_too_many_buffers(monkeypatch):
+    assert 1024 <= MAX_BUFFERS < 1 << 31
+    monkeypatch.setattr(codec, "MAX_BUFFERS", 4)  # the real limit costs seconds to build
+    decode(raw(good_header(bufs=[["<f4", [0]]] * 4), *[b""] * 4))
     with pytest.raises(ProtocolError, match="'bufs'"):
-        decode(raw(h))  # refused before the frames are even counted
+        decode(raw(good_header(bufs=[["<f4", [0]]] * 5), *[b""] * 5))
+    with pytest.raises(ProtocolError, match="'bufs'"):
+        decode(raw(good_header(bufs=[["<f4", [0]]] * 5)))  # refused before counting frames
 
 
 @pytest.mark.parametrize("nframes", [0, 2, 3])
@@ -350,7 +363,8 @@ def test_fuzz_random_bytes(head, rest):
 # Cheap, non-recursive junk (recursive strategies cost ~10 ms an example).
 msgpack_values = st.one_of(
     st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(),
-    st.text(max_size=6), st.binary(max_size=6), st.lists(st.integers(-3, 3) | st.text(max_size=2), max_size=3),
+    st.text(max_size=6), st.binary(max_size=6),
+    st.lists(st.integers(-3, 3) | st.text(max_size=2), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=2))
 
 dtype_strings = st.sampled_from(sorted(ALLOWED_DTYPES) + ["|O", "<U4", "|V8", ">f4", "x"])

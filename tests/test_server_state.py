@@ -214,8 +214,10 @@ def test_push_twice_before_round_completes_queues_into_next_round(opt):
     assert r == [], "a second push from the same worker must not complete the round"
     p11, r = srv.push(1, {A: b1})
     replies = by_id(r)
-    assert p11 in replies and p02 not in replies
+    # each push is acknowledged when its own round is applied
+    assert p11 in replies and p01 in replies and p02 not in replies
     expect_ok(replies[p11], peer(1), p11)
+    first_acks = set(replies)
     round1 = a1 + b1 if opt is None else w0 - (a1 + b1)
     # worker 1 has nothing pending now: it reads the result of round 1
     np.testing.assert_array_equal(srv.value(A, src=1), round1)
@@ -224,7 +226,7 @@ def test_push_twice_before_round_completes_queues_into_next_round(opt):
     assert r == []
     p12, r = srv.push(1, {A: b2})
     replies = by_id(r)
-    acked = set(by_id(r)) | {p11}
+    acked = set(by_id(r)) | first_acks
     assert acked >= {p01, p02, p11, p12, pull0}
     round2 = a2 + b2 if opt is None else round1 - (a2 + b2)
     np.testing.assert_array_equal(replies[pull0].arrays[0], round2)
@@ -541,33 +543,38 @@ def test_set_states_malformed(states, nbufs):
     np.testing.assert_allclose(srv.value(A), vec(0.9, 0.9))
 
 
-# -- bugs (xfail until fixed) --------------------------------------------------------------------
+# -- regressions (bugs found by these tests, fixed while they were written) --------------------
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py _worker() accepts any int 'src'; in sync mode "
-                   "a src outside [0, num_workers) counts as a worker and completes a round")
-@pytest.mark.parametrize("src", [2, -1])
+@pytest.mark.parametrize("src", [2, -1, 1 << 40])
 def test_src_outside_the_workers_is_rejected(src):
+    # a src outside [0, num_workers) used to count as a worker and complete the round
     srv = Server(num_workers=2, init={A: vec(0)})
     id0, r = srv.push(0, {A: vec(1)})
     rid, r = srv.push(src, {A: vec(100)})
-    expect_error(only(r), peer(src), rid, "ProtocolError")
+    expect_error(only(r), peer(src), rid, "ProtocolError", "'src'")
     np.testing.assert_array_equal(srv.value(A, src=1), vec(0))
+    rid, r = srv.pull(src, [A])
+    expect_error(only(r), peer(src), rid, "ProtocolError", "'src'")
+    id1, r = srv.push(1, {A: vec(2)})
+    assert set(by_id(r)) == {id0, id1}
+    np.testing.assert_array_equal(srv.value(A), vec(3))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py applies the optimizer only when the round "
-                   "completes; on a non-float chunk it raises there, the round is dropped and the "
-                   "workers who pushed earlier never get a reply")
-def test_push_to_integer_chunk_with_optimizer_leaves_no_worker_hanging():
-    srv = Server(num_workers=2, opt=sgd(), init={C: np.array([1, 2], np.int32)})
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_push_to_integer_chunk_with_optimizer_leaves_no_worker_hanging(mode):
+    # the optimizer used to fail only when the round was applied: the round was dropped
+    # and the workers who had pushed before got no reply at all
+    srv = Server(mode=mode, num_workers=2, opt=sgd(), init={C: np.array([1, 2], np.int32)})
     id0, r0 = srv.push(0, {C: np.array([1, 1], np.int32)})
     id1, r1 = srv.push(1, {C: np.array([1, 1], np.int32)})
-    answered = {r.header["id"] for r in r0 + r1}
-    assert answered == {id0, id1}, "a push got no reply at all"
+    replies = by_id(r0 + r1)
+    assert set(replies) == {id0, id1}, "a push got no reply at all"
+    assert all(r.header["op"] == ops.ERROR and "key 7" in r.header["message"] for r in replies.values())
+    np.testing.assert_array_equal(srv.value(C), np.array([1, 2], np.int32))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py async push applies chunk by chunk; a chunk "
-                   "the optimizer rejects (int dtype) fails after earlier chunks were updated")
 def test_async_push_rejected_by_optimizer_changes_nothing():
+    # async used to apply chunk by chunk and fail on the int chunk after updating A
     srv = Server(mode="async", num_workers=1, opt=sgd(),
                  init={A: vec(1, 1), C: np.array([1, 2], np.int32)})
     rid, r = srv.send(0, ops.PUSH, [A, C], [vec(1, 1), np.array([1, 1], np.int32)])
@@ -575,22 +582,19 @@ def test_async_push_rejected_by_optimizer_changes_nothing():
     np.testing.assert_array_equal(srv.value(A), vec(1, 1))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py _on_set_states does not check state arrays "
-                   "against the chunk (size/dtype); the bad state is stored and the next update fails")
 @pytest.mark.parametrize("bad", [vec(0, 0, 0), np.zeros(2, np.float64)], ids=["size", "dtype"])
 def test_set_states_rejects_state_not_matching_the_chunk(bad):
+    # used to be stored, so that the next update raised while applying a round
     srv = Server(num_workers=1, opt=optimizer.SGD(learning_rate=1.0, momentum=0.5), init={A: vec(1, 1)})
     rid, r = srv.send(0, ops.SET_STATES, states=[["w", 0, 1, 1]], arrays=[bad])
-    expect_error(only(r), peer(0), rid, "InvalidArgumentError")
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "'w' (chunk 0)")
     rid, r = srv.push(0, {A: vec(1, 1)})
     expect_ok(only(r), peer(0), rid)
     np.testing.assert_array_equal(srv.value(A), vec(0, 0))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py _on_get_states replies with the live optimizer "
-                   "state arrays (np.ascontiguousarray does not copy); the node sends them zero-copy, "
-                   "so a later push (async mode) changes a snapshot that is still being sent")
 def test_get_states_reply_is_a_snapshot():
+    # the reply used to carry the live momentum arrays, which the node sends zero-copy
     srv = Server(mode="async", num_workers=2, opt=optimizer.SGD(learning_rate=0.1, momentum=0.9),
                  init={A: vec(1, 1)})
     srv.push(0, {A: vec(1, 1)})
@@ -602,11 +606,16 @@ def test_get_states_reply_is_a_snapshot():
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py reads header['id'] only after changing state "
-                   "(_on_init, _on_push, _on_configure); a request without an id gets an error reply "
-                   "but its change stays, and replies made ready for other workers are lost")
-@pytest.mark.parametrize("op", [ops.INIT, ops.PUSH])
+@pytest.mark.parametrize("op", [ops.INIT, ops.PUSH, ops.CONFIGURE])
 def test_request_without_id_changes_nothing(op):
+    # the id used to be read only after the change was made: the change stayed, and
+    # replies made ready for other workers were lost with the exception
+    if op == ops.CONFIGURE:
+        s = ServerState()
+        r = s.handle(b"w0", {"op": "configure", "src": 0, "mode": "async", "num_workers": 2}, [])
+        assert only(r).header["op"] == ops.ERROR and only(r).header["id"] is None
+        assert s.mode is None
+        return
     srv = Server(num_workers=2, init={A: vec(0)})
     if op == ops.INIT:
         r = srv.raw(0, {"op": "init", "src": 0, "chunks": [["x", 0]]}, [vec(1)])
@@ -622,15 +631,71 @@ def test_request_without_id_changes_nothing(op):
         np.testing.assert_array_equal(srv.value(A), vec(3))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: state.py checks int fields with isinstance(x, int), which "
-                   "accepts msgpack booleans: chunk index true aliases index 1, num_workers true means 1")
-@pytest.mark.parametrize("case", ["chunk-index", "num-workers"])
+@pytest.mark.parametrize("case", ["chunk-index", "num-workers", "src", "id"])
 def test_booleans_are_not_ints(case):
+    # isinstance(True, int): chunk index true used to alias index 1, num_workers true meant 1
     if case == "chunk-index":
         srv = Server(num_workers=1, init={B: vec(1)})
         r = srv.raw(0, {"op": "pull", "id": 5, "src": 0, "chunks": [["w", True]]})
         expect_error(only(r), peer(0), 5, "ProtocolError")
-    else:
+    elif case == "num-workers":
         s = ServerState()
         r = s.handle(b"w0", {"op": "configure", "id": 3, "src": 0, "mode": "sync", "num_workers": True}, [])
         assert only(r).header["op"] == ops.ERROR
+        assert s.mode is None
+    elif case == "src":
+        srv = Server(num_workers=2, init={A: vec(0)})
+        r = srv.raw(1, {"op": "push", "id": 5, "src": True, "chunks": [["w", 0]]}, [vec(1)])
+        expect_error(only(r), peer(1), 5, "ProtocolError", "'src'")
+    else:
+        srv = Server(num_workers=1, init={A: vec(0)})
+        r = srv.raw(0, {"op": "push", "id": True, "src": 0, "chunks": [["w", 0]]}, [vec(1)])
+        assert only(r).header["op"] == ops.ERROR
+        np.testing.assert_array_equal(srv.value(A), vec(0))
+
+
+@pytest.mark.parametrize("op", [ops.PUSH, ops.PUSHPULL])
+def test_optimizer_failure_fails_every_push_of_the_round(op):
+    # the worker whose push completed the failing round used to get 'ok'
+    srv = Server(num_workers=2, opt=sgd(), init={A: vec(1, 1)})
+    working = srv.state.updater
+
+    def broken(index, grad, weight):
+        raise FloatingPointError("boom")
+
+    id0, r0 = srv.push(0, {A: vec(1, 1)}, op=op)
+    srv.state.updater = broken
+    id1, r1 = srv.push(1, {A: vec(2, 2)}, op=op)
+    srv.state.updater = working
+    replies = by_id(r0 + r1)
+    assert set(replies) == {id0, id1}
+    np.testing.assert_array_equal(srv.value(A), vec(1, 1))
+    assert [replies[i].header["op"] for i in (id0, id1)] == [ops.ERROR, ops.ERROR]
+    # and the chunk works again once the optimizer does
+    srv.push(0, {A: vec(1, 1)})
+    _, r = srv.push(1, {A: vec(2, 2)})
+    assert [x.header["op"] for x in r] == [ops.OK, ops.OK]
+    np.testing.assert_array_equal(srv.value(A), vec(-2, -2))
+
+
+def _broken(index, grad, weight):
+    raise FloatingPointError("boom")
+
+
+# Regression: an optimizer failure used to fail every request parked on the chunk, also
+# those of a later round that was still queued and then applied anyway.
+def test_optimizer_failure_only_fails_requests_of_the_failed_round():
+    srv = Server(num_workers=2, opt=sgd(), init={A: vec(10, 10)})
+    first, _ = srv.push(0, {A: vec(1, 1)})
+    second, _ = srv.push(0, {A: vec(2, 2)})   # queued into round 2
+    working, srv.state.updater = srv.state.updater, _broken
+    other, r = srv.push(1, {A: vec(3, 3)})     # completes round 1, which fails
+    srv.state.updater = working
+    replies = by_id(r)
+    assert replies[first].header["op"] == ops.ERROR and replies[other].header["op"] == ops.ERROR
+    assert second not in replies, "answered before its round was applied"
+    last, r = srv.push(1, {A: vec(4, 4)})      # round 2 is applied
+    replies = by_id(r)
+    assert set(replies) == {second, last}
+    assert all(x.header["op"] == ops.OK for x in replies.values())
+    np.testing.assert_array_equal(srv.value(A), vec(4, 4))

@@ -6,10 +6,12 @@ whose requests were waiting). The I/O loop in :mod:`kvstore.server.node` feeds i
 
 Synchronous mode (BSP), per chunk: pushes are merged into a round until every
 worker contributed once; then the round is applied once (assigned, or given to
-the optimizer) and every request waiting on it is answered. A worker that
-pushes again before its round completed starts the next round. A pull (or the
-reply of a pushpull) is answered once the sender has no push pending on the
-chunk, so a worker always reads the result of its own last push's round.
+the optimizer) and every push that joined it is acknowledged. A worker that
+pushes again before its round completed starts the next round. A pull is
+answered once the sender has no push pending on the chunk (a pushpull once its
+own round is applied), so a worker always reads the result of its own last
+push's round. If the optimizer fails on a round, exactly the requests that
+depended on that round get the error; later rounds proceed.
 
 Asynchronous mode: every push is applied on arrival with the optimizer.
 """
@@ -58,7 +60,15 @@ class _Pending:
     chunks: list          # chunk ids (tuples) of the request, in order
     want_values: bool
     blocked: set          # chunk ids still waiting for the sender's rounds
-    failed: bool = False  # already answered with an error
+    error: str | None = None  # a round it depended on failed: answer with this
+    rounds: dict = field(default_factory=dict)  # chunk id -> the _Round a push joined
+
+    def waits_on(self, cid, chunk: "_Chunk") -> bool:
+        """A push waits for its own round; a pull for every round of its worker."""
+        joined = self.rounds.get(cid)
+        if joined is not None:
+            return any(r is joined for r in chunk.rounds)
+        return chunk.pending_from(self.worker)
 
 
 def _is_int(value) -> bool:
@@ -190,7 +200,8 @@ class ServerState:
             chunk.waiting.append(pending)
         ready = []
         for cid, chunk, grad in zip(ids, chunks, arrays):
-            ready += self._contribute(cid, chunk, worker, grad.reshape(-1))
+            pending.rounds[cid] = self._contribute(chunk, worker, grad.reshape(-1))
+            ready += self._apply_complete_rounds(cid, chunk)
         return ready
 
     def _on_pushpull(self, peer, header, arrays):
@@ -216,26 +227,28 @@ class ServerState:
         values = [c.value.copy() if copy else c.value for c in chunks] if want_values else []
         return self._ok(peer, req_id, values)
 
-    def _contribute(self, cid, chunk: _Chunk, worker: int, grad: np.ndarray) -> list[Reply]:
+    @staticmethod
+    def _contribute(chunk: _Chunk, worker: int, grad: np.ndarray) -> _Round:
         """Add one worker's push to the first round it has not contributed to."""
         for rnd in chunk.rounds:
             if worker not in rnd.workers:
                 rnd.acc += grad
                 rnd.workers.add(worker)
-                break
+                return rnd
+        if chunk.spare is not None:
+            acc, chunk.spare = chunk.spare, None
+            np.copyto(acc, grad)
         else:
-            if chunk.spare is not None:
-                acc, chunk.spare = chunk.spare, None
-                np.copyto(acc, grad)
-            else:
-                acc = grad.copy()
-            chunk.rounds.append(_Round(acc, {worker}))
-        return self._apply_complete_rounds(cid, chunk)
+            acc = grad.copy()
+        rnd = _Round(acc, {worker})
+        chunk.rounds.append(rnd)
+        return rnd
 
     def _apply_complete_rounds(self, cid, chunk: _Chunk) -> list[Reply]:
         replies = []
         while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
-            acc = chunk.rounds.pop(0).acc
+            rnd = chunk.rounds.pop(0)
+            acc = rnd.acc
             if self.updater is None:
                 # no optimizer: the merged sum becomes the value; the old value
                 # buffer is recycled as the next round's accumulator
@@ -244,15 +257,16 @@ class ServerState:
                 try:
                     self.updater(cid, acc, chunk.value)
                 except Exception as e:  # an optimizer failure must not leave workers waiting
-                    replies += self._fail_waiting(chunk, f"applying the optimizer to {chunk_label(cid)} "
-                                                         f"failed: {type(e).__name__}: {e}")
-                    continue
+                    message = (f"applying the optimizer to {chunk_label(cid)} failed: "
+                               f"{type(e).__name__}: {e}")
+                    for pending in chunk.waiting:
+                        joined = pending.rounds.get(cid)
+                        if joined is rnd or (joined is None and pending.worker in rnd.workers):
+                            pending.error = message   # answered with it when it completes
             chunk.spare = acc
             still = []
             for pending in chunk.waiting:
-                if pending.failed:
-                    continue
-                if chunk.pending_from(pending.worker):
+                if pending.waits_on(cid, chunk):
                     still.append(pending)
                     continue
                 pending.blocked.discard(cid)
@@ -261,16 +275,9 @@ class ServerState:
             chunk.waiting = still
         return replies
 
-    def _fail_waiting(self, chunk: _Chunk, message: str) -> list[Reply]:
-        replies = []
-        for pending in chunk.waiting:
-            if not pending.failed:
-                pending.failed = True
-                replies.append(Reply(pending.peer, error_header(pending.req_id, "RemoteError", message)))
-        chunk.waiting = []
-        return replies
-
     def _finish(self, pending: _Pending) -> Reply:
+        if pending.error is not None:
+            return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
         # Values are sent without a copy: in sync mode a chunk cannot change again
         # before this worker, who is blocked on this reply, pushes to it.
         values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
