@@ -1,0 +1,208 @@
+"""PyTorch integration for custom training loops: :class:`Trainer`.
+
+Like MXNet Gluon's ``Trainer(params, optimizer, kvstore, update_on_kvstore)``:
+
+- ``update_on_kvstore=True``: the servers run the optimizer. Workers push
+  gradients and pull the updated weights. Pass a :mod:`kvstore.optimizer`
+  optimizer, or a ``torch.optim.SGD`` (translated exactly).
+- ``update_on_kvstore=False``: the servers only sum. Workers pull the summed
+  gradient into ``.grad`` and run their own torch optimizer.
+
+Gradients are averaged over workers (as DDP does), so W workers on batches of b
+train like one process on batches of W*b. Each gradient is pushed as soon as
+backward produced it (a post-accumulate-grad hook; small ones are grouped into
+buckets), so communication overlaps the rest of backward; ``step()`` pulls in
+forward order. The initial parameters are rank 0's. With ``kvstore.create("local")``
+the same loop runs in one process.
+
+Example::
+
+    kv = kvstore.create("dist_sync")
+    trainer = kvstore.torch.Trainer(model.parameters(), kv,
+                                    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    for x, y in batches:
+        trainer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        trainer.step()
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import torch
+
+from . import optimizer as kvopt
+from .base import KVStore
+from .errors import ArgumentTypeError, InvalidArgumentError
+
+DEFAULT_BUCKET_BYTES = 4 << 20
+
+
+def optimizer_from_torch(opt: torch.optim.Optimizer) -> kvopt.Optimizer:
+    """The server-side equivalent of a torch optimizer (SGD only: its update is
+    MXNet's SGD with the same hyper-parameters for a constant learning rate)."""
+    if type(opt) is not torch.optim.SGD:
+        raise ArgumentTypeError(
+            f"update_on_kvstore=True runs the optimizer on the servers, which can mirror "
+            f"torch.optim.SGD only, not {type(opt).__name__}: pass a kvstore.optimizer optimizer "
+            "or use update_on_kvstore=False")
+    if len(opt.param_groups) != 1:
+        raise InvalidArgumentError("update_on_kvstore=True needs a single torch param group")
+    g = opt.param_groups[0]
+    if g.get("dampening", 0) != 0 or g.get("maximize", False):
+        raise InvalidArgumentError("torch SGD with dampening or maximize has no server-side equivalent")
+    return kvopt.SGD(learning_rate=float(g["lr"]), momentum=float(g["momentum"]),
+                     wd=float(g["weight_decay"]), nesterov=bool(g["nesterov"]))
+
+
+class Trainer:
+    """Synchronises a model's gradients and weights through a KVStore.
+
+    ``params``: ``model.parameters()`` (keys 0..n-1) or ``model.named_parameters()``
+    (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
+    torch optimizer over the same parameters. ``bucket_bytes``: gradients smaller
+    than this are grouped into one push of about this size.
+    """
+
+    def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True):
+        if not isinstance(kv, KVStore):
+            raise ArgumentTypeError(f"kv must be a kvstore store, got {type(kv).__name__}")
+        named = list(params)
+        if named and isinstance(named[0], tuple):
+            self._keys, self._params = [n for n, _ in named], [p for _, p in named]
+        else:
+            self._keys, self._params = list(range(len(named))), named
+        self._params = [p for p in self._params]
+        if not all(isinstance(p, torch.Tensor) for p in self._params):
+            raise ArgumentTypeError("params must be torch tensors (model.parameters())")
+        self.kv = kv
+        is_torch = isinstance(optimizer, torch.optim.Optimizer)
+        if update_on_kvstore is None:
+            update_on_kvstore = not is_torch
+        self.update_on_kvstore = update_on_kvstore
+        self.torch_optimizer = None if update_on_kvstore else optimizer
+        if not update_on_kvstore and not is_torch:
+            raise ArgumentTypeError("update_on_kvstore=False runs a torch optimizer on every worker: "
+                                    f"pass a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self._bucket_bytes = bucket_bytes
+        self._overlap = overlap
+        self._bucket: list[int] = []
+        self._bucket_size = 0
+        self._pushed: set[int] = set()
+        self._hooks = []
+        self._owner = threading.get_ident()  # the store's sockets belong to this thread
+        self._lock = threading.Lock()
+
+        # rank 0's parameters everywhere
+        kv.init(self._keys, [p.detach() for p in self._params])
+        kv.pull(self._keys, out=[p.data for p in self._params])
+        if update_on_kvstore:
+            server_opt = optimizer if not is_torch else optimizer_from_torch(optimizer)
+            if not isinstance(server_opt, kvopt.Optimizer):
+                raise ArgumentTypeError("optimizer must be a kvstore.optimizer optimizer or a torch "
+                                        f"optimizer, got {type(optimizer).__name__}")
+            config = server_opt.to_config()
+            params = dict(config["params"])
+            params["rescale_grad"] = params.get("rescale_grad", 1.0) / kv.num_workers  # average
+            kv.set_optimizer(kvopt.from_config({**config, "params": params}))
+        if overlap:
+            for index, p in enumerate(self._params):
+                if p.requires_grad:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
+
+    # -- backward hooks -----------------------------------------------------------
+    def _hook(self, index: int):
+        def ready(param):
+            if index in self._pushed or index in self._bucket:
+                raise InvalidArgumentError(
+                    f"parameter {self._keys[index]!r} got a second gradient before step(): "
+                    "call step() after every backward, or create the Trainer with overlap=False "
+                    "to accumulate gradients over several backward passes")
+            with self._lock:
+                self._bucket.append(index)
+                self._bucket_size += param.numel() * param.element_size()
+                full = self._bucket_size >= self._bucket_bytes
+            # autograd may run hooks on its own threads (CUDA): only the owner
+            # thread talks to the store; others leave the bucket for step()
+            if full and threading.get_ident() == self._owner:
+                self._flush_bucket()
+        return ready
+
+    def _flush_bucket(self) -> None:
+        with self._lock:
+            indices, self._bucket, self._bucket_size = self._bucket, [], 0
+        if indices:
+            self._push(indices)
+
+    def _push(self, indices: list[int]) -> None:
+        grads = []
+        for i in indices:
+            p = self._params[i]
+            grads.append(p.grad if p.grad is not None else torch.zeros_like(p))
+        # no wait for the network to release the buffers: .grad is not touched
+        # again before step()'s pull, whose replies imply the pushes were received
+        self.kv._push([self._keys[i] for i in indices], grads, 0, wait_sent=False)
+        self._pushed.update(indices)
+
+    # -- the training-loop API ---------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Clear gradients (set to None, as torch's default)."""
+        for p in self._params:
+            p.grad = None
+
+    def step(self) -> None:
+        """Push the gradients not pushed yet, then pull: weights (servers updated)
+        or averaged gradients followed by the local torch optimizer's step."""
+        self._flush_bucket()
+        rest = [i for i in range(len(self._params)) if i not in self._pushed]
+        if rest:
+            self._push(rest)   # parameters without a gradient push zeros: rounds stay aligned
+        self._pushed.clear()
+        if self.update_on_kvstore:
+            self.kv.pull(self._keys, out=[p.data for p in self._params])
+            return
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self._params]
+        self.kv.pull(self._keys, out=grads)
+        if self.kv.num_workers > 1:
+            for g in grads:
+                g.div_(self.kv.num_workers)
+        self.torch_optimizer.step()
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_states(self, path: str) -> None:
+        """Save the optimizer state atomically: the servers' (update_on_kvstore) or
+        the local torch optimizer's."""
+        if self.update_on_kvstore:
+            self.kv.save_optimizer_states(path, dump_optimizer=True)
+            return
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".trainer-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(self.torch_optimizer.state_dict(), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def load_states(self, path: str) -> None:
+        """Restore what :meth:`save_states` wrote."""
+        if self.update_on_kvstore:
+            self.kv.load_optimizer_states(path)
+        else:
+            self.torch_optimizer.load_state_dict(torch.load(path, weights_only=True))
+
+    def close(self) -> None:
+        """Remove the backward hooks (the store stays open)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()

@@ -1,0 +1,155 @@
+"""kvstore.torch.Trainer: W workers on batches of b train exactly like one process
+on batches of W*b (dist_sync, both update_on_kvstore modes), starting from rank 0's
+parameters; the 'local' store runs the same loop."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import kvstore  # noqa: E402
+import kvstore.torch as kvtorch  # noqa: E402
+from kvstore import optimizer as kvopt  # noqa: E402
+
+W, B, STEPS = 2, 4, 4
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def batches():
+    rng = np.random.default_rng(42)
+    for _ in range(STEPS):
+        x = torch.from_numpy(rng.standard_normal((W * B, 6)).astype(np.float32))
+        y = torch.from_numpy(rng.integers(0, 3, W * B))
+        yield x, y
+
+
+def train(model, trainer, rank, size):
+    """The training loop users write; each worker takes its slice of every batch."""
+    per = W * B // size
+    for x, y in batches():
+        trainer.zero_grad()
+        F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
+        trainer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def reference_torch(make_opt):
+    model = make_model()
+    opt = make_opt(model.parameters())
+    for x, y in batches():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def run_dist(make_cluster, make_trainer_args, store="dist_sync"):
+    models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]  # only rank 0's survive
+    cluster = make_cluster(W, 2, chunk_bytes=64)
+
+    def job(kv):
+        model = models[kv.rank]
+        opt, kwargs = make_trainer_args(model)
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt, **kwargs)
+        return train(model, trainer, kv.rank, kv.num_workers)
+    return cluster.run(job, store)
+
+
+def assert_same(got, want):
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_servers_run_the_optimizer(make_cluster, overlap):
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    results = run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), **SGD),
+                                                {"update_on_kvstore": True, "overlap": overlap}))
+    for got in results:
+        assert_same(got, want)
+
+
+def test_workers_run_their_torch_optimizer_on_the_averaged_gradient(make_cluster):
+    want = reference_torch(lambda ps: torch.optim.Adam(ps, lr=0.01))
+    results = run_dist(make_cluster, lambda m: (torch.optim.Adam(m.parameters(), lr=0.01), {}))
+    for got in results:
+        assert_same(got, want)
+
+
+def test_kvstore_optimizer_on_servers_equals_the_local_store(make_cluster):
+    adam = kvopt.Adam(learning_rate=0.01, wd=1e-4)
+    with kvstore.create("local") as kv:
+        model = make_model()
+        want = train(model, kvtorch.Trainer(model.parameters(), kv, adam), 0, 1)
+    for got in run_dist(make_cluster, lambda m: (adam, {})):
+        assert_same(got, want)
+
+
+def test_local_store_runs_the_identical_loop():
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    with kvstore.create("local") as kv:
+        model = make_model()
+        trainer = kvtorch.Trainer(model.named_parameters(), kv,
+                                  torch.optim.SGD(model.parameters(), **SGD))
+        assert_same(train(model, trainer, 0, 1), want)
+
+
+def test_a_second_backward_before_step_is_an_error():
+    with kvstore.create("local") as kv:
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1))
+        x = torch.ones(2, 6)
+        model(x).sum().backward()
+        with pytest.raises(kvstore.InvalidArgumentError, match="overlap=False"):
+            model(x).sum().backward()
+
+
+def test_unsupported_server_optimizer_is_a_clear_error():
+    with kvstore.create("local") as kv:
+        model = make_model()
+        with pytest.raises(kvstore.ArgumentTypeError, match="update_on_kvstore=False"):
+            kvtorch.Trainer(model.parameters(), kv, torch.optim.Adam(model.parameters()),
+                            update_on_kvstore=True)
+
+
+def test_states_save_and_load_resume_exactly(tmp_path):
+    path = str(tmp_path / "states")
+    for update_on_kvstore in (True, False):
+        with kvstore.create("local") as kv:
+            model = make_model()
+            trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **SGD),
+                                      update_on_kvstore=update_on_kvstore)
+            data = list(batches())
+            for x, y in data[:2]:
+                trainer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                trainer.step()
+            trainer.save_states(path)
+            snapshot = [p.detach().clone() for p in model.parameters()]
+            for x, y in data[2:]:
+                trainer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                trainer.step()
+            want = [p.detach().clone() for p in model.parameters()]
+        with kvstore.create("local") as kv:
+            model = make_model(seed=7)
+            with torch.no_grad():
+                for p, s in zip(model.parameters(), snapshot):
+                    p.copy_(s)
+            trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **SGD),
+                                      update_on_kvstore=update_on_kvstore)
+            trainer.load_states(path)
+            for x, y in data[2:]:
+                trainer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                trainer.step()
+            assert_same([p.detach() for p in model.parameters()], want)
