@@ -1,0 +1,1 @@
+"""Command-line tools: ``python -m kvstore.tools.parse_log LOG... [--plot FILE.png]``."""
