@@ -44,6 +44,14 @@ def test_builds_forward_and_size(name, num_layers, size):
     assert out.shape == (2, 10) and out.dtype == torch.float32
     assert torch.isfinite(out).all()
     assert size[0] <= count(model) <= size[1], count(model)
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    fcs = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if name == "resnet":
+        # conv + 3 stages of (n-2)/6 units of two 3x3 convs + fc = n layers (1x1 shortcuts aside)
+        assert len([c for c in convs if c.kernel_size == (3, 3)]) + len(fcs) == num_layers
+    if name == "vgg":
+        assert len(convs) + 3 == num_layers          # as ImageNet VGG-n: n - 3 convs, 3 fc layers
+        assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == len(convs)
 
 
 @pytest.mark.parametrize("name,num_layers", [("mlp", None), ("lenet", None), ("resnet", 20),
@@ -57,23 +65,6 @@ def test_other_class_counts_and_training_step(name, num_layers):
     torch.nn.functional.cross_entropy(out, y).backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
-
-
-def test_resnet_depth_counts_layers():
-    # conv + 3 stages of (n-2)/6 units of 2 convs + fc = n weighted layers (1x1 shortcuts aside)
-    for n in (20, 56, 110):
-        model = get_network("resnet", num_layers=n)
-        convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)]
-        fcs = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        assert len(convs) + len(fcs) == n
-
-
-def test_vgg_depth_counts_layers():
-    for n in (11, 13, 16, 19):
-        model = get_network("vgg", num_layers=n)
-        convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-        assert len(convs) + 3 == n          # ImageNet VGG: n - 3 convs and 3 fc layers
-        assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) == len(convs)
 
 
 def test_lenet_on_mnist_shape_and_mlp_on_any_shape():
