@@ -58,7 +58,7 @@ def shard_batches(num_samples: int, batch_size: int, rank: int, num_workers: int
     """Index batches of this worker for one epoch: the same shuffled order on every
     worker, cut into equal shards, so every worker runs the same number of batches
     (a dist_sync job never waits on a worker that ran out of data)."""
-    order = np.random.default_rng(seed + epoch).permutation(num_samples)
+    order = np.random.default_rng((seed, epoch)).permutation(num_samples)
     per_worker = num_samples // num_workers
     mine = order[rank * per_worker:(rank + 1) * per_worker]
     for start in range(0, per_worker - batch_size + 1, batch_size):
