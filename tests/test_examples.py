@@ -86,3 +86,23 @@ def test_minimal_custom_loop_example_runs(mnist_dir):
     out = run(["-n", "2", "-s", "1", sys.executable, "examples/dist_sync_mlp.py",
                "--num-epochs", "1", "--data-dir", str(mnist_dir)])
     assert re.search(r"\[worker:1\] Epoch\[0\] Validation-accuracy=[\d.]+", out)
+
+
+def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from cifar10 import write_cifar10_batches
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (96, 3, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 10, 96)
+    write_cifar10_batches(str(tmp_path / "cifar"), images[:72], labels[:72], per_batch=36,
+                          test_images=images[72:], test_labels=labels[72:])
+    out = run(["-n", "2", "-s", "1", sys.executable, "examples/train_cifar10.py", "--kvstore", "dist_sync",
+               "--data-dir", str(tmp_path / "cifar"), "--network", "resnet", "--num-layers", "20",
+               "--num-epochs", "1", "--batch-size", "8", "--disp-batches", "2"])
+    assert re.search(r"\[worker:1\] .*Epoch\[0\] Validation-accuracy=[\d.]+", out)
+    log = tmp_path / "train.log"
+    log.write_text(out)
+    table = subprocess.run([sys.executable, "-m", "kvstore.tools.parse_log", str(log)],
+                           capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"\| *0 *\|", table.stdout)   # a row for epoch 0
