@@ -35,6 +35,7 @@ class JobSpec:
     scheduler_host: str = "127.0.0.1"
     node_host: str = "127.0.0.1"
     env: dict = field(default_factory=dict)
+    role_env: dict = field(default_factory=dict)  # role -> extra variables for that role only
     kill_grace: float = 3.0
     settings: dict = field(default_factory=dict)  # parsed tracker.env values
 
@@ -47,7 +48,8 @@ class JobSpec:
                 child_env = env.for_process(
                     role=role, rank=rank, scheduler_host=self.scheduler_host,
                     scheduler_port=scheduler_port, num_workers=self.num_workers,
-                    num_servers=self.num_servers, node_host=self.node_host, extra=self.env)
+                    num_servers=self.num_servers, node_host=self.node_host,
+                    extra={**self.env, **self.role_env.get(role, {})})
                 specs.append(ProcSpec(role, rank, tuple(argv), child_env))
         return specs
 
@@ -57,13 +59,18 @@ class Outcome:
     """How a job ended: the exit status to return and a per-process table."""
     returncode: int
     root_cause: str | None
-    rows: list[tuple[str, int, int | None, str]]  # label, pid, code, note
+    rows: list[tuple]  # label, pid, code, note[, host]
 
     def table(self) -> str:
-        lines = [f"{'process':<12} {'pid':>8}  status"]
-        for label, pid, code, note in self.rows:
+        hosts = any(len(row) > 4 for row in self.rows)
+        width = max([len(row[4]) for row in self.rows if len(row) > 4] + [4])
+        head = f"{'host':<{width}}  " if hosts else ""
+        lines = [f"{'process':<12} {'pid':>8}  {head}status"]
+        for label, pid, code, note, *host in self.rows:
             status = "running (killed by launcher)" if code is None else describe_exit(code)
-            lines.append(f"{label:<12} {pid:>8}  {status}{'  <- ' + note if note else ''}")
+            where = f"{(host or [''])[0]:<{width}}  " if hosts else ""
+            pid = "-" if pid is None else pid
+            lines.append(f"{label:<12} {pid:>8}  {where}{status}{'  <- ' + note if note else ''}")
         return "\n".join(lines)
 
 
@@ -73,9 +80,18 @@ class _Interrupted(Exception):
 
 
 def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
-           out: IO[str] | None = None) -> Outcome:
+           out: IO[str] | None = None,
+           start_all: Callable[[list[ProcSpec]], list[Child]] | None = None) -> Outcome:
     """Run a whole job and return its :class:`Outcome`. SIGINT/SIGTERM to this
-    process end every child and return status 128 + signal."""
+    process end every child and return status 128 + signal.
+
+    ``spawn`` starts one process (default: a local :class:`Child`); launchers that
+    start every process with one command (mpirun, srun) pass ``start_all``
+    instead, which returns one child-like object per process (see
+    ``tracker.group``). A child-like object has ``spec``, ``pid``, ``popen``,
+    ``poll()``, ``signal(sig)`` and ``finish_output()``; optionally ``host``,
+    ``detail`` (text added to the root cause) and ``exit_order`` (when several
+    end in one monitor tick, the lowest is reported as the first failure)."""
     settings = spec.settings or env.read({})
     spawn = spawn or (lambda p: Child(p, out))
     scheduler = Scheduler(spec.num_workers, spec.num_servers, host=spec.scheduler_host,
@@ -89,7 +105,13 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     restore = _install_signal_handlers()
     spawn_error = None
     try:
-        for proc in spec.processes(scheduler.port):
+        procs = spec.processes(scheduler.port)
+        if start_all is not None:
+            try:
+                children.extend(start_all(procs))
+            except OSError as e:
+                spawn_error = f"could not start the job: {e}"
+        for proc in procs if start_all is None else ():
             try:
                 children.append(spawn(proc))
             except OSError as e:
@@ -110,7 +132,7 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
             c.finish_output()
         scheduler.close()
     if spawn_error is not None:
-        return Outcome(127, spawn_error, [(c.spec.label, c.pid, c.poll(), "") for c in children])
+        return Outcome(127, spawn_error, [_row(c, c.poll(), "") for c in children])
     return _outcome(children, codes, first_failure, interrupted, scheduler.failure)
 
 
@@ -118,10 +140,11 @@ def _monitor(children, codes, scheduler, settings) -> tuple[str, int] | None:
     """Wait until every worker succeeded (and servers ended) or something failed."""
     servers_done_by = None
     while True:
-        for child in children:
+        ended = [(c, c.poll()) for c in children if c.spec.label not in codes]
+        ended.sort(key=lambda item: (item[1] is None, getattr(item[0], "exit_order", 0) or 0))
+        for child, code in ended:
             label = child.spec.label
-            code = child.poll()
-            if code is None or label in codes:
+            if code is None:
                 continue
             codes[label] = code
             scheduler.node_exited(child.spec.role, child.spec.rank, code)
@@ -150,14 +173,19 @@ def _outcome(children, codes, first_failure, interrupted, scheduler_failure) -> 
         if label == "scheduler":
             root = f"the scheduler aborted the job: {scheduler_failure}"
         else:
+            culprit = next(c for c in children if c.spec.label == label)
             root = f"{label} {describe_exit(code)}"
+            if getattr(culprit, "host", None):
+                root = f"{label} on {culprit.host} {describe_exit(code)}"
+            if getattr(culprit, "detail", None):
+                root += f" ({culprit.detail})"
     elif interrupted is not None:
         root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
     for child in children:
         label = child.spec.label
         code = codes.get(label, child.poll())
         note = "root cause" if first_failure and first_failure[0] == label else ""
-        rows.append((label, child.pid, code, note))
+        rows.append(_row(child, code, note))
     if interrupted is not None:
         returncode = 128 + interrupted
     elif first_failure is None:
@@ -166,6 +194,12 @@ def _outcome(children, codes, first_failure, interrupted, scheduler_failure) -> 
         code = first_failure[1]
         returncode = 128 - code if code < 0 else code
     return Outcome(returncode, root, rows)
+
+
+def _row(child, code, note) -> tuple:
+    host = getattr(child, "host", None)
+    row = (child.spec.label, child.pid, code, note)
+    return row if host is None else (*row, host)
 
 
 def _install_signal_handlers():
@@ -191,14 +225,21 @@ def report(outcome: Outcome, stream: IO[str] = sys.stderr) -> None:
     stream.flush()
 
 
-def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr) -> int:
-    """Shared tail of every launcher CLI: print the plan or launch and report."""
+def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr,
+            spawn: Callable[[ProcSpec], Child] | None = None,
+            start_all: Callable[[list[ProcSpec]], list[Child]] | None = None,
+            show: Callable[[list[ProcSpec]], str] | None = None) -> int:
+    """Shared tail of every launcher CLI: print the plan (``show`` renders it for
+    launchers that start processes elsewhere) or launch and report."""
     if dry_run:
+        if show is not None:
+            stream.write(show(spec.processes(scheduler_port=0)) + "\n")
+            return 0
         for proc in spec.processes(scheduler_port=0):
             shown = {k: v for k, v in proc.env.items() if k.startswith("KVSTORE_")}
             stream.write(f"{proc.label}: {' '.join(proc.argv)}  env {shown}\n")
         return 0
-    outcome = launch(spec)
+    outcome = launch(spec, spawn=spawn, start_all=start_all)
     report(outcome, stream)
     return outcome.returncode
 

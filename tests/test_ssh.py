@@ -1,0 +1,212 @@
+"""`python -m tracker.ssh` against a real sshd on 127.0.0.1-3: formulas over
+hosts, --sync-dst-dir, failures and signals (nothing left on any host), bad
+input refused before anything starts; plus host file parsing and placement."""
+
+import os
+import re
+import signal
+import sys
+
+import pytest
+
+import services
+from services import FAST_FAILURE, SCRIPTS, eventually_empty, python_launcher, tagged
+from tracker import hostfile
+from tracker.hostfile import Host, HostfileError
+
+
+# -- host files and placement (no ssh needed) -------------------------------------------
+
+def test_hostfile_formats():
+    hosts = hostfile.parse("""
+        # a comment
+        node1
+        node2:2222          # trailing comment
+        alice@node3 slots=4
+
+        bob@10.0.0.7:22 slots=2
+        [fe80::1]:2200
+    """)
+    assert hosts == [Host("node1"), Host("node2", 2222), Host("node3", None, "alice", 4),
+                     Host("10.0.0.7", 22, "bob", 2), Host("fe80::1", 2200)]
+    assert hosts[3].name == "bob@10.0.0.7:22" and hosts[3].destination == "bob@10.0.0.7"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "lists no host"), ("# only\n\n", "lists no host"),
+    ("node1 slots=0", "slots=N"), ("node1 cores=3", "unknown option"),
+    ("node1:99999", "port 99999"), ("-oProxyCommand=x", "is not host"),
+    ("a\nb\na", "listed twice"),
+])
+def test_bad_hostfiles(text, message):
+    with pytest.raises(HostfileError, match=message):
+        hostfile.parse(text)
+
+
+def test_placement_is_round_robin_servers_first_and_respects_slots():
+    a, b, c = Host("a"), Host("b", slots=1), Host("c")
+    labels = ["s0", "s1", "w0", "w1", "w2"]
+    assert [h.host for h in hostfile.place([a, Host("b")], 2, 3)] == ["a", "b", "a", "b", "a"]
+    assert [h.host for h in hostfile.place([a, b, c], 2, 3)] == ["a", "b", "c", "a", "c"]
+    full = [Host("a", slots=2), Host("b", slots=1)]
+    with pytest.raises(HostfileError, match="5 processes .* 3 slots"):
+        hostfile.place(full, 2, 3)
+    assert [h.host for h in hostfile.place(full, 2, 3, oversubscribe=True)] == ["a", "b", "a", "b", "a"]
+    text = hostfile.describe(labels, hostfile.place([a, Host("b")], 2, 3))
+    assert "a  s0, w0, w2" in text
+
+
+# -- real ssh -----------------------------------------------------------------------
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server, reason = services.start_sshd(str(tmp_path_factory.mktemp("sshd")))
+    if server is None:
+        pytest.skip(reason)
+    yield server
+    server.stop()
+
+
+def ssh_launch(sshd, *args, env=None, cwd=services.ROOT):
+    return python_launcher("tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG",
+                           "--env", "PYTHONUNBUFFERED", *args, env=env, cwd=cwd)
+
+
+def assert_nothing_left(p, sshd):
+    assert eventually_empty(lambda: tagged(p.tag)) == [], f"processes left behind:\n{p.text}"
+    assert eventually_empty(sshd.sessions) == [], f"ssh sessions left behind:\n{p.text}"
+
+
+def two_hosts(sshd, extra=""):
+    return sshd.hostfile("# two loopback hosts", "127.0.0.2:{port}" + extra, "",
+                         "127.0.0.3:{port}" + extra)
+
+
+def test_dist_sync_job_over_ssh_matches_formulas(sshd, tmp_path):
+    logs = tmp_path / "logs"
+    p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", two_hosts(sshd), "--log-dir", str(logs),
+                   "python", os.path.join(SCRIPTS, "formulas.py"), "--keys", "str")
+    assert p.wait(120) == 0, p.text
+    port = sshd.port
+    # the placement is printed first: servers then workers, round-robin
+    assert re.search(rf"127\.0\.0\.2:{port}\s+server 0, worker 0", p.text), p.text
+    assert re.search(rf"127\.0\.0\.3:{port}\s+server 1, worker 1", p.text), p.text
+    # each server binds and advertises the address of its host, not 127.0.0.1
+    assert re.search(rf"\[server:0@127\.0\.0\.2:{port}\] .*serving on tcp://127\.0\.0\.2:", p.text)
+    assert re.search(rf"\[server:1@127\.0\.0\.3:{port}\] .*serving on tcp://127\.0\.0\.3:", p.text)
+    assert f"[worker:0@127.0.0.2:{port}] OK rank 0 of 2" in p.text
+    assert f"[worker:1@127.0.0.3:{port}] OK rank 1 of 2" in p.text
+    assert (logs / "worker-1.log").read_text().strip() == "OK rank 1 of 2"
+    assert "serving on tcp://127.0.0.2" in (logs / "server-0.log").read_text()
+    assert_nothing_left(p, sshd)
+
+
+def test_sync_dst_dir_copies_the_working_directory(sshd, tmp_path):
+    work, dest = tmp_path / "work", tmp_path / "copied" / "job"
+    work.mkdir()
+    (work / "data.txt").write_text("payload 42\n")
+    (work / "job.py").write_text(
+        "import os, numpy as np, kvstore\n"
+        "kv = kvstore.create('dist_sync')\n"
+        "kv.init(0, np.zeros(3, np.float32))\n"
+        "out = np.empty(3, np.float32)\n"
+        "kv.pushpull(0, np.ones(3, np.float32), out=out)\n"
+        "print('cwd', os.getcwd(), open('data.txt').read().strip(), out.tolist(), flush=True)\n"
+        "kv.close()\n")
+    p = ssh_launch(sshd, "-n", "2", "-s", "1", "-H", two_hosts(sshd), "--sync-dst-dir", str(dest),
+                   "--env", "PYTHONPATH", "python", "job.py", cwd=str(work))
+    assert p.wait(120) == 0, p.text
+    assert (dest / "job.py").exists()
+    assert p.text.count(f"cwd {dest} payload 42 [2.0, 2.0, 2.0]") == 2, p.text
+    assert_nothing_left(p, sshd)
+
+
+@pytest.mark.parametrize("mode, culprit, code", [
+    ("exit", "worker 1 on 127.0.0.3:{port} exited with status 3", 3),
+    ("sigkill", "worker 1 on 127.0.0.3:{port} was killed by SIGKILL", 128 + 9),
+    ("server", "server 1 on 127.0.0.3:{port} was killed by SIGKILL", 128 + 9),
+])
+def test_a_failure_on_one_host_ends_the_job_on_every_host(sshd, mode, culprit, code):
+    p = ssh_launch(sshd, "-n", "3", "-s", "2", "-H", two_hosts(sshd), "--kill-grace", "2",
+                   "python", os.path.join(SCRIPTS, "faulty.py"),
+                   "loop" if mode == "server" else mode, env=FAST_FAILURE)
+    if mode == "server":
+        p.wait_for(r"ready rank", count=3)
+        pid = int(re.search(r"server 1 \(pid (\d+)\)", p.text).group(1))
+        os.kill(pid, signal.SIGKILL)   # the "remote" host is this machine
+    assert p.wait(60) == code, p.text
+    assert f"job failed: {culprit.format(port=sshd.port)}" in p.text, p.text
+    row = re.search(rf"{culprit.split(' on ')[0]} +\d+ +127\.0\.0\.3:\d+ .*<- root cause", p.text)
+    assert row, p.text
+    assert_nothing_left(p, sshd)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_ends_remote_processes(sshd, sig):
+    p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", two_hosts(sshd),
+                   "python", os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(sig)
+    assert p.wait(30) == 128 + sig, p.text
+    assert f"interrupted by {signal.Signals(sig).name}" in p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_a_killed_launcher_leaves_nothing_behind(sshd):
+    """SIGKILL gives the launcher no chance to clean up: the remote wrappers see
+    their stdin close and stop their processes by themselves."""
+    p = ssh_launch(sshd, "-n", "2", "-s", "1", "-H", two_hosts(sshd), "--kill-grace", "1",
+                   "python", os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.kill()
+    p.wait(10)
+    assert eventually_empty(lambda: tagged(p.tag), timeout=20) == [], p.text
+    assert eventually_empty(sshd.sessions, timeout=20) == [], p.text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-H", "/nonexistent/hosts"], "cannot read host file"),
+    (["-H", "EMPTY"], "lists no host"),
+    (["-H", "UNREACHABLE"], "cannot reach 127.0.0.4"),
+    (["-H", "SLOTS"], "do not fit in the 3 slots"),
+    (["--bogus", "-H", "TWO"], "no such option: --bogus"),
+    (["-H", "TWO", "--env", "NOT_SET_ANYWHERE_42"], "NOT_SET_ANYWHERE_42 is not set"),
+    (["-H", "TWO", "--remote-python", "/nonexistent/python"], "cannot run the remote interpreter"),
+    (["-H", "TWO", "--remote-dir", "/nonexistent/dir"], "working directory '/nonexistent/dir'"),
+])
+def test_bad_input_is_refused_before_anything_starts(sshd, args, message):
+    files = {"EMPTY": sshd.hostfile("# nothing", ""), "TWO": two_hosts(sshd),
+             "UNREACHABLE": sshd.hostfile("127.0.0.2:{port}", f"127.0.0.4:{services.free_port()}"),
+             "SLOTS": sshd.hostfile("127.0.0.2:{port} slots=2", "127.0.0.3:{port} slots=1")}
+    args = [files.get(a, a) for a in args]
+    p = ssh_launch(sshd, "-n", "2", "-s", "2", *args, "python", "x.py")
+    assert p.wait(60) == 2, p.text
+    assert message in p.text, p.text
+    assert "scheduler listening" not in p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_help_shows_a_complete_example():
+    p = python_launcher("tracker.ssh", "--help")
+    assert p.wait(30) == 0, p.text
+    assert "python -m tracker.ssh -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync" in p.text
+
+
+def test_dry_run_prints_what_would_run_where(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node1\nalice@node2:2222 slots=1\n")
+    p = python_launcher("tracker.ssh", "-n", "2", "-s", "1", "-H", str(hosts), "--dry-run",
+                        "--worker-env", "SECRET_TOKEN=hunter2", "python", "train.py", "--lr", "0.1")
+    assert p.wait(30) == 0, p.text
+    assert re.search(r"node1\s+server 0, worker 1", p.text), p.text
+    assert re.search(r"alice@node2:2222\s+worker 0", p.text), p.text
+    lines = p.text.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.startswith("worker 0 on alice@node2:2222"))
+    assert "-p 2222 -- alice@node2 REMOTE" in lines[at]
+    assert re.search(rf"REMOTE = cd \S+ && exec {sys.executable} -c <wrapper> ssh \w+ worker 0 -- "
+                     rf"{sys.executable} train.py --lr 0.1$", lines[at + 1]), lines[at + 1]
+    assert "hunter2" not in p.text and "SECRET_TOKEN" in lines[at + 2]   # names only, never values
+    assert "scheduler listening" not in p.text

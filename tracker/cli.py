@@ -1,0 +1,134 @@
+"""Command-line pieces shared by the remote launchers (ssh, mpi, slurm).
+
+Each launcher module is a thin click command: it parses its own options, then
+calls :func:`job_spec` and :func:`tracker.launcher.run_cli` with a function that
+starts processes its way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+import click
+
+from . import env
+from .launcher import JobSpec
+
+CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
+           "help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+PYTHON_NAMES = ("python", "python3")
+
+
+def common_options(f):
+    """-n, -s, --env/--worker-env/--server-env, --host-ip, --log-dir, --kill-grace, --dry-run."""
+    options = [
+        click.option("-n", "--num-workers", type=click.IntRange(min=1), required=True,
+                     help="Number of worker processes (copies of COMMAND)."),
+        click.option("-s", "--num-servers", type=click.IntRange(min=1), default=None,
+                     help="Number of server processes [default: the number of workers]."),
+        click.option("--env", "env_all", multiple=True, metavar="NAME[=VALUE]",
+                     help="Pass variable NAME to every process: its value here, or VALUE "
+                          "(repeatable). Nothing else from this environment is passed, "
+                          "except the KVSTORE_* settings."),
+        click.option("--worker-env", "env_worker", multiple=True, metavar="NAME[=VALUE]",
+                     help="Like --env, for workers only."),
+        click.option("--server-env", "env_server", multiple=True, metavar="NAME[=VALUE]",
+                     help="Like --env, for servers only."),
+        click.option("--host-ip", default=None, metavar="ADDR|IFACE",
+                     help="Address (or network interface) of this machine that the nodes use "
+                          "to reach the scheduler, which binds it [default: 127.0.0.1 if every "
+                          "node is local, else the address on the route to the first node]."),
+        click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+                     help="Also write each process's output to LOG_DIR/ROLE-RANK.log here."),
+        click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
+                     help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
+        click.option("--dry-run", is_flag=True, help="Print what would run where; start nothing."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s [launcher] %(levelname)s %(message)s")
+
+
+def check_command(command) -> tuple[str, ...]:
+    if not command:
+        raise click.UsageError("Missing argument 'COMMAND...': say what every worker runs")
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
+    return tuple(command)
+
+
+def parse_env(pairs, option: str, environ=os.environ) -> dict[str, str]:
+    """``NAME`` (value taken from ``environ``) or ``NAME=VALUE`` items."""
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise click.BadParameter(f"{pair!r} is not NAME or NAME=VALUE", param_hint=option)
+        if not sep:
+            if name not in environ:
+                raise click.BadParameter(f"{name} is not set in this environment", param_hint=option)
+            value = environ[name]
+        values[name] = value
+    return values
+
+
+@dataclass
+class EnvChoice:
+    """The user's allow-list: variables for every process and per role."""
+    all: dict
+    worker: dict
+    server: dict
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.all) | set(self.worker) | set(self.server)
+
+    def for_role(self, role: str) -> dict:
+        return {**self.all, **(self.worker if role == "worker" else self.server)}
+
+
+def env_choice(env_all, env_worker, env_server) -> EnvChoice:
+    return EnvChoice(parse_env(env_all, "--env"), parse_env(env_worker, "--worker-env"),
+                     parse_env(env_server, "--server-env"))
+
+
+def forwarded_settings(environ=os.environ) -> dict[str, str]:
+    """The contract's user settings set here (KVSTORE_TIMEOUT, ...), which every
+    node must share; the per-process ones (role, rank, addresses) are left out."""
+    per_process = set(env.for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
+                                      num_workers=1, num_servers=1, node_host=""))
+    return {name: environ[name] for var in env.VARIABLES for name in (var.name, *var.aliases)
+            if name in environ and name not in per_process}
+
+
+def job_spec(*, num_workers: int, num_servers: int | None, command, python: str,
+             choice: EnvChoice, scheduler_host: str, kill_grace: float) -> JobSpec:
+    """The :class:`JobSpec` of a remote job. A bare ``python``/``python3`` as the
+    first word of COMMAND becomes ``python`` (the remote interpreter)."""
+    if command[0] in PYTHON_NAMES:
+        command = (python, *command[1:])
+    try:
+        settings = env.read({**os.environ, **choice.all})
+    except env.EnvError as e:
+        raise click.UsageError(str(e))
+    return JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
+                   command=tuple(command), server_command=(python, "-m", "kvstore.server"),
+                   scheduler_host=scheduler_host,
+                   env={**forwarded_settings(), **choice.all},
+                   role_env={"worker": dict(choice.worker), "server": dict(choice.server)},
+                   kill_grace=kill_grace, settings=settings)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """A problem found before anything started: print it and exit."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

@@ -1,0 +1,213 @@
+"""The node-side wrapper that every remote launcher runs around each process.
+
+It is sent as source (``python -c``) so a remote host needs nothing but a Python
+interpreter for it; it uses the standard library only and imports nothing from
+this package. It:
+
+- starts the process (an argv list, in its own session, stdin closed, output
+  merged) with ``PR_SET_PDEATHSIG`` so the process dies if the wrapper is killed;
+- copies the output line by line with a ``[role:rank@host] `` prefix;
+- reports ``@kvstore-node {json}`` lines: ``started`` (pid, host, address) and
+  ``exit`` (the status; negative = killed by that signal);
+- tears the process group down (SIGTERM, then SIGKILL after ``grace`` seconds)
+  when it gets SIGTERM/SIGINT/SIGHUP, and in ``ssh`` mode also when its stdin
+  reaches EOF (the launcher or its ssh connection went away) or the launcher
+  writes ``TERM``, ``KILL`` or ``SIG <n>`` lines to it.
+
+Modes::
+
+    python -c SRC ssh JOB ROLE RANK -- ARGV...   header (JSON, one line) on stdin:
+        {"env": {...}, "label": host, "node_host": addr|null,
+         "scheduler": [host, port], "grace": s}
+    python -c SRC rank JOB PLAN_JSON             one process per MPI/Slurm rank:
+        PLAN = {"num_servers", "rank_vars": [...], "argv": {role: [...]},
+                "env": {role: {...}}, "drop": {role: [names]}, "rank_names": [...],
+                "host_names": [...], "node_host": addr|null, "scheduler": [h, p], "grace": s}
+        global rank r < num_servers -> server r, else worker r - num_servers.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+STATUS = "@kvstore-node "
+_out_lock = threading.Lock()
+
+
+def emit(text):
+    with _out_lock:
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):   # the launcher is gone; teardown follows
+            pass
+
+
+def status(role, rank, **fields):
+    emit(STATUS + json.dumps({"role": role, "rank": rank, **fields}))
+
+
+def route_address(host, port):
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port)))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def bindable(addr):
+    try:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((addr, 0))
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def node_address(wanted, scheduler):
+    """The address to bind and advertise: ``wanted`` if this machine has it,
+    else the one that routes to the scheduler. Returns (address, warning)."""
+    if wanted and bindable(wanted):
+        return wanted, None
+    found = route_address(*scheduler) or socket.gethostbyname(socket.gethostname())
+    if wanted:
+        return found, f"address {wanted} is not on this machine; using {found} instead"
+    return found, None
+
+
+def parent_death_signal(sig=signal.SIGKILL):
+    """Ask Linux to send ``sig`` to this process when its parent dies."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: teardown then relies on stdin EOF and signals
+        pass
+
+
+class Wrapped:
+    def __init__(self, role, rank, label, argv, env, grace):
+        self.role, self.rank, self.grace = role, rank, grace
+        self.prefix = f"[{role}:{rank}@{label}] "
+        self.stop = threading.Event()
+        self.kill = threading.Event()
+        self.forward = []
+        try:
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=parent_death_signal)
+        except OSError as e:
+            self.proc = None
+            emit(self.prefix + f"could not start {' '.join(argv)}: {e}")
+            status(role, rank, event="exit", code=127, error=f"could not start {argv[0]}: {e}")
+            return
+        self.pump = threading.Thread(target=self._copy, daemon=True)
+        self.pump.start()
+
+    def _copy(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            emit(self.prefix + raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def run(self):
+        """Wait for the process, honouring stop/kill requests. Returns its status."""
+        deadline = None
+        while True:
+            try:
+                code = self.proc.wait(0.1)   # the wrapper's monitor tick
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            while self.forward:
+                self.group(self.forward.pop(0))
+            if self.kill.is_set():
+                self.group(signal.SIGKILL)
+            elif self.stop.is_set():
+                if deadline is None:
+                    self.group(signal.SIGTERM)
+                    deadline = time.monotonic() + self.grace
+                elif time.monotonic() > deadline:
+                    self.group(signal.SIGKILL)
+        self.pump.join(2.0)
+        self.group(signal.SIGKILL)  # whatever it left behind in its group
+        return code
+
+
+def _watch_stdin(w):
+    for line in sys.stdin:
+        word = line.split()
+        if word[:1] == ["TERM"]:
+            w.stop.set()
+        elif word[:1] == ["KILL"]:
+            w.kill.set()
+        elif word[:1] == ["SIG"] and len(word) == 2 and word[1].isdigit():
+            w.forward.append(int(word[1]))
+    w.stop.set()  # EOF: the launcher (or the connection to it) is gone
+
+
+def main(argv):
+    mode, job = argv[0], argv[1]
+    parent = os.getppid()
+    parent_death_signal(signal.SIGTERM)   # sshd session / orted / slurmstepd gone: stop
+    if os.getppid() != parent:
+        return 1
+    if mode == "ssh":
+        role, rank = argv[2], int(argv[3])
+        command = argv[5:]
+        header = json.loads(sys.stdin.readline() or "{}")
+        env = {**os.environ, **header.get("env", {})}
+        label, grace = header.get("label", socket.gethostname()), float(header.get("grace", 3))
+        scheduler, wanted = header.get("scheduler"), header.get("node_host")
+        host_names = header.get("host_names", [])
+    else:
+        plan = json.loads(argv[2])
+        value = next((os.environ[n] for n in plan["rank_vars"] if os.environ.get(n)), None)
+        if value is None:
+            sys.stderr.write(f"kvstore node wrapper: none of {plan['rank_vars']} is set; "
+                             "is this running under the right launcher?\n")
+            return 2
+        index = int(value)
+        role = "server" if index < plan["num_servers"] else "worker"
+        rank = index if role == "server" else index - plan["num_servers"]
+        command = plan["argv"][role]
+        env = {k: v for k, v in os.environ.items() if k not in set(plan["drop"][role])}
+        env.update(plan["env"][role])
+        for name in plan["rank_names"]:
+            env[name] = str(rank)
+        label, grace = socket.gethostname(), float(plan["grace"])
+        scheduler, wanted, host_names = plan["scheduler"], plan.get("node_host"), plan["host_names"]
+    address, warning = node_address(wanted, scheduler)
+    for name in host_names:
+        env[name] = address
+    stop_signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in stop_signals:  # until the process exists, a signal just ends the wrapper
+        signal.signal(sig, lambda *_: sys.exit(128 + 15))
+    w = Wrapped(role, rank, label, command, env, grace)
+    if w.proc is None:
+        return 127
+    for sig in stop_signals:
+        signal.signal(sig, lambda *_: w.stop.set())
+    if warning:
+        emit(w.prefix + "warning: " + warning)
+    status(role, rank, event="started", pid=w.proc.pid, host=socket.gethostname(), address=address)
+    if mode == "ssh":
+        threading.Thread(target=_watch_stdin, args=(w,), daemon=True).start()
+    code = w.run()
+    status(role, rank, event="exit", code=code)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""``python -m tracker.ssh``: run a job on the hosts of a host file, over ssh.
+
+The scheduler runs in this process (on this machine); each server and worker is
+started with ``ssh HOST 'cd DIR && exec PYTHON -c <wrapper> ...'``, placed
+round-robin over the hosts (servers first; see :mod:`tracker.hostfile`). The
+environment reaches the remote process over ssh's stdin, never a command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import uuid
+
+import click
+
+from . import env, hostfile
+from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
+from .launcher import run_cli
+from .remote import (RemoteChild, Sink, SshOptions, check_host, on_each, remote_command, resolve,
+                     scheduler_address, sync_dir, wrapper_source)
+
+EXAMPLE = """\b
+Example (hosts: one host per line, e.g. "node1", "node2:2222", "alice@node3 slots=4"):
+  python -m tracker.ssh -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync
+\b
+  python -m tracker.ssh -n 4 -s 2 -H hosts --host-ip eth0 --sync-dst-dir /tmp/job \\
+      --env PYTHONPATH --worker-env WANDB_API_KEY --log-dir logs python train.py
+\b
+A bare "python" in COMMAND runs the remote interpreter (--remote-python).
+Environment: only the KVSTORE_* settings and the --env names are passed on.
+Placement: servers 0..S-1 then workers 0..W-1, round-robin over the hosts in
+file order, skipping hosts whose slots=N are used up. See docs/launching.md.
+"""
+
+
+@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@common_options
+@click.option("-H", "--hostfile", "hostfile_path", required=True, metavar="FILE",
+              help="Hosts to run on: 'host', 'host:port' or 'user@host', optional 'slots=N'.")
+@click.option("--remote-python", default=sys.executable, show_default=True,
+              help="Interpreter on the hosts (for servers, the wrapper and a bare 'python').")
+@click.option("--remote-dir", default=None,
+              help="Working directory on the hosts [default: this directory's path].")
+@click.option("--sync-dst-dir", default=None, metavar="DIR",
+              help="First copy this directory to DIR on every host (rsync), and run there.")
+@click.option("-F", "--ssh-config", type=click.Path(dir_okay=False), default=None,
+              help="ssh configuration file (ssh -F).")
+@click.option("-i", "--identity", type=click.Path(dir_okay=False), default=None,
+              help="ssh private key (ssh -i).")
+@click.option("-o", "--ssh-option", multiple=True, metavar="KEY=VALUE",
+              help="Extra ssh option (ssh -o), repeatable.")
+@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True,
+              help="Seconds to wait for each ssh connection.")
+@click.option("--oversubscribe", is_flag=True,
+              help="Allow more processes than the slots of the host file.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
+         dry_run, hostfile_path, remote_python, remote_dir, sync_dst_dir, ssh_config, identity,
+         ssh_option, connect_timeout, oversubscribe, command):
+    """Run COMMAND as NUM_WORKERS workers plus servers on the hosts of a host
+    file, over ssh, with the scheduler on this machine."""
+    command = check_command(command)
+    setup_logging()
+    num_servers = num_servers or num_workers
+    choice = env_choice(env_all, env_worker, env_server)
+    try:
+        hosts = hostfile.read(hostfile_path)
+        placed = hostfile.place(hosts, num_servers, num_workers, oversubscribe)
+    except hostfile.HostfileError as e:
+        fail(str(e))
+    addresses = {h: resolve(h) for h in hosts}
+    try:
+        sched_host = scheduler_address(host_ip, [a for a in addresses.values() if a])
+    except ValueError as e:
+        fail(f"--host-ip: {e}")
+    directory = sync_dst_dir or remote_dir or os.getcwd()
+    if not os.path.isabs(directory):
+        fail(f"the remote working directory must be an absolute path, not {directory!r}")
+    spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
+                    python=remote_python, choice=choice, scheduler_host=sched_host,
+                    kill_grace=kill_grace)
+    ssh = SshOptions(ssh_config, identity, tuple(ssh_option), connect_timeout)
+    job = uuid.uuid4().hex[:12]
+    host_of = {p.label: h for p, h in zip(spec.processes(0), placed)}
+    host_names = [env.BY_NAME["KVSTORE_NODE_HOST"].name, *env.BY_NAME["KVSTORE_NODE_HOST"].aliases]
+
+    def plan(procs, commands: bool = True) -> str:
+        lines = [f"job {job}: scheduler on {sched_host} (this machine); {num_servers} servers and "
+                 f"{num_workers} workers over {len(hosts)} hosts, in {directory} "
+                 "(placement: round-robin, servers first):",
+                 hostfile.describe([p.label for p in procs], placed)]
+        if sync_dst_dir:
+            lines.append(f"copy {os.getcwd()}/ to {sync_dst_dir} on every host first (rsync)")
+        for proc in procs if commands else ():
+            host = host_of[proc.label]
+            remote = remote_command(remote_python, directory, job, proc, list(proc.argv))
+            lines.append(f"{proc.label} on {host.name}: {shlex.join(ssh.argv(host, '')[:-1])} "
+                         f"REMOTE\n    REMOTE = {remote}\n"
+                         f"    environment via stdin: {', '.join(sorted(proc.env))}")
+        return "\n".join(lines)
+
+    if dry_run:
+        sys.exit(run_cli(spec, dry_run=True, show=plan))
+    click.echo(plan(spec.processes(0), commands=False), err=True)
+    timeout = connect_timeout + 60
+    if sync_dst_dir:
+        errors = on_each(hosts, lambda h: sync_dir(ssh, h, os.getcwd(), sync_dst_dir, timeout))
+        if errors:
+            fail("\n       ".join(errors))
+    module = spec.server_command[2] if spec.server_command[1:2] == ("-m",) else None
+    errors = on_each(hosts, lambda h: check_host(ssh, h, remote_python, directory, module, timeout))
+    if errors:
+        fail("\n       ".join(errors))
+    source = wrapper_source()
+    sink = Sink(log_dir=log_dir)
+
+    def spawn(proc):
+        host = host_of[proc.label]
+        wanted = proc.env.get("KVSTORE_NODE_HOST") if "KVSTORE_NODE_HOST" in choice.for_role(
+            proc.role) else addresses[host]
+        header = {"env": proc.env, "label": host.name, "node_host": wanted,
+                  "scheduler": [sched_host, int(proc.env["KVSTORE_SCHEDULER_PORT"])],
+                  "grace": kill_grace, "host_names": host_names}
+        argv = ssh.argv(host, remote_command(remote_python, directory, job, proc,
+                                             list(proc.argv), source))
+        return RemoteChild(proc, host, argv, header, sink)
+
+    try:
+        code = run_cli(spec, spawn=spawn)
+    finally:
+        sink.close()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
