@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arrays, states_file
+from .compression import Compressor
 from . import optimizer as _optimizer
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .protocol.codec import ALLOWED_DTYPES
@@ -51,6 +52,7 @@ class KVStore:
         self._keys: dict[object, KeyInfo] = {}
         self._key_kind: type | None = None
         self._optimizer = None
+        self._compressor: Compressor | None = None
         self._closed = False
 
     # -- properties -------------------------------------------------------------
@@ -141,8 +143,7 @@ class KVStore:
                 raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
                                            "optimizers update floating-point values only")
 
-    @staticmethod
-    def _merged(info: KeyInfo, vals: list, what: str) -> np.ndarray:
+    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
         """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
         first = arrays.to_numpy(vals[0], what)
         if len(vals) == 1:
@@ -216,6 +217,17 @@ class KVStore:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
         self.init(key, value)
         self.pull(key, out=out, priority=priority)
+
+    def set_gradient_compression(self, compression_params: dict) -> None:
+        """Compress pushed gradients: ``{'type': '2bit', 'threshold': 0.5}``, ``'1bit'``
+        or ``'fp16'`` (``'none'`` turns it off). The quantisation error is kept and
+        added to the next push of the same key (error feedback). In dist mode only
+        worker -> server traffic is compressed; in 'local' each value of a pushed
+        list is compressed on its own, as MXNet does between devices.
+        Raises ConfigError for an unknown type or a bad threshold."""
+        self._check_open("set_gradient_compression")
+        compressor = Compressor(compression_params)
+        self._compressor = compressor if compressor.active else None
 
     def set_optimizer(self, optimizer) -> None:
         """Apply ``optimizer`` to every push (on the servers in dist mode). In dist

@@ -127,15 +127,31 @@ class DistStore(KVStore):
         reply values into ``targets`` [(info, [outs])]."""
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
         dests = self._by_server([(info, flat) for info, flat, _ in flats])
-        datas = self._by_server(sources) if sources is not None else {}
+        datas = self._payload(sources) if sources is not None else {}
+        fields = self._compression_fields() if sources is not None else {}
         ids = []
         for server, (wire_ids, parts) in dests.items():
             payload = datas.get(server, ([], []))[1]
-            rid, _ = self._client.request(server, op, what, payload, self._filler(parts), chunks=wire_ids)
+            rid, _ = self._client.request(server, op, what, payload, self._filler(parts), chunks=wire_ids,
+                                          **fields)
             ids.append(rid)
         self._client.wait(ids, what)
         for (info, outs), (_, flat, direct) in zip(targets, flats):
             fill_outputs(outs, flat, direct, what)
+
+    def _payload(self, items) -> dict:
+        """Like _by_server for pushed data, each chunk compressed when compression is on."""
+        groups = self._by_server(items)
+        if self._compressor is None:
+            return groups
+        compressed = {}
+        for server, (wire_ids, parts) in groups.items():
+            compressed[server] = (wire_ids, [self._compressor.compress(tuple(wid), part)
+                                             for wid, part in zip(wire_ids, parts)])
+        return compressed
+
+    def _compression_fields(self) -> dict:
+        return {} if self._compressor is None else {"compression": self._compressor.config}
 
     @staticmethod
     def _filler(parts):
@@ -172,9 +188,11 @@ class DistStore(KVStore):
                                        "servers: call set_optimizer() before push()")
         what = f"push of {_keys_text(info for info, _ in items)}"
         trackers = []
-        for server, (wire_ids, parts) in self._by_server(items).items():
+        fields = self._compression_fields()
+        for server, (wire_ids, parts) in self._payload(items).items():
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
-            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big, chunks=wire_ids)
+            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big, chunks=wire_ids,
+                                              **fields)
             if tracker is not None:
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return

@@ -31,6 +31,12 @@ class LocalStore(KVStore):
         self._store: dict[object, np.ndarray] = {}
         self._updater = None
 
+    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
+        if self._compressor is not None:  # each device's value is compressed on its own
+            vals = [self._compressor.roundtrip((info.key, i), arrays.to_numpy(v, what))
+                    for i, v in enumerate(vals)]
+        return super()._merged(info, vals, what)
+
     def _set_updater(self, updater) -> None:
         """MXNet's escape hatch: ``updater(key, merged_grad, stored_weight)`` in place."""
         self._updater = updater

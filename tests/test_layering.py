@@ -30,7 +30,7 @@ def test_tracker_never_imports_kvstore(path):
     assert not {m for m in imported_modules(path) if m.split(".")[0] == "kvstore"}
 
 
-PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + \
+PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "optimizer")
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import compression as _compression
 from .. import optimizer as _optimizer
 from ..errors import ConfigError, InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
@@ -180,6 +181,10 @@ class ServerState:
     def _on_push(self, peer, header, arrays, want_values=False):
         worker = self._worker(header)
         ids = self._chunk_ids(header, arrays)
+        if header.get("compression") is not None:
+            config = _compression.validate(header["compression"])
+            arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
+                      for a, c in zip(arrays, self._existing(ids))]
         chunks = self._existing(ids, arrays)
         if self.mode == "async" and self.updater is None:
             raise InvalidArgumentError("dist_async applies every push with an optimizer: "
