@@ -1,0 +1,116 @@
+"""`python -m tracker.mpi` through a real mpirun (Open MPI, and MPICH when
+installed): formulas, failures and signals with nothing left behind, bad input
+refused before anything starts."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from services import FAST_FAILURE, SCRIPTS, eventually_empty, python_launcher, tagged
+
+pytestmark = pytest.mark.slow
+
+
+def _kind(program):
+    path = shutil.which(program)
+    if path is None:
+        return None
+    text = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    return "openmpi" if "Open MPI" in text else "mpich" if "HYDRA" in text or "MPICH" in text else None
+
+
+OPENMPI = next((p for p in ("mpirun.openmpi", "mpirun") if _kind(p) == "openmpi"), None)
+MPICH = next((p for p in ("mpirun.mpich", "mpiexec.mpich", "mpirun") if _kind(p) == "mpich"), None)
+needs_openmpi = pytest.mark.skipif(OPENMPI is None, reason="Open MPI's mpirun is not installed "
+                                   "(.ci/run installs openmpi-bin)")
+
+
+def mpi_launch(mpirun, *args, env=None):
+    return python_launcher("tracker.mpi", "--mpirun", mpirun, "--env", "KVSTORE_TEST_TAG",
+                           "--env", "PYTHONUNBUFFERED", *args, env=env)
+
+
+def assert_nothing_left(p):
+    assert eventually_empty(lambda: tagged(p.tag)) == [], f"processes left behind:\n{p.text}"
+
+
+@pytest.mark.parametrize("mpirun", [
+    pytest.param(OPENMPI, id="openmpi", marks=needs_openmpi),
+    pytest.param(MPICH, id="mpich", marks=pytest.mark.skipif(MPICH is None, reason="MPICH not installed")),
+])
+def test_dist_sync_job_through_mpirun_matches_formulas(mpirun, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=4\n" if _kind(mpirun) == "openmpi" else "localhost:4\n")
+    p = mpi_launch(mpirun, "-n", "2", "-s", "2", "-H", str(hosts), "--log-dir", str(tmp_path / "logs"),
+                   "python", os.path.join(SCRIPTS, "formulas.py"))
+    assert p.wait(120) == 0, p.text
+    assert re.search(r"ranks 0\.\.1 are servers, 2\.\.3 workers", p.text)
+    for rank in range(2):
+        assert re.search(rf"\[worker:{rank}@[^\]]+\] OK rank {rank} of 2", p.text), p.text
+        assert re.search(rf"\[server:{rank}@[^\]]+\] .*serving on tcp://", p.text), p.text
+    assert (tmp_path / "logs" / "worker-0.log").read_text().strip() == "OK rank 0 of 2"
+    assert_nothing_left(p)
+
+
+@needs_openmpi
+@pytest.mark.parametrize("mode, culprit, code", [
+    ("exit", "worker 1 on \\S+ exited with status 3", 3),
+    ("sigkill", "worker 1 on \\S+ was killed by SIGKILL", 128 + 9),
+    ("server", "server 1 on \\S+ was killed by SIGKILL", 128 + 9),
+])
+def test_a_failing_rank_ends_the_mpi_job(mode, culprit, code):
+    p = mpi_launch(OPENMPI, "-n", "3", "-s", "2", "--oversubscribe", "--kill-grace", "2", "python",
+                   os.path.join(SCRIPTS, "faulty.py"), "loop" if mode == "server" else mode,
+                   env=FAST_FAILURE)
+    if mode == "server":
+        p.wait_for(r"ready rank", count=3)
+        os.kill(int(re.search(r"server 1 \(pid (\d+)\)", p.text).group(1)), signal.SIGKILL)
+    assert p.wait(60) == code, p.text
+    assert re.search(f"job failed: {culprit}", p.text), p.text
+    assert re.search(rf"{culprit.split(' on ')[0]} +\d+ .*<- root cause", p.text), p.text
+    assert_nothing_left(p)
+
+
+@needs_openmpi
+def test_sigint_to_the_mpi_launcher_ends_every_rank():
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", "--oversubscribe", "python",
+                   os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(signal.SIGINT)
+    assert p.wait(30) == 128 + signal.SIGINT, p.text
+    assert "interrupted by SIGINT" in p.text
+    assert_nothing_left(p)
+
+
+@needs_openmpi
+@pytest.mark.parametrize("args, message", [
+    (["-H", "SLOTS"], "4 processes do not fit in the 3 slots"),
+    (["-H", "/nonexistent/hosts"], "cannot read host file"),
+    (["--bogus"], "no such option: --bogus"),
+    (["--mpirun", "/nonexistent/mpirun"], "/nonexistent/mpirun not found"),
+])
+def test_bad_mpi_input_is_refused_before_anything_starts(args, message, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# three slots\nlocalhost slots=3\n")
+    args = [str(hosts) if a == "SLOTS" else a for a in args]
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", *args, "python", "x.py")
+    assert p.wait(60) == 2, p.text
+    assert message in p.text
+    assert "scheduler listening" not in p.text
+
+
+@needs_openmpi
+def test_mpi_dry_run_shows_mpirun_and_hides_values(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=8\n")
+    p = python_launcher("tracker.mpi", "--mpirun", OPENMPI, "-n", "3", "-s", "1", "-H", str(hosts),
+                        "--dry-run", "--env", "API_TOKEN=hunter2", "python", "train.py")
+    assert p.wait(30) == 0, p.text
+    assert "ranks 0..0 are servers, 1..3 workers" in p.text
+    assert f"-np 4 --hostfile {hosts}" in p.text and "-x API_TOKEN" in p.text
+    assert "hunter2" not in p.text
+    assert "scheduler listening" not in p.text

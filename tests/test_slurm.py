@@ -1,0 +1,80 @@
+"""`python -m tracker.slurm` through srun on a real single-node Slurm cluster
+(munged + slurmctld + slurmd started here): formulas, failures and signals with
+nothing left behind, too many tasks for the allocation refused up front."""
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+import services
+from services import FAST_FAILURE, SCRIPTS, eventually_empty, python_launcher, tagged
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster, reason = services.start_slurm(str(tmp_path_factory.mktemp("slurm")))
+    if cluster is None:
+        pytest.skip(reason)
+    yield cluster
+    cluster.stop()
+
+
+def slurm_launch(slurm, *args, env=None):
+    return python_launcher("tracker.slurm", "--env", "KVSTORE_TEST_TAG", "--env", "PYTHONUNBUFFERED",
+                           *args, env={**slurm.env, **(env or {})})
+
+
+def assert_nothing_left(p, slurm):
+    assert eventually_empty(lambda: tagged(p.tag)) == [], f"processes left behind:\n{p.text}"
+    queue = lambda: subprocess.run(["squeue", "-h"], env={**os.environ, **slurm.env},
+                                   capture_output=True, text=True).stdout.split("\n")[:-1]
+    assert eventually_empty(queue, timeout=20) == [], f"jobs left in Slurm:\n{p.text}"
+
+
+def test_dist_sync_job_through_srun_matches_formulas(slurm):
+    p = slurm_launch(slurm, "-n", "2", "-s", "2", "python", os.path.join(SCRIPTS, "formulas.py"),
+                     "--keys", "str")
+    assert p.wait(120) == 0, p.text
+    assert "tasks 0..1 are servers, 2..3 workers" in p.text
+    for rank in range(2):
+        assert re.search(rf"\[worker:{rank}@[^\]]+\] OK rank {rank} of 2", p.text), p.text
+    assert_nothing_left(p, slurm)
+
+
+@pytest.mark.parametrize("mode, culprit, code", [
+    ("exit", "worker 1 on \\S+ exited with status 3", 3),
+    ("server", "server 1 on \\S+ was killed by SIGKILL", 128 + 9),
+])
+def test_a_failing_task_ends_the_slurm_job(slurm, mode, culprit, code):
+    p = slurm_launch(slurm, "-n", "3", "-s", "2", "--kill-grace", "2", "python",
+                     os.path.join(SCRIPTS, "faulty.py"), "loop" if mode == "server" else mode,
+                     env=FAST_FAILURE)
+    if mode == "server":
+        p.wait_for(r"ready rank", count=3)
+        os.kill(int(re.search(r"server 1 \(pid (\d+)\)", p.text).group(1)), signal.SIGKILL)
+    assert p.wait(60) == code, p.text
+    assert re.search(f"job failed: {culprit}", p.text), p.text
+    assert re.search(rf"{culprit.split(' on ')[0]} +\d+ .*<- root cause", p.text), p.text
+    assert_nothing_left(p, slurm)
+
+
+def test_sigint_to_the_slurm_launcher_ends_every_task(slurm):
+    p = slurm_launch(slurm, "-n", "2", "-s", "1", "python", os.path.join(SCRIPTS, "faulty.py"),
+                     "loop", env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(signal.SIGINT)
+    assert p.wait(30) == 128 + signal.SIGINT, p.text
+    assert "interrupted by SIGINT" in p.text
+    assert_nothing_left(p, slurm)
+
+
+def test_more_tasks_than_the_allocation_is_refused(slurm):
+    p = slurm_launch(slurm, "-n", "2", "-s", "2", "python", "x.py", env={"SLURM_NTASKS": "3"})
+    assert p.wait(30) == 2, p.text
+    assert "4 tasks (2 servers + 2 workers) exceed the allocation's 3 tasks" in p.text
+    assert "scheduler listening" not in p.text

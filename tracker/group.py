@@ -1,0 +1,181 @@
+"""Launchers that start every process of a job with one command (mpirun, srun).
+
+Each MPI/Slurm task runs the node wrapper (:mod:`tracker.node`) in ``rank``
+mode: it reads its global rank from the launcher's variable
+(``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``...), becomes server
+``r`` when ``r < S`` and worker ``r - S`` otherwise, and starts that role's
+command. Its status lines (``@kvstore-node {...}``) tell this process which role
+and rank started or ended, so :func:`tracker.launcher.launch` sees one child per
+process, as with the local and ssh launchers.
+
+The plan (argv per role, the contract variables, counts) is an argument of the
+wrapper; the values of the user's ``--env`` variables travel in the environment
+of mpirun/srun (by name: ``-x NAME``), never on a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+
+from . import env
+from .process import ProcSpec
+from .remote import _PREFIXED, Sink, _exit_order, parse_status, wrapper_source
+
+
+def rank_plan(procs: list[ProcSpec], user_names: set[str], choice_for_role, rank_vars: list[str],
+              grace: float, scheduler: tuple[str, int]) -> dict:
+    """The wrapper's plan for a job whose processes are ``procs`` (servers first)."""
+    num_servers = sum(1 for p in procs if p.role == "server")
+    first = {p.role: p for p in reversed(procs)}
+    node_var = env.BY_NAME["KVSTORE_NODE_HOST"]
+    plan = {"num_servers": num_servers, "rank_vars": rank_vars, "grace": grace,
+            "scheduler": list(scheduler), "rank_names": ["KVSTORE_RANK"],
+            "host_names": [node_var.name, *node_var.aliases], "argv": {}, "env": {}, "drop": {}}
+    for role, proc in first.items():
+        allowed = choice_for_role(role)
+        plan["argv"][role] = list(proc.argv)
+        plan["env"][role] = {k: v for k, v in proc.env.items()
+                             if k not in user_names and k != "KVSTORE_RANK"}
+        plan["drop"][role] = sorted(user_names - set(allowed))
+        plan["node_host"] = allowed.get(node_var.name)
+    return plan
+
+
+def user_environment(choice) -> dict[str, str]:
+    """The values of the user's variables, for the environment of mpirun/srun.
+    Raises ValueError if one name has different values for the two roles."""
+    values = dict(choice.all)
+    for role in ("worker", "server"):
+        for name, value in choice.for_role(role).items():
+            if values.setdefault(name, value) != value:
+                raise ValueError(f"{name} has different values for workers and servers; "
+                                 "this launcher passes one value to every process")
+    return values
+
+
+def wrapper_argv(python: str, job: str, plan: dict, source: str | None = None) -> list[str]:
+    return [python, "-c", source if source is not None else "<wrapper>", "rank", job,
+            json.dumps(plan, separators=(",", ":"))]
+
+
+class Group:
+    """The one command that runs every process; :attr:`children` has one
+    child-like object per process for :func:`tracker.launcher.launch`."""
+
+    def __init__(self, name: str, argv: list[str], environ: dict, procs: list[ProcSpec], sink: Sink):
+        self.name = name
+        self.sink = sink
+        self.popen = subprocess.Popen(argv, env=environ, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        self.children = [GroupChild(self, p) for p in procs]
+        self._by_key = {(c.spec.role, c.spec.rank): c for c in self.children}
+        self._signalled: set[int] = set()
+        self.stopping = False   # the launcher began tearing the job down
+        self._lock = threading.Lock()
+        self._pump = threading.Thread(target=self._read, daemon=True, name=f"output-{name}")
+        self._pump.start()
+
+    def _read(self) -> None:
+        for raw in iter(self.popen.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            msg = parse_status(line)
+            child = self._by_key.get((msg.get("role"), msg.get("rank"))) if msg else None
+            if child is not None:
+                child.on_status(msg)
+            elif msg is None:
+                self.sink.write(line if _PREFIXED.match(line) else f"[{self.name}] {line}")
+        self.popen.stdout.close()
+
+    def drain(self) -> None:
+        self._pump.join(2.0)
+
+    def signal(self, sig: int) -> None:
+        """Each signal once: SIGTERM to the command (it forwards it to every task),
+        SIGKILL to its whole process group.
+
+        mpirun and srun (--kill-on-bad-exit) end every task by themselves once one
+        exits non-zero; SIGTERM during that abort is not needed and made Open MPI
+        4.1's mpirun crash, so it is skipped then (SIGKILL still follows if the
+        command does not end within the grace period)."""
+        with self._lock:
+            self.stopping = True
+            if sig in self._signalled or self.popen.poll() is not None:
+                return
+            self._signalled.add(sig)
+            if sig == signal.SIGTERM and any(c._code for c in self.children):
+                return
+        try:
+            if sig == signal.SIGKILL:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            else:
+                self.popen.send_signal(sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish(self, timeout: float = 15.0) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(5)
+        self.drain()
+
+
+class GroupChild:
+    """One process of a :class:`Group` (the interface of ``tracker.process.Child``)."""
+
+    def __init__(self, group: Group, spec: ProcSpec):
+        self.group = group
+        self.spec = spec
+        self.popen = group.popen
+        self.host: str | None = None
+        self.remote_pid: int | None = None
+        self.detail: str | None = None
+        self.exit_order: int | None = None
+        self._code: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.remote_pid
+
+    def on_status(self, msg: dict) -> None:
+        if msg.get("event") == "started":
+            self.remote_pid, self.host = msg.get("pid"), msg.get("host")
+        elif msg.get("event") == "exit" and self._code is None:
+            self.detail = msg.get("error")
+            self.exit_order = next(_exit_order)
+            self._code = int(msg.get("code", 1))
+
+    def poll(self) -> int | None:
+        if self._code is not None or self.popen.poll() is None:
+            return self._code
+        self.group.drain()
+        if self._code is None and self.group.stopping:
+            return None  # ended in the teardown without a word: "killed by launcher"
+        if self._code is None:
+            code = self.popen.returncode
+            self._code = code if code else 0
+            self.exit_order = next(_exit_order)
+            if code:
+                self.detail = (f"{self.group.name} ended with status {code} before this "
+                               "process reported its exit")
+        return self._code
+
+    def signal(self, sig: int) -> None:
+        self.group.signal(sig)
+
+    def finish_output(self, timeout: float = 15.0) -> None:
+        self.group.finish(timeout)
+
+
+def start_group(name: str, make_argv, environ: dict, sink: Sink):
+    """A ``start_all`` function for :func:`tracker.launcher.launch`:
+    ``make_argv(procs, source)`` builds the command (mpirun/srun + wrapper)."""
+    def start_all(procs: list[ProcSpec]):
+        return Group(name, make_argv(procs, wrapper_source()), environ, procs, sink).children
+    return start_all

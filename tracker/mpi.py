@@ -1,0 +1,160 @@
+"""``python -m tracker.mpi``: run a job through mpirun (Open MPI or MPICH).
+
+The scheduler runs in this process; one ``mpirun -np S+W`` starts the node
+wrapper on every rank, which becomes server ``r`` (r < S) or worker ``r - S``
+from the MPI rank variable and runs that role's command. The host file is
+passed to mpirun as it is (Open MPI: ``--hostfile``, MPICH: ``-f``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+
+import click
+
+from . import hostfile
+from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
+from .group import rank_plan, start_group, user_environment, wrapper_argv
+from .launcher import run_cli
+from .remote import Sink, resolve, scheduler_address
+
+RANK_VARS = {"openmpi": ["OMPI_COMM_WORLD_RANK", "PMIX_RANK"],
+             "mpich": ["PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID"]}
+
+EXAMPLE = """\b
+Example:
+  python -m tracker.mpi -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync
+\b
+  python -m tracker.mpi -n 4 -s 2 -H hosts --oversubscribe --env PYTHONPATH \\
+      --mpi-arg=--mca --mpi-arg=btl_tcp_if_include --mpi-arg=eth0 python train.py
+\b
+Ranks 0..S-1 are servers, S..S+W-1 workers. The host file is in your MPI's own
+format (Open MPI: "node1 slots=4"; MPICH: "node1:4") and goes to mpirun as it is.
+See docs/launching.md.
+"""
+
+
+def detect(mpirun: str) -> str:
+    """'openmpi' or 'mpich', from ``mpirun --version``."""
+    try:
+        r = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"cannot run {mpirun} --version: {e}") from None
+    text = r.stdout + r.stderr
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "MPICH" in text or "Intel(R) MPI" in text:
+        return "mpich"
+    raise ValueError(f"{mpirun} is neither Open MPI nor MPICH (it said: {text.strip()[:200]!r}); "
+                     "choose with --mpi")
+
+
+def mpirun_argv(kind: str, mpirun: str, count: int, hostfile_path: str | None, oversubscribe: bool,
+                names: list[str], extra: tuple[str, ...]) -> list[str]:
+    argv = [mpirun]
+    if kind == "openmpi":
+        argv += ["-np", str(count)]
+        if hostfile_path:
+            argv += ["--hostfile", hostfile_path]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        if oversubscribe:
+            argv.append("--oversubscribe")
+        argv += ["--bind-to", "none"]
+        for name in names:
+            argv += ["-x", name]
+    else:
+        argv += ["-n", str(count)]
+        if hostfile_path:
+            argv += ["-f", hostfile_path]
+        # hydra passes the whole environment by default
+    return argv + list(extra)
+
+
+def check_slots(kind: str, hostfile_path: str | None, count: int, oversubscribe: bool) -> None:
+    """Refuse more processes than Open MPI would place without --oversubscribe."""
+    if kind != "openmpi" or oversubscribe:
+        return
+    if hostfile_path is None:
+        capacity, where = os.cpu_count() or 1, f"the {os.cpu_count()} cores of this machine"
+    else:
+        hosts = hostfile.read(hostfile_path)
+        if any(h.slots is None for h in hosts):
+            return  # Open MPI decides (cores of each host)
+        capacity, where = sum(h.slots for h in hosts), f"the {sum(h.slots for h in hosts)} slots of {hostfile_path}"
+    if count > capacity:
+        raise hostfile.HostfileError(
+            f"{count} processes do not fit in {where}; add slots or allow --oversubscribe")
+
+
+@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@common_options
+@click.option("-H", "--hostfile", "hostfile_path", default=None, metavar="FILE",
+              help="MPI host file, passed to mpirun as it is [default: this machine only].")
+@click.option("--mpi", "kind", type=click.Choice(["auto", "openmpi", "mpich"]), default="auto",
+              show_default=True, help="Which MPI mpirun belongs to.")
+@click.option("--mpirun", default="mpirun", show_default=True, help="The mpirun program.")
+@click.option("--mpi-arg", multiple=True, metavar="ARG", help="Extra mpirun argument (repeatable).")
+@click.option("--python", "python", default=sys.executable, show_default=True,
+              help="Interpreter on the nodes (for servers, the wrapper and a bare 'python').")
+@click.option("--oversubscribe", is_flag=True, help="Allow more processes than slots.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
+         dry_run, hostfile_path, kind, mpirun, mpi_arg, python, oversubscribe, command):
+    """Run COMMAND as NUM_WORKERS workers plus servers through mpirun, with the
+    scheduler on this machine."""
+    command = check_command(command)
+    setup_logging()
+    num_servers = num_servers or num_workers
+    choice = env_choice(env_all, env_worker, env_server)
+    if shutil.which(mpirun) is None:
+        fail(f"{mpirun} not found: install Open MPI or MPICH (or give --mpirun)")
+    if hostfile_path is not None and not os.path.isfile(hostfile_path):
+        fail(f"cannot read host file {hostfile_path!r}")
+    try:
+        kind = detect(mpirun) if kind == "auto" else kind
+        check_slots(kind, hostfile_path, num_servers + num_workers, oversubscribe)
+        hosts = hostfile.read(hostfile_path) if hostfile_path and kind == "openmpi" else []
+        sched_host = scheduler_address(host_ip, [a for a in map(resolve, hosts) if a])
+        values = user_environment(choice)
+    except (ValueError, hostfile.HostfileError) as e:
+        fail(str(e))
+    spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
+                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+    job = uuid.uuid4().hex[:12]
+    names = sorted(values)
+
+    def make_argv(procs, source=None):
+        port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
+        plan = rank_plan(procs, set(names), choice.for_role, RANK_VARS[kind], kill_grace,
+                         (sched_host, port))
+        return mpirun_argv(kind, mpirun, len(procs), hostfile_path, oversubscribe, names,
+                           mpi_arg) + wrapper_argv(python, job, plan, source)
+
+    def show(procs) -> str:
+        lines = [f"job {job}: scheduler on {sched_host} (this machine); {kind} ranks 0..{num_servers - 1}"
+                 f" are servers, {num_servers}..{num_servers + num_workers - 1} workers",
+                 shlex.join(make_argv(procs))]
+        for proc in procs:
+            lines.append(f"{proc.label}: {shlex.join(proc.argv)}")
+        return "\n".join(lines)
+
+    if dry_run:
+        sys.exit(run_cli(spec, dry_run=True, show=show))
+    click.echo(show(spec.processes(0)).split("\n")[0], err=True)
+    sink = Sink(log_dir=log_dir)
+    try:
+        code = run_cli(spec, start_all=start_group("mpirun", make_argv,
+                                                   {**os.environ, **values}, sink))
+    finally:
+        sink.close()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

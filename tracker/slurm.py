@@ -1,0 +1,122 @@
+"""``python -m tracker.slurm``: run a job through srun, inside a Slurm allocation.
+
+The scheduler runs in this process (the batch script's node, or wherever srun is
+called); one ``srun --ntasks=S+W`` starts the node wrapper in every task, which
+becomes server ``r`` (``SLURM_PROCID`` r < S) or worker ``r - S``. Outside an
+allocation srun requests one itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+
+import click
+
+from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
+from .group import rank_plan, start_group, user_environment, wrapper_argv
+from .launcher import run_cli
+from .remote import Sink, scheduler_address
+
+EXAMPLE = """\b
+Example (in a batch script, e.g. sbatch -N 2 --ntasks=4 job.sh):
+  python -m tracker.slurm -n 2 -s 2 python train_cifar10.py --kvstore dist_sync
+\b
+  python -m tracker.slurm -n 4 -s 2 --host-ip ib0 --srun-arg=--cpus-per-task=4 python train.py
+\b
+Tasks 0..S-1 (SLURM_PROCID) are servers, S..S+W-1 workers; srun places them
+(--srun-arg=--distribution=...). See docs/launching.md.
+"""
+
+
+def allocation_nodes(environ=os.environ) -> list[str]:
+    """Host names of the current allocation (empty outside one)."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist or not shutil.which("scontrol"):
+        return []
+    r = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                       timeout=30)
+    return r.stdout.split() if r.returncode == 0 else []
+
+
+def default_addresses(nodes: list[str]) -> list[str]:
+    """Addresses of the allocation's nodes; this machine's own address when it is
+    not known (srun outside an allocation)."""
+    found = []
+    for name in nodes or [socket.gethostname()]:
+        try:
+            found.append(socket.gethostbyname(name))
+        except OSError:
+            continue
+    return found
+
+
+@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@common_options
+@click.option("--srun", default="srun", show_default=True, help="The srun program.")
+@click.option("--srun-arg", multiple=True, metavar="ARG", help="Extra srun argument (repeatable).")
+@click.option("--python", "python", default=sys.executable, show_default=True,
+              help="Interpreter on the nodes (for servers, the wrapper and a bare 'python').")
+@click.option("--oversubscribe", is_flag=True,
+              help="Allow more tasks than the allocation's (srun --overcommit).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
+         dry_run, srun, srun_arg, python, oversubscribe, command):
+    """Run COMMAND as NUM_WORKERS workers plus servers as the tasks of one srun,
+    with the scheduler on this machine."""
+    command = check_command(command)
+    setup_logging()
+    num_servers = num_servers or num_workers
+    count = num_servers + num_workers
+    choice = env_choice(env_all, env_worker, env_server)
+    if shutil.which(srun) is None:
+        fail(f"{srun} not found: run inside a Slurm installation (or give --srun)")
+    allocated = os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_NPROCS")
+    if allocated and allocated.isdigit() and count > int(allocated) and not oversubscribe:
+        fail(f"{count} tasks ({num_servers} servers + {num_workers} workers) exceed the "
+             f"allocation's {allocated} tasks; allocate more or allow --oversubscribe")
+    try:
+        addresses = [] if host_ip else default_addresses(allocation_nodes())
+        local = all(a.startswith("127.") for a in addresses)
+        sched_host = scheduler_address(host_ip, [] if local else addresses)
+        values = user_environment(choice)
+    except (ValueError, subprocess.SubprocessError, OSError) as e:
+        fail(str(e))
+    spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
+                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+    job = uuid.uuid4().hex[:12]
+
+    def make_argv(procs, source=None):
+        port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
+        plan = rank_plan(procs, set(values), choice.for_role, ["SLURM_PROCID"], kill_grace,
+                         (sched_host, port))
+        argv = [srun, f"--ntasks={len(procs)}", "--kill-on-bad-exit=1", "--export=ALL",
+                f"--job-name=kvstore-{job}"]
+        if oversubscribe:
+            argv.append("--overcommit")
+        return argv + list(srun_arg) + wrapper_argv(python, job, plan, source)
+
+    def show(procs) -> str:
+        lines = [f"job {job}: scheduler on {sched_host} (this machine); tasks 0..{num_servers - 1}"
+                 f" are servers, {num_servers}..{count - 1} workers", shlex.join(make_argv(procs))]
+        lines += [f"{proc.label}: {shlex.join(proc.argv)}" for proc in procs]
+        return "\n".join(lines)
+
+    if dry_run:
+        sys.exit(run_cli(spec, dry_run=True, show=show))
+    click.echo(show(spec.processes(0)).split("\n")[0], err=True)
+    sink = Sink(log_dir=log_dir)
+    try:
+        code = run_cli(spec, start_all=start_group("srun", make_argv, {**os.environ, **values}, sink))
+    finally:
+        sink.close()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
