@@ -44,12 +44,11 @@ def create(name: str = "local", *, config: Config | None = None) -> KVStore:
     if name == "local":
         from .local import LocalStore
         return LocalStore(name)
-    explicit = config is not None
-    config = config if explicit else Config.from_env(os.environ)
+    config = config if config is not None else Config.from_env(os.environ)
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
     from .dist import DistStore
-    return DistStore(name, config, exit_on_abort=not explicit)
+    return DistStore(name, config)
 
 
 def _run_role(config: Config) -> int:

@@ -53,6 +53,7 @@ class Client:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
             sock.copy_threshold = config.zero_copy_bytes
+            config.security().connect(sock)
             sock.connect(addr)
             self._poller.register(sock, zmq.POLLIN)
             self._socks.append(sock)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tracker import env as _env
+from tracker.security import Security
 
 from .errors import ConfigError
 
@@ -29,7 +30,22 @@ class Config:
     chunk_bytes: int = 2 << 20
     zero_copy_bytes: int = 64 << 10
     max_message_bytes: int = 1 << 30
+    secret: str | None = None
+    secure: bool = False
     log_level: str = "INFO"
+    exit_on_abort: bool = True   # not from the environment: in-process tests turn it off
+
+    def __repr__(self) -> str:  # never print the secret
+        fields = ", ".join(f"{f.name}={'***' if f.name == 'secret' and self.secret else getattr(self, f.name)!r}"
+                           for f in dataclasses.fields(self))
+        return f"Config({fields})"
+
+    def security(self) -> Security:
+        """How this process's sockets authenticate (see tracker.security)."""
+        try:
+            return Security(self.secret, self.secure)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":

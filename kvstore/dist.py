@@ -36,17 +36,18 @@ class DistStore(KVStore):
     """A worker's handle on the distributed store. Created by
     ``kvstore.create("dist_sync")`` inside a process started by a launcher."""
 
-    def __init__(self, name: str, config: Config, exit_on_abort: bool = True):
+    def __init__(self, name: str, config: Config):
         super().__init__(name)
         config.require_cluster(f"kvstore.create({name!r})")
         self._config = config
         self._mode = "async" if "async" in name else "sync"
-        self._exit_on_abort = exit_on_abort
+        self._exit_on_abort = config.exit_on_abort
         self._membership = Membership(
             role="worker", rank=config.rank, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
-            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort)
+            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort,
+            security=config.security())
         self._client = None
         try:
             reg = self._translate(self._membership.register)
@@ -61,7 +62,7 @@ class DistStore(KVStore):
             self._release()
             raise
         self._crash: str | None = None
-        if exit_on_abort:
+        if config.exit_on_abort:
             self._watch_for_crash()
         atexit.register(self._close_at_exit)
         log.info("[worker:%d] joined %s with %d workers and %d servers",

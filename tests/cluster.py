@@ -11,6 +11,7 @@ import kvstore
 from kvstore.config import Config
 from kvstore.server import ServerNode
 from tracker.rendezvous import Scheduler
+from tracker.security import Security
 
 
 class Cluster:
@@ -23,7 +24,9 @@ class Cluster:
         self.settings = settings
         self.scheduler = Scheduler(num_workers, num_servers, timeout=settings["timeout"],
                                    heartbeat_interval=settings["heartbeat_interval"],
-                                   heartbeat_timeout=settings["heartbeat_timeout"]).start()
+                                   heartbeat_timeout=settings["heartbeat_timeout"],
+                                   security=Security(settings.get("secret"),
+                                                     settings.get("secure", False))).start()
         self.server_codes: list = [None] * num_servers
         self._threads = []
         for rank in range(num_servers):
@@ -35,7 +38,7 @@ class Cluster:
     def config(self, role: str, rank: int | None) -> Config:
         return Config(role=role, rank=rank, scheduler_host="127.0.0.1",
                       scheduler_port=self.scheduler.port, num_workers=self.num_workers,
-                      num_servers=self.num_servers, **self.settings)
+                      num_servers=self.num_servers, exit_on_abort=False, **self.settings)
 
     def _serve(self, rank, node):
         self.server_codes[rank] = node.run()

@@ -102,6 +102,12 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _positive_int,
         "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
         "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
+    Var("KVSTORE_SECRET", (), None, str,
+        "The job's secret (hex), created by the launcher and handed to every process in "
+        "its environment. Every connection must prove it holds it; unset: no authentication."),
+    Var("KVSTORE_SECURE", (), False, _bool,
+        "1: encrypt and authenticate all traffic with ZeroMQ CURVE (keys derived from "
+        "KVSTORE_SECRET). Launchers turn it on when processes run on more than one host."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )

@@ -13,12 +13,14 @@ import signal
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, IO, Sequence
 
 from . import env
 from .process import Child, ProcSpec, terminate_all
 from .rendezvous import Scheduler, describe_exit
+from .security import Security, new_secret
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +96,14 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     end in one monitor tick, the lowest is reported as the first failure)."""
     settings = spec.settings or env.read({})
     spawn = spawn or (lambda p: Child(p, out))
+    # one secret per job, handed to the children in their environment (never argv)
+    secret = settings.get("KVSTORE_SECRET") or new_secret()
+    security = Security(secret, bool(settings.get("KVSTORE_SECURE")))
     scheduler = Scheduler(spec.num_workers, spec.num_servers, host=spec.scheduler_host,
                           timeout=settings["KVSTORE_TIMEOUT"],
                           heartbeat_interval=settings["KVSTORE_HEARTBEAT_INTERVAL"],
-                          heartbeat_timeout=settings["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
+                          heartbeat_timeout=settings["KVSTORE_HEARTBEAT_TIMEOUT"],
+                          security=security).start()
     children: list[Child] = []
     codes: dict[str, int] = {}
     first_failure: tuple[str, int] | None = None
@@ -105,7 +111,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     restore = _install_signal_handlers()
     spawn_error = None
     try:
-        procs = spec.processes(scheduler.port)
+        procs = [dataclasses.replace(p, env={**p.env, "KVSTORE_SECRET": secret})
+                 for p in spec.processes(scheduler.port)]
         if start_all is not None:
             try:
                 children.extend(start_all(procs))
@@ -236,7 +243,8 @@ def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr,
             stream.write(show(spec.processes(scheduler_port=0)) + "\n")
             return 0
         for proc in spec.processes(scheduler_port=0):
-            shown = {k: v for k, v in proc.env.items() if k.startswith("KVSTORE_")}
+            shown = {k: ("***" if k == "KVSTORE_SECRET" else v)
+                     for k, v in proc.env.items() if k.startswith("KVSTORE_")}
             stream.write(f"{proc.label}: {' '.join(proc.argv)}  env {shown}\n")
         return 0
     outcome = launch(spec, spawn=spawn, start_all=start_all)

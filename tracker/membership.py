@@ -22,6 +22,7 @@ import zmq
 
 from . import wire
 from .errors import JobAborted, RendezvousError, RendezvousTimeout
+from .security import Security
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class Membership:
     def __init__(self, *, role: str, rank: int | None, scheduler: tuple[str, int],
                  host: str = "127.0.0.1", addr: str = "", timeout: float = 300.0,
                  heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0,
-                 on_abort: Callable[[str], None] | None = None):
+                 on_abort: Callable[[str], None] | None = None, security: Security = Security()):
         self.role = role
         self.requested_rank = rank
         self.scheduler = scheduler
@@ -67,10 +68,14 @@ class Membership:
         self.abort_reason: str | None = None
         self.registration: Registration | None = None
         self._on_abort = on_abort
+        self._security = security
         self._ids = itertools.count(1)
         self._ctx = zmq.Context()
         self._url = f"tcp://{scheduler[0]}:{scheduler[1]}"
         self._ctl = self._socket()
+        # learn at once if the scheduler refuses our credentials (a wrong secret)
+        self._ctl_events = self._ctl.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         self._stop_hb = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"kvstore-heartbeat-{role}")
@@ -85,6 +90,7 @@ class Membership:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BYTES)
+        self._security.connect(sock)
         sock.connect(self._url)
         return sock
 
@@ -97,6 +103,10 @@ class Membership:
         deadline = time.monotonic() + limit
         while True:
             self.check()
+            if self._ctl_events.poll(0):
+                raise RendezvousError(
+                    f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} rejected this process's "
+                    "credentials: its KVSTORE_SECRET (or KVSTORE_SECURE) differs from the job's")
             if self._ctl.poll(SLICE * 1000):
                 msg = wire.decode(self._ctl.recv())
                 if msg.get("id") != req_id:
@@ -153,6 +163,8 @@ class Membership:
         if self._hb_thread.is_alive() and threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(2 * SLICE + self.heartbeat_interval)
         if not self._ctl.closed:
+            self._ctl.disable_monitor()
+            self._ctl_events.close(linger=0)
             self._ctl.close(linger=0)
         if not self._hb_thread.is_alive():
             self._ctx.term()

@@ -29,6 +29,7 @@ import zmq
 
 from . import wire
 from .errors import RendezvousError
+from .security import Security
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Scheduler:
 
     def __init__(self, num_workers: int, num_servers: int, *, host: str = "127.0.0.1",
                  port: int = 0, timeout: float = 300.0, heartbeat_interval: float = 1.0,
-                 heartbeat_timeout: float = 10.0):
+                 heartbeat_timeout: float = 10.0, security: Security = Security()):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
         self.num_workers = num_workers
@@ -98,10 +99,16 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket | None = None
+        self._security = security
+        self._auth = None
 
     # -- public, thread-safe -------------------------------------------------
     def start(self) -> "Scheduler":
+        self._auth = self._security.authenticator(self._ctx, "scheduler")
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._security.serve(self._sock)
+        if self._auth is not None:
+            self._auth.watch(self._sock)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BYTES)
         if self._requested_port:
@@ -136,6 +143,8 @@ class Scheduler:
         if self._thread is not None and self._thread.is_alive():
             self._events.put(("stop",))
             self._thread.join(5)
+        if self._auth is not None:
+            self._auth.stop()
         if self._sock is not None:
             self._sock.close(linger=0)
         self._ctx.term()

@@ -33,7 +33,12 @@ class ServerNode:
         config.require_cluster("a kvstore server")
         self.config = config
         self._ctx = zmq.Context()
+        security = config.security()
+        self._auth = security.authenticator(self._ctx, "server")
         self._sock = self._ctx.socket(zmq.ROUTER)
+        security.serve(self._sock)
+        if self._auth is not None:
+            self._auth.watch(self._sock)
         self._sock.setsockopt(zmq.LINGER, 2000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -44,7 +49,7 @@ class ServerNode:
             role="server", rank=config.rank, addr=self.address, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
-            heartbeat_timeout=config.heartbeat_timeout)
+            heartbeat_timeout=config.heartbeat_timeout, security=security)
         self.state: ServerState | None = None
 
     def run(self) -> int:
@@ -98,6 +103,8 @@ class ServerNode:
 
     def _close(self) -> None:
         self.membership.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._sock.close(linger=0)
         self._ctx.term()
 

@@ -1,0 +1,189 @@
+"""Authentication and encryption of every ZeroMQ connection of a job.
+
+A job has one secret (random, created by the launcher, handed to its processes in
+the environment as KVSTORE_SECRET; never on a command line). Everything else is
+derived from it with HMAC-SHA256:
+
+- default: ZeroMQ PLAIN with a derived token. Keeps out every process without the
+  secret (stray jobs, scanners, other users). The token crosses the network in
+  clear text, so an eavesdropper on the network could replay it: use ``encrypt``
+  on networks you do not trust.
+- ``encrypt`` (KVSTORE_SECURE=1): ZeroMQ CURVE. The servers' and the clients'
+  key pairs are derived from the secret, so only holders of the secret can
+  connect, and all traffic is encrypted and authenticated.
+
+Binding sockets get a ZAP handler (one thread per ZeroMQ context) that checks the
+credentials of every connection and logs each rejection with the peer's address;
+the same thread watches the sockets for handshakes that fail before ZAP is asked
+(a CURVE client with the wrong keys, a PLAIN client at a CURVE socket) and logs
+those too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+import queue
+
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+DOMAIN = b"kvstore"
+USER = b"kvstore"
+
+
+def new_secret() -> str:
+    """A fresh job secret (64 hex digits)."""
+    return secrets.token_hex(32)
+
+
+@dataclass(frozen=True)
+class Security:
+    """How a job's sockets authenticate. ``Security()`` (no secret) is open."""
+    secret: str | None = None
+    encrypt: bool = False
+
+    def __post_init__(self):
+        if self.encrypt and not self.secret:
+            raise ValueError("encryption (KVSTORE_SECURE) needs a job secret (KVSTORE_SECRET)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.secret)
+
+    def _derive(self, purpose: str) -> bytes:
+        return hmac.new(self.secret.encode(), purpose.encode(), hashlib.sha256).digest()
+
+    def _keypair(self, role: str) -> tuple[bytes, bytes]:
+        secret_key = z85.encode(self._derive(f"curve-{role}"))
+        return zmq.curve_public(secret_key), secret_key
+
+    @property
+    def token(self) -> bytes:
+        return self._derive("plain-token").hex().encode()
+
+    def serve(self, sock: zmq.Socket) -> None:
+        """Configure a binding socket (call before bind)."""
+        if not self.enabled:
+            return
+        sock.zap_domain = DOMAIN
+        if self.encrypt:
+            public, secret_key = self._keypair("server")
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = public, secret_key
+        else:
+            sock.plain_server = True
+
+    def connect(self, sock: zmq.Socket) -> None:
+        """Configure a connecting socket (call before connect)."""
+        if not self.enabled:
+            return
+        if self.encrypt:
+            sock.curve_serverkey = self._keypair("server")[0]
+            sock.curve_publickey, sock.curve_secretkey = self._keypair("client")
+        else:
+            sock.plain_username, sock.plain_password = USER, self.token
+
+    def authenticator(self, ctx: zmq.Context, name: str) -> "Authenticator | None":
+        """Start the ZAP handler for ``ctx`` (None when the job is open)."""
+        return Authenticator(ctx, self, name).start() if self.enabled else None
+
+    def accepts(self, mechanism: bytes, credentials: list) -> bool:
+        if self.encrypt:
+            expected = z85.decode(self._keypair("client")[0])
+            return mechanism == b"CURVE" and len(credentials) == 1 and \
+                hmac.compare_digest(credentials[0], expected)
+        return mechanism == b"PLAIN" and len(credentials) == 2 and credentials[0] == USER and \
+            hmac.compare_digest(credentials[1], self.token)
+
+
+class Authenticator:
+    """ZAP handler thread: answers ZeroMQ's authentication requests for one context."""
+
+    def __init__(self, ctx: zmq.Context, security: Security, name: str):
+        self._ctx, self._security, self._name = ctx, security, name
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"kvstore-zap-{name}")
+        self._watch: queue.Queue = queue.Queue()
+        self._last_logged: dict = {}   # what -> (time, suppressed count)
+        self.rejected = 0
+
+    def _log_rejection(self, what: str, message: str, *args) -> None:
+        """Log a rejection; a peer that keeps retrying is logged at most every 10 s."""
+        self.rejected += 1
+        now = time.monotonic()
+        last, suppressed = self._last_logged.get(what, (None, 0))
+        if last is not None and now - last < 10.0:
+            self._last_logged[what] = (last, suppressed + 1)
+            return
+        more = f" ({suppressed} more since the last report)" if suppressed else ""
+        log.warning(message + more, self._name, *args)
+        self._last_logged[what] = (now, 0)
+
+    def watch(self, sock: zmq.Socket) -> None:
+        """Also log failed handshakes on ``sock`` (a socket configured by serve())."""
+        self._watch.put(sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL))
+
+    def start(self) -> "Authenticator":
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.REP)
+        sock.linger = 0
+        sock.bind(ZAP_ENDPOINT)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        monitors = []
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                while not self._watch.empty():
+                    monitors.append(self._watch.get())
+                    poller.register(monitors[-1], zmq.POLLIN)
+                ready = dict(poller.poll(100))
+                for monitor in monitors:
+                    if monitor in ready:
+                        event = recv_monitor_message(monitor)
+                        endpoint = event["endpoint"].decode(errors="replace")
+                        self._log_rejection(("handshake", endpoint),
+                                            "%s rejected a connection on %s: the handshake failed (%s); "
+                                            "the peer does not hold this job's secret or does not use "
+                                            "its security mode", endpoint, zmq.Event(event["event"]).name)
+                if sock not in ready:
+                    continue
+                frames = sock.recv_multipart()
+                version, request_id, _domain, address, _identity, mechanism = frames[:6]
+                ok = self._security.accepts(mechanism, frames[6:])
+                if not ok:
+                    peer = address.decode(errors="replace")
+                    self._log_rejection(("zap", peer), "%s rejected a connection from %s: %s credentials "
+                                        "do not match this job's secret", peer,
+                                        mechanism.decode(errors="replace"))
+                sock.send_multipart([version, request_id, b"200" if ok else b"400",
+                                     b"OK" if ok else b"authentication failed",
+                                     USER if ok else b"", b""])
+        except zmq.ZMQError as e:
+            if not self._stop.is_set():
+                log.error("%s: authentication handler failed: %s", self._name, e)
+        finally:
+            sock.close(linger=0)
+            for monitor in monitors:
+                monitor.close(linger=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
