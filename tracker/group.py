@@ -8,9 +8,10 @@ command. Its status lines (``@kvstore-node {...}``) tell this process which role
 and rank started or ended, so :func:`tracker.launcher.launch` sees one child per
 process, as with the local and ssh launchers.
 
-The plan (argv per role, the contract variables, counts) is an argument of the
-wrapper; the values of the user's ``--env`` variables travel in the environment
-of mpirun/srun (by name: ``-x NAME``), never on a command line.
+The plan (argv per role, the contract variables: roles, counts, scheduler
+address) is an argument of the wrapper; every other variable (the KVSTORE_*
+settings, the user's ``--env`` variables) travels in the environment of
+mpirun/srun (Open MPI: exported by name, ``-x NAME``), never on a command line.
 """
 
 from __future__ import annotations
@@ -26,35 +27,46 @@ from .process import ProcSpec
 from .remote import _PREFIXED, Sink, _exit_order, parse_status, wrapper_source
 
 
-def rank_plan(procs: list[ProcSpec], user_names: set[str], choice_for_role, rank_vars: list[str],
-              grace: float, scheduler: tuple[str, int]) -> dict:
-    """The wrapper's plan for a job whose processes are ``procs`` (servers first)."""
-    num_servers = sum(1 for p in procs if p.role == "server")
-    first = {p.role: p for p in reversed(procs)}
-    node_var = env.BY_NAME["KVSTORE_NODE_HOST"]
-    plan = {"num_servers": num_servers, "rank_vars": rank_vars, "grace": grace,
-            "scheduler": list(scheduler), "rank_names": ["KVSTORE_RANK"],
-            "host_names": [node_var.name, *node_var.aliases], "argv": {}, "env": {}, "drop": {}}
-    for role, proc in first.items():
-        allowed = choice_for_role(role)
-        plan["argv"][role] = list(proc.argv)
-        plan["env"][role] = {k: v for k, v in proc.env.items()
-                             if k not in user_names and k != "KVSTORE_RANK"}
-        plan["drop"][role] = sorted(user_names - set(allowed))
-        plan["node_host"] = allowed.get(node_var.name)
-    return plan
+CONTRACT = frozenset(env.for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
+                                     num_workers=1, num_servers=1, node_host=""))
 
 
-def user_environment(choice) -> dict[str, str]:
-    """The values of the user's variables, for the environment of mpirun/srun.
+def split_env(procs: list[ProcSpec]) -> tuple[dict, dict, dict]:
+    """Split the processes' variables into (per-role contract variables for the
+    plan, which is on a command line; values of every other variable, for the
+    environment of mpirun/srun; per-role names to remove). Only the contract
+    (roles, counts, scheduler address) goes on the command line: settings and
+    the user's variables, secrets included, travel in the environment.
     Raises ValueError if one name has different values for the two roles."""
-    values = dict(choice.all)
-    for role in ("worker", "server"):
-        for name, value in choice.for_role(role).items():
+    plan_env, values, present = {}, {}, {}
+    for proc in procs:
+        plan_env.setdefault(proc.role, {k: v for k, v in proc.env.items()
+                                        if k in CONTRACT and k != "KVSTORE_RANK"})
+        present.setdefault(proc.role, set())
+        for name, value in proc.env.items():
+            if name in CONTRACT:
+                continue
+            present[proc.role].add(name)
             if values.setdefault(name, value) != value:
                 raise ValueError(f"{name} has different values for workers and servers; "
-                                 "this launcher passes one value to every process")
-    return values
+                                 "this launcher passes one environment to every process")
+    drop = {role: sorted(set(values) - names) for role, names in present.items()}
+    return plan_env, values, drop
+
+
+def rank_plan(procs: list[ProcSpec], rank_vars: list[str], grace: float,
+              scheduler: tuple[str, int]) -> dict:
+    """The wrapper's plan for a job whose processes are ``procs`` (servers first)."""
+    plan_env, values, drop = split_env(procs)
+    node_var = env.BY_NAME["KVSTORE_NODE_HOST"]
+    # an address the user chose (--env KVSTORE_NODE_HOST=...); else each task
+    # finds its host's address on the route to the scheduler
+    wanted = {role: e.get(node_var.name) for role, e in plan_env.items()
+              if e.get(node_var.name) not in (None, "", node_var.default)}
+    return {"num_servers": sum(1 for p in procs if p.role == "server"), "rank_vars": rank_vars,
+            "grace": grace, "scheduler": list(scheduler), "rank_names": ["KVSTORE_RANK"],
+            "host_names": [node_var.name, *node_var.aliases], "node_host": wanted,
+            "argv": {p.role: list(p.argv) for p in procs}, "env": plan_env, "drop": drop}
 
 
 def wrapper_argv(python: str, job: str, plan: dict, source: str | None = None) -> list[str]:
@@ -173,9 +185,10 @@ class GroupChild:
         self.group.finish(timeout)
 
 
-def start_group(name: str, make_argv, environ: dict, sink: Sink):
+def start_group(name: str, make_argv, sink: Sink):
     """A ``start_all`` function for :func:`tracker.launcher.launch`:
     ``make_argv(procs, source)`` builds the command (mpirun/srun + wrapper)."""
     def start_all(procs: list[ProcSpec]):
+        environ = {**os.environ, **split_env(procs)[1]}
         return Group(name, make_argv(procs, wrapper_source()), environ, procs, sink).children
     return start_all

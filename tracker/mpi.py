@@ -19,7 +19,7 @@ import click
 
 from . import hostfile
 from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
-from .group import rank_plan, start_group, user_environment, wrapper_argv
+from .group import rank_plan, split_env, start_group, wrapper_argv
 from .launcher import run_cli
 from .remote import Sink, resolve, scheduler_address
 
@@ -121,18 +121,20 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         check_slots(kind, hostfile_path, num_servers + num_workers, oversubscribe)
         hosts = hostfile.read(hostfile_path) if hostfile_path and kind == "openmpi" else []
         sched_host = scheduler_address(host_ip, [a for a in map(resolve, hosts) if a])
-        values = user_environment(choice)
     except (ValueError, hostfile.HostfileError) as e:
         fail(str(e))
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+    try:
+        split_env(spec.processes(0))
+    except ValueError as e:
+        fail(str(e))
     job = uuid.uuid4().hex[:12]
-    names = sorted(values)
 
     def make_argv(procs, source=None):
         port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
-        plan = rank_plan(procs, set(names), choice.for_role, RANK_VARS[kind], kill_grace,
-                         (sched_host, port))
+        plan = rank_plan(procs, RANK_VARS[kind], kill_grace, (sched_host, port))
+        names = sorted(split_env(procs)[1])
         return mpirun_argv(kind, mpirun, len(procs), hostfile_path, oversubscribe, names,
                            mpi_arg) + wrapper_argv(python, job, plan, source)
 
@@ -149,8 +151,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     click.echo(show(spec.processes(0)).split("\n")[0], err=True)
     sink = Sink(log_dir=log_dir)
     try:
-        code = run_cli(spec, start_all=start_group("mpirun", make_argv,
-                                                   {**os.environ, **values}, sink))
+        code = run_cli(spec, start_all=start_group("mpirun", make_argv, sink))
     finally:
         sink.close()
     sys.exit(code)

@@ -22,7 +22,7 @@ Modes::
     python -c SRC rank JOB PLAN_JSON             one process per MPI/Slurm rank:
         PLAN = {"num_servers", "rank_vars": [...], "argv": {role: [...]},
                 "env": {role: {...}}, "drop": {role: [names]}, "rank_names": [...],
-                "host_names": [...], "node_host": addr|null, "scheduler": [h, p], "grace": s}
+                "host_names": [...], "node_host": {role: addr}, "scheduler": [h, p], "grace": s}
         global rank r < num_servers -> server r, else worker r - num_servers.
 """
 
@@ -187,7 +187,8 @@ def main(argv):
         for name in plan["rank_names"]:
             env[name] = str(rank)
         label, grace = socket.gethostname(), float(plan["grace"])
-        scheduler, wanted, host_names = plan["scheduler"], plan.get("node_host"), plan["host_names"]
+        scheduler, host_names = plan["scheduler"], plan["host_names"]
+        wanted = (plan.get("node_host") or {}).get(role)
     address, warning = node_address(wanted, scheduler)
     for name in host_names:
         env[name] = address

@@ -19,7 +19,7 @@ import uuid
 import click
 
 from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
-from .group import rank_plan, start_group, user_environment, wrapper_argv
+from .group import rank_plan, split_env, start_group, wrapper_argv
 from .launcher import run_cli
 from .remote import Sink, scheduler_address
 
@@ -84,17 +84,19 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         addresses = [] if host_ip else default_addresses(allocation_nodes())
         local = all(a.startswith("127.") for a in addresses)
         sched_host = scheduler_address(host_ip, [] if local else addresses)
-        values = user_environment(choice)
     except (ValueError, subprocess.SubprocessError, OSError) as e:
         fail(str(e))
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+    try:
+        split_env(spec.processes(0))
+    except ValueError as e:
+        fail(str(e))
     job = uuid.uuid4().hex[:12]
 
     def make_argv(procs, source=None):
         port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
-        plan = rank_plan(procs, set(values), choice.for_role, ["SLURM_PROCID"], kill_grace,
-                         (sched_host, port))
+        plan = rank_plan(procs, ["SLURM_PROCID"], kill_grace, (sched_host, port))
         argv = [srun, f"--ntasks={len(procs)}", "--kill-on-bad-exit=1", "--export=ALL",
                 f"--job-name=kvstore-{job}"]
         if oversubscribe:
@@ -112,7 +114,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     click.echo(show(spec.processes(0)).split("\n")[0], err=True)
     sink = Sink(log_dir=log_dir)
     try:
-        code = run_cli(spec, start_all=start_group("srun", make_argv, {**os.environ, **values}, sink))
+        code = run_cli(spec, start_all=start_group("srun", make_argv, sink))
     finally:
         sink.close()
     sys.exit(code)
