@@ -1,0 +1,125 @@
+"""Our contender: dist_sync (and dist_async) jobs started through tracker's
+launcher API (``tracker.launcher.launch``), one job per transport.
+
+Transports are a registry: a name, the extra environment that selects it, and
+the URL scheme the servers must then advertise (checked after the run, so a
+transport that silently falls back to tcp cannot pass for another). kvstore
+selects only tcp today; ``ipc`` and ``shm`` are declared with the variable they
+are expected to use and are skipped until tracker/env.py knows that variable.
+Adding a transport = one entry here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from tracker import env as tracker_env
+from tracker.launcher import JobSpec, launch
+
+from .base import Failed, RunConfig, Skip, read_result, rows_from
+from ..procs import tail
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ours_worker.py")
+SERVER = os.path.join(HERE, "server_wrapper.py")
+VARIANT_NAMES = {"push_pull": "push, then pull", "pushpull": "pushpull"}
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str
+    env: dict = field(default_factory=dict)
+    url_prefix: str | None = None     # what the servers' data-plane URLs must start with
+    requires_var: str | None = None   # tracker.env must know this variable
+
+    def available(self) -> tuple[bool, str]:
+        if self.requires_var and self.requires_var not in tracker_env.BY_NAME:
+            return False, (f"kvstore has no {self.name} transport yet ({self.requires_var} is not "
+                           "a variable of tracker/env.py)")
+        return True, ""
+
+
+TRANSPORTS = {
+    "tcp": Transport("tcp", url_prefix="tcp://"),
+    "ipc": Transport("ipc", {"KVSTORE_TRANSPORT": "ipc"}, "ipc://", "KVSTORE_TRANSPORT"),
+    "shm": Transport("shm", {"KVSTORE_TRANSPORT": "shm"}, None, "KVSTORE_TRANSPORT"),
+}
+
+
+def available_transports(cfg: RunConfig) -> tuple[list[Transport], list[str]]:
+    ok, skipped = [], []
+    for name in cfg.transports:
+        t = TRANSPORTS.get(name)
+        if t is None:
+            skipped.append(f"ours over {name}: unknown transport (known: {', '.join(TRANSPORTS)})")
+            continue
+        usable, why = t.available()
+        (ok.append(t) if usable else skipped.append(f"ours over {name}: {why}"))
+    return ok, skipped
+
+
+def run_job(cfg: RunConfig, transport: Transport, worker_args: list[str], tag: str,
+            profile: bool = False) -> dict:
+    """One launcher job; returns rank 0's result (plus the servers' usage)."""
+    out = cfg.path(f"{tag}.json")
+    stats_dir = cfg.path(f"{tag}-servers")
+    os.makedirs(stats_dir, exist_ok=True)
+    for stale in [out] + [os.path.join(stats_dir, f) for f in os.listdir(stats_dir)]:
+        if os.path.exists(stale):
+            os.remove(stale)
+    extra = {"KVSTORE_LOG_LEVEL": "WARNING", "BENCH_SERVER_STATS": stats_dir, **transport.env,
+             **cfg.env}
+    if profile:
+        extra["BENCH_SERVER_PROFILE"] = "1"
+    argv = [sys.executable, WORKER, *worker_args, "--out", out]
+    if profile:
+        argv += ["--profile", cfg.path(f"{tag}-worker0.prof")]
+    spec = JobSpec(num_workers=cfg.workers, num_servers=cfg.servers, command=tuple(argv),
+                   server_command=(sys.executable, SERVER), env=extra,
+                   settings=tracker_env.read({**os.environ, **extra}))
+    log_path = cfg.path(f"{tag}.log")
+    with open(log_path, "w") as log:
+        outcome = launch(spec, out=log)
+    if outcome.returncode != 0:
+        raise Failed(f"ours ({tag}): {outcome.root_cause}\n{outcome.table()}\n{tail(log_path)}")
+    result = read_result(out, f"ours ({tag})")
+    servers = {}
+    for f in sorted(os.listdir(stats_dir)):
+        if f.endswith(".json"):
+            servers[f[:-5]] = read_result(os.path.join(stats_dir, f), "server stats")
+    result["servers_usage"] = servers
+    urls = result.get("server_urls") or []
+    if transport.url_prefix and urls and not all(u.startswith(transport.url_prefix) for u in urls):
+        raise Failed(f"ours over {transport.name}: the servers listen on {urls}, not "
+                     f"{transport.url_prefix}...: the transport setting was not honoured")
+    return result
+
+
+def run(cfg: RunConfig, launch_no: int) -> list[dict]:
+    transports, skipped = available_transports(cfg)
+    if not transports:
+        raise Skip("; ".join(skipped))
+    nbytes = _nbytes(cfg.model)
+    rows = []
+    for t in transports:
+        res = run_job(cfg, t, cfg.worker_args(), f"ours-{t.name}-{launch_no}")
+        extra = {"transport": t.name, "servers": cfg.servers,
+                 "server_usage_total": res.get("servers_usage"),
+                 "worker_usage_total": res.get("usage_total")}
+        rows += rows_from(res, "ours", launch_no,
+                          {m: f"{t.name}: {n}" for m, n in VARIANT_NAMES.items()}, nbytes, extra)
+        if not cfg.async_pushes:
+            continue
+        res = run_job(cfg, t, cfg.async_args(), f"ours-async-{t.name}-{launch_no}")
+        rows += rows_from(res, "ours", launch_no, {}, nbytes, {"transport": t.name})
+        for r in rows[-1:]:
+            r["variant"] = f"{t.name}: dist_async, {r['variant']}"
+    return rows
+
+
+def _nbytes(model: str) -> int:
+    from math import prod
+    from ..resnet50_shapes import model_shapes
+    return 4 * sum(prod(s) for s in model_shapes(model))

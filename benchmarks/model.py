@@ -1,0 +1,163 @@
+"""A model of the time of one synchronous step, calibrated and checked on this
+machine's measurements, and its predictions for a cluster.
+
+    python -m benchmarks.model                         # uses benchmarks/results/sweep/*.json
+    python -m benchmarks.model --sweep DIR --compute-ms 200
+
+Symbols: M bytes of gradients per worker (ResNet-50: 102.2 MB), W workers, S
+server processes, B link bandwidth per machine and direction, T_c compute time
+of forward + backward, k_w CPU seconds a worker spends per model byte exchanged
+(send M, receive M, copy into the output), k_s CPU seconds a server spends per
+byte pushed to it (receive, sum, send the result back), P cores.
+
+One machine (what the benchmark measures: loopback, P = 2 cores shared by
+everyone): every byte costs CPU, so
+
+    T_x = max( W*M*(k_w + k_s) / P ,          all the CPU work spread over P cores
+               M*k_w + (W*M/S)*k_s )           the serial chain: a worker sends, its
+                                               server sums all W pushes of its share,
+                                               replies, the worker copies the reply
+
+Cluster, one worker per machine, servers co-located with workers (s server
+processes per machine, S = s*N), full-duplex links:
+
+    T_wire = 2*(N-1)/N * M/B                   push out + pull out per NIC (as ring all-reduce)
+    T_cpu  = M*k_w + M*k_s/s                   worker chain + its server's share
+    T_x    = max(T_wire, T_cpu) + 2*L          L: per-request latency (one round trip)
+    T_step = T_c + T_x                         no overlap of backward and exchange (today)
+    T_step = max(T_c, T_x) + M_last/B          with per-layer overlap (not implemented)
+
+Dedicated server machines (S_m of them): T_wire = 2*M/B*max(1, N/S_m): as fast
+as co-location only with S_m >= N server machines (one per worker).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import statistics
+
+import click
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+M_RESNET50 = 25_557_032 * 4
+
+
+def _ours_rows(data):
+    return [r for r in data["rows"] if r["kind"] == "exchange" and r["contender"] == "ours"]
+
+
+def measured_costs(data) -> dict:
+    """k_w, k_s (s/byte) and the median exchange time of one run's JSON. Server CPU
+    is per job, divided by the exchanges the job made (needs a run without the
+    latency and async tests, as the sweep)."""
+    cfg = data["config"]
+    m = data["summary"]["groups"][0]["bytes"]
+    rows = _ours_rows(data)
+    w, s = cfg["workers"], cfg["servers"]
+    worker_cpu = statistics.median(r["cpu_s"] for r in rows)
+    exchanges = 2 * (cfg["iters"] + cfg["warmup"])   # both modes, warm-up included
+    jobs = {r["launch"]: r["server_usage_total"] for r in rows if r.get("server_usage_total")}
+    server_cpu = statistics.median(sum(u["cpu_s"] for u in job.values()) / exchanges
+                                   for job in jobs.values())
+    times = [t for r in rows for t in r["samples"]]
+    return {"W": w, "S": s, "M": m, "k_w": worker_cpu / m, "k_s": server_cpu / (w * m),
+            "measured": statistics.median(times), "worker_cpu": worker_cpu,
+            "server_cpu_all": server_cpu, "gloo_flat": _gloo_flat(data)}
+
+
+def _gloo_flat(data):
+    g = [g for g in data["summary"]["groups"]
+         if g["contender"] == "gloo" and g["variant"] == "one flat all_reduce" and g["stats"]["n"]]
+    return g[0]["stats"]["median"] if g else None
+
+
+def predict_local(w, s, m, k_w, k_s, cores=2) -> float:
+    return max(w * m * (k_w + k_s) / cores, m * k_w + w * m / s * k_s)
+
+
+def predict_cluster(n, gbit, m, k_w, k_s, servers_per_machine, latency, compute):
+    b = gbit * 1e9 / 8
+    wire = 2 * (n - 1) / n * m / b
+    cpu = m * k_w + m * k_s / servers_per_machine
+    tx = max(wire, cpu) + 2 * latency
+    return {"wire": wire, "cpu": cpu, "T_x": tx, "T_step": compute + tx,
+            "efficiency": compute / (compute + tx)}
+
+
+def servers_needed(n, gbit, m, k_w, k_s, max_s=64):
+    """Server processes per machine so that worker chain + server share fit in the
+    wire time; None when the worker alone is slower than the wire (worker-bound)."""
+    wire = 2 * (n - 1) / n * m / (gbit * 1e9 / 8)
+    spare = wire - m * k_w
+    if spare <= 0:
+        return None
+    return next((s for s in range(1, max_s + 1) if m * k_s / s <= spare), None)
+
+
+def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str) -> str:
+    runs = []
+    for path in sorted(glob.glob(os.path.join(sweep_dir, "*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        if _ours_rows(data):
+            runs.append(measured_costs(data))
+    if not runs:
+        return f"no sweep results in {sweep_dir}: run the sweep first (see docs/performance.md)"
+    cal = next((r for r in runs if f"w{r['W']}-s{r['S']}" == calibrate), runs[0])
+    k_w = statistics.median(r["k_w"] for r in runs)
+    k_s = statistics.median(r["k_s"] for r in runs)
+    lines = [f"Calibration (medians over the sweep): k_w = {k_w * 1e9:.2f} ns/byte "
+             f"(worker CPU {k_w * cal['M'] * 1e3:.0f} ms per {cal['M'] / 1e6:.1f} MB exchange), "
+             f"k_s = {k_s * 1e9:.2f} ns/byte pushed (server CPU {k_s * cal['M'] * 1e3:.0f} ms "
+             "per worker's pushes).", "",
+             "| W | S | k_w ns/B | k_s ns/B | predicted ms | measured ms | error | gloo flat ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(runs, key=lambda r: (r["W"], r["S"])):
+        pred = predict_local(r["W"], r["S"], r["M"], k_w, k_s)
+        gf = f"{r['gloo_flat'] * 1e3:.0f}" if r["gloo_flat"] and r["W"] > 1 else ""
+        lines.append(f"| {r['W']} | {r['S']} | {r['k_w'] * 1e9:.2f} | {r['k_s'] * 1e9:.2f} | "
+                     f"{pred * 1e3:.0f} | {r['measured'] * 1e3:.0f} | "
+                     f"{(r['measured'] / pred - 1) * 100:+.0f}% | {gf} |")
+    m = M_RESNET50
+    lat = latency_us * 1e-6
+    comp = compute_ms * 1e-3
+    lines += ["", f"Cluster predictions for ResNet-50 (M = {m / 1e6:.1f} MB), T_c = {compute_ms:.0f} ms "
+              f"(no overlap), L = {latency_us:.0f} us, one worker per machine, servers co-located "
+              "with workers. 'wire' is the bandwidth bound any implementation meets; 'ours' keeps "
+              "this machine's k_w and k_s (Python + ZeroMQ + kernel TCP):", "",
+              "| machines | link | wire T_x ms | ours T_x ms, 1 server/machine | servers/machine "
+              "for wire speed | ours T_x ms, 4 servers/machine | ours T_step ms (4 srv) | "
+              "wire-bound T_step ms | ours scaling eff. | wire-bound eff. |",
+              "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for gbit in (10, 100):
+        for n in (2, 4, 8, 16, 32, 64):
+            need = servers_needed(n, gbit, m, k_w, k_s)
+            one = predict_cluster(n, gbit, m, k_w, k_s, 1, lat, comp)
+            four = predict_cluster(n, gbit, m, k_w, k_s, 4, lat, comp)
+            ideal = predict_cluster(n, gbit, m, 0, 0, 1, lat, comp)
+            need_text = str(need) if need else f"worker-bound (needs k_w M <= {one['wire'] * 1e3:.0f} ms)"
+            lines.append(f"| {n} | {gbit} Gbit/s | {one['wire'] * 1e3:.1f} | {one['T_x'] * 1e3:.0f} | "
+                         f"{need_text} | {four['T_x'] * 1e3:.0f} | {four['T_step'] * 1e3:.0f} | "
+                         f"{ideal['T_step'] * 1e3:.0f} | {four['efficiency']:.2f} | "
+                         f"{ideal['efficiency']:.2f} |")
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--sweep", "sweep_dir", default=os.path.join(HERE, "results", "sweep"), show_default=True,
+              type=click.Path(file_okay=False), help="Directory of pushpull.py JSON results.")
+@click.option("--compute-ms", type=float, default=200.0, show_default=True,
+              help="Forward+backward time per step assumed for the cluster predictions.")
+@click.option("--latency-us", type=float, default=600.0, show_default=True,
+              help="Per-request round trip (our measured small-key exchange here).")
+@click.option("--calibrate", default="w2-s2", show_default=True, help="Reference configuration.")
+def main(sweep_dir, compute_ms, latency_us, calibrate):
+    """Check the step-time model against the sweep and print cluster predictions."""
+    click.echo(report(sweep_dir, compute_ms, latency_us, calibrate))
+
+
+if __name__ == "__main__":
+    main()
