@@ -134,9 +134,10 @@ def free_port(host="127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _wait_lines(popen, pattern, count, timeout, what):
-    """Read ``popen``'s stderr until ``count`` lines match; raise with the text if not."""
-    regex, seen, text = re.compile(pattern), 0, []
+def _wait_lines(popen, pattern, count, timeout, what, text=None):
+    """Read ``popen``'s stderr until ``count`` lines match; raise with the text if
+    not. Every line read, now and later, is appended to ``text``."""
+    regex, text = re.compile(pattern), [] if text is None else text
     deadline = time.monotonic() + timeout
     result = {}
 
@@ -153,7 +154,7 @@ def _wait_lines(popen, pattern, count, timeout, what):
     if result.get("n", 0) < count:
         raise RuntimeError(f"{what} did not start: {''.join(text)[-2000:]}")
     # keep draining so the daemon never blocks on a full pipe
-    threading.Thread(target=lambda: [None for _ in popen.stderr], daemon=True).start()
+    threading.Thread(target=lambda: [text.append(line) for line in popen.stderr], daemon=True).start()
 
 
 # -- sshd -------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class Sshd:
             f.write(f"Host *\n  IdentityFile {workdir}/client_key\n  StrictHostKeyChecking no\n"
                     "  UserKnownHostsFile /dev/null\n  BatchMode yes\n  LogLevel ERROR\n")
         self.popen = None
+        self.log: list[str] = []   # sshd's own log lines (-e: to stderr)
         for _ in range(5):   # a random port may be taken on one of the addresses
             self.port = free_port()
             config = os.path.join(workdir, "sshd_config")
@@ -187,7 +189,8 @@ class Sshd:
                                            "-f", config], stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
-                _wait_lines(self.popen, r"Server listening on 127\.0\.0\.\d port", 3, 20, "sshd")
+                _wait_lines(self.popen, r"Server listening on 127\.0\.0\.\d port", 3, 20, "sshd",
+                            self.log)
                 return
             except RuntimeError:
                 self.popen.kill()

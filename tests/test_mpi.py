@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+import services
 from services import FAST_FAILURE, SCRIPTS, eventually_empty, python_launcher, tagged
 
 pytestmark = pytest.mark.slow
@@ -54,6 +55,34 @@ def test_dist_sync_job_through_mpirun_matches_formulas(mpirun, tmp_path):
         assert re.search(rf"\[server:{rank}@[^\]]+\] .*serving on tcp://", p.text), p.text
     assert (tmp_path / "logs" / "worker-0.log").read_text().strip() == "OK rank 0 of 2"
     assert_nothing_left(p)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server, reason = services.start_sshd(str(tmp_path_factory.mktemp("sshd")))
+    if server is None:
+        pytest.skip(reason)
+    yield server
+    server.stop()
+
+
+@needs_openmpi
+def test_mpi_job_over_ssh_hosts_from_the_hostfile(sshd):
+    """The host file names 127.0.0.2 and 127.0.0.3; Open MPI starts its daemons
+    there through our sshd (plm_rsh_agent), and ranks are placed by slots."""
+    hosts = sshd.hostfile("127.0.0.2 slots=2", "127.0.0.3 slots=2")
+    accepted = lambda: sum("Accepted publickey" in line for line in sshd.log)
+    before = accepted()
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", "-H", hosts,
+                   "--mpi-arg=--mca", "--mpi-arg=plm_rsh_agent",
+                   f"--mpi-arg=ssh -F {sshd.client_config} -p {sshd.port}",
+                   "--mpi-arg=--mca", "--mpi-arg=oob_tcp_if_include", "--mpi-arg=lo",
+                   "python", os.path.join(SCRIPTS, "formulas.py"))
+    assert p.wait(120) == 0, p.text
+    assert p.text.count("OK rank") == 2, p.text
+    assert accepted() - before >= 2, "".join(sshd.log)   # one daemon per host, over ssh
+    assert_nothing_left(p)
+    assert eventually_empty(sshd.sessions) == [], p.text
 
 
 @needs_openmpi

@@ -176,6 +176,7 @@ def test_a_killed_launcher_leaves_nothing_behind(sshd):
     (["-H", "TWO", "--env", "NOT_SET_ANYWHERE_42"], "NOT_SET_ANYWHERE_42 is not set"),
     (["-H", "TWO", "--remote-python", "/nonexistent/python"], "cannot run the remote interpreter"),
     (["-H", "TWO", "--remote-dir", "/nonexistent/dir"], "working directory '/nonexistent/dir'"),
+    (["-H", "TWO", "--host-ip", "nosuchif0"], "nosuchif0 is not an address of this machine"),
 ])
 def test_bad_input_is_refused_before_anything_starts(sshd, args, message):
     files = {"EMPTY": sshd.hostfile("# nothing", ""), "TWO": two_hosts(sshd),
@@ -199,8 +200,10 @@ def test_dry_run_prints_what_would_run_where(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("node1\nalice@node2:2222 slots=1\n")
     p = python_launcher("tracker.ssh", "-n", "2", "-s", "1", "-H", str(hosts), "--dry-run",
+                        "--host-ip", "lo",
                         "--worker-env", "SECRET_TOKEN=hunter2", "python", "train.py", "--lr", "0.1")
     assert p.wait(30) == 0, p.text
+    assert "scheduler on 127.0.0.1 (this machine)" in p.text   # the address of interface lo
     assert re.search(r"node1\s+server 0, worker 1", p.text), p.text
     assert re.search(r"alice@node2:2222\s+worker 0", p.text), p.text
     lines = p.text.splitlines()
