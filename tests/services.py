@@ -88,6 +88,42 @@ def tagged(tag):
     return found
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = [item.partition(b"=") for item in f.read().split(b"\0") if item]
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in items}
+
+
+def command_lines_containing(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (for secrets)."""
+    found, needle = [], text.encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    line = f.read()
+            except OSError:
+                continue
+            if needle in line:
+                found.append(line.replace(b"\0", b" ").decode(errors="replace")[:300])
+    return found
+
+
+def check_environments(tag: str, secret_name: str = "MY_TOKEN") -> None:
+    """While a job runs: every process of it has KVSTORE_SECRET; workers have
+    ``secret_name``, servers do not; neither value is on any command line."""
+    envs = [environ_of(pid) for pid in tagged(tag)]
+    roles = {e.get("KVSTORE_ROLE") for e in envs}
+    assert {"worker", "server"} <= roles, roles
+    for e in envs:
+        if e.get("KVSTORE_ROLE") in ("worker", "server"):
+            assert e.get("KVSTORE_SECRET"), e
+            assert (secret_name in e) == (e["KVSTORE_ROLE"] == "worker"), e
+            assert command_lines_containing(e["KVSTORE_SECRET"]) == []
+            if secret_name in e:
+                assert command_lines_containing(e[secret_name]) == []
+
+
 def _zombie(pid) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as s:

@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import uuid
 
 import pytest
 
@@ -106,9 +107,12 @@ def test_a_failing_rank_ends_the_mpi_job(mode, culprit, code):
 
 @needs_openmpi
 def test_sigint_to_the_mpi_launcher_ends_every_rank():
-    p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", "--oversubscribe", "python",
-                   os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", "--oversubscribe", "--worker-env", "MY_TOKEN",
+                   "python", os.path.join(SCRIPTS, "faulty.py"), "loop",
+                   env={**FAST_FAILURE, "MY_TOKEN": uuid.uuid4().hex})
     p.wait_for(r"ready rank", count=2)
+    # worker-only variable, job secret: in the environment (mpirun -x NAME), not on command lines
+    services.check_environments(p.tag)
     p.popen.send_signal(signal.SIGINT)
     assert p.wait(30) == 128 + signal.SIGINT, p.text
     assert "interrupted by SIGINT" in p.text

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import uuid
 
 import pytest
 
@@ -64,9 +65,11 @@ def test_a_failing_task_ends_the_slurm_job(slurm, mode, culprit, code):
 
 
 def test_sigint_to_the_slurm_launcher_ends_every_task(slurm):
-    p = slurm_launch(slurm, "-n", "2", "-s", "1", "python", os.path.join(SCRIPTS, "faulty.py"),
-                     "loop", env=FAST_FAILURE)
+    p = slurm_launch(slurm, "-n", "2", "-s", "1", "--worker-env", "MY_TOKEN", "python",
+                     os.path.join(SCRIPTS, "faulty.py"), "loop",
+                     env={**FAST_FAILURE, "MY_TOKEN": uuid.uuid4().hex})
     p.wait_for(r"ready rank", count=2)
+    services.check_environments(p.tag)
     p.popen.send_signal(signal.SIGINT)
     assert p.wait(30) == 128 + signal.SIGINT, p.text
     assert "interrupted by SIGINT" in p.text

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import uuid
 
 import pytest
 
@@ -146,9 +147,13 @@ def test_a_failure_on_one_host_ends_the_job_on_every_host(sshd, mode, culprit, c
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_the_launcher_ends_remote_processes(sshd, sig):
-    p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", two_hosts(sshd),
-                   "python", os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    token = uuid.uuid4().hex
+    p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", two_hosts(sshd), "--worker-env", "MY_TOKEN",
+                   "python", os.path.join(SCRIPTS, "faulty.py"), "loop",
+                   env={**FAST_FAILURE, "MY_TOKEN": token, "KVSTORE_SECURE": "1"})
     p.wait_for(r"ready rank", count=2)
+    # the allow-list per role, and no secret on any command line (they go over stdin)
+    services.check_environments(p.tag)
     p.popen.send_signal(sig)
     assert p.wait(30) == 128 + sig, p.text
     assert f"interrupted by {signal.Signals(sig).name}" in p.text

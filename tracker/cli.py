@@ -111,19 +111,26 @@ def forwarded_settings(environ=os.environ) -> dict[str, str]:
 
 
 def job_spec(*, num_workers: int, num_servers: int | None, command, python: str,
-             choice: EnvChoice, scheduler_host: str, kill_grace: float) -> JobSpec:
+             choice: EnvChoice, scheduler_host: str, kill_grace: float,
+             multi_host: bool = False) -> JobSpec:
     """The :class:`JobSpec` of a remote job. A bare ``python``/``python3`` as the
-    first word of COMMAND becomes ``python`` (the remote interpreter)."""
+    first word of COMMAND becomes ``python`` (the remote interpreter). When the
+    job spans machines (``multi_host``) and the user did not choose,
+    ``KVSTORE_SECURE=1``: traffic that crosses a network is encrypted."""
     if command[0] in PYTHON_NAMES:
         command = (python, *command[1:])
+    defaults = {}
+    if multi_host and "KVSTORE_SECURE" in env.BY_NAME and not (
+            os.environ.get("KVSTORE_SECURE") or choice.all.get("KVSTORE_SECURE")):
+        defaults["KVSTORE_SECURE"] = "1"
     try:
-        settings = env.read({**os.environ, **choice.all})
+        settings = env.read({**os.environ, **defaults, **choice.all})
     except env.EnvError as e:
         raise click.UsageError(str(e))
     return JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
                    command=tuple(command), server_command=(python, "-m", "kvstore.server"),
                    scheduler_host=scheduler_host,
-                   env={**forwarded_settings(), **choice.all},
+                   env={**forwarded_settings(), **defaults, **choice.all},
                    role_env={"worker": dict(choice.worker), "server": dict(choice.server)},
                    kill_grace=kill_grace, settings=settings)
 

@@ -119,12 +119,13 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     try:
         kind = detect(mpirun) if kind == "auto" else kind
         check_slots(kind, hostfile_path, num_servers + num_workers, oversubscribe)
-        hosts = hostfile.read(hostfile_path) if hostfile_path and kind == "openmpi" else []
-        sched_host = scheduler_address(host_ip, [a for a in map(resolve, hosts) if a])
+        hosts = hostfile.read(hostfile_path) if hostfile_path else []
+        sched_host = scheduler_address(host_ip, [(h.is_loopback, resolve(h)) for h in hosts])
     except (ValueError, hostfile.HostfileError) as e:
         fail(str(e))
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
-                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
+                    multi_host=not all(h.is_loopback for h in hosts))
     try:
         split_env(spec.processes(0))
     except ValueError as e:

@@ -12,6 +12,7 @@ connection died) makes the wrapper stop its process group.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import os
@@ -335,12 +336,14 @@ def interface_address(name: str) -> str | None:
         return None
 
 
-def scheduler_address(host_ip: str | None, remote: list[str]) -> str:
+def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]]) -> str:
     """The address remote nodes use to reach the scheduler (which binds it).
 
-    ``host_ip`` wins (an address, or a network interface name such as ``eth0``);
-    else 127.0.0.1 when every node is on loopback, else this machine's address
-    on the route to the first remote node. Raises ValueError if unusable."""
+    ``nodes``: for each host, (is it a loopback address, its address as resolved
+    here or None). ``host_ip`` wins (an address, or a network interface name such
+    as ``eth0``); else 127.0.0.1 when every node is on loopback, else this
+    machine's address on the route to the first node that resolves here, else the
+    address of this machine's host name. Raises ValueError if none is usable."""
     if host_ip:
         if host_ip in {name for _, name in socket.if_nameindex()}:
             addr = interface_address(host_ip)
@@ -351,9 +354,26 @@ def scheduler_address(host_ip: str | None, remote: list[str]) -> str:
             raise ValueError(f"{host_ip} is not an address of this machine "
                              "(give one of its addresses or an interface name)")
         return host_ip
+    remote = [addr for loopback, addr in nodes if not loopback]
+    if not any(not loopback for loopback, _ in nodes):
+        return "127.0.0.1"
     for addr in remote:
-        if addr and not addr.startswith("127.") and addr not in ("::1", "localhost"):
+        if addr and not ipaddress_is_loopback(addr):
             found = node.route_address(addr, 9)
             if found:
                 return found
-    return "127.0.0.1"
+    try:
+        own = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        own = None
+    if own and not ipaddress_is_loopback(own):
+        return own
+    raise ValueError("cannot tell which address of this machine the hosts can reach "
+                     "(their names do not resolve here); give --host-ip ADDR or --host-ip IFACE")
+
+
+def ipaddress_is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return addr == "localhost"

@@ -21,7 +21,7 @@ import click
 from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
 from .group import rank_plan, split_env, start_group, wrapper_argv
 from .launcher import run_cli
-from .remote import Sink, scheduler_address
+from .remote import Sink, ipaddress_is_loopback, scheduler_address
 
 EXAMPLE = """\b
 Example (in a batch script, e.g. sbatch -N 2 --ntasks=4 job.sh):
@@ -81,13 +81,14 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         fail(f"{count} tasks ({num_servers} servers + {num_workers} workers) exceed the "
              f"allocation's {allocated} tasks; allocate more or allow --oversubscribe")
     try:
-        addresses = [] if host_ip else default_addresses(allocation_nodes())
-        local = all(a.startswith("127.") for a in addresses)
-        sched_host = scheduler_address(host_ip, [] if local else addresses)
+        addresses = default_addresses(allocation_nodes())
+        nodes = [(ipaddress_is_loopback(a), a) for a in addresses]
+        sched_host = scheduler_address(host_ip, nodes)
     except (ValueError, subprocess.SubprocessError, OSError) as e:
         fail(str(e))
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
-                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace)
+                    python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
+                    multi_host=not all(loopback for loopback, _ in nodes))
     try:
         split_env(spec.processes(0))
     except ValueError as e:

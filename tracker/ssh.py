@@ -72,7 +72,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         fail(str(e))
     addresses = {h: resolve(h) for h in hosts}
     try:
-        sched_host = scheduler_address(host_ip, [a for a in addresses.values() if a])
+        sched_host = scheduler_address(host_ip, [(h.is_loopback, addresses[h]) for h in hosts])
     except ValueError as e:
         fail(f"--host-ip: {e}")
     directory = sync_dst_dir or remote_dir or os.getcwd()
@@ -80,7 +80,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         fail(f"the remote working directory must be an absolute path, not {directory!r}")
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=remote_python, choice=choice, scheduler_host=sched_host,
-                    kill_grace=kill_grace)
+                    kill_grace=kill_grace, multi_host=not all(h.is_loopback for h in hosts))
     ssh = SshOptions(ssh_config, identity, tuple(ssh_option), connect_timeout)
     job = uuid.uuid4().hex[:12]
     host_of = {p.label: h for p, h in zip(spec.processes(0), placed)}
