@@ -24,7 +24,7 @@ import threading
 
 from . import env
 from .process import ProcSpec
-from .remote import _PREFIXED, Sink, _exit_order, parse_status, wrapper_source
+from .remote import PREFIXED, Sink, exit_counter, parse_status, wrapper_source
 
 
 CONTRACT = frozenset(env.for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
@@ -100,7 +100,7 @@ class Group:
             if child is not None:
                 child.on_status(msg)
             elif msg is None:
-                self.sink.write(line if _PREFIXED.match(line) else f"[{self.name}] {line}")
+                self.sink.write(line if PREFIXED.match(line) else f"[{self.name}] {line}")
         self.popen.stdout.close()
 
     def drain(self) -> None:
@@ -160,7 +160,7 @@ class GroupChild:
             self.remote_pid, self.host = msg.get("pid"), msg.get("host")
         elif msg.get("event") == "exit" and self._code is None:
             self.detail = msg.get("error")
-            self.exit_order = next(_exit_order)
+            self.exit_order = next(exit_counter)
             self._code = int(msg.get("code", 1))
 
     def poll(self) -> int | None:
@@ -172,7 +172,7 @@ class GroupChild:
         if self._code is None:
             code = self.popen.returncode
             self._code = code if code else 0
-            self.exit_order = next(_exit_order)
+            self.exit_order = next(exit_counter)
             if code:
                 self.detail = (f"{self.group.name} ended with status {code} before this "
                                "process reported its exit")

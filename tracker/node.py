@@ -166,7 +166,10 @@ def main(argv):
     if mode == "ssh":
         role, rank = argv[2], int(argv[3])
         command = argv[5:]
-        header = json.loads(sys.stdin.readline() or "{}")
+        line = sys.stdin.readline()
+        if not line.strip():   # the launcher went away before it sent the header
+            return 1
+        header = json.loads(line)
         env = {**os.environ, **header.get("env", {})}
         label, grace = header.get("label", socket.gethostname()), float(header.get("grace", 3))
         scheduler, wanted = header.get("scheduler"), header.get("node_host")

@@ -31,8 +31,8 @@ from .hostfile import Host
 from .process import ProcSpec
 
 STATUS = node.STATUS
-_PREFIXED = re.compile(r"^\[(worker|server):(\d+)@[^\]]*\] ?")
-_exit_order = itertools.count(1)
+PREFIXED = re.compile(r"^\[(worker|server):(\d+)@[^\]]*\] ?")
+exit_counter = itertools.count(1)
 
 
 def wrapper_source() -> str:
@@ -58,7 +58,7 @@ class Sink:
         with self._lock:
             self.out.write(line + "\n")
             self.out.flush()
-            m = _PREFIXED.match(line) if self.log_dir else None
+            m = PREFIXED.match(line) if self.log_dir else None
             if m:
                 key = (m[1], int(m[2]))
                 f = self._logs.get(key)
@@ -178,7 +178,7 @@ class RemoteChild:
             elif msg.get("event") == "exit":
                 if msg.get("error"):
                     self.detail = msg["error"]
-                self.exit_order = next(_exit_order)
+                self.exit_order = next(exit_counter)
                 self._code = int(msg.get("code", 1))
         self.popen.stdout.close()
 
@@ -199,7 +199,7 @@ class RemoteChild:
             t.join(2.0)
         if self._code is None:  # no status from the wrapper: ssh or the remote shell failed
             self._code = self.popen.returncode
-            self.exit_order = next(_exit_order)
+            self.exit_order = next(exit_counter)
             errors = "; ".join(e for e in self._ssh_errors if e.strip())
             what = "ssh failed" if self._code == 255 else "the remote command failed"
             self.detail = f"{what}: {errors}" if errors else what
