@@ -111,12 +111,15 @@ def _csv(ctx, param, value):
 @click.option("--profile", is_flag=True,
               help="Also run ours once under cProfile (worker 0 and every server) and report "
                    "where the time goes.")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+              help="Extra environment variable for every process of every contender (repeatable), "
+                   "e.g. to try a setting: --env MALLOC_MMAP_THRESHOLD_=33554432.")
 @click.option("--no-chart", is_flag=True, help="Skip the PNG (no matplotlib needed).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
 def main(workers, servers, model, iters, warmup, launches, contenders, transports, latency_iters,
-         latency_sizes, async_pushes, out_dir, name, setup_peers, setup_only, profile, no_chart,
-         timeout):
+         latency_sizes, async_pushes, out_dir, name, setup_peers, setup_only, profile, env_pairs,
+         no_chart, timeout):
     """Time one full gradient exchange of ResNet-50 (W workers, S servers): ours vs
     torch gloo, MXNet 1.9.1, a Ray actor PS and the machine's ceilings."""
     if setup_peers:
@@ -125,15 +128,21 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
             click.echo(f"[setup] {peer.name}: {'ready, ' if ok else 'NOT usable: '}{line}", err=True)
         if setup_only:
             return
+    extra_env = {}
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        extra_env[key] = value
     os.makedirs(out_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="kvbench-")
     cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                     latency_iters=latency_iters,
                     latency_sizes=tuple(int(x) for x in latency_sizes.split(",") if x),
                     async_pushes=async_pushes, transports=transports, work_dir=work,
-                    timeout=timeout)
+                    timeout=timeout, env=extra_env, profile=profile)
     info = {"machine": common.machine(), "versions": {}, "skipped": {},
-            "config": {k: v for k, v in cfg.__dict__.items() if k not in ("env", "work_dir")},
+            "config": {k: v for k, v in cfg.__dict__.items() if k != "work_dir"},
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     info["versions"]["python"] = platform.python_version()
     active = []
