@@ -164,6 +164,12 @@ def eventually_empty(probe, timeout=10.0):
         time.sleep(0.1)  # polling process state: there is no event to wait on
 
 
+def which(name: str) -> str | None:
+    """A program on PATH, or in the sbin directories (daemons live there and a
+    non-login PATH may lack them)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/local/sbin")
+
+
 def free_port(host="127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -221,7 +227,7 @@ class Sshd:
                         f"HostKey {workdir}/host_key\nAuthorizedKeysFile {workdir}/client_key.pub\n"
                         "PermitRootLogin yes\nUsePAM no\nStrictModes no\nPasswordAuthentication no\n"
                         f"PidFile {workdir}/sshd.pid\nMaxSessions 100\nMaxStartups 100\n")
-            self.popen = subprocess.Popen([shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e",
+            self.popen = subprocess.Popen([which("sshd"), "-D", "-e",
                                            "-f", config], stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
@@ -254,8 +260,7 @@ class Sshd:
 
 def start_sshd(workdir: str) -> tuple[Sshd | None, str]:
     """An :class:`Sshd`, or None and the reason it cannot run here."""
-    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if os.path.exists("/usr/sbin/sshd") else None)
-    if not sshd or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+    if not which("sshd") or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
         return None, "openssh-server / openssh-client not installed (.ci/run installs them)"
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -284,7 +289,7 @@ class Slurm:
         os.chmod(key, 0o600)
         sock = os.path.join(workdir, "munge.sock")
         munged = subprocess.Popen(
-            [shutil.which("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
+            [which("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
              f"--pid-file={workdir}/munged.pid", f"--log-file={workdir}/munged.log",
              f"--seed-file={workdir}/munged.seed"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -328,8 +333,8 @@ PartitionName=debug Nodes=kvnode Default=YES MaxTime=INFINITE State=UP OverSubsc
 """)
         self.env = {"SLURM_CONF": self.conf}
         env = {**os.environ, **self.env}
-        for argv in ([shutil.which("slurmctld"), "-D", "-f", self.conf],
-                     [shutil.which("slurmd"), "-D", "-N", "kvnode", "-f", self.conf]):
+        for argv in ([which("slurmctld"), "-D", "-f", self.conf],
+                     [which("slurmd"), "-D", "-N", "kvnode", "-f", self.conf]):
             self.procs.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                                stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL))
@@ -374,7 +379,7 @@ PartitionName=debug Nodes=kvnode Default=YES MaxTime=INFINITE State=UP OverSubsc
 
 
 def start_slurm(workdir: str) -> tuple[Slurm | None, str]:
-    missing = [p for p in SLURM_PROGRAMS if not shutil.which(p)]
+    missing = [p for p in SLURM_PROGRAMS if not which(p)]
     if missing:
         return None, f"Slurm not installed ({', '.join(missing)} missing; .ci/run installs slurm-wlm and munge)"
     if os.geteuid() != 0:
