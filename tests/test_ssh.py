@@ -195,10 +195,17 @@ def test_bad_input_is_refused_before_anything_starts(sshd, args, message):
     assert_nothing_left(p, sshd)
 
 
-def test_help_shows_a_complete_example():
-    p = python_launcher("tracker.ssh", "--help")
+@pytest.mark.parametrize("module, example", [
+    ("tracker.ssh", "python -m tracker.ssh -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync"),
+    ("tracker.mpi", "python -m tracker.mpi -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync"),
+    ("tracker.slurm", "python -m tracker.slurm -n 2 -s 2 python train_cifar10.py --kvstore dist_sync"),
+])
+def test_help_shows_a_complete_example(module, example):
+    p = python_launcher(module, "--help")
     assert p.wait(30) == 0, p.text
-    assert "python -m tracker.ssh -n 2 -s 2 -H hosts python train_cifar10.py --kvstore dist_sync" in p.text
+    assert example in p.text
+    for option in ("--num-workers", "--env", "--worker-env", "--host-ip", "--log-dir", "--dry-run"):
+        assert option in p.text
 
 
 def test_dry_run_prints_what_would_run_where(tmp_path):
