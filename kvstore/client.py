@@ -59,8 +59,10 @@ class Client:
             self._socks.append(sock)
         self._index = {sock: i for i, sock in enumerate(self._socks)}
         self._ids = itertools.count(1)
+        self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
+        self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
         self.bytes_sent = 0       # payload + headers handed to ZeroMQ, for users' accounting
         self.bytes_received = 0
 
@@ -70,7 +72,8 @@ class Client:
         if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
             self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
         req_id = next(self._ids)
-        frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays)
+        seq, self._seq[server] = self._seq[server], self._seq[server] + 1
+        frames = encode({"op": op, "id": req_id, "src": self.rank, "seq": seq, **fields}, arrays)
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
         self.bytes_sent += len(frames[0]) + sum(a.nbytes for a in arrays)
         self._pending[req_id] = _Request(server, what, on_reply)
@@ -100,6 +103,7 @@ class Client:
             if time.monotonic() > deadline:
                 late = sorted({self._pending[i].server for i in ids if i in self._pending})
                 names = ", ".join(f"server {s} ({self.servers[s]})" for s in late)
+                self.failure = f"{what}: no reply from {names} within {self.config.timeout:g}s"
                 raise DeadlineError(
                     f"{what}: no reply from {names} within {self.config.timeout:g}s. In dist_sync "
                     "a round completes only when every worker pushed the key; raise "

@@ -275,12 +275,29 @@ class DistStore(KVStore):
         """Wait for pushes in flight, tell the scheduler this worker is done, release sockets."""
         if self._closed:
             return
+        if self._client.failure is not None:   # an earlier call gave up: do not wait again
+            return self._fail(self._client.failure)
         self._closed = True
         atexit.unregister(self._close_at_exit)
         try:
             if not self._membership.aborted.is_set():
                 self._client.flush("close")
                 self._translate(self._membership.finish)
+        finally:
+            self._release()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif not self._closed:   # leaving on an error: tell the job instead of finishing
+            self._fail(f"{exc_type.__name__}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        """Report this worker's failure (the scheduler aborts the job) and release."""
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+        try:
+            self._membership.fail(reason)
         finally:
             self._release()
 
@@ -301,12 +318,7 @@ class DistStore(KVStore):
 
     def _close_at_exit(self) -> None:
         if self._crash is not None and not self._closed:
-            self._closed = True
-            try:
-                self._membership.fail(self._crash)
-            finally:
-                self._release()
-            return
+            return self._fail(self._crash)
         try:
             self.close()
         except Exception as e:  # at interpreter exit there is no caller left to raise to

@@ -15,7 +15,7 @@ from tracker.security import Security
 
 
 class Cluster:
-    def __init__(self, num_workers: int, num_servers: int, **settings):
+    def __init__(self, num_workers: int, num_servers: int, server_socket_wrapper=None, **settings):
         self.num_workers = num_workers
         self.num_servers = num_servers
         settings.setdefault("timeout", 30.0)
@@ -29,8 +29,12 @@ class Cluster:
                                                      settings.get("secure", False))).start()
         self.server_codes: list = [None] * num_servers
         self._threads = []
+        self.nodes = []
         for rank in range(num_servers):
             node = ServerNode(self.config("server", rank))
+            if server_socket_wrapper is not None:   # e.g. a fault-injecting transport
+                node._sock = server_socket_wrapper(node._sock)
+            self.nodes.append(node)
             t = threading.Thread(target=self._serve, args=(rank, node), daemon=True)
             t.start()
             self._threads.append(t)

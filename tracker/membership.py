@@ -96,18 +96,27 @@ class Membership:
 
     # -- requests -----------------------------------------------------------
     def _request(self, op: str, what: str, timeout: float | None = None, **fields) -> dict:
-        """Send one control request and wait for its reply (or abort/deadline)."""
+        """Send one control request and wait for its reply (or abort/deadline).
+        Sends never block: with no usable connection (e.g. refused credentials)
+        the message waits here, where the deadline and the abort flag are checked."""
         req_id = next(self._ids)
-        self._ctl.send(wire.encode(op, id=req_id, node=self.node_id, **fields))
+        message = wire.encode(op, id=req_id, node=self.node_id, **fields)
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        sent = False
         while True:
             self.check()
             if self._ctl_events.poll(0):
                 raise RendezvousError(
                     f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} rejected this process's "
                     "credentials: its KVSTORE_SECRET (or KVSTORE_SECURE) differs from the job's")
-            if self._ctl.poll(SLICE * 1000):
+            if not sent:
+                try:
+                    self._ctl.send(message, zmq.NOBLOCK)
+                    sent = True
+                except zmq.Again:
+                    self._ctl_events.poll(SLICE * 1000)   # wait a slice for the connection
+            elif self._ctl.poll(SLICE * 1000):
                 msg = wire.decode(self._ctl.recv())
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
@@ -119,7 +128,8 @@ class Membership:
             if time.monotonic() > deadline:
                 raise RendezvousTimeout(
                     f"{self.name} waited {limit:g}s for {what} from the scheduler at "
-                    f"{self.scheduler[0]}:{self.scheduler[1]}; raise KVSTORE_TIMEOUT to wait longer")
+                    f"{self.scheduler[0]}:{self.scheduler[1]}; raise KVSTORE_TIMEOUT to wait longer "
+                    "(and check that it runs and that this process has the job's KVSTORE_SECRET)")
 
     def register(self) -> Registration:
         """Join the job; blocks until every node registered. Returns ranks and address book."""
@@ -147,9 +157,12 @@ class Membership:
         at once (instead of others waiting for heartbeats to stop)."""
         try:
             if not self.aborted.is_set():
-                self._ctl.send(wire.encode("fail", id=next(self._ids), node=self.node_id,
-                                           reason=reason[:2000]))
-                self._ctl.poll(1000)  # best effort: the scheduler acknowledges by aborting
+                try:
+                    self._ctl.send(wire.encode("fail", id=next(self._ids), node=self.node_id,
+                                               reason=reason[:2000]), zmq.NOBLOCK)
+                    self._ctl.poll(1000)  # best effort: the scheduler acknowledges by aborting
+                except zmq.Again:
+                    pass
         finally:
             self.close()
 
@@ -178,7 +191,10 @@ class Membership:
             while not self._stop_hb.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
-                    sock.send(wire.encode("heartbeat", node=self.node_id))
+                    try:
+                        sock.send(wire.encode("heartbeat", node=self.node_id), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass   # no connection right now: the silence is noticed by both sides
                     next_beat = now + self.heartbeat_interval
                 if sock.poll(min(SLICE, self.heartbeat_interval) * 1000):
                     msg = wire.decode(sock.recv())

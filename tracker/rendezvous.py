@@ -347,6 +347,7 @@ class Scheduler:
         node = self._known(msg, ident)
         node.finished = True
         self._abort(f"{node.name()} failed: {msg.get('reason')}")
+        self._send(ident, "finished", id=msg.get("id"))
 
     def _maybe_shutdown_servers(self) -> None:
         workers = [n for n in self._nodes.values() if n.role == "worker"]

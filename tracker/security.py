@@ -181,6 +181,8 @@ class Authenticator:
                 log.error("%s: authentication handler failed: %s", self._name, e)
         finally:
             sock.close(linger=0)
+            while not self._watch.empty():   # handed over but never picked up
+                monitors.append(self._watch.get())
             for monitor in monitors:
                 monitor.close(linger=0)
 

@@ -13,6 +13,7 @@ from tracker.membership import Membership
 from ..config import Config
 from ..errors import ProtocolError
 from ..protocol import decode, encode, error_header
+from .sequencer import Sequencer
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ServerNode:
             self._close()
             return 1
         self.state = ServerState(name=f"server {reg.rank}")
+        self.sequencer = Sequencer(self.state.name)
         log.info("server %d (pid %d) serving on %s", reg.rank, os.getpid(), self.address)
         try:
             while True:
@@ -90,10 +92,17 @@ class ServerNode:
                 log.warning("%s: rejected a malformed message: %s", self.state.name, e)
                 self._send(peer, error_header(_guess_id(body), "ProtocolError", str(e)), [])
                 continue
-            log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
-                      header["id"], header["src"])
-            for reply in self.state.handle(peer, header, arrays):
-                self._send(reply.peer, reply.header, reply.arrays)
+            try:
+                deliverable = self.sequencer.accept(peer, header, arrays)
+            except ValueError as e:
+                log.error("%s: %s", self.state.name, e)
+                self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
+                continue
+            for header, arrays in deliverable:
+                log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
+                          header["id"], header["src"])
+                for reply in self.state.handle(peer, header, arrays):
+                    self._send(reply.peer, reply.header, reply.arrays)
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         try:

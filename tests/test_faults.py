@@ -1,0 +1,125 @@
+"""Network faults injected between workers and servers: duplicated, reordered and
+delayed messages heal (exact results); a lost message ends the job with an error
+naming the server within the deadline. Never a wrong result, never a hang."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from kvstore.errors import DeadlineError, NodeFailedError
+
+STEPS, SHAPE = 12, (3000,)
+
+
+class FaultySocket:
+    """Wraps a server's ROUTER socket and misbehaves on the way in (and out)."""
+
+    def __init__(self, sock, fault: str, p: float = 0.3, seed: int = 0, drop_after: int = 20):
+        self._sock, self.fault, self.p = sock, fault, p
+        self._rng = random.Random(seed)
+        self._held = []          # (release time, frames)
+        self._ready = []         # frames to hand out before reading the socket again
+        self.seen = self.injected = 0
+        self._drop_after = drop_after
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def poll(self, timeout=None, flags=zmq.POLLIN):
+        if self._ready or any(t <= time.monotonic() for t, _ in self._held):
+            return zmq.POLLIN
+        return self._sock.poll(min(timeout or 20, 20), flags)
+
+    def recv_multipart(self, flags=0, copy=True):
+        if self._ready:
+            return self._ready.pop(0)
+        now = time.monotonic()
+        for item in self._held:
+            if item[0] <= now:
+                self._held.remove(item)
+                return item[1]
+        frames = self._sock.recv_multipart(flags, copy=copy)
+        self.seen += 1
+        if self.fault == "drop" and self.seen == self._drop_after:
+            self.injected += 1
+            raise zmq.Again()                       # this request is lost for good
+        if self.fault in ("reorder", "delay") and self._rng.random() < self.p:
+            self.injected += 1
+            self._held.append((now + (0.03 if self.fault == "reorder" else 0.1), frames))
+            raise zmq.Again()                       # later ones overtake it
+        if self.fault == "duplicate" and self._rng.random() < self.p:
+            self.injected += 1
+            self._ready.append(frames)
+        return frames
+
+    def send_multipart(self, frames, *args, **kwargs):
+        out = self._sock.send_multipart(frames, *args, **kwargs)
+        if self.fault == "duplicate-replies" and self._rng.random() < self.p:
+            self.injected += 1
+            self._sock.send_multipart(frames, *args, **kwargs)
+        return out
+
+
+def grad(rank, step):
+    return np.full(SHAPE, (rank + 1) * (step + 1), np.float32) + np.arange(SHAPE[0], dtype=np.float32) % 3
+
+
+def training(kv):
+    kv.init(["a", "b"], [np.zeros(SHAPE, np.float32), np.zeros(17, np.float32)])
+    seen = []
+    for step in range(STEPS):
+        kv.push(["a", "b"], [grad(kv.rank, step), np.full(17, step, np.float32)])
+        if step % 3 == 2:
+            kv.barrier()
+        out = np.empty(SHAPE, np.float32)
+        kv.pull("a", out=out)
+        seen.append(out)
+    return seen
+
+
+@pytest.mark.parametrize("fault", ["duplicate", "reorder", "delay", "duplicate-replies"])
+def test_faults_that_heal_give_exact_results(make_cluster, fault):
+    sockets = []
+
+    def wrap(sock):
+        sockets.append(FaultySocket(sock, fault, seed=len(sockets)))
+        return sockets[-1]
+
+    cluster = make_cluster(3, 2, chunk_bytes=4096, server_socket_wrapper=wrap)
+    for seen in cluster.run(training):
+        for step, out in enumerate(seen):
+            np.testing.assert_array_equal(out, sum(grad(r, step) for r in range(3)))
+    assert sum(s.injected for s in sockets) > 5, "the faults were not injected"
+    if fault == "duplicate":
+        assert sum(node.sequencer.duplicates for node in cluster.nodes) > 0
+
+
+def test_a_lost_message_ends_with_an_error_naming_the_server_not_a_wrong_result(make_cluster):
+    sockets = []
+
+    def wrap(sock):
+        sockets.append(FaultySocket(sock, "drop" if not sockets else "none"))
+        return sockets[-1]
+
+    cluster = make_cluster(2, 2, chunk_bytes=4096, server_socket_wrapper=wrap, timeout=3.0)
+    outcomes = []
+
+    def job(kv):
+        try:
+            seen = training(kv)
+        except (DeadlineError, NodeFailedError) as e:
+            outcomes.append(str(e))
+            return None
+        return seen
+
+    started = time.monotonic()
+    results = cluster.run(job)
+    assert time.monotonic() - started < 30
+    assert sockets[0].injected == 1
+    assert outcomes and any("server 0" in message for message in outcomes), outcomes
+    for seen in results:               # whatever completed was right
+        for step, out in enumerate(seen or []):
+            np.testing.assert_array_equal(out, sum(grad(r, step) for r in range(2)))
