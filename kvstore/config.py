@@ -32,6 +32,10 @@ class Config:
     max_message_bytes: int = 1 << 30
     secret: str | None = None
     secure: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 0.0
+    resume: bool = False
+    stall_warning: float = 60.0
     log_level: str = "INFO"
     exit_on_abort: bool = True   # not from the environment: in-process tests turn it off
 

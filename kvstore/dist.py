@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -58,6 +59,12 @@ class DistStore(KVStore):
             if self._rank == 0:
                 self._to_all_servers(ops.CONFIGURE, "configuring the servers",
                                      mode=self._mode, num_workers=self._num_workers)
+            self.resumed, self.resume_meta = False, {}
+            if config.resume:
+                self._fetch_resume_meta()
+            self._pulls = 0
+            self._next_checkpoint = (time.monotonic() + config.checkpoint_interval
+                                     if config.checkpoint_interval > 0 else None)
         except BaseException:
             self._release()
             raise
@@ -75,6 +82,38 @@ class DistStore(KVStore):
     @property
     def num_workers(self) -> int:
         return self._num_workers
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, meta: dict | None = None) -> None:
+        """Collective: every server writes its checkpoint (parameters, optimizer
+        state, and ``meta``, e.g. ``{"epoch": 3}``) to KVSTORE_CHECKPOINT_DIR once
+        every worker's pushes so far are applied. A job restarted with the same
+        command plus ``--resume`` starts from it; ``kv.resume_meta`` returns ``meta``."""
+        self._check_open("save_checkpoint")
+        self._client.flush("save_checkpoint")
+        self._collective("save_checkpoint")
+        if self._rank == 0:
+            self._to_all_servers(ops.CHECKPOINT, "save_checkpoint", meta=dict(meta or {}))
+        self._collective("save_checkpoint done")
+
+    def _maybe_checkpoint(self) -> None:
+        """Automatic checkpoints (KVSTORE_CHECKPOINT_INTERVAL), by rank 0 right after
+        a pull: its next push has not been sent, so no round after this pull's can
+        have completed on any server, and every server saves the same round."""
+        self._pulls += 1
+        if self._next_checkpoint is None or self._rank != 0 or time.monotonic() < self._next_checkpoint:
+            return
+        self._next_checkpoint = time.monotonic() + self._config.checkpoint_interval
+        self._to_all_servers(ops.CHECKPOINT, "automatic checkpoint", meta={"step": self._pulls})
+
+    def _fetch_resume_meta(self) -> None:
+        found = {}
+
+        def keep(header, values):
+            found.update(header)
+        rid, _ = self._client.request(0, ops.GET_META, "reading the checkpoint's metadata", on_reply=keep)
+        self._client.wait([rid], "reading the checkpoint's metadata")
+        self.resumed, self.resume_meta = bool(found.get("resumed")), dict(found.get("meta") or {})
 
     # -- collective plumbing ------------------------------------------------------------
     def _translate(self, fn, *args, **kwargs):
@@ -201,6 +240,7 @@ class DistStore(KVStore):
 
     def _do_pull(self, items) -> None:
         self._send_and_fill(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
+        self._maybe_checkpoint()
 
     def _do_pushpull(self, items) -> None:
         if self._mode == "async" and self._optimizer is None:
@@ -208,6 +248,7 @@ class DistStore(KVStore):
         self._send_and_fill(ops.PUSHPULL, f"pushpull of {_keys_text(i for i, _, _ in items)}",
                             [(info, merged) for info, merged, _ in items],
                             [(info, targets) for info, _, targets in items])
+        self._maybe_checkpoint()
 
     def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:
         config = optimizer.to_config()

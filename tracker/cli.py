@@ -47,10 +47,21 @@ def common_options(f):
         click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
                      help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
         click.option("--dry-run", is_flag=True, help="Print what would run where; start nothing."),
+        resume_option(),
     ]
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def resume_option():
+    """--resume: the servers start from their checkpoints (KVSTORE_RESUME=1 for every process)."""
+    def set_resume(ctx, param, value):
+        if value:
+            os.environ["KVSTORE_RESUME"] = "1"
+    return click.option("--resume", is_flag=True, expose_value=False, callback=set_resume,
+                        help="Resume the job from the servers' checkpoints in KVSTORE_CHECKPOINT_DIR "
+                             "(run the same command as before plus --resume).")
 
 
 def setup_logging() -> None:

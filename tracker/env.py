@@ -29,6 +29,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -108,6 +115,18 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_SECURE", (), False, _bool,
         "1: encrypt and authenticate all traffic with ZeroMQ CURVE (keys derived from "
         "KVSTORE_SECRET). Launchers turn it on when processes run on more than one host."),
+    Var("KVSTORE_CHECKPOINT_DIR", (), None, str,
+        "Directory (on each server's host) where servers write their checkpoints "
+        "(server-RANK.ckpt: parameters, optimizer state, metadata)."),
+    Var("KVSTORE_CHECKPOINT_INTERVAL", (), 0.0, _non_negative_float,
+        "Seconds between automatic server checkpoints (0: only when a worker calls "
+        "save_checkpoint()). Needs KVSTORE_CHECKPOINT_DIR."),
+    Var("KVSTORE_RESUME", (), False, _bool,
+        "1: servers start from their checkpoints in KVSTORE_CHECKPOINT_DIR (set by the "
+        "launchers' --resume)."),
+    Var("KVSTORE_STALL_WARNING", (), 60.0, _non_negative_float,
+        "Seconds a synchronous round may wait for missing workers before the server logs "
+        "which workers and which key it waits for (0: never)."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )

@@ -14,6 +14,7 @@ import sys
 import click
 
 from . import env
+from .cli import resume_option
 from .launcher import JobSpec, run_cli
 
 EXAMPLE = """\b
@@ -37,6 +38,7 @@ here and passed on to every process; see docs/configuration.md.
 @click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
 @click.option("--dry-run", is_flag=True, help="Print what would run, start nothing.")
+@resume_option()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_pairs, kill_grace, dry_run, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""

@@ -179,7 +179,7 @@ class Membership:
             self._ctl.disable_monitor()
             self._ctl_events.close(linger=0)
             self._ctl.close(linger=0)
-        if not self._hb_thread.is_alive():
+        if not self._hb_thread.is_alive() and not self._ctx.closed:
             self._ctx.term()
 
     # -- heartbeat thread ---------------------------------------------------------

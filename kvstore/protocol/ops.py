@@ -8,8 +8,11 @@ PUSHPULL = "pushpull"            # push, then reply with the values after the ro
 SET_OPTIMIZER = "set_optimizer"  # {optimizer: {name, params, lr_scheduler}}
 GET_STATES = "get_states"        # reply: optimizer state of every chunk
 SET_STATES = "set_states"        # optimizer state of some chunks
+CHECKPOINT = "checkpoint"        # {meta}: the server writes its checkpoint file
+GET_META = "get_meta"            # reply {meta, resumed}: what the restored checkpoint carried
 
-REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES})
+REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
+                      CHECKPOINT, GET_META})
 
 OK = "ok"          # reply: success (with buffers for pull, pushpull, get_states)
 ERROR = "error"    # reply: {kind, message}

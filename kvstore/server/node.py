@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import msgpack
 import zmq
@@ -11,8 +12,9 @@ import zmq
 from tracker.membership import Membership
 
 from ..config import Config
-from ..errors import ProtocolError
-from ..protocol import decode, encode, error_header
+from ..errors import InvalidArgumentError, ProtocolError
+from ..protocol import decode, encode, error_header, ops
+from . import checkpoint
 from .sequencer import Sequencer
 from .state import ServerState
 
@@ -62,9 +64,18 @@ class ServerNode:
             return 1
         self.state = ServerState(name=f"server {reg.rank}")
         self.sequencer = Sequencer(self.state.name)
+        self.rank = reg.rank
+        if self.config.resume and not self._restore():
+            return 1
         log.info("server %d (pid %d) serving on %s", reg.rank, os.getpid(), self.address)
+        next_stall_check = time.monotonic() + 1.0
         try:
             while True:
+                if self.config.stall_warning > 0 and time.monotonic() >= next_stall_check:
+                    next_stall_check = time.monotonic() + 1.0
+                    for line in self.state.stalled(time.monotonic(), self.config.stall_warning):
+                        log.warning("%s: %s (KVSTORE_STALL_WARNING=%gs)", self.state.name, line,
+                                    self.config.stall_warning)
                 if self.membership.aborted.is_set():
                     log.error("server %d stopping: %s", reg.rank, self.membership.abort_reason)
                     return 1
@@ -101,8 +112,40 @@ class ServerNode:
             for header, arrays in deliverable:
                 log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
                           header["id"], header["src"])
+                if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
+                    self._send(peer, *self._checkpoint(header), [])
+                    continue
                 for reply in self.state.handle(peer, header, arrays):
                     self._send(reply.peer, reply.header, reply.arrays)
+
+    def _checkpoint(self, header: dict) -> tuple[dict]:
+        """Write this server's checkpoint; the reply header (ok or error)."""
+        meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+        path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
+        try:
+            checkpoint.save(path, self.state.snapshot(meta))
+        except OSError as e:
+            log.error("%s: could not write the checkpoint %s: %s", self.state.name, path, e)
+            return (error_header(header["id"], "CheckpointError", f"{self.state.name}: {e}"),)
+        log.info("%s: checkpoint written to %s", self.state.name, path)
+        return ({"op": ops.OK, "id": header["id"], "path": path},)
+
+    def _restore(self) -> bool:
+        """Load this server's checkpoint (KVSTORE_RESUME); on failure abort the job."""
+        if not self.config.checkpoint_dir:
+            reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
+        else:
+            path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
+            try:
+                self.state.restore(checkpoint.load(path))
+                log.info("%s: resumed from %s (%d chunks)", self.state.name, path, len(self.state.chunks))
+                return True
+            except InvalidArgumentError as e:
+                reason = str(e)
+        log.error("%s: %s", self.state.name, reason)
+        self.membership.fail(f"{self.state.name} cannot resume: {reason}")
+        self._close()
+        return False
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         try:

@@ -92,6 +92,11 @@ class ServerState:
         self.num_workers: int | None = None
         self.chunks: dict[tuple, _Chunk] = {}
         self.updater = None
+        self.meta: dict = {}               # carried by the checkpoint this state came from
+        self.resumed = False
+        self._restored: set = set()        # chunk ids restored and not yet re-initialised
+        self._restored_optimizer = None    # the checkpoint's optimizer config
+        self._round_seen: dict = {}        # (chunk id, id(round)) -> (first seen, reported, round)
 
     # -- entry point -----------------------------------------------------------
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
@@ -171,11 +176,16 @@ class ServerState:
 
     def _on_init(self, peer, header, arrays):
         ids = self._chunk_ids(header, arrays)
-        for cid in ids:
-            if cid in self.chunks:
+        for cid, a in zip(ids, arrays):
+            if cid in self._restored:     # resumed: the checkpoint's value wins over init's
+                self._existing([cid], [a])
+            elif cid in self.chunks:
                 raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
         for cid, a in zip(ids, arrays):
-            self.chunks[cid] = _Chunk(np.array(a, copy=True).reshape(-1))
+            if cid in self._restored:
+                self._restored.discard(cid)
+            else:
+                self.chunks[cid] = _Chunk(np.array(a, copy=True).reshape(-1))
         return [self._ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays, want_values=False):
@@ -293,8 +303,76 @@ class ServerState:
             opt = _optimizer.from_config(header["optimizer"])
         except ConfigError as e:
             raise ConfigError(f"set_optimizer: {e}") from None
-        self.updater = _optimizer.Updater(opt)
+        if self._restored_optimizer is not None and opt.to_config() == self._restored_optimizer:
+            self._restored_optimizer = None   # resumed: keep the checkpoint's optimizer state
+        else:
+            self._restored_optimizer = None
+            self.updater = _optimizer.Updater(opt)
         return [self._ok(peer, header["id"])]
+
+    def _on_get_meta(self, peer, header, arrays):
+        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed)]
+
+    def _on_checkpoint(self, peer, header, arrays):
+        raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
+                                   "directory): set KVSTORE_CHECKPOINT_DIR for the job")
+
+    # -- checkpoints -------------------------------------------------------------------
+    def snapshot(self, meta: dict) -> dict:
+        """Everything acknowledged so far: values after their last applied round,
+        the optimizer and its state. Pushes of an incomplete round (not yet
+        acknowledged to anyone) are not included."""
+        states = self.updater.get_states() if self.updater is not None else {}
+        chunks = []
+        for cid, chunk in self.chunks.items():
+            entry = states.get(cid)
+            chunks.append([cid[0], cid[1], chunk.value.dtype.str, chunk.value.tobytes(),
+                           None if entry is None else int(entry["t"]),
+                           [] if entry is None else [np.asarray(x).tobytes() for x in entry["state"]]])
+        return {"server": self.name, "mode": self.mode, "num_workers": self.num_workers,
+                "optimizer": None if self.updater is None else self.updater.optimizer.to_config(),
+                "meta": dict(meta), "chunks": chunks}
+
+    def restore(self, snap: dict) -> None:
+        """Start from a checkpoint: the next init of a restored chunk keeps the
+        restored value, and a set_optimizer with the same optimizer keeps its state."""
+        self.mode, self.num_workers = snap["mode"], snap["num_workers"]
+        self.chunks, states = {}, {}
+        if snap["optimizer"] is not None:
+            self.updater = _optimizer.Updater(_optimizer.from_config(snap["optimizer"]))
+            self._restored_optimizer = self.updater.optimizer.to_config()
+        for key, index, dtype, data, t, state in snap["chunks"]:
+            value = np.frombuffer(data, dtype=np.dtype(dtype)).copy()
+            self.chunks[(key, index)] = _Chunk(value)
+            if t is not None and self.updater is not None:
+                states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=value.dtype).copy()
+                                                          for b in state]}
+        if states:
+            self.updater.set_states(states)
+        self._restored = set(self.chunks)
+        self.meta, self.resumed = dict(snap.get("meta") or {}), True
+
+    # -- stall inspector ------------------------------------------------------------------
+    def stalled(self, now: float, after: float) -> list[str]:
+        """Rounds waiting longer than ``after`` seconds for some workers (each
+        reported once), as readable lines naming the key and the missing workers.
+        ``now`` comes from the caller's clock; a round's age counts from the first
+        call that saw it."""
+        seen, lines = {}, []
+        for cid, chunk in self.chunks.items():
+            for rnd in chunk.rounds:
+                first, reported, known = self._round_seen.get((cid, id(rnd)), (now, False, rnd))
+                if known is not rnd:      # an id reused by a newer round
+                    first, reported = now, False
+                if not reported and now - first >= after:
+                    missing = sorted(set(range(self.num_workers)) - rnd.workers)
+                    lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for worker(s) "
+                                 f"{', '.join(map(str, missing))} to push (worker(s) "
+                                 f"{', '.join(map(str, sorted(rnd.workers)))} did)")
+                    reported = True
+                seen[(cid, id(rnd))] = (first, reported, rnd)
+        self._round_seen = seen
+        return lines
 
     def _on_get_states(self, peer, header, arrays):
         if self.updater is None:

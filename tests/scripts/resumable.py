@@ -1,0 +1,50 @@
+"""A training loop that checkpoints the servers after step 3; with CRASH=1 and not
+resumed, rank 0 kills server 1 after step 5. Prints a digest of the final weights.
+
+    python resumable.py      (KVSTORE_CHECKPOINT_DIR must be set)
+"""
+
+import hashlib
+import os
+import signal
+
+import numpy as np
+
+import kvstore
+from kvstore import optimizer as opt
+
+STEPS = 8
+
+
+def server_pid(rank: int) -> int:
+    """The pid of this job's server `rank` (same scheduler port), from /proc."""
+    port = os.environ["KVSTORE_SCHEDULER_PORT"].encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        if env.get(b"KVSTORE_ROLE") == b"server" and env.get(b"KVSTORE_RANK") == str(rank).encode() \
+                and env.get(b"KVSTORE_SCHEDULER_PORT") == port:
+            return int(pid)
+    raise RuntimeError(f"server {rank} not found")
+
+
+kv = kvstore.create("dist_sync")
+start = kv.resume_meta.get("step", 0)
+print(f"resumed={kv.resumed} start={start}", flush=True)
+kv.init(["w", "b"], [np.zeros(5000, np.float32), np.zeros(7, np.float32)])   # ignored when resumed
+kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
+w = np.empty(5000, np.float32)
+for step in range(start, STEPS):
+    g = np.sin(np.arange(5000, dtype=np.float32) * (kv.rank + 1) + step).astype(np.float32)
+    kv.push(["w", "b"], [g, np.full(7, step, np.float32)])
+    kv.pull("w", out=w)
+    if step == 3:
+        kv.save_checkpoint({"step": 4})
+    print(f"step {step} done", flush=True)
+    if step == 5 and kv.rank == 0 and os.environ.get("CRASH") and not kv.resumed:
+        os.kill(server_pid(1), signal.SIGKILL)
+kv.pull("w", out=w)
+print("digest", hashlib.sha256(w.tobytes()).hexdigest(), flush=True)
+kv.close()
