@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 import time
 
 import torch
@@ -25,6 +23,7 @@ import torch.nn.functional as F
 import kvstore
 import kvstore.torch as kvtorch
 from kvstore import optimizer as kvopt
+from kvstore.fileio import atomic_write
 
 log = logging.getLogger("fit")
 
@@ -63,16 +62,8 @@ def make_optimizer(args, batches_per_epoch: int) -> kvopt.Optimizer:
 
 
 def _atomic_save(obj, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(path) as f:
+        torch.save(obj, f)
 
 
 def checkpoint_paths(prefix: str, epoch: int) -> tuple[str, str]:
@@ -94,7 +85,7 @@ class Speedometer:
             self.tic = time.time()
 
 
-def fit(args, model: torch.nn.Module, train_batches, val_batches, batches_per_epoch: int):
+def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samples: int):
     """Train ``model``. ``train_batches(epoch, rank, num_workers)`` yields (x, y) of
     this worker's shard, the same number on every worker; ``val_batches()`` yields
     the validation set. Returns the last validation accuracy."""
@@ -111,7 +102,8 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, batches_per_ep
         model.load_state_dict(torch.load(params_path, map_location=device, weights_only=True))
         begin = args.load_epoch
         log.info("resumed from %s", params_path)
-    trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, batches_per_epoch))
+    steps_per_epoch = batches_per_epoch(num_train_samples, args.batch_size, kv.num_workers)
+    trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, steps_per_epoch))
     if args.load_epoch is not None:
         if kv.rank == 0:  # the servers' optimizer state, as saved at the end of that epoch
             trainer.load_states(checkpoint_paths(args.model_prefix, args.load_epoch)[1])

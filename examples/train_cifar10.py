@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cifar10 import augment, load_cifar10, preprocess, synthetic  # noqa: E402
-from common import add_fit_args, batches_per_epoch, fit, setup_logging  # noqa: E402
+from common import add_fit_args, fit, setup_logging  # noqa: E402
 from datasets import shard_batches  # noqa: E402
 from models import get_network  # noqa: E402
 
@@ -62,11 +62,7 @@ def main(argv=None):
             yield preprocess(val_x[start:start + 500]), val_y[start:start + 500]
 
     model = get_network(args.network, 10, args.num_layers, image_shape=(3, 32, 32))
-    workers = int(os.environ.get("KVSTORE_NUM_WORKERS", os.environ.get("DMLC_NUM_WORKER", "1")))
-    if "dist" not in args.kvstore:
-        workers = 1
-    return fit(args, model, train_batches, val_batches,
-               batches_per_epoch(len(train_x), args.batch_size, workers))
+    return fit(args, model, train_batches, val_batches, len(train_x))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import add_fit_args, batches_per_epoch, fit, setup_logging  # noqa: E402
+from common import add_fit_args, fit, setup_logging  # noqa: E402
 from datasets import FASHION_MNIST_DIR, load_mnist, shard_batches  # noqa: E402
 from models import get_network  # noqa: E402
 
@@ -46,11 +46,7 @@ def main(argv=None):
             yield val_x[start:start + 1000], val_y[start:start + 1000]
 
     model = get_network(args.network, 10, args.num_layers, image_shape=(1, 28, 28))
-    workers = int(os.environ.get("KVSTORE_NUM_WORKERS", os.environ.get("DMLC_NUM_WORKER", "1")))
-    if "dist" not in args.kvstore:
-        workers = 1
-    return fit(args, model, train_batches, val_batches,
-               batches_per_epoch(len(train_x), args.batch_size, workers))
+    return fit(args, model, train_batches, val_batches, len(train_x))
 
 
 if __name__ == "__main__":

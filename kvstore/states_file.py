@@ -13,13 +13,11 @@ format, so states saved by a ``dist_sync`` job load into a ``local`` store.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import msgpack
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .fileio import atomic_write
 from .protocol.codec import ALLOWED_DTYPES
 
 FORMAT = "kvstore.optimizer_states"
@@ -35,18 +33,8 @@ def dump(path: str, optimizer: dict | None, states: dict) -> None:
                      for a in entry["state"]]]
                    for key, entry in states.items()],
     }
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".optstates-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            msgpack.pack(body, f, use_bin_type=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        msgpack.pack(body, f, use_bin_type=True)
 
 
 def load(path: str) -> tuple[dict | None, dict]:

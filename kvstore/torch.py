@@ -28,8 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 
 import torch
@@ -37,6 +35,7 @@ import torch
 from . import optimizer as kvopt
 from .base import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
+from .fileio import atomic_write
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -182,17 +181,8 @@ class Trainer:
         if self.update_on_kvstore:
             self.kv.save_optimizer_states(path, dump_optimizer=True)
             return
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".trainer-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(self.torch_optimizer.state_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_write(path) as f:
+            torch.save(self.torch_optimizer.state_dict(), f)
 
     def load_states(self, path: str) -> None:
         """Restore what :meth:`save_states` wrote."""

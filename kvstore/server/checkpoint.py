@@ -11,11 +11,11 @@ Layout (msgpack, no pickle)::
 from __future__ import annotations
 
 import os
-import tempfile
 
 import msgpack
 
 from ..errors import InvalidArgumentError
+from ..fileio import atomic_write
 
 FORMAT = "kvstore.server_checkpoint"
 VERSION = 1
@@ -28,19 +28,8 @@ def path_for(directory: str, rank: int) -> str:
 def save(path: str, snapshot: dict) -> None:
     """Write ``snapshot`` (from ServerState.snapshot) to ``path``: temporary file,
     fsync, rename; a crash leaves the previous checkpoint intact."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".server-ckpt-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            msgpack.pack({"format": FORMAT, "version": VERSION, **snapshot}, f, use_bin_type=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        msgpack.pack({"format": FORMAT, "version": VERSION, **snapshot}, f, use_bin_type=True)
 
 
 def load(path: str) -> dict:
