@@ -5,13 +5,12 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 import uuid
 
 import pytest
+
+from services import FAST_FAILURE, Proc, tagged
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,80 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
 
-class Proc:
-    """A subprocess whose output lines are collected so tests can wait on them."""
-
-    def __init__(self, argv, env=None, tag=None):
-        self.tag = tag or uuid.uuid4().hex
-        full_env = {**os.environ, "KVSTORE_TEST_TAG": self.tag, "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": ROOT, **(env or {})}
-        self.popen = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.popen.stdout:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for(self, pattern, count=1, timeout=60):
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while sum(bool(regex.search(line)) for line in self.lines) < count:
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"{pattern!r} x{count} not seen; output:\n{self.text}")
-                self._cond.wait(min(left, 0.5))
-
-    def wait(self, timeout=60):
-        try:
-            code = self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            raise AssertionError(f"did not exit within {timeout}s; output:\n{self.text}")
-        self._reader.join(5)
-        return code
-
-    @property
-    def text(self):
-        return "\n".join(self.lines)
-
-
 def launch(*args, env=None):
     return Proc([sys.executable, "-m", "tracker.local", *args], env=env)
 
 
-def leftovers(tag):
-    """Processes (other than us) whose environment carries this test's tag."""
-    found = []
-    needle = f"KVSTORE_TEST_TAG={tag}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{pid}/stat") as s:
-                        if s.read().split()[2] != "Z":
-                            found.append(int(pid))
-        except OSError:
-            continue
-    return found
+leftovers = tagged
 
 
 def assert_no_leftovers(proc):
     assert leftovers(proc.tag) == [], f"processes left behind; output:\n{proc.text}"
-
-
-FAST_FAILURE = {"KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "2",
-                "KVSTORE_ABORT_GRACE": "2"}
 
 
 @pytest.mark.parametrize("workers, servers, keys", [
