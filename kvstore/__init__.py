@@ -24,11 +24,12 @@ from .errors import (ArgumentTypeError, ConfigError, DeadlineError, InvalidArgum
 
 __version__ = "0.1.0"
 
-STORE_TYPES = ("local", "dist_sync", "dist_async")
+STORE_TYPES = ("local", "dist_sync", "dist_async", "device", "dist_device_sync")
 
 
 def create(name: str = "local", *, config: Config | None = None) -> KVStore:
-    """Create a store: ``"local"``, ``"dist_sync"`` or ``"dist_async"``.
+    """Create a store: ``"local"``, ``"dist_sync"``, ``"dist_async"``, or the GPU-aggregating
+    ``"device"`` and ``"dist_device_sync"`` (docs/gpu.md; CPU without a GPU).
 
     Distributed stores read their settings from the environment a launcher sets
     (``config`` overrides it, e.g. in tests). As in MXNet, a process whose role
@@ -44,9 +45,15 @@ def create(name: str = "local", *, config: Config | None = None) -> KVStore:
     if name == "local":
         from .local import LocalStore
         return LocalStore(name)
+    if name == "device":
+        from .device import DeviceStore
+        return DeviceStore(name)
     config = config if config is not None else Config.from_env(os.environ)
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
+    if name == "dist_device_sync":
+        from .device import DistDeviceStore
+        return DistDeviceStore(name, config)
     from .dist import DistStore
     return DistStore(name, config)
 

@@ -1,24 +1,34 @@
-"""Accept numpy arrays, torch tensors and cupy arrays; hand numpy to the rest.
+"""Accept numpy arrays, torch tensors (CPU or CUDA) and cupy arrays; hand numpy
+(or, for the GPU stores, cupy) to the rest.
 
-torch and cupy are optional and never imported here: a value is recognised by
-the module its type comes from, so importing kvstore stays cheap.
+torch and cupy are optional and never imported here until a caller hands us one
+of their arrays: a value is recognised by the module its type comes from, so
+importing kvstore stays cheap and needs no GPU.
+
+GPU values are exchanged without copies: a torch CUDA tensor is viewed as a cupy
+array through DLPack (:func:`as_cupy`). Copies to the host go through pinned
+(page-locked) memory, and a cupy result is written into CUDA tensors and cupy
+arrays on the GPU, device to device (:func:`write`).
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from . import gpu
 from .errors import ArgumentTypeError
 
 
 def _family(value) -> str | None:
-    if isinstance(value, np.ndarray):
-        return "numpy"
     root = type(value).__module__.split(".")[0]
-    if root == "torch" and hasattr(value, "detach"):
-        return "torch"
     if root == "cupy" and hasattr(value, "get"):
         return "cupy"
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    if root == "torch" and hasattr(value, "detach"):
+        return "torch"
     return None
 
 
@@ -26,18 +36,77 @@ def is_array(value) -> bool:
     return _family(value) is not None
 
 
+def is_torch(value) -> bool:
+    """True for torch tensors (CPU or CUDA)."""
+    return _family(value) == "torch"
+
+
+def is_gpu(value) -> bool:
+    """True for cupy arrays and torch CUDA tensors."""
+    family = _family(value)
+    return family == "cupy" or (family == "torch" and value.device.type == "cuda")
+
+
+def device_of(value) -> int | None:
+    """The CUDA device ordinal of a GPU value, None for host values."""
+    family = _family(value)
+    if family == "cupy":
+        return int(value.device.id)
+    if family == "torch" and value.device.type == "cuda":
+        index = value.device.index
+        return int(index) if index is not None else int(sys.modules["torch"].cuda.current_device())
+    return None
+
+
+def _plain_tensor(value):
+    """``value`` detached, without lazy conjugate/negative bits (DLPack and numpy refuse them)."""
+    return value.detach().resolve_conj().resolve_neg()
+
+
+def as_cupy(value, what: str = "value"):
+    """A cupy view of a GPU value: a cupy array as it is, a torch CUDA tensor through
+    DLPack (same memory, no copy; cupy's stream waits for torch's pending work).
+    Raises ArgumentTypeError for host values, RuntimeError when no GPU is usable."""
+    family = _family(value)
+    if family == "cupy":
+        return value
+    if family == "torch" and value.device.type == "cuda":
+        cupy = gpu.cupy_module()
+        with cupy.cuda.Device(device_of(value)):
+            return cupy.from_dlpack(_plain_tensor(value))
+    raise ArgumentTypeError(f"{what}: expected a cupy array or a torch CUDA tensor, "
+                            f"got {type(value).__name__} on the host")
+
+
+def pinned_host(size: int, dtype, like=None) -> np.ndarray:
+    """A flat host buffer; page-locked when ``like`` is a GPU value (fast, DMA copies)."""
+    dtype = np.dtype(dtype)
+    if like is None or not is_gpu(like) or size == 0:
+        return np.empty(size, dtype)
+    if _family(like) == "torch" and not gpu.available():
+        import torch  # the caller handed us a tensor: torch is imported already
+        return torch.empty(size, dtype=like.dtype, pin_memory=True).numpy()
+    return gpu.pinned_empty(size, dtype)
+
+
 def to_numpy(value, what: str) -> np.ndarray:
-    """A numpy view of ``value`` where possible (torch CPU, numpy), else a host copy."""
+    """A numpy view of ``value`` where possible (torch CPU, numpy), else a host copy
+    (through pinned memory for GPU values; the caller owns it)."""
     family = _family(value)
     if family == "numpy":
         return value
     if family == "torch":
-        t = value.detach()
+        t = _plain_tensor(value)
+        if t.device.type == "cuda":
+            import torch
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)  # torch's pinned pool
+            host.copy_(t)      # blocking: done when copy_ returns
+            return host.numpy()
         if t.device.type != "cpu":
             t = t.cpu()
-        return t.resolve_conj().resolve_neg().numpy()
+        return t.numpy()
     if family == "cupy":
-        return value.get()
+        return gpu.to_host(value) if gpu.available() else value.get()
     raise ArgumentTypeError(f"{what}: expected a numpy array, torch tensor or cupy array, "
                             f"got {type(value).__name__}")
 
@@ -46,7 +115,8 @@ def flat_target(out, what: str) -> tuple[np.ndarray, bool]:
     """A writable, flat numpy array whose contents can be written into ``out``.
 
     Returns ``(buffer, direct)``: when ``direct`` the buffer *is* out's memory
-    (nothing more to do); otherwise call :func:`write` afterwards."""
+    (nothing more to do); otherwise call :func:`write` afterwards. For a GPU
+    ``out`` the buffer is pinned host memory (nothing is copied from ``out``)."""
     family = _family(out)
     if family == "numpy":
         if out.flags.c_contiguous and out.flags.writeable:
@@ -56,20 +126,53 @@ def flat_target(out, what: str) -> tuple[np.ndarray, bool]:
         return np.empty(out.size, out.dtype), False
     if family == "torch" and out.device.type == "cpu" and out.is_contiguous():
         return out.detach().numpy().reshape(-1), True
-    view = to_numpy(out, what)
-    return np.empty(view.size, view.dtype), False
+    shape, dtype = shape_dtype(out, what)
+    return pinned_host(int(np.prod(shape, dtype=np.int64)), dtype, like=out), False
 
 
-def write(out, src: np.ndarray) -> None:
-    """Copy ``src`` (same number of elements) into ``out`` of any supported family."""
+def write(out, src) -> None:
+    """Copy ``src`` (a numpy or cupy array with out's number of elements) into
+    ``out`` of any supported family. GPU to GPU stays on the GPUs (a peer copy
+    between devices); GPU to host lands directly in a contiguous numpy ``out``."""
     family = _family(out)
+    src_on_gpu = _family(src) == "cupy"
     if family == "numpy":
-        np.copyto(out, src.reshape(out.shape))
+        if not out.flags.writeable:
+            raise ArgumentTypeError("the output array is read-only")
+        if not src_on_gpu:
+            np.copyto(out, src.reshape(out.shape))
+        elif out.flags.c_contiguous:
+            gpu.to_host(src.reshape(out.shape), out=out)
+        else:
+            np.copyto(out, gpu.to_host(src).reshape(out.shape))
     elif family == "torch":
         import torch  # already imported by the caller, who handed us a tensor
-        out.detach().copy_(torch.from_numpy(np.ascontiguousarray(src).reshape(tuple(out.shape))))
+        dst = out.detach()
+        if src_on_gpu and dst.device.type == "cpu":
+            if dst.is_contiguous():
+                gpu.to_host(src.reshape(tuple(out.shape)), out=dst.numpy())   # straight into out
+            else:
+                dst.copy_(torch.from_numpy(gpu.to_host(src).reshape(tuple(out.shape))))
+        elif src_on_gpu:
+            import cupy
+            with src.device:
+                source = cupy.ascontiguousarray(src).reshape(tuple(out.shape))
+                # torch's stream waits for cupy's work on ``source`` (DLPack stream handshake)
+                dst.copy_(torch.from_dlpack(source))
+            gpu.join_streams(int(src.device.id))   # cupy must not reuse ``source`` too early
+        else:
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(src).reshape(tuple(out.shape))))
     elif family == "cupy":
-        out.set(np.ascontiguousarray(src).reshape(out.shape))
+        import cupy
+        with out.device:
+            if src_on_gpu and src.device.id != out.device.id:
+                gpu.copy_between_devices(out, src.reshape(out.shape))   # a peer copy
+            elif src_on_gpu:
+                cupy.copyto(out, src.reshape(out.shape))
+            elif out.flags.c_contiguous:
+                out.set(np.ascontiguousarray(src).reshape(out.shape))
+            else:
+                out[...] = cupy.asarray(np.ascontiguousarray(src).reshape(out.shape))
     else:
         raise ArgumentTypeError(f"cannot write into a {type(out).__name__}")
 

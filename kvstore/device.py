@@ -1,0 +1,209 @@
+"""The GPU stores: ``device`` and ``dist_device_sync`` (MXNet's names).
+
+A list of values pushed for one key (one per GPU: torch CUDA tensors or cupy
+arrays) is summed on a GPU, on the device of the first GPU value, without a
+trip through the host: torch tensors are viewed as cupy arrays through DLPack,
+values on other GPUs arrive by peer copy. Then:
+
+- ``device`` keeps every key on one GPU (the current CuPy device when the store
+  was created), applies the optimizer there, and a pull copies the value to every
+  listed output, device to device.
+- ``dist_device_sync`` copies the GPU sum once to pinned host memory and sends it
+  to the servers as ``dist_sync`` does; a pull lands in pinned memory and is
+  copied to every listed device.
+
+Without a usable GPU (see :mod:`kvstore.gpu`) both behave exactly like ``local``
+and ``dist_sync`` on the CPU, and the first store of each type logs one INFO
+line: ``no GPU found: the 'device' store aggregates on the CPU (<reason>)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arrays, gpu
+from . import optimizer as _optimizer
+from .base import KeyInfo
+from .dist import DistStore
+from .local import LocalStore
+
+
+def gpu_sum(vals: list, dtype, what: str, torch_devices: set | None = None):
+    """The sum of ``vals`` as a flat cupy array on the device of the first GPU value
+    (a view of that value when it is the only one), or None when no value is on a GPU.
+
+    Host values in the list are uploaded. The devices of torch inputs are added to
+    ``torch_devices``: the caller joins torch's and cupy's streams there once the
+    result has been used (:func:`kvstore.gpu.join_streams`)."""
+    device = next((arrays.device_of(v) for v in vals if arrays.is_gpu(v)), None)
+    if device is None:
+        return None
+    cupy = gpu.cupy_module()
+    with cupy.cuda.Device(device):
+        terms = [_flat_on(v, device, dtype, what, torch_devices) for v in vals]
+        if len(terms) == 1:
+            return terms[0]
+        total = cupy.add(terms[0], terms[1])      # a new array: callers' values stay intact
+        for term in terms[2:]:
+            total += term
+        return total
+
+
+def _flat_on(value, device: int, dtype, what: str, torch_devices: set | None):
+    """``value`` as a flat cupy array on ``device``: a view when it already is one there."""
+    import cupy
+    if not arrays.is_gpu(value):
+        host = np.ascontiguousarray(arrays.to_numpy(value, what), dtype=dtype).reshape(-1)
+        return cupy.asarray(host)
+    if torch_devices is not None and arrays.is_torch(value):
+        torch_devices.add(arrays.device_of(value))
+    view = arrays.as_cupy(value, what)
+    if int(view.device.id) == device:
+        return view.reshape(-1)                  # a copy only if the value is not contiguous
+    with view.device:
+        contiguous = cupy.ascontiguousarray(view)
+    local = cupy.empty(contiguous.shape, contiguous.dtype)
+    gpu.copy_between_devices(local, contiguous)
+    return local.reshape(-1)
+
+
+class DeviceStore(LocalStore):
+    """In-process store that aggregates on a GPU (``kvstore.create("device")``).
+
+    Same semantics as ``local``. Values live on the GPU that was CuPy's current
+    device when the store was created (:attr:`device_id`), and the optimizer runs
+    there. A custom updater (``_set_updater``) receives cupy arrays. With gradient
+    compression on, values are compressed and summed on the host (the compressor
+    is numpy), then uploaded. Without a usable GPU: exactly ``local``.
+
+    Example (two GPUs)::
+
+        kv = kvstore.create("device")
+        kv.init(0, torch.zeros(3))
+        kv.push(0, [torch.ones(3, device="cuda:0"), torch.ones(3, device="cuda:1")])
+        outs = [torch.empty(3, device="cuda:0"), torch.empty(3, device="cuda:1")]
+        kv.pull(0, out=outs)                         # both hold [2, 2, 2]
+    """
+
+    def __init__(self, name: str = "device"):
+        super().__init__(name)
+        self._gpu = gpu.available()
+        self._home: int | None = None
+        self._torch_devices: set[int] = set()   # devices whose torch stream to join after a push
+        if self._gpu:
+            import cupy
+            self._home = int(cupy.cuda.Device().id)
+        else:
+            gpu.log_cpu_fallback(name)
+
+    @property
+    def device_id(self) -> int | None:
+        """The GPU holding the values; None when the store works on the CPU."""
+        return self._home
+
+    def _on_home(self):
+        import cupy
+        return cupy.cuda.Device(self._home)
+
+    def _merged(self, info: KeyInfo, vals: list, what: str):
+        if not self._gpu or self._compressor is not None:
+            return super()._merged(info, vals, what)
+        total = gpu_sum(vals, info.dtype, what, self._torch_devices)
+        return total if total is not None else super()._merged(info, vals, what)
+
+    def _do_init(self, items) -> None:
+        if not self._gpu:
+            return super()._do_init(items)
+        for key, shape, dtype, value in items:
+            self._keys[key] = KeyInfo(key, shape, dtype)
+            self._store[key] = gpu.to_device(np.ascontiguousarray(value, dtype=dtype), self._home)
+
+    def _apply(self, info: KeyInfo, merged) -> None:
+        if not self._gpu:
+            return super()._apply(info, merged)
+        import cupy
+        stored = self._store[info.key]
+        with self._on_home():
+            if isinstance(merged, np.ndarray):
+                merged = cupy.asarray(merged)
+            elif int(merged.device.id) != self._home:
+                moved = cupy.empty(merged.shape, merged.dtype)
+                gpu.copy_between_devices(moved, merged)
+                merged = moved
+            if self._updater is None:
+                cupy.copyto(stored, merged.reshape(info.shape))
+            else:
+                self._updater(info.key, merged.reshape(info.shape), stored)
+
+    def _do_push(self, items, wait_sent: bool = True) -> None:
+        try:
+            super()._do_push(items, wait_sent)
+        finally:
+            # merged sums may be views of the callers' tensors: torch must not
+            # overwrite them before cupy's kernels that read them have run
+            devices, self._torch_devices = self._torch_devices, set()
+            for d in devices:
+                gpu.join_streams(d)
+
+    def _do_pull(self, items) -> None:
+        if not self._gpu:
+            return super()._do_pull(items)
+        for info, targets in items:
+            stored = self._store[info.key]
+            for t in targets:
+                arrays.write(t, stored)     # device to device (peer copies), or to the host
+
+    def _get_states(self) -> dict:
+        if not self._gpu:
+            return super()._get_states()
+        if not isinstance(self._updater, _optimizer.Updater):
+            return {}
+        what = "save_optimizer_states"
+        return {key: {"t": entry["t"], "state": [np.array(arrays.to_numpy(s, what)) for s in entry["state"]]}
+                for key, entry in self._updater.get_states().items()}
+
+    def _set_states(self, states: dict) -> None:
+        if not self._gpu:
+            return super()._set_states(states)
+        with self._on_home():      # restored states are uploaded to the values' GPU
+            super()._set_states(states)
+
+
+class DistDeviceStore(DistStore):
+    """``dist_sync`` with GPU-side aggregation (``kvstore.create("dist_device_sync")``).
+
+    Each worker sums its per-device list on the GPU, copies the sum once to pinned
+    host memory and pushes it; a pull is received into pinned memory and copied
+    to every listed device. Without a usable GPU: exactly ``dist_sync``.
+    """
+
+    def __init__(self, name: str, config):
+        super().__init__(name, config)
+        self._gpu = gpu.available()
+        if not self._gpu:
+            gpu.log_cpu_fallback(name)
+
+    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
+        if self._gpu:
+            total = gpu_sum(vals, info.dtype, what)
+            if total is not None:
+                # blocking D2H copy into a pinned buffer that the message then owns;
+                # once it returns, cupy has read every caller's tensor
+                return gpu.to_host(total).reshape(-1)
+        return super()._merged(info, vals, what)
+
+    def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
+        if not self._gpu:
+            return super()._send_and_fill(op, what, sources, targets)
+        staged, gpu_outs = [], []
+        for info, outs in targets:
+            if any(arrays.is_gpu(o) for o in outs):
+                host = gpu.pinned_empty(info.size, info.dtype)   # the reply lands here directly
+                staged.append((info, [host]))
+                gpu_outs.append((host, outs))
+            else:
+                staged.append((info, outs))
+        super()._send_and_fill(op, what, sources, staged)
+        for host, outs in gpu_outs:
+            for out in outs:
+                arrays.write(out, host)     # pinned -> each device (or host output)
