@@ -23,9 +23,7 @@ other message must be rejected.
 At the end of each test the real workers pull every key, run a sync round and
 pass a barrier; the module teardown checks that the job then finishes cleanly.
 
-Known bugs have their own ``xfail(strict=True)`` tests below; the random tests
-avoid exactly those inputs (see ``_known_bug``) so that they keep
-checking everything else.
+Bugs this fuzzing found have regression tests below (they were xfail until fixed).
 
 With atheris installed, ``test_atheris_decode_and_state`` runs a bounded
 coverage-guided fuzz of ``decode`` + ``ServerState.handle`` (pure, no sockets) in
@@ -278,19 +276,6 @@ def _chunk_ids(header):
     return ids if len(set(ids)) == len(ids) else None
 
 
-def _known_bug(frames) -> bool:
-    """True for inputs that hit a known bug, while it exists:
-    decode() raising numpy's ValueError (test_zero_sized_buffer_with_huge_dims_is_rejected),
-    an 'error' message without an id (test_error_op_without_id_is_rejected)."""
-    try:
-        header, _ = decode(frames, MAX_MSG)
-    except ValueError:
-        return True
-    except ProtocolError:
-        return False
-    return "id" not in header
-
-
 class Expect:
     """What a message must get: ``send`` False means it is a valid state-changing
     request (not sent); ``ops`` the acceptable reply ops; ``values`` for a pull."""
@@ -373,23 +358,19 @@ def _expect(frames, meta: dict) -> Expect:
 
 
 def _expected_id(frames):
-    """Spec §6: the request's id when the header is a map with an integer id, else null.
-    Returns (expected, tolerated): ``tolerated`` is the bool id the server echoes
-    today (BUG, see test_error_reply_to_a_bool_id_carries_null)."""
+    """Spec §6: the request's id when the header is a map with an integer id, else null."""
     try:
         header = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
     except Exception:  # not msgpack at all
-        return None, None
+        return None
     rid = header.get("id") if isinstance(header, dict) else None
-    if _is_int(rid):
-        return rid, rid
-    return None, rid if isinstance(rid, bool) else None
+    return rid if _is_int(rid) else None
 
 
 def _exchange(live: Live, caplog, server: int, frames, what: str):
     """Send one fuzz message to ``server`` and check everything the module promises."""
     exp = _expect(frames, live.meta[server])
-    if not exp.send or _known_bug(frames):
+    if not exp.send:
         return False
     sock = live.socks[server]
     logged = _warnings(caplog, "kvstore.server.node")
@@ -397,14 +378,10 @@ def _exchange(live: Live, caplog, server: int, frames, what: str):
     reply = _wait_reply(sock)
     context = f" after {what}: {_show(frames)}"
     assert reply is not None, f"server {server} did not answer within {REPLY_WAIT_MS} ms{context}"
-    want, tolerated = _expected_id(frames)
-    if tolerated is not None and tolerated is not want:  # bool id echoed (known bug): not decodable
-        header, arrays = msgpack.unpackb(reply[0], raw=False), []
-    else:
-        header, arrays = decode(reply, MAX_MSG)    # a reply always follows the protocol
+    want = _expected_id(frames)
+    header, arrays = decode(reply, MAX_MSG)    # a reply always follows the protocol
     assert header["op"] in exp.ops, f"reply {header}{context}"
-    assert header["id"] == want or (tolerated is not None and header["id"] is tolerated), \
-        f"reply id {header['id']!r}, expected {want!r}{context}"
+    assert header["id"] == want, f"reply id {header['id']!r}, expected {want!r}{context}"
     if header["op"] == ops.ERROR:
         assert header.get("kind") in ("ProtocolError", "InvalidArgumentError", "ConfigError"), header
         assert isinstance(header.get("message"), str) and header["message"], header
@@ -734,6 +711,7 @@ def _ctrl_exchange(live: Live, caplog, sock, frames, probe_ids):
         else:
             assert msg["op"] == "error", f"{msg}{context}"
             want = None if sent is None else sent.get("id")
+            want = want if type(want) is int else None   # only integer ids are echoed
             assert msgpack.packb(msg.get("id")) == msgpack.packb(want), f"{msg}{context}"
             assert isinstance(msg.get("message"), str)
             assert _warnings(caplog, "tracker.rendezvous") > logged, f"not logged{context}"
@@ -771,7 +749,7 @@ def test_scheduler_survives_bad_control_messages(live, caplog):
     assert live.cluster.scheduler.failure is None
 
 
-# -- known bugs ------------------------------------------------------------------------------
+# -- regressions: bugs this fuzzing found ---------------------------------------------------
 # a server thread dying of the bug is the expected failure, not a warning
 CRASHES = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -834,11 +812,7 @@ def _assert_served(cluster, box, reply):
 
 
 @CRASHES
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/protocol/codec.py decode(): np.frombuffer(...)"
-                   ".reshape(shape) raises ValueError ('array is too big' / 'cannot reshape array "
-                   "of size 0') for a zero-sized shape whose other dims overflow (e.g. [0, 2**39, "
-                   "2**39]); ServerNode._serve_ready only "
-                   "catches ProtocolError, so the server thread dies and the job aborts")
+# Regression (found by this fuzzing, fixed):
 def test_zero_sized_buffer_with_huge_dims_is_rejected(make_cluster):
     with one_worker_job(make_cluster) as (cluster, address, box):
         header = {"v": 1, "op": ops.PUSH, "id": 5, "src": 0, "chunks": [[3, 0]],
@@ -850,11 +824,7 @@ def test_zero_sized_buffer_with_huge_dims_is_rejected(make_cluster):
 
 
 @CRASHES
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/server/node.py _serve_ready: `header['id'] "
-                   "is None` raises KeyError for a message that decode() accepts without an id "
-                   "(op 'error': {v: 1, op: 'error', src: 0, bufs: []}); the server thread dies. "
-                   "Found by atheris. Fix: header.get('id') (and decode should require an id in "
-                   "requests)")
+# Regression (found by this fuzzing, fixed):
 def test_error_op_without_id_is_rejected(make_cluster):
     with one_worker_job(make_cluster) as (cluster, address, box):
         reply = _send_one(address, [msgpack.packb({"v": 1, "op": "error", "src": 0, "bufs": []})],
@@ -864,10 +834,7 @@ def test_error_op_without_id_is_rejected(make_cluster):
 
 
 @CRASHES
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/compression.py decompress(): np.array([0, t, -t, "
-                   "0], dtype=dtype) raises OverflowError for an integer chunk and a large 2bit "
-                   "threshold; ServerState.handle (kvstore/server/state.py) does not catch "
-                   "OverflowError, so the server thread dies")
+# Regression (found by this fuzzing, fixed):
 def test_compressed_push_to_an_int_chunk_is_rejected(make_cluster):
     with one_worker_job(make_cluster) as (cluster, address, box):
         frames = encode({"op": ops.PUSH, "id": 6, "src": 0, "chunks": [[4, 0]],
@@ -878,10 +845,7 @@ def test_compressed_push_to_an_int_chunk_is_rejected(make_cluster):
     assert np.array_equal(box["result"], np.arange(4, dtype=np.float32)), box["result"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/server/node.py ServerNode._send: a blocking "
-                   "send_multipart on a ROUTER_MANDATORY socket waits forever when one peer does not "
-                   "read its replies (its pipe is at the high-water mark), so the server stops "
-                   "serving every worker")
+# Regression (found by this fuzzing, fixed):
 def test_a_peer_that_never_reads_does_not_stall_the_server(make_cluster):
     with one_worker_job(make_cluster) as (cluster, address, box):
         ctx = zmq.Context()
@@ -916,8 +880,7 @@ def test_a_peer_that_never_reads_does_not_stall_the_server(make_cluster):
             ctx.term()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/server/node.py _guess_id echoes a bool "
-                   "id (isinstance(True, int)); spec §6 says null. Fix: `type(rid) is int`")
+# Regression (found by this fuzzing, fixed):
 def test_error_reply_to_a_bool_id_carries_null(live):
     """Spec §6: "If the header could not be parsed as a msgpack map with an integer
     id, the server answers with id null"."""
@@ -941,11 +904,7 @@ def _with_raw(msg: dict, field: str, raw: bytes) -> bytes:
 
 
 @CRASHES
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/server/state.py ServerState._chunk_ids builds "
-                   "its error message with repr() of the bad chunk id; a ~1000-deep nested list "
-                   "(which msgpack decodes) raises RecursionError, which handle() does not catch, "
-                   "so the server thread dies. Fix: bound the nesting depth in codec.decode (or "
-                   "catch Exception per message in ServerNode)")
+# Regression (found by this fuzzing, fixed):
 def test_deeply_nested_chunk_id_is_rejected(make_cluster):
     with one_worker_job(make_cluster) as (cluster, address, box):
         head = _with_raw({"v": 1, "op": ops.PULL, "id": 8, "src": 0, "bufs": []}, "chunks",
@@ -956,11 +915,7 @@ def test_deeply_nested_chunk_id_is_rejected(make_cluster):
     assert np.array_equal(box["result"], np.arange(4, dtype=np.float32)), box["result"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tracker/rendezvous.py Scheduler._op_heartbeat: "
-                   "str(msg['node']) of a ~1000-deep nested list raises RecursionError, which "
-                   "_on_message does not catch: one unauthenticated heartbeat kills the scheduler of "
-                   "a running job ('the scheduler crashed'). Fix: bound nesting / check field types "
-                   "in tracker/wire.py decode, and catch Exception per message in _on_message")
+# Regression (found by this fuzzing, fixed):
 def test_scheduler_survives_deeply_nested_node_field(make_cluster):
     cluster = make_cluster(1, 1, timeout=6.0, heartbeat_timeout=1.0)
     ready, release, box = threading.Event(), threading.Event(), {}
@@ -993,10 +948,7 @@ def test_scheduler_survives_deeply_nested_node_field(make_cluster):
     assert box["result"] == "ok", box["result"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tracker/rendezvous.py Scheduler._op_register: "
-                   "int(msg['pid']) raises OverflowError for pid=inf, which _on_message does not "
-                   "catch; the scheduler thread crashes and the job fails ('the scheduler crashed') "
-                   "before it formed")
+# Regression (found by this fuzzing, fixed):
 def test_scheduler_survives_register_with_infinite_pid():
     sched = Scheduler(1, 1, timeout=10.0).start()
     try:
@@ -1009,10 +961,7 @@ def test_scheduler_survives_register_with_infinite_pid():
         sched.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: kvstore/protocol/codec.py has MAX_HEADER_BYTES = 16 MiB "
-                   "and MAX_BUFFERS = 1 << 20 while docs/protocol.md §2.4 specifies 1 MiB and "
-                   "65,536. At 16 MiB one header of empty msgpack arrays costs the server ~1.2 GB "
-                   "and ~6 s of CPU to unpack (twice: decode() and _guess_id())")
+# Regression (found by this fuzzing, fixed):
 def test_documented_limits_match_the_code():
     with open(os.path.join(ROOT, "docs", "protocol.md")) as f:
         doc = f.read()
@@ -1147,19 +1096,10 @@ def _a_deliver(state: ServerState, peer: bytes, frames: list) -> None:
         header, arrays = decode(frames, 1 << 20)
     except ProtocolError:
         return
-    except ValueError:   # known bug, see test_zero_sized_buffer_with_huge_dims_is_rejected
-        return
-    if "id" not in header:   # known bug, see test_error_op_without_id_is_rejected
-        return
-    if not isinstance(header.get("src"), int) or header["id"] is None:
+    if not isinstance(header.get("src"), int) or not isinstance(header.get("id"), int):
         return   # ServerNode answers these before the state machine sees them
     before = {cid: c.value.copy() for cid, c in state.chunks.items()}
-    try:
-        replies = state.handle(peer, header, arrays)
-    except OverflowError:
-        if header.get("compression") is not None:   # known bug, see test_compressed_push_...
-            return
-        raise
+    replies = state.handle(peer, header, arrays)
     for reply in replies:
         assert reply.header["op"] in (ops.OK, ops.ERROR), reply.header
         encode(reply.header, reply.arrays)

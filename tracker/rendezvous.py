@@ -244,9 +244,15 @@ class Scheduler:
             log.warning("bad control message: %s", e)
             kind = "aborted" if self.failure is not None else "invalid"
             self._send(ident, "error", id=_req_id(frame), kind=kind, message=str(e))
+        except Exception as e:  # an input we did not foresee must not kill the job's scheduler
+            log.exception("scheduler failed on a control message")
+            self._send(ident, "error", id=_req_id(frame), kind="invalid",
+                       message=f"the scheduler could not handle this message: {type(e).__name__}")
 
     def _op_heartbeat(self, ident: bytes, msg: dict) -> None:
-        node_id = str(msg["node"])
+        node_id = msg["node"]
+        if not isinstance(node_id, str):
+            raise RendezvousError("heartbeat needs a string 'node'")
         self._hb_idents[node_id] = ident
         node = self._nodes.get(node_id)
         if node is not None:
@@ -277,8 +283,11 @@ class Scheduler:
             raise RendezvousError(f"some {role}s set KVSTORE_RANK and some do not; set it for all or none")
         if rank is not None and any(n.rank == rank for n in same_role):
             raise RendezvousError(f"two processes claim {role} rank {rank}")
-        node_id = str(msg["node"])
-        node = _Node(node_id, role, rank, str(msg["host"]), str(msg.get("addr", "")), int(msg["pid"]),
+        node_id, host, addr, pid = msg["node"], msg["host"], msg.get("addr", ""), msg["pid"]
+        if not (isinstance(node_id, str) and isinstance(host, str) and isinstance(addr, str)
+                and type(pid) is int):
+            raise RendezvousError("register needs string 'node', 'host', 'addr' and an integer 'pid'")
+        node = _Node(node_id, role, rank, host, addr, pid,
                      ident, time.monotonic(), hb_ident=self._hb_idents.get(node_id))
         self._nodes[node_id] = node
         self._registered_at_start.append((ident, node_id, msg.get("id")))
@@ -360,7 +369,7 @@ class Scheduler:
                 self._send(node.hb_ident, "shutdown")
 
     def _known(self, msg: dict, ident: bytes) -> _Node:
-        node = self._nodes.get(str(msg.get("node")))
+        node = self._nodes.get(msg.get("node")) if isinstance(msg.get("node"), str) else None
         if node is None:
             raise RendezvousError("request from a node that has not registered")
         if self.failure is not None:
@@ -399,7 +408,7 @@ class Scheduler:
 
 def _req_id(frame: bytes):
     try:
-        msg = wire.decode(frame)
-        return msg.get("id")
+        rid = wire.decode(frame).get("id")
+        return rid if type(rid) is int else None
     except RendezvousError:
         return None

@@ -21,19 +21,34 @@ import numpy as np
 from ..errors import ProtocolError
 
 VERSION = 1
-MAX_HEADER_BYTES = 16 << 20
-MAX_BUFFERS = 1 << 20
+MAX_HEADER_BYTES = 1 << 20
+MAX_BUFFERS = 1 << 16
 
 ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64"))
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
-    not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones)."""
+    not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
+
+    ``shared`` (optional, parallel to ``arrays``): for each array None (sent as a
+    frame) or ``(segment, offset)``, where the receiver finds it in shared memory
+    (``segment`` is a tuple of ints, opaque here); see the header field ``shm``."""
     header = dict(header, v=VERSION, bufs=[[a.dtype.str, list(a.shape)] for a in arrays])
-    return [msgpack.packb(header, use_bin_type=True), *arrays]
+    if not shared or not any(place is not None for place in shared):
+        return [msgpack.packb(header, use_bin_type=True), *arrays]
+    segments: dict = {}
+    refs, frames = [], []
+    for a, place in zip(arrays, shared):
+        if place is None:
+            refs.append(None)
+            frames.append(a)
+        else:
+            refs.append([segments.setdefault(tuple(place[0]), len(segments)), int(place[1])])
+    header["shm"] = {"segs": [list(s) for s in segments], "refs": refs}
+    return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
 def _buffer(frame) -> memoryview:
@@ -41,10 +56,14 @@ def _buffer(frame) -> memoryview:
     return buf if buf is not None else memoryview(frame)
 
 
-def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30) -> tuple[dict, list[np.ndarray]]:
+def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
+           resolve=None) -> tuple[dict, list[np.ndarray]]:
     """Parse one message. Raises ProtocolError naming what is wrong.
 
-    The returned arrays are read-only views on the frames (no copy)."""
+    The returned arrays are read-only views on the frames (no copy). A message
+    whose header has ``shm`` is accepted only with ``resolve(segment, offset,
+    dtype, shape)``, which returns the array of a shared buffer (or raises
+    ProtocolError)."""
     if not frames:
         raise ProtocolError("empty message")
     head = _buffer(frames[0])
@@ -57,33 +76,76 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30) -> tuple[dict, lis
     if not isinstance(header, dict):
         raise ProtocolError(f"header is a {type(header).__name__}, not a map")
     if type(header.get("v")) is not int or header["v"] != VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r} is not ours ({VERSION}): "
-                            "every process of a job must run the same kvstore version")
+        raise _error(f"protocol version {header.get('v')!r} is not ours ({VERSION}): "
+                     "every process of a job must run the same kvstore version", header)
     if not isinstance(header.get("op"), str):
-        raise ProtocolError("header has no 'op' string")
+        raise _error("header has no 'op' string", header)
     req_id = header.get("id")
     # nil only in an error reply to a request whose id could not be read
     if (req_id is not None and not isinstance(req_id, int)) or isinstance(req_id, bool) \
             or (req_id is None and header["op"] != "error"):
-        raise ProtocolError("header has no integer 'id'")
+        raise _error("header has no integer 'id'", header)
     bufs = header.get("bufs")
     if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:
-        raise ProtocolError("header has no valid 'bufs' list")
-    if len(bufs) != len(frames) - 1:
-        raise ProtocolError(f"header describes {len(bufs)} buffers but {len(frames) - 1} followed "
-                            "(truncated message?)")
+        raise _error("header has no valid 'bufs' list", header)
+    segs, refs = _shared(header, len(bufs), resolve)
+    inline = len(bufs) - sum(r is not None for r in refs) if refs else len(bufs)
+    if inline != len(frames) - 1:
+        raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
+                     "(truncated message?)", header)
     arrays = []
-    for i, (meta, frame) in enumerate(zip(bufs, frames[1:])):
-        dtype, shape = _check_meta(i, meta)
-        data = _buffer(frame)
+    pending = iter(frames[1:])
+    for i, meta in enumerate(bufs):
+        try:
+            dtype, shape = _check_meta(i, meta)
+        except ProtocolError as e:
+            raise _error(str(e), header) from None
         expected = math.prod(shape) * dtype.itemsize
         if expected > max_buffer_bytes:
-            raise ProtocolError(f"buffer {i} of {expected} bytes exceeds the limit of {max_buffer_bytes}")
+            raise _error(f"buffer {i} of {expected} bytes exceeds the limit of {max_buffer_bytes}", header)
+        if refs and refs[i] is not None:
+            try:
+                arrays.append(resolve(segs[refs[i][0]], refs[i][1], dtype, shape))
+            except ProtocolError as e:
+                raise _error(f"buffer {i}: {e}", header) from None
+            continue
+        data = _buffer(next(pending))
         if data.nbytes != expected:
-            raise ProtocolError(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
-                                f"({dtype.name} x {shape})")
-        arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
+            raise _error(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
+                         f"({dtype.name} x {shape})", header)
+        try:
+            arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
+        except ValueError as e:   # e.g. a zero-sized shape whose other dimensions overflow
+            raise _error(f"buffer {i}: shape {shape} is unusable: {e}", header) from None
     return header, arrays
+
+
+def _shared(header: dict, count: int, resolve) -> tuple[list, list | None]:
+    """Check the ``shm`` field: ``{"segs": [[int, ...], ...], "refs": [null | [seg, offset], ...]}``."""
+    shm = header.get("shm")
+    if shm is None:
+        return [], None
+    if resolve is None:
+        raise _error("shared-memory buffers are not accepted on this connection", header)
+    segs, refs = (shm.get("segs"), shm.get("refs")) if isinstance(shm, dict) else (None, None)
+    if not (isinstance(segs, list) and isinstance(refs, list) and len(refs) == count
+            and len(segs) <= MAX_BUFFERS
+            and all(isinstance(s, list) and len(s) <= 8 and all(type(v) is int for v in s) for s in segs)
+            and all(r is None or (isinstance(r, list) and len(r) == 2 and type(r[0]) is int
+                                  and 0 <= r[0] < len(segs) and type(r[1]) is int and r[1] >= 0)
+                    for r in refs)):
+        raise _error("invalid 'shm' field: expected {segs: [[int...]...], refs: [null or "
+                     "[segment, offset]] with one entry per buffer}", header)
+    return segs, refs
+
+
+def _error(message: str, header: dict) -> ProtocolError:
+    """A ProtocolError that remembers the request id (if the header had a usable
+    one), so the server can address its error reply."""
+    error = ProtocolError(message)
+    rid = header.get("id")
+    error.request_id = rid if type(rid) is int else None
+    return error
 
 
 def _check_meta(i: int, meta) -> tuple[np.dtype, list[int]]:

@@ -6,7 +6,6 @@ import logging
 import os
 import time
 
-import msgpack
 import zmq
 
 from tracker.membership import Membership
@@ -16,7 +15,7 @@ from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import decode, encode, error_header, ops
 from . import checkpoint
 from .sequencer import Sequencer
-from .state import ServerState
+from .state import Reply, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +96,13 @@ class ServerNode:
             peer, body = frames[0].bytes, frames[1:]
             try:
                 header, arrays = decode(body, self.config.max_message_bytes)
-                if not isinstance(header.get("src"), int) or header["id"] is None:
-                    raise ProtocolError("request has no integer 'src' or 'id'")
+                if type(header.get("src")) is not int or type(header.get("id")) is not int:
+                    error = ProtocolError("a request needs an integer 'src' and 'id'")
+                    error.request_id = header["id"] if type(header.get("id")) is int else None
+                    raise error
             except ProtocolError as e:
                 log.warning("%s: rejected a malformed message: %s", self.state.name, e)
-                self._send(peer, error_header(_guess_id(body), "ProtocolError", str(e)), [])
+                self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
                 continue
             try:
                 deliverable = self.sequencer.accept(peer, header, arrays)
@@ -115,7 +116,17 @@ class ServerNode:
                 if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
                     self._send(peer, *self._checkpoint(header), [])
                     continue
-                for reply in self.state.handle(peer, header, arrays):
+                try:
+                    replies = self.state.handle(peer, header, arrays)
+                except Exception as e:  # a bug or an input we did not foresee: keep serving
+                    log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
+                                  header.get("id"))
+                    replies = [Reply(peer, error_header(header["id"], "InternalError",
+                                                        f"{self.state.name}: {type(e).__name__}: {e}"))]
+                for reply in replies:
+                    if reply.header.get("kind") == "ProtocolError":
+                        log.warning("%s: rejected a malformed %s request: %s", self.state.name,
+                                    header.get("op"), reply.header.get("message"))
                     self._send(reply.peer, reply.header, reply.arrays)
 
     def _checkpoint(self, header: dict) -> tuple[dict]:
@@ -149,7 +160,11 @@ class ServerNode:
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         try:
-            self._sock.send_multipart([peer, *encode(header, arrays)], copy=False)
+            # never block: a peer that does not read its replies must not stall everyone
+            self._sock.send_multipart([peer, *encode(header, arrays)], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("%s: dropped a reply to a peer whose queue is full (it does not read)",
+                        self.state.name)
         except zmq.ZMQError as e:  # EHOSTUNREACH: that worker is gone
             log.warning("%s: could not reply to a worker that went away: %s", self.state.name, e)
 
@@ -159,13 +174,3 @@ class ServerNode:
             self._auth.stop()
         self._sock.close(linger=0)
         self._ctx.term()
-
-
-def _guess_id(frames) -> int | None:
-    """The request id of a message we could not decode, if the header is readable."""
-    try:
-        header = msgpack.unpackb(frames[0].bytes, raw=False, strict_map_key=False)
-        rid = header.get("id") if isinstance(header, dict) else None
-        return rid if isinstance(rid, int) else None
-    except Exception:  # garbage header: no id to answer with
-        return None
