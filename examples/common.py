@@ -34,7 +34,7 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--num-layers", type=int, help="number of layers (resnet: 20/56/110, vgg: 11/13/16/19)")
     add("--gpus", type=str, help="GPU to use, e.g. 0 (empty: CPU)")
     add("--kvstore", "--kv-store", dest="kvstore", type=str, default="local",
-        help="local, dist_sync or dist_async")
+        help="local, device, dist_sync, dist_async or dist_device_sync")
     add("--num-epochs", type=int, default=10, help="max number of epochs")
     add("--lr", type=float, default=0.1, help="initial learning rate")
     add("--lr-factor", type=float, default=0.1, help="the ratio to reduce lr on each step")
