@@ -5,6 +5,7 @@ import threading
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+pytest.register_assert_rewrite("fuzzing", "optimizer_refs", "state_driver")  # helpers with asserts
 
 from cluster import Cluster  # noqa: E402
 
