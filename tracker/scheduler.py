@@ -13,6 +13,7 @@ from typing import Mapping
 
 from . import env
 from .rendezvous import Scheduler
+from .security import Security
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,13 @@ def serve(environ: Mapping[str, str]) -> int:
     except env.EnvError as e:
         log.error("%s", e)
         return 2
+    try:
+        security = Security(values["KVSTORE_SECRET"], values["KVSTORE_SECURE"])
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     sched = Scheduler(values["KVSTORE_NUM_WORKERS"], values["KVSTORE_NUM_SERVERS"],
-                      host=values["KVSTORE_SCHEDULER_HOST"] or "0.0.0.0",
+                      host=values["KVSTORE_SCHEDULER_HOST"] or "127.0.0.1", security=security,
                       port=values["KVSTORE_SCHEDULER_PORT"], timeout=values["KVSTORE_TIMEOUT"],
                       heartbeat_interval=values["KVSTORE_HEARTBEAT_INTERVAL"],
                       heartbeat_timeout=values["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
