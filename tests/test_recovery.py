@@ -118,3 +118,15 @@ def test_a_stalled_round_names_the_key_and_the_missing_worker(make_cluster, capl
     assert all(np.all(r == 2) for r in results)
     assert re.search(r"key 'layer1.weight' \(chunk 0\) has waited \d+s for worker\(s\) 1 to push "
                      r"\(worker\(s\) 0 did\)", caplog.text)
+
+
+def test_resume_with_another_number_of_servers_is_refused(make_cluster, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+
+    def save(kv):
+        kv.init("w", np.ones(3000, np.float32))
+        kv.save_checkpoint()
+    make_cluster(1, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(save)
+    cluster = make_cluster(1, 3, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True)
+    with pytest.raises(NodeFailedError, match="written by a job of 2 servers; this job has 3"):
+        cluster.run(lambda kv: None)

@@ -63,7 +63,7 @@ class ServerNode:
             return 1
         self.state = ServerState(name=f"server {reg.rank}")
         self.sequencer = Sequencer(self.state.name)
-        self.rank = reg.rank
+        self.rank, self.num_servers = reg.rank, reg.num_servers
         if self.config.resume and not self._restore():
             return 1
         log.info("server %d (pid %d) serving on %s", reg.rank, os.getpid(), self.address)
@@ -134,7 +134,7 @@ class ServerNode:
         meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
         path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
         try:
-            checkpoint.save(path, self.state.snapshot(meta))
+            checkpoint.save(path, {**self.state.snapshot(meta), "num_servers": self.num_servers})
         except OSError as e:
             log.error("%s: could not write the checkpoint %s: %s", self.state.name, path, e)
             return (error_header(header["id"], "CheckpointError", f"{self.state.name}: {e}"),)
@@ -148,11 +148,18 @@ class ServerNode:
         else:
             path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
             try:
-                self.state.restore(checkpoint.load(path))
+                snap = checkpoint.load(path)
+                if snap.get("num_servers") != self.num_servers:   # keys would be placed elsewhere
+                    raise InvalidArgumentError(
+                        f"{path} was written by a job of {snap.get('num_servers')} servers; this job "
+                        f"has {self.num_servers}: resume with the same number of servers")
+                self.state.restore(snap)
                 log.info("%s: resumed from %s (%d chunks)", self.state.name, path, len(self.state.chunks))
                 return True
             except InvalidArgumentError as e:
                 reason = str(e)
+            except (KeyError, TypeError, ValueError) as e:   # parses, but is not what we wrote
+                reason = f"{path} is corrupt: {type(e).__name__}: {e}"
         log.error("%s: %s", self.state.name, reason)
         self.membership.fail(f"{self.state.name} cannot resume: {reason}")
         self._close()
