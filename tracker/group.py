@@ -22,7 +22,10 @@ import signal
 import subprocess
 import threading
 
+import click
+
 from . import env
+from .launcher import run_cli
 from .process import ProcSpec
 from .remote import PREFIXED, Sink, exit_counter, parse_status, wrapper_source
 
@@ -192,3 +195,16 @@ def start_group(name: str, make_argv, sink: Sink):
         environ = {**os.environ, **split_env(procs)[1]}
         return Group(name, make_argv(procs, wrapper_source()), environ, procs, sink).children
     return start_all
+
+
+def run_group(spec, *, tool: str, make_argv, show, dry_run: bool, log_dir: str | None) -> int:
+    """The shared tail of the mpi and slurm commands: print the plan (``--dry-run``),
+    or print its first line and run the whole job as one ``tool`` command."""
+    if dry_run:
+        return run_cli(spec, dry_run=True, show=show)
+    click.echo(show(spec.processes(0)).split("\n")[0], err=True)
+    sink = Sink(log_dir=log_dir)
+    try:
+        return run_cli(spec, start_all=start_group(tool, make_argv, sink))
+    finally:
+        sink.close()

@@ -19,9 +19,8 @@ import uuid
 import click
 
 from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
-from .group import rank_plan, split_env, start_group, wrapper_argv
-from .launcher import run_cli
-from .remote import Sink, ipaddress_is_loopback, scheduler_address
+from .group import rank_plan, run_group, split_env, wrapper_argv
+from .remote import ipaddress_is_loopback, scheduler_address
 
 EXAMPLE = """\b
 Example (in a batch script, e.g. sbatch -N 2 --ntasks=4 job.sh):
@@ -110,15 +109,8 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         lines += [f"{proc.label}: {shlex.join(proc.argv)}" for proc in procs]
         return "\n".join(lines)
 
-    if dry_run:
-        sys.exit(run_cli(spec, dry_run=True, show=show))
-    click.echo(show(spec.processes(0)).split("\n")[0], err=True)
-    sink = Sink(log_dir=log_dir)
-    try:
-        code = run_cli(spec, start_all=start_group("srun", make_argv, sink))
-    finally:
-        sink.close()
-    sys.exit(code)
+    sys.exit(run_group(spec, tool="srun", make_argv=make_argv, show=show, dry_run=dry_run,
+                       log_dir=log_dir))
 
 
 if __name__ == "__main__":
