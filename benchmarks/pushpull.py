@@ -8,8 +8,8 @@ Contenders, all on the same bytes (161 fp32 tensors, 102.2 MB), the same W, this
 machine, each verifying the summed result of every iteration:
 
   ours      dist_sync push-then-pull and pushpull through tracker's launcher,
-            per transport (tcp today; ipc/shm are declared and skipped until
-            kvstore has them); per-key latency; dist_async updates/s
+            per transport (KVSTORE_TRANSPORT: tcp, ipc, and shm = the default
+            on one host); per-key latency; dist_async updates/s
   gloo      torch.distributed: all_reduce per tensor, one flat, 25 MB buckets
   mxnet     MXNet 1.9.1's dist_sync kvstore (benchmarks/.venv-mxnet)
   ray       a Ray actor parameter server as in Ray's docs (benchmarks/.venv-ray)
@@ -109,8 +109,8 @@ def _csv(ctx, param, value):
               help="Create benchmarks/.venv-mxnet and .venv-ray (pip install) before running.")
 @click.option("--setup-only", is_flag=True, help="With --setup-peers: set up, then exit.")
 @click.option("--profile", is_flag=True,
-              help="Also run ours once under cProfile (worker 0 and every server) and report "
-                   "where the time goes.")
+              help="Also run ours once per transport (tcp, shm) under cProfile (worker 0 and "
+                   "every server) and report where the time goes.")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="Extra environment variable for every process of every contender (repeatable), "
                    "e.g. to try a setting: --env MALLOC_MMAP_THRESHOLD_=33554432.")
@@ -182,11 +182,15 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
     summary = report.summarise(rows, cfg)
     profile_text = None
     if profile and "ours" in active and not failures:
-        click.echo("  profiling ours (tcp) under cProfile ...", err=True)
-        try:
-            profile_text, summary["profile"] = report.profile_ours(cfg)
-        except Failed as e:
-            failures.append(f"ours (profile): {e}")
+        texts, summary["profile"] = [], {}
+        for t in [t.name for t in ours.available_transports(cfg)[0] if t.name in ("tcp", "shm")]:
+            click.echo(f"  profiling ours ({t}) under cProfile ...", err=True)
+            try:
+                text, summary["profile"][t] = report.profile_ours(cfg, t)
+                texts.append(text)
+            except Failed as e:
+                failures.append(f"ours (profile, {t}): {e}")
+        profile_text = "\n\n".join(texts) or None
     data = {**info, "failures": failures, "summary": summary, "rows": rows,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     table = report.markdown(data)

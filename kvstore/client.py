@@ -4,16 +4,25 @@ A :class:`Client` belongs to the thread that uses its store (like MXNet's
 KVStore, a store is not thread-safe). Requests are sent at once; replies are
 collected whenever a call waits. A push does not wait for its acknowledgement,
 but an error in it is raised by the next call that waits.
+
+Each server is reached over the transport that ``KVSTORE_TRANSPORT`` and the
+server's advert select (:mod:`kvstore.transport.endpoints`). With ``shm`` (a
+co-located server, after a handshake proved it works) a request's buffers
+are copied into this worker's shared-memory slots and the message carries only
+references; replies point into the server's shared memory and are copied from
+there straight into the caller's arrays.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import zmq
 
 from tracker.membership import Membership
@@ -21,6 +30,7 @@ from tracker.membership import Membership
 from .config import Config
 from .errors import DeadlineError, NodeFailedError, ProtocolError, RemoteError
 from .protocol import decode, encode, ops
+from .transport import Advert, choose, memory, shm
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +45,7 @@ class _Request:
     on_reply: Callable | None
     error: Exception | None = None
     done: bool = False
+    staged: bool = False   # holds shared-memory slots until its reply
 
 
 class Client:
@@ -43,12 +54,17 @@ class Client:
     def __init__(self, config: Config, membership: Membership, servers: list[str], rank: int):
         self.config = config
         self.membership = membership
-        self.servers = servers
         self.rank = rank
+        adverts = [Advert.parse(a) for a in servers]
+        chosen = [choose(a, config.transport) for a in adverts]
+        self.servers = [url for url, _ in chosen]            # what each socket connects to
+        self.transports = [kind for _, kind in chosen]       # "tcp", "ipc" or "shm", by server
+        self._arena = self._slots = self._probe = None
+        self._mapper = shm.Mapper()
         self._ctx = zmq.Context()
         self._socks = []
         self._poller = zmq.Poller()
-        for addr in servers:
+        for addr in self.servers:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
@@ -63,21 +79,112 @@ class Client:
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
-        self.bytes_sent = 0       # payload + headers handed to ZeroMQ, for users' accounting
+        self.bytes_sent = 0       # payload + headers sent (also via shared memory), for users' accounting
         self.bytes_received = 0
+        if "shm" in self.transports:
+            try:
+                self._start_shm(adverts)
+            except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
+                self.close()
+                raise
+        if config.malloc_tuning and any(t != "shm" for t in self.transports):
+            memory.tune()          # replies arrive as large frames: keep their memory warm
+
+    def _start_shm(self, adverts) -> None:
+        """Prove to each co-located server that it can read our shared memory and we
+        its (a probe both ways); servers where that fails are reached over tcp."""
+        targets = [s for s, t in enumerate(self.transports) if t == "shm"]
+        why = {}
+        if shm.available():
+            self._arena = shm.Arena(f"w{self.rank}")
+            self._slots = shm.Slots(self._arena)
+            self._probe = self._arena.alloc(16, np.uint8)
+            self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
+            place = self._arena.locate(self._probe)
+        else:
+            place = None
+        ok = {}
+        if place is None:
+            why = dict.fromkeys(targets, "no shared memory in this process")
+        else:
+            self._mapper.allow(adverts[s].pid for s in targets if adverts[s].pid is not None)
+
+            def answer(server):
+                def check(header, values):
+                    ok[server] = (header.get("shm_ok") is True and isinstance(header.get("shm"), dict)
+                                  and len(values) == 1 and values[0].tobytes() == header.get("nonce"))
+                return check
+            # unsequenced: if the server cannot map our probe, the error must not hold
+            # back the requests that follow on this connection
+            ids = [self.request(s, ops.HELLO, f"shared-memory handshake with server {s}", [self._probe],
+                                answer(s), shared=[place], sequenced=False, nonce=self._probe.tobytes())[0]
+                   for s in targets]
+            while True:
+                try:
+                    self.wait(ids, "the shared-memory handshake with the servers")
+                    break
+                except (RemoteError, ProtocolError) as e:   # that server falls back to tcp
+                    log.info("[worker:%d] %s", self.rank, e)
+        for s in targets:
+            if not ok.get(s):
+                self.transports[s] = "tcp"
+                log.warning("[worker:%d] server %d is on this host but shared memory with it failed "
+                            "(%s); using tcp", self.rank, s, why.get(s, "the probe did not read back"))
 
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
-                track: bool = False, **fields):
-        """Send one request; returns (request id, zmq MessageTracker or None)."""
+                track: bool = False, stage=None, shared=None, sequenced: bool = True,
+                in_place: bool = False, **fields):
+        """Send one request; returns (request id, zmq MessageTracker or None).
+
+        ``stage``: keys (e.g. chunk ids) naming ``arrays``; over shared memory the
+        arrays are copied into this worker's slots for those keys and sent as
+        references (unless a slot is still busy with an earlier request). ``shared``:
+        where ``arrays`` already lie in our shared memory (see protocol.encode).
+        ``sequenced=False``: no per-connection sequence number (a request that may
+        fail before the server's sequencer sees it, answered before anything else).
+        ``in_place``: arrays that already lie in our shared memory (see
+        :meth:`shared_empty`) are sent by reference without staging; the caller must
+        leave them unchanged until the reply."""
         if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
             self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
         req_id = next(self._ids)
-        seq, self._seq[server] = self._seq[server], self._seq[server] + 1
-        frames = encode({"op": op, "id": req_id, "src": self.rank, "seq": seq, **fields}, arrays)
+        staged = None
+        if self.transports[server] == "shm":
+            if on_reply is not None:
+                fields["shm_reply"] = True     # values may come back as references
+            if stage is not None and arrays:
+                located = [self._arena.locate(a) for a in arrays] if in_place else [None]
+                if all(place is not None for place in located):
+                    shared = located         # the caller's own shared memory: no copy
+                else:
+                    arrays, shared, staged = self._stage(server, stage, arrays)
+        if sequenced:
+            fields["seq"], self._seq[server] = self._seq[server], self._seq[server] + 1
+        frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
+        track = track and shared is None
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
         self.bytes_sent += len(frames[0]) + sum(a.nbytes for a in arrays)
-        self._pending[req_id] = _Request(server, what, on_reply)
+        self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None)
+        if staged is not None:
+            self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
+
+    def shared_empty(self, size: int, dtype) -> np.ndarray:
+        """A 1-D array that co-located servers can read in place (ordinary memory
+        when no server is reached through shared memory)."""
+        if self._arena is not None and "shm" in self.transports:
+            return self._arena.alloc(size, dtype)
+        return np.empty(size, dtype)
+
+    def _stage(self, server: int, keys, arrays):
+        """Copy ``arrays`` into our slots: (slots, their places, slot keys), or the
+        arrays unchanged and (None, None) when a slot is still busy. (Small arrays
+        too: then the message is one frame; measured no slower than frames.)"""
+        slot_keys = [(server, _hashable(k)) for k in keys]
+        staged = self._slots.fill(slot_keys, arrays)
+        if staged is None:
+            return arrays, None, None
+        return staged, [self._arena.locate(slot) for slot in staged], slot_keys
 
     def wait_sent(self, trackers, what: str) -> None:
         """Wait until ZeroMQ no longer reads the caller's buffers."""
@@ -134,15 +241,24 @@ class Client:
                 self._on_reply(self._index[sock], frames)
 
     def _on_reply(self, server: int, frames) -> None:
-        self.bytes_received += sum(len(f) for f in frames)
         try:
-            header, arrays = decode(frames, self.config.max_message_bytes)
+            header, arrays = decode(frames, self.config.max_message_bytes, resolve=self._mapper.view)
         except ProtocolError as e:
-            raise ProtocolError(f"malformed reply from server {server}: {e}") from e
+            req = self._pending.pop(getattr(e, "request_id", None), None)
+            if req is None:
+                raise ProtocolError(f"malformed reply from server {server}: {e}") from e
+            if req.staged:                  # that request failed; its slots are free again
+                self._slots.release(e.request_id)
+            self._orphan_errors.append(ProtocolError(f"{req.what}: malformed reply from server "
+                                                     f"{server}: {e}"))
+            return
+        self.bytes_received += len(frames[0]) + sum(a.nbytes for a in arrays)
         req = self._pending.pop(header["id"], None)
         if req is None:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
             return
+        if req.staged:   # the server has finished with our slots (the round is applied)
+            self._slots.release(header["id"])
         if header["op"] == ops.ERROR:
             error = RemoteError(f"server {server}", str(header.get("kind")), str(header.get("message")))
             error.args = (f"{req.what}: {error}",)
@@ -154,3 +270,10 @@ class Client:
         for sock in self._socks:
             sock.close(linger=0)
         self._ctx.term()
+        if self._arena is not None:
+            self._arena.close()
+        self._mapper.close()
+
+
+def _hashable(key):
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key

@@ -30,6 +30,8 @@ class Config:
     chunk_bytes: int = 2 << 20
     zero_copy_bytes: int = 64 << 10
     max_message_bytes: int = 1 << 30
+    transport: str = "auto"
+    malloc_tuning: bool = True
     secret: str | None = None
     secure: bool = False
     checkpoint_dir: str | None = None

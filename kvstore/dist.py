@@ -32,6 +32,11 @@ from .sharding import Placement
 
 log = logging.getLogger(__name__)
 
+# Each server's share of a call travels as messages of about this many bytes,
+# interleaved across servers: a server sums one while the next arrives and the
+# reply of one travels while the worker still sends (measured: docs/performance.md).
+PIPELINE_BYTES = 8 << 20
+
 
 class DistStore(KVStore):
     """A worker's handle on the distributed store. Created by
@@ -151,6 +156,17 @@ class DistStore(KVStore):
         timer.daemon = True
         timer.start()
 
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new, uninitialised numpy array for gradients. When this worker reaches
+        servers on its host through shared memory, the array lives there, and
+        ``pushpull`` lets those servers read it in place instead of copying it into
+        a staging slot (``push`` still copies: the caller may overwrite its buffer
+        as soon as ``push`` returns). Elsewhere it is an ordinary array."""
+        self._check_open("empty")
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return self._client.shared_empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
+
     # -- requests grouped by server ---------------------------------------------------------
     def _by_server(self, infos_and_flats):
         """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
@@ -169,11 +185,16 @@ class DistStore(KVStore):
         dests = self._by_server([(info, flat) for info, flat, _ in flats])
         datas = self._payload(sources) if sources is not None else {}
         fields = self._compression_fields() if sources is not None else {}
+        stage = sources is not None and self._compressor is None
         ids = []
-        for server, (wire_ids, parts) in dests.items():
-            payload = datas.get(server, ([], []))[1]
-            rid, _ = self._client.request(server, op, what, payload, self._filler(parts), chunks=wire_ids,
-                                          **fields)
+        for server, lo, hi in _pieces(dests):
+            wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
+            payload = datas.get(server, ([], []))[1][lo:hi]
+            # pushpull waits for its replies, so gradients in our shared memory
+            # (empty()) may be read by the servers in place
+            rid, _ = self._client.request(server, op, what, payload, self._filler(parts),
+                                          stage=wire_ids if stage else None, in_place=stage,
+                                          chunks=wire_ids, **fields)
             ids.append(rid)
         self._client.wait(ids, what)
         for (info, outs), (_, flat, direct) in zip(targets, flats):
@@ -229,10 +250,13 @@ class DistStore(KVStore):
         what = f"push of {_keys_text(info for info, _ in items)}"
         trackers = []
         fields = self._compression_fields()
-        for server, (wire_ids, parts) in self._payload(items).items():
+        stage = self._compressor is None
+        groups = self._payload(items)
+        for server, lo, hi in _pieces(groups):
+            wire_ids, parts = groups[server][0][lo:hi], groups[server][1][lo:hi]
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
-            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big, chunks=wire_ids,
-                                              **fields)
+            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
+                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields)
             if tracker is not None:
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return
@@ -364,6 +388,25 @@ class DistStore(KVStore):
             self.close()
         except Exception as e:  # at interpreter exit there is no caller left to raise to
             log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
+
+
+def _pieces(groups: dict) -> list[tuple[int, int, int]]:
+    """(server, start, stop): each server's chunk list cut into runs of about
+    PIPELINE_BYTES, taken round-robin across servers so all of them work at once."""
+    runs = {}
+    for server, (_, parts) in groups.items():
+        cuts, size = [0], 0
+        for i, part in enumerate(parts):
+            if size and size + part.nbytes > PIPELINE_BYTES:
+                cuts.append(i)
+                size = 0
+            size += part.nbytes
+        cuts.append(len(parts))
+        runs[server] = list(zip(cuts[:-1], cuts[1:]))
+    order = []
+    for step in range(max((len(r) for r in runs.values()), default=0)):
+        order += [(server, *r[step]) for server, r in runs.items() if step < len(r)]
+    return order
 
 
 def _keys_text(infos) -> str:

@@ -64,6 +64,13 @@ def _role(text: str) -> str:
     return value
 
 
+def _transport(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "shm", "ipc", "tcp"):
+        raise ValueError("must be one of auto, shm, ipc, tcp")
+    return value
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -109,6 +116,13 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _positive_int,
         "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
         "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
+    Var("KVSTORE_TRANSPORT", (), "auto", _transport,
+        "How workers reach servers on their own host: auto (shared memory for array data, "
+        "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
+        "(always). Set it for the whole job (servers then skip what is not needed)."),
+    Var("KVSTORE_MALLOC_TUNING", (), True, _bool,
+        "1: set glibc's malloc thresholds (mallopt) in servers and in workers that receive over "
+        "tcp/ipc, so that large incoming messages reuse warm memory instead of page-faulting."),
     Var("KVSTORE_SECRET", (), None, str,
         "The job's secret (hex), created by the launcher and handed to every process in "
         "its environment. Every connection must prove it holds it; unset: no authentication."),

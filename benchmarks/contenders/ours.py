@@ -1,12 +1,11 @@
 """Our contender: dist_sync (and dist_async) jobs started through tracker's
 launcher API (``tracker.launcher.launch``), one job per transport.
 
-Transports are a registry: a name, the extra environment that selects it, and
-the URL scheme the servers must then advertise (checked after the run, so a
-transport that silently falls back to tcp cannot pass for another). kvstore
-selects only tcp today; ``ipc`` and ``shm`` are declared with the variable they
-are expected to use and are skipped until tracker/env.py knows that variable.
-Adding a transport = one entry here.
+Transports are a registry: a name, the ``KVSTORE_TRANSPORT`` value that selects
+it, and what rank 0's client must then report for every server (its transport
+and the URL scheme it connected to; checked after the run, so a transport that
+silently falls back to another cannot pass for it). ``shm`` is what a job on one
+host gets by default (``auto``). Adding a transport = one entry here.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from ..procs import tail
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ours_worker.py")
 SERVER = os.path.join(HERE, "server_wrapper.py")
-VARIANT_NAMES = {"push_pull": "push, then pull", "pushpull": "pushpull"}
+VARIANT_NAMES = {"push_pull": "push, then pull", "pushpull": "pushpull",
+                 "pushpull_shared": "pushpull, gradients from kv.empty()"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Transport:
     env: dict = field(default_factory=dict)
     url_prefix: str | None = None     # what the servers' data-plane URLs must start with
     requires_var: str | None = None   # tracker.env must know this variable
+    kind: str | None = None           # what the client must report as each server's transport
 
     def available(self) -> tuple[bool, str]:
         if self.requires_var and self.requires_var not in tracker_env.BY_NAME:
@@ -42,9 +43,9 @@ class Transport:
 
 
 TRANSPORTS = {
-    "tcp": Transport("tcp", url_prefix="tcp://"),
-    "ipc": Transport("ipc", {"KVSTORE_TRANSPORT": "ipc"}, "ipc://", "KVSTORE_TRANSPORT"),
-    "shm": Transport("shm", {"KVSTORE_TRANSPORT": "shm"}, None, "KVSTORE_TRANSPORT"),
+    "tcp": Transport("tcp", {"KVSTORE_TRANSPORT": "tcp"}, "tcp://", "KVSTORE_TRANSPORT", "tcp"),
+    "ipc": Transport("ipc", {"KVSTORE_TRANSPORT": "ipc"}, "ipc://", "KVSTORE_TRANSPORT", "ipc"),
+    "shm": Transport("shm", {"KVSTORE_TRANSPORT": "auto"}, "tcp://", "KVSTORE_TRANSPORT", "shm"),
 }
 
 
@@ -94,6 +95,10 @@ def run_job(cfg: RunConfig, transport: Transport, worker_args: list[str], tag: s
     if transport.url_prefix and urls and not all(u.startswith(transport.url_prefix) for u in urls):
         raise Failed(f"ours over {transport.name}: the servers listen on {urls}, not "
                      f"{transport.url_prefix}...: the transport setting was not honoured")
+    kinds = result.get("transports")
+    if transport.kind and kinds is not None and set(kinds) != {transport.kind}:
+        raise Failed(f"ours over {transport.name}: the client used {kinds}: the transport setting "
+                     "was not honoured")
     return result
 
 
@@ -104,12 +109,18 @@ def run(cfg: RunConfig, launch_no: int) -> list[dict]:
     nbytes = _nbytes(cfg.model)
     rows = []
     for t in transports:
-        res = run_job(cfg, t, cfg.worker_args(), f"ours-{t.name}-{launch_no}")
+        # kv.empty() differs from numpy memory only where servers share memory with us
+        modes = ["--modes", "push_pull,pushpull" + (",pushpull_shared" if t.kind == "shm" else "")]
+        res = run_job(cfg, t, cfg.worker_args() + modes, f"ours-{t.name}-{launch_no}")
         extra = {"transport": t.name, "servers": cfg.servers,
                  "server_usage_total": res.get("servers_usage"),
                  "worker_usage_total": res.get("usage_total")}
-        rows += rows_from(res, "ours", launch_no,
-                          {m: f"{t.name}: {n}" for m, n in VARIANT_NAMES.items()}, nbytes, extra)
+        got = rows_from(res, "ours", launch_no,
+                        {m: f"{t.name}: {n}" for m, n in VARIANT_NAMES.items()}, nbytes, extra)
+        for r in got:
+            if r["kind"] == "latency":      # one latency row per transport
+                r["contender"] = f"ours {t.name}"
+        rows += got
         if not cfg.async_pushes:
             continue
         res = run_job(cfg, t, cfg.async_args(), f"ours-async-{t.name}-{launch_no}")

@@ -38,6 +38,8 @@ def sync_task(kv, args) -> dict:
     result = {"modes": {}}
     base = 0
     for mode in args.modes.split(","):
+        if mode == "pushpull_shared":   # gradients in kv.empty() memory (read in place over shm)
+            grads = [kv.empty(s, np.float32) for s in shapes]
         def prepare(i, base=base):
             common.fill_grads(grads, rank, base + i)
             for o in outs:
@@ -47,7 +49,7 @@ def sync_task(kv, args) -> dict:
             def step(i):
                 kv.push(keys, grads)
                 kv.pull(keys, out=outs)
-        elif mode == "pushpull":
+        elif mode in ("pushpull", "pushpull_shared"):
             def step(i):
                 kv.pushpull(keys, grads, out=outs)
         else:
@@ -135,9 +137,12 @@ def main() -> int:
             args.profiler.dump_stats(args.profile)
         if kv.rank == 0 and args.out:
             # which data-plane URLs the servers advertised (checks the transport used)
-            urls = getattr(getattr(kv, "_client", None), "servers", None)
+            client = getattr(kv, "_client", None)
+            urls = getattr(client, "servers", None)
+            kinds = getattr(client, "transports", None)
             result.update(num_workers=kv.num_workers, task=args.task, model=args.model,
-                          server_urls=list(urls) if urls else None)
+                          server_urls=list(urls) if urls else None,
+                          transports=list(kinds) if kinds else None)
             common.write_json(args.out, result)
     return 0
 

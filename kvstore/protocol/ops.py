@@ -14,5 +14,9 @@ GET_META = "get_meta"            # reply {meta, resumed}: what the restored chec
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, GET_META})
 
+# Answered by the server's transport layer, not its state machine:
+HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory
+TRANSPORT = frozenset({HELLO})
+
 OK = "ok"          # reply: success (with buffers for pull, pushpull, get_states)
 ERROR = "error"    # reply: {kind, message}

@@ -12,8 +12,9 @@ from tracker.membership import Membership
 
 from ..config import Config
 from ..errors import InvalidArgumentError, ProtocolError
-from ..protocol import decode, encode, error_header, ops
+from ..protocol import error_header, ops
 from . import checkpoint
+from .dataplane import DataPlane
 from .sequencer import Sequencer
 from .state import Reply, ServerState
 
@@ -45,8 +46,8 @@ class ServerNode:
         self._sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.copy_threshold = config.zero_copy_bytes
-        port = self._sock.bind_to_random_port(f"tcp://{config.node_host}")
-        self.address = f"tcp://{config.node_host}:{port}"
+        self._data = DataPlane(config)             # transports: tcp, ipc, shared memory
+        self.address = self._data.bind(self._sock)
         self.membership = Membership(
             role="server", rank=config.rank, addr=self.address, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
@@ -61,7 +62,8 @@ class ServerNode:
             log.error("server could not join the job: %s", e)
             self._close()
             return 1
-        self.state = ServerState(name=f"server {reg.rank}")
+        self.state = ServerState(name=f"server {reg.rank}", alloc=self._data.alloc)
+        self._data.joined(reg)
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         if self.config.resume and not self._restore():
@@ -95,7 +97,7 @@ class ServerNode:
                 return
             peer, body = frames[0].bytes, frames[1:]
             try:
-                header, arrays = decode(body, self.config.max_message_bytes)
+                header, arrays = self._data.decode(body)
                 if type(header.get("src")) is not int or type(header.get("id")) is not int:
                     error = ProtocolError("a request needs an integer 'src' and 'id'")
                     error.request_id = header["id"] if type(header.get("id")) is int else None
@@ -113,6 +115,10 @@ class ServerNode:
             for header, arrays in deliverable:
                 log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
                           header["id"], header["src"])
+                handled = self._data.intercept(peer, header, arrays)   # e.g. hello
+                if handled is not None:
+                    self._send(peer, *handled)
+                    continue
                 if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
                     self._send(peer, *self._checkpoint(header), [])
                     continue
@@ -168,7 +174,8 @@ class ServerNode:
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         try:
             # never block: a peer that does not read its replies must not stall everyone
-            self._sock.send_multipart([peer, *encode(header, arrays)], zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart([peer, *self._data.encode(peer, header, arrays)], zmq.NOBLOCK,
+                                      copy=False)
         except zmq.Again:
             log.warning("%s: dropped a reply to a peer whose queue is full (it does not read)",
                         self.state.name)
@@ -181,3 +188,4 @@ class ServerNode:
             self._auth.stop()
         self._sock.close(linger=0)
         self._ctx.term()
+        self._data.close()

@@ -1,0 +1,98 @@
+"""The server's side of the transports, kept out of the I/O loop.
+
+:class:`~kvstore.server.node.ServerNode` calls it at five points: to bind its
+socket (:meth:`DataPlane.bind`), to allocate values and sums (:meth:`alloc`: in
+shared memory, so that co-located workers can read results in place), to decode
+a request (:meth:`decode`: buffers a co-located worker left in its own shared
+memory become views on it), to answer transport requests (:meth:`intercept`:
+``hello``), and to encode a reply (:meth:`encode`: values in shared memory are
+sent as references when the request asked for that). Over tcp and ipc nothing
+changes: buffers travel as frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from ..config import Config
+from ..protocol import decode, encode, ops
+from ..transport import endpoints, memory, shm
+
+log = logging.getLogger(__name__)
+
+
+class DataPlane:
+    """Example::
+
+        data = DataPlane(config)
+        address = data.bind(router_socket)       # the advert to register
+        data.joined(registration)                # the job's workers may share memory
+        state = ServerState(alloc=data.alloc)
+    """
+
+    def __init__(self, config: Config):
+        self.config = config
+        if config.malloc_tuning:
+            memory.tune(single_arena=True)
+        use_shm = config.transport in ("auto", "shm") and shm.available()
+        self.arena = shm.Arena(f"s{config.rank}") if use_shm else None
+        self._mapper = shm.Mapper()
+        self._shm_replies: set = set()   # (peer, request id) whose reply may point into our memory
+        self._probe = None
+        if self.arena is not None:
+            # kept for the server's lifetime: a worker reads it after our hello reply
+            self._probe = self.arena.alloc(16, np.uint8)
+            self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
+
+    def bind(self, sock) -> str:
+        """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
+        advert = endpoints.bind(sock, self.config.node_host, ipc=self.config.transport != "tcp")
+        return advert.format()
+
+    def joined(self, registration) -> None:
+        """Accept shared memory from the job's worker processes only."""
+        pids = []
+        for worker in registration.workers:          # "host:pid"
+            tail = str(worker).rsplit(":", 1)[-1]
+            if tail.isdigit():
+                pids.append(int(tail))
+        self._mapper.allow(pids)
+
+    def alloc(self, size: int, dtype) -> np.ndarray:
+        return self.arena.alloc(size, dtype) if self.arena is not None else np.empty(size, dtype)
+
+    def decode(self, body) -> tuple[dict, list]:
+        return decode(body, self.config.max_message_bytes, resolve=self._mapper.view)
+
+    def intercept(self, peer, header: dict, arrays: list):
+        """Note what a request asks of the transport; answer ``hello`` (returns the
+        reply's (header, arrays)), or None for requests the state machine handles."""
+        if header.get("shm_reply") is True and self.arena is not None:
+            self._shm_replies.add((peer, header["id"]))
+        if header["op"] != ops.HELLO:
+            return None
+        nonce = header.get("nonce")
+        # the worker's probe must have come through shared memory and read back right
+        ok = (self.arena is not None and isinstance(header.get("shm"), dict) and len(arrays) == 1
+              and isinstance(nonce, bytes) and arrays[0].tobytes() == nonce)
+        if not ok:
+            return {"op": ops.OK, "id": header["id"], "shm_ok": False}, []
+        return {"op": ops.OK, "id": header["id"], "shm_ok": True, "nonce": self._probe.tobytes()}, \
+            [self._probe]
+
+    def encode(self, peer, header: dict, arrays: list) -> list:
+        key = (peer, header.get("id"))
+        shared = None
+        if key in self._shm_replies:
+            self._shm_replies.discard(key)
+            if arrays:
+                shared = [self.arena.locate(a) for a in arrays]
+        return encode(header, arrays, shared)
+
+    def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+        self._mapper.close()
