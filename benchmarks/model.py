@@ -14,15 +14,16 @@ One machine (what the benchmark measures: loopback, P = 2 cores shared by
 everyone): every byte costs CPU, so
 
     T_x = max( W*M*(k_w + k_s) / P ,          all the CPU work spread over P cores
-               M*k_w + (W*M/S)*k_s )           the serial chain: a worker sends, its
-                                               server sums all W pushes of its share,
-                                               replies, the worker copies the reply
+               max(M*k_w, (W*M/S)*k_s)         the chain of a worker and its server,
+                 + p*(k_w + W*k_s) )           overlapped piece by piece (messages of
+                                               p = KVSTORE_PIPELINE_BYTES): one piece
+                                               fills and drains the pipeline
 
 Cluster, one worker per machine, servers co-located with workers (s server
 processes per machine, S = s*N), full-duplex links:
 
     T_wire = 2*(N-1)/N * M/B                   push out + pull out per NIC (as ring all-reduce)
-    T_cpu  = M*k_w + M*k_s/s                   worker chain + its server's share
+    T_cpu  = max(M*k_w, M*k_s/s) + p*(k_w+k_s) worker chain and its server's share, pipelined
     T_x    = max(T_wire, T_cpu) + 2*L          L: per-request latency (one round trip)
     T_step = T_c + T_x                         no overlap of backward and exchange (today)
     T_step = max(T_c, T_x) + M_last/B          with per-layer overlap (not implemented)
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 import statistics
 
@@ -74,27 +74,30 @@ def _gloo_flat(data):
     return g[0]["stats"]["median"] if g else None
 
 
+PIECE = 8 << 20   # KVSTORE_PIPELINE_BYTES
+
+
 def predict_local(w, s, m, k_w, k_s, cores=2) -> float:
-    return max(w * m * (k_w + k_s) / cores, m * k_w + w * m / s * k_s)
+    return max(w * m * (k_w + k_s) / cores,
+               max(m * k_w, w * m / s * k_s) + PIECE * (k_w + w * k_s))
 
 
 def predict_cluster(n, gbit, m, k_w, k_s, servers_per_machine, latency, compute):
     b = gbit * 1e9 / 8
     wire = 2 * (n - 1) / n * m / b
-    cpu = m * k_w + m * k_s / servers_per_machine
+    cpu = max(m * k_w, m * k_s / servers_per_machine) + PIECE * (k_w + k_s)
     tx = max(wire, cpu) + 2 * latency
     return {"wire": wire, "cpu": cpu, "T_x": tx, "T_step": compute + tx,
             "efficiency": compute / (compute + tx)}
 
 
 def servers_needed(n, gbit, m, k_w, k_s, max_s=64):
-    """Server processes per machine so that worker chain + server share fit in the
+    """Server processes per machine so that the (pipelined) server share fits in the
     wire time; None when the worker alone is slower than the wire (worker-bound)."""
     wire = 2 * (n - 1) / n * m / (gbit * 1e9 / 8)
-    spare = wire - m * k_w
-    if spare <= 0:
+    if m * k_w >= wire:
         return None
-    return next((s for s in range(1, max_s + 1) if m * k_s / s <= spare), None)
+    return next((s for s in range(1, max_s + 1) if m * k_s / s <= wire), None)
 
 
 def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str) -> str:

@@ -65,14 +65,7 @@ class Client:
         self._socks = []
         self._poller = zmq.Poller()
         for addr in self.servers:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
-            sock.copy_threshold = config.zero_copy_bytes
-            config.security().connect(sock)
-            sock.connect(addr)
-            self._poller.register(sock, zmq.POLLIN)
-            self._socks.append(sock)
+            self._socks.append(self._connect(addr))
         self._index = {sock: i for i, sock in enumerate(self._socks)}
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
@@ -90,9 +83,20 @@ class Client:
         if config.malloc_tuning and any(t != "shm" for t in self.transports):
             memory.tune()          # replies arrive as large frames: keep their memory warm
 
+    def _connect(self, addr: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock.copy_threshold = self.config.zero_copy_bytes
+        self.config.security().connect(sock)
+        sock.connect(addr)
+        self._poller.register(sock, zmq.POLLIN)
+        return sock
+
     def _start_shm(self, adverts) -> None:
         """Prove to each co-located server that it can read our shared memory and we
-        its (a probe both ways); servers where that fails are reached over tcp."""
+        its (a probe both ways); servers where that fails are reached over their ipc
+        endpoint (the same host), or tcp when they have none."""
         targets = [s for s, t in enumerate(self.transports) if t == "shm"]
         why = {}
         if shm.available():
@@ -126,10 +130,22 @@ class Client:
                 except (RemoteError, ProtocolError) as e:   # that server falls back to tcp
                     log.info("[worker:%d] %s", self.rank, e)
         for s in targets:
-            if not ok.get(s):
-                self.transports[s] = "tcp"
-                log.warning("[worker:%d] server %d is on this host but shared memory with it failed "
-                            "(%s); using tcp", self.rank, s, why.get(s, "the probe did not read back"))
+            if ok.get(s):
+                continue
+            url, self.transports[s] = choose(adverts[s], "ipc")
+            if url != self.servers[s]:
+                # only the unsequenced hello went out on this connection: a fresh one
+                # (to the ipc endpoint) starts its sequence at 0 like any other
+                old = self._socks[s]
+                self._poller.unregister(old)
+                old.close(linger=0)
+                del self._index[old]
+                self._socks[s] = self._connect(url)
+                self._index[self._socks[s]] = s
+                self.servers[s] = url
+            log.warning("[worker:%d] server %d is on this host but shared memory with it failed "
+                        "(%s); using %s", self.rank, s, why.get(s, "the probe did not read back"),
+                        self.transports[s])
 
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, stage=None, shared=None, sequenced: bool = True,

@@ -32,11 +32,6 @@ from .sharding import Placement
 
 log = logging.getLogger(__name__)
 
-# Each server's share of a call travels as messages of about this many bytes,
-# interleaved across servers: a server sums one while the next arrives and the
-# reply of one travels while the worker still sends (measured: docs/performance.md).
-PIPELINE_BYTES = 8 << 20
-
 
 class DistStore(KVStore):
     """A worker's handle on the distributed store. Created by
@@ -187,7 +182,7 @@ class DistStore(KVStore):
         fields = self._compression_fields() if sources is not None else {}
         stage = sources is not None and self._compressor is None
         ids = []
-        for server, lo, hi in _pieces(dests):
+        for server, lo, hi in _pieces(dests, self._config.pipeline_bytes):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = datas.get(server, ([], []))[1][lo:hi]
             # pushpull waits for its replies, so gradients in our shared memory
@@ -252,7 +247,7 @@ class DistStore(KVStore):
         fields = self._compression_fields()
         stage = self._compressor is None
         groups = self._payload(items)
-        for server, lo, hi in _pieces(groups):
+        for server, lo, hi in _pieces(groups, self._config.pipeline_bytes):
             wire_ids, parts = groups[server][0][lo:hi], groups[server][1][lo:hi]
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
             _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
@@ -390,14 +385,16 @@ class DistStore(KVStore):
             log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
 
 
-def _pieces(groups: dict) -> list[tuple[int, int, int]]:
+def _pieces(groups: dict, limit: int) -> list[tuple[int, int, int]]:
     """(server, start, stop): each server's chunk list cut into runs of about
-    PIPELINE_BYTES, taken round-robin across servers so all of them work at once."""
+    ``limit`` bytes (KVSTORE_PIPELINE_BYTES; 0: no cut), taken round-robin across
+    servers so that all of them work at once: a server sums one run while the next
+    arrives, and one run's reply travels while the worker still sends."""
     runs = {}
     for server, (_, parts) in groups.items():
         cuts, size = [0], 0
         for i, part in enumerate(parts):
-            if size and size + part.nbytes > PIPELINE_BYTES:
+            if limit and size and size + part.nbytes > limit:
                 cuts.append(i)
                 size = 0
             size += part.nbytes

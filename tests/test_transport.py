@@ -251,13 +251,13 @@ def test_compressed_pushes_travel_inline_over_shm(make_cluster):
         np.testing.assert_array_equal(out, 1.0)
 
 
-def test_workers_fall_back_to_tcp_when_a_server_offers_no_shared_memory(make_cluster, monkeypatch):
+def test_workers_fall_back_to_ipc_when_shared_memory_fails(make_cluster, monkeypatch):
     from kvstore.server import dataplane
     # the servers accept no worker's memory: the handshake fails, the data still flows
     monkeypatch.setattr(dataplane.DataPlane, "joined", lambda self, registration: None)
     cluster = make_cluster(2, 2, chunk_bytes=8192)
     for seen, kinds, urls in cluster.run(exchange):
-        assert kinds == ["tcp", "tcp"]
+        assert kinds == ["ipc", "ipc"] and all(u.startswith("ipc://@kvstore-") for u in urls)
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(2, step)):
                 np.testing.assert_array_equal(got, want)

@@ -120,6 +120,10 @@ VARIABLES: tuple[Var, ...] = (
         "How workers reach servers on their own host: auto (shared memory for array data, "
         "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
         "(always). Set it for the whole job (servers then skip what is not needed)."),
+    Var("KVSTORE_PIPELINE_BYTES", (), 8 << 20, _non_negative_int,
+        "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
+        "many bytes, interleaved across servers, so that transfer, sum and reply overlap "
+        "(0: one message per server and call)."),
     Var("KVSTORE_MALLOC_TUNING", (), True, _bool,
         "1: set glibc's malloc thresholds (mallopt) in servers and in workers that receive over "
         "tcp/ipc, so that large incoming messages reuse warm memory instead of page-faulting."),
