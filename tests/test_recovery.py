@@ -128,5 +128,7 @@ def test_resume_with_another_number_of_servers_is_refused(make_cluster, tmp_path
         kv.save_checkpoint()
     make_cluster(1, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(save)
     cluster = make_cluster(1, 3, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True)
-    with pytest.raises(NodeFailedError, match="written by a job of 2 servers; this job has 3"):
+    # the three servers race to report; each reason names the mismatch or the missing file
+    with pytest.raises(NodeFailedError, match="cannot resume: .*(written by a job of 2 servers; "
+                                              "this job has 3|no server checkpoint)"):
         cluster.run(lambda kv: None)
