@@ -38,14 +38,15 @@ def fill_grads(arrays, rank: int, it: int) -> None:
         a.fill(grad_value(rank, k, it))
 
 
-def verify(arrays, num_workers: int, it: int, what: str = "result") -> None:
+def verify(arrays, num_workers: int, it: int, what: str = "result", expected=expected_sum) -> None:
     """Check that ``arrays`` hold the sum over workers of iteration ``it``: the
     first, middle and last element of every tensor and the total sum (float64).
+    ``expected(num_workers, key, it)`` is the value every element must have.
     Raises :class:`WrongResult` naming the first wrong tensor."""
     total = want_total = 0.0
     for k, a in enumerate(arrays):
         flat = np.asarray(a).reshape(-1)
-        want = expected_sum(num_workers, k, it)
+        want = expected(num_workers, k, it)
         n = flat.size
         for idx in {0, n // 2, n - 1} if n else ():
             if flat[idx] != want:

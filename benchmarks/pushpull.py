@@ -71,7 +71,8 @@ CONTENDERS = {
 
 def _csv(ctx, param, value):
     items = tuple(v.strip() for v in value.split(",") if v.strip())
-    known = {"contenders": CONTENDERS, "transports": ours.TRANSPORTS}.get(param.name)
+    known = {"contenders": CONTENDERS, "transports": ours.TRANSPORTS,
+             "compression": ("2bit", "1bit", "fp16")}.get(param.name)
     if known is not None:
         bad = [v for v in items if v not in known]
         if bad:
@@ -96,6 +97,9 @@ def _csv(ctx, param, value):
               help="Which to run (comma-separated).")
 @click.option("--transports", callback=_csv, default=",".join(ours.TRANSPORTS), show_default=True,
               help="Our transports to try (unavailable ones are skipped with the reason).")
+@click.option("--compression", callback=_csv, default="2bit,1bit,fp16", show_default=True,
+              help="Gradient compression types to time ours with (pushpull over tcp and shm; "
+                   "empty: none).")
 @click.option("--latency-iters", type=click.IntRange(min=0), default=200, show_default=True,
               help="Timed single-key exchanges per size (0: skip latency).")
 @click.option("--latency-sizes", default="1,1024,16384", show_default=True,
@@ -117,7 +121,8 @@ def _csv(ctx, param, value):
 @click.option("--no-chart", is_flag=True, help="Skip the PNG (no matplotlib needed).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
-def main(workers, servers, model, iters, warmup, launches, contenders, transports, latency_iters,
+def main(workers, servers, model, iters, warmup, launches, contenders, transports, compression,
+         latency_iters,
          latency_sizes, async_pushes, out_dir, name, setup_peers, setup_only, profile, env_pairs,
          no_chart, timeout):
     """Time one full gradient exchange of ResNet-50 (W workers, S servers): ours vs
@@ -139,7 +144,8 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
     cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                     latency_iters=latency_iters,
                     latency_sizes=tuple(int(x) for x in latency_sizes.split(",") if x),
-                    async_pushes=async_pushes, transports=transports, work_dir=work,
+                    async_pushes=async_pushes, transports=transports, compression=compression,
+                    work_dir=work,
                     timeout=timeout, env=extra_env, profile=profile)
     info = {"machine": common.machine(), "versions": {}, "skipped": {},
             "config": {k: v for k, v in cfg.__dict__.items() if k != "work_dir"},

@@ -24,15 +24,17 @@ def summarise(rows: list[dict], cfg) -> dict:
         g["samples"] += r["samples"]
         if r["samples"]:
             g["launch_medians"].append(statistics.median(r["samples"]))
-        for f in ("cpu_s", "minor_faults"):
+        for f in ("cpu_s", "minor_faults", "bytes_sent", "bytes_received"):
             if r.get(f) is not None:
-                g[f].append(r[f])
+                g.setdefault(f, []).append(r[f])
     out = []
     for g in groups.values():
         s = common.stats(g.pop("samples"))
         g["stats"] = s
         g["cpu_s"] = statistics.median(g["cpu_s"]) if g["cpu_s"] else None
         g["minor_faults"] = statistics.median(g["minor_faults"]) if g["minor_faults"] else None
+        for f in ("bytes_sent", "bytes_received"):
+            g[f] = statistics.median(g[f]) if g.get(f) else None
         out.append(g)
     summary = {"groups": out}
     summary["targets"] = targets(out, cfg)
@@ -148,6 +150,32 @@ def markdown(data: dict) -> str:
             lines.append(f"| {g['contender']} | {g['variant']} | **{_ms(st['median'])}** | "
                          f"{_ms(st['p10'])}-{_ms(st['p90'])} | {_ms(min(lm))}-{_ms(max(lm))} | "
                          f"{g['bytes'] / st['median'] / 1e9:.2f} | {vs} | {cpu} | {st['n']} |")
+        lines.append("")
+    co = _find(groups, "compression")
+    if co:
+        lines += ["Gradient compression (ours, pushpull; only worker->server traffic is compressed, "
+                  "pulls are exact; every result is checked against the exact compressed sum). "
+                  "MB: what worker 0 handed to and got from the servers per exchange, headers "
+                  "included (over shm, uncompressed data goes through shared memory, compressed "
+                  "data as messages):", "",
+                  "| transport | compression | median ms | p10-p90 ms | vs uncompressed | "
+                  "MB sent | MB received | worker CPU s/iter | n |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+        def mb(b):
+            return f"{b / 1e6:.1f}" if b is not None else ""
+        for transport in sorted({g["variant"].split(": ", 1)[0] for g in co}):
+            plain = next(iter(_find(groups, "exchange", "ours", exact=f"{transport}: pushpull")), None)
+            rows = [("none", plain)] if plain else []
+            rows += sorted(((g["variant"].split(", ")[-1].split()[0], g) for g in co
+                            if g["variant"].startswith(f"{transport}: ")), key=lambda kg: _med(kg[1]))
+            for kind, g in rows:
+                st = g["stats"]
+                vs = f"{st['median'] / _med(plain):.2f}x" if plain else ""
+                cpu = f"{g['cpu_s']:.3f}" if g.get("cpu_s") is not None else ""
+                lines.append(f"| {transport} | {kind} | **{_ms(st['median'])}** | {_ms(st['p10'])}-"
+                             f"{_ms(st['p90'])} | {vs} | {mb(g.get('bytes_sent'))} | "
+                             f"{mb(g.get('bytes_received'))} | {cpu} | {st['n']} |")
         lines.append("")
     ce = _find(groups, "ceiling")
     if ce:

@@ -47,22 +47,27 @@ def payload_size(kind: str, size: int) -> int:
 
 
 def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-    """Compress a flat gradient; updates ``residual`` (same shape, float) in place."""
+    """Compress a flat gradient; updates ``residual`` (same shape, float) in place.
+
+    Vectorised without temporaries of the gradient's size beyond one bit per
+    element per mask (masked in-place arithmetic, ``packbits``)."""
     kind, t = config["type"], config["threshold"]
     if kind == "fp16":
         return grad.astype(np.float16)
     residual += grad
     if kind == "2bit":
-        pos, neg = residual >= t, residual <= -t
-        residual[pos] -= t
-        residual[neg] += t
-        codes = pos.astype(np.uint8) | (neg.astype(np.uint8) << 1)   # 1: +t, 2: -t, 0: 0
-        padded = np.zeros(payload_size(kind, grad.size) * 4, np.uint8)
-        padded[:grad.size] = codes
-        quads = padded.reshape(-1, 4)
-        return quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
+        # bit 2j of the stream: element j sends +t; bit 2j+1: it sends -t. Packed
+        # little-endian, a byte holds 4 codes (1: +t, 2: -t, 0: 0), element 0 lowest.
+        bits = np.empty((grad.size, 2), bool)
+        pos, neg = bits[:, 0], bits[:, 1]
+        np.greater_equal(residual, t, out=pos)
+        np.less_equal(residual, -t, out=neg)
+        np.subtract(residual, t, out=residual, where=pos)
+        np.add(residual, t, out=residual, where=neg)
+        return np.packbits(bits.reshape(-1), bitorder="little")
     bits = residual > t
-    residual -= np.where(bits, 1, -1).astype(residual.dtype)
+    np.subtract(residual, 1, out=residual, where=bits)
+    np.add(residual, 1, out=residual, where=~bits)
     return np.packbits(bits)
 
 
@@ -78,10 +83,13 @@ def decompress(config: dict, payload: np.ndarray, size: int, dtype: np.dtype) ->
     if kind == "fp16":
         return flat.astype(dtype)
     if kind == "2bit":
-        codes = np.stack([(flat >> s) & 3 for s in (0, 2, 4, 6)], axis=1).reshape(-1)[:size]
-        table = np.array([0, t, -t, 0], dtype=dtype)
-        return table[codes]
-    return np.where(np.unpackbits(flat, count=size).astype(bool), 1, -1).astype(dtype)
+        bits = np.unpackbits(flat, count=2 * size, bitorder="little").view(np.int8).reshape(size, 2)
+        codes = bits[:, 0] - bits[:, 1]     # +1, -1 or 0 (the unused code 3 reads as 0)
+        return np.multiply(codes, np.asarray(t, dtype), dtype=dtype)
+    out = np.empty(size, dtype)
+    out.fill(-1)
+    out[np.unpackbits(flat, count=size).view(bool)] = 1
+    return out
 
 
 class Compressor:

@@ -71,6 +71,13 @@ def test_verify_accepts_the_sum_and_rejects_stale_or_partial_results():
     outs[-2].reshape(-1)[12345] = 0.0  # one element wrong, not sampled: the total catches it
     with pytest.raises(common.WrongResult, match="total sum"):
         common.verify(outs, 2, 5)
+    # a compressed exchange has its own expected value (2bit with t = 0.5: W * t)
+    from benchmarks.contenders.ours_worker import COMPRESSION
+    _, expected = COMPRESSION["pushpull_2bit"]
+    halves = [np.full(s, 1.0, np.float32) for s in shapes]
+    common.verify(halves, 2, 5, expected=expected)
+    with pytest.raises(common.WrongResult):
+        common.verify(outs, 2, 5, expected=expected)
 
 
 def test_our_contender_runs_through_the_launcher_and_checks_the_sum(tmp_path):
@@ -84,11 +91,23 @@ def test_our_contender_runs_through_the_launcher_and_checks_the_sum(tmp_path):
     assert any(k == "async" for k, _ in kinds)
     for r in rows:
         assert r["samples"] and all(x > 0 for x in r["samples"])
+    # compression rows are their own kind (a lossy exchange never counts for the targets),
+    # each checked against its exact compressed sum by the workers, with bytes on the wire
+    by_variant = {r["variant"]: r for r in rows if r["kind"] in ("exchange", "compression")}
+    plain = by_variant["tcp: pushpull"]
+    for kind, ratio in (("2bit", 16), ("1bit", 32), ("fp16", 2)):
+        row = by_variant[f"tcp: pushpull, {kind} compression"]
+        assert row["kind"] == "compression"
+        # payload shrinks by `ratio`; headers and the exact pull stay
+        assert row["bytes_sent"] < plain["bytes_sent"] / ratio * 1.5
+        assert row["bytes_received"] == plain["bytes_received"]
     summary = report.summarise(rows, cfg)
+    assert not any("compression" in (t["numerator"] or "") for t in summary["targets"])
     data = {"summary": summary, "config": cfg.__dict__, "machine": common.machine(),
             "versions": {}, "started": "", "finished": "", "skipped": {}, "failures": []}
     text = report.markdown(data)
     assert "tcp: pushpull" in text and "| target |" in text
+    assert "| tcp | 2bit |" in text and "| tcp | none |" in text
 
 
 def test_unavailable_transports_are_skipped_with_a_reason(tmp_path):

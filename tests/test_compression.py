@@ -51,6 +51,20 @@ def test_quantisation_matches_mxnet_element_by_element(kind, reference, t, size)
         np.testing.assert_array_equal(compression.decompress(c.config, payload, size, np.float64), want)
 
 
+def test_wire_layout_is_pinned():
+    """The packed bytes (docs/protocol.md): 2bit codes little-endian in a byte
+    (element 0 in bits 0-1; 1: +t, 2: -t, 0: nothing), 1bit bits big-endian
+    (element 0 in bit 7; set: +1). A decoder must read both the same way."""
+    c2 = compression.Compressor({"type": "2bit", "threshold": 0.5})
+    payload = c2.compress("k", np.array([1.0, -1.0, 0.0, 0.7, -0.6], np.float32))
+    assert payload.tolist() == [0b01_00_10_01, 0b10]
+    assert compression.decompress(c2.config, np.array([0b11_10_01_00], np.uint8), 4,
+                                  np.dtype(np.float32)).tolist() == [0, 0.5, -0.5, 0]   # 3 reads as 0
+    c1 = compression.Compressor({"type": "1bit", "threshold": 0.0})
+    payload = c1.compress("k", np.array([1, -1, 1, 1, -1, -1, -1, -1, 2], np.float32))
+    assert payload.tolist() == [0b1011_0000, 0b1000_0000]
+
+
 def test_fp16_is_a_cast_without_residual():
     c = compression.Compressor({"type": "fp16"})
     g = np.array([1.0, 1e-4, 65504.0, -3.14159], np.float32)

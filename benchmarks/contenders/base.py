@@ -28,6 +28,7 @@ class RunConfig:
     async_pushes: int = 500
     async_reps: int = 3
     transports: tuple[str, ...] = ("tcp", "ipc", "shm")
+    compression: tuple[str, ...] = ("2bit", "1bit", "fp16")   # ours: pushpull with each, tcp and shm
     work_dir: str = "/tmp"           # logs and per-launch JSON files
     timeout: float = 600.0           # per launch
     profile: bool = False
@@ -63,6 +64,7 @@ def rows_from(result: dict, contender: str, launch: int, variants: dict, nbytes:
         rows.append({"kind": "exchange", "contender": contender, "variant": variants.get(mode, mode),
                      "launch": launch, "samples": data["times"], "unit": "s", "bytes": nbytes,
                      "cpu_s": data.get("cpu_s"), "minor_faults": data.get("minor_faults"),
+                     "bytes_sent": data.get("bytes_sent"), "bytes_received": data.get("bytes_received"),
                      **(extra or {})})
     for size, times in result.get("latency", {}).items():
         rows.append({"kind": "latency", "contender": contender, "variant": f"{int(size)} B",

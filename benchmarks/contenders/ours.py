@@ -24,7 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ours_worker.py")
 SERVER = os.path.join(HERE, "server_wrapper.py")
 VARIANT_NAMES = {"push_pull": "push, then pull", "pushpull": "pushpull",
-                 "pushpull_shared": "pushpull, gradients from kv.empty()"}
+                 "pushpull_shared": "pushpull, gradients from kv.empty()",
+                 **{f"pushpull_{c}": f"pushpull, {c} compression" for c in ("2bit", "1bit", "fp16")}}
+COMPRESSED_ON = ("tcp", "shm")   # compression is about the network; shm shows its CPU cost
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,10 @@ def run(cfg: RunConfig, launch_no: int) -> list[dict]:
     rows = []
     for t in transports:
         # kv.empty() differs from numpy memory only where servers share memory with us
-        modes = ["--modes", "push_pull,pushpull" + (",pushpull_shared" if t.kind == "shm" else "")]
+        modes = ["push_pull", "pushpull"] + (["pushpull_shared"] if t.kind == "shm" else [])
+        if t.name in COMPRESSED_ON:
+            modes += [f"pushpull_{c}" for c in cfg.compression]
+        modes = ["--modes", ",".join(modes)]
         res = run_job(cfg, t, cfg.worker_args() + modes, f"ours-{t.name}-{launch_no}")
         extra = {"transport": t.name, "servers": cfg.servers,
                  "server_usage_total": res.get("servers_usage"),
@@ -120,6 +125,8 @@ def run(cfg: RunConfig, launch_no: int) -> list[dict]:
         for r in got:
             if r["kind"] == "latency":      # one latency row per transport
                 r["contender"] = f"ours {t.name}"
+            if "compression" in r["variant"]:   # lossy: not the same exchange, its own table
+                r["kind"] = "compression"
         rows += got
         if not cfg.async_pushes:
             continue

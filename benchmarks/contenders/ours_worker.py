@@ -27,6 +27,16 @@ from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
 
 LATENCY_KEY0 = 1 << 20
 
+# Gradient compression modes: pushpull with worker->server traffic compressed.
+# Every pushed value is >= 1 (common.grad_value), so with error feedback each
+# element always sends +t (2bit, t = 0.5) or +1 (1bit, t = 0): the exact sum is
+# W*t or W, every iteration. fp16 carries these small integers exactly.
+COMPRESSION = {
+    "pushpull_2bit": ({"type": "2bit", "threshold": 0.5}, lambda w, k, i: w * 0.5),
+    "pushpull_1bit": ({"type": "1bit", "threshold": 0.0}, lambda w, k, i: float(w)),
+    "pushpull_fp16": ({"type": "fp16"}, common.expected_sum),
+}
+
 
 def sync_task(kv, args) -> dict:
     rank, w = kv.rank, kv.num_workers
@@ -40,6 +50,9 @@ def sync_task(kv, args) -> dict:
     for mode in args.modes.split(","):
         if mode == "pushpull_shared":   # gradients in kv.empty() memory (read in place over shm)
             grads = [kv.empty(s, np.float32) for s in shapes]
+        compression, expected = COMPRESSION.get(mode, ({"type": "none"}, common.expected_sum))
+        kv.set_gradient_compression(compression)   # fresh residuals for every mode
+        traffic = {"bytes_sent": 0, "bytes_received": 0, "exchanges": 0}
         def prepare(i, base=base):
             common.fill_grads(grads, rank, base + i)
             for o in outs:
@@ -49,18 +62,29 @@ def sync_task(kv, args) -> dict:
             def step(i):
                 kv.push(keys, grads)
                 kv.pull(keys, out=outs)
-        elif mode in ("pushpull", "pushpull_shared"):
+        elif mode in ("pushpull", "pushpull_shared") or mode in COMPRESSION:
             def step(i):
                 kv.pushpull(keys, grads, out=outs)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
 
-        def check(i, base=base, mode=mode):
-            common.verify(outs, w, base + i, f"ours {mode} worker {rank}")
-        times, per = common.timed_loop(step, prepare, check, args.iters, args.warmup, kv.barrier,
+        def counted(i, step=step, traffic=traffic):   # bytes on the wire, this worker
+            before = kv.comm_stats()
+            step(i)
+            after = kv.comm_stats()
+            for f in ("bytes_sent", "bytes_received"):
+                traffic[f] += after[f] - before[f]
+            traffic["exchanges"] += 1
+
+        def check(i, base=base, mode=mode, expected=expected):
+            common.verify(outs, w, base + i, f"ours {mode} worker {rank}", expected)
+        times, per = common.timed_loop(counted, prepare, check, args.iters, args.warmup, kv.barrier,
                                        profiler=args.profiler)
-        result["modes"][mode] = {"times": times, **per}
+        n = max(1, traffic["exchanges"])
+        result["modes"][mode] = {"times": times, **per, "bytes_sent": traffic["bytes_sent"] / n,
+                                 "bytes_received": traffic["bytes_received"] / n}
         base += args.iters + args.warmup
+    kv.set_gradient_compression({"type": "none"})
     if args.latency_iters:
         result["latency"] = {}
         for j, n in enumerate(int(x) for x in args.latency_sizes.split(",")):
