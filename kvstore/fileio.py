@@ -1,10 +1,15 @@
-"""Writing files so that a crash never leaves a half-written one behind."""
+"""Writing files so that a crash never leaves a half-written one behind, and the
+versioned msgpack files (server checkpoints, optimizer states) built on it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+
+import msgpack
+
+from .errors import InvalidArgumentError
 
 
 @contextlib.contextmanager
@@ -29,3 +34,30 @@ def atomic_write(path: str):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_versioned(path: str, fmt: str, version: int, body: dict) -> None:
+    """Write ``{"format": fmt, "version": version, **body}`` as msgpack, atomically."""
+    with atomic_write(path) as f:
+        msgpack.pack({"format": fmt, "version": version, **body}, f, use_bin_type=True)
+
+
+def read_versioned(path: str, fmt: str, version: int, what: str, missing: str | None = None) -> dict:
+    """Read a file written by :func:`write_versioned`. Raises InvalidArgumentError
+    naming ``path`` and ``what`` it should be when it cannot be read, is not one,
+    or has another version (``missing``: the message for a file that does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            body = msgpack.unpack(f, raw=False, strict_map_key=False)
+    except FileNotFoundError as e:
+        if missing is not None:
+            raise InvalidArgumentError(missing) from None
+        raise InvalidArgumentError(f"cannot read {what} from {path}: {e}") from e
+    except (OSError, ValueError, msgpack.UnpackException) as e:
+        raise InvalidArgumentError(f"cannot read {what} from {path}: {e}") from e
+    if not isinstance(body, dict) or body.get("format") != fmt:
+        raise InvalidArgumentError(f"{path} is not a kvstore {what}")
+    if body.get("version") != version:
+        raise InvalidArgumentError(f"{path} has {what} version {body.get('version')!r}; "
+                                   f"this kvstore reads version {version}")
+    return body

@@ -13,11 +13,10 @@ format, so states saved by a ``dist_sync`` job load into a ``local`` store.
 
 from __future__ import annotations
 
-import msgpack
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .fileio import atomic_write
+from .fileio import read_versioned, write_versioned
 from .protocol.codec import ALLOWED_DTYPES
 
 FORMAT = "kvstore.optimizer_states"
@@ -27,28 +26,18 @@ VERSION = 1
 def dump(path: str, optimizer: dict | None, states: dict) -> None:
     """Write ``states`` ({key: {"t": int, "state": [arrays]}}) to ``path`` atomically."""
     body = {
-        "format": FORMAT, "version": VERSION, "optimizer": optimizer,
+        "optimizer": optimizer,
         "states": [[key, int(entry["t"]),
                     [[a.dtype.str, list(a.shape), np.ascontiguousarray(a).tobytes()]
                      for a in entry["state"]]]
                    for key, entry in states.items()],
     }
-    with atomic_write(path) as f:
-        msgpack.pack(body, f, use_bin_type=True)
+    write_versioned(path, FORMAT, VERSION, body)
 
 
 def load(path: str) -> tuple[dict | None, dict]:
     """Read a file written by :func:`dump`. Raises InvalidArgumentError if it is not one."""
-    try:
-        with open(path, "rb") as f:
-            body = msgpack.unpack(f, raw=False, strict_map_key=False)
-    except (OSError, ValueError, msgpack.UnpackException) as e:
-        raise InvalidArgumentError(f"cannot read optimizer states from {path!r}: {e}") from e
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise InvalidArgumentError(f"{path!r} is not a kvstore optimizer-state file")
-    if body.get("version") != VERSION:
-        raise InvalidArgumentError(f"{path!r} has format version {body.get('version')!r}; "
-                                   f"this kvstore reads version {VERSION}")
+    body = read_versioned(path, FORMAT, VERSION, "optimizer-state file")
     states = {}
     try:
         for key, t, arrays in body["states"]:

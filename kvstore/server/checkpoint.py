@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import os
 
-import msgpack
-
-from ..errors import InvalidArgumentError
-from ..fileio import atomic_write
+from ..fileio import read_versioned, write_versioned
 
 FORMAT = "kvstore.server_checkpoint"
 VERSION = 1
@@ -28,23 +25,11 @@ def path_for(directory: str, rank: int) -> str:
 def save(path: str, snapshot: dict) -> None:
     """Write ``snapshot`` (from ServerState.snapshot) to ``path``: temporary file,
     fsync, rename; a crash leaves the previous checkpoint intact."""
-    with atomic_write(path) as f:
-        msgpack.pack({"format": FORMAT, "version": VERSION, **snapshot}, f, use_bin_type=True)
+    write_versioned(path, FORMAT, VERSION, snapshot)
 
 
 def load(path: str) -> dict:
     """Read a checkpoint; InvalidArgumentError if it is missing or not one."""
-    try:
-        with open(path, "rb") as f:
-            body = msgpack.unpack(f, raw=False, strict_map_key=False)
-    except FileNotFoundError:
-        raise InvalidArgumentError(f"no server checkpoint at {path}: cannot resume (was "
-                                   "KVSTORE_CHECKPOINT_DIR the same, and did the job save one?)") from None
-    except (OSError, ValueError, msgpack.UnpackException) as e:
-        raise InvalidArgumentError(f"cannot read the server checkpoint {path}: {e}") from e
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise InvalidArgumentError(f"{path} is not a kvstore server checkpoint")
-    if body.get("version") != VERSION:
-        raise InvalidArgumentError(f"{path} has checkpoint version {body.get('version')!r}; "
-                                   f"this kvstore reads version {VERSION}")
-    return body
+    return read_versioned(path, FORMAT, VERSION, "server checkpoint",
+                          missing=f"no server checkpoint at {path}: cannot resume (was "
+                                  "KVSTORE_CHECKPOINT_DIR the same, and did the job save one?)")
