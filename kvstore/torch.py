@@ -157,20 +157,31 @@ class Trainer:
         """Push the gradients not pushed yet, then pull: weights (servers updated)
         or averaged gradients followed by the local torch optimizer's step."""
         self._flush_bucket()
-        rest = [i for i in range(len(self._params)) if i not in self._pushed]
-        if rest:
-            self._push(rest)   # parameters without a gradient push zeros: rounds stay aligned
-        self._pushed.clear()
+        overlapped = bool(self._pushed)
+        if overlapped:
+            rest = [i for i in range(len(self._params)) if i not in self._pushed]
+            if rest:
+                self._push(rest)   # parameters without a gradient push zeros: rounds stay aligned
+            self._pushed.clear()
         if self.update_on_kvstore:
-            self.kv.pull(self._keys, out=[p.data for p in self._params])
+            grads, outs = None, [p.data for p in self._params]
+        else:
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = outs = [p.grad for p in self._params]
+        if overlapped:
+            self.kv.pull(self._keys, out=outs)
+        else:
+            # nothing went out during backward (overlap=False): one pushpull, not a
+            # push and a pull (a round trip less); zeros keep the sync rounds aligned
+            if grads is None:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+            self.kv.pushpull(self._keys, grads, out=outs)
+        if self.update_on_kvstore:
             return
-        for p in self._params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self._params]
-        self.kv.pull(self._keys, out=grads)
         if self.kv.num_workers > 1:
-            for g in grads:
+            for g in outs:
                 g.div_(self.kv.num_workers)
         self.torch_optimizer.step()
 

@@ -78,10 +78,35 @@ def test_servers_run_the_optimizer(make_cluster, overlap):
         assert_same(got, want)
 
 
-def test_workers_run_their_torch_optimizer_on_the_averaged_gradient(make_cluster):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_workers_run_their_torch_optimizer_on_the_averaged_gradient(make_cluster, overlap):
     want = reference_torch(lambda ps: torch.optim.Adam(ps, lr=0.01))
-    results = run_dist(make_cluster, lambda m: (torch.optim.Adam(m.parameters(), lr=0.01), {}))
+    results = run_dist(make_cluster, lambda m: (torch.optim.Adam(m.parameters(), lr=0.01),
+                                                {"overlap": overlap}))
     for got in results:
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("update_on_kvstore", [True, False])
+def test_gradients_accumulated_over_two_backward_passes(make_cluster, update_on_kvstore):
+    """overlap=False: two backward passes on half batches (loss halved), then one
+    step (a single pushpull), train like one process on the whole batch."""
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]
+    cluster = make_cluster(W, 2, chunk_bytes=64)
+
+    def job(kv):
+        model, per = models[kv.rank], B
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **SGD),
+                                  update_on_kvstore=update_on_kvstore, overlap=False)
+        for x, y in batches():
+            mine, labels = x[kv.rank * per:(kv.rank + 1) * per], y[kv.rank * per:(kv.rank + 1) * per]
+            trainer.zero_grad()
+            for half in (slice(0, per // 2), slice(per // 2, per)):
+                (F.cross_entropy(model(mine[half]), labels[half]) / 2).backward()
+            trainer.step()
+        return [p.detach().clone() for p in model.parameters()]
+    for got in cluster.run(job, "dist_sync"):
         assert_same(got, want)
 
 
