@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -171,22 +172,26 @@ def exchange(kv):
             kv.push(KEYS, values(kv.rank, step))
             kv.pull(KEYS, out=outs)
         seen.append(outs)
-    return seen, list(kv._client.transports), list(kv._client.servers)
+    return seen, list(kv._client.transports), list(kv._client.servers), \
+        len(kv._client._slots._slots) if kv._client._slots is not None else 0
 
 
 @pytest.mark.parametrize("transport, kind, scheme", [
     ("auto", "shm", "tcp://"), ("shm", "shm", "tcp://"), ("ipc", "ipc", "ipc://"), ("tcp", "tcp", "tcp://")])
 def test_every_transport_gives_the_oracles_sums(make_cluster, transport, kind, scheme):
-    cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport)
-    for seen, kinds, urls in cluster.run(exchange):
+    # chunks of 8 KiB go by reference over shm, the two small keys (under
+    # zero_copy_bytes) inline: messages mix both
+    cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport, zero_copy_bytes=4096)
+    for seen, kinds, urls, slots in cluster.run(exchange):
         assert kinds == [kind, kind] and all(u.startswith(scheme) for u in urls)
+        assert (slots > 0) == (kind == "shm")
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(3, step)):
                 np.testing.assert_array_equal(got, want)
 
 
 def test_optimizer_and_async_over_shared_memory(make_cluster):
-    cluster = make_cluster(2, 2, chunk_bytes=4096)
+    cluster = make_cluster(2, 2, chunk_bytes=4096, zero_copy_bytes=4096)
 
     def job(kv):
         kv.init("w", np.ones(3000, np.float32))
@@ -198,7 +203,7 @@ def test_optimizer_and_async_over_shared_memory(make_cluster):
     for out, kinds in cluster.run(job):
         assert kinds == ["shm", "shm"]
         np.testing.assert_allclose(out, 1 - 3 * 0.5 * 3)
-    cluster = make_cluster(2, 1, chunk_bytes=4096)
+    cluster = make_cluster(2, 1, chunk_bytes=4096, zero_copy_bytes=4096)
 
     def async_job(kv):
         kv.init("w", np.zeros(5000, np.float32))
@@ -256,7 +261,7 @@ def test_workers_fall_back_to_ipc_when_shared_memory_fails(make_cluster, monkeyp
     # the servers accept no worker's memory: the handshake fails, the data still flows
     monkeypatch.setattr(dataplane.DataPlane, "joined", lambda self, registration: None)
     cluster = make_cluster(2, 2, chunk_bytes=8192)
-    for seen, kinds, urls in cluster.run(exchange):
+    for seen, kinds, urls, _ in cluster.run(exchange):
         assert kinds == ["ipc", "ipc"] and all(u.startswith("ipc://@kvstore-") for u in urls)
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(2, step)):
@@ -285,6 +290,7 @@ JOB = textwrap.dedent("""
     server = Advert.parse(kv._membership.registration.servers[0]).pid
     print("RANK", kv.rank, "SUM", out[0], "TRANSPORTS", ",".join(kv._client.transports),
           "MAPS-SERVER", "memfd:kvstore-s0" in maps, "PIDS", os.getpid(), server, flush=True)
+    kv.barrier()                     # both ranks printed before anyone is killed
     kill = os.environ.get("KILL")
     if kill == "server" and kv.rank == 0:
         os.kill(server, signal.SIGKILL)
@@ -346,7 +352,7 @@ def test_a_closed_arena_leaves_no_way_to_map_it():
 
 
 def test_gradients_from_kv_empty_are_read_in_place_by_pushpull(make_cluster):
-    cluster = make_cluster(2, 2, chunk_bytes=8192)
+    cluster = make_cluster(2, 2, chunk_bytes=8192, zero_copy_bytes=4096)
 
     def job(kv):
         kv.init(KEYS, [np.zeros((300, 70), np.float32), np.zeros(5, np.float32), np.zeros(40, np.int64)])
@@ -375,6 +381,35 @@ def test_gradients_from_kv_empty_are_read_in_place_by_pushpull(make_cluster):
             np.testing.assert_array_equal(got, want)
         for got in grads:
             np.testing.assert_array_equal(got, -2)
+
+
+def test_small_buffers_travel_in_the_message_over_shm(make_cluster):
+    """Under KVSTORE_ZERO_COPY_BYTES a buffer is cheaper inline than by reference
+    (per-key latency): nothing is staged, replies carry no references."""
+    cluster = make_cluster(2, 1, zero_copy_bytes=4096)
+
+    def job(kv):
+        kv.init(["tiny", "big"], [np.zeros(1000, np.float32), np.zeros(1024, np.float32)])
+        client, seen = kv._client, []
+        on_reply = client._on_reply
+
+        def spy(server, frames):     # does the reply refer to shared memory?
+            seen.append("shm" in msgpack.unpackb(frames[0].bytes))
+            on_reply(server, frames)
+        client._on_reply = spy
+        out = np.empty(1000, np.float32)
+        kv.pushpull("tiny", np.full(1000, kv.rank + 1.0, np.float32), out=out)
+        tiny_staged, tiny_seen = len(client._slots._slots), list(seen)
+        big = np.empty(1024, np.float32)
+        kv.pushpull("big", np.full(1024, kv.rank + 1.0, np.float32), out=big)
+        return out, big, tiny_staged, len(client._slots._slots), (tiny_seen, seen), client.transports
+    for out, big, tiny_staged, staged, seen, kinds in cluster.run(job):
+        assert kinds == ["shm"]
+        np.testing.assert_array_equal(out, 3)
+        np.testing.assert_array_equal(big, 3)
+        assert tiny_staged == 0 and staged == 1      # 4000 bytes inline, 4096 by reference
+        tiny_seen, seen = seen
+        assert tiny_seen == [False] and seen[-1] is True
 
 
 def test_kv_empty_is_plain_memory_without_shared_memory(make_cluster):

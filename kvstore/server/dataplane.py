@@ -89,7 +89,10 @@ class DataPlane:
         if key in self._shm_replies:
             self._shm_replies.discard(key)
             if arrays:
-                shared = [self.arena.locate(a) for a in arrays]
+                # small values travel in the message (cheaper than a reference), except
+                # the hello reply's probe, which must prove the shared memory works
+                least = 0 if header.get("shm_ok") is True else self.config.zero_copy_bytes
+                shared = [self.arena.locate(a) if a.nbytes >= least else None for a in arrays]
         return encode(header, arrays, shared)
 
     def close(self) -> None:
