@@ -527,8 +527,8 @@ def _reading(entries) -> str:
             if e:
                 got = 1 - e["median"] / ours["median"]
                 want = 1 - e["model_ms"] / ours["model_ms"]
-                parts.append(f"{name} {'saves' if got >= 0 else 'costs'} {abs(got) * 100:.0f} % of "
-                             f"ours' uncompressed time (the wire model: saves {want * 100:.0f} %).")
+                parts.append(f"{name}: {abs(got) * 100:.0f} % {'faster' if got >= 0 else 'slower'} "
+                             f"than ours uncompressed (the wire model: {want * 100:.0f} % faster).")
     return "Reading: " + " ".join(parts) if parts else ""
 
 
