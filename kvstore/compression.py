@@ -14,6 +14,8 @@ needs no state: each message names its compression. Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .errors import ConfigError, InvalidArgumentError
@@ -53,7 +55,7 @@ def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.
     element per mask (masked in-place arithmetic, ``packbits``)."""
     kind, t = config["type"], config["threshold"]
     if kind == "fp16":
-        return grad.astype(np.float16)
+        return _to_fp16(grad)
     residual += grad
     if kind == "2bit":
         # bit 2j of the stream: element j sends +t; bit 2j+1: it sends -t. Packed
@@ -69,6 +71,19 @@ def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.
     np.subtract(residual, 1, out=residual, where=bits)
     np.add(residual, 1, out=residual, where=~bits)
     return np.packbits(bits)
+
+
+def _to_fp16(a: np.ndarray) -> np.ndarray:
+    """``a.astype(float16)``. numpy's cast has no vector path on many x86 CPUs
+    (about 1 GB/s here); torch's is ~10x faster and rounds identically (IEEE
+    round-to-nearest-even), so use it when the process has already imported torch
+    (training scripts do; we never import it ourselves)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not a.flags.c_contiguous or a.dtype != np.float32:   # (f64: one rounding)
+        return a.astype(np.float16)
+    out = np.empty(a.shape, np.float16)
+    torch.from_numpy(out).copy_(torch.from_numpy(a))
+    return out
 
 
 def decompress(config: dict, payload: np.ndarray, size: int, dtype: np.dtype) -> np.ndarray:

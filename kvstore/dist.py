@@ -178,13 +178,13 @@ class DistStore(KVStore):
         reply values into ``targets`` [(info, [outs])]."""
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
         dests = self._by_server([(info, flat) for info, flat, _ in flats])
-        datas = self._payload(sources) if sources is not None else {}
+        datas = self._by_server(sources) if sources is not None else {}
         fields = self._compression_fields() if sources is not None else {}
         stage = sources is not None and self._compressor is None
         ids = []
         for server, lo, hi in _pieces(dests, self._config.pipeline_bytes):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
-            payload = datas.get(server, ([], []))[1][lo:hi]
+            payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
             # pushpull waits for its replies, so gradients in our shared memory
             # (empty()) may be read by the servers in place
             rid, _ = self._client.request(server, op, what, payload, self._filler(parts),
@@ -195,16 +195,13 @@ class DistStore(KVStore):
         for (info, outs), (_, flat, direct) in zip(targets, flats):
             fill_outputs(outs, flat, direct, what)
 
-    def _payload(self, items) -> dict:
-        """Like _by_server for pushed data, each chunk compressed when compression is on."""
-        groups = self._by_server(items)
+    def _compressed(self, wire_ids, parts) -> list:
+        """``parts`` as they go on the wire: compressed when compression is on. Called
+        per message, just before it is sent, so that compressing the next message
+        overlaps sending this one (and the servers summing it)."""
         if self._compressor is None:
-            return groups
-        compressed = {}
-        for server, (wire_ids, parts) in groups.items():
-            compressed[server] = (wire_ids, [self._compressor.compress(tuple(wid), part)
-                                             for wid, part in zip(wire_ids, parts)])
-        return compressed
+            return parts
+        return [self._compressor.compress(tuple(wid), part) for wid, part in zip(wire_ids, parts)]
 
     def _compression_fields(self) -> dict:
         return {} if self._compressor is None else {"compression": self._compressor.config}
@@ -246,9 +243,10 @@ class DistStore(KVStore):
         trackers = []
         fields = self._compression_fields()
         stage = self._compressor is None
-        groups = self._payload(items)
+        groups = self._by_server(items)
         for server, lo, hi in _pieces(groups, self._config.pipeline_bytes):
-            wire_ids, parts = groups[server][0][lo:hi], groups[server][1][lo:hi]
+            wire_ids = groups[server][0][lo:hi]
+            parts = self._compressed(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
             _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
                                               stage=wire_ids if stage else None, chunks=wire_ids, **fields)

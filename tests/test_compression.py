@@ -65,6 +65,18 @@ def test_wire_layout_is_pinned():
     assert payload.tolist() == [0b1011_0000, 0b1000_0000]
 
 
+def test_fp16_cast_through_torch_rounds_exactly_like_numpy():
+    torch = pytest.importorskip("torch")   # noqa: F841 (imported: compression uses it)
+    rng = np.random.default_rng(3)
+    g = np.concatenate([rng.standard_normal(50_000) * 1e4, rng.standard_normal(50_000) * 1e-6,
+                        [np.nan, np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 2.0 ** -25,
+                         2.0 ** -24 * 1.5, 1 + 2.0 ** -11]]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = g.astype(np.float16)
+        got = compression.compress({"type": "fp16", "threshold": 0.0}, g, None)
+    assert got.dtype == np.float16 and np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 def test_fp16_is_a_cast_without_residual():
     c = compression.Compressor({"type": "fp16"})
     g = np.array([1.0, 1e-4, 65504.0, -3.14159], np.float32)
