@@ -585,6 +585,9 @@ def parse_args(argv):
     p.add_argument("--env", dest="env_pairs", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for every process (repeatable)")
     p.add_argument("--out-dir", default=DEFAULT_OUT)
+    p.add_argument("--work-dir", default=None,
+                   help="logs and parameter files (default: a new temporary directory); removed "
+                        "after a passing run, kept after a failed one")
     p.add_argument("--name", default="trainer", help="base name of the result files")
     p.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -626,7 +629,9 @@ def main(argv=None) -> int:
     per_slice = per_slice_needed(model)
     del model
     os.makedirs(args.out_dir, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="kvbench-trainer-")
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="kvbench-trainer-", dir=args.work_dir)
     info = {"command": " ".join(["python -m benchmarks.trainer", *argv]), "config": cfg,
             "launches": args.launches, "contenders": list(args.contenders),
             "machine": common.machine(),

@@ -28,7 +28,7 @@ TINY = ["--network", "resnet", "--num-layers", "20", "--batch-size", "4", "--ima
 def run_bench(args, out_dir, deadline=150):
     """The benchmark as a user runs it; returns (exit status, output, JSON)."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.trainer", *args, "--out-dir",
-                           str(out_dir)], cwd=REPO, capture_output=True, text=True,
+                           str(out_dir), "--work-dir", str(out_dir / "work")], cwd=REPO, capture_output=True, text=True,
                           timeout=deadline, stdin=subprocess.DEVNULL)
     path = os.path.join(out_dir, "trainer.json")
     data = json.load(open(path)) if os.path.exists(path) else None
