@@ -25,8 +25,9 @@ processes per machine, S = s*N), full-duplex links:
     T_wire = 2*(N-1)/N * M/B                   push out + pull out per NIC (as ring all-reduce)
     T_cpu  = max(M*k_w, M*k_s/s) + p*(k_w+k_s) worker chain and its server's share, pipelined
     T_x    = max(T_wire, T_cpu) + 2*L          L: per-request latency (one round trip)
-    T_step = T_c + T_x                         no overlap of backward and exchange (today)
-    T_step = max(T_c, T_x) + M_last/B          with per-layer overlap (not implemented)
+    T_step = T_c + T_x                         exchange after backward (kv.pushpull, Trainer overlap=False)
+    T_step ~ max(T_c, T_x) + M_last/B          pushes overlapping backward (Trainer overlap=True), when
+                                               communication has resources of its own (links, cores)
 
 Dedicated server machines (S_m of them): T_wire = 2*M/B*max(1, N/S_m): as fast
 as co-location only with S_m >= N server machines (one per worker).
