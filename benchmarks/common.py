@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -136,3 +137,19 @@ def machine() -> dict:
     except OSError:
         pass
     return info
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kvstore_version() -> str:
+    """``kvstore <commit>``, plus a mark when kvstore/ or tracker/ have uncommitted
+    changes (so a result says which code produced it)."""
+    try:
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "kvstore", "tracker"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    return f"kvstore {commit or '?'}{' + uncommitted changes' if dirty else ''}"

@@ -24,10 +24,8 @@ wrong sum, 0 otherwise (skipped peers are reported, not failures).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,14 +48,7 @@ DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results")
 
 
 def _ours_version() -> str:
-    try:
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "kvstore", "tracker"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", ""
-    return f"kvstore {commit or '?'}{' + uncommitted changes' if dirty else ''}"
+    return common.kvstore_version()
 
 
 CONTENDERS = {

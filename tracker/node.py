@@ -158,7 +158,7 @@ def _watch_stdin(w):
 
 
 def main(argv):
-    mode, job = argv[0], argv[1]
+    mode = argv[0]   # argv[1]: the job id, shown in ps
     parent = os.getppid()
     parent_death_signal(signal.SIGTERM)   # sshd session / orted / slurmstepd gone: stop
     if os.getppid() != parent:

@@ -87,7 +87,7 @@ def sync_task(kv, args) -> dict:
 
 
 def async_task(kv, args) -> dict:
-    rank, w = kv.rank, kv.num_workers
+    w = kv.num_workers
     n, pushes = args.async_size, args.async_pushes
     key = 7
     kv.init(key, mx.nd.zeros(n, dtype="float32"))
