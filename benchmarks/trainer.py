@@ -3,6 +3,15 @@ gloo and against one process with no communication at all.
 
     python -m benchmarks.trainer                       # VGG-11, b=16 per worker, W=2, S=2, 3 launches
     python -m benchmarks.trainer --network resnet --num-layers 20 --batch-size 32
+    python -m benchmarks.trainer --link 1gbit          # two emulated machines (root)
+
+``--link RATE`` splits every distributed contender over two network namespaces
+joined by a veth pair rate-limited by tc tbf, built and removed (even on failure or
+SIGTERM) by benchmarks/link.py's ``Link``: A runs the scheduler, server 0, worker 0
+(DDP rank 0) and the floor; B server 1, worker 1 (DDP rank 1); ours over tcp, gloo
+over the veth. It also times each step's parts (forward, backward, step()), counts
+the bytes on the link, and sets the medians against docs/performance.md section 6's
+step-time model. Results go to ``trainer-link-RATE.{md,json}``.
 
 A step is ``zero_grad``, forward, backward (with whatever communication the
 contender overlaps with it), the rest of the gradient exchange and the optimizer
@@ -67,7 +76,9 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -185,7 +196,10 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
                                                  torch.cat([y for _, y in parts]))]
             batch["seeds"] = [dropout_seed(cfg, r, i) for r in range(w)]
 
+    parts = {"forward": [], "backward": [], "step": []}   # where each timed step's time went
+
     def step(i):
+        t0 = time.perf_counter()
         stepper.zero_grad()
         xys = batch["xy"]
         loss = 0
@@ -194,9 +208,15 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
             loss = loss + F.cross_entropy(net(x), y)
         if len(xys) > 1:
             loss = loss / len(xys)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         stepper.step()
         batch["loss"] = loss
+        if i >= cfg["warmup"]:
+            for k, v in (("forward", t1 - t0), ("backward", t2 - t1),
+                         ("step", time.perf_counter() - t2)):
+                parts[k].append(v)
 
     def check(i):
         losses.append(float(batch["loss"].detach()))
@@ -208,7 +228,7 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
             check(i)
         return {"losses": losses, "per_slice": slices}
     times, per = common.timed_loop(step, prepare, check, cfg["iters"], cfg["warmup"], sync)
-    return {"times": times, **per, "losses": losses}
+    return {"times": times, **per, "losses": losses, "parts": parts}
 
 
 def _save(prefix: str, model, corrupt: bool) -> int:
@@ -292,8 +312,11 @@ def worker_main(argv: list[str]) -> int:
     result.update(role=args.role, rank=rank, loadavg_start=load, loadavg_end=os.getloadavg(),
                   num_params=n, torch=torch.__version__, torch_threads=torch.get_num_threads())
     if kv is not None:
-        kinds = getattr(getattr(kv, "_client", None), "transports", None)
+        client = getattr(kv, "_client", None)
+        kinds = getattr(client, "transports", None)
+        urls = getattr(client, "servers", None)
         result["transports"] = list(kinds) if kinds else None
+        result["server_urls"] = list(urls) if urls else None
         trainer.close()
         kv.close()
     if args.role == "ddp":
@@ -352,8 +375,14 @@ def load_params(prefix: str, rank: int) -> np.ndarray:
     return np.load(f"{prefix}-rank{rank}.npy", allow_pickle=False)
 
 
+def side_of(rank: int) -> str:
+    """--link: the emulated machine of server/worker/DDP rank ``rank`` (A: even, B: odd;
+    W=2, S=2: server 0 and worker 0 with the scheduler on A, server 1 and worker 1 on B)."""
+    return "AB"[rank % 2]
+
+
 def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: bool,
-             corrupt: bool, timeout: float) -> list[dict]:
+             corrupt: bool, timeout: float, link=None) -> list[dict]:
     from tracker import env as tracker_env
     from tracker.launcher import JobSpec, launch
     prefix = os.path.join(work, tag)
@@ -361,6 +390,8 @@ def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: b
     argv = _worker_argv(cfg, "ours", prefix, overlap=overlap, update_on_kvstore=update_on_kvstore,
                         corrupt=corrupt)
     extra = {"KVSTORE_LOG_LEVEL": "WARNING", "KVSTORE_TIMEOUT": str(int(timeout)), **cfg["env"]}
+    if link is not None:
+        return _run_ours_link(cfg, prefix, tag, argv, extra, timeout, link)
     spec = JobSpec(num_workers=cfg["workers"], num_servers=cfg["servers"], command=tuple(argv),
                    env=extra, settings=tracker_env.read({**os.environ, **extra}))
     log_path = f"{prefix}.log"
@@ -371,8 +402,47 @@ def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: b
     return _collect(prefix, cfg["workers"], tag)
 
 
+def _run_ours_link(cfg: dict, prefix: str, tag: str, argv: list[str], extra: dict,
+                   timeout: float, link) -> list[dict]:
+    """Ours across the emulated link, each process started as benchmarks/link.py starts
+    them (``ip netns exec NS ...``, an argument list, the launcher's environment from
+    tracker/env.py ``for_process``, the job secret in the environment only): the
+    scheduler on A, server r and worker r on side_of(r), KVSTORE_TRANSPORT=tcp."""
+    from benchmarks import link as netlink
+    from tracker import env as tracker_env
+    from tracker.security import new_secret
+    port = random.randint(20000, 60000)   # a fresh namespace: nothing else listens there
+    shared = {"KVSTORE_SECRET": new_secret(), "KVSTORE_TRANSPORT": "tcp", "KVSTORE_SECURE": "0",
+              **extra}
+    w, s = cfg["workers"], cfg["servers"]
+
+    def env(role, rank, side):
+        return netlink._child_env(tracker_env.for_process(
+            role=role, rank=rank, scheduler_host=link.addr["A"], scheduler_port=port,
+            num_workers=w, num_servers=s, node_host=link.addr[side], extra=shared))
+    procs = [("scheduler", link.exec_argv("A", [sys.executable, "-m", "tracker.scheduler"]),
+              env("scheduler", None, "A"))]
+    procs += [(f"server {r}", link.exec_argv(side_of(r), [sys.executable, "-m", "kvstore.server"]),
+               env("server", r, side_of(r))) for r in range(s)]
+    procs += [(f"worker {r}", link.exec_argv(side_of(r), argv), env("worker", r, side_of(r)))
+              for r in range(w)]
+    try:
+        run_group(procs, f"{prefix}.log", timeout)
+    except GroupFailed as e:
+        raise Failed(f"{tag}: {e}") from None
+    got = _collect(prefix, w, tag)
+    kinds, urls = got[0].get("transports"), got[0].get("server_urls") or []
+    if not kinds or set(kinds) != {"tcp"}:
+        raise Failed(f"{tag}: the client used {kinds}, not tcp")
+    want = [f"tcp://{link.addr[side_of(r)]}:" for r in range(s)]
+    if len(urls) != s or not all(u.startswith(x) for u, x in zip(urls, want)):
+        raise Failed(f"{tag}: servers at {urls}; expected {want}")
+    return got
+
+
 def run_plain(cfg: dict, work: str, tag: str, role: str, ranks: int, timeout: float,
-              reference_prefix: str | None = None) -> list[dict]:
+              reference_prefix: str | None = None, link=None) -> list[dict]:
+    from benchmarks import link as netlink
     prefix = os.path.join(work, tag)
     _clean(prefix, ranks)
     argv = _worker_argv(cfg, role, prefix)
@@ -380,11 +450,22 @@ def run_plain(cfg: dict, work: str, tag: str, role: str, ranks: int, timeout: fl
         _clean(reference_prefix, 1)
         _clean(f"{reference_prefix}-kvsgd", 1)
         argv += ["--reference-prefix", reference_prefix]
-    if role == "ddp":
+    if role == "ddp" and link is not None:
+        # as benchmarks/link.py runs gloo: the rendezvous on A's address, each rank's
+        # gloo on the veth of its own "machine"
+        init = f"tcp://{link.addr['A']}:{random.randint(20000, 60000)}"
+        procs = [(f"ddp rank {r}", link.exec_argv(side_of(r), argv),
+                  netlink._child_env({"RANK": str(r), "WORLD_SIZE": str(ranks),
+                                      "BENCH_INIT_METHOD": init, "MASTER_ADDR": link.addr["A"],
+                                      "GLOO_SOCKET_IFNAME": link.dev[side_of(r)], **cfg["env"]}))
+                 for r in range(ranks)]
+    elif role == "ddp":
         init = f"tcp://127.0.0.1:{free_port()}"
         procs = [(f"ddp rank {r}", argv, {"RANK": str(r), "WORLD_SIZE": str(ranks),
                                           "BENCH_INIT_METHOD": init, **cfg["env"]})
                  for r in range(ranks)]
+    elif link is not None:   # the floor (and the reference): one process on A
+        procs = [(role, link.exec_argv("A", argv), netlink._child_env(dict(cfg["env"])))]
     else:
         procs = [(role, argv, dict(cfg["env"]))]
     try:
@@ -437,6 +518,127 @@ def check_all(done: list[tuple[str, int, str]], ref_prefix: str, workers: int, p
     return checks
 
 
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")   # unwinds through the link's clean-up
+
+
+def _link_ready(link, args, say) -> dict:
+    """--link: the rate limit on both veth ends, then benchmarks/link.py's raw TCP
+    check (a bulk transfer both ways at once). A failed check is reported, not fatal."""
+    from benchmarks import link as netlink
+    out = {"qdisc": link.set_rate(args.link)}
+    bps = netlink.parse_rate(args.link)
+    nbytes = max(4 << 20, int(bps / 8 * args.link_check_seconds))
+    try:
+        out["raw"] = raw = netlink.measure_raw(link, nbytes, timeout=60 + 10 * args.link_check_seconds)
+        say(f"link: {link.ns['A']} ({link.addr['A']}) <-> {link.ns['B']} ({link.addr['B']}), "
+            f"tbf {args.link}; raw TCP both ways at once: A->B {raw['a_to_b_gbit']:.3f}, "
+            f"B->A {raw['b_to_a_gbit']:.3f} Gbit/s")
+    except netlink.Failed as e:
+        out["raw_error"] = str(e)
+        say(f"link: raw TCP check failed (the prediction uses the nominal rate only): {e}")
+    return out
+
+
+# the first bucket DDP fills is capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES),
+# the others at bucket_cap_mb = 25 MiB
+DDP_FIRST_BUCKET = 1 << 20
+DDP_BUCKET = 25 << 20
+
+
+def last_bucket_bytes(sizes: list[int]) -> dict:
+    """Bytes in the last gradient bucket that backward completes (parameters become
+    ready roughly in reverse order): the Trainer's (flushed at >= 4 MiB from hooks, the
+    rest pushed in step()) and DDP's (1 MiB first bucket, then 25 MiB)."""
+    from kvstore.torch import DEFAULT_BUCKET_BYTES
+    bucket, last = 0, 0
+    for n in reversed(sizes):
+        bucket += n
+        if bucket >= DEFAULT_BUCKET_BYTES:
+            last, bucket = bucket, 0
+    trainer = bucket or last
+    try:
+        import torch.distributed as dist
+        first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", DDP_FIRST_BUCKET)
+    except ImportError:
+        first = DDP_FIRST_BUCKET
+    buckets, cur, cap = [], 0, first
+    for n in reversed(sizes):   # as torch's compute_bucket_assignment_by_size: add, then cut
+        cur += n
+        if cur >= cap:
+            buckets.append(cur)
+            cur, cap = 0, DDP_BUCKET
+    if cur or not buckets:
+        buckets.append(cur)
+    return {"trainer": trainer, "ddp": buckets[-1], "ddp_buckets": buckets}
+
+
+# docs/performance.md section 6 calibration (this machine, tcp): CPU s per byte of a
+# worker's exchange and of a server's share, the pipeline piece, one small round trip
+K_W, K_S, PIECE, LATENCY = 0.79e-9, 0.84e-9, 8 << 20, 0.6e-3
+
+
+def predict(data: dict) -> dict:
+    """--link: the step times docs/performance.md section 6 predicts, from this run's
+    own compute time and the link's rate, next to the measured medians.
+
+    T_c = forward + backward of ours without overlap (rank 0's median: both workers
+    computing at once, nothing on the wire); T_wire = 2*(N-1)/N * M/B = M/B at N = 2
+    machines; T_cpu = max(M*k_w, M*k_s/s) + p*(k_w + k_s); T_x = max(T_wire, T_cpu) + 2L.
+    No overlap: T_c + T_x. Overlap (section 6): max(T_c, T_x) + the last bucket's
+    exchange. This Trainer's overlap (pushes from backward hooks, every pull in step()):
+    per direction half of T_wire is pushes and half replies, so only the pushes can hide
+    under backward: T_fwd + max(T_bwd, T_x/2) + T_x/2."""
+    cfg, rows, summ = data["config"], data["rows"], data["summary"]
+    m = cfg["num_params"] * 4
+    info = data.get("link") or {}
+    bps = {"nominal": info["qdisc"]["bits_per_s"] / 8}
+    raw = info.get("raw") or {}
+    if raw.get("a_to_b_gbit") and raw.get("b_to_a_gbit"):
+        bps["raw"] = min(raw["a_to_b_gbit"], raw["b_to_a_gbit"]) * 1e9 / 8
+
+    def med(names, part):
+        xs = [t for r in rows if r["contender"] in names and r.get("parts") for t in r["parts"][part]]
+        return statistics.median(xs) if xs else None
+    noov = ("ours-nooverlap-server", "ours-nooverlap-worker")
+    t_fwd, t_bwd = med(noov, "forward"), med(noov, "backward")
+    if t_fwd is None and "floor" in summ:   # no run without overlap: the floor's share
+        t_fwd, t_bwd = summ["floor"]["median"] / cfg["workers"] / 3, summ["floor"]["median"] / cfg["workers"] * 2 / 3
+    if t_fwd is None:
+        return {}
+    t_c = t_fwd + t_bwd
+    s_per = max(1, -(-cfg["servers"] // 2))     # servers per machine
+    piece = min(PIECE, m / cfg["servers"])     # a piece is at most one server's share
+    t_cpu = max(m * K_W, m * K_S / s_per) + piece * (K_W + K_S)
+    last = data["last_bucket_bytes"]
+    out = {"M_bytes": m, "T_fwd": t_fwd, "T_bwd": t_bwd, "T_c": t_c, "T_cpu": t_cpu,
+           "T_x_measured_nooverlap": med(noov, "step"), "rates": {}}
+    for which, b in bps.items():
+        t_x = max(m / b, t_cpu) + 2 * LATENCY
+        pred = {"T_wire": m / b, "T_x": t_x,
+                "nooverlap": t_c + t_x,
+                "overlap_docs": max(t_c, t_x) + last["trainer"] / b + 2 * LATENCY,
+                "overlap_push_only": t_fwd + max(t_bwd, t_x / 2) + t_x / 2,
+                "ddp_docs": max(t_c, t_x) + last["ddp"] / b + 2 * LATENCY}
+        out["rates"][which] = pred
+    predicted = {"ours-overlap-server": ("overlap_docs", "overlap_push_only"),
+                 "ours-overlap-worker": ("overlap_docs", "overlap_push_only"),
+                 "ours-nooverlap-server": ("nooverlap", None),
+                 "ours-nooverlap-worker": ("nooverlap", None),
+                 "ddp": ("ddp_docs", None)}
+    out["by_contender"] = {}
+    for name, (docs, refined) in predicted.items():
+        if name not in summ:
+            continue
+        e = {"measured": summ[name]["median"]}
+        for which, pred in out["rates"].items():
+            e[f"docs_{which}"] = pred[docs]
+            if refined:
+                e[f"push_only_{which}"] = pred[refined]
+        out["by_contender"][name] = e
+    return out
+
+
 def _phases(wall0: float, wall1: float, stamps: dict) -> dict:
     """Where a launch's wall time went (rank 0's view): start-up (process start,
     imports, model), rendezvous (store or process group, Trainer/DDP construction),
@@ -461,6 +663,10 @@ def summarise(rows: list[dict], ddp_name: str = "ddp", workers: int = 2) -> dict
                      "launch_medians": [statistics.median(r["times"]) for r in mine],
                      "loadavg_before": [r["loadavg_before"] for r in mine],
                      "cpu_s_per_step": statistics.fmean(r["cpu_s"] for r in mine)}
+        parts = [r["parts"] for r in mine if r.get("parts")]
+        if parts:   # rank 0's forward (with zero_grad), backward, step() medians
+            out[name]["parts_median"] = {k: statistics.median(t for p in parts for t in p[k])
+                                         for k in ("forward", "backward", "step")}
     base = out.get(ddp_name, {}).get("median")
     for name, s in out.items():
         s["vs_ddp"] = s["median"] / base if base and s.get("median") else None
@@ -503,11 +709,15 @@ def markdown(data: dict) -> str:
     kinds = sorted({t for r in data["rows"] for t in (r.get("transports") or [])})
     if kinds:
         lines += ["", f"Ours' data plane, as rank 0's client reports it for every server: "
-                      f"{', '.join(kinds)} (the default on one host)."]
+                      f"{', '.join(kinds)} ("
+                      + ("KVSTORE_TRANSPORT=tcp across the emulated link)." if data.get("link")
+                         else "the default on one host).")]
     if "floor" in summ:
         lines += ["", f"Perfect scaling would be the floor's time / W = "
                       f"{summ['floor']['per_worker_share'] * ms:.1f} ms per step (each worker "
                       "computing b on its own free core, with a free exchange)."]
+    if data.get("link"):
+        lines += _link_markdown(data)
     chk = data["correctness"]
     lines += ["", "## Correctness", "",
               f"After {cfg['warmup'] + cfg['iters']} steps (warm-up + timed), every worker's "
@@ -535,6 +745,87 @@ def markdown(data: dict) -> str:
     if data["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f.splitlines()[0]}" for f in data["failures"]]
     return "\n".join(lines) + "\n"
+
+
+def _link_markdown(data: dict) -> list[str]:
+    """--link: the link, where each step's time went, and measured vs predicted."""
+    info, summ, ms = data["link"], data["summary"], 1e3
+    raw = info.get("raw") or {}
+    q = info.get("qdisc") or {}
+    lines = ["", f"## Over the emulated link ({info['rate']})", "",
+             f"Two network namespaces joined by a veth pair, `tc {q.get('tc', '?')}` on both ends "
+             f"(as `python -m benchmarks.link`): A ({info['addresses']['A']}) runs "
+             f"{info['sides']['A']}; B ({info['addresses']['B']}) runs {info['sides']['B']}. "
+             'Both "machines" share this host\'s cores. Raw TCP bulk transfer, both directions '
+             'at once: '
+             + (f"A->B **{raw['a_to_b_gbit']:.3f}**, B->A **{raw['b_to_a_gbit']:.3f}** Gbit/s."
+                if raw else f"not measured ({info.get('raw_error', '?')})."),
+             "",
+             "Where rank 0's step went (medians of each part; forward includes zero_grad; "
+             "ours with overlap pushes from backward hooks, so its backward includes handing "
+             "buckets to the store and its step() is the rest of the push and every pull; DDP "
+             "all-reduces its buckets inside backward, so its step() is the optimizer only), "
+             "and the bytes each veth end sent per launch (mean):", "",
+             "| contender | step ms | forward ms | backward ms | step() ms | A->B MB/launch | B->A MB/launch |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in summ.items():
+        pm = s.get("parts_median")
+        if not pm:
+            continue
+        got = [r.get("link_bytes") or {} for r in data["rows"] if r["contender"] == name]
+
+        def mb(k):
+            xs = [g[k] for g in got if g.get(k) is not None]
+            return f"{statistics.fmean(xs) / 1e6:.1f}" if xs else "-"
+        lines.append(f"| {s['shown']} | {s['median'] * ms:.1f} | {pm['forward'] * ms:.1f} | "
+                     f"{pm['backward'] * ms:.1f} | {pm['step'] * ms:.1f} | {mb('a_to_b')} | "
+                     f"{mb('b_to_a')} |")
+    pr = data.get("prediction") or {}
+    if not pr.get("rates"):
+        return lines
+    last = data["last_bucket_bytes"]
+    lines += ["", "### Measured vs predicted (docs/performance.md section 6)", "",
+              f"M = {pr['M_bytes'] / 1e6:.1f} MB; T_c = forward + backward of ours without overlap "
+              f"(rank 0's median, both workers computing at once) = {pr['T_fwd'] * ms:.1f} + "
+              f"{pr['T_bwd'] * ms:.1f} = **{pr['T_c'] * ms:.1f} ms**; T_cpu = max(M k_w, M k_s/s) "
+              f"+ p (k_w + k_s) = {pr['T_cpu'] * ms:.1f} ms (section 6's k_w, k_s); T_x = "
+              "max(T_wire, T_cpu) + 2L with T_wire = 2(N-1)/N M/B = M/B (N = 2), L = 0.6 ms; "
+              "measured exchange of ours without overlap (its step()): "
+              + (f"**{pr['T_x_measured_nooverlap'] * ms:.1f} ms**. "
+                 if pr.get("T_x_measured_nooverlap") else "- . ")
+              + f"Last bucket backward completes: the Trainer's {last['trainer'] / 1e6:.2f} MB, "
+              f"DDP's {last['ddp'] / 1e6:.2f} MB (buckets "
+              f"{', '.join(f'{b / 1e6:.1f}' for b in last['ddp_buckets'])} MB).", ""]
+    for which, p in pr["rates"].items():
+        lines.append(f"- B = {which} rate: T_wire = {p['T_wire'] * ms:.1f} ms, T_x = "
+                     f"{p['T_x'] * ms:.1f} ms.")
+    lines += ["",
+              "Predicted step: no overlap T_c + T_x; overlap, as section 6 states it, max(T_c, T_x) "
+              "+ the last bucket's exchange (for DDP: its last bucket); and 'push-only overlap', "
+              "what this Trainer can do (the pushes leave from backward hooks, every pull waits "
+              "for step(); at N = 2 half of each direction's bytes are pushes, half replies): "
+              "T_fwd + max(T_bwd, T_x/2) + T_x/2.", "",
+              "| contender | measured ms | predicted, section 6 (nominal B) ms | measured/pred. "
+              "| predicted, section 6 (raw TCP B) ms | measured/pred. | push-only overlap (raw B) ms "
+              "| measured/pred. |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, e in pr["by_contender"].items():
+        cells = []
+        for key in ("docs_nominal", "docs_raw", "push_only_raw"):
+            if e.get(key):
+                cells += [f"{e[key] * ms:.1f}", f"{e['measured'] / e[key]:.2f}"]
+            else:
+                cells += ["-", "-"]
+        lines.append(f"| {CONTENDERS[name][3]} | {e['measured'] * ms:.1f} | " + " | ".join(cells) + " |")
+    for mode in ("server", "worker"):
+        a, b = summ.get(f"ours-overlap-{mode}"), summ.get(f"ours-nooverlap-{mode}")
+        if a and b:
+            gain = 1 - a["median"] / b["median"]
+            lines.append("")
+            lines.append(f"Overlap, {'servers' if mode == 'server' else 'workers'} updating: "
+                         f"{a['median'] * ms:.1f} vs {b['median'] * ms:.1f} ms without, "
+                         f"{abs(gain) * 100:.0f} % {'faster' if gain >= 0 else 'slower'}.")
+    return lines
 
 
 def _ours_version() -> str:
@@ -588,7 +879,18 @@ def parse_args(argv):
     p.add_argument("--work-dir", default=None,
                    help="logs and parameter files (default: a new temporary directory); removed "
                         "after a passing run, kept after a failed one")
-    p.add_argument("--name", default="trainer", help="base name of the result files")
+    p.add_argument("--name", default=None,
+                   help="base name of the result files (default: trainer; with --link RATE: "
+                        "trainer-link-RATE)")
+    p.add_argument("--link", default=None, metavar="RATE",
+                   help="run every distributed contender split over two emulated machines as "
+                        "benchmarks/link.py does (network namespaces A and B joined by a veth "
+                        "pair rate-limited to RATE by tc tbf, e.g. 1gbit; needs root): the "
+                        "scheduler, server 0 and worker 0 / DDP rank 0 on A, server 1 and worker "
+                        "1 / DDP rank 1 on B, KVSTORE_TRANSPORT=tcp, gloo over the veth; the "
+                        "floor on A (default: off, everything on this host's loopback)")
+    p.add_argument("--link-check-seconds", type=float, default=1.0,
+                   help="--link: duration of the raw TCP check per direction (default 1.0)")
     p.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for flag in ("workers", "servers", "batch_size", "image_size", "iters", "launches"):
@@ -612,6 +914,17 @@ def parse_args(argv):
             p.error(f"--env {pair!r} is not NAME=VALUE")
         env[key] = value
     args.env = env
+    if args.link is not None:
+        from benchmarks import link as netlink
+        args.link = args.link.strip().lower()
+        try:
+            netlink.parse_rate(args.link)
+        except ValueError as e:
+            p.error(f"--link: {e}")
+        if args.link_check_seconds <= 0:
+            p.error("--link-check-seconds must be > 0")
+    if args.name is None:
+        args.name = "trainer" if args.link is None else f"trainer-link-{args.link}"
     return args
 
 
@@ -626,6 +939,7 @@ def main(argv=None) -> int:
                                          "iters", "warmup", "rtol", "atol", "env")}
     model, _ = build(cfg)
     cfg["num_params"] = sum(p.numel() for p in model.parameters())
+    last_buckets = last_bucket_bytes([p.numel() * p.element_size() for p in model.parameters()])
     per_slice = per_slice_needed(model)
     del model
     os.makedirs(args.out_dir, exist_ok=True)
@@ -637,7 +951,8 @@ def main(argv=None) -> int:
             "machine": common.machine(),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "numpy": np.__version__, "kvstore": _ours_version()},
-            "work_dir": work, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "work_dir": work, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "last_bucket_bytes": last_buckets}
     m = info["machine"]
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     say(f"machine: {m.get('cpu_model', m.get('processor'))}, {m['cpus']} cpus; "
@@ -647,62 +962,98 @@ def main(argv=None) -> int:
     failures: list[str] = []
     rows: list[dict] = []
     checks: list[dict] = []
-    done: list[tuple[str, int, str]] = []     # (contender, launch, file prefix) of every launch
-    ref_prefix = os.path.join(work, "reference")
-    active = list(args.contenders)
-    if "floor" not in active:   # else the first floor launch trains the reference afterwards
-        t0 = time.monotonic()
-        try:
-            run_plain(cfg, work, "reference", "reference", 1, args.timeout)
-        except Failed as e:
-            failures.append(f"reference: {e}")
-            active = []
-        say(f"  reference: {time.monotonic() - t0:.1f}s")
-    corrupt_target = next((c for c in active if c.startswith("ours")), None)
-    for launch_no in range(args.launches):
-        k = launch_no % max(1, len(active))
-        for name in active[k:] + active[:k]:
-            kind, overlap, ukv, _ = CONTENDERS[name]
-            load = os.getloadavg()
-            tag = f"{name}-{launch_no}"
-            t1, wall0 = time.monotonic(), time.time()
+    link = None
+    restore_term = None
+    if args.link:
+        from benchmarks import link as netlink
+        link = netlink.Link()
+        info["link"] = {"rate": args.link, "namespaces": dict(link.ns), "addresses": dict(link.addr),
+                        "devices": dict(link.dev), "sides": {
+                            "A": "scheduler, even ranks (server 0, worker 0, DDP rank 0), floor",
+                            "B": "odd ranks (server 1, worker 1, DDP rank 1)"}}
+        restore_term = signal.signal(signal.SIGTERM, _on_sigterm)   # Ctrl-C or kill: clean up
+    try:
+        if link is not None:
             try:
-                if kind == "ours":
-                    got = run_ours(cfg, work, tag, overlap, ukv,
-                                   args.corrupt_for_test and name == corrupt_target, args.timeout)
-                elif kind == "ddp":
-                    got = run_plain(cfg, work, tag, "ddp", args.workers, args.timeout)
-                else:
-                    got = run_plain(cfg, work, tag, "floor", 1, args.timeout,
-                                    reference_prefix=None if os.path.exists(f"{ref_prefix}-rank0.npy")
-                                    else ref_prefix)
+                link.up()
+                info["link"].update(_link_ready(link, args, say))
+            except netlink.SetupFailed as e:
+                print(f"skipped: the emulated network cannot be set up here (needs root and "
+                      f"network namespaces): {e}", flush=True)
+                shutil.rmtree(work, ignore_errors=True)
+                return 0
+        done: list[tuple[str, int, str]] = []     # (contender, launch, file prefix) of every launch
+        ref_prefix = os.path.join(work, "reference")
+        active = list(args.contenders)
+        if "floor" not in active:   # else the first floor launch trains the reference afterwards
+            t0 = time.monotonic()
+            try:
+                run_plain(cfg, work, "reference", "reference", 1, args.timeout, link=link)
             except Failed as e:
-                failures.append(f"{name} (launch {launch_no + 1}): {e}")
-                say(f"  launch {launch_no + 1}/{args.launches} {name}: FAILED: {e}")
-                continue
-            res0 = got[0]
-            done.append((name, launch_no, os.path.join(work, tag)))
-            rows.append({"contender": name, "launch": launch_no, "times": res0["times"],
-                         "cpu_s": res0["cpu_s"], "minor_faults": res0["minor_faults"],
-                         "loadavg_before": load[0], "loadavg_before_1_5_15": list(load),
-                         "loadavg_after_1_5_15": list(os.getloadavg()),
-                         "rank_times": [r["times"] for r in got],
-                         "losses": [r["losses"] for r in got],
-                         "transports": res0.get("transports"),
-                         "phases_s": _phases(wall0, time.time(), res0.get("stamps", {}))})
-            ph = rows[-1]["phases_s"]
-            say(f"  launch {launch_no + 1}/{args.launches} {name}: median "
-                f"{statistics.median(res0['times']) * 1e3:.1f} ms in {time.monotonic() - t1:.1f}s "
-                f"(start-up {ph.get('startup', 0):.1f}s, steps {ph.get('steps', 0):.1f}s, "
-                f"load before {load[0]:.2f})")
-        # check this round now and drop its parameter files (VGG-11: 38 MB per rank)
-        this_round = [d for d in done if d[1] == launch_no]
-        got = check_all(this_round, ref_prefix, args.workers, per_slice, args.rtol, args.atol)
-        checks += got
-        for _, _, prefix in this_round if all(c["ok"] or not c["checked"] for c in got) else ():
-            for r in range(args.workers):
-                if os.path.exists(f"{prefix}-rank{r}.npy"):
-                    os.remove(f"{prefix}-rank{r}.npy")
+                failures.append(f"reference: {e}")
+                active = []
+            say(f"  reference: {time.monotonic() - t0:.1f}s")
+        corrupt_target = next((c for c in active if c.startswith("ours")), None)
+        for launch_no in range(args.launches):
+            k = launch_no % max(1, len(active))
+            for name in active[k:] + active[:k]:
+                kind, overlap, ukv, _ = CONTENDERS[name]
+                load = os.getloadavg()
+                tag = f"{name}-{launch_no}"
+                counted = link.counters() if link is not None else None
+                t1, wall0 = time.monotonic(), time.time()
+                try:
+                    if kind == "ours":
+                        got = run_ours(cfg, work, tag, overlap, ukv,
+                                       args.corrupt_for_test and name == corrupt_target, args.timeout,
+                                       link=link)
+                    elif kind == "ddp":
+                        got = run_plain(cfg, work, tag, "ddp", args.workers, args.timeout, link=link)
+                    else:
+                        got = run_plain(cfg, work, tag, "floor", 1, args.timeout,
+                                        reference_prefix=None if os.path.exists(f"{ref_prefix}-rank0.npy")
+                                        else ref_prefix, link=link)
+                except Failed as e:
+                    failures.append(f"{name} (launch {launch_no + 1}): {e}")
+                    say(f"  launch {launch_no + 1}/{args.launches} {name}: FAILED: {e}")
+                    continue
+                res0 = got[0]
+                done.append((name, launch_no, os.path.join(work, tag)))
+                rows.append({"contender": name, "launch": launch_no, "times": res0["times"],
+                             "cpu_s": res0["cpu_s"], "minor_faults": res0["minor_faults"],
+                             "loadavg_before": load[0], "loadavg_before_1_5_15": list(load),
+                             "loadavg_after_1_5_15": list(os.getloadavg()),
+                             "rank_times": [r["times"] for r in got],
+                             "losses": [r["losses"] for r in got],
+                             "transports": res0.get("transports"),
+                             "server_urls": res0.get("server_urls"),
+                             "parts": res0.get("parts"),
+                             "phases_s": _phases(wall0, time.time(), res0.get("stamps", {}))})
+                if counted is not None:   # bytes each veth end sent during the launch
+                    after = link.counters()
+                    rows[-1]["link_bytes"] = {k: (after[k] - counted[k])
+                                              if None not in (after[k], counted[k]) else None
+                                              for k in after}
+                ph = rows[-1]["phases_s"]
+                say(f"  launch {launch_no + 1}/{args.launches} {name}: median "
+                    f"{statistics.median(res0['times']) * 1e3:.1f} ms in {time.monotonic() - t1:.1f}s "
+                    f"(start-up {ph.get('startup', 0):.1f}s, steps {ph.get('steps', 0):.1f}s, "
+                    f"load before {load[0]:.2f})")
+            # check this round now and drop its parameter files (VGG-11: 38 MB per rank)
+            this_round = [d for d in done if d[1] == launch_no]
+            got = check_all(this_round, ref_prefix, args.workers, per_slice, args.rtol, args.atol)
+            checks += got
+            for _, _, prefix in this_round if all(c["ok"] or not c["checked"] for c in got) else ():
+                for r in range(args.workers):
+                    if os.path.exists(f"{prefix}-rank{r}.npy"):
+                        os.remove(f"{prefix}-rank{r}.npy")
+    finally:
+        if link is not None:
+            errors = link.down()
+            failures += [f"cleanup: {e}" for e in errors]
+            for e in errors:
+                say(f"cleanup: {e}")
+            signal.signal(signal.SIGTERM, restore_term)
     if not checks and not failures:
         failures.append("nothing was checked")
     by = {}
@@ -725,6 +1076,8 @@ def main(argv=None) -> int:
     data = {**info, "failures": failures, "correctness": correctness,
             "summary": summarise(rows, workers=args.workers), "rows": rows,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if link is not None:
+        data["prediction"] = predict(data)
     table = markdown(data)
     paths = {"json": os.path.join(args.out_dir, f"{args.name}.json"),
              "md": os.path.join(args.out_dir, f"{args.name}.md")}
