@@ -204,6 +204,19 @@ class KVStore:
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` when
         ``out`` is None), in one round trip."""
+        self._do_pushpull(self._pushpull_items(key, value, out, priority))
+
+    def _pushpull_start(self, key, value, out=None, priority: int = 0):
+        """pushpull() that may return before the result arrived: ``out`` is filled,
+        at the latest, by :meth:`_pushpull_finish` of the returned handle (which
+        raises the call's errors). Until then ``value`` must stay unchanged and
+        ``out`` unread. For overlapping the exchange with other work (the Trainer)."""
+        return self._do_pushpull_start(self._pushpull_items(key, value, out, priority))
+
+    def _pushpull_finish(self, handle) -> None:
+        self._do_pushpull_finish(handle)
+
+    def _pushpull_items(self, key, value, out, priority: int) -> list[tuple]:
         what = "pushpull"
         self._check_open(what)
         _check_priority(priority, what)
@@ -211,7 +224,7 @@ class KVStore:
         self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
-        self._do_pushpull([(info, merged[info.key], targets) for info, targets in outs])
+        return [(info, merged[info.key], targets) for info, targets in outs]
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
@@ -298,6 +311,13 @@ class KVStore:
     def _do_push(self, items: list[tuple], wait_sent: bool = True) -> None: raise NotImplementedError
     def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pushpull(self, items: list[tuple]) -> None: raise NotImplementedError
+
+    # stores whose pushpull cannot run in the background complete it at the start
+    def _do_pushpull_start(self, items: list[tuple]):
+        self._do_pushpull(items)
+
+    def _do_pushpull_finish(self, handle) -> None:
+        pass
     def _do_set_optimizer(self, optimizer, collective: bool = True) -> None: raise NotImplementedError
     def _get_states(self) -> dict: raise NotImplementedError
     def _set_states(self, states: dict) -> None: raise NotImplementedError

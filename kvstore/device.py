@@ -192,6 +192,16 @@ class DistDeviceStore(DistStore):
                 return gpu.to_host(total).reshape(-1)
         return super()._merged(info, vals, what)
 
+    def _do_pushpull_start(self, items):
+        if not self._gpu:
+            return super()._do_pushpull_start(items)
+        self._do_pushpull(items)     # GPU outputs go through pinned buffers below: complete now
+        return None
+
+    def _do_pushpull_finish(self, handle) -> None:
+        if handle is not None:
+            super()._do_pushpull_finish(handle)
+
     def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
         if not self._gpu:
             return super()._send_and_fill(op, what, sources, targets)

@@ -176,6 +176,12 @@ class DistStore(KVStore):
     def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
         """Send ``op`` with ``sources`` [(info, flat)] (None: no data) and copy the
         reply values into ``targets`` [(info, [outs])]."""
+        self._fill(self._send(op, what, sources, targets))
+
+    def _send(self, op: str, what: str, sources, targets) -> tuple:
+        """The sending half of :meth:`_send_and_fill`: returns the handle that
+        :meth:`_fill` completes. Replies that arrive in between are copied into the
+        outputs' buffers whenever this worker next waits for anything."""
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
         dests = self._by_server([(info, flat) for info, flat, _ in flats])
         datas = self._by_server(sources) if sources is not None else {}
@@ -191,8 +197,12 @@ class DistStore(KVStore):
                                           stage=wire_ids if stage else None, in_place=stage,
                                           chunks=wire_ids, **fields)
             ids.append(rid)
+        return ids, what, [(outs, flat, direct) for (_, outs), (_, flat, direct) in zip(targets, flats)]
+
+    def _fill(self, handle: tuple) -> None:
+        ids, what, fills = handle
         self._client.wait(ids, what)
-        for (info, outs), (_, flat, direct) in zip(targets, flats):
+        for outs, flat, direct in fills:
             fill_outputs(outs, flat, direct, what)
 
     def _compressed(self, wire_ids, parts) -> list:
@@ -260,11 +270,26 @@ class DistStore(KVStore):
         self._maybe_checkpoint()
 
     def _do_pushpull(self, items) -> None:
+        self._check_pushpull()
+        self._send_and_fill(ops.PUSHPULL, *self._pushpull_args(items))
+        self._maybe_checkpoint()
+
+    def _do_pushpull_start(self, items) -> tuple:
+        self._check_pushpull()
+        return self._send(ops.PUSHPULL, *self._pushpull_args(items))
+
+    def _check_pushpull(self) -> None:
         if self._mode == "async" and self._optimizer is None:
             raise InvalidArgumentError("dist_async needs set_optimizer() before pushpull()")
-        self._send_and_fill(ops.PUSHPULL, f"pushpull of {_keys_text(i for i, _, _ in items)}",
-                            [(info, merged) for info, merged, _ in items],
-                            [(info, targets) for info, _, targets in items])
+
+    @staticmethod
+    def _pushpull_args(items) -> tuple:
+        return (f"pushpull of {_keys_text(i for i, _, _ in items)}",
+                [(info, merged) for info, merged, _ in items],
+                [(info, targets) for info, _, targets in items])
+
+    def _do_pushpull_finish(self, handle) -> None:
+        self._fill(handle)
         self._maybe_checkpoint()
 
     def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:

@@ -9,10 +9,11 @@ Like MXNet Gluon's ``Trainer(params, optimizer, kvstore, update_on_kvstore)``:
   gradient into ``.grad`` and run their own torch optimizer.
 
 Gradients are averaged over workers (as DDP does), so W workers on batches of b
-train like one process on batches of W*b. Each gradient is pushed as soon as
-backward produced it (a post-accumulate-grad hook; small ones are grouped into
-buckets), so communication overlaps the rest of backward; ``step()`` pulls in
-forward order. The initial parameters are rank 0's. With ``kvstore.create("local")``
+train like one process on batches of W*b. Each gradient is exchanged as soon as
+backward produced it (a post-accumulate-grad hook starts a pushpull per bucket;
+small gradients are grouped into buckets), so both directions of the exchange
+overlap the rest of backward; ``step()`` waits for them. The initial parameters
+are rank 0's. With ``kvstore.create("local")``
 the same loop runs in one process.
 
 Example::
@@ -92,6 +93,7 @@ class Trainer:
         self._bucket: list[int] = []
         self._bucket_size = 0
         self._pushed: set[int] = set()
+        self._handles: list = []      # exchanges started during backward, finished by step()
         self._hooks = []
         self._owner = threading.get_ident()  # the store's sockets belong to this thread
         self._lock = threading.Lock()
@@ -135,16 +137,26 @@ class Trainer:
         with self._lock:
             indices, self._bucket, self._bucket_size = self._bucket, [], 0
         if indices:
-            self._push(indices)
+            self._start(indices)
 
-    def _push(self, indices: list[int]) -> None:
-        grads = []
+    def _start(self, indices: list[int]) -> None:
+        """Start the exchange of these parameters' gradients: one pushpull whose
+        results (the summed gradient into ``.grad``, or the servers' new weights into
+        the parameter) arrive in the background, while backward goes on. A hook runs
+        after its parameter's last use in this backward, so writing the parameter
+        early is safe; ``step()`` waits for all of them."""
+        grads, outs = [], []
         for i in indices:
             p = self._params[i]
-            grads.append(p.grad if p.grad is not None else torch.zeros_like(p))
-        # no wait for the network to release the buffers: .grad is not touched
-        # again before step()'s pull, whose replies imply the pushes were received
-        self.kv._push([self._keys[i] for i in indices], grads, 0, wait_sent=False)
+            if p.grad is None:       # no gradient this step: zeros keep the sync rounds aligned
+                zeros = torch.zeros_like(p)
+                if not self.update_on_kvstore:
+                    p.grad = zeros
+                grads.append(zeros)
+            else:
+                grads.append(p.grad)
+            outs.append(p.data if self.update_on_kvstore else grads[-1])
+        self._handles.append(self.kv._pushpull_start([self._keys[i] for i in indices], grads, out=outs))
         self._pushed.update(indices)
 
     # -- the training-loop API ---------------------------------------------------------
@@ -154,35 +166,23 @@ class Trainer:
             p.grad = None
 
     def step(self) -> None:
-        """Push the gradients not pushed yet, then pull: weights (servers updated)
-        or averaged gradients followed by the local torch optimizer's step."""
+        """Exchange the gradients not sent during backward, wait for every
+        exchange, then (workers updating) average and run the torch optimizer."""
         self._flush_bucket()
-        overlapped = bool(self._pushed)
-        if overlapped:
-            rest = [i for i in range(len(self._params)) if i not in self._pushed]
-            if rest:
-                self._push(rest)   # parameters without a gradient push zeros: rounds stay aligned
-            self._pushed.clear()
-        if self.update_on_kvstore:
-            grads, outs = None, [p.data for p in self._params]
-        else:
-            for p in self._params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grads = outs = [p.grad for p in self._params]
-        if overlapped:
-            self.kv.pull(self._keys, out=outs)
-        else:
-            # nothing went out during backward (overlap=False): one pushpull, not a
-            # push and a pull (a round trip less); zeros keep the sync rounds aligned
-            if grads is None:
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-            self.kv.pushpull(self._keys, grads, out=outs)
+        rest = [i for i in range(len(self._params)) if i not in self._pushed]
+        if rest:
+            # overlap=False: everything in one pushpull here (one round trip); so
+            # whatever .grad holds now (accumulated, clipped) is what is averaged
+            self._start(rest)
+        handles, self._handles = self._handles, []
+        self._pushed.clear()
+        for handle in handles:
+            self.kv._pushpull_finish(handle)
         if self.update_on_kvstore:
             return
         if self.kv.num_workers > 1:
-            for g in outs:
-                g.div_(self.kv.num_workers)
+            for p in self._params:
+                p.grad.div_(self.kv.num_workers)
         self.torch_optimizer.step()
 
     # -- checkpoints ------------------------------------------------------------------------

@@ -106,6 +106,30 @@ def test_pushpull_and_broadcast(make_cluster):
         np.testing.assert_array_equal(out, round_sum(3, 1, (5000,)))
 
 
+def test_pushpulls_started_together_finish_in_any_order(make_cluster):
+    """_pushpull_start (what the Trainer uses during backward) sends at once and
+    returns; results land by the matching _pushpull_finish, in any order."""
+    cluster = make_cluster(2, 2, chunk_bytes=SMALL_CHUNKS)
+
+    def job(kv):
+        kv.init(["a", "b"], [np.zeros(4000, np.float32), np.zeros(10, np.float32)])
+        ga, gb = np.full(4000, kv.rank + 1.0, np.float32), np.full(10, 10.0 * (kv.rank + 1), np.float32)
+        oa, ob = np.empty(4000, np.float32), np.empty(10, np.float32)
+        ha = kv._pushpull_start("a", ga, out=oa)
+        hb = kv._pushpull_start("b", gb, out=ob)
+        in_flight = len(kv._client._pending)
+        kv._pushpull_finish(hb)
+        kv._pushpull_finish(ha)
+        with pytest.raises(InvalidArgumentError, match="dtype|int32"):
+            kv._pushpull_start("b", np.ones(10, np.int32))     # checked before anything is sent
+        return in_flight, oa, ob
+
+    for in_flight, oa, ob in cluster.run(job):
+        assert in_flight >= 2                   # both were on the wire before either finished
+        np.testing.assert_array_equal(oa, 3.0)
+        np.testing.assert_array_equal(ob, 30.0)
+
+
 def test_pull_right_after_push_sees_that_round(make_cluster):
     """No barrier between push and pull: the server holds the pull until the round completes."""
     cluster = make_cluster(3, 2, chunk_bytes=SMALL_CHUNKS)

@@ -87,6 +87,24 @@ def test_workers_run_their_torch_optimizer_on_the_averaged_gradient(make_cluster
         assert_same(got, want)
 
 
+def test_overlap_sends_buckets_during_backward(make_cluster):
+    """With overlap=True each full bucket's pushpull is on the wire before backward
+    returns; step() only waits for them."""
+    cluster = make_cluster(W, 1)
+
+    def job(kv):
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  bucket_bytes=1)         # every gradient is a full bucket
+        trainer.zero_grad()
+        F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
+        started = len(trainer._handles)
+        trainer.step()
+        return started, len(trainer._handles)
+    for started, left in cluster.run(job):
+        assert started == len(list(make_model().parameters())) and left == 0
+
+
 @pytest.mark.parametrize("update_on_kvstore", [True, False])
 def test_gradients_accumulated_over_two_backward_passes(make_cluster, update_on_kvstore):
     """overlap=False: two backward passes on half batches (loss halved), then one
