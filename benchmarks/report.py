@@ -331,7 +331,7 @@ def profile_ours(cfg, transport: str = "tcp") -> tuple[str, dict]:
     text += ["", f"## worker 0: {total:.2f} s profiled; top functions by own time", "",
              f"{'own s':>8} {'cum s':>8} {'calls':>8} {'per exch':>9}  function"]
     text += [f"{tt:8.3f} {ct:8.3f} {nc:8d} {nc / exchanges:9.1f}  {f}" for tt, ct, nc, f in top]
-    text.append(f"\nmessage calls per exchange (worker 0): "
+    text.append("\nmessage calls per exchange (worker 0): "
                 + ", ".join(f"{k}: {v / exchanges:.1f}" for k, v in counts.items()))
     rounds = len(res["modes"]) * (cfg.iters + cfg.warmup)
     for name, usage in sorted(res.get("servers_usage", {}).items()):
