@@ -66,7 +66,7 @@ def test_wire_layout_is_pinned():
 
 
 def test_fp16_cast_through_torch_rounds_exactly_like_numpy():
-    torch = pytest.importorskip("torch")   # noqa: F841 (imported: compression uses it)
+    pytest.importorskip("torch")   # imported: compression's fp16 cast then goes through it
     rng = np.random.default_rng(3)
     g = np.concatenate([rng.standard_normal(50_000) * 1e4, rng.standard_normal(50_000) * 1e-6,
                         [np.nan, np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 2.0 ** -25,

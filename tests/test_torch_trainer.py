@@ -154,6 +154,7 @@ def test_a_second_backward_before_step_is_an_error():
         model(x).sum().backward()
         with pytest.raises(kvstore.InvalidArgumentError, match="overlap=False"):
             model(x).sum().backward()
+        trainer.close()
 
 
 def test_unsupported_server_optimizer_is_a_clear_error():
