@@ -55,9 +55,11 @@ def predict(data: dict) -> dict:
     computing at once, nothing on the wire); T_wire = 2*(N-1)/N * M/B = M/B at N = 2
     machines; T_cpu = max(M*k_w, M*k_s/s) + p*(k_w + k_s); T_x = max(T_wire, T_cpu) + 2L.
     No overlap: T_c + T_x. Overlap (section 6): max(T_c, T_x) + the last bucket's
-    exchange. This Trainer's overlap (pushes from backward hooks, every pull in step()):
-    per direction half of T_wire is pushes and half replies, so only the pushes can hide
-    under backward: T_fwd + max(T_bwd, T_x/2) + T_x/2."""
+    exchange. 'Push-only overlap' (the Trainer before a53461d: pushes from backward
+    hooks, every pull in step()): per direction half of T_wire is pushes and half
+    replies, so only the pushes could hide under backward: T_fwd + max(T_bwd, T_x/2)
+    + T_x/2. Since a53461d each hook starts a pushpull, so replies travel during
+    backward too and section 6's full-overlap formula applies."""
     cfg, rows, summ = data["config"], data["rows"], data["summary"]
     m = cfg["num_params"] * 4
     info = data.get("link") or {}
@@ -219,8 +221,9 @@ def _link_markdown(data: dict) -> list[str]:
                 if raw else f"not measured ({info.get('raw_error', '?')})."),
              "",
              "Where rank 0's step went (medians of each part; forward includes zero_grad; "
-             "ours with overlap pushes from backward hooks, so its backward includes handing "
-             "buckets to the store and its step() is the rest of the push and every pull; DDP "
+             "ours with overlap starts a pushpull per bucket from backward hooks, so its backward "
+             "includes handing buckets to the store and its step() waits for what is still on "
+             "the wire; DDP "
              "all-reduces its buckets inside backward, so its step() is the optimizer only), "
              "and the bytes each veth end sent per launch (mean):", "",
              "| contender | step ms | forward ms | backward ms | step() ms | A->B MB/launch | B->A MB/launch |",
@@ -259,9 +262,9 @@ def _link_markdown(data: dict) -> list[str]:
     lines += ["",
               "Predicted step: no overlap T_c + T_x; overlap, as section 6 states it, max(T_c, T_x) "
               "+ the last bucket's exchange (for DDP: its last bucket); and 'push-only overlap', "
-              "what this Trainer can do (the pushes leave from backward hooks, every pull waits "
-              "for step(); at N = 2 half of each direction's bytes are pushes, half replies): "
-              "T_fwd + max(T_bwd, T_x/2) + T_x/2.", "",
+              "what the Trainer did before a53461d (pushes from backward hooks, every pull "
+              "waiting for step(); at N = 2 half of each direction's bytes are pushes, half "
+              "replies): T_fwd + max(T_bwd, T_x/2) + T_x/2.", "",
               "| contender | measured ms | predicted, section 6 (nominal B) ms | measured/pred. "
               "| predicted, section 6 (raw TCP B) ms | measured/pred. | push-only overlap (raw B) ms "
               "| measured/pred. |",
