@@ -1,7 +1,8 @@
 """Real services for the remote-launcher tests, started and stopped by the tests:
 an sshd listening on 127.0.0.1-3 (a random port), a single-node Slurm cluster
-(munged + slurmctld + slurmd, random ports), and helpers to run a launcher and
-to find processes a job left behind.
+(munged + slurmctld + slurmd, random ports), helpers to run a launcher and
+to find processes a job left behind, and a probe for network namespaces (the
+emulated-link benchmarks' tests).
 
 Each ``start_*`` returns None with a reason when the programs are missing, so
 the tests can skip cleanly; ``.ci/run`` installs them.
@@ -392,3 +393,29 @@ def start_slurm(workdir: str) -> tuple[Slurm | None, str]:
 
 def python_launcher(module: str, *args, env=None, cwd=ROOT) -> Proc:
     return Proc([sys.executable, "-m", module, *args], env=env, cwd=cwd)
+
+
+NETNS_PREFIX = "kvlink-"   # the emulated-link benchmarks' namespaces (benchmarks/netns.py)
+
+
+def namespaces() -> set[str]:
+    """The network namespaces that exist now."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def netns_unavailable() -> str | None:
+    """Why this machine cannot create (and delete) a network namespace, or None."""
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) is not installed"
+    name = f"{NETNS_PREFIX}probe-{uuid.uuid4().hex[:8]}"
+    try:
+        p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run ip netns add: {e}"
+    if p.returncode != 0:
+        return f"cannot create network namespaces here (needs root): {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    assert name not in namespaces()
+    return None

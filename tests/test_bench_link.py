@@ -6,57 +6,41 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import sys
 
 import pytest
+from services import NETNS_PREFIX, namespaces, netns_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREFIX = "kvlink-"
+PREFIX = NETNS_PREFIX
 
 pytestmark = pytest.mark.slow
-
-
-def _namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
 @pytest.fixture
 def netns_ok():
     """Skip unless this machine lets us create (and delete) a network namespace."""
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} (iproute2) is not installed")
-    name = f"{PREFIX}probe-{secrets.token_hex(4)}"
-    try:
-        p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"cannot run ip netns add: {e}")
-    if p.returncode != 0:
-        pytest.skip(f"cannot create network namespaces here (needs root): {p.stderr.strip()}")
-    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-    assert name not in _namespaces()
-    yield
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
 
 
 def test_link_benchmark_tiny(netns_ok, tmp_path):
     pytest.importorskip("torch")
-    before = {n for n in _namespaces() if n.startswith(PREFIX)}
+    before = {n for n in namespaces() if n.startswith(PREFIX)}
     out_dir = tmp_path / "out"
     p = subprocess.run([sys.executable, "-m", "benchmarks.link", "--model", "tiny", "--rates", "1gbit",
                         "--iters", "2", "--launches", "1", "--out-dir", str(out_dir)],
                        cwd=REPO, capture_output=True, text=True, timeout=55)
-    after = {n for n in _namespaces() if n.startswith(PREFIX)}
+    after = {n for n in namespaces() if n.startswith(PREFIX)}
     if p.returncode == 0 and "skipped: the emulated network" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     data = json.loads((out_dir / "link.json").read_text())
     assert (out_dir / "link.md").read_text().startswith("# Gradient exchange over an emulated link")
     # no namespace of this run (nor any new kvlink- one) is left behind
-    assert set(data["namespaces"]).isdisjoint(_namespaces())
+    assert set(data["namespaces"]).isdisjoint(namespaces())
     assert after - before == set()
     assert data["failures"] == []
     raw = data["rates"]["1gbit"]["raw"]

@@ -8,49 +8,33 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import sys
 
 import pytest
+from services import NETNS_PREFIX, namespaces, netns_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks import trainer  # noqa: E402
 
-PREFIX = "kvlink-"
+PREFIX = NETNS_PREFIX
 pytestmark = pytest.mark.slow
-
-
-def _namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
 @pytest.fixture
 def netns_ok():
     """Skip unless this machine lets us create (and delete) a network namespace."""
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} (iproute2) is not installed")
-    name = f"{PREFIX}probe-{secrets.token_hex(4)}"
-    try:
-        p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"cannot run ip netns add: {e}")
-    if p.returncode != 0:
-        pytest.skip(f"cannot create network namespaces here (needs root): {p.stderr.strip()}")
-    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-    assert name not in _namespaces()
-    yield
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
 
 
 @pytest.mark.timeout(60)
 def test_trainer_over_the_link_tiny(netns_ok, tmp_path):
     pytest.importorskip("torch")
-    before = {n for n in _namespaces() if n.startswith(PREFIX)}
+    before = {n for n in namespaces() if n.startswith(PREFIX)}
     # mlp: no BatchNorm, so the floor is checked too; W=2, S=2 as the run of record
     args = ["--link", "1gbit", "--network", "mlp", "--batch-size", "4", "--image-size", "8",
             "--iters", "2", "--warmup", "1", "--launches", "1", "-w", "2", "-s", "2",
@@ -58,14 +42,14 @@ def test_trainer_over_the_link_tiny(netns_ok, tmp_path):
             "--work-dir", str(tmp_path / "work")]
     p = subprocess.run([sys.executable, "-m", "benchmarks.trainer", *args], cwd=REPO,
                        capture_output=True, text=True, timeout=55, stdin=subprocess.DEVNULL)
-    after = {n for n in _namespaces() if n.startswith(PREFIX)}
+    after = {n for n in namespaces() if n.startswith(PREFIX)}
     assert after - before == set(), "a namespace was left behind"
     if p.returncode == 0 and "skipped: the emulated network" in p.stdout:
         pytest.skip(p.stdout.strip().splitlines()[-1])
     assert p.returncode == 0, f"stdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}"
     data = json.loads((tmp_path / "trainer-link-1gbit.json").read_text())
     assert not (tmp_path / "trainer.json").exists()       # the default run's files are untouched
-    assert set(data["link"]["namespaces"].values()).isdisjoint(_namespaces())
+    assert set(data["link"]["namespaces"].values()).isdisjoint(namespaces())
     assert data["failures"] == []
     # every contender ran and has positive medians
     assert set(data["summary"]) == set(trainer.CONTENDERS)
