@@ -24,6 +24,16 @@ def make_cluster():
         c.close()
 
 
+@pytest.fixture
+def netns_ok():
+    """Skip unless this machine lets us create (and delete) a network namespace
+    (the emulated-link benchmarks' tests)."""
+    from services import netns_unavailable
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_threads():
     """A test must not leave kvstore threads behind (servers, heartbeats, scheduler)."""

@@ -10,20 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from services import NETNS_PREFIX, namespaces, netns_unavailable
+from services import NETNS_PREFIX as PREFIX, namespaces
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREFIX = NETNS_PREFIX
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def netns_ok():
-    """Skip unless this machine lets us create (and delete) a network namespace."""
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
 
 
 def test_link_benchmark_tiny(netns_ok, tmp_path):

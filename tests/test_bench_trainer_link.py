@@ -12,23 +12,14 @@ import subprocess
 import sys
 
 import pytest
-from services import NETNS_PREFIX, namespaces, netns_unavailable
+from services import NETNS_PREFIX as PREFIX, namespaces
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks import trainer  # noqa: E402
 
-PREFIX = NETNS_PREFIX
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def netns_ok():
-    """Skip unless this machine lets us create (and delete) a network namespace."""
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
 
 
 @pytest.mark.timeout(60)
