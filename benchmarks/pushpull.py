@@ -9,7 +9,8 @@ machine, each verifying the summed result of every iteration:
 
   ours      dist_sync push-then-pull and pushpull through tracker's launcher,
             per transport (KVSTORE_TRANSPORT: tcp, ipc, and shm = the default
-            on one host); per-key latency; dist_async updates/s
+            on one host; hosts = W emulated hosts, server r with worker r, tcp
+            between hosts and shm within); per-key latency; dist_async updates/s
   gloo      torch.distributed: all_reduce per tensor, one flat, 25 MB buckets
   mxnet     MXNet 1.9.1's dist_sync kvstore (benchmarks/.venv-mxnet)
   ray       a Ray actor parameter server as in Ray's docs (benchmarks/.venv-ray)

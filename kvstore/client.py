@@ -30,7 +30,7 @@ from tracker.membership import Membership
 from .config import Config
 from .errors import DeadlineError, NodeFailedError, ProtocolError, RemoteError
 from .protocol import decode, encode, ops
-from .transport import Advert, choose, memory, shm
+from .transport import Advert, choose, host_identity, memory, shm
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ class Client:
         self.membership = membership
         self.rank = rank
         adverts = [Advert.parse(a) for a in servers]
-        chosen = [choose(a, config.transport) for a in adverts]
+        local = host_identity(config.host_label)
+        chosen = [choose(a, config.transport, local) for a in adverts]
         self.servers = [url for url, _ in chosen]            # what each socket connects to
         self.transports = [kind for _, kind in chosen]       # "tcp", "ipc" or "shm", by server
         self._arena = self._slots = self._probe = None
@@ -132,7 +133,7 @@ class Client:
         for s in targets:
             if ok.get(s):
                 continue
-            url, self.transports[s] = choose(adverts[s], "ipc")
+            url, self.transports[s] = choose(adverts[s], "ipc", host_identity(self.config.host_label))
             if url != self.servers[s]:
                 # only the unsequenced hello went out on this connection: a fresh one
                 # (to the ipc endpoint) starts its sequence at 0 like any other

@@ -31,6 +31,7 @@ class Config:
     zero_copy_bytes: int = 64 << 10
     max_message_bytes: int = 1 << 30
     transport: str = "auto"
+    host_label: str = ""
     pipeline_bytes: int = 8 << 20
     malloc_tuning: bool = True
     secret: str | None = None

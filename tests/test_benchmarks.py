@@ -110,6 +110,20 @@ def test_our_contender_runs_through_the_launcher_and_checks_the_sum(tmp_path):
     assert "| tcp | 2bit |" in text and "| tcp | none |" in text
 
 
+def test_emulated_hosts_use_shared_memory_within_a_host_and_tcp_between(tmp_path):
+    cfg = RunConfig(workers=2, servers=2, model="tiny", iters=2, warmup=1, latency_iters=0,
+                    async_pushes=0, compression=(), transports=("hosts",), work_dir=str(tmp_path),
+                    timeout=60)
+    assert ours.TRANSPORTS["hosts"].for_job(cfg).expected_kinds(2) == ["shm", "tcp"]
+    rows = ours.run(cfg, 0)     # fails unless rank 0's client used exactly these
+    assert {r["variant"] for r in rows} == {"hosts: push, then pull", "hosts: pushpull",
+                                             "hosts: pushpull, gradients from kv.empty()"}
+    summary = report.summarise(rows, cfg)
+    assert [t["target"] for t in summary["targets"]
+            if t["numerator"] and t["numerator"].startswith("ours hosts")][:1] == [
+        "(the same between emulated hosts, one server per host: tcp between hosts only)"]
+
+
 def test_unavailable_transports_are_skipped_with_a_reason(tmp_path):
     cfg = RunConfig(transports=("tcp", "ipc", "shm"), work_dir=str(tmp_path))
     usable, skipped = ours.available_transports(cfg)

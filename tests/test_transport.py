@@ -278,6 +278,52 @@ def test_a_tcp_only_server_and_an_auto_worker_agree_on_tcp(make_cluster):
         assert kv._client.transports == ["tcp"] and out[0] == 1
 
 
+# -- emulated hosts ---------------------------------------------------------------------------
+def test_host_labels_split_one_machine_into_hosts():
+    ids = {endpoints.host_identity(label) for label in ("", "host0", "host1")}
+    assert len(ids) == 3 and endpoints.host_identity("host0") == endpoints.host_identity("host0")
+    advert = Advert("tcp://a:1", "ipc://@x", endpoints.host_identity("host0"), 1)
+    assert choose(advert, "auto", endpoints.host_identity("host0")) == ("tcp://a:1", "shm")
+    assert choose(advert, "ipc", endpoints.host_identity("host1")) == ("tcp://a:1", "tcp")
+
+
+def test_the_launcher_places_server_and_worker_of_a_rank_on_one_emulated_host():
+    from tracker.launcher import JobSpec
+    spec = JobSpec(num_workers=3, num_servers=2, command=("w",), emulate_hosts=2)
+    labels = [(p.role, p.rank, p.env["KVSTORE_HOST_LABEL"]) for p in spec.processes(1234)]
+    assert labels == [("server", 0, "host0"), ("server", 1, "host1"), ("worker", 0, "host0"),
+                      ("worker", 1, "host1"), ("worker", 2, "host0")]
+    plain = JobSpec(num_workers=1, num_servers=1, command=("w",)).processes(1234)
+    assert all("KVSTORE_HOST_LABEL" not in p.env for p in plain)
+
+
+EMULATED = textwrap.dedent("""
+    import numpy as np, kvstore
+    kv = kvstore.create("dist_sync")
+    kv.init(1, np.zeros(600_000, np.float32))      # 64 KiB chunks: both servers hold some
+    out = np.empty(600_000, np.float32)
+    kv.pushpull(1, np.full(600_000, kv.rank + 1, np.float32), out=out)
+    print("RANK", kv.rank, "SUM-OK", bool((out == 3).all()), "TRANSPORTS",
+          ",".join(kv._client.transports), flush=True)
+    kv.close()
+""")
+
+
+@needs_memfd
+@pytest.mark.slow
+def test_emulated_hosts_use_tcp_between_them_and_shared_memory_within(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(EMULATED)
+    env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_TIMEOUT": "30", "KVSTORE_CHUNK_BYTES": "65536"}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2",
+                        "--emulate-hosts", "2", sys.executable, str(script)],
+                       env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = sorted(line.split("RANK", 1)[1].split() for line in p.stdout.splitlines() if "RANK " in line)
+    assert lines == [["0", "SUM-OK", "True", "TRANSPORTS", "shm,tcp"],
+                     ["1", "SUM-OK", "True", "TRANSPORTS", "tcp,shm"]], p.stdout + p.stderr
+
+
 # -- nothing left behind ----------------------------------------------------------------------
 JOB = textwrap.dedent("""
     import os, signal, sys, numpy as np, kvstore

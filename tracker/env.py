@@ -120,6 +120,10 @@ VARIABLES: tuple[Var, ...] = (
         "How workers reach servers on their own host: auto (shared memory for array data, "
         "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
         "(always). Set it for the whole job (servers then skip what is not needed)."),
+    Var("KVSTORE_HOST_LABEL", (), "", str,
+        "Emulates several machines on one: processes whose labels differ treat each other "
+        "as on different hosts (tcp between them, shared memory only within a label). Set "
+        "per process by `tracker.local --emulate-hosts K`; empty on real clusters."),
     Var("KVSTORE_PIPELINE_BYTES", (), 8 << 20, _non_negative_int,
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "

@@ -40,18 +40,23 @@ class JobSpec:
     role_env: dict = field(default_factory=dict)  # role -> extra variables for that role only
     kill_grace: float = 3.0
     settings: dict = field(default_factory=dict)  # parsed tracker.env values
+    emulate_hosts: int = 0   # > 0: split the processes over this many emulated hosts
 
     def processes(self, scheduler_port: int) -> list[ProcSpec]:
-        """Servers first, then workers, each with its rank in launch order."""
+        """Servers first, then workers, each with its rank in launch order. With
+        ``emulate_hosts`` = K, server and worker of rank r are on emulated host r % K
+        (``KVSTORE_HOST_LABEL``), as a launcher over K machines would place them."""
         specs = []
         for role, count, argv in (("server", self.num_servers, self.server_command),
                                   ("worker", self.num_workers, self.command)):
             for rank in range(count):
+                label = {"KVSTORE_HOST_LABEL": f"host{rank % self.emulate_hosts}"} \
+                    if self.emulate_hosts > 0 else {}
                 child_env = env.for_process(
                     role=role, rank=rank, scheduler_host=self.scheduler_host,
                     scheduler_port=scheduler_port, num_workers=self.num_workers,
                     num_servers=self.num_servers, node_host=self.node_host,
-                    extra={**self.env, **self.role_env.get(role, {})})
+                    extra={**self.env, **self.role_env.get(role, {}), **label})
                 specs.append(ProcSpec(role, rank, tuple(argv), child_env))
         return specs
 

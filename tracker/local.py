@@ -37,10 +37,13 @@ here and passed on to every process; see docs/configuration.md.
               help="Extra environment variable for every process (repeatable).")
 @click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
+@click.option("--emulate-hosts", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Emulate K machines: server and worker of rank r go on host r % K, and "
+                   "processes on different hosts talk tcp (shared memory only within one).")
 @click.option("--dry-run", is_flag=True, help="Print what would run, start nothing.")
 @resume_option()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def main(num_workers, num_servers, env_pairs, kill_grace, dry_run, command):
+def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
@@ -57,7 +60,8 @@ def main(num_workers, num_servers, env_pairs, kill_grace, dry_run, command):
     except env.EnvError as e:
         raise click.UsageError(str(e))
     spec = JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
-                   command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings)
+                   command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings,
+                   emulate_hosts=emulate_hosts or 0)
     sys.exit(run_cli(spec, dry_run=dry_run))
 
 

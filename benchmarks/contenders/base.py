@@ -27,7 +27,7 @@ class RunConfig:
     async_size: int = 1024
     async_pushes: int = 500
     async_reps: int = 3
-    transports: tuple[str, ...] = ("tcp", "ipc", "shm")
+    transports: tuple[str, ...] = ("tcp", "ipc", "shm", "hosts")
     compression: tuple[str, ...] = ("2bit", "1bit", "fp16")   # ours: pushpull with each, tcp and shm
     work_dir: str = "/tmp"           # logs and per-launch JSON files
     timeout: float = 600.0           # per launch

@@ -10,6 +10,7 @@ host gets by default (``auto``). Adding a transport = one entry here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +37,18 @@ class Transport:
     url_prefix: str | None = None     # what the servers' data-plane URLs must start with
     requires_var: str | None = None   # tracker.env must know this variable
     kind: str | None = None           # what the client must report as each server's transport
+    hosts: int = 0                    # > 0: emulate this many hosts (JobSpec.emulate_hosts)
+
+    def expected_kinds(self, servers: int) -> list[str] | None:
+        """What rank 0's client must report for each server: with emulated hosts, shared
+        memory to the servers on its own host (host 0: ranks 0, K, 2K...), tcp to the rest."""
+        if self.hosts:
+            return ["shm" if s % self.hosts == 0 else "tcp" for s in range(servers)]
+        return [self.kind] * servers if self.kind else None
+
+    def for_job(self, cfg: RunConfig) -> "Transport":
+        """hosts=-1 means one emulated host per worker."""
+        return dataclasses.replace(self, hosts=cfg.workers) if self.hosts < 0 else self
 
     def available(self) -> tuple[bool, str]:
         if self.requires_var and self.requires_var not in tracker_env.BY_NAME:
@@ -48,6 +61,11 @@ TRANSPORTS = {
     "tcp": Transport("tcp", {"KVSTORE_TRANSPORT": "tcp"}, "tcp://", "KVSTORE_TRANSPORT", "tcp"),
     "ipc": Transport("ipc", {"KVSTORE_TRANSPORT": "ipc"}, "ipc://", "KVSTORE_TRANSPORT", "ipc"),
     "shm": Transport("shm", {"KVSTORE_TRANSPORT": "auto"}, "tcp://", "KVSTORE_TRANSPORT", "shm"),
+    # W emulated machines, server r with worker r (what tracker.ssh does with one server per
+    # host): tcp between hosts as between machines, shared memory within one. A ring's bytes
+    # go through loopback tcp, as gloo's do.
+    "hosts": Transport("hosts", {"KVSTORE_TRANSPORT": "auto"}, "tcp://", "KVSTORE_HOST_LABEL",
+                       hosts=-1),
 }
 
 
@@ -79,9 +97,10 @@ def run_job(cfg: RunConfig, transport: Transport, worker_args: list[str], tag: s
     argv = [sys.executable, WORKER, *worker_args, "--out", out]
     if profile:
         argv += ["--profile", cfg.path(f"{tag}-worker0.prof")]
+    transport = transport.for_job(cfg)
     spec = JobSpec(num_workers=cfg.workers, num_servers=cfg.servers, command=tuple(argv),
                    server_command=(sys.executable, SERVER), env=extra,
-                   settings=tracker_env.read({**os.environ, **extra}))
+                   settings=tracker_env.read({**os.environ, **extra}), emulate_hosts=transport.hosts)
     log_path = cfg.path(f"{tag}.log")
     with open(log_path, "w") as log:
         outcome = launch(spec, out=log)
@@ -97,10 +116,10 @@ def run_job(cfg: RunConfig, transport: Transport, worker_args: list[str], tag: s
     if transport.url_prefix and urls and not all(u.startswith(transport.url_prefix) for u in urls):
         raise Failed(f"ours over {transport.name}: the servers listen on {urls}, not "
                      f"{transport.url_prefix}...: the transport setting was not honoured")
-    kinds = result.get("transports")
-    if transport.kind and kinds is not None and set(kinds) != {transport.kind}:
-        raise Failed(f"ours over {transport.name}: the client used {kinds}: the transport setting "
-                     "was not honoured")
+    kinds, expected = result.get("transports"), transport.expected_kinds(cfg.servers)
+    if expected and kinds is not None and list(kinds) != expected:
+        raise Failed(f"ours over {transport.name}: the client used {kinds}, not {expected}: the "
+                     "transport setting was not honoured")
     return result
 
 
@@ -112,7 +131,7 @@ def run(cfg: RunConfig, launch_no: int) -> list[dict]:
     rows = []
     for t in transports:
         # kv.empty() differs from numpy memory only where servers share memory with us
-        modes = ["push_pull", "pushpull"] + (["pushpull_shared"] if t.kind == "shm" else [])
+        modes = ["push_pull", "pushpull"] + (["pushpull_shared"] if t.kind == "shm" or t.hosts else [])
         if t.name in COMPRESSED_ON:
             modes += [f"pushpull_{c}" for c in cfg.compression]
         modes = ["--modes", ",".join(modes)]

@@ -49,7 +49,8 @@ class DataPlane:
 
     def bind(self, sock) -> str:
         """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
-        advert = endpoints.bind(sock, self.config.node_host, ipc=self.config.transport != "tcp")
+        advert = endpoints.bind(sock, self.config.node_host, ipc=self.config.transport != "tcp",
+                                label=self.config.host_label)
         return advert.format()
 
     def joined(self, registration) -> None:

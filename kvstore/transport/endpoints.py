@@ -41,11 +41,15 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "shm", "ipc", "tcp")
 
 
-@functools.lru_cache(maxsize=1)
-def host_identity() -> str:
+@functools.lru_cache(maxsize=4)
+def host_identity(label: str = "") -> str:
     """16 hex digits naming this machine and the namespaces that ipc and shared
-    memory need to share (equal for two processes iff they can use them)."""
-    parts = []
+    memory need to share (equal for two processes iff they can use them).
+
+    ``label`` (``KVSTORE_HOST_LABEL``) splits one machine into emulated hosts:
+    processes with different labels get different identities, so they talk tcp
+    to each other as they would between machines."""
+    parts = [label] if label else []
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             parts.append(f.read().strip())
@@ -109,9 +113,10 @@ def choose(advert: Advert, mode: str, local_host: str | None = None) -> tuple[st
     return advert.tcp, "shm"
 
 
-def bind(sock: zmq.Socket, host: str, ipc: bool = True) -> Advert:
+def bind(sock: zmq.Socket, host: str, ipc: bool = True, label: str = "") -> Advert:
     """Bind ``sock`` to a random tcp port on ``host`` and (Linux, ``ipc``) to a fresh
-    abstract ipc endpoint whose name cannot be guessed; return the advert."""
+    abstract ipc endpoint whose name cannot be guessed; return the advert (its host
+    identity is :func:`host_identity` of ``label``)."""
     port = sock.bind_to_random_port(f"tcp://{host}")
     ipc_url = None
     if ipc and sys.platform.startswith("linux"):
@@ -121,4 +126,4 @@ def bind(sock: zmq.Socket, host: str, ipc: bool = True) -> Advert:
             ipc_url = url
         except zmq.ZMQError as e:   # e.g. a libzmq built without ipc
             log.info("no ipc endpoint (%s); co-located workers use tcp", e)
-    return Advert(f"tcp://{host}:{port}", ipc_url, host_identity(), os.getpid())
+    return Advert(f"tcp://{host}:{port}", ipc_url, host_identity(label), os.getpid())
