@@ -61,7 +61,7 @@ class Client:
         self.servers = [url for url, _ in chosen]            # what each socket connects to
         self.transports = [kind for _, kind in chosen]       # "tcp", "ipc" or "shm", by server
         self._arena = self._slots = self._probe = None
-        self._mapper = shm.Mapper()
+        self._mapper = shm.Mapper(writable=config.write_in)   # servers grant sums to write into
         self._ctx = zmq.Context()
         self._socks = []
         self._poller = zmq.Poller()
@@ -187,6 +187,41 @@ class Client:
         if staged is not None:
             self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
+
+    def writable(self, server: int, arrays) -> list[int]:
+        """Indices of ``arrays`` worth writing into ``server``'s sums (see
+        :meth:`write_in`): large ones, not already in our shared memory (which the
+        server reads in place), for a server reached through shared memory."""
+        if self.transports[server] != "shm":
+            return []
+        return [i for i, a in enumerate(arrays)
+                if a.nbytes >= self.config.zero_copy_bytes and self._arena.locate(a) is None]
+
+    def write_in(self, server: int, what: str, keys, arrays, on_reply, later: list) -> int:
+        """Contribute ``arrays`` (for the chunks ``keys``) to a shared-memory server's
+        sync rounds by writing them into its sums: a ``write`` request, whose grant
+        says per chunk whether to copy or add into which buffer of the server's
+        memory; once that is done, a ``written`` request, whose reply (the values,
+        as for a pushpull) goes to ``on_reply`` and whose id is appended to ``later``.
+        The grant is handled whenever this worker next waits. Returns the write's id."""
+        def granted(header, targets):
+            modes = header.get("modes")
+            refs = (header.get("shm") or {}).get("refs") or []
+            if not (isinstance(modes, list) and len(modes) == len(targets) == len(arrays)
+                    and len(refs) == len(targets) and all(r is not None for r in refs)):
+                raise ProtocolError(f"{what}: server {server} granted a write that does not "
+                                    "point into its shared memory chunk by chunk")
+            for mode, target, a in zip(modes, targets, arrays):
+                if target.dtype != a.dtype or target.size != a.size or mode not in ("copy", "add"):
+                    raise ProtocolError(f"{what}: server {server} granted {mode!r} into "
+                                        f"{target.size} x {target.dtype}, for {a.size} x {a.dtype}")
+                if mode == "copy":
+                    np.copyto(target, a.reshape(-1))
+                else:
+                    np.add(target, a.reshape(-1), out=target)
+            later.append(self.request(server, ops.WRITTEN, what, on_reply=on_reply,
+                                      grant=header["id"])[0])
+        return self.request(server, ops.WRITE, what, on_reply=granted, chunks=keys, values=True)[0]
 
     def shared_empty(self, size: int, dtype) -> np.ndarray:
         """A 1-D array that co-located servers can read in place (ordinary memory

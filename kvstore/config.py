@@ -33,6 +33,7 @@ class Config:
     transport: str = "auto"
     host_label: str = ""
     pipeline_bytes: int = 8 << 20
+    write_in: bool = True
     malloc_tuning: bool = True
     secret: str | None = None
     secure: bool = False

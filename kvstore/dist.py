@@ -187,21 +187,38 @@ class DistStore(KVStore):
         datas = self._by_server(sources) if sources is not None else {}
         fields = self._compression_fields() if sources is not None else {}
         stage = sources is not None and self._compressor is None
-        ids = []
+        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and self._config.write_in
+        ids, later = [], []
+        # every worker goes in the same order: a round's second writer adds while the
+        # first copies the next message, and replies start early (starting at
+        # different places was slower: the first rounds complete only half-way)
         for server, lo, hi in _pieces(dests, self._config.pipeline_bytes):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
+            writes = self._client.writable(server, payload) if write_in else []
+            if writes:
+                # written straight into the server's sums (no staging copy); the rest
+                # (small chunks, gradients from empty()) goes as a pushpull
+                ids.append(self._client.write_in(
+                    server, what, [wire_ids[i] for i in writes], [payload[i] for i in writes],
+                    self._filler([parts[i] for i in writes]), later))
+                rest = sorted(set(range(len(parts))) - set(writes))
+                wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
+                if not parts:
+                    continue
             # pushpull waits for its replies, so gradients in our shared memory
             # (empty()) may be read by the servers in place
             rid, _ = self._client.request(server, op, what, payload, self._filler(parts),
                                           stage=wire_ids if stage else None, in_place=stage,
                                           chunks=wire_ids, **fields)
             ids.append(rid)
-        return ids, what, [(outs, flat, direct) for (_, outs), (_, flat, direct) in zip(targets, flats)]
+        return (ids, later), what, [(outs, flat, direct)
+                                    for (_, outs), (_, flat, direct) in zip(targets, flats)]
 
     def _fill(self, handle: tuple) -> None:
-        ids, what, fills = handle
-        self._client.wait(ids, what)
+        (ids, later), what, fills = handle
+        self._client.wait(ids, what)     # the replies, and the grants of writes...
+        self._client.wait(later, what)   # ...whose `written` requests they sent
         for outs, flat, direct in fills:
             fill_outputs(outs, flat, direct, what)
 

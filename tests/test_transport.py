@@ -429,10 +429,12 @@ def test_gradients_from_kv_empty_are_read_in_place_by_pushpull(make_cluster):
             np.testing.assert_array_equal(got, -2)
 
 
-def test_small_buffers_travel_in_the_message_over_shm(make_cluster):
+@pytest.mark.parametrize("write_in", [True, False])
+def test_small_buffers_travel_in_the_message_over_shm(make_cluster, write_in):
     """Under KVSTORE_ZERO_COPY_BYTES a buffer is cheaper inline than by reference
-    (per-key latency): nothing is staged, replies carry no references."""
-    cluster = make_cluster(2, 1, zero_copy_bytes=4096)
+    (per-key latency): nothing is staged, replies carry no references. A big one is
+    written into the server's sum (or, without write-in, staged in a slot)."""
+    cluster = make_cluster(2, 1, zero_copy_bytes=4096, write_in=write_in)
 
     def job(kv):
         kv.init(["tiny", "big"], [np.zeros(1000, np.float32), np.zeros(1024, np.float32)])
@@ -453,7 +455,7 @@ def test_small_buffers_travel_in_the_message_over_shm(make_cluster):
         assert kinds == ["shm"]
         np.testing.assert_array_equal(out, 3)
         np.testing.assert_array_equal(big, 3)
-        assert tiny_staged == 0 and staged == 1      # 4000 bytes inline, 4096 by reference
+        assert tiny_staged == 0 and staged == (0 if write_in else 1)   # 4000 bytes inline
         tiny_seen, seen = seen
         assert tiny_seen == [False] and seen[-1] is True
 

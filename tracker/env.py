@@ -128,6 +128,10 @@ VARIABLES: tuple[Var, ...] = (
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "
         "(0: one message per server and call)."),
+    Var("KVSTORE_WRITE_IN", (), True, _bool,
+        "1: in dist_sync pushpull, a worker writes large gradients straight into the sums of "
+        "servers it reaches through shared memory (granted by the server), instead of staging "
+        "them for the server to add. 0: stage and push. Read by workers."),
     Var("KVSTORE_MALLOC_TUNING", (), True, _bool,
         "1: set glibc's malloc thresholds (mallopt) in servers and in workers that receive over "
         "tcp/ipc, so that large incoming messages reuse warm memory instead of page-faulting."),

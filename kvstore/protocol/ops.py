@@ -10,9 +10,12 @@ GET_STATES = "get_states"        # reply: optimizer state of every chunk
 SET_STATES = "set_states"        # optimizer state of some chunks
 CHECKPOINT = "checkpoint"        # {meta}: the server writes its checkpoint file
 GET_META = "get_meta"            # reply {meta, resumed}: what the restored checkpoint carried
+WRITE = "write"                  # chunks, no buffers (shared memory, sync): reply {modes} + one
+                                 # buffer per chunk in the server's memory, to copy or add into
+WRITTEN = "written"              # {grant: the write's id}: done; replied to as a pushpull
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
-                      CHECKPOINT, GET_META})
+                      CHECKPOINT, GET_META, WRITE, WRITTEN})
 
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from ..config import Config
-from ..protocol import decode, encode, ops
+from ..protocol import decode, encode, error_header, ops
 from ..transport import endpoints, memory, shm
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,14 @@ class DataPlane:
     def encode(self, peer, header: dict, arrays: list) -> list:
         key = (peer, header.get("id"))
         shared = None
+        if header.get("write_in") is True:
+            # a grant must point into our memory: a copy would swallow the worker's writes
+            self._shm_replies.discard(key)
+            shared = [self.arena.locate(a) if self.arena is not None else None for a in arrays]
+            if any(place is None for place in shared):
+                return encode(error_header(header.get("id"), "InternalError",
+                                           "cannot grant a write: the sum is not in shared memory"))
+            return encode(header, arrays, shared)
         if key in self._shm_replies:
             self._shm_replies.discard(key)
             if arrays:

@@ -62,7 +62,8 @@ class ServerNode:
             log.error("server could not join the job: %s", e)
             self._close()
             return 1
-        self.state = ServerState(name=f"server {reg.rank}", alloc=self._data.alloc)
+        self.state = ServerState(name=f"server {reg.rank}", alloc=self._data.alloc,
+                                 write_in=self._data.arena is not None)
         self._data.joined(reg)
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers

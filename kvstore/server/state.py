@@ -14,6 +14,15 @@ push's round. If the optimizer fails on a round, exactly the requests that
 depended on that round get the error; later rounds proceed.
 
 Asynchronous mode: every push is applied on arrival with the optimizer.
+
+Writing in (sync mode, co-located workers, values in shared memory): instead of
+pushing a gradient, a worker asks to ``write`` its chunks and is granted, per
+chunk, the round's accumulator in our memory, to copy its gradient into (it opens
+the round) or add it to (the round has a sum already). One worker writes into a
+round at a time; a request is granted all of its chunks at once or waits, so no
+two requests can wait on each other. ``written`` ends the grant: the worker then
+counts as having pushed, and is answered as a pushpull. Pushes that arrive while a
+worker writes into their round are added after it is done.
 """
 
 from __future__ import annotations
@@ -41,6 +50,22 @@ class _Round:
     acc: np.ndarray | None            # the sum so far; None while only `first` arrived
     workers: set
     first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
+    writer: int | None = None         # the worker granted `acc` to write into, until `written`
+    deferred: list = field(default_factory=list)   # pushes to add once the writer is done
+
+    def open_to(self, worker: int) -> bool:
+        return worker not in self.workers and self.writer != worker
+
+
+@dataclass
+class _Grant:
+    peer: object
+    req_id: int
+    worker: int
+    ids: list             # chunk ids, in order
+    chunks: list          # their _Chunk
+    want_values: bool
+    rounds: list = field(default_factory=list)   # the _Round written into, per chunk, once granted
 
 
 @dataclass
@@ -87,10 +112,13 @@ class ServerState:
                                   "mode": "sync", "num_workers": 2}, [])
     """
 
-    def __init__(self, name: str = "server", alloc=None):
+    def __init__(self, name: str = "server", alloc=None, write_in: bool = False):
         self.name = name
         # alloc(size, dtype) -> 1-D array for values and sums (the node passes shared memory)
         self._alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
+        self.write_in = write_in           # sums lie in memory co-located workers can map
+        self._queue: list[_Grant] = []     # write requests waiting for a round's writer
+        self._grants: dict = {}            # (worker, write id) -> granted _Grant
         self.mode: str | None = None
         self.num_workers: int | None = None
         self.chunks: dict[tuple, _Chunk] = {}
@@ -259,8 +287,10 @@ class ServerState:
         acknowledged); the second is added to it in one pass into the accumulator
         (2 reads + 1 write of the chunk instead of copy + add's 3 + 2)."""
         for rnd in chunk.rounds:
-            if worker not in rnd.workers:
-                if rnd.acc is None:
+            if rnd.open_to(worker):
+                if rnd.writer is not None:     # a worker is writing into acc: add after it
+                    rnd.deferred.append(grad)
+                elif rnd.acc is None:
                     rnd.acc = self._take_spare(chunk)
                     np.add(rnd.first, grad, out=rnd.acc)
                     rnd.first = None
@@ -320,6 +350,77 @@ class ServerState:
         # before this worker, who is blocked on this reply, pushes to it.
         values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
         return self._ok(pending.peer, pending.req_id, values)
+
+    # -- writing in (see the module docstring) ---------------------------------------------
+    def _on_write(self, peer, header, arrays):
+        if arrays:
+            raise ProtocolError("a write request carries no buffers")
+        if not self.write_in:
+            raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
+                                       "cannot write into them (push instead)")
+        if self.mode != "sync" or header.get("compression") is not None:
+            raise InvalidArgumentError("writing in is for uncompressed dist_sync pushes only")
+        worker = self._worker(header)
+        ids = self._chunk_ids(header, None)
+        want_values = header.get("values", True)
+        if not isinstance(want_values, bool):
+            raise ProtocolError("'values' must be true or false")
+        if (worker, header["id"]) in self._grants or any(
+                (g.worker, g.req_id) == (worker, header["id"]) for g in self._queue):
+            raise ProtocolError(f"write request id {header['id']} of worker {worker} is already open")
+        self._queue.append(_Grant(peer, header["id"], worker, ids, self._existing(ids), want_values))
+        return self._grant_ready()
+
+    def _grant_ready(self) -> list[Reply]:
+        """Grant every queued write whose rounds have no writer now, oldest first."""
+        replies, still = [], []
+        for grant in self._queue:
+            targets = [next((r for r in chunk.rounds if r.open_to(grant.worker)), None)
+                       for chunk in grant.chunks]
+            if any(r is not None and r.writer is not None for r in targets):
+                still.append(grant)
+                continue
+            modes = []
+            for chunk, rnd in zip(grant.chunks, targets):
+                if rnd is None:                # opens the round: copy into a fresh accumulator
+                    rnd = _Round(self._take_spare(chunk), set())
+                    chunk.rounds.append(rnd)
+                    modes.append("copy")
+                else:
+                    if rnd.acc is None:        # its first push came in a message
+                        rnd.acc = self._take_spare(chunk)
+                        np.copyto(rnd.acc, rnd.first)
+                        rnd.first = None
+                    modes.append("add")
+                rnd.writer = grant.worker
+                grant.rounds.append(rnd)
+            self._grants[(grant.worker, grant.req_id)] = grant
+            replies.append(self._ok(grant.peer, grant.req_id, [r.acc for r in grant.rounds],
+                                    modes=modes, write_in=True))
+        self._queue = still
+        return replies
+
+    def _on_written(self, peer, header, arrays):
+        if arrays:
+            raise ProtocolError("a written request carries no buffers")
+        worker = self._worker(header)
+        gid = header.get("grant")
+        grant = self._grants.pop((worker, gid), None) if _is_int(gid) else None
+        if grant is None:
+            raise ProtocolError(f"'written' names no write granted to worker {worker}: {gid!r}")
+        pending = _Pending(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
+        for chunk in grant.chunks:
+            chunk.waiting.append(pending)
+        ready = []
+        for cid, chunk, rnd in zip(grant.ids, grant.chunks, grant.rounds):
+            rnd.writer = None
+            rnd.workers.add(worker)
+            for grad in rnd.deferred:          # pushes that came while it wrote
+                rnd.acc += grad
+            rnd.deferred = []
+            pending.rounds[cid] = rnd
+            ready += self._apply_complete_rounds(cid, chunk)
+        return ready + self._grant_ready()
 
     def _on_set_optimizer(self, peer, header, arrays):
         try:

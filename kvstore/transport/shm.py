@@ -10,9 +10,12 @@ there is nothing to unlink and nothing to guess, and the kernel frees the memory
 when the last process that maps it unmaps it or exits, however it exits (a
 ``kill -9`` included). Nothing is left in ``/dev/shm``.
 
-Each side writes only its own memory: a worker stages its gradients in its own
-segments (:class:`Slots`), the server reads them from its mapping and keeps its
-values in its own segments (:class:`Arena`), from which workers copy results.
+A worker stages its gradients in its own segments (:class:`Slots`), the server
+reads them from its mapping and keeps its values in its own segments
+(:class:`Arena`), from which workers copy results. Workers map their servers'
+segments writable: in dist_sync a server may grant a worker a sum to copy or add
+its gradient into (``write``, docs/protocol.md), which saves the staging copy.
+Servers map workers' segments read-only.
 Messages carry a segment as ``[pid, fd, size]`` and a buffer as (segment,
 offset); see docs/protocol.md ("Shared-memory buffers").
 """
@@ -134,13 +137,17 @@ class Arena:
 
 
 class Mapper:
-    """Read-only mappings of other processes' segments, opened on first use.
+    """Mappings of other processes' segments, opened on first use: read-only, or
+    (``writable``: a worker mapping its servers, which grant it sums to write into)
+    read-write.
 
     ``allow(pids)`` says whose segments may be mapped (the job's peers)."""
 
-    def __init__(self):
+    def __init__(self, writable: bool = False):
         self._maps: dict[tuple, tuple[mmap.mmap, int]] = {}
         self._pids: set = set()
+        self._flags = os.O_RDWR if writable else os.O_RDONLY
+        self._prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
 
     def allow(self, pids) -> None:
         self._pids |= {int(p) for p in pids}
@@ -168,7 +175,7 @@ class Mapper:
             raise ProtocolError(f"shared memory of process {pid}, which is not a peer of this job")
         path = f"/proc/{pid}/fd/{fd}"
         try:
-            f = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            f = os.open(path, self._flags | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise ProtocolError(f"cannot open the shared memory of process {pid}: {e}") from None
         try:
@@ -177,7 +184,7 @@ class Mapper:
                 raise ProtocolError(f"{path} is not a kvstore segment ({name})")
             if os.fstat(f).st_size < size:
                 raise ProtocolError(f"{path} is smaller than the {size} bytes announced")
-            mm = mmap.mmap(f, size, prot=mmap.PROT_READ)
+            mm = mmap.mmap(f, size, prot=self._prot)
         except OSError as e:
             raise ProtocolError(f"cannot map the shared memory of process {pid}: {e}") from None
         finally:

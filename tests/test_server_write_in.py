@@ -1,0 +1,144 @@
+"""ServerState: workers writing into the server's sums (``write``/``written``).
+
+A co-located worker asks to write its chunks; the server grants, per chunk, the
+round's accumulator and whether to copy (it opens the round) or add (the round has
+a sum); one writer per round at a time; a request gets all its chunks or waits;
+``written`` counts the worker as having pushed and is answered like a pushpull.
+Here the "worker" writes into the granted arrays itself, as the client does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore.protocol import ops
+from state_driver import A, B, Server, by_id, expect_error, expect_ok, only, peer, sgd, vec
+
+
+def write(srv, src, chunks):
+    return srv.send(src, ops.WRITE, list(chunks), values=True)
+
+
+def do(grant, grads):
+    """What the client does with a grant: copy or add each gradient, in place."""
+    assert grant.header["write_in"] is True
+    for mode, target, g in zip(grant.header["modes"], grant.arrays, grads):
+        if mode == "copy":
+            np.copyto(target, g)
+        else:
+            target += g
+    return grant.header["modes"]
+
+
+def written(srv, src, grant_id):
+    return srv.send(src, ops.WRITTEN, grant=grant_id)
+
+
+@pytest.mark.parametrize("opt", [None, sgd(learning_rate=0.5)], ids=["assign", "sgd"])
+def test_writers_take_turns_and_the_round_completes_with_the_last(opt):
+    w0 = vec(10, 20, 30)
+    srv = Server(num_workers=2, opt=opt, init={A: w0}, write_in=True)
+    g0, g1 = vec(1, 2, 3), vec(4, 5, 6)
+    id0, r0 = write(srv, 0, [A])
+    id1, r1 = write(srv, 1, [A])
+    assert r1 == []                          # worker 0 writes: worker 1 waits its turn
+    assert do(expect_ok(only(r0), peer(0), id0, nvalues=1), [g0]) == ["copy"]
+    done0, r = written(srv, 0, id0)
+    grant1 = expect_ok(only(r), peer(1), id1, nvalues=1)   # worker 1's turn now
+    assert do(grant1, [g1]) == ["add"]
+    done1, r = written(srv, 1, id1)
+    replies = by_id(r)
+    assert set(replies) == {done0, done1}    # both answered, as pushpulls, when the round is
+    expected = g0 + g1 if opt is None else w0 - 0.5 * (g0 + g1)
+    for rid, src in ((done0, 0), (done1, 1)):
+        np.testing.assert_array_equal(expect_ok(replies[rid], peer(src), rid, nvalues=1).arrays[0],
+                                      expected)
+
+
+def test_a_push_during_a_write_is_added_after_it_and_a_push_before_it_is_copied_in():
+    srv = Server(num_workers=3, init={A: vec(0, 0)}, write_in=True)
+    pid, r = srv.push(2, {A: vec(100, 200)}, op=ops.PUSHPULL)     # opens the round as a message
+    assert r == []
+    id0, r = write(srv, 0, [A])
+    assert do(only(r), [vec(1, 2)]) == ["add"]                    # onto the message's values
+    pid1, r = srv.push(1, {A: vec(10, 20)}, op=ops.PUSHPULL)      # while worker 0 writes
+    assert r == []
+    done0, r = written(srv, 0, id0)
+    replies = by_id(r)
+    assert set(replies) == {pid, pid1, done0}
+    for reply in replies.values():
+        np.testing.assert_array_equal(reply.arrays[0], vec(111, 222))
+
+
+def test_a_request_is_granted_all_its_chunks_at_once_or_waits():
+    srv = Server(num_workers=2, init={A: vec(0), B: vec(0)}, write_in=True)
+    id1, r = write(srv, 1, [B])
+    do(only(r), [vec(5)])
+    id0, r = write(srv, 0, [A, B])            # A is free, B is being written: nothing granted
+    assert r == []
+    id1b, r = write(srv, 1, [A])              # a later request whose chunks are free goes first
+    assert do(only(r), [vec(7)]) == ["copy"]
+    _, r = written(srv, 1, id1)
+    assert r == []                            # worker 0's request still needs A
+    _, r = written(srv, 1, id1b)
+    grant = expect_ok(only(r), peer(0), id0, nvalues=2)
+    assert do(grant, [vec(1), vec(2)]) == ["add", "add"]
+    _, r = written(srv, 0, id0)
+    assert len(r) == 3                        # worker 1's two requests and worker 0's
+    np.testing.assert_array_equal(srv.value(A), vec(8))
+    np.testing.assert_array_equal(srv.value(B), vec(7))
+
+
+def test_a_worker_writing_ahead_opens_the_next_round():
+    srv = Server(num_workers=2, init={A: vec(0)}, write_in=True)
+    first, r = write(srv, 0, [A])
+    do(only(r), [vec(1)])
+    done, r = written(srv, 0, first)
+    assert r == []
+    second, r = write(srv, 0, [A])            # round 1 still waits for worker 1
+    assert do(only(r), [vec(10)]) == ["copy"]
+    _, r = written(srv, 0, second)
+    _, r = srv.push(1, {A: vec(2)}, op=ops.PUSHPULL)
+    assert len(r) == 2                        # round 1 done: worker 0's first and worker 1's
+    np.testing.assert_array_equal(r[0].arrays[0], vec(3))
+    _, r = srv.push(1, {A: vec(20)}, op=ops.PUSHPULL)
+    assert len(r) == 2
+    np.testing.assert_array_equal(r[0].arrays[0], vec(30))
+
+
+@pytest.mark.parametrize("server, header, arrays, kind, fragment", [
+    (dict(write_in=False), {"op": "write", "chunks": [["w", 0]]}, [], "InvalidArgumentError",
+     "private memory"),
+    (dict(write_in=True, mode="async"), {"op": "write", "chunks": [["w", 0]]}, [],
+     "InvalidArgumentError", "dist_sync"),
+    (dict(write_in=True), {"op": "write", "chunks": [["w", 0]]}, [vec(1)], "ProtocolError",
+     "no buffers"),
+    (dict(write_in=True), {"op": "write", "chunks": [["w", 0]], "values": 1}, [], "ProtocolError",
+     "'values'"),
+    (dict(write_in=True), {"op": "write", "chunks": [["w", 9]]}, [], "InvalidArgumentError",
+     "not initialised"),
+    (dict(write_in=True), {"op": "written", "grant": 12345}, [], "ProtocolError", "no write granted"),
+    (dict(write_in=True), {"op": "written", "grant": "x"}, [], "ProtocolError", "no write granted"),
+])
+def test_invalid_writes_are_refused_and_change_nothing(server, header, arrays, kind, fragment):
+    srv = Server(num_workers=2, init={A: vec(3)}, **server)
+    r = srv.raw(0, {**header, "id": 77, "src": 0}, arrays)
+    expect_error(only(r), peer(0), 77, kind, fragment)
+    if server.get("mode") != "async":
+        np.testing.assert_array_equal(srv.value(A, src=1), vec(3))
+
+
+def test_a_grant_is_ended_once_and_only_by_its_worker():
+    srv = Server(num_workers=2, init={A: vec(0)}, write_in=True)
+    gid, r = write(srv, 0, [A])
+    do(only(r), [vec(1)])
+    _, r = written(srv, 1, gid)               # worker 1 cannot end worker 0's grant
+    expect_error(only(r), peer(1), r[0].header["id"], "ProtocolError", "no write granted")
+    _, r = written(srv, 0, gid)
+    assert r == []
+    _, r = written(srv, 0, gid)               # ended already
+    expect_error(only(r), peer(0), r[0].header["id"], "ProtocolError", "no write granted")
+    r = srv.raw(0, {"op": "write", "id": 500, "src": 0, "chunks": [["w", 0]]})
+    r2 = srv.raw(0, {"op": "write", "id": 500, "src": 0, "chunks": [["w", 0]]})
+    expect_error(only(r2), peer(0), 500, "ProtocolError", "already open")
