@@ -196,7 +196,7 @@ class DistStore(KVStore):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
             writes = self._client.writable(server, payload) if write_in else []
-            if writes:
+            if writes and sum(payload[i].nbytes for i in writes) >= self._config.write_in_bytes:
                 # written straight into the server's sums (no staging copy); the rest
                 # (small chunks, gradients from empty()) goes as a pushpull
                 ids.append(self._client.write_in(

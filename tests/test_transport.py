@@ -181,13 +181,49 @@ def exchange(kv):
 def test_every_transport_gives_the_oracles_sums(make_cluster, transport, kind, scheme):
     # chunks of 8 KiB go by reference over shm, the two small keys (under
     # zero_copy_bytes) inline: messages mix both
-    cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport, zero_copy_bytes=4096)
+    cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport, zero_copy_bytes=4096,
+                           write_in_bytes=8192)
     for seen, kinds, urls, slots in cluster.run(exchange):
         assert kinds == [kind, kind] and all(u.startswith(scheme) for u in urls)
         assert (slots > 0) == (kind == "shm")
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(3, step)):
                 np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("write_in", [True, False])
+def test_pushpull_writes_large_gradients_into_the_servers_sums(make_cluster, write_in):
+    """Over shared memory a sync pushpull's large chunks are written into the servers'
+    sums (write/written), small ones and kv.empty() gradients go as before; the sums
+    and an optimizer's updates are the same either way."""
+    cluster = make_cluster(3, 2, chunk_bytes=8192, zero_copy_bytes=4096, write_in=write_in,
+                           write_in_bytes=8192)
+
+    def job(kv):
+        ops_sent = []
+        request = kv._client.request
+        kv._client.request = lambda server, op, *a, **kw: (ops_sent.append(op),
+                                                           request(server, op, *a, **kw))[1]
+        kv.init(KEYS, [np.zeros((300, 70), np.float32), np.zeros(5, np.float32), np.zeros(40, np.int64)])
+        seen = []
+        for step in range(3):
+            outs = [np.empty_like(v) for v in values(0, 0)]
+            kv.pushpull(KEYS, values(kv.rank, step), out=outs)
+            seen.append(outs)
+        kv.init("w", np.ones(30_000, np.float32))
+        kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.5))
+        grad, w = kv.empty(30_000, np.float32), np.empty(30_000, np.float32)
+        for step in range(2):
+            grad[:] = kv.rank + 1
+            kv.pushpull("w", grad, out=w)                          # read in place
+            kv.pushpull("w", np.full(30_000, kv.rank + 1, np.float32), out=w)   # written in
+        return seen, w, ops_sent.count("write"), ops_sent.count("written")
+    for seen, w, writes, written in cluster.run(job):
+        for step, outs in enumerate(seen):
+            for got, want in zip(outs, oracle(3, step)):
+                np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(w, 1 - 4 * 0.5 * 6)
+        assert writes == written and (writes > 0) == write_in
 
 
 def test_optimizer_and_async_over_shared_memory(make_cluster):
@@ -434,7 +470,7 @@ def test_small_buffers_travel_in_the_message_over_shm(make_cluster, write_in):
     """Under KVSTORE_ZERO_COPY_BYTES a buffer is cheaper inline than by reference
     (per-key latency): nothing is staged, replies carry no references. A big one is
     written into the server's sum (or, without write-in, staged in a slot)."""
-    cluster = make_cluster(2, 1, zero_copy_bytes=4096, write_in=write_in)
+    cluster = make_cluster(2, 1, zero_copy_bytes=4096, write_in=write_in, write_in_bytes=4096)
 
     def job(kv):
         kv.init(["tiny", "big"], [np.zeros(1000, np.float32), np.zeros(1024, np.float32)])
