@@ -293,6 +293,11 @@ class Client:
         if self.membership.aborted.is_set():
             raise NodeFailedError(f"the job was aborted: {self.membership.abort_reason}")
 
+    def progress(self, what: str) -> None:
+        """Handle the replies that have arrived, without waiting (e.g. grants to write,
+        which other workers wait on, between the sends of one call)."""
+        self._progress(0, what)
+
     def _progress(self, timeout: float, what: str) -> None:
         self._check_abort()
         for sock, _ in self._poller.poll(timeout * 1000):

@@ -33,6 +33,7 @@ class Config:
     transport: str = "auto"
     host_label: str = ""
     pipeline_bytes: int = 8 << 20
+    shm_pipeline_bytes: int = 32 << 20
     write_in: bool = True
     # not from the environment: writing in costs a second round trip per message (write,
     # grant; written, reply) and saves a staging copy plus the server's pass over the

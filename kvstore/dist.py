@@ -163,6 +163,13 @@ class DistStore(KVStore):
         return self._client.shared_empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
     # -- requests grouped by server ---------------------------------------------------------
+    def _pipeline_limits(self) -> list[int]:
+        """Message size per server: KVSTORE_PIPELINE_BYTES, or KVSTORE_SHM_PIPELINE_BYTES
+        for servers reached through shared memory (no link transfer to overlap there:
+        fewer, larger messages cost fewer round trips)."""
+        return [self._config.shm_pipeline_bytes if kind == "shm" else self._config.pipeline_bytes
+                for kind in self._client.transports]
+
     def _by_server(self, infos_and_flats):
         """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
         groups: dict[int, tuple[list, list]] = {}
@@ -192,7 +199,7 @@ class DistStore(KVStore):
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
-        for server, lo, hi in _pieces(dests, self._config.pipeline_bytes):
+        for server, lo, hi in _pieces(dests, self._pipeline_limits()):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
             writes = self._client.writable(server, payload) if write_in else []
@@ -202,6 +209,8 @@ class DistStore(KVStore):
                 ids.append(self._client.write_in(
                     server, what, [wire_ids[i] for i in writes], [payload[i] for i in writes],
                     self._filler([parts[i] for i in writes]), later))
+                # grants already here are written now: the other workers' turns wait on ours
+                self._client.progress(what)
                 rest = sorted(set(range(len(parts))) - set(writes))
                 wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
                 if not parts:
@@ -271,7 +280,7 @@ class DistStore(KVStore):
         fields = self._compression_fields()
         stage = self._compressor is None
         groups = self._by_server(items)
-        for server, lo, hi in _pieces(groups, self._config.pipeline_bytes):
+        for server, lo, hi in _pieces(groups, self._pipeline_limits()):
             wire_ids = groups[server][0][lo:hi]
             parts = self._compressed(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
@@ -425,13 +434,14 @@ class DistStore(KVStore):
             log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
 
 
-def _pieces(groups: dict, limit: int) -> list[tuple[int, int, int]]:
+def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:
     """(server, start, stop): each server's chunk list cut into runs of about
-    ``limit`` bytes (KVSTORE_PIPELINE_BYTES; 0: no cut), taken round-robin across
-    servers so that all of them work at once: a server sums one run while the next
-    arrives, and one run's reply travels while the worker still sends."""
+    ``limits[server]`` bytes (0: no cut), taken round-robin across servers so that
+    all of them work at once: a server sums one run while the next arrives, and one
+    run's reply travels while the worker still sends."""
     runs = {}
     for server, (_, parts) in groups.items():
+        limit = limits[server]
         cuts, size = [0], 0
         for i, part in enumerate(parts):
             if limit and size and size + part.nbytes > limit:

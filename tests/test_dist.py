@@ -364,3 +364,12 @@ def test_server_side_rejection_surfaces_as_remote_error(make_cluster):
         with pytest.raises(RemoteError, match="server 0.*chunk 5"):
             kv._client.flush("flush")
     cluster.run(job)
+
+
+def test_messages_are_cut_per_server_limit_and_interleaved():
+    from kvstore.dist import _pieces
+    parts = [np.zeros(n, np.uint8) for n in (4, 4, 4, 4, 4)]
+    groups = {0: (list(range(5)), parts), 1: (list(range(5)), parts[:3])}
+    # server 0 (say, tcp) cut at 8 bytes; server 1 (say, shared memory) uncut
+    assert _pieces(groups, [8, 0]) == [(0, 0, 2), (1, 0, 3), (0, 2, 4), (0, 4, 5)]
+    assert _pieces(groups, [100, 4]) == [(0, 0, 5), (1, 0, 1), (1, 1, 2), (1, 2, 3)]

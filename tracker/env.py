@@ -128,6 +128,9 @@ VARIABLES: tuple[Var, ...] = (
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "
         "(0: one message per server and call)."),
+    Var("KVSTORE_SHM_PIPELINE_BYTES", (), 32 << 20, _non_negative_int,
+        "The same as KVSTORE_PIPELINE_BYTES for servers reached through shared memory, where "
+        "no link transfer needs overlapping and fewer, larger messages are cheaper."),
     Var("KVSTORE_WRITE_IN", (), True, _bool,
         "1: in dist_sync pushpull, a worker writes large gradients straight into the sums of "
         "servers it reaches through shared memory (granted by the server), instead of staging "
