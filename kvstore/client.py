@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -46,6 +47,7 @@ class _Request:
     error: Exception | None = None
     done: bool = False
     staged: bool = False   # holds shared-memory slots until its reply
+    urgent: bool = False   # its reply is handled before others that arrived with it
 
 
 class Client:
@@ -183,7 +185,8 @@ class Client:
         track = track and shared is None
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
         self.bytes_sent += len(frames[0]) + sum(a.nbytes for a in arrays)
-        self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None)
+        self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None,
+                                         urgent=op == ops.WRITE)
         if staged is not None:
             self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
@@ -300,13 +303,26 @@ class Client:
 
     def _progress(self, timeout: float, what: str) -> None:
         self._check_abort()
+        received = []
         for sock, _ in self._poller.poll(timeout * 1000):
             while True:
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    received.append((self._index[sock], sock.recv_multipart(zmq.NOBLOCK, copy=False)))
                 except zmq.Again:
                     break
-                self._on_reply(self._index[sock], frames)
+        # grants to write first: other workers wait for our turn in those rounds, while
+        # copying results out (the other replies) keeps only ourselves waiting
+        if len(received) > 1 and any(r.urgent for r in self._pending.values()):
+            received.sort(key=lambda item: not self._urgent(item[1]))
+        for server, frames in received:
+            self._on_reply(server, frames)
+
+    def _urgent(self, frames) -> bool:
+        try:
+            req = self._pending.get(msgpack.unpackb(frames[0].bytes).get("id"))
+        except Exception:          # malformed: _on_reply reports it
+            return False
+        return req is not None and req.urgent
 
     def _on_reply(self, server: int, frames) -> None:
         try:
