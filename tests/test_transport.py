@@ -360,6 +360,39 @@ def test_emulated_hosts_use_tcp_between_them_and_shared_memory_within(tmp_path):
                      ["1", "SUM-OK", "True", "TRANSPORTS", "tcp,shm"]], p.stdout + p.stderr
 
 
+DIES_WRITING = textwrap.dedent("""
+    import os, numpy as np, kvstore
+    kv = kvstore.create("dist_sync")
+    kv.init(1, np.zeros(600_000, np.float32))
+    kv.barrier()
+    if kv.rank == 1:             # dies after writing into a sum, before saying so
+        request = kv._client.request
+        def request_or_die(server, op, *args, **kw):
+            if op == "written":
+                os._exit(3)
+            return request(server, op, *args, **kw)
+        kv._client.request = request_or_die
+    out = np.empty(600_000, np.float32)
+    kv.pushpull(1, np.ones(600_000, np.float32), out=out)
+    print("FINISHED", kv.rank, flush=True)
+""")
+
+
+@needs_memfd
+@pytest.mark.slow
+def test_a_worker_dying_inside_a_write_grant_fails_the_job_fast(tmp_path):
+    """The round it was writing into can never complete: the others must not hang."""
+    from services import FAST_FAILURE
+    script = tmp_path / "job.py"
+    script.write_text(DIES_WRITING)
+    env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_TIMEOUT": "60", **FAST_FAILURE}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "1", sys.executable,
+                        str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "job failed: worker 1 exited with status 3" in p.stdout + p.stderr
+    assert "FINISHED" not in p.stdout
+
+
 # -- nothing left behind ----------------------------------------------------------------------
 JOB = textwrap.dedent("""
     import os, signal, sys, numpy as np, kvstore
