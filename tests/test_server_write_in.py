@@ -142,3 +142,18 @@ def test_a_grant_is_ended_once_and_only_by_its_worker():
     r = srv.raw(0, {"op": "write", "id": 500, "src": 0, "chunks": [["w", 0]]})
     r2 = srv.raw(0, {"op": "write", "id": 500, "src": 0, "chunks": [["w", 0]]})
     expect_error(only(r2), peer(0), 500, "ProtocolError", "already open")
+
+
+def test_integer_chunks_cannot_be_written_under_an_optimizer():
+    srv = Server(num_workers=2, opt=sgd(), init={A: np.array([1, 2], np.int64)}, write_in=True)
+    rid, r = write(srv, 0, [A])
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "floating-point")
+
+
+def test_a_stalled_round_names_the_worker_holding_a_write_grant():
+    srv = Server(num_workers=3, init={A: vec(0)}, write_in=True)
+    _, r = write(srv, 1, [A])
+    do(only(r), [vec(1)])
+    assert srv.state.stalled(0.0, 10) == []
+    (line,) = srv.state.stalled(20.0, 10)
+    assert "worker(s) 0, 1, 2 to push" in line and "worker 1 was granted its sum" in line

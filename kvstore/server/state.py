@@ -365,10 +365,16 @@ class ServerState:
         want_values = header.get("values", True)
         if not isinstance(want_values, bool):
             raise ProtocolError("'values' must be true or false")
+        chunks = self._existing(ids)
+        if self.updater is not None:
+            for cid, chunk in zip(ids, chunks):
+                if chunk.value.dtype.kind != "f":
+                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
+                                               "optimizers update floating-point values only")
         if (worker, header["id"]) in self._grants or any(
                 (g.worker, g.req_id) == (worker, header["id"]) for g in self._queue):
             raise ProtocolError(f"write request id {header['id']} of worker {worker} is already open")
-        self._queue.append(_Grant(peer, header["id"], worker, ids, self._existing(ids), want_values))
+        self._queue.append(_Grant(peer, header["id"], worker, ids, chunks, want_values))
         return self._grant_ready()
 
     def _grant_ready(self) -> list[Reply]:
@@ -490,9 +496,11 @@ class ServerState:
                     first, reported = now, False
                 if not reported and now - first >= after:
                     missing = sorted(set(range(self.num_workers)) - rnd.workers)
+                    writing = "" if rnd.writer is None else \
+                        f"; worker {rnd.writer} was granted its sum to write into and has not said 'written'"
                     lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for worker(s) "
                                  f"{', '.join(map(str, missing))} to push (worker(s) "
-                                 f"{', '.join(map(str, sorted(rnd.workers)))} did)")
+                                 f"{', '.join(map(str, sorted(rnd.workers)))} did{writing})")
                     reported = True
                 seen[(cid, id(rnd))] = (first, reported, rnd)
         self._round_seen = seen
