@@ -94,7 +94,7 @@ def markdown(data: dict) -> str:
         "",
         f"Workload: {cfg['model']} parameter set, {data['tensors']} fp32 tensors, M = {mb:.1f} MB "
         f"per worker; W = 2 workers, one per \"machine\" (network namespace), N = 2; ours with "
-        f"S = 2 servers, one per machine, KVSTORE_TRANSPORT=tcp; gloo ranks 0 and 1 the same "
+        f"S = 2 servers, one per machine (shared memory to its own, tcp across); gloo ranks 0 and 1 the same "
         f"way. Link: a veth pair with a tc tbf rate limit on both ends (MTU 1500). "
         f"{cfg['launches']} interleaved launches per contender and rate, {cfg['iters']} timed "
         f"exchanges each after {cfg['warmup']} warm-up; every result verified.",

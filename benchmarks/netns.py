@@ -282,6 +282,12 @@ def side_of(rank: int) -> str:
     return "AB"[rank % 2]
 
 
+def expected_transports(num_servers: int) -> list[str]:
+    """What worker 0 (on A) must report per server of :func:`ps_job`: shared memory to
+    the servers on its own machine, tcp across the link."""
+    return ["shm" if side_of(r) == "A" else "tcp" for r in range(num_servers)]
+
+
 def server_urls(link: Link, num_servers: int) -> list[str]:
     """The URL prefix at which each server of :func:`ps_job` must be reached (tcp)."""
     return [f"tcp://{link.addr[side_of(r)]}:" for r in range(num_servers)]
@@ -290,14 +296,15 @@ def server_urls(link: Link, num_servers: int) -> list[str]:
 def ps_job(link: Link, num_workers: int, num_servers: int, server_argv, worker_argv,
            extra: dict) -> list[tuple]:
     """A kvstore job across the link as run_group's [(label, argv, env)]: the scheduler
-    on A, server r and worker r on side_of(r), KVSTORE_TRANSPORT=tcp (no shared memory
-    across the emulated machines); each process with the environment a launcher would
+    on A, server r and worker r on side_of(r), the default transport (shared memory
+    within a machine, since the host identity includes the network namespace; tcp
+    across the link, as between machines); each process with the environment a launcher would
     set (tracker/env.py ``for_process``), the job secret in the environment only."""
     from tracker import env as tracker_env
     from tracker.security import new_secret
     port = random.randint(20000, 60000)   # a fresh namespace: nothing else listens there
     shared = {"KVSTORE_SECRET": new_secret(),   # the environment, never argv
-              "KVSTORE_TRANSPORT": "tcp", "KVSTORE_SECURE": "0", **extra}
+              "KVSTORE_SECURE": "0", **extra}
 
     def env(role, rank, side):
         return child_env(tracker_env.for_process(

@@ -8,8 +8,8 @@ gloo and against one process with no communication at all.
 ``--link RATE`` splits every distributed contender over two network namespaces
 joined by a veth pair rate-limited by tc tbf, built and removed (even on failure or
 SIGTERM) by benchmarks/netns.py's ``Link``: A runs the scheduler, server 0, worker 0
-(DDP rank 0) and the floor; B server 1, worker 1 (DDP rank 1); ours over tcp, gloo
-over the veth. It also times each step's parts (forward, backward, step()), counts
+(DDP rank 0) and the floor; B server 1, worker 1 (DDP rank 1); ours with shared memory
+to its own machine's server and tcp across, gloo over the veth. It also times each step's parts (forward, backward, step()), counts
 the bytes on the link, and sets the medians against docs/performance.md section 6's
 step-time model. Results go to ``trainer-link-RATE.{md,json}``.
 
@@ -161,7 +161,7 @@ def parse_args(argv):
                         "benchmarks/link.py does (network namespaces A and B joined by a veth "
                         "pair rate-limited to RATE by tc tbf, e.g. 1gbit; needs root): the "
                         "scheduler, server 0 and worker 0 / DDP rank 0 on A, server 1 and worker "
-                        "1 / DDP rank 1 on B, KVSTORE_TRANSPORT=tcp, gloo over the veth; the "
+                        "1 / DDP rank 1 on B, tcp across the link, gloo over the veth; the "
                         "floor on A (default: off, everything on this host's loopback)")
     p.add_argument("--link-check-seconds", type=float, default=1.0,
                    help="--link: duration of the raw TCP check per direction (default 1.0)")

@@ -169,7 +169,7 @@ def markdown(data: dict) -> str:
     if kinds:
         lines += ["", f"Ours' data plane, as rank 0's client reports it for every server: "
                       f"{', '.join(kinds)} ("
-                      + ("KVSTORE_TRANSPORT=tcp across the emulated link)." if data.get("link")
+                      + ("shared memory within an emulated machine, tcp across the link)." if data.get("link")
                          else "the default on one host).")]
     if "floor" in summ:
         lines += ["", f"Perfect scaling would be the floor's time / W = "

@@ -102,7 +102,7 @@ def _run_ours_link(cfg: dict, prefix: str, tag: str, argv: list[str], extra: dic
     """Ours across the emulated link, each process started as benchmarks.link starts
     them (benchmarks/netns.py ``ps_job``: ``ip netns exec NS ...``, the launcher's
     environment, the job secret in the environment only): the scheduler on A, server r
-    and worker r on side_of(r), KVSTORE_TRANSPORT=tcp."""
+    and worker r on side_of(r), shared memory within a machine, tcp across the link."""
     w, s = cfg["workers"], cfg["servers"]
     procs = netns.ps_job(link, w, s, [sys.executable, "-m", "kvstore.server"], argv, extra)
     try:
@@ -111,8 +111,8 @@ def _run_ours_link(cfg: dict, prefix: str, tag: str, argv: list[str], extra: dic
         raise Failed(f"{tag}: {e}") from None
     got = _collect(prefix, w, tag)
     kinds, urls = got[0].get("transports"), got[0].get("server_urls") or []
-    if not kinds or set(kinds) != {"tcp"}:
-        raise Failed(f"{tag}: the client used {kinds}, not tcp")
+    if not kinds or list(kinds) != netns.expected_transports(s):
+        raise Failed(f"{tag}: the client used {kinds}, not {netns.expected_transports(s)}")
     want = netns.server_urls(link, s)
     if len(urls) != s or not all(u.startswith(x) for u, x in zip(urls, want)):
         raise Failed(f"{tag}: servers at {urls}; expected {want}")

@@ -52,11 +52,11 @@ def test_trainer_over_the_link_tiny(netns_ok, tmp_path):
     assert chk["ok"] and set(chk["by_contender"]) == set(trainer.CONTENDERS)
     assert all(c["ok"] for c in chk["checks"] if c["checked"])
     assert all(b["ok"] and b["checks"] > 0 for b in chk["by_contender"].values())
-    # ours really ran across the link: tcp, server r on the address of side r
+    # ours really ran across the link: shm on its own side, tcp across; server r on side r
     addr = data["link"]["addresses"]
     for r in data["rows"]:
         if r["contender"].startswith("ours"):
-            assert set(r["transports"]) == {"tcp"}
+            assert r["transports"] == ["shm", "tcp"]
             assert [u.split(":")[1].lstrip("/") for u in r["server_urls"]] == [addr["A"], addr["B"]]
         if r["contender"] != "floor":   # traffic crossed the veth both ways
             assert r["link_bytes"]["a_to_b"] > 0 and r["link_bytes"]["b_to_a"] > 0

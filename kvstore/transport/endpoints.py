@@ -9,7 +9,10 @@ the first word::
     tcp://127.0.0.1:41234 ipc://@kvstore-5c0e...d1 host=9c1e44d0a1b2c3d4 pid=1234
 
 ``host`` identifies the machine *and* the namespaces the peers must share (boot
-id; network, mount and pid namespaces). A worker whose own identity matches is
+id; network namespace, for abstract ipc endpoints; pid namespace, for
+``/proc/<pid>/fd``). Mount namespaces are left out: ``ip netns exec`` gives every
+process its own, and whether a peer's memory can really be mapped is proven by
+the shared-memory handshake anyway. A worker whose own identity matches is
 co-located with that server and, by ``KVSTORE_TRANSPORT``:
 
 ====== ==================================================================
@@ -56,7 +59,7 @@ def host_identity(label: str = "") -> str:
     except OSError:
         import socket
         parts.append(socket.gethostname())
-    for ns in ("net", "mnt", "pid"):
+    for ns in ("net", "pid"):
         try:
             parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
         except OSError:
