@@ -165,9 +165,9 @@ def markdown(data: dict) -> str:
     if co:
         lines += ["Gradient compression (ours, pushpull; only worker->server traffic is compressed, "
                   "pulls are exact; every result is checked against the exact compressed sum). "
-                  "MB: what worker 0 handed to and got from the servers per exchange, headers "
-                  "included (over shm, uncompressed data goes through shared memory, compressed "
-                  "data as messages):", "",
+                  "MB: the messages worker 0 sent to and received from the servers per exchange, "
+                  "headers included (over shm, uncompressed array data goes through shared memory "
+                  "and is not counted; compressed data goes as messages):", "",
                   "| transport | compression | median ms | p10-p90 ms | vs uncompressed | "
                   "MB sent | MB received | worker CPU s/iter | n |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]

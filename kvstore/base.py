@@ -288,8 +288,9 @@ class KVStore:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
 
     def comm_stats(self) -> dict:
-        """Bytes this worker sent to and received from the servers so far (headers
-        included): ``{"bytes_sent": int, "bytes_received": int}``; zeros for 'local'."""
+        """Bytes of the messages this worker sent to and received from the servers so
+        far, headers included (array data that went through shared memory instead is
+        not counted): ``{"bytes_sent": int, "bytes_received": int}``; zeros for 'local'."""
         return {"bytes_sent": 0, "bytes_received": 0}
 
     def close(self) -> None:

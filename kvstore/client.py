@@ -75,7 +75,7 @@ class Client:
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
-        self.bytes_sent = 0       # payload + headers sent (also via shared memory), for users' accounting
+        self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
         if "shm" in self.transports:
             try:
@@ -184,7 +184,7 @@ class Client:
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
         track = track and shared is None
         tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
-        self.bytes_sent += len(frames[0]) + sum(a.nbytes for a in arrays)
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None,
                                          urgent=op == ops.WRITE)
         if staged is not None:
@@ -336,7 +336,7 @@ class Client:
             self._orphan_errors.append(ProtocolError(f"{req.what}: malformed reply from server "
                                                      f"{server}: {e}"))
             return
-        self.bytes_received += len(frames[0]) + sum(a.nbytes for a in arrays)
+        self.bytes_received += sum(f.buffer.nbytes for f in frames)
         req = self._pending.pop(header["id"], None)
         if req is None:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
