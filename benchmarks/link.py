@@ -81,7 +81,8 @@ def run_ours(link: Link, cfg: dict, tag: str) -> dict:
               "--modes", ",".join(OURS_MODES), "--iters", str(cfg["iters"]),
               "--warmup", str(cfg["warmup"]), "--latency-iters", "0", "--out", out]
     procs = ps_job(link, 2, 2, [sys.executable, SERVER], worker,
-                   {"KVSTORE_LOG_LEVEL": "WARNING", "BENCH_SERVER_STATS": stats_dir})
+                   {"KVSTORE_LOG_LEVEL": "WARNING", "BENCH_SERVER_STATS": stats_dir,
+                    **cfg.get("env", {})})
     try:
         run_group(procs, os.path.join(work, f"{tag}.log"), cfg["timeout"])
     except GroupFailed as e:
@@ -173,7 +174,11 @@ def _gloo_available() -> str | None:
               show_default=True, help="Where link.md and link.json go.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
-def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_dir, timeout):
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+              help="Extra environment variable for our processes (repeatable), e.g. "
+                   "KVSTORE_PIPELINE_BYTES=4194304.")
+def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_dir, timeout,
+         env_pairs):
     """Time the gradient exchange of ResNet-50 between two emulated machines (network
     namespaces joined by a rate-limited veth pair): gloo against ours (tcp across the link),
     uncompressed and compressed, against the wire time the step-time model predicts."""
@@ -197,8 +202,14 @@ def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_d
     signal.signal(signal.SIGTERM, on_sigterm)
     link = Link()
     work = tempfile.mkdtemp(prefix="kvlink-")
+    extra = {}
+    for pair in env_pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
+        extra[name] = value
     cfg = {"model": model, "iters": iters, "warmup": warmup, "launches": launches,
-           "gloo_modes": gmodes, "timeout": timeout, "work": work}
+           "gloo_modes": gmodes, "timeout": timeout, "work": work, "env": extra}
     data = {"command": " ".join(["python -m benchmarks.link", *sys.argv[1:]]),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_start": os.getloadavg()[0],
             "machine": common.machine(), "versions": _versions(), "nbytes": nbytes,
