@@ -53,6 +53,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 from benchmarks import common  # noqa: E402
 from benchmarks.link_report import expected_link_bytes, markdown, summarise  # noqa: E402
+from tracker.cli import parse_env  # noqa: E402
 from benchmarks.netns import (Failed, Link, SetupFailed, gloo_ranks, on_sigterm,  # noqa: E402
                               parse_rate, ps_job, raw_check, server_urls,
                               expected_transports)
@@ -202,12 +203,7 @@ def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_d
     signal.signal(signal.SIGTERM, on_sigterm)
     link = Link()
     work = tempfile.mkdtemp(prefix="kvlink-")
-    extra = {}
-    for pair in env_pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
-        extra[name] = value
+    extra = parse_env(env_pairs, "--env")
     cfg = {"model": model, "iters": iters, "warmup": warmup, "launches": launches,
            "gloo_modes": gmodes, "timeout": timeout, "work": work, "env": extra}
     data = {"command": " ".join(["python -m benchmarks.link", *sys.argv[1:]]),
