@@ -31,7 +31,8 @@ def test_tracker_never_imports_kvstore(path):
 
 
 PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + \
-    files("kvstore", "server", "state.py") + files("kvstore", "optimizer")
+    files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
+    files("kvstore", "server", "writein.py") + files("kvstore", "optimizer")
 
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(ROOT)))

@@ -15,19 +15,10 @@ depended on that round get the error; later rounds proceed.
 
 Asynchronous mode: every push is applied on arrival with the optimizer.
 
-Writing in (sync mode, co-located workers, values in shared memory): instead of
-pushing a gradient, a worker asks to ``write`` its chunks and is granted, per
-chunk, the round's accumulator in our memory, to copy its gradient into (it opens
-the round) or add it to (the round has a sum already). One worker writes into a
-round at a time; a request is granted all of its chunks at once or waits, so no
-two requests can wait on each other. ``written`` ends the grant: the worker then
-counts as having pushed, and is answered as a pushpull. Pushes that arrive while a
-worker writes into their round are added after it is done.
+Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,74 +26,11 @@ from .. import compression as _compression
 from .. import optimizer as _optimizer
 from ..errors import ConfigError, InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
+from .rounds import Chunk, Pending, Reply, Round, is_int
+from .writein import Grant, WriteIn
 
 
-@dataclass
-class Reply:
-    """One message to send: ``peer`` is the opaque address the request came from."""
-    peer: object
-    header: dict
-    arrays: list = field(default_factory=list)
-
-
-@dataclass
-class _Round:
-    acc: np.ndarray | None            # the sum so far; None while only `first` arrived
-    workers: set
-    first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
-    writer: int | None = None         # the worker granted `acc` to write into, until `written`
-    deferred: list = field(default_factory=list)   # pushes to add once the writer is done
-
-    def open_to(self, worker: int) -> bool:
-        return worker not in self.workers and self.writer != worker
-
-
-@dataclass
-class _Grant:
-    peer: object
-    req_id: int
-    worker: int
-    ids: list             # chunk ids, in order
-    chunks: list          # their _Chunk
-    want_values: bool
-    rounds: list = field(default_factory=list)   # the _Round written into, per chunk, once granted
-
-
-@dataclass
-class _Chunk:
-    value: np.ndarray                 # 1-D; the stored parameter chunk
-    spare: np.ndarray | None = None   # reused as the accumulator of the next round
-    rounds: list = field(default_factory=list)   # queued _Round, oldest first
-    waiting: list = field(default_factory=list)  # _Pending requests parked here
-
-    def pending_from(self, worker: int) -> bool:
-        return any(worker in r.workers for r in self.rounds)
-
-
-@dataclass
-class _Pending:
-    peer: object
-    req_id: int
-    worker: int
-    chunks: list          # chunk ids (tuples) of the request, in order
-    want_values: bool
-    blocked: set          # chunk ids still waiting for the sender's rounds
-    error: str | None = None  # a round it depended on failed: answer with this
-    rounds: dict = field(default_factory=dict)  # chunk id -> the _Round a push joined
-
-    def waits_on(self, cid, chunk: "_Chunk") -> bool:
-        """A push waits for its own round; a pull for every round of its worker."""
-        joined = self.rounds.get(cid)
-        if joined is not None:
-            return any(r is joined for r in chunk.rounds)
-        return chunk.pending_from(self.worker)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class ServerState:
+class ServerState(WriteIn):
     """State of one server: its chunks, the mode, the optimizer.
 
     Example::
@@ -117,11 +45,11 @@ class ServerState:
         # alloc(size, dtype) -> 1-D array for values and sums (the node passes shared memory)
         self._alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
         self.write_in = write_in           # sums lie in memory co-located workers can map
-        self._queue: list[_Grant] = []     # write requests waiting for a round's writer
+        self._queue: list[Grant] = []     # write requests waiting for a round's writer
         self._grants: dict = {}            # (worker, write id) -> granted _Grant
         self.mode: str | None = None
         self.num_workers: int | None = None
-        self.chunks: dict[tuple, _Chunk] = {}
+        self.chunks: dict[tuple, Chunk] = {}
         self.updater = None
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
@@ -135,7 +63,7 @@ class ServerState:
         input: an invalid request gets an error reply and changes nothing."""
         req_id = header.get("id")
         try:
-            if not _is_int(req_id):
+            if not is_int(req_id):
                 raise ProtocolError("request has no integer 'id'")
             op = header["op"]
             if op not in ops.REQUESTS:
@@ -161,8 +89,8 @@ class ServerState:
             raise ProtocolError("'chunks' must be a list")
         ids = []
         for item in raw:
-            if not (isinstance(item, list) and len(item) == 2 and _is_int(item[1])
-                    and (_is_int(item[0]) or isinstance(item[0], str))):
+            if not (isinstance(item, list) and len(item) == 2 and is_int(item[1])
+                    and (is_int(item[0]) or isinstance(item[0], str))):
                 raise ProtocolError(f"bad chunk id {item!r}: expected [key, index]")
             ids.append((item[0], item[1]))
         if len(set(ids)) != len(ids):
@@ -171,7 +99,7 @@ class ServerState:
             raise ProtocolError(f"{len(ids)} chunks but {len(arrays)} buffers")
         return ids
 
-    def _existing(self, ids: list[tuple], arrays: list | None = None) -> list[_Chunk]:
+    def _existing(self, ids: list[tuple], arrays: list | None = None) -> list[Chunk]:
         chunks = []
         for i, cid in enumerate(ids):
             chunk = self.chunks.get(cid)
@@ -189,7 +117,7 @@ class ServerState:
 
     def _worker(self, header: dict) -> int:
         src = header["src"]
-        if not _is_int(src) or not 0 <= src < self.num_workers:
+        if not is_int(src) or not 0 <= src < self.num_workers:
             raise ProtocolError(f"'src' must be the sender's worker rank (0..{self.num_workers - 1}), "
                                 f"got {src!r}")
         return src
@@ -197,7 +125,7 @@ class ServerState:
     # -- ops -------------------------------------------------------------------------
     def _on_configure(self, peer, header, arrays):
         mode, workers = header["mode"], header["num_workers"]
-        if mode not in ("sync", "async") or not _is_int(workers) or workers < 1:
+        if mode not in ("sync", "async") or not is_int(workers) or workers < 1:
             raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}")
         if self.mode is not None and (self.mode, self.num_workers) != (mode, workers):
             raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode for "
@@ -218,7 +146,7 @@ class ServerState:
             else:
                 value = self._alloc(a.size, a.dtype)
                 np.copyto(value, a.reshape(-1))
-                self.chunks[cid] = _Chunk(value)
+                self.chunks[cid] = Chunk(value)
         return [self._ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays, want_values=False):
@@ -247,7 +175,7 @@ class ServerState:
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = _Pending(peer, header["id"], worker, ids, want_values, set(ids))
+        pending = Pending(peer, header["id"], worker, ids, want_values, set(ids))
         for chunk in chunks:
             chunk.waiting.append(pending)
         ready = []
@@ -267,7 +195,7 @@ class ServerState:
         chunks = self._existing(ids)
         if self.mode == "async":
             return [self._reply_now(peer, header["id"], chunks, True, copy=True)]
-        pending = _Pending(peer, header["id"], worker, ids, True,
+        pending = Pending(peer, header["id"], worker, ids, True,
                            {cid for cid, c in zip(ids, chunks) if c.pending_from(worker)})
         if not pending.blocked:
             return [self._finish(pending)]
@@ -279,7 +207,7 @@ class ServerState:
         values = [c.value.copy() if copy else c.value for c in chunks] if want_values else []
         return self._ok(peer, req_id, values)
 
-    def _contribute(self, chunk: _Chunk, worker: int, grad: np.ndarray) -> _Round:
+    def _contribute(self, chunk: Chunk, worker: int, grad: np.ndarray) -> Round:
         """Add one worker's push to the first round it has not contributed to.
 
         A round's first push is kept as it came (a view on the message, or on the
@@ -298,17 +226,17 @@ class ServerState:
                     rnd.acc += grad
                 rnd.workers.add(worker)
                 return rnd
-        rnd = _Round(None, {worker}, first=grad)
+        rnd = Round(None, {worker}, first=grad)
         chunk.rounds.append(rnd)
         return rnd
 
-    def _take_spare(self, chunk: _Chunk) -> np.ndarray:
+    def _take_spare(self, chunk: Chunk) -> np.ndarray:
         if chunk.spare is not None:
             acc, chunk.spare = chunk.spare, None
             return acc
         return self._alloc(chunk.value.size, chunk.value.dtype)
 
-    def _apply_complete_rounds(self, cid, chunk: _Chunk) -> list[Reply]:
+    def _apply_complete_rounds(self, cid, chunk: Chunk) -> list[Reply]:
         replies = []
         while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
             rnd = chunk.rounds.pop(0)
@@ -343,90 +271,13 @@ class ServerState:
             chunk.waiting = still
         return replies
 
-    def _finish(self, pending: _Pending) -> Reply:
+    def _finish(self, pending: Pending) -> Reply:
         if pending.error is not None:
             return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
         # Values are sent without a copy: in sync mode a chunk cannot change again
         # before this worker, who is blocked on this reply, pushes to it.
         values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
         return self._ok(pending.peer, pending.req_id, values)
-
-    # -- writing in (see the module docstring) ---------------------------------------------
-    def _on_write(self, peer, header, arrays):
-        if arrays:
-            raise ProtocolError("a write request carries no buffers")
-        if not self.write_in:
-            raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
-                                       "cannot write into them (push instead)")
-        if self.mode != "sync" or header.get("compression") is not None:
-            raise InvalidArgumentError("writing in is for uncompressed dist_sync pushes only")
-        worker = self._worker(header)
-        ids = self._chunk_ids(header, None)
-        want_values = header.get("values", True)
-        if not isinstance(want_values, bool):
-            raise ProtocolError("'values' must be true or false")
-        chunks = self._existing(ids)
-        if self.updater is not None:
-            for cid, chunk in zip(ids, chunks):
-                if chunk.value.dtype.kind != "f":
-                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
-                                               "optimizers update floating-point values only")
-        if (worker, header["id"]) in self._grants or any(
-                (g.worker, g.req_id) == (worker, header["id"]) for g in self._queue):
-            raise ProtocolError(f"write request id {header['id']} of worker {worker} is already open")
-        self._queue.append(_Grant(peer, header["id"], worker, ids, chunks, want_values))
-        return self._grant_ready()
-
-    def _grant_ready(self) -> list[Reply]:
-        """Grant every queued write whose rounds have no writer now, oldest first."""
-        replies, still = [], []
-        for grant in self._queue:
-            targets = [next((r for r in chunk.rounds if r.open_to(grant.worker)), None)
-                       for chunk in grant.chunks]
-            if any(r is not None and r.writer is not None for r in targets):
-                still.append(grant)
-                continue
-            modes = []
-            for chunk, rnd in zip(grant.chunks, targets):
-                if rnd is None:                # opens the round: copy into a fresh accumulator
-                    rnd = _Round(self._take_spare(chunk), set())
-                    chunk.rounds.append(rnd)
-                    modes.append("copy")
-                else:
-                    if rnd.acc is None:        # its first push came in a message
-                        rnd.acc = self._take_spare(chunk)
-                        np.copyto(rnd.acc, rnd.first)
-                        rnd.first = None
-                    modes.append("add")
-                rnd.writer = grant.worker
-                grant.rounds.append(rnd)
-            self._grants[(grant.worker, grant.req_id)] = grant
-            replies.append(self._ok(grant.peer, grant.req_id, [r.acc for r in grant.rounds],
-                                    modes=modes, write_in=True))
-        self._queue = still
-        return replies
-
-    def _on_written(self, peer, header, arrays):
-        if arrays:
-            raise ProtocolError("a written request carries no buffers")
-        worker = self._worker(header)
-        gid = header.get("grant")
-        grant = self._grants.pop((worker, gid), None) if _is_int(gid) else None
-        if grant is None:
-            raise ProtocolError(f"'written' names no write granted to worker {worker}: {gid!r}")
-        pending = _Pending(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
-        for chunk in grant.chunks:
-            chunk.waiting.append(pending)
-        ready = []
-        for cid, chunk, rnd in zip(grant.ids, grant.chunks, grant.rounds):
-            rnd.writer = None
-            rnd.workers.add(worker)
-            for grad in rnd.deferred:          # pushes that came while it wrote
-                rnd.acc += grad
-            rnd.deferred = []
-            pending.rounds[cid] = rnd
-            ready += self._apply_complete_rounds(cid, chunk)
-        return ready + self._grant_ready()
 
     def _on_set_optimizer(self, peer, header, arrays):
         try:
@@ -473,7 +324,7 @@ class ServerState:
             self._restored_optimizer = self.updater.optimizer.to_config()
         for key, index, dtype, data, t, state in snap["chunks"]:
             value = np.frombuffer(data, dtype=np.dtype(dtype)).copy()
-            self.chunks[(key, index)] = _Chunk(value)
+            self.chunks[(key, index)] = Chunk(value)
             if t is not None and self.updater is not None:
                 states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=value.dtype).copy()
                                                           for b in state]}
@@ -521,7 +372,7 @@ class ServerState:
             raise InvalidArgumentError("set_optimizer() must come before load_optimizer_states()")
         meta = header["states"]
         if not isinstance(meta, list) or not all(
-                isinstance(m, list) and len(m) == 4 and all(_is_int(v) and v >= 0 for v in m[1:])
+                isinstance(m, list) and len(m) == 4 and all(is_int(v) and v >= 0 for v in m[1:])
                 for m in meta):
             raise ProtocolError("'states' must be a list of [key, index, t, count]")
         if sum(m[3] for m in meta) != len(arrays):

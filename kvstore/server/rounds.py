@@ -1,0 +1,63 @@
+"""The records of a server's sync rounds (kvstore.server.state): a chunk, its
+queued rounds, the requests parked on them, and the replies that come out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Reply:
+    """One message to send: ``peer`` is the opaque address the request came from."""
+    peer: object
+    header: dict
+    arrays: list = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    acc: np.ndarray | None            # the sum so far; None while only `first` arrived
+    workers: set
+    first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
+    writer: int | None = None         # the worker granted `acc` to write into, until `written`
+    deferred: list = field(default_factory=list)   # pushes to add once the writer is done
+
+    def open_to(self, worker: int) -> bool:
+        return worker not in self.workers and self.writer != worker
+
+
+@dataclass
+class Chunk:
+    value: np.ndarray                 # 1-D; the stored parameter chunk
+    spare: np.ndarray | None = None   # reused as the accumulator of the next round
+    rounds: list = field(default_factory=list)   # queued Round, oldest first
+    waiting: list = field(default_factory=list)  # Pending requests parked here
+
+    def pending_from(self, worker: int) -> bool:
+        return any(worker in r.workers for r in self.rounds)
+
+
+@dataclass
+class Pending:
+    peer: object
+    req_id: int
+    worker: int
+    chunks: list          # chunk ids (tuples) of the request, in order
+    want_values: bool
+    blocked: set          # chunk ids still waiting for the sender's rounds
+    error: str | None = None  # a round it depended on failed: answer with this
+    rounds: dict = field(default_factory=dict)  # chunk id -> the Round a push joined
+
+    def waits_on(self, cid, chunk: "Chunk") -> bool:
+        """A push waits for its own round; a pull for every round of its worker."""
+        joined = self.rounds.get(cid)
+        if joined is not None:
+            return any(r is joined for r in chunk.rounds)
+        return chunk.pending_from(self.worker)
+
+
+def is_int(value) -> bool:
+    """An int that is not a bool (msgpack decodes both)."""
+    return isinstance(value, int) and not isinstance(value, bool)
