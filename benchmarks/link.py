@@ -35,7 +35,6 @@ the summary and link.md are benchmarks/link_report.py.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -57,6 +56,7 @@ from tracker.cli import parse_env  # noqa: E402
 from benchmarks.netns import (Failed, Link, SetupFailed, gloo_ranks, on_sigterm,  # noqa: E402
                               parse_rate, ps_job, raw_check, server_urls,
                               expected_transports)
+from benchmarks.contenders.base import read_result  # noqa: E402
 from benchmarks.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
 
@@ -88,14 +88,14 @@ def run_ours(link: Link, cfg: dict, tag: str) -> dict:
         run_group(procs, os.path.join(work, f"{tag}.log"), cfg["timeout"])
     except GroupFailed as e:
         raise Failed(f"ours ({tag}): {e}") from None
-    res = _read_json(out, f"ours ({tag})")
+    res = read_result(out, f"ours ({tag})")
     kinds, urls = res.get("transports"), res.get("server_urls") or []
     if kinds is not None and list(kinds) != expected_transports(2):
         raise Failed(f"ours ({tag}): the client used {kinds}, not {expected_transports(2)}")
     if len(urls) != 2 or not all(u.startswith(w) for u, w in zip(urls, server_urls(link, 2))):
         raise Failed(f"ours ({tag}): servers at {urls}; expected server 0 on {link.addr['A']} "
                      f"and server 1 on {link.addr['B']} (tcp)")
-    res["servers_usage"] = {f[:-5]: _read_json(os.path.join(stats_dir, f), "server stats")
+    res["servers_usage"] = {f[:-5]: read_result(os.path.join(stats_dir, f), "server stats")
                             for f in sorted(os.listdir(stats_dir)) if f.endswith(".json")}
     return res
 
@@ -111,15 +111,7 @@ def run_gloo(link: Link, cfg: dict, tag: str) -> dict:
                   cfg["timeout"])
     except GroupFailed as e:
         raise Failed(f"gloo ({tag}): {e}") from None
-    return _read_json(out, f"gloo ({tag})")
-
-
-def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise Failed(f"{what} finished but wrote no result ({path}): {e}") from None
+    return read_result(out, f"gloo ({tag})")
 
 
 def _versions() -> dict:

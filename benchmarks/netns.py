@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a file (_bulk): make `benchmarks` import
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
+from benchmarks.contenders.base import Failed  # noqa: E402,F401  (a launch failed: crash, timeout, wrong sum or transport)
 from benchmarks.procs import stop  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,10 +42,6 @@ UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
 class SetupFailed(RuntimeError):
     """The emulated network could not be built here (no root, no veth/tbf)."""
-
-
-class Failed(RuntimeError):
-    """A launch failed (crash, timeout, wrong sum, wrong transport)."""
 
 
 def parse_rate(text: str) -> float:
