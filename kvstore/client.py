@@ -10,7 +10,10 @@ server's advert select (:mod:`kvstore.transport.endpoints`). With ``shm`` (a
 co-located server, after a handshake proved it works) a request's buffers
 are copied into this worker's shared-memory slots and the message carries only
 references; replies point into the server's shared memory and are copied from
-there straight into the caller's arrays.
+there straight into the caller's arrays. With a server reached over tcp, large
+messages and their replies go through a data channel (:mod:`kvstore.transport.channel`):
+a plain TCP connection whose reader thread receives replies straight into the
+caller's arrays.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -31,7 +35,7 @@ from tracker.membership import Membership
 from .config import Config
 from .errors import DeadlineError, NodeFailedError, ProtocolError, RemoteError
 from .protocol import decode, encode, ops
-from .transport import Advert, choose, host_identity, memory, shm
+from .transport import Advert, channel, choose, host_identity, memory, shm
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class _Request:
     done: bool = False
     staged: bool = False   # holds shared-memory slots until its reply
     urgent: bool = False   # its reply is handled before others that arrived with it
+    channel: bool = False  # it or its reply went through the server's data channel
 
 
 class Client:
@@ -75,16 +80,28 @@ class Client:
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
-        self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
+        self._zmq_bytes_sent = 0  # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
-        if "shm" in self.transports:
-            try:
+        self._channels: list[channel.Channel | None] = [None] * len(servers)
+        self._into: dict[int, list] = {}      # request id -> arrays its channel reply fills
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()   # from the channels' readers
+        self._wakeup = None
+        try:
+            if "shm" in self.transports:
                 self._start_shm(adverts)
-            except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
-                self.close()
-                raise
+            if config.data_channel and not config.secure and "tcp" in self.transports:
+                self._start_channels()
+        except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
+            self.close()
+            raise
         if config.malloc_tuning and any(t != "shm" for t in self.transports):
             memory.tune()          # replies arrive as large frames: keep their memory warm
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes of the messages sent through ZeroMQ and data channels (not what
+        shared memory carried)."""
+        return self._zmq_bytes_sent + sum(c.bytes_sent for c in self._channels if c is not None)
 
     def _connect(self, addr: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -150,9 +167,57 @@ class Client:
                         "(%s); using %s", self.rank, s, why.get(s, "the probe did not read back"),
                         self.transports[s])
 
+    def _start_channels(self) -> None:
+        """Open a data channel to each server reached over tcp (a ``channel``
+        request for a port and token, then a plain TCP connection). A server that
+        offers none, or a connection that fails, leaves that server on ZeroMQ."""
+        self._wakeup = channel.Wakeup()
+        self._poller.register(self._wakeup.fd, zmq.POLLIN)
+        offers = {}
+
+        def keep(server):
+            def offer(header, values):
+                offers[server] = header
+            return offer
+        ids = [self.request(s, ops.CHANNEL, f"opening a data channel to server {s}",
+                            on_reply=keep(s), sequenced=False)[0]
+               for s, kind in enumerate(self.transports) if kind == "tcp"]
+        self.wait(ids, "opening data channels to the servers")
+        for s, offer in sorted(offers.items()):
+            port, token = offer.get("port"), offer.get("token")
+            if port is None:
+                continue
+            host = self.servers[s].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+            try:
+                if not (isinstance(port, int) and isinstance(token, bytes)
+                        and len(token) == channel.TOKEN_BYTES):
+                    raise ProtocolError(f"invalid channel offer {sorted(offer)}")
+                sock = channel.connect(host, port, token, min(self.config.timeout, 30.0))
+            except (OSError, ProtocolError) as e:
+                log.warning("[worker:%d] no data channel to server %d (%s:%s): %s; large "
+                            "messages go through ZeroMQ", self.rank, s, host, port, e)
+                continue
+            self._channels[s] = channel.Channel(
+                sock, f"w{self.rank}-channel{s}", self.config.max_message_bytes,
+                deliver=self._delivery(s), failed=self._delivery(s, failed=True),
+                destinations=lambda header: self._into.pop(header.get("id"), None))
+
+    def _delivery(self, server: int, failed: bool = False):
+        """(A channel's reader thread) hand a reply, or the channel's end, to the
+        thread that waits (it handles both in :meth:`_progress`)."""
+        if failed:
+            def deliver(error):
+                self._inbox.put((server, None, error, 0))
+                self._wakeup.set()
+        else:
+            def deliver(header, arrays, nbytes):
+                self._inbox.put((server, header, arrays, nbytes))
+                self._wakeup.set()
+        return deliver
+
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, stage=None, shared=None, sequenced: bool = True,
-                in_place: bool = False, **fields):
+                in_place: bool = False, into=None, **fields):
         """Send one request; returns (request id, zmq MessageTracker or None).
 
         ``stage``: keys (e.g. chunk ids) naming ``arrays``; over shared memory the
@@ -163,7 +228,11 @@ class Client:
         fail before the server's sequencer sees it, answered before anything else).
         ``in_place``: arrays that already lie in our shared memory (see
         :meth:`shared_empty`) are sent by reference without staging; the caller must
-        leave them unchanged until the reply."""
+        leave them unchanged until the reply. ``into``: where the reply's arrays go
+        (one contiguous array each); a large reply over a data channel is received
+        straight into them, and ``on_reply`` then gets these same objects.
+        Large ``arrays`` to a server with a data channel go through it; the
+        returned tracker is then a :class:`~kvstore.transport.channel.Sent`."""
         if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
             self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
         req_id = next(self._ids)
@@ -179,14 +248,27 @@ class Client:
                     shared = located         # the caller's own shared memory: no copy
                 else:
                     arrays, shared, staged = self._stage(server, stage, arrays, big)
+        via = self._channels[server]
+        if via is not None and via.broken is not None:
+            via = None
+        reply_via = via is not None and into is not None and \
+            sum(a.nbytes for a in into) >= self.config.channel_bytes
+        if reply_via:
+            fields["channel"] = True
+            self._into[req_id] = list(into)
         if sequenced:
             fields["seq"], self._seq[server] = self._seq[server], self._seq[server] + 1
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
         track = track and shared is None
-        tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        send_via = via is not None and shared is None and \
+            sum(a.nbytes for a in arrays) >= self.config.channel_bytes
+        if send_via:
+            tracker = via.send(frames)     # its writer thread sends; counted in comm_stats
+        else:
+            tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
+            self._zmq_bytes_sent += sum(memoryview(f).nbytes for f in frames)
         self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None,
-                                         urgent=op == ops.WRITE)
+                                         urgent=op == ops.WRITE, channel=send_via or reply_via)
         if staged is not None:
             self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
@@ -253,17 +335,18 @@ class Client:
         return arrays, shared, slot_keys
 
     def wait_sent(self, trackers, what: str) -> None:
-        """Wait until ZeroMQ no longer reads the caller's buffers."""
+        """Wait until ZeroMQ (or a data channel's writer) no longer reads the caller's buffers."""
         deadline = time.monotonic() + self.config.timeout
         for tracker in trackers:
             while not tracker.done:
                 self._check_abort()
+                if time.monotonic() > deadline:
+                    raise DeadlineError(f"{what}: could not hand the data to the servers in "
+                                        f"{self.config.timeout:g}s; raise KVSTORE_TIMEOUT")
                 try:
                     tracker.wait(SLICE)
                 except zmq.NotDone:
-                    if time.monotonic() > deadline:
-                        raise DeadlineError(f"{what}: could not hand the data to the servers in "
-                                            f"{self.config.timeout:g}s; raise KVSTORE_TIMEOUT") from None
+                    pass
 
     def wait(self, ids, what: str) -> None:
         """Wait for replies to ``ids``; raise the first error among them (or an
@@ -305,6 +388,9 @@ class Client:
         self._check_abort()
         received = []
         for sock, _ in self._poller.poll(timeout * 1000):
+            if self._wakeup is not None and sock == self._wakeup.fd:
+                self._from_channels()
+                continue
             while True:
                 try:
                     received.append((self._index[sock], sock.recv_multipart(zmq.NOBLOCK, copy=False)))
@@ -324,6 +410,32 @@ class Client:
             return False
         return req is not None and req.urgent
 
+    def _from_channels(self) -> None:
+        """Handle what the data channels' readers delivered."""
+        self._wakeup.clear()
+        while True:
+            try:
+                server, header, arrays, nbytes = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if header is None:
+                self._channel_failed(server, arrays)
+            else:
+                self.bytes_received += nbytes
+                self._complete(server, header, arrays)
+
+    def _channel_failed(self, server: int, error: Exception) -> None:
+        """A data channel ended: every request in flight on it fails (its server
+        is most likely gone); later requests to that server use ZeroMQ."""
+        log.warning("[worker:%d] the data channel to server %d ended: %s", self.rank, server, error)
+        for req_id, req in list(self._pending.items()):
+            if req.server == server and req.channel:
+                del self._pending[req_id]
+                self._into.pop(req_id, None)
+                self._orphan_errors.append(NodeFailedError(
+                    f"{req.what}: the data channel to server {server} ({self.servers[server]}) "
+                    f"broke: {error}"))
+
     def _on_reply(self, server: int, frames) -> None:
         try:
             header, arrays = decode(frames, self.config.max_message_bytes, resolve=self._mapper.view)
@@ -337,6 +449,10 @@ class Client:
                                                      f"{server}: {e}"))
             return
         self.bytes_received += sum(f.buffer.nbytes for f in frames)
+        self._complete(server, header, arrays)
+
+    def _complete(self, server: int, header: dict, arrays: list) -> None:
+        self._into.pop(header["id"], None)
         req = self._pending.pop(header["id"], None)
         if req is None:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
@@ -351,9 +467,14 @@ class Client:
             req.on_reply(header, arrays)
 
     def close(self) -> None:
+        for via in self._channels:
+            if via is not None:
+                via.close()
         for sock in self._socks:
             sock.close(linger=0)
         self._ctx.term()
+        if self._wakeup is not None:
+            self._wakeup.close()
         if self._arena is not None:
             self._arena.close()
         self._mapper.close()

@@ -40,6 +40,8 @@ class Config:
     # data, so it is used from about a megabyte per message (a 64 KiB key took 0.86 ms
     # by pushpull, 1.6 ms written in); tests lower it
     write_in_bytes: int = 1 << 20
+    data_channel: bool = True
+    channel_bytes: int = 1 << 20
     malloc_tuning: bool = True
     secret: str | None = None
     secure: bool = False

@@ -219,7 +219,7 @@ class DistStore(KVStore):
             # (empty()) may be read by the servers in place
             rid, _ = self._client.request(server, op, what, payload, self._filler(parts),
                                           stage=wire_ids if stage else None, in_place=stage,
-                                          chunks=wire_ids, **fields)
+                                          into=parts, chunks=wire_ids, **fields)
             ids.append(rid)
         return (ids, later), what, [(outs, flat, direct)
                                     for (_, outs), (_, flat, direct) in zip(targets, flats)]
@@ -248,6 +248,8 @@ class DistStore(KVStore):
             if len(values) != len(parts):
                 raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(parts)} chunks")
             for dest, value in zip(parts, values):
+                if value is dest:          # received in place (a data channel)
+                    continue
                 if value.size != dest.size:
                     raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
                 np.copyto(dest, value.reshape(-1))

@@ -21,6 +21,8 @@ class Cluster:
         settings.setdefault("timeout", 30.0)
         settings.setdefault("heartbeat_interval", 0.2)
         settings.setdefault("heartbeat_timeout", 5.0)
+        if server_socket_wrapper is not None:    # it wraps ZeroMQ: keep every message there
+            settings.setdefault("data_channel", False)
         self.settings = settings
         self.scheduler = Scheduler(num_workers, num_servers, timeout=settings["timeout"],
                                    heartbeat_interval=settings["heartbeat_interval"],

@@ -173,7 +173,8 @@ def exchange(kv):
             kv.pull(KEYS, out=outs)
         seen.append(outs)
     return seen, list(kv._client.transports), list(kv._client.servers), \
-        len(kv._client._slots._slots) if kv._client._slots is not None else 0
+        len(kv._client._slots._slots) if kv._client._slots is not None else 0, \
+        [c is not None and c.bytes_sent > 0 for c in kv._client._channels]
 
 
 @pytest.mark.parametrize("transport, kind, scheme", [
@@ -181,11 +182,13 @@ def exchange(kv):
 def test_every_transport_gives_the_oracles_sums(make_cluster, transport, kind, scheme):
     # chunks of 8 KiB go by reference over shm, the two small keys (under
     # zero_copy_bytes) inline: messages mix both
+    # large messages over tcp go through the data channels (channel_bytes=16 KiB)
     cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport, zero_copy_bytes=4096,
-                           write_in_bytes=8192)
-    for seen, kinds, urls, slots in cluster.run(exchange):
+                           write_in_bytes=8192, channel_bytes=16384)
+    for seen, kinds, urls, slots, channelled in cluster.run(exchange):
         assert kinds == [kind, kind] and all(u.startswith(scheme) for u in urls)
         assert (slots > 0) == (kind == "shm")
+        assert channelled == [kind == "tcp"] * 2
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(3, step)):
                 np.testing.assert_array_equal(got, want)
@@ -297,7 +300,7 @@ def test_workers_fall_back_to_ipc_when_shared_memory_fails(make_cluster, monkeyp
     # the servers accept no worker's memory: the handshake fails, the data still flows
     monkeypatch.setattr(dataplane.DataPlane, "joined", lambda self, registration: None)
     cluster = make_cluster(2, 2, chunk_bytes=8192)
-    for seen, kinds, urls, _ in cluster.run(exchange):
+    for seen, kinds, urls, _, _ in cluster.run(exchange):
         assert kinds == ["ipc", "ipc"] and all(u.startswith("ipc://@kvstore-") for u in urls)
         for step, outs in enumerate(seen):
             for got, want in zip(outs, oracle(2, step)):
@@ -340,7 +343,8 @@ EMULATED = textwrap.dedent("""
     out = np.empty(600_000, np.float32)
     kv.pushpull(1, np.full(600_000, kv.rank + 1, np.float32), out=out)
     print("RANK", kv.rank, "SUM-OK", bool((out == 3).all()), "TRANSPORTS",
-          ",".join(kv._client.transports), flush=True)
+          ",".join(kv._client.transports), "CHANNELS",
+          ",".join(str(c is not None and c.bytes_sent > 0) for c in kv._client._channels), flush=True)
     kv.close()
 """)
 
@@ -356,8 +360,10 @@ def test_emulated_hosts_use_tcp_between_them_and_shared_memory_within(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = sorted(line.split("RANK", 1)[1].split() for line in p.stdout.splitlines() if "RANK " in line)
-    assert lines == [["0", "SUM-OK", "True", "TRANSPORTS", "shm,tcp"],
-                     ["1", "SUM-OK", "True", "TRANSPORTS", "tcp,shm"]], p.stdout + p.stderr
+    # ~1.2 MB per server and message: the tcp half goes through the data channel
+    assert lines == [["0", "SUM-OK", "True", "TRANSPORTS", "shm,tcp", "CHANNELS", "False,True"],
+                     ["1", "SUM-OK", "True", "TRANSPORTS", "tcp,shm", "CHANNELS", "True,False"]], \
+        p.stdout + p.stderr
 
 
 DIES_WRITING = textwrap.dedent("""

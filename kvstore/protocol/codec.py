@@ -66,7 +66,38 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     ProtocolError)."""
     if not frames:
         raise ProtocolError("empty message")
-    head = _buffer(frames[0])
+    header = parse_header(_buffer(frames[0]))
+    bufs = header["bufs"]
+    segs, refs = _shared(header, len(bufs), resolve)
+    inline = len(bufs) - sum(r is not None for r in refs) if refs else len(bufs)
+    if inline != len(frames) - 1:
+        raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
+                     "(truncated message?)", header)
+    arrays = []
+    pending = iter(frames[1:])
+    for i, (dtype, shape, expected) in enumerate(buffer_specs(header, max_buffer_bytes)):
+        if refs and refs[i] is not None:
+            try:
+                arrays.append(resolve(segs[refs[i][0]], refs[i][1], dtype, shape))
+            except ProtocolError as e:
+                raise _error(f"buffer {i}: {e}", header) from None
+            continue
+        data = _buffer(next(pending))
+        if data.nbytes != expected:
+            raise _error(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
+                         f"({dtype.name} x {shape})", header)
+        try:
+            arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
+        except ValueError as e:   # e.g. a zero-sized shape whose other dimensions overflow
+            raise _error(f"buffer {i}: shape {shape} is unusable: {e}", header) from None
+    return header, arrays
+
+
+def parse_header(head) -> dict:
+    """The checked header map of a message (``head``: its first frame's bytes):
+    our version, an ``op`` string, an integer ``id`` and a ``bufs`` list. Raises
+    ProtocolError naming what is wrong."""
+    head = memoryview(head)
     if head.nbytes > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {head.nbytes} bytes exceeds the limit of {MAX_HEADER_BYTES}")
     try:
@@ -88,14 +119,14 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     bufs = header.get("bufs")
     if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:
         raise _error("header has no valid 'bufs' list", header)
-    segs, refs = _shared(header, len(bufs), resolve)
-    inline = len(bufs) - sum(r is not None for r in refs) if refs else len(bufs)
-    if inline != len(frames) - 1:
-        raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
-                     "(truncated message?)", header)
-    arrays = []
-    pending = iter(frames[1:])
-    for i, meta in enumerate(bufs):
+    return header
+
+
+def buffer_specs(header: dict, max_buffer_bytes: int = 1 << 30) -> list[tuple[np.dtype, list, int]]:
+    """(dtype, shape, bytes) of each buffer a checked header describes (for a
+    reader that receives the buffers into memory of its choosing)."""
+    specs = []
+    for i, meta in enumerate(header["bufs"]):
         try:
             dtype, shape = _check_meta(i, meta)
         except ProtocolError as e:
@@ -103,21 +134,8 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
         expected = math.prod(shape) * dtype.itemsize
         if expected > max_buffer_bytes:
             raise _error(f"buffer {i} of {expected} bytes exceeds the limit of {max_buffer_bytes}", header)
-        if refs and refs[i] is not None:
-            try:
-                arrays.append(resolve(segs[refs[i][0]], refs[i][1], dtype, shape))
-            except ProtocolError as e:
-                raise _error(f"buffer {i}: {e}", header) from None
-            continue
-        data = _buffer(next(pending))
-        if data.nbytes != expected:
-            raise _error(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
-                         f"({dtype.name} x {shape})", header)
-        try:
-            arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
-        except ValueError as e:   # e.g. a zero-sized shape whose other dimensions overflow
-            raise _error(f"buffer {i}: shape {shape} is unusable: {e}", header) from None
-    return header, arrays
+        specs.append((dtype, shape, expected))
+    return specs
 
 
 def _shared(header: dict, count: int, resolve) -> tuple[list, list | None]:

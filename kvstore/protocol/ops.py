@@ -19,7 +19,8 @@ REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_
 
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory
-TRANSPORT = frozenset({HELLO})
+CHANNEL = "channel"              # reply {port, token}: open a data channel (transport.channel)
+TRANSPORT = frozenset({HELLO, CHANNEL})
 
 OK = "ok"          # reply: success (with buffers for pull, pushpull, get_states)
 ERROR = "error"    # reply: {kind, message}

@@ -1,25 +1,28 @@
 """The server's side of the transports, kept out of the I/O loop.
 
-:class:`~kvstore.server.node.ServerNode` calls it at five points: to bind its
+:class:`~kvstore.server.node.ServerNode` calls it at six points: to bind its
 socket (:meth:`DataPlane.bind`), to allocate values and sums (:meth:`alloc`: in
 shared memory, so that co-located workers can read results in place), to decode
 a request (:meth:`decode`: buffers a co-located worker left in its own shared
 memory become views on it), to answer transport requests (:meth:`intercept`:
-``hello``), and to encode a reply (:meth:`encode`: values in shared memory are
-sent as references when the request asked for that). Over tcp and ipc nothing
-changes: buffers travel as frames.
+``hello``, ``channel``), to send a reply (:meth:`reply`: values in shared memory
+are sent as references when the request asked for that; replies a worker asked
+for on its data channel go there), and to collect the requests that arrived on
+data channels (:meth:`received`, when :attr:`wakeup` fires). Over ZeroMQ on tcp
+and ipc buffers travel as frames.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 
 import numpy as np
 
 from ..config import Config
 from ..protocol import decode, encode, error_header, ops
-from ..transport import endpoints, memory, shm
+from ..transport import channel, endpoints, memory, shm
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,16 @@ class DataPlane:
             # kept for the server's lifetime: a worker reads it after our hello reply
             self._probe = self.arena.alloc(16, np.uint8)
             self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
+        # data channels (transport.channel): requests read by their threads wait in
+        # the inbox; the wakeup's descriptor tells the node's poller
+        self._listener = None
+        if config.data_channel and not config.secure:
+            self._listener = channel.Listener(config.node_host, self._accepted,
+                                              name=f"server{config.rank}-channels")
+        self._channels: dict = {}          # peer -> Channel
+        self._channel_replies: set = set() # (peer, request id) to answer on the channel
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wakeup = channel.Wakeup() if self._listener is not None else None
 
     def bind(self, sock) -> str:
         """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
@@ -68,11 +81,45 @@ class DataPlane:
     def decode(self, body) -> tuple[dict, list]:
         return decode(body, self.config.max_message_bytes, resolve=self._mapper.view)
 
+    def _accepted(self, peer, sock) -> None:
+        """(Listener thread) ``peer``'s data channel is connected."""
+        def deliver(header, arrays, nbytes):
+            self._inbox.put((peer, header, arrays))
+            self.wakeup.set()
+
+        def failed(error):
+            # a worker closing its store ends its channel between messages (EOFError)
+            log.log(logging.DEBUG if isinstance(error, EOFError) else logging.WARNING,
+                    "data channel of worker %s ended: %s", peer.hex(), error)
+        old = self._channels.pop(peer, None)
+        self._channels[peer] = channel.Channel(
+            sock, f"channel-{peer.hex()}", self.config.max_message_bytes, deliver, failed)
+        if old is not None:
+            old.close()
+
+    def received(self) -> list:
+        """The requests that arrived on data channels: [(peer, header, arrays)]."""
+        self.wakeup.clear()
+        items = []
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return items
+
     def intercept(self, peer, header: dict, arrays: list):
-        """Note what a request asks of the transport; answer ``hello`` (returns the
-        reply's (header, arrays)), or None for requests the state machine handles."""
+        """Note what a request asks of the transport; answer ``hello`` and
+        ``channel`` (returns the reply's (header, arrays)), or None for requests the
+        state machine handles."""
         if header.get("shm_reply") is True and self.arena is not None:
             self._shm_replies.add((peer, header["id"]))
+        if header.get("channel") is True and peer in self._channels:
+            self._channel_replies.add((peer, header["id"]))
+        if header["op"] == ops.CHANNEL:
+            if self._listener is None:
+                return {"op": ops.OK, "id": header["id"], "port": None}, []
+            return {"op": ops.OK, "id": header["id"], "port": self._listener.port,
+                    "token": self._listener.offer(peer)}, []
         if header["op"] != ops.HELLO:
             return None
         nonce = header.get("nonce")
@@ -83,6 +130,19 @@ class DataPlane:
             return {"op": ops.OK, "id": header["id"], "shm_ok": False}, []
         return {"op": ops.OK, "id": header["id"], "shm_ok": True, "nonce": self._probe.tobytes()}, \
             [self._probe]
+
+    def reply(self, peer, header: dict, arrays: list, zmq_send) -> None:
+        """Send a reply: on ``peer``'s data channel when its request asked for that
+        and the channel works, else ``zmq_send(frames)``."""
+        frames = self.encode(peer, header, arrays)
+        key = (peer, header.get("id"))
+        if key in self._channel_replies:
+            self._channel_replies.discard(key)
+            via = self._channels.get(peer)
+            if via is not None and via.broken is None:
+                via.send(frames)
+                return
+        zmq_send(frames)
 
     def encode(self, peer, header: dict, arrays: list) -> list:
         key = (peer, header.get("id"))
@@ -105,6 +165,12 @@ class DataPlane:
         return encode(header, arrays, shared)
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        for via in list(self._channels.values()):
+            via.close()
+        if self.wakeup is not None:
+            self.wakeup.close()
         if self.arena is not None:
             self.arena.close()
         self._mapper.close()

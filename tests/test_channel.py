@@ -1,0 +1,215 @@
+"""Data channels (kvstore.transport.channel): framing, the token handshake, the
+reader and writer threads, and their use by a job over tcp."""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from kvstore.errors import NodeFailedError, ProtocolError
+from kvstore.protocol import encode
+from kvstore.transport import channel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def pair():
+    a, b = socket.socketpair()
+    return a, b
+
+
+def message(req_id=7, arrays=()):
+    return encode({"op": "ok", "id": req_id}, list(arrays))
+
+
+def test_a_message_round_trips_into_the_destinations_it_names():
+    a, b = pair()
+    x = np.arange(1000, dtype=np.float32)
+    y = np.arange(10, dtype=np.int64)
+    sent = channel.send_message(a, message(3, [x, y]))
+    into = [np.empty(1000, np.float32), np.empty(10, np.int64)]
+    seen = []
+    header, arrays, nbytes = channel.read_message(b, 1 << 20, lambda h: seen.append(h["id"]) or into)
+    assert header["op"] == "ok" and seen == [3] and nbytes == sent
+    assert arrays[0] is into[0] and arrays[1] is into[1]
+    np.testing.assert_array_equal(into[0], x)
+    np.testing.assert_array_equal(into[1], y)
+
+
+@pytest.mark.parametrize("wrong", [np.empty(1000, np.float64), np.empty(999, np.float32),
+                                   np.empty(2000, np.float32)[::2], None])
+def test_a_destination_that_does_not_fit_gets_a_new_array(wrong):
+    a, b = pair()
+    x = np.arange(1000, dtype=np.float32)
+    channel.send_message(a, message(3, [x]))
+    _, arrays, _ = channel.read_message(b, 1 << 20, lambda h: [wrong])
+    assert arrays[0] is not wrong and arrays[0].dtype == np.float32
+    np.testing.assert_array_equal(arrays[0], x)
+
+
+def test_the_end_between_messages_is_eof_and_inside_one_a_connection_error():
+    a, b = pair()
+    channel.send_message(a, message(1, [np.ones(100, np.float32)]))
+    a.close()
+    channel.read_message(b, 1 << 20)
+    with pytest.raises(EOFError):
+        channel.read_message(b, 1 << 20)
+    a, b = pair()
+    frames = message(2, [np.ones(100, np.float32)])
+    head = bytes(frames[0])
+    a.sendall(struct.pack("<I", len(head)) + head + b"\0" * 10)   # 10 of 400 bytes
+    a.close()
+    with pytest.raises(ConnectionError, match="10 of the 400 bytes of buffer 0 of request 2"):
+        channel.read_message(b, 1 << 20)
+
+
+def raw(payload: bytes) -> socket.socket:
+    a, b = pair()
+    a.sendall(payload)
+    a.close()
+    return b
+
+
+@pytest.mark.parametrize("payload, match", [
+    (struct.pack("<I", (1 << 20) + 1), "exceeds the limit"),
+    (struct.pack("<I", 3) + b"\xc1\xc1\xc1", "not valid msgpack"),
+    (struct.pack("<I", 1) + msgpack.packb(5), "not a map"),
+])
+def test_malformed_headers_are_protocol_errors(payload, match):
+    with pytest.raises(ProtocolError, match=match):
+        channel.read_message(raw(payload), 1 << 20)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"shm": {"segs": [], "refs": [None]}}, "may not point into shared memory"),
+    ({"bufs": [["|O", [3]]]}, "not allowed"),
+    ({"bufs": [["<f4", [1 << 30]]]}, "exceeds the limit"),
+])
+def test_malformed_buffer_descriptions_are_protocol_errors(change, match):
+    header = msgpack.unpackb(bytes(message(4, [np.ones(3, np.float32)])[0]))
+    head = msgpack.packb({**header, **change})
+    with pytest.raises(ProtocolError, match=match):
+        channel.read_message(raw(struct.pack("<I", len(head)) + head), 1 << 20)
+
+
+def test_random_bytes_never_raise_anything_but_the_documented_errors():
+    rng = random.Random(5)
+    good = struct.pack("<I", 0)
+    for _ in range(300):
+        n = rng.randrange(0, 64)
+        payload = bytes(rng.randrange(256) for _ in range(n))
+        if rng.random() < 0.5:    # a plausible length, then garbage
+            payload = struct.pack("<I", len(payload)) + payload
+        try:
+            channel.read_message(raw(payload or good), 1 << 16)
+        except (EOFError, ConnectionError, ProtocolError):
+            pass
+
+
+# -- threads and handshake ----------------------------------------------------------------------
+def test_a_channel_delivers_in_order_and_its_end_once():
+    a, b = pair()
+    got, ends = [], []
+    done = threading.Event()
+
+    def deliver(header, arrays, nbytes):
+        got.append((header["id"], arrays[0].copy()))
+        if len(got) == 3:
+            done.set()
+    receiver = channel.Channel(b, "test-b", 1 << 20, deliver, lambda e: (ends.append(e), done.set()))
+    sender = channel.Channel(a, "test-a", 1 << 20, lambda *x: None, lambda e: None)
+    tickets = [sender.send(message(i, [np.full(50_000, i, np.float32)])) for i in range(3)]
+    assert done.wait(10)
+    assert [i for i, _ in got] == [0, 1, 2] and all((v == i).all() for i, v in got)
+    for t in tickets:
+        t.wait(10)
+        assert t.done
+    ended = threading.Event()
+    receiver._failed = lambda e: (ends.append(e), ended.set())
+    sender.close()                        # the peer sees the end, once
+    assert ended.wait(10)
+    assert len(ends) == 1 and isinstance(ends[0], EOFError) and receiver.broken
+    receiver.close()                      # closing reports nothing
+    assert len(ends) == 1
+
+
+def test_the_listener_accepts_each_token_once_and_nothing_else(caplog):
+    accepted = []
+    listener = channel.Listener("127.0.0.1", lambda peer, sock: accepted.append((peer, sock)), "test")
+    try:
+        token = listener.offer(b"worker-a")
+        sock = channel.connect("127.0.0.1", listener.port, token, 5.0)
+        assert [p for p, _ in accepted] == [b"worker-a"]
+        with caplog.at_level(logging.WARNING, logger="kvstore.transport.channel"):
+            for bad in (token, b"\0" * channel.TOKEN_BYTES):   # used once already; never issued
+                with pytest.raises(ConnectionError):
+                    channel.connect("127.0.0.1", listener.port, bad, 5.0)
+        assert caplog.text.count("refused a data-channel connection from 127.0.0.1: wrong token") == 2
+        assert len(accepted) == 1
+        sock.close()
+    finally:
+        listener.close()
+        for _, s in accepted:
+            s.close()
+
+
+# -- in a job -------------------------------------------------------------------------------------
+N = 50_000
+
+
+def pushpull_twice(kv):
+    kv.init(1, np.zeros(N, np.float32))
+    out = np.empty(N, np.float32)
+    for step in range(2):
+        kv.pushpull(1, np.full(N, kv.rank + step, np.float32), out=out)
+    return out.copy(), [c is not None for c in kv._client._channels], kv.comm_stats()
+
+
+@pytest.mark.parametrize("settings, used", [
+    ({}, True),
+    ({"data_channel": False}, False),
+    ({"secret": "ab" * 32, "secure": True}, False),     # never in clear next to CURVE
+])
+def test_channels_carry_large_messages_over_tcp_unless_off_or_encrypted(make_cluster, settings, used):
+    cluster = make_cluster(2, 2, transport="tcp", chunk_bytes=16384, channel_bytes=16384, **settings)
+    for out, channels, stats in cluster.run(pushpull_twice):
+        np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))
+        assert channels == [used, used]
+        assert stats["bytes_sent"] >= 2 * N * 4 and stats["bytes_received"] >= 2 * N * 4
+    for node in cluster.nodes:
+        assert (len(node._data._channels) == 2) == used
+
+
+def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
+    """The server's end of worker 0's channel goes away while worker 0 waits for a
+    pushpull reply on it: worker 0 gets NodeFailedError naming the channel at once,
+    not a deadline error after KVSTORE_TIMEOUT."""
+    cluster = make_cluster(2, 1, transport="tcp", channel_bytes=16384, timeout=30.0)
+    data = cluster.nodes[0]._data
+    intercept = data.intercept
+
+    def break_on_pushpull(peer, header, arrays):
+        if header["op"] == "pushpull" and header["src"] == 0:
+            data._channels[peer]._sock.shutdown(socket.SHUT_RDWR)
+        return intercept(peer, header, arrays)
+    data.intercept = break_on_pushpull
+
+    def work(kv):
+        kv.init(1, np.zeros(N, np.float32))
+        if kv.rank == 1:
+            return None              # never pushes: the round cannot complete
+        start = time.monotonic()
+        with pytest.raises(NodeFailedError, match="data channel to server 0") as e:
+            kv.pushpull(1, np.ones(N, np.float32), out=np.empty(N, np.float32))
+        return time.monotonic() - start, str(e.value)
+    elapsed, message = cluster.run(work)[0]
+    assert elapsed < 10, message
+    assert "pushpull of key 1" in message
