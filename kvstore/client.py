@@ -10,10 +10,9 @@ server's advert select (:mod:`kvstore.transport.endpoints`). With ``shm`` (a
 co-located server, after a handshake proved it works) a request's buffers
 are copied into this worker's shared-memory slots and the message carries only
 references; replies point into the server's shared memory and are copied from
-there straight into the caller's arrays. With a server reached over tcp, large
-messages and their replies go through a data channel (:mod:`kvstore.transport.channel`):
-a plain TCP connection whose reader thread receives replies straight into the
-caller's arrays.
+there straight into the caller's arrays. From a server reached over tcp, large
+replies come through a data channel (:mod:`kvstore.transport.channel`): a plain
+TCP connection whose reader thread receives them straight into the caller's arrays.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ class _Request:
     done: bool = False
     staged: bool = False   # holds shared-memory slots until its reply
     urgent: bool = False   # its reply is handled before others that arrived with it
-    channel: bool = False  # it or its reply went through the server's data channel
+    channel: bool = False  # its reply comes through the server's data channel
 
 
 class Client:
@@ -80,7 +79,7 @@ class Client:
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
-        self._zmq_bytes_sent = 0  # bytes of the messages sent (not what shared memory carried)
+        self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
         self._channels: list[channel.Channel | None] = [None] * len(servers)
         self._into: dict[int, list] = {}      # request id -> arrays its channel reply fills
@@ -96,12 +95,6 @@ class Client:
             raise
         if config.malloc_tuning and any(t != "shm" for t in self.transports):
             memory.tune()          # replies arrive as large frames: keep their memory warm
-
-    @property
-    def bytes_sent(self) -> int:
-        """Bytes of the messages sent through ZeroMQ and data channels (not what
-        shared memory carried)."""
-        return self._zmq_bytes_sent + sum(c.bytes_sent for c in self._channels if c is not None)
 
     def _connect(self, addr: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -169,8 +162,9 @@ class Client:
 
     def _start_channels(self) -> None:
         """Open a data channel to each server reached over tcp (a ``channel``
-        request for a port and token, then a plain TCP connection). A server that
-        offers none, or a connection that fails, leaves that server on ZeroMQ."""
+        request for a port and token, then a plain TCP connection) for its large
+        replies. A server that offers none, or a connection that fails, leaves that
+        server on ZeroMQ."""
         self._wakeup = channel.Wakeup()
         self._poller.register(self._wakeup.fd, zmq.POLLIN)
         offers = {}
@@ -230,9 +224,7 @@ class Client:
         :meth:`shared_empty`) are sent by reference without staging; the caller must
         leave them unchanged until the reply. ``into``: where the reply's arrays go
         (one contiguous array each); a large reply over a data channel is received
-        straight into them, and ``on_reply`` then gets these same objects.
-        Large ``arrays`` to a server with a data channel go through it; the
-        returned tracker is then a :class:`~kvstore.transport.channel.Sent`."""
+        straight into them, and ``on_reply`` then gets these same objects."""
         if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
             self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
         req_id = next(self._ids)
@@ -249,26 +241,19 @@ class Client:
                 else:
                     arrays, shared, staged = self._stage(server, stage, arrays, big)
         via = self._channels[server]
-        if via is not None and via.broken is not None:
-            via = None
-        reply_via = via is not None and into is not None and \
+        channel = via is not None and via.broken is None and into is not None and \
             sum(a.nbytes for a in into) >= self.config.channel_bytes
-        if reply_via:
+        if channel:
             fields["channel"] = True
             self._into[req_id] = list(into)
         if sequenced:
             fields["seq"], self._seq[server] = self._seq[server], self._seq[server] + 1
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
         track = track and shared is None
-        send_via = via is not None and shared is None and \
-            sum(a.nbytes for a in arrays) >= self.config.channel_bytes
-        if send_via:
-            tracker = via.send(frames)     # its writer thread sends; counted in comm_stats
-        else:
-            tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
-            self._zmq_bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None,
-                                         urgent=op == ops.WRITE, channel=send_via or reply_via)
+                                         urgent=op == ops.WRITE, channel=channel)
         if staged is not None:
             self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
@@ -335,18 +320,17 @@ class Client:
         return arrays, shared, slot_keys
 
     def wait_sent(self, trackers, what: str) -> None:
-        """Wait until ZeroMQ (or a data channel's writer) no longer reads the caller's buffers."""
+        """Wait until ZeroMQ no longer reads the caller's buffers."""
         deadline = time.monotonic() + self.config.timeout
         for tracker in trackers:
             while not tracker.done:
                 self._check_abort()
-                if time.monotonic() > deadline:
-                    raise DeadlineError(f"{what}: could not hand the data to the servers in "
-                                        f"{self.config.timeout:g}s; raise KVSTORE_TIMEOUT")
                 try:
                     tracker.wait(SLICE)
                 except zmq.NotDone:
-                    pass
+                    if time.monotonic() > deadline:
+                        raise DeadlineError(f"{what}: could not hand the data to the servers in "
+                                            f"{self.config.timeout:g}s; raise KVSTORE_TIMEOUT") from None
 
     def wait(self, ids, what: str) -> None:
         """Wait for replies to ``ids``; raise the first error among them (or an

@@ -126,12 +126,11 @@ def test_a_channel_delivers_in_order_and_its_end_once():
             done.set()
     receiver = channel.Channel(b, "test-b", 1 << 20, deliver, lambda e: (ends.append(e), done.set()))
     sender = channel.Channel(a, "test-a", 1 << 20, lambda *x: None, lambda e: None)
-    tickets = [sender.send(message(i, [np.full(50_000, i, np.float32)])) for i in range(3)]
+    for i in range(3):
+        sender.send(message(i, [np.full(50_000, i, np.float32)]))
     assert done.wait(10)
     assert [i for i, _ in got] == [0, 1, 2] and all((v == i).all() for i, v in got)
-    for t in tickets:
-        t.wait(10)
-        assert t.done
+    assert receiver.bytes_received == sender.bytes_sent > 3 * 200_000
     ended = threading.Event()
     receiver._failed = lambda e: (ends.append(e), ended.set())
     sender.close()                        # the peer sees the end, once
@@ -139,6 +138,21 @@ def test_a_channel_delivers_in_order_and_its_end_once():
     assert len(ends) == 1 and isinstance(ends[0], EOFError) and receiver.broken
     receiver.close()                      # closing reports nothing
     assert len(ends) == 1
+
+
+def test_a_write_only_end_breaks_on_any_message_it_reads():
+    """A server's end of a channel carries replies only: a worker that writes to it
+    is out of protocol, and the channel ends (the worker then sees it end)."""
+    a, b = pair()
+    ends = []
+    ended = threading.Event()
+    server_end = channel.Channel(b, "test-server", 1 << 20, None, lambda e: (ends.append(e), ended.set()))
+    channel.send_message(a, message(9, [np.ones(10, np.float32)]))
+    assert ended.wait(10)
+    assert isinstance(ends[0], ProtocolError) and "only carries replies" in str(ends[0])
+    assert a.recv(1) == b""                      # the worker's end sees the close
+    server_end.close()
+    a.close()
 
 
 def test_the_listener_accepts_each_token_once_and_nothing_else(caplog):

@@ -174,7 +174,7 @@ def exchange(kv):
         seen.append(outs)
     return seen, list(kv._client.transports), list(kv._client.servers), \
         len(kv._client._slots._slots) if kv._client._slots is not None else 0, \
-        [c is not None and c.bytes_sent > 0 for c in kv._client._channels]
+        [c is not None and c.bytes_received > 0 for c in kv._client._channels]
 
 
 @pytest.mark.parametrize("transport, kind, scheme", [
@@ -182,7 +182,7 @@ def exchange(kv):
 def test_every_transport_gives_the_oracles_sums(make_cluster, transport, kind, scheme):
     # chunks of 8 KiB go by reference over shm, the two small keys (under
     # zero_copy_bytes) inline: messages mix both
-    # large messages over tcp go through the data channels (channel_bytes=16 KiB)
+    # large replies over tcp come through the data channels (channel_bytes=16 KiB)
     cluster = make_cluster(3, 2, chunk_bytes=8192, transport=transport, zero_copy_bytes=4096,
                            write_in_bytes=8192, channel_bytes=16384)
     for seen, kinds, urls, slots, channelled in cluster.run(exchange):
@@ -344,7 +344,7 @@ EMULATED = textwrap.dedent("""
     kv.pushpull(1, np.full(600_000, kv.rank + 1, np.float32), out=out)
     print("RANK", kv.rank, "SUM-OK", bool((out == 3).all()), "TRANSPORTS",
           ",".join(kv._client.transports), "CHANNELS",
-          ",".join(str(c is not None and c.bytes_sent > 0) for c in kv._client._channels), flush=True)
+          ",".join(str(c is not None and c.bytes_received > 0) for c in kv._client._channels), flush=True)
     kv.close()
 """)
 
@@ -360,7 +360,7 @@ def test_emulated_hosts_use_tcp_between_them_and_shared_memory_within(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = sorted(line.split("RANK", 1)[1].split() for line in p.stdout.splitlines() if "RANK " in line)
-    # ~1.2 MB per server and message: the tcp half goes through the data channel
+    # ~1.2 MB per server and message: the tcp half's replies come through the data channel
     assert lines == [["0", "SUM-OK", "True", "TRANSPORTS", "shm,tcp", "CHANNELS", "False,True"],
                      ["1", "SUM-OK", "True", "TRANSPORTS", "tcp,shm", "CHANNELS", "True,False"]], \
         p.stdout + p.stderr

@@ -137,11 +137,11 @@ VARIABLES: tuple[Var, ...] = (
         "them for the server to add. 0: stage and push. Read by workers."),
     Var("KVSTORE_DATA_CHANNEL", (), True, _bool,
         "1: workers open a plain TCP data channel to each server they reach over tcp, and "
-        "messages of KVSTORE_CHANNEL_BYTES or more (and their replies) go through it, received "
-        "straight into their destination; ZeroMQ carries the rest. Never with KVSTORE_SECURE=1. "
+        "replies of KVSTORE_CHANNEL_BYTES or more come through it, received straight into "
+        "the caller's arrays; ZeroMQ carries the rest. Never with KVSTORE_SECURE=1. "
         "0: everything through ZeroMQ. Read by workers and servers."),
     Var("KVSTORE_CHANNEL_BYTES", (), 1 << 20, _non_negative_int,
-        "Messages (or expected replies) of at least this many bytes use the data channel."),
+        "Replies (pull, pushpull) of at least this many bytes use the data channel."),
     Var("KVSTORE_MALLOC_TUNING", (), True, _bool,
         "1: set glibc's malloc thresholds (mallopt) in servers and in workers that receive over "
         "tcp/ipc, so that large incoming messages reuse warm memory instead of page-faulting."),

@@ -1,22 +1,20 @@
 """The server's side of the transports, kept out of the I/O loop.
 
-:class:`~kvstore.server.node.ServerNode` calls it at six points: to bind its
+:class:`~kvstore.server.node.ServerNode` calls it at five points: to bind its
 socket (:meth:`DataPlane.bind`), to allocate values and sums (:meth:`alloc`: in
 shared memory, so that co-located workers can read results in place), to decode
 a request (:meth:`decode`: buffers a co-located worker left in its own shared
 memory become views on it), to answer transport requests (:meth:`intercept`:
-``hello``, ``channel``), to send a reply (:meth:`reply`: values in shared memory
-are sent as references when the request asked for that; replies a worker asked
-for on its data channel go there), and to collect the requests that arrived on
-data channels (:meth:`received`, when :attr:`wakeup` fires). Over ZeroMQ on tcp
-and ipc buffers travel as frames.
+``hello``, ``channel``), and to send a reply (:meth:`reply`: values in shared
+memory are sent as references when the request asked for that; replies a worker
+asked for on its data channel go there). Over ZeroMQ on tcp and ipc buffers
+travel as frames.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 
 import numpy as np
 
@@ -49,16 +47,13 @@ class DataPlane:
             # kept for the server's lifetime: a worker reads it after our hello reply
             self._probe = self.arena.alloc(16, np.uint8)
             self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
-        # data channels (transport.channel): requests read by their threads wait in
-        # the inbox; the wakeup's descriptor tells the node's poller
+        # data channels (transport.channel): large replies to workers over tcp
         self._listener = None
         if config.data_channel and not config.secure:
             self._listener = channel.Listener(config.node_host, self._accepted,
                                               name=f"server{config.rank}-channels")
         self._channels: dict = {}          # peer -> Channel
         self._channel_replies: set = set() # (peer, request id) to answer on the channel
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.wakeup = channel.Wakeup() if self._listener is not None else None
 
     def bind(self, sock) -> str:
         """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
@@ -82,30 +77,16 @@ class DataPlane:
         return decode(body, self.config.max_message_bytes, resolve=self._mapper.view)
 
     def _accepted(self, peer, sock) -> None:
-        """(Listener thread) ``peer``'s data channel is connected."""
-        def deliver(header, arrays, nbytes):
-            self._inbox.put((peer, header, arrays))
-            self.wakeup.set()
-
+        """(Listener thread) ``peer``'s data channel is connected; we only write to it."""
         def failed(error):
             # a worker closing its store ends its channel between messages (EOFError)
             log.log(logging.DEBUG if isinstance(error, EOFError) else logging.WARNING,
                     "data channel of worker %s ended: %s", peer.hex(), error)
         old = self._channels.pop(peer, None)
         self._channels[peer] = channel.Channel(
-            sock, f"channel-{peer.hex()}", self.config.max_message_bytes, deliver, failed)
+            sock, f"channel-{peer.hex()}", self.config.max_message_bytes, None, failed)
         if old is not None:
             old.close()
-
-    def received(self) -> list:
-        """The requests that arrived on data channels: [(peer, header, arrays)]."""
-        self.wakeup.clear()
-        items = []
-        while True:
-            try:
-                items.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return items
 
     def intercept(self, peer, header: dict, arrays: list):
         """Note what a request asks of the transport; answer ``hello`` and
@@ -169,8 +150,6 @@ class DataPlane:
             self._listener.close()
         for via in list(self._channels.values()):
             via.close()
-        if self.wakeup is not None:
-            self.wakeup.close()
         if self.arena is not None:
             self.arena.close()
         self._mapper.close()

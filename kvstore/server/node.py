@@ -54,7 +54,6 @@ class ServerNode:
             heartbeat_interval=config.heartbeat_interval,
             heartbeat_timeout=config.heartbeat_timeout, security=security)
         self.state: ServerState | None = None
-        self._poller = None
 
     def run(self) -> int:
         try:
@@ -86,25 +85,10 @@ class ServerNode:
                     log.info("server %d: all workers finished, shutting down", reg.rank)
                     self.membership.finish()
                     return 0
-                zmq_ready, channel_ready = self._poll()
-                if zmq_ready:
+                if self._sock.poll(POLL_MS):
                     self._serve_ready()
-                if channel_ready:
-                    for peer, header, arrays in self._data.received():
-                        self._serve(peer, header, arrays)
         finally:
             self._close()
-
-    def _poll(self) -> tuple[bool, bool]:
-        """Wait up to POLL_MS for requests: (on the ROUTER socket, on data channels)."""
-        if self._data.wakeup is None:          # no data channels: the socket alone
-            return bool(self._sock.poll(POLL_MS)), False
-        if self._poller is None:
-            self._poller = zmq.Poller()
-            self._poller.register(self._sock, zmq.POLLIN)
-            self._poller.register(self._data.wakeup.fd, zmq.POLLIN)
-        ready = dict(self._poller.poll(POLL_MS))
-        return self._sock in ready, self._data.wakeup.fd in ready
 
     def _serve_ready(self) -> None:
         while True:
@@ -115,48 +99,42 @@ class ServerNode:
             peer, body = frames[0].bytes, frames[1:]
             try:
                 header, arrays = self._data.decode(body)
+                if type(header.get("src")) is not int or type(header.get("id")) is not int:
+                    error = ProtocolError("a request needs an integer 'src' and 'id'")
+                    error.request_id = header["id"] if type(header.get("id")) is int else None
+                    raise error
             except ProtocolError as e:
                 log.warning("%s: rejected a malformed message: %s", self.state.name, e)
                 self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
                 continue
-            self._serve(peer, header, arrays)
-
-    def _serve(self, peer: bytes, header: dict, arrays: list) -> None:
-        """Handle one decoded request (from the ROUTER socket or a data channel)."""
-        if type(header.get("src")) is not int or type(header.get("id")) is not int:
-            rid = header["id"] if type(header.get("id")) is int else None
-            log.warning("%s: rejected a malformed message: a request needs an integer 'src' and "
-                        "'id'", self.state.name)
-            self._send(peer, error_header(rid, "ProtocolError", "a request needs an integer 'src' and 'id'"), [])
-            return
-        try:
-            deliverable = self.sequencer.accept(peer, header, arrays)
-        except ValueError as e:
-            log.error("%s: %s", self.state.name, e)
-            self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
-            return
-        for header, arrays in deliverable:
-            log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
-                      header["id"], header["src"])
-            handled = self._data.intercept(peer, header, arrays)   # e.g. hello
-            if handled is not None:
-                self._send(peer, *handled)
-                continue
-            if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
-                self._send(peer, *self._checkpoint(header), [])
-                continue
             try:
-                replies = self.state.handle(peer, header, arrays)
-            except Exception as e:  # a bug or an input we did not foresee: keep serving
-                log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
-                              header.get("id"))
-                replies = [Reply(peer, error_header(header["id"], "InternalError",
-                                                    f"{self.state.name}: {type(e).__name__}: {e}"))]
-            for reply in replies:
-                if reply.header.get("kind") == "ProtocolError":
-                    log.warning("%s: rejected a malformed %s request: %s", self.state.name,
-                                header.get("op"), reply.header.get("message"))
-                self._send(reply.peer, reply.header, reply.arrays)
+                deliverable = self.sequencer.accept(peer, header, arrays)
+            except ValueError as e:
+                log.error("%s: %s", self.state.name, e)
+                self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
+                continue
+            for header, arrays in deliverable:
+                log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
+                          header["id"], header["src"])
+                handled = self._data.intercept(peer, header, arrays)   # e.g. hello
+                if handled is not None:
+                    self._send(peer, *handled)
+                    continue
+                if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
+                    self._send(peer, *self._checkpoint(header), [])
+                    continue
+                try:
+                    replies = self.state.handle(peer, header, arrays)
+                except Exception as e:  # a bug or an input we did not foresee: keep serving
+                    log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
+                                  header.get("id"))
+                    replies = [Reply(peer, error_header(header["id"], "InternalError",
+                                                        f"{self.state.name}: {type(e).__name__}: {e}"))]
+                for reply in replies:
+                    if reply.header.get("kind") == "ProtocolError":
+                        log.warning("%s: rejected a malformed %s request: %s", self.state.name,
+                                    header.get("op"), reply.header.get("message"))
+                    self._send(reply.peer, reply.header, reply.arrays)
 
     def _checkpoint(self, header: dict) -> tuple[dict]:
         """Write this server's checkpoint; the reply header (ok or error)."""

@@ -1,16 +1,18 @@
 """Data channels: a plain TCP connection per (worker, server) pair that carries
-large messages, while ZeroMQ carries everything else.
+a server's large replies, while ZeroMQ carries everything else.
 
-Why: receiving a large message through ZeroMQ costs the receiving process about
-four times the CPU of a plain socket. Measured here for 51 MB over loopback tcp
-(``/proc`` CPU time of the receiving process): 30-47 ms through ZeroMQ (its I/O
-thread reads the stream in many small steps into a fresh frame, and the caller
-then copies the frame into its destination) against 6-10 ms for one
+Why: receiving a large reply through ZeroMQ and copying it into the caller's
+array costs the worker about four times the CPU of a plain socket. Measured here
+for 51 MB over loopback tcp (CPU time of the receiving process): 30-47 ms
+through ZeroMQ (its I/O thread reads the stream into a fresh frame, then the
+caller copies the frame into its destination) against 6-10 ms for one
 ``recv_into`` with ``MSG_WAITALL`` straight into the destination. A worker
 registers where each reply's buffers go (the caller's output arrays) and the
-reader thread receives them there: no frame, no copy.
+reader thread receives them there: no frame, no copy. Requests stay on ZeroMQ:
+a server must keep what it receives anyway (a round's first push waits for the
+second), and sending requests over the channel as well measured no faster.
 
-Framing (both directions)::
+Framing::
 
     [u32 little-endian: header length][header][buffer 0]...[buffer n-1]
 
@@ -121,33 +123,19 @@ def read_message(sock: socket.socket, max_buffer_bytes: int,
     return header, arrays, total
 
 
-class Sent:
-    """Set once a message's buffers have been written (or the channel broke):
-    the caller may reuse them. Waits like ZeroMQ's MessageTracker."""
-
-    def __init__(self):
-        self._event = threading.Event()
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> None:
-        self._event.wait(timeout)
-
-
 class Channel:
     """One connected data channel: a writer thread (messages in the order given)
     and a reader thread that hands every message to ``deliver(header, arrays,
-    nbytes)``, or its end to ``failed(error)`` (never both for one message; not
-    called after :meth:`close`). ``destinations``: see :func:`read_message`."""
+    nbytes)``, or the channel's end to ``failed(error)`` (not called after
+    :meth:`close`). ``destinations``: see :func:`read_message`. With ``deliver``
+    None (a server's end: it only writes) any message read breaks the channel."""
 
     def __init__(self, sock: socket.socket, name: str, max_buffer_bytes: int,
-                 deliver: Callable, failed: Callable, destinations: Callable | None = None):
+                 deliver: Callable | None, failed: Callable, destinations: Callable | None = None):
         self._sock = sock
         self.name = name
         self.broken: str | None = None
-        self.bytes_sent = 0
+        self.bytes_sent = self.bytes_received = 0
         self._closing = False
         self._max = max_buffer_bytes
         self._deliver, self._failed, self._destinations = deliver, failed, destinations
@@ -157,33 +145,33 @@ class Channel:
         for t in self._threads:
             t.start()
 
-    def send(self, frames) -> Sent:
-        """Queue one message; the caller must leave its buffers alone until the
-        returned :class:`Sent` is done."""
-        sent = Sent()
-        self._outbox.put((frames, sent))
-        return sent
+    def send(self, frames) -> None:
+        """Queue one message; its buffers must stay unchanged until it is written
+        (a server's values do: see ServerState._finish)."""
+        self._outbox.put(frames)
 
     def _write(self) -> None:
         while True:
-            item = self._outbox.get()
-            if item is None:
+            frames = self._outbox.get()
+            if frames is None:
                 return
-            frames, sent = item
             if self.broken is None:
                 try:
                     self.bytes_sent += send_message(self._sock, frames)
                 except OSError as e:
                     self._break(ConnectionError(f"writing failed: {e}"))
-            sent._event.set()
 
     def _read(self) -> None:
         while True:
             try:
                 header, arrays, nbytes = read_message(self._sock, self._max, self._destinations)
+                if self._deliver is None:
+                    raise ProtocolError(f"a {header['op']!r} message on a channel that only "
+                                        "carries replies")
             except (EOFError, OSError, ProtocolError) as e:
                 self._break(e)
                 return
+            self.bytes_received += nbytes
             self._deliver(header, arrays, nbytes)
 
     def _break(self, error: Exception) -> None:
