@@ -1,16 +1,15 @@
 """Data channels: a plain TCP connection per (worker, server) pair that carries
 a server's large replies, while ZeroMQ carries everything else.
 
-Why: receiving a large reply through ZeroMQ and copying it into the caller's
-array costs the worker about four times the CPU of a plain socket. Measured here
-for 51 MB over loopback tcp (CPU time of the receiving process): 30-47 ms
-through ZeroMQ (its I/O thread reads the stream into a fresh frame, then the
-caller copies the frame into its destination) against 6-10 ms for one
-``recv_into`` with ``MSG_WAITALL`` straight into the destination. A worker
-registers where each reply's buffers go (the caller's output arrays) and the
-reader thread receives them there: no frame, no copy. Requests stay on ZeroMQ:
-a server must keep what it receives anyway (a round's first push waits for the
-second), and sending requests over the channel as well measured no faster.
+Why: through ZeroMQ a reply lands in a frame that the worker's thread then
+copies into the caller's array. Here a worker registers where each reply's
+buffers go (the caller's output arrays) and the reader thread receives them
+there with ``recv_into``: no frame, no copy. Measured (docs/performance.md §4,
+item 14): over tcp a worker's main thread went from 18 to 4 ms of CPU per
+ResNet-50 exchange, the receiving itself costs what ZeroMQ's I/O thread spent
+on it, and the exchange got 8-16 % faster. Requests stay on ZeroMQ: a server
+must keep what it receives anyway (a round's first push waits for the second),
+and sending requests over the channel as well measured no faster.
 
 Framing::
 
