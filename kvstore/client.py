@@ -188,8 +188,8 @@ class Client:
                     raise ProtocolError(f"invalid channel offer {sorted(offer)}")
                 sock = channel.connect(host, port, token, min(self.config.timeout, 30.0))
             except (OSError, ProtocolError) as e:
-                log.warning("[worker:%d] no data channel to server %d (%s:%s): %s; large "
-                            "messages go through ZeroMQ", self.rank, s, host, port, e)
+                log.warning("[worker:%d] no data channel to server %d (%s:%s): %s; its large "
+                            "replies come through ZeroMQ", self.rank, s, host, port, e)
                 continue
             self._channels[s] = channel.Channel(
                 sock, f"w{self.rank}-channel{s}", self.config.max_message_bytes,
