@@ -227,3 +227,23 @@ def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
     elapsed, message = cluster.run(work)[0]
     assert elapsed < 10, message
     assert "pushpull of key 1" in message
+
+
+@pytest.mark.parametrize("how", ["no listener", "connection refused"])
+def test_a_worker_that_cannot_open_a_channel_stays_on_zeromq(make_cluster, caplog, how):
+    """A server without data channels answers the offer with no port; one whose port
+    refuses the connection makes the worker log why: either way the job runs on
+    ZeroMQ alone, with the same sums."""
+    cluster = make_cluster(2, 2, transport="tcp", chunk_bytes=16384, channel_bytes=16384)
+    data = cluster.nodes[1]._data
+    data._listener.close()                  # the port stops accepting connections
+    if how == "no listener":
+        data._listener = None
+    with caplog.at_level(logging.WARNING, logger="kvstore.client"):
+        for out, channels, _ in cluster.run(pushpull_twice):
+            np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))
+            assert channels == [True, False]
+    refused = caplog.text.count("no data channel to server 1")
+    assert refused == (2 if how == "connection refused" else 0)
+    if refused:
+        assert "its large replies come through ZeroMQ" in caplog.text
