@@ -81,8 +81,8 @@ class Client:
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
         self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
-        self._channels: list[channel.Channel | None] = [None] * len(servers)
-        self._into: dict[int, list] = {}      # request id -> arrays its channel reply fills
+        self._channels: list[channel.Receiver | None] = [None] * len(servers)
+        self._into: dict[int, tuple] = {}     # request id -> (server, arrays its channel reply fills)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()   # from the channels' readers
         self._wakeup = None
         try:
@@ -176,7 +176,12 @@ class Client:
         ids = [self.request(s, ops.CHANNEL, f"opening a data channel to server {s}",
                             on_reply=keep(s), sequenced=False)[0]
                for s, kind in enumerate(self.transports) if kind == "tcp"]
-        self.wait(ids, "opening data channels to the servers")
+        while True:
+            try:
+                self.wait(ids, "opening data channels to the servers")
+                break
+            except (RemoteError, ProtocolError) as e:   # that server stays on ZeroMQ
+                log.warning("[worker:%d] %s", self.rank, e)
         for s, offer in sorted(offers.items()):
             port, token = offer.get("port"), offer.get("token")
             if port is None:
@@ -191,10 +196,20 @@ class Client:
                 log.warning("[worker:%d] no data channel to server %d (%s:%s): %s; its large "
                             "replies come through ZeroMQ", self.rank, s, host, port, e)
                 continue
-            self._channels[s] = channel.Channel(
+            self._channels[s] = channel.Receiver(
                 sock, f"w{self.rank}-channel{s}", self.config.max_message_bytes,
                 deliver=self._delivery(s), failed=self._delivery(s, failed=True),
-                destinations=lambda header: self._into.pop(header.get("id"), None))
+                destinations=self._destinations(s))
+
+    def _destinations(self, server: int):
+        """(A channel's reader thread) where a reply's buffers go: the arrays
+        registered for its request id, if that request went to this server."""
+        def destinations(header):
+            entry = self._into.pop(header.get("id"), None)
+            if entry is None or entry[0] != server:
+                return None
+            return entry[1]
+        return destinations
 
     def _delivery(self, server: int, failed: bool = False):
         """(A channel's reader thread) hand a reply, or the channel's end, to the
@@ -245,7 +260,7 @@ class Client:
             sum(a.nbytes for a in into) >= self.config.channel_bytes
         if channel:
             fields["channel"] = True
-            self._into[req_id] = list(into)
+            self._into[req_id] = (server, list(into))
         if sequenced:
             fields["seq"], self._seq[server] = self._seq[server], self._seq[server] + 1
         frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
@@ -337,18 +352,44 @@ class Client:
         earlier push's), a DeadlineError, or NodeFailedError if the job aborted."""
         ids = list(ids)
         deadline = time.monotonic() + self.config.timeout
-        while any(i in self._pending for i in ids):
-            self._progress(SLICE, what)
-            self.raise_errors()
-            if time.monotonic() > deadline:
-                late = sorted({self._pending[i].server for i in ids if i in self._pending})
-                names = ", ".join(f"server {s} ({self.servers[s]})" for s in late)
-                self.failure = f"{what}: no reply from {names} within {self.config.timeout:g}s"
-                raise DeadlineError(
-                    f"{what}: no reply from {names} within {self.config.timeout:g}s. In dist_sync "
-                    "a round completes only when every worker pushed the key; raise "
-                    "KVSTORE_TIMEOUT if the job is just slow")
+        try:
+            while any(i in self._pending for i in ids):
+                self._progress(SLICE, what)
+                self.raise_errors()
+                if time.monotonic() > deadline:
+                    late = sorted({self._pending[i].server for i in ids if i in self._pending})
+                    names = ", ".join(f"server {s} ({self.servers[s]})" for s in late)
+                    self.failure = f"{what}: no reply from {names} within {self.config.timeout:g}s"
+                    raise DeadlineError(
+                        f"{what}: no reply from {names} within {self.config.timeout:g}s. In "
+                        "dist_sync a round completes only when every worker pushed the key; "
+                        "raise KVSTORE_TIMEOUT if the job is just slow")
+        except BaseException:
+            self._abandon(ids)
+            raise
         self.raise_errors()
+
+    def _abandon(self, ids) -> None:
+        """The caller of a wait for ``ids`` gets an exception while some of them are
+        still due on data channels: close those channels, so that no reply is
+        written into the caller's arrays after the call has returned. Those
+        requests are dropped; other requests due on the same channels fail with
+        NodeFailedError at their next wait. Later replies from those servers come
+        through ZeroMQ."""
+        servers = {self._pending[i].server for i in ids if i in self._pending and self._pending[i].channel}
+        for server in sorted(servers):
+            self._channels[server].close()      # joins the reader: nothing is written after this
+            self._channels[server] = None
+            for req_id, req in list(self._pending.items()):
+                if req.server == server and req.channel:
+                    del self._pending[req_id]
+                    self._into.pop(req_id, None)
+                    if req_id not in ids:
+                        self._orphan_errors.append(NodeFailedError(
+                            f"{req.what}: abandoned when an earlier call to server {server} "
+                            "failed and closed its data channel"))
+            log.warning("[worker:%d] closed the data channel to server %d: a call waiting on "
+                        "it failed", self.rank, server)
 
     def flush(self, what: str) -> None:
         """Wait for every request in flight (e.g. pushes) and raise their errors."""
@@ -397,16 +438,22 @@ class Client:
     def _from_channels(self) -> None:
         """Handle what the data channels' readers delivered."""
         self._wakeup.clear()
-        while True:
-            try:
-                server, header, arrays, nbytes = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if header is None:
-                self._channel_failed(server, arrays)
-            else:
-                self.bytes_received += nbytes
-                self._complete(server, header, arrays)
+        try:
+            while True:
+                try:
+                    server, header, arrays, nbytes = self._inbox.get_nowait()
+                except queue.Empty:
+                    return
+                if self._channels[server] is None:
+                    continue                  # abandoned (see _abandon): drop what it left
+                if header is None:
+                    self._channel_failed(server, arrays)
+                else:
+                    self.bytes_received += nbytes
+                    self._complete(server, header, arrays)
+        finally:
+            if not self._inbox.empty():       # a handler raised: the rest waits for the next call
+                self._wakeup.set()
 
     def _channel_failed(self, server: int, error: Exception) -> None:
         """A data channel ended: every request in flight on it fails (its server
@@ -436,11 +483,12 @@ class Client:
         self._complete(server, header, arrays)
 
     def _complete(self, server: int, header: dict, arrays: list) -> None:
-        self._into.pop(header["id"], None)
-        req = self._pending.pop(header["id"], None)
-        if req is None:
+        req = self._pending.get(header["id"])
+        if req is None or req.server != server:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
             return
+        del self._pending[header["id"]]
+        self._into.pop(header["id"], None)
         if req.staged:   # the server has finished with our slots (the round is applied)
             self._slots.release(header["id"])
         if header["op"] == ops.ERROR:

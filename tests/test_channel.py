@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from kvstore.errors import NodeFailedError, ProtocolError
+from kvstore.errors import DeadlineError, NodeFailedError, ProtocolError
 from kvstore.protocol import encode
 from kvstore.transport import channel
 
@@ -102,16 +102,29 @@ def test_malformed_buffer_descriptions_are_protocol_errors(change, match):
 
 def test_random_bytes_never_raise_anything_but_the_documented_errors():
     rng = random.Random(5)
-    good = struct.pack("<I", 0)
-    for _ in range(300):
-        n = rng.randrange(0, 64)
-        payload = bytes(rng.randrange(256) for _ in range(n))
-        if rng.random() < 0.5:    # a plausible length, then garbage
-            payload = struct.pack("<I", len(payload)) + payload
+    for i in range(400):
+        if i % 2:                 # garbage, sometimes behind a plausible length
+            payload = rng.randbytes(rng.randrange(0, 64))
+            if rng.random() < 0.5:
+                payload = struct.pack("<I", len(payload)) + payload
+        else:                     # a valid header, then too few, enough or extra random bytes
+            bufs = [[rng.choice(["<f4", "|u1", "<i8", "|O"]), [rng.randrange(0, 300)]]
+                    for _ in range(rng.randrange(0, 4))]
+            head = msgpack.packb({"v": 1, "op": "ok", "id": i, "bufs": bufs})
+            payload = struct.pack("<I", len(head)) + head + rng.randbytes(rng.randrange(0, 4000))
         try:
-            channel.read_message(raw(payload or good), 1 << 16)
+            header, arrays, _ = channel.read_message(raw(payload), 1 << 16)
         except (EOFError, ConnectionError, ProtocolError):
-            pass
+            continue
+        assert len(arrays) == len(header["bufs"])
+
+
+def test_a_message_larger_than_the_limit_in_total_is_refused():
+    frames = message(1, [np.ones(100, np.float32), np.ones(100, np.float32)])
+    a, b = pair()
+    channel.send_message(a, frames)
+    with pytest.raises(ProtocolError, match="more than 600 bytes"):
+        channel.read_message(b, 600)           # each buffer (400 B) fits, both do not
 
 
 # -- threads and handshake ----------------------------------------------------------------------
@@ -124,8 +137,8 @@ def test_a_channel_delivers_in_order_and_its_end_once():
         got.append((header["id"], arrays[0].copy()))
         if len(got) == 3:
             done.set()
-    receiver = channel.Channel(b, "test-b", 1 << 20, deliver, lambda e: (ends.append(e), done.set()))
-    sender = channel.Channel(a, "test-a", 1 << 20, lambda *x: None, lambda e: None)
+    receiver = channel.Receiver(b, "test-b", 1 << 20, deliver, lambda e: (ends.append(e), done.set()))
+    sender = channel.Sender(a, "test-a", lambda e: None)
     for i in range(3):
         sender.send(message(i, [np.full(50_000, i, np.float32)]))
     assert done.wait(10)
@@ -146,8 +159,8 @@ def test_a_write_only_end_breaks_on_any_message_it_reads():
     a, b = pair()
     ends = []
     ended = threading.Event()
-    server_end = channel.Channel(b, "test-server", 1 << 20, None, lambda e: (ends.append(e), ended.set()))
-    channel.send_message(a, message(9, [np.ones(10, np.float32)]))
+    server_end = channel.Sender(b, "test-server", lambda e: (ends.append(e), ended.set()))
+    a.sendall(b"x")
     assert ended.wait(10)
     assert isinstance(ends[0], ProtocolError) and "only carries replies" in str(ends[0])
     assert a.recv(1) == b""                      # the worker's end sees the close
@@ -157,19 +170,28 @@ def test_a_write_only_end_breaks_on_any_message_it_reads():
 
 def test_the_listener_accepts_each_token_once_and_nothing_else(caplog):
     accepted = []
-    listener = channel.Listener("127.0.0.1", lambda peer, sock: accepted.append((peer, sock)), "test")
+    arrived = threading.Event()
+    listener = channel.Listener("127.0.0.1", lambda peer, sock: (accepted.append((peer, sock)),
+                                                                 arrived.set()), "test")
+    silent = socket.create_connection(("127.0.0.1", listener.port))   # never sends a token
     try:
-        token = listener.offer(b"worker-a")
+        replaced = listener.offer(b"worker-a")
+        token = listener.offer(b"worker-a")        # one token per peer: the newest
+        start = time.monotonic()
         sock = channel.connect("127.0.0.1", listener.port, token, 5.0)
+        assert time.monotonic() - start < listener.TOKEN_TIMEOUT   # the silent one held up nothing
+        assert arrived.wait(10)
         assert [p for p, _ in accepted] == [b"worker-a"]
         with caplog.at_level(logging.WARNING, logger="kvstore.transport.channel"):
-            for bad in (token, b"\0" * channel.TOKEN_BYTES):   # used once already; never issued
+            # used once already; replaced by a newer one; never issued
+            for bad in (token, replaced, b"\0" * channel.TOKEN_BYTES):
                 with pytest.raises(ConnectionError):
                     channel.connect("127.0.0.1", listener.port, bad, 5.0)
-        assert caplog.text.count("refused a data-channel connection from 127.0.0.1: wrong token") == 2
+        assert caplog.text.count("refused a data-channel connection from 127.0.0.1: wrong token") == 3
         assert len(accepted) == 1
         sock.close()
     finally:
+        silent.close()
         listener.close()
         for _, s in accepted:
             s.close()
@@ -184,7 +206,8 @@ def pushpull_twice(kv):
     out = np.empty(N, np.float32)
     for step in range(2):
         kv.pushpull(1, np.full(N, kv.rank + step, np.float32), out=out)
-    return out.copy(), [c is not None for c in kv._client._channels], kv.comm_stats()
+    return out.copy(), [c is not None and c.bytes_received > 0 for c in kv._client._channels], \
+        kv.comm_stats()
 
 
 @pytest.mark.parametrize("settings, used", [
@@ -212,7 +235,7 @@ def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
 
     def break_on_pushpull(peer, header, arrays):
         if header["op"] == "pushpull" and header["src"] == 0:
-            data._channels[peer]._sock.shutdown(socket.SHUT_RDWR)
+            data._channels[peer]._break(ConnectionError("cut by the test"))
         return intercept(peer, header, arrays)
     data.intercept = break_on_pushpull
 
@@ -247,3 +270,31 @@ def test_a_worker_that_cannot_open_a_channel_stays_on_zeromq(make_cluster, caplo
     assert refused == (2 if how == "connection refused" else 0)
     if refused:
         assert "its large replies come through ZeroMQ" in caplog.text
+
+
+def test_a_call_that_gives_up_leaves_no_reader_that_could_write_into_its_output(make_cluster):
+    """A pushpull that times out while its reply is due on a data channel: the
+    channel is closed (its reader joined) before the DeadlineError reaches the
+    caller, so the late reply cannot land in ``out`` while the caller uses it."""
+    cluster = make_cluster(2, 1, transport="tcp", channel_bytes=16384, timeout=2.0)
+    gave_up, finished = threading.Event(), threading.Event()
+
+    def work(kv):
+        kv.init(1, np.zeros(N, np.float32))
+        out = np.empty(N, np.float32)
+        if kv.rank == 1:                   # pushes only once worker 0 has given up
+            assert gave_up.wait(20)
+            kv.pushpull(1, np.ones(N, np.float32), out=out)
+            finished.set()
+            return None
+        reader = kv._client._channels[0]._threads[0]
+        with pytest.raises(DeadlineError):
+            kv.pushpull(1, np.ones(N, np.float32), out=out)
+        state = (kv._client._channels[0], dict(kv._client._into), reader.is_alive())
+        out[:] = -1
+        gave_up.set()
+        assert finished.wait(20)           # the round completed; our reply went nowhere
+        return state, bool((out == -1).all())
+    (channel_after, into_after, reader_alive), untouched = cluster.run(work)[0]
+    assert channel_after is None and into_after == {} and not reader_alive
+    assert untouched

@@ -52,8 +52,8 @@ class DataPlane:
         if config.data_channel and not config.secure:
             self._listener = channel.Listener(config.node_host, self._accepted,
                                               name=f"server{config.rank}-channels")
-        self._channels: dict = {}          # peer -> Channel
-        self._channel_replies: set = set() # (peer, request id) to answer on the channel
+        self._channels: dict = {}          # peer -> channel.Sender
+        self._channel_replies: dict = {}   # peer -> ids of requests to answer on its channel
 
     def bind(self, sock) -> str:
         """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
@@ -79,12 +79,13 @@ class DataPlane:
     def _accepted(self, peer, sock) -> None:
         """(Listener thread) ``peer``'s data channel is connected; we only write to it."""
         def failed(error):
-            # a worker closing its store ends its channel between messages (EOFError)
+            # a worker closing its store ends its channel (EOFError); replies still
+            # due to it go through ZeroMQ (reply() checks `broken`)
+            self._channel_replies.pop(peer, None)
             log.log(logging.DEBUG if isinstance(error, EOFError) else logging.WARNING,
                     "data channel of worker %s ended: %s", peer.hex(), error)
         old = self._channels.pop(peer, None)
-        self._channels[peer] = channel.Channel(
-            sock, f"channel-{peer.hex()}", self.config.max_message_bytes, None, failed)
+        self._channels[peer] = channel.Sender(sock, f"channel-{peer.hex()}", failed)
         if old is not None:
             old.close()
 
@@ -95,7 +96,7 @@ class DataPlane:
         if header.get("shm_reply") is True and self.arena is not None:
             self._shm_replies.add((peer, header["id"]))
         if header.get("channel") is True and peer in self._channels:
-            self._channel_replies.add((peer, header["id"]))
+            self._channel_replies.setdefault(peer, set()).add(header["id"])
         if header["op"] == ops.CHANNEL:
             if self._listener is None:
                 return {"op": ops.OK, "id": header["id"], "port": None}, []
@@ -116,9 +117,9 @@ class DataPlane:
         """Send a reply: on ``peer``'s data channel when its request asked for that
         and the channel works, else ``zmq_send(frames)``."""
         frames = self.encode(peer, header, arrays)
-        key = (peer, header.get("id"))
-        if key in self._channel_replies:
-            self._channel_replies.discard(key)
+        ids = self._channel_replies.get(peer)
+        if ids is not None and header.get("id") in ids:
+            ids.discard(header["id"])
             via = self._channels.get(peer)
             if via is not None and via.broken is None:
                 via.send(frames)

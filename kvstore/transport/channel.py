@@ -33,9 +33,11 @@ import logging
 import os
 import queue
 import secrets
+import selectors
 import socket
 import struct
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -107,6 +109,9 @@ def read_message(sock: socket.socket, max_buffer_bytes: int,
     if header.get("shm") is not None:
         raise ProtocolError("a data-channel message may not point into shared memory")
     specs = buffer_specs(header, max_buffer_bytes)
+    if sum(nbytes for _, _, nbytes in specs) > max_buffer_bytes:
+        raise ProtocolError(f"a message of more than {max_buffer_bytes} bytes (request "
+                            f"{header.get('id')})")
     dests = destinations(header) if destinations is not None else None
     if dests is not None and len(dests) != len(specs):
         dests = None
@@ -122,27 +127,63 @@ def read_message(sock: socket.socket, max_buffer_bytes: int,
     return header, arrays, total
 
 
-class Channel:
-    """One connected data channel: a writer thread (messages in the order given)
-    and a reader thread that hands every message to ``deliver(header, arrays,
-    nbytes)``, or the channel's end to ``failed(error)`` (not called after
-    :meth:`close`). ``destinations``: see :func:`read_message`. With ``deliver``
-    None (a server's end: it only writes) any message read breaks the channel."""
+class _End:
+    """One end of a connected data channel and its threads. ``failed(error)`` is
+    called once when the channel ends by itself (not after :meth:`close`)."""
 
-    def __init__(self, sock: socket.socket, name: str, max_buffer_bytes: int,
-                 deliver: Callable | None, failed: Callable, destinations: Callable | None = None):
+    def __init__(self, sock: socket.socket, name: str, failed: Callable, runs):
         self._sock = sock
         self.name = name
         self.broken: str | None = None
-        self.bytes_sent = self.bytes_received = 0
         self._closing = False
-        self._max = max_buffer_bytes
-        self._deliver, self._failed, self._destinations = deliver, failed, destinations
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._failed = failed
         self._threads = [threading.Thread(target=run, name=f"kvstore-{name}-{role}", daemon=True)
-                         for run, role in ((self._write, "out"), (self._read, "in"))]
+                         for run, role in runs]
+
+    def _start(self) -> None:
         for t in self._threads:
             t.start()
+
+    def _break(self, error: Exception) -> None:
+        if self.broken is not None:
+            return
+        self.broken = f"{type(error).__name__}: {error}"
+        try:                      # the peer sees the end at once, blocked calls return
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if not self._closing:
+            self._failed(error)
+
+    def _stop_threads(self) -> None:
+        """(For close) wake the threads up and wait for them."""
+
+    def close(self) -> None:
+        """End the channel and join its threads (bounded: the socket is shut down
+        first, which returns every blocked call)."""
+        self._closing = True
+        self.broken = self.broken or "closed"
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._stop_threads()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(5)
+        self._sock.close()
+
+
+class Sender(_End):
+    """The server's end: a writer thread sends the queued replies in order; a
+    watcher thread notices the worker's end (EOF), or breaks the channel on any
+    byte the worker writes (nothing travels that way)."""
+
+    def __init__(self, sock: socket.socket, name: str, failed: Callable):
+        super().__init__(sock, name, failed, ((self._write, "out"), (self._watch, "watch")))
+        self.bytes_sent = 0
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._start()
 
     def send(self, frames) -> None:
         """Queue one message; its buffers must stay unchanged until it is written
@@ -150,52 +191,49 @@ class Channel:
         self._outbox.put(frames)
 
     def _write(self) -> None:
-        while True:
+        while self.broken is None:
             frames = self._outbox.get()
             if frames is None:
                 return
-            if self.broken is None:
-                try:
-                    self.bytes_sent += send_message(self._sock, frames)
-                except OSError as e:
-                    self._break(ConnectionError(f"writing failed: {e}"))
+            try:
+                self.bytes_sent += send_message(self._sock, frames)
+            except OSError as e:
+                self._break(ConnectionError(f"writing failed: {e}"))
+
+    def _watch(self) -> None:
+        try:
+            data = self._sock.recv(1)
+        except OSError as e:
+            self._break(e)
+            return
+        self._break(ProtocolError("the worker wrote to a channel that only carries replies")
+                    if data else EOFError("the worker closed the channel"))
+
+    def _stop_threads(self) -> None:
+        self._outbox.put(None)
+
+
+class Receiver(_End):
+    """The worker's end: a reader thread hands every message to ``deliver(header,
+    arrays, nbytes)``; ``destinations``: see :func:`read_message`."""
+
+    def __init__(self, sock: socket.socket, name: str, max_buffer_bytes: int,
+                 deliver: Callable, failed: Callable, destinations: Callable | None = None):
+        super().__init__(sock, name, failed, ((self._read, "in"),))
+        self.bytes_received = 0
+        self._max = max_buffer_bytes
+        self._deliver, self._destinations = deliver, destinations
+        self._start()
 
     def _read(self) -> None:
         while True:
             try:
                 header, arrays, nbytes = read_message(self._sock, self._max, self._destinations)
-                if self._deliver is None:
-                    raise ProtocolError(f"a {header['op']!r} message on a channel that only "
-                                        "carries replies")
             except (EOFError, OSError, ProtocolError) as e:
                 self._break(e)
                 return
             self.bytes_received += nbytes
             self._deliver(header, arrays, nbytes)
-
-    def _break(self, error: Exception) -> None:
-        if self.broken is not None:
-            return
-        self.broken = f"{type(error).__name__}: {error}"
-        try:                      # the peer sees the end at once, our writer fails fast
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        if not self._closing:
-            self._failed(error)
-
-    def close(self) -> None:
-        self._closing = True
-        self.broken = self.broken or "closed"
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._outbox.put(None)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(5)
-        self._sock.close()
 
 
 def connect(host: str, port: int, token: bytes, timeout: float) -> socket.socket:
@@ -216,68 +254,111 @@ def connect(host: str, port: int, token: bytes, timeout: float) -> socket.socket
 
 
 class Listener:
-    """The server's end: a listening socket on ``host``, tokens handed out by
-    :meth:`offer`, and a thread that accepts connections and passes each one
-    whose token matches to ``accepted(peer, sock)`` before acknowledging it."""
+    """The server's end of the handshake: a listening socket on ``host``, one
+    token per peer handed out by :meth:`offer` (valid once, for TOKEN_TTL), and a
+    thread that reads the tokens of all connecting sockets at once (a connection
+    that sends nothing holds up no other) and passes each connection whose token
+    matches to ``accepted(peer, sock)`` after acknowledging it. Until then the
+    peer's replies simply go through ZeroMQ."""
 
-    ACCEPT_POLL = 0.5        # seconds: how often the accept loop checks for close()
+    POLL = 0.5               # seconds: how often the thread checks for close()
     TOKEN_TIMEOUT = 5.0      # a connection must send its token within this time
+    TOKEN_TTL = 60.0         # an offered token must be used within this time
 
     def __init__(self, host: str, accepted: Callable, name: str):
         self._accepted = accepted
         self.name = name
-        self._tokens: dict[bytes, object] = {}
+        self._tokens: dict = {}              # peer -> (token, expiry)
         self._lock = threading.Lock()
         self._closing = False
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.bind((host, 0))
         self._sock.listen(64)
-        self._sock.settimeout(self.ACCEPT_POLL)
+        self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._run, name=f"kvstore-{name}-accept", daemon=True)
         self._thread.start()
 
     def offer(self, peer) -> bytes:
-        """A one-time token for ``peer``'s data channel."""
+        """A one-time token for ``peer``'s data channel (replacing any earlier one)."""
         token = secrets.token_bytes(TOKEN_BYTES)
         with self._lock:
-            self._tokens[token] = peer
+            self._tokens[peer] = (token, time.monotonic() + self.TOKEN_TTL)
         return token
 
     def _claim(self, token: bytes):
+        now = time.monotonic()
         with self._lock:
-            for known in list(self._tokens):
-                if hmac.compare_digest(known, token):
-                    return self._tokens.pop(known)
+            for peer, (known, expiry) in list(self._tokens.items()):
+                if hmac.compare_digest(known, token) and now <= expiry:
+                    del self._tokens[peer]
+                    return peer
         return None
 
     def _run(self) -> None:
-        while not self._closing:
-            try:
-                conn, addr = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return               # closed
-            try:
-                conn.settimeout(self.TOKEN_TIMEOUT)
-                token = bytearray(TOKEN_BYTES)
-                _recv_exact(conn, memoryview(token), "a data-channel token")
-                peer = self._claim(bytes(token))
-                if peer is None:
-                    raise ConnectionError("wrong token")
-                conn.settimeout(None)
-                _tune(conn)
-                self._accepted(peer, conn)
-                conn.sendall(ACK)
-            except OSError as e:
-                log.warning("%s: refused a data-channel connection from %s: %s", self.name,
-                            addr[0], e)
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
+            pending: dict = {}               # connection -> (address, deadline, token so far)
+            while not self._closing:
+                for key, _ in sel.select(self.POLL):
+                    if key.fileobj is self._sock:
+                        try:
+                            conn, addr = self._sock.accept()
+                        except OSError:       # e.g. the peer gave up already
+                            continue
+                        conn.setblocking(False)
+                        pending[conn] = (addr, time.monotonic() + self.TOKEN_TIMEOUT, b"")
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    conn = key.fileobj
+                    addr, deadline, got = pending[conn]
+                    try:
+                        data = conn.recv(TOKEN_BYTES - len(got))
+                    except OSError as e:
+                        data, why = b"", str(e)
+                    else:
+                        why = "closed before sending a token"
+                    if data and len(got + data) < TOKEN_BYTES:
+                        pending[conn] = (addr, deadline, got + data)
+                        continue
+                    sel.unregister(conn)
+                    del pending[conn]
+                    if data:
+                        self._handshake(conn, addr, got + data)
+                    else:
+                        self._refuse(conn, addr, why)
+                now = time.monotonic()
+                for conn, (addr, deadline, _) in list(pending.items()):
+                    if now > deadline:
+                        sel.unregister(conn)
+                        del pending[conn]
+                        self._refuse(conn, addr, f"no token within {self.TOKEN_TIMEOUT:g} s")
+            for conn in pending:
                 conn.close()
 
+    def _handshake(self, conn, addr, token: bytes) -> None:
+        peer = self._claim(token)
+        if peer is None:
+            self._refuse(conn, addr, "wrong token")
+            return
+        try:
+            conn.setblocking(True)
+            _tune(conn)
+            conn.sendall(ACK)
+        except OSError as e:
+            self._refuse(conn, addr, str(e))
+            return
+        self._accepted(peer, conn)
+
+    def _refuse(self, conn, addr, why: str) -> None:
+        log.warning("%s: refused a data-channel connection from %s: %s", self.name, addr[0], why)
+        conn.close()
+
     def close(self) -> None:
+        """Stop accepting (bounded: the thread checks every POLL seconds); no
+        ``accepted`` call happens after this returns."""
         self._closing = True
-        self._thread.join(self.ACCEPT_POLL * 4)
+        self._thread.join(self.POLL * 4 + 5)
         self._sock.close()
 
 
