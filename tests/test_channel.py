@@ -4,9 +4,13 @@ reader and writer threads, and their use by a job over tcp."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 import struct
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -298,3 +302,43 @@ def test_a_call_that_gives_up_leaves_no_reader_that_could_write_into_its_output(
     (channel_after, into_after, reader_alive), untouched = cluster.run(work)[0]
     assert channel_after is None and into_after == {} and not reader_alive
     assert untouched
+
+
+KILLED_MID_ROUND = textwrap.dedent("""
+    import os, signal, numpy as np, kvstore
+    from kvstore.transport import Advert
+    kv = kvstore.create("dist_sync")
+    kv.init(1, np.zeros(600_000, np.float32))
+    out = np.empty(600_000, np.float32)
+    kv.pushpull(1, np.ones(600_000, np.float32), out=out)
+    print("RANK", kv.rank, "SUM", out[0], "CHANNELS",
+          ",".join(str(c is not None and c.bytes_received > 0) for c in kv._client._channels),
+          flush=True)
+    kv.barrier()
+    if kv.rank == 0:     # server 0 dies while both workers' next replies are due from it
+        os.kill(Advert.parse(kv._membership.registration.servers[0]).pid, signal.SIGKILL)
+    kv.pushpull(1, np.ones(600_000, np.float32), out=out)
+    print("FINISHED", kv.rank, flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_server_killed_while_replies_are_due_on_its_channel_fails_the_job_fast(tmp_path):
+    """Real processes over tcp, replies through data channels: a server killed with
+    SIGKILL ends the job within seconds, naming it; no worker finishes its call."""
+    from services import FAST_FAILURE, ROOT
+    script = tmp_path / "job.py"
+    script.write_text(KILLED_MID_ROUND)
+    env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_TIMEOUT": "60", "KVSTORE_TRANSPORT": "tcp",
+           "KVSTORE_CHANNEL_BYTES": "65536", **FAST_FAILURE}
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable,
+                        str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    text = p.stdout + p.stderr
+    assert time.monotonic() - start < 40, text      # not KVSTORE_TIMEOUT (60 s)
+    lines = sorted(line.split("RANK", 1)[1].split() for line in p.stdout.splitlines() if "RANK " in line)
+    assert lines == [["0", "SUM", "2.0", "CHANNELS", "True,True"],
+                     ["1", "SUM", "2.0", "CHANNELS", "True,True"]], text
+    assert p.returncode == 128 + 9, text
+    assert "job failed: server 0 was killed by SIGKILL" in text
+    assert "FINISHED" not in p.stdout
