@@ -198,7 +198,8 @@ class Client:
                 continue
             self._channels[s] = channel.Receiver(
                 sock, f"w{self.rank}-channel{s}", self.config.max_message_bytes,
-                deliver=self._delivery(s), failed=self._delivery(s, failed=True),
+                deliver=lambda header, arrays, nbytes, s=s: self._post((s, header, arrays, nbytes)),
+                failed=lambda error, s=s: self._post((s, None, error, 0)),
                 destinations=self._destinations(s))
 
     def _destinations(self, server: int):
@@ -211,18 +212,12 @@ class Client:
             return entry[1]
         return destinations
 
-    def _delivery(self, server: int, failed: bool = False):
-        """(A channel's reader thread) hand a reply, or the channel's end, to the
-        thread that waits (it handles both in :meth:`_progress`)."""
-        if failed:
-            def deliver(error):
-                self._inbox.put((server, None, error, 0))
-                self._wakeup.set()
-        else:
-            def deliver(header, arrays, nbytes):
-                self._inbox.put((server, header, arrays, nbytes))
-                self._wakeup.set()
-        return deliver
+    def _post(self, item: tuple) -> None:
+        """(A channel's reader thread) hand (server, header, arrays, nbytes), or
+        (server, None, error, 0) when the channel ended, to the thread that waits
+        (:meth:`_from_channels`)."""
+        self._inbox.put(item)
+        self._wakeup.set()
 
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, stage=None, shared=None, sequenced: bool = True,
@@ -380,14 +375,8 @@ class Client:
         for server in sorted(servers):
             self._channels[server].close()      # joins the reader: nothing is written after this
             self._channels[server] = None
-            for req_id, req in list(self._pending.items()):
-                if req.server == server and req.channel:
-                    del self._pending[req_id]
-                    self._into.pop(req_id, None)
-                    if req_id not in ids:
-                        self._orphan_errors.append(NodeFailedError(
-                            f"{req.what}: abandoned when an earlier call to server {server} "
-                            "failed and closed its data channel"))
+            self._drop_channel_requests(server, "abandoned when an earlier call to server "
+                                        f"{server} failed and closed its data channel", spare=ids)
             log.warning("[worker:%d] closed the data channel to server %d: a call waiting on "
                         "it failed", self.rank, server)
 
@@ -459,13 +448,18 @@ class Client:
         """A data channel ended: every request in flight on it fails (its server
         is most likely gone); later requests to that server use ZeroMQ."""
         log.warning("[worker:%d] the data channel to server %d ended: %s", self.rank, server, error)
+        self._drop_channel_requests(
+            server, f"the data channel to server {server} ({self.servers[server]}) broke: {error}")
+
+    def _drop_channel_requests(self, server: int, why: str, spare=()) -> None:
+        """Forget every request whose reply is due on ``server``'s data channel; each
+        not in ``spare`` fails with NodeFailedError(why) at the next wait."""
         for req_id, req in list(self._pending.items()):
             if req.server == server and req.channel:
                 del self._pending[req_id]
                 self._into.pop(req_id, None)
-                self._orphan_errors.append(NodeFailedError(
-                    f"{req.what}: the data channel to server {server} ({self.servers[server]}) "
-                    f"broke: {error}"))
+                if req_id not in spare:
+                    self._orphan_errors.append(NodeFailedError(f"{req.what}: {why}"))
 
     def _on_reply(self, server: int, frames) -> None:
         try:

@@ -156,7 +156,7 @@ class _End:
             self._failed(error)
 
     def _stop_threads(self) -> None:
-        """(For close) wake the threads up and wait for them."""
+        """(For close) wake threads that the socket's shutdown does not; close joins them."""
 
     def close(self) -> None:
         """End the channel and join its threads (bounded: the socket is shut down
