@@ -48,29 +48,93 @@ def payload_size(kind: str, size: int) -> int:
     return {"2bit": -(-size // 4), "1bit": -(-size // 8), "fp16": size}[kind]
 
 
+# Elements per pass of the blocked kernels below: a block's arrays (the residual,
+# the gradient and a few byte-per-element scratch arrays) stay in the L2 cache, so a
+# chain of numpy passes costs about one trip through memory instead of one per pass.
+_BLOCK = 1 << 15
+
+
 def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
     """Compress a flat gradient; updates ``residual`` (same shape, float) in place.
 
-    Vectorised without temporaries of the gradient's size beyond one bit per
-    element per mask (masked in-place arithmetic, ``packbits``)."""
+    Branch-free numpy passes over cache-sized blocks (``_BLOCK``): masked arithmetic
+    (``where=``) is ~25x slower per element on real, random-signed gradients."""
     kind, t = config["type"], config["threshold"]
     if kind == "fp16":
         return _to_fp16(grad)
-    residual += grad
+    t = _threshold(t, residual.dtype)
     if kind == "2bit":
-        # bit 2j of the stream: element j sends +t; bit 2j+1: it sends -t. Packed
-        # little-endian, a byte holds 4 codes (1: +t, 2: -t, 0: 0), element 0 lowest.
-        bits = np.empty((grad.size, 2), bool)
-        pos, neg = bits[:, 0], bits[:, 1]
-        np.greater_equal(residual, t, out=pos)
-        np.less_equal(residual, -t, out=neg)
-        np.subtract(residual, t, out=residual, where=pos)
-        np.add(residual, t, out=residual, where=neg)
-        return np.packbits(bits.reshape(-1), bitorder="little")
-    bits = residual > t
-    np.subtract(residual, 1, out=residual, where=bits)
-    np.add(residual, 1, out=residual, where=~bits)
-    return np.packbits(bits)
+        return _compress_2bit(grad, residual, t)
+    return _compress_1bit(grad, residual, t)
+
+
+def _compress_2bit(grad, residual, t):
+    # Per element: d = (r >= t) - (r <= -t), r -= d t, code = (0, 1, 2)[d] (1: +t, 2: -t);
+    # four codes a byte, element 0 in the lowest two bits.
+    n, block = grad.size, min(_BLOCK, grad.size) or 1
+    out = np.empty(payload_size("2bit", n), np.uint8)
+    pos, neg, d = np.empty(block, bool), np.empty(block, bool), np.empty(block, np.int8)
+    code, delta = np.zeros(block + 3, np.uint8), np.empty(block, residual.dtype)
+    words = np.empty((block + 3) // 4, np.uint32)
+    for lo in range(0, n, block):
+        m = min(block, n - lo)
+        r, p, q, c = residual[lo:lo + m], pos[:m], neg[:m], code[:m]
+        np.add(r, grad[lo:lo + m], out=r)
+        np.greater_equal(r, t, out=p)
+        np.less_equal(r, -t, out=q)
+        np.subtract(p.view(np.int8), q.view(np.int8), out=d[:m])
+        np.subtract(r, _times(d[:m], t, delta[:m]), out=r)
+        np.add(p.view(np.uint8), q.view(np.uint8), out=c)
+        np.add(c, q.view(np.uint8), out=c)
+        nb = -(-m // 4)
+        code[m:nb * 4] = 0
+        # byte b of word w holds the code of element 4w+b: fold them into one byte
+        x, w = code[:nb * 4].view(np.uint32), words[:nb]
+        np.right_shift(x, 6, out=w)
+        np.bitwise_or(w, x, out=w)
+        np.bitwise_or(w, w >> 12, out=w)
+        np.copyto(out[lo // 4:lo // 4 + nb], w, casting="unsafe")    # the low byte
+    return out
+
+
+def _compress_1bit(grad, residual, t):
+    # Per element: bit = r > t, r += 1 - 2 bit; bits big-endian in a byte.
+    n, block = grad.size, min(_BLOCK, grad.size) or 1
+    out = np.empty(payload_size("1bit", n), np.uint8)
+    bits, d, delta = np.empty(block, bool), np.empty(block, np.int8), np.empty(block, residual.dtype)
+    for lo in range(0, n, block):
+        m = min(block, n - lo)
+        r, b = residual[lo:lo + m], bits[:m]
+        np.add(r, grad[lo:lo + m], out=r)
+        np.greater(r, t, out=b)
+        _one_minus_twice(b, d[:m])
+        np.copyto(delta[:m], d[:m])
+        np.add(r, delta[:m], out=r)
+        out[lo // 8:lo // 8 + -(-m // 8)] = np.packbits(b)
+    return out
+
+
+def _one_minus_twice(bits, out):
+    """``1 - 2 bits`` as int8 (+1 for a clear bit, -1 for a set one)."""
+    np.multiply(bits.view(np.int8), -2, out=out)
+    return np.add(out, 1, out=out)
+
+
+def _times(d: np.ndarray, scale, out: np.ndarray) -> np.ndarray:
+    """``d * scale`` for int8 ``d`` in {-1, 0, 1}, in ``out``'s dtype (exact)."""
+    np.copyto(out, d)
+    return np.multiply(out, scale, out=out)
+
+
+def _threshold(t: float, dtype) -> np.ndarray:
+    """``t`` in the values' dtype; InvalidArgumentError if it does not fit (float16
+    tops out at 65504): every element would compare against inf."""
+    with np.errstate(over="ignore"):
+        scale = np.asarray(t, dtype)
+    if not np.isfinite(scale):
+        raise InvalidArgumentError(f"gradient compression threshold {t} does not fit "
+                                   f"{np.dtype(dtype).name} values")
+    return scale
 
 
 def _to_fp16(a: np.ndarray) -> np.ndarray:
@@ -97,13 +161,40 @@ def decompress(config: dict, payload: np.ndarray, size: int, dtype: np.dtype) ->
     flat = payload.reshape(-1)
     if kind == "fp16":
         return flat.astype(dtype)
-    if kind == "2bit":
-        bits = np.unpackbits(flat, count=2 * size, bitorder="little").view(np.int8).reshape(size, 2)
-        codes = bits[:, 0] - bits[:, 1]     # +1, -1 or 0 (the unused code 3 reads as 0)
-        return np.multiply(codes, np.asarray(t, dtype), dtype=dtype)
-    out = np.empty(size, dtype)
-    out.fill(-1)
-    out[np.unpackbits(flat, count=size).view(bool)] = 1
+    t = _threshold(t, dtype)
+    return (_decode_2bit if kind == "2bit" else _decode_1bit)(flat, t, np.empty(size, dtype))
+
+
+def _decode_2bit(flat, t, out):
+    size = out.size
+    block = min(_BLOCK, size) or 1
+    d, words = np.empty(block, np.int8), np.empty(-(-block // 4), np.uint32)
+    for lo in range(0, size, block):
+        m = min(block, size - lo)
+        nb = -(-m // 4)
+        # spread each byte's four 2-bit codes over the four bytes of a word
+        w = words[:nb]
+        np.copyto(w, flat[lo // 4:lo // 4 + nb])
+        np.bitwise_or(w, w << 6, out=w)
+        np.bitwise_or(w, w << 12, out=w)
+        np.bitwise_and(w, 0x03030303, out=w)
+        c = w.view(np.uint8)[:m]
+        np.bitwise_and(c, 1, out=d[:m].view(np.uint8))           # 1: +t
+        np.subtract(d[:m], (c >> 1).view(np.int8), out=d[:m])   # 2: -t, 3: nothing (unused)
+        _times(d[:m], t, out[lo:lo + m])
+    return out
+
+
+def _decode_1bit(flat, t, out):
+    size = out.size
+    block = min(_BLOCK, size) or 1
+    d = np.empty(block, np.int8)
+    for lo in range(0, size, block):
+        m = min(block, size - lo)
+        bits = np.unpackbits(flat[lo // 8:lo // 8 + -(-m // 8)], count=m).view(bool)
+        _one_minus_twice(bits, d[:m])
+        np.negative(d[:m], out=d[:m])                            # set: +1, clear: -1
+        np.copyto(out[lo:lo + m], d[:m])
     return out
 
 

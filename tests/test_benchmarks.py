@@ -144,3 +144,12 @@ def test_cli_rejects_an_unknown_contender():
     from benchmarks.pushpull import main
     result = CliRunner().invoke(main, ["--contenders", "ours,horovod"])
     assert result.exit_code != 0 and "horovod" in result.output
+
+
+def test_compress_benchmark_checks_every_type_against_a_git_version():
+    from benchmarks import compress
+    result = CliRunner().invoke(compress.main, ["--size", "1001", "--repeats", "1", "--before", "HEAD"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split(" | ")[0:2] for r in rows] == [["| 2bit", "today"], ["| 2bit", "HEAD"], ["| 1bit", "today"],
+                                                   ["| 1bit", "HEAD"], ["| fp16", "today"], ["| fp16", "HEAD"]]

@@ -65,6 +65,67 @@ def test_wire_layout_is_pinned():
     assert payload.tolist() == [0b1011_0000, 0b1000_0000]
 
 
+def masked_oracle(kind, grad, residual, t):
+    """The obvious vectorised form (masked arithmetic, one full pass each): what the
+    blocked kernels must reproduce bit for bit, residual included."""
+    residual += grad
+    if kind == "2bit":
+        pos, neg = residual >= t, residual <= -t
+        np.subtract(residual, t, out=residual, where=pos)
+        np.add(residual, t, out=residual, where=neg)
+        return np.packbits(np.stack([pos, neg], axis=1).reshape(-1), bitorder="little")
+    bits = residual > t
+    np.subtract(residual, 1, out=residual, where=bits)
+    np.add(residual, 1, out=residual, where=~bits)
+    return np.packbits(bits)
+
+
+def decoded_oracle(kind, payload, size, t, dtype):
+    if kind == "2bit":
+        bits = np.unpackbits(payload, count=2 * size, bitorder="little").reshape(size, 2)
+        code = bits[:, 0] + 2 * bits[:, 1]
+        return np.where(code == 1, t, np.where(code == 2, -t, 0)).astype(dtype)
+    return np.where(np.unpackbits(payload, count=size), 1, -1).astype(dtype)
+
+
+@pytest.mark.parametrize("kind, t", [("2bit", 0.5), ("2bit", 0.03), ("1bit", 0.0), ("1bit", 0.25)])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_blocked_kernels_match_the_masked_form_across_block_edges(monkeypatch, kind, t, dtype):
+    """Small blocks, so every size below crosses several block edges and ends in a
+    partial block and a partial byte; specials (nan, +-inf, -0, +-t exactly) included."""
+    monkeypatch.setattr(compression, "_BLOCK", 24)
+    rng = np.random.default_rng(7)
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, t, -t, 0.0], dtype)
+    config = compression.validate({"type": kind, "threshold": t})
+    for size in (0, 1, 5, 23, 24, 25, 99, 1000):
+        with np.errstate(invalid="ignore"):
+            grads = [rng.standard_normal(size).astype(dtype) * 0.4 for _ in range(4)]
+            grads[1][:len(specials)] = specials[:size]
+            residual, oracle_residual = np.zeros(size, dtype), np.zeros(size, dtype)
+            for g in grads:
+                got = compression.compress(config, g, residual)
+                want = masked_oracle(kind, g, oracle_residual, np.asarray(t, dtype))
+                np.testing.assert_array_equal(got, want)
+                np.testing.assert_array_equal(residual, oracle_residual)     # nan == nan here
+                decoded = compression.decompress(config, got, size, np.dtype(dtype))
+                assert decoded.dtype == dtype
+                np.testing.assert_array_equal(decoded, decoded_oracle(kind, got, size, t, dtype))
+        # arbitrary bytes decode too (the unused 2bit code 3 reads as 0)
+        noise = rng.integers(0, 256, compression.payload_size(kind, size), dtype=np.uint8)
+        np.testing.assert_array_equal(compression.decompress(config, noise, size, np.dtype(dtype)),
+                                      decoded_oracle(kind, noise, size, t, dtype))
+
+
+@pytest.mark.parametrize("kind", ["2bit", "1bit"])
+def test_a_threshold_the_dtype_cannot_hold_is_rejected(kind):
+    config = compression.validate({"type": kind, "threshold": 1e5})   # float16 max: 65504
+    with pytest.raises(InvalidArgumentError, match="threshold 100000.0 does not fit float16"):
+        compression.Compressor(config).compress("k", np.ones(4, np.float16))
+    with pytest.raises(InvalidArgumentError, match="does not fit float16"):
+        compression.decompress(config, np.zeros(1, np.uint8), 4, np.dtype(np.float16))
+    compression.Compressor(config).compress("k", np.ones(4, np.float32))   # float32 holds it
+
+
 def test_fp16_cast_through_torch_rounds_exactly_like_numpy():
     pytest.importorskip("torch")   # imported: compression's fp16 cast then goes through it
     rng = np.random.default_rng(3)
