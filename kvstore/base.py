@@ -237,7 +237,9 @@ class KVStore:
         added to the next push of the same key (error feedback). In dist mode only
         worker -> server traffic is compressed; in 'local' each value of a pushed
         list is compressed on its own, as MXNet does between devices.
-        Raises ConfigError for an unknown type or a bad threshold."""
+        Raises ConfigError for an unknown type or a bad threshold; a push raises
+        InvalidArgumentError if the threshold does not fit the gradient's dtype
+        (float16: at most 65504)."""
         self._check_open("set_gradient_compression")
         compressor = Compressor(compression_params)
         self._compressor = compressor if compressor.active else None
