@@ -51,6 +51,7 @@ def payload_size(kind: str, size: int) -> int:
 # Elements per pass of the blocked kernels below: a block's arrays (the residual,
 # the gradient and a few byte-per-element scratch arrays) stay in the L2 cache, so a
 # chain of numpy passes costs about one trip through memory instead of one per pass.
+# A multiple of 8, so that every block but the last fills whole payload bytes.
 _BLOCK = 1 << 15
 
 
@@ -69,8 +70,8 @@ def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.
 
 
 def _compress_2bit(grad, residual, t):
-    # Per element: d = (r >= t) - (r <= -t), r -= d t, code = (0, 1, 2)[d] (1: +t, 2: -t);
-    # four codes a byte, element 0 in the lowest two bits.
+    # Per element: d = (r >= t) - (r <= -t), r -= d t; the code is 1 (d = 1, sends +t),
+    # 2 (d = -1, sends -t) or 0; four codes a byte, element 0 in the lowest two bits.
     n, block = grad.size, min(_BLOCK, grad.size) or 1
     out = np.empty(payload_size("2bit", n), np.uint8)
     pos, neg, d = np.empty(block, bool), np.empty(block, bool), np.empty(block, np.int8)
