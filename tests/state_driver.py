@@ -35,8 +35,8 @@ def vec(*values, dtype=F32):
 class Server:
     """Drives a ServerState the way the I/O loop does: one request at a time."""
 
-    def __init__(self, mode="sync", num_workers=3, opt=None, init=None, write_in=False):
-        self.state = ServerState(name="server 0", write_in=write_in)
+    def __init__(self, mode="sync", num_workers=3, opt=None, init=None, write_in=False, **state_args):
+        self.state = ServerState(name="server 0", write_in=write_in, **state_args)
         self._ids = itertools.count(1)
         _, r = self.send(0, ops.CONFIGURE, mode=mode, num_workers=num_workers)
         expect_ok(only(r), peer(0))

@@ -157,3 +157,55 @@ def test_a_stalled_round_names_the_worker_holding_a_write_grant():
     assert srv.state.stalled(0.0, 10) == []
     (line,) = srv.state.stalled(20.0, 10)
     assert "worker(s) 0, 1, 2 to push" in line and "worker 1 was granted its sum" in line
+
+
+class Pool:
+    """An allocator over one buffer, standing in for the shared-memory arena."""
+
+    def __init__(self, nbytes=1 << 16):
+        self.buffer, self.used = np.zeros(nbytes, np.uint8), 0
+
+    def alloc(self, size, dtype):
+        n = size * np.dtype(dtype).itemsize
+        a = self.buffer[self.used:self.used + n].view(dtype)
+        self.used += -(-n // 64) * 64
+        return a
+
+    def shared(self, a):
+        return np.shares_memory(a, self.buffer)
+
+
+def test_a_write_into_a_sum_outside_shared_memory_is_refused_and_changes_nothing():
+    srv = Server(num_workers=2, init={A: vec(1, 2)}, write_in=True, shared=lambda a: False)
+    rid, r = write(srv, 0, [A])
+    expect_error(only(r), peer(0), rid, "InternalError", "worker 0", "key 'w' (chunk 0)",
+                 "not in shared memory", "KVSTORE_WRITE_IN=0")
+    # no grant stays open: both workers can push the round instead
+    p0, r = srv.push(0, {A: vec(1, 1)}, op=ops.PUSHPULL)
+    assert r == []
+    p1, r = srv.push(1, {A: vec(2, 2)}, op=ops.PUSHPULL)
+    for reply in r:
+        np.testing.assert_array_equal(reply.arrays[0], vec(3, 3))
+    assert set(by_id(r)) == {p0, p1}
+
+
+def test_restored_values_lie_in_shared_memory_so_writes_keep_working_after_a_resume():
+    before = Server(num_workers=2, init={A: vec(1, 2), B: vec(3, 4)})
+    pool = Pool()
+    srv = Server(num_workers=2, write_in=True, alloc=pool.alloc, shared=pool.shared)
+    srv.state.restore(before.state.snapshot({}))
+    assert all(pool.shared(c.value) for c in srv.state.chunks.values())
+    srv.init({A: vec(0, 0), B: vec(0, 0)})                  # keeps the restored values
+    for step in range(3):                                   # the sum and the value swap each round
+        ids, done = {}, {}
+        for src in (0, 1):
+            ids[src], r = write(srv, src, [A, B])
+            if r:
+                do(only(r), [vec(src + 1, src + 1)] * 2)
+        for src in (0, 1):
+            done[src], r = written(srv, src, ids[src])
+            if src == 0:
+                do(expect_ok(only(r), peer(1), ids[1], nvalues=2), [vec(2, 2)] * 2)
+        for reply in r:
+            assert [a.tolist() for a in reply.arrays] == [[3, 3], [3, 3]]
+        assert set(by_id(r)) == set(done.values())

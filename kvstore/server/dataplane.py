@@ -73,6 +73,9 @@ class DataPlane:
     def alloc(self, size: int, dtype) -> np.ndarray:
         return self.arena.alloc(size, dtype) if self.arena is not None else np.empty(size, dtype)
 
+    def in_shared_memory(self, a: np.ndarray) -> bool:
+        return self.arena is not None and self.arena.locate(a) is not None
+
     def decode(self, body) -> tuple[dict, list]:
         return decode(body, self.config.max_message_bytes, resolve=self._mapper.view)
 

@@ -40,11 +40,14 @@ class ServerState(WriteIn):
                                   "mode": "sync", "num_workers": 2}, [])
     """
 
-    def __init__(self, name: str = "server", alloc=None, write_in: bool = False):
+    def __init__(self, name: str = "server", alloc=None, write_in: bool = False, shared=None):
         self.name = name
         # alloc(size, dtype) -> 1-D array for values and sums (the node passes shared memory)
         self._alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
         self.write_in = write_in           # sums lie in memory co-located workers can map
+        # shared(array) -> whether co-located workers can map it (alloc may fall back
+        # to private memory when no shared segment can be had)
+        self._shared = shared or (lambda a: True)
         self._queue: list[Grant] = []     # write requests waiting for a round's writer
         self._grants: dict = {}            # (worker, write id) -> granted _Grant
         self.mode: str | None = None
@@ -323,7 +326,9 @@ class ServerState(WriteIn):
             self.updater = _optimizer.Updater(_optimizer.from_config(snap["optimizer"]))
             self._restored_optimizer = self.updater.optimizer.to_config()
         for key, index, dtype, data, t, state in snap["chunks"]:
-            value = np.frombuffer(data, dtype=np.dtype(dtype)).copy()
+            saved = np.frombuffer(data, dtype=np.dtype(dtype))
+            value = self._alloc(saved.size, saved.dtype)   # shared memory, as init's
+            np.copyto(value, saved)
             self.chunks[(key, index)] = Chunk(value)
             if t is not None and self.updater is not None:
                 states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=value.dtype).copy()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
-from ..protocol import chunk_label
+from ..protocol import chunk_label, error_header
 from .rounds import Pending, Reply, Round, is_int
 
 
@@ -74,15 +74,28 @@ class WriteIn:
             if any(r is not None and r.writer is not None for r in targets):
                 still.append(grant)
                 continue
+            accs = [rnd.acc if rnd is not None and rnd.acc is not None else self._take_spare(chunk)
+                    for chunk, rnd in zip(grant.chunks, targets)]
+            private = [cid for cid, acc in zip(grant.ids, accs) if not self._shared(acc)]
+            if private:                        # refuse the whole request; nothing is granted
+                for chunk, rnd, acc in zip(grant.chunks, targets, accs):
+                    if rnd is None or rnd.acc is not acc:
+                        chunk.spare = acc      # give back what was taken for it
+                replies.append(Reply(grant.peer, error_header(
+                    grant.req_id, "InternalError",
+                    f"{self.name}: cannot grant worker {grant.worker} a write into "
+                    f"{chunk_label(private[0])}: its sum is not in shared memory (none could be "
+                    "allocated); set KVSTORE_WRITE_IN=0 to push instead")))
+                continue
             modes = []
-            for chunk, rnd in zip(grant.chunks, targets):
+            for chunk, rnd, acc in zip(grant.chunks, targets, accs):
                 if rnd is None:                # opens the round: copy into a fresh accumulator
-                    rnd = Round(self._take_spare(chunk), set())
+                    rnd = Round(acc, set())
                     chunk.rounds.append(rnd)
                     modes.append("copy")
                 else:
                     if rnd.acc is None:        # its first push came in a message
-                        rnd.acc = self._take_spare(chunk)
+                        rnd.acc = acc
                         np.copyto(rnd.acc, rnd.first)
                         rnd.first = None
                     modes.append("add")
