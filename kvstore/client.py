@@ -78,6 +78,10 @@ class Client:
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
         self._pending: dict[int, _Request] = {}
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
+        # requests of calls that raised before their replies came: those replies must
+        # not reach the call's outputs any more (grants to write are still honoured,
+        # or the other workers' rounds would wait for us forever)
+        self._abandoned: set[int] = set()
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
         self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
@@ -299,8 +303,10 @@ class Client:
                     np.copyto(target, a.reshape(-1))
                 else:
                     np.add(target, a.reshape(-1), out=target)
-            later.append(self.request(server, ops.WRITTEN, what, on_reply=on_reply,
-                                      grant=header["id"])[0])
+            written = self.request(server, ops.WRITTEN, what, on_reply=on_reply, grant=header["id"])[0]
+            later.append(written)
+            if header["id"] in self._abandoned:   # a late grant: its values go nowhere either
+                self._abandoned.add(written)
         return self.request(server, ops.WRITE, what, on_reply=granted, chunks=keys, values=True)[0]
 
     def shared_empty(self, size: int, dtype) -> np.ndarray:
@@ -360,6 +366,7 @@ class Client:
                         "dist_sync a round completes only when every worker pushed the key; "
                         "raise KVSTORE_TIMEOUT if the job is just slow")
         except BaseException:
+            self._abandoned.update(i for i in ids if i in self._pending)
             self._abandon(ids)
             raise
         self.raise_errors()
@@ -485,12 +492,19 @@ class Client:
         self._into.pop(header["id"], None)
         if req.staged:   # the server has finished with our slots (the round is applied)
             self._slots.release(header["id"])
-        if header["op"] == ops.ERROR:
-            error = RemoteError(f"server {server}", str(header.get("kind")), str(header.get("message")))
-            error.args = (f"{req.what}: {error}",)
-            self._orphan_errors.append(error)
-        elif req.on_reply is not None:
-            req.on_reply(header, arrays)
+        abandoned = header["id"] in self._abandoned
+        try:
+            if header["op"] == ops.ERROR:
+                error = RemoteError(f"server {server}", str(header.get("kind")), str(header.get("message")))
+                error.args = (f"{req.what}: {error}",)
+                if abandoned:        # its call has raised already
+                    log.warning("[worker:%d] late error for a call that had failed: %s", self.rank, error)
+                else:
+                    self._orphan_errors.append(error)
+            elif req.on_reply is not None and (req.urgent or not abandoned):
+                req.on_reply(header, arrays)
+        finally:
+            self._abandoned.discard(header["id"])
 
     def close(self) -> None:
         for via in self._channels:

@@ -3,6 +3,7 @@ delayed messages heal (exact results); a lost message ends the job with an error
 naming the server within the deadline. Never a wrong result, never a hang."""
 
 import random
+import threading
 import time
 
 import numpy as np
@@ -123,3 +124,42 @@ def test_a_lost_message_ends_with_an_error_naming_the_server_not_a_wrong_result(
     for seen in results:               # whatever completed was right
         for step, out in enumerate(seen or []):
             np.testing.assert_array_equal(out, sum(grad(r, step) for r in range(2)))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_reply_that_comes_after_its_call_gave_up_does_not_reach_the_output(make_cluster, transport):
+    """pull() times out (the other worker has not pushed yet); the caller reuses its
+    buffer; the round completes later and its reply arrives while the next call
+    waits: that reply must be dropped, not copied into the failed call's ``out``."""
+    cluster = make_cluster(2, 1, transport=transport, timeout=2.0)
+    gave_up, n = threading.Event(), 8
+    seen = {}
+
+    def work(kv):
+        kv.init([0, 1], [np.zeros(n, np.float32)] * 2)
+        if kv.rank == 1:
+            assert gave_up.wait(20)
+            try:
+                kv.push(0, np.full(n, 5, np.float32))    # completes worker 0's abandoned round
+                kv.push(1, np.ones(n, np.float32))
+                kv.pull(1, out=np.empty(n, np.float32))
+            except NodeFailedError:     # worker 0's failure may abort the job as it closes
+                pass
+            return
+        kv.push(0, np.ones(n, np.float32))
+        out = np.full(n, -1, np.float32)
+        with pytest.raises(DeadlineError):
+            kv.pull(0, out=out)
+        out[:] = -7                     # the caller's buffer again
+        gave_up.set()
+        kv.push(1, np.ones(n, np.float32))
+        later = np.empty(n, np.float32)
+        kv.pull(1, out=later)           # answered after the late reply to pull(0) came in
+        seen["out"], seen["later"] = out.copy(), later.copy()
+
+    try:
+        cluster.run(work)
+    except NodeFailedError:
+        pass
+    np.testing.assert_array_equal(seen["later"], np.full(n, 2, np.float32))
+    np.testing.assert_array_equal(seen["out"], np.full(n, -7, np.float32))
