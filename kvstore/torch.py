@@ -65,6 +65,11 @@ class Trainer:
     (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
     torch optimizer over the same parameters. ``bucket_bytes``: gradients smaller
     than this are grouped into one push of about this size.
+
+    Every parameter starts from rank 0's value. Frozen ones (``requires_grad=False``
+    at ``step()``) are neither exchanged nor updated; one that got no gradient in a
+    step is exchanged as zeros (the other workers may have one), as DDP does with
+    ``find_unused_parameters``.
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
@@ -169,7 +174,10 @@ class Trainer:
         """Exchange the gradients not sent during backward, wait for every
         exchange, then (workers updating) average and run the torch optimizer."""
         self._flush_bucket()
-        rest = [i for i in range(len(self._params)) if i not in self._pushed]
+        # frozen parameters (requires_grad=False) are left out, as DDP and torch's
+        # optimizers leave them: no gradient exchange, no weight decay or momentum
+        exchanged = [i for i, p in enumerate(self._params) if p.requires_grad or i in self._pushed]
+        rest = [i for i in exchanged if i not in self._pushed]
         if rest:
             # overlap=False: everything in one pushpull here (one round trip); so
             # whatever .grad holds now (accumulated, clipped) is what is averaged
@@ -181,8 +189,8 @@ class Trainer:
         if self.update_on_kvstore:
             return
         if self.kv.num_workers > 1:
-            for p in self._params:
-                p.grad.div_(self.kv.num_workers)
+            for i in exchanged:
+                self._params[i].grad.div_(self.kv.num_workers)
         self.torch_optimizer.step()
 
     # -- checkpoints ------------------------------------------------------------------------

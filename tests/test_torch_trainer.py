@@ -197,3 +197,28 @@ def test_states_save_and_load_resume_exactly(tmp_path):
                 F.cross_entropy(model(x), y).backward()
                 trainer.step()
             assert_same([p.detach() for p in model.parameters()], want)
+
+
+@pytest.mark.parametrize("update_on_kvstore", [True, False])
+def test_frozen_parameters_are_neither_exchanged_nor_updated(update_on_kvstore):
+    """As in plain torch (and DDP): weight decay and momentum never touch a frozen
+    layer, and the trained layer follows the same steps."""
+    def train(use_trainer):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        frozen = model[0].weight.detach().clone()
+        x = torch.randn(8, 4)
+        with kvstore.create("local") as kv:
+            trainer = kvtorch.Trainer(model.parameters(), kv, opt,
+                                      update_on_kvstore=update_on_kvstore) if use_trainer else None
+            for _ in range(3):
+                (trainer or opt).zero_grad()
+                model(x).pow(2).mean().backward()
+                (trainer or opt).step()
+        assert torch.equal(model[0].weight, frozen)
+        return model[1].weight.detach().clone()
+
+    torch.testing.assert_close(train(True), train(False))
