@@ -394,6 +394,12 @@ class DistStore(KVStore):
             if not self._membership.aborted.is_set():
                 self._client.flush("close")
                 self._translate(self._membership.finish)
+        except BaseException as e:      # e.g. a push that failed: the job must learn it now
+            try:
+                self._membership.fail(f"close: {type(e).__name__}: {e}")
+            except Exception as report:   # the scheduler is gone too: the error below says enough
+                log.warning("[worker:%d] could not report the failure of close(): %s", self._rank, report)
+            raise
         finally:
             self._release()
 

@@ -2,6 +2,7 @@
 delayed messages heal (exact results); a lost message ends the job with an error
 naming the server within the deadline. Never a wrong result, never a hang."""
 
+import dataclasses
 import random
 import threading
 import time
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
+import kvstore
 from kvstore.errors import DeadlineError, NodeFailedError
 
 STEPS, SHAPE = 12, (3000,)
@@ -163,3 +165,37 @@ def test_a_reply_that_comes_after_its_call_gave_up_does_not_reach_the_output(mak
         pass
     np.testing.assert_array_equal(seen["later"], np.full(n, 2, np.float32))
     np.testing.assert_array_equal(seen["out"], np.full(n, -7, np.float32))
+
+
+def test_a_close_that_fails_tells_the_job_at_once(make_cluster):
+    """Worker 0's close() cannot flush its push (nobody completes the round): the
+    job learns it from that failure, not later from a heartbeat timeout that would
+    blame a dead or stuck worker."""
+    cluster = make_cluster(2, 1, timeout=20.0, heartbeat_timeout=60.0)
+    errors = {}
+
+    def work(rank):
+        config = cluster.config("worker", rank)
+        if rank == 0:
+            config = dataclasses.replace(config, timeout=2.0)
+        kv = kvstore.create("dist_sync", config=config)
+        kv.init(0, np.zeros(4, np.float32))
+        try:
+            if rank == 0:
+                kv.push(0, np.ones(4, np.float32))
+                kv.close()
+            else:
+                kv.barrier()         # never pushes key 0
+        except Exception as e:
+            errors[rank] = e
+        finally:
+            kv.close()
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert isinstance(errors.get(0), DeadlineError), errors
+    assert isinstance(errors.get(1), NodeFailedError), errors
+    assert "close: DeadlineError" in str(errors[1]), errors[1]
