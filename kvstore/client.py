@@ -366,8 +366,8 @@ class Client:
                         "dist_sync a round completes only when every worker pushed the key; "
                         "raise KVSTORE_TIMEOUT if the job is just slow")
         except BaseException:
+            self._abandon(ids)        # (drops those due on data channels)
             self._abandoned.update(i for i in ids if i in self._pending)
-            self._abandon(ids)
             raise
         self.raise_errors()
 

@@ -63,7 +63,8 @@ class ServerNode:
             self._close()
             return 1
         self.state = ServerState(name=f"server {reg.rank}", alloc=self._data.alloc,
-                                 write_in=self._data.arena is not None, shared=self._data.in_shared_memory)
+                                 write_in=self._data.arena is not None,
+                                 shared=self._data.in_shared_memory)
         self._data.joined(reg)
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
