@@ -55,6 +55,16 @@ def payload_size(kind: str, size: int) -> int:
 _BLOCK = 1 << 15
 
 
+def _block_size(n: int) -> int:
+    return min(_BLOCK, n) or 1
+
+
+def _spans(n: int, block: int):
+    """(start, length) of each block of ``n`` elements."""
+    for lo in range(0, n, block):
+        yield lo, min(block, n - lo)
+
+
 def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
     """Compress a flat gradient; updates ``residual`` (same shape, float) in place.
 
@@ -72,13 +82,12 @@ def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.
 def _compress_2bit(grad, residual, t):
     # Per element: d = (r >= t) - (r <= -t), r -= d t; the code is 1 (d = 1, sends +t),
     # 2 (d = -1, sends -t) or 0; four codes a byte, element 0 in the lowest two bits.
-    n, block = grad.size, min(_BLOCK, grad.size) or 1
+    n, block = grad.size, _block_size(grad.size)
     out = np.empty(payload_size("2bit", n), np.uint8)
     pos, neg, d = np.empty(block, bool), np.empty(block, bool), np.empty(block, np.int8)
     code, delta = np.zeros(block + 3, np.uint8), np.empty(block, residual.dtype)
     words = np.empty((block + 3) // 4, np.uint32)
-    for lo in range(0, n, block):
-        m = min(block, n - lo)
+    for lo, m in _spans(n, block):
         r, p, q, c = residual[lo:lo + m], pos[:m], neg[:m], code[:m]
         np.add(r, grad[lo:lo + m], out=r)
         np.greater_equal(r, t, out=p)
@@ -100,11 +109,10 @@ def _compress_2bit(grad, residual, t):
 
 def _compress_1bit(grad, residual, t):
     # Per element: bit = r > t, r += 1 - 2 bit; bits big-endian in a byte.
-    n, block = grad.size, min(_BLOCK, grad.size) or 1
+    n, block = grad.size, _block_size(grad.size)
     out = np.empty(payload_size("1bit", n), np.uint8)
     bits, d, delta = np.empty(block, bool), np.empty(block, np.int8), np.empty(block, residual.dtype)
-    for lo in range(0, n, block):
-        m = min(block, n - lo)
+    for lo, m in _spans(n, block):
         r, b = residual[lo:lo + m], bits[:m]
         np.add(r, grad[lo:lo + m], out=r)
         np.greater(r, t, out=b)
@@ -168,10 +176,9 @@ def decompress(config: dict, payload: np.ndarray, size: int, dtype: np.dtype) ->
 
 def _decode_2bit(flat, t, out):
     size = out.size
-    block = min(_BLOCK, size) or 1
+    block = _block_size(size)
     d, words = np.empty(block, np.int8), np.empty(-(-block // 4), np.uint32)
-    for lo in range(0, size, block):
-        m = min(block, size - lo)
+    for lo, m in _spans(size, block):
         nb = -(-m // 4)
         # spread each byte's four 2-bit codes over the four bytes of a word
         w = words[:nb]
@@ -188,10 +195,9 @@ def _decode_2bit(flat, t, out):
 
 def _decode_1bit(flat, t, out):
     size = out.size
-    block = min(_BLOCK, size) or 1
+    block = _block_size(size)
     d = np.empty(block, np.int8)
-    for lo in range(0, size, block):
-        m = min(block, size - lo)
+    for lo, m in _spans(size, block):
         bits = np.unpackbits(flat[lo // 8:lo // 8 + -(-m // 8)], count=m).view(bool)
         _one_minus_twice(bits, d[:m])
         np.negative(d[:m], out=d[:m])                            # set: +1, clear: -1
