@@ -66,6 +66,7 @@ class Client:
         chosen = [choose(a, config.transport, local) for a in adverts]
         self.servers = [url for url, _ in chosen]            # what each socket connects to
         self.transports = [kind for _, kind in chosen]       # "tcp", "ipc" or "shm", by server
+        self._no_write_in: set = set()   # shm servers whose sums workers cannot write (GPU)
         self._arena = self._slots = self._probe = None
         self._mapper = shm.Mapper(writable=config.write_in)   # servers grant sums to write into
         self._ctx = zmq.Context()
@@ -134,6 +135,8 @@ class Client:
                 def check(header, values):
                     ok[server] = (header.get("shm_ok") is True and isinstance(header.get("shm"), dict)
                                   and len(values) == 1 and values[0].tobytes() == header.get("nonce"))
+                    if header.get("sums_writable") is False:   # e.g. a GPU server: its sums are not here
+                        self._no_write_in.add(server)
                 return check
             # unsequenced: if the server cannot map our probe, the error must not hold
             # back the requests that follow on this connection
@@ -276,7 +279,7 @@ class Client:
         """Indices of ``arrays`` worth writing into ``server``'s sums (see
         :meth:`write_in`): large ones, not already in our shared memory (which the
         server reads in place), for a server reached through shared memory."""
-        if self.transports[server] != "shm":
+        if self.transports[server] != "shm" or server in self._no_write_in:
             return []
         return [i for i, a in enumerate(arrays)
                 if a.nbytes >= self.config.zero_copy_bytes and self._arena.locate(a) is None]

@@ -49,6 +49,8 @@ class Config:
     checkpoint_interval: float = 0.0
     resume: bool = False
     stall_warning: float = 60.0
+    server_device: str = "cpu"
+    server_gpus: tuple | None = None
     log_level: str = "INFO"
     exit_on_abort: bool = True   # not from the environment: in-process tests turn it off
 

@@ -48,6 +48,7 @@ def common_options(f):
                      help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
         click.option("--dry-run", is_flag=True, help="Print what would run where; start nothing."),
         resume_option(),
+        server_device_option(),
     ]
     for option in reversed(options):
         f = option(f)
@@ -62,6 +63,19 @@ def resume_option():
     return click.option("--resume", is_flag=True, expose_value=False, callback=set_resume,
                         help="Resume the job from the servers' checkpoints in KVSTORE_CHECKPOINT_DIR "
                              "(run the same command as before plus --resume).")
+
+
+def server_device_option():
+    """--server-device cpu|gpu: where servers keep values and optimizer state
+    (KVSTORE_SERVER_DEVICE for every process; see docs/gpu.md)."""
+    def set_device(ctx, param, value):
+        if value is not None:
+            os.environ["KVSTORE_SERVER_DEVICE"] = value
+    return click.option("--server-device", type=click.Choice(["cpu", "gpu"]), default=None,
+                        expose_value=False, callback=set_device,
+                        help="Where servers keep values, sums and optimizer state: cpu, or gpu "
+                             "(server s on GPU s mod the host's GPUs, or KVSTORE_SERVER_GPUS) "
+                             "[default: KVSTORE_SERVER_DEVICE, else cpu].")
 
 
 def setup_logging() -> None:

@@ -71,6 +71,20 @@ def _transport(text: str) -> str:
     return value
 
 
+def _server_device(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("cpu", "gpu"):
+        raise ValueError("must be cpu or gpu")
+    return value
+
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items or not all(item.isdigit() for item in items):
+        raise ValueError("must be a comma-separated list of GPU ordinals, e.g. 0,1")
+    return tuple(int(item) for item in items)
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -163,6 +177,14 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_STALL_WARNING", (), 60.0, _non_negative_float,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),
+    Var("KVSTORE_SERVER_DEVICE", (), "cpu", _server_device,
+        "Where servers keep values, sums and optimizer state: cpu, or gpu (server s uses GPU "
+        "s mod the host's GPU count, or KVSTORE_SERVER_GPUS; sums and optimizer updates run "
+        "as CuPy kernels). A GPU server on a host without a usable GPU fails at start with "
+        "the reason, and the job ends naming it. Set by the launchers' --server-device."),
+    Var("KVSTORE_SERVER_GPUS", (), None, _gpu_list,
+        "GPUs the servers of a host use with KVSTORE_SERVER_DEVICE=gpu, e.g. 0,1: server s "
+        "takes entry s mod the list's length [default: every GPU of the host]."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )

@@ -14,7 +14,7 @@ import sys
 import click
 
 from . import env
-from .cli import resume_option
+from .cli import resume_option, server_device_option
 from .launcher import JobSpec, run_cli
 
 EXAMPLE = """\b
@@ -42,6 +42,7 @@ here and passed on to every process; see docs/configuration.md.
                    "processes on different hosts talk tcp (shared memory only within one).")
 @click.option("--dry-run", is_flag=True, help="Print what would run, start nothing.")
 @resume_option()
+@server_device_option()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""

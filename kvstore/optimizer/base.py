@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy
+
 from ..errors import ConfigError
+from . import fused
 from ._util import (_array_module, _to_module, check_config_shape, check_params, real,
                     update_count)
 from .lr_scheduler import LRScheduler, scheduler_from_config
@@ -197,7 +200,11 @@ class Optimizer:
             if tuple(s.shape) != tuple(weight.shape) or s.dtype != weight.dtype:
                 raise ValueError(f"{owner}: state array {s.dtype}{tuple(s.shape)} does not "
                                  f"match weight {weight.dtype}{tuple(weight.shape)}")
-        self._step(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
+        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr):
+            return
+        self._step(weight, grad, state, t, lr, xp)
 
     def _step(self, weight, grad, state, t, lr, xp):
         raise NotImplementedError

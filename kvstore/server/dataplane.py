@@ -54,6 +54,8 @@ class DataPlane:
                                               name=f"server{config.rank}-channels")
         self._channels: dict = {}          # peer -> channel.Sender
         self._channel_replies: dict = {}   # peer -> ids of requests to answer on its channel
+        # whether workers may write into our sums (False when they live on a GPU)
+        self.write_in = self.arena is not None
 
     def bind(self, sock) -> str:
         """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
@@ -113,8 +115,8 @@ class DataPlane:
               and isinstance(nonce, bytes) and arrays[0].tobytes() == nonce)
         if not ok:
             return {"op": ops.OK, "id": header["id"], "shm_ok": False}, []
-        return {"op": ops.OK, "id": header["id"], "shm_ok": True, "nonce": self._probe.tobytes()}, \
-            [self._probe]
+        return {"op": ops.OK, "id": header["id"], "shm_ok": True, "nonce": self._probe.tobytes(),
+                "sums_writable": self.write_in}, [self._probe]
 
     def reply(self, peer, header: dict, arrays: list, zmq_send) -> None:
         """Send a reply: on ``peer``'s data channel when its request asked for that

@@ -13,6 +13,7 @@ from tracker.membership import Membership
 from ..config import Config
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import error_header, ops
+from . import backend as _backend
 from . import checkpoint
 from .dataplane import DataPlane
 from .sequencer import Sequencer
@@ -62,15 +63,24 @@ class ServerNode:
             log.error("server could not join the job: %s", e)
             self._close()
             return 1
-        self.state = ServerState(name=f"server {reg.rank}", alloc=self._data.alloc,
-                                 write_in=self._data.arena is not None,
-                                 shared=self._data.in_shared_memory)
+        try:
+            backend = _backend.for_config(self.config, reg.rank, alloc=self._data.alloc,
+                                          shared=self._data.in_shared_memory)
+        except _backend.ServerDeviceError as e:
+            # the user asked for a GPU: no silent CPU fallback, the job ends naming us
+            log.error("server %d cannot start: %s", reg.rank, e)
+            self.membership.fail(f"server {reg.rank} cannot start: {e}")
+            self._close()
+            return 1
+        self._data.write_in = self._data.arena is not None and backend.name == "cpu"
+        self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in)
         self._data.joined(reg)
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         if self.config.resume and not self._restore():
             return 1
-        log.info("server %d (pid %d) serving on %s", reg.rank, os.getpid(), self.address)
+        log.info("server %d (pid %d) serving on %s, values in %s", reg.rank, os.getpid(),
+                 self.address, backend.describe())
         next_stall_check = time.monotonic() + 1.0
         try:
             while True:

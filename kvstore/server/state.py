@@ -26,6 +26,7 @@ from .. import compression as _compression
 from .. import optimizer as _optimizer
 from ..errors import ConfigError, InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
+from .backend import HostBackend
 from .rounds import Chunk, Pending, Reply, Round, is_int
 from .writein import Grant, WriteIn
 
@@ -40,14 +41,17 @@ class ServerState(WriteIn):
                                   "mode": "sync", "num_workers": 2}, [])
     """
 
-    def __init__(self, name: str = "server", alloc=None, write_in: bool = False, shared=None):
+    def __init__(self, name: str = "server", alloc=None, write_in: bool = False, shared=None,
+                 backend=None):
         self.name = name
-        # alloc(size, dtype) -> 1-D array for values and sums (the node passes shared memory)
-        self._alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
+        # where values, sums and optimizer state live (kvstore.server.backend): host
+        # memory from alloc(size, dtype) (the node passes shared memory) and
+        # shared(array) -> whether co-located workers can map it; or one GPU
+        self.backend = backend or HostBackend(alloc, shared)
+        self.xp = self.backend.xp
+        self._alloc = self.backend.alloc
+        self._shared = self.backend.shared
         self.write_in = write_in           # sums lie in memory co-located workers can map
-        # shared(array) -> whether co-located workers can map it (alloc may fall back
-        # to private memory when no shared segment can be had)
-        self._shared = shared or (lambda a: True)
         self._queue: list[Grant] = []     # write requests waiting for a round's writer
         self._grants: dict = {}            # (worker, write id) -> granted _Grant
         self.mode: str | None = None
@@ -73,7 +77,8 @@ class ServerState(WriteIn):
                 raise ProtocolError(f"unknown op {op!r}")
             if op != ops.CONFIGURE and self.mode is None:
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
-            return getattr(self, f"_on_{op}")(peer, header, arrays)
+            with self.backend.scope():
+                return getattr(self, f"_on_{op}")(peer, header, arrays)
         except KVStoreError as e:
             return [Reply(peer, error_header(req_id, type(e).__name__, str(e)))]
         except (KeyError, TypeError, ValueError, IndexError, ArithmeticError, RecursionError) as e:
@@ -148,7 +153,7 @@ class ServerState(WriteIn):
                 self._restored.discard(cid)
             else:
                 value = self._alloc(a.size, a.dtype)
-                np.copyto(value, a.reshape(-1))
+                self.backend.upload(a.reshape(-1), out=value)
                 self.chunks[cid] = Chunk(value)
         return [self._ok(peer, header["id"])]
 
@@ -172,6 +177,8 @@ class ServerState(WriteIn):
                 if chunk.value.dtype.kind != "f":
                     raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                                "optimizers update floating-point values only")
+        # validated: now the buffers may move to where the values are (a no-op on the host)
+        arrays = [self.backend.upload(a) for a in arrays]
         if self.mode == "async":
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)
@@ -207,7 +214,7 @@ class ServerState(WriteIn):
         return []
 
     def _reply_now(self, peer, req_id, chunks, want_values, copy):
-        values = [c.value.copy() if copy else c.value for c in chunks] if want_values else []
+        values = self.backend.download([c.value for c in chunks], copy) if want_values else []
         return self._ok(peer, req_id, values)
 
     def _contribute(self, chunk: Chunk, worker: int, grad: np.ndarray) -> Round:
@@ -223,7 +230,7 @@ class ServerState(WriteIn):
                     rnd.deferred.append(grad)
                 elif rnd.acc is None:
                     rnd.acc = self._take_spare(chunk)
-                    np.add(rnd.first, grad, out=rnd.acc)
+                    self.xp.add(rnd.first, grad, out=rnd.acc)
                     rnd.first = None
                 else:
                     rnd.acc += grad
@@ -245,7 +252,7 @@ class ServerState(WriteIn):
             rnd = chunk.rounds.pop(0)
             if rnd.acc is None:   # one worker: its push is the sum
                 rnd.acc = self._take_spare(chunk)
-                np.copyto(rnd.acc, rnd.first)
+                self.xp.copyto(rnd.acc, rnd.first)
                 rnd.first = None
             acc = rnd.acc
             if self.updater is None:
@@ -280,7 +287,7 @@ class ServerState(WriteIn):
         # Values are sent without a copy: in sync mode a chunk cannot change again
         # before this worker, who is blocked on this reply, pushes to it.
         values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
-        return self._ok(pending.peer, pending.req_id, values)
+        return self._ok(pending.peer, pending.req_id, self.backend.download(values))
 
     def _on_set_optimizer(self, peer, header, arrays):
         try:
@@ -310,9 +317,10 @@ class ServerState(WriteIn):
         chunks = []
         for cid, chunk in self.chunks.items():
             entry = states.get(cid)
-            chunks.append([cid[0], cid[1], chunk.value.dtype.str, chunk.value.tobytes(),
+            host = self.backend.to_numpy
+            chunks.append([cid[0], cid[1], chunk.value.dtype.str, host(chunk.value).tobytes(),
                            None if entry is None else int(entry["t"]),
-                           [] if entry is None else [np.asarray(x).tobytes() for x in entry["state"]]])
+                           [] if entry is None else [host(x).tobytes() for x in entry["state"]]])
         return {"server": self.name, "mode": self.mode, "num_workers": self.num_workers,
                 "optimizer": None if self.updater is None else self.updater.optimizer.to_config(),
                 "meta": dict(meta), "chunks": chunks}
@@ -328,7 +336,8 @@ class ServerState(WriteIn):
         for key, index, dtype, data, t, state in snap["chunks"]:
             saved = np.frombuffer(data, dtype=np.dtype(dtype))
             value = self._alloc(saved.size, saved.dtype)   # shared memory, as init's
-            np.copyto(value, saved)
+            with self.backend.scope():
+                self.backend.upload(saved, out=value)
             self.chunks[(key, index)] = Chunk(value)
             if t is not None and self.updater is not None:
                 states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=value.dtype).copy()
@@ -369,7 +378,7 @@ class ServerState(WriteIn):
         for cid, entry in sorted(self.updater.get_states().items(), key=lambda kv: repr(kv[0])):
             meta.append([cid[0], cid[1], int(entry["t"]), len(entry["state"])])
             # copies: in async mode pushes may change the live arrays while they are sent
-            out += [np.array(s, order="C", copy=True) for s in entry["state"]]
+            out += self.backend.download(entry["state"], copy=True)
         return [self._ok(peer, header["id"], out, states=meta)]
 
     def _on_set_states(self, peer, header, arrays):

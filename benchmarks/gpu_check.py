@@ -1,0 +1,260 @@
+"""One command that proves the GPU path on a machine with an NVIDIA GPU.
+
+    python -m benchmarks.gpu_check                 # everything, ~6 minutes on one H100
+    python -m benchmarks.gpu_check --only aggregation,exchange
+
+Sections (each is skipped with its reason where it cannot run, never faked):
+
+1. ``pytest``: ``pytest -m gpu -rs``; the summary line and every skip reason.
+2. ``aggregation``: the GPU server's own code path (ServerState on a GpuBackend:
+   the merge of W=2 pushes and the optimizer update, chunk by chunk as the server
+   runs them) in GB/s, against a device-to-device copy measured in the same run.
+   Bytes counted are the least any implementation must move: every gradient read
+   once, the weight and each optimizer state read and written once (a copy counts
+   its read and its write).
+3. ``exchange``: one ResNet-50 gradient exchange (102.2 MB of CUDA tensors), W=2
+   workers sharing the GPU: ours (``dist_device_sync``, 2 GPU servers; and 2 CPU
+   servers) against gloo all_reduce of the same CUDA tensors.
+4. ``train``: a ResNet-50 training step (batch 32 per worker, synthetic), W=2:
+   ``kvstore.torch.Trainer`` with GPU servers against DDP over gloo.
+5. ``cifar``: ``examples/train_cifar10.py --benchmark 1 --gpus 0 --kvstore
+   dist_device_sync`` with GPU servers for one epoch (195 batches per worker).
+
+Writes ``benchmarks/results/gpu/gpu_check.md`` and ``.json`` with the GPU's name,
+driver, torch and cupy versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = ("pytest", "aggregation", "exchange", "train", "cifar")
+
+
+def env_of_job() -> dict:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def info() -> dict:
+    import cupy
+    import numpy
+    import torch
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    return {"gpu": props["name"].decode(), "gpus": cupy.cuda.runtime.getDeviceCount(),
+            "driver": cupy.cuda.runtime.driverGetVersion(), "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cupy": cupy.__version__,
+            "numpy": numpy.__version__, "python": sys.version.split()[0], "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip() or "unknown"}
+
+
+def run_pytest(timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env_of_job(), capture_output=True, text=True, timeout=timeout)
+    lines = p.stdout.strip().splitlines()
+    summary = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed)", ln)), "no summary")
+    return {"returncode": p.returncode, "summary": summary.strip("= "),
+            "skipped": [ln for ln in lines if ln.startswith("SKIPPED")],
+            "failures": [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))],
+            "tail": "\n".join(lines[-60:]) if p.returncode else ""}
+
+
+def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, reps: int = 10) -> dict:
+    import cupy
+    import numpy as np
+    from kvstore import optimizer as opt
+    from kvstore.server.backend import GpuBackend
+    from kvstore.server.state import ServerState
+    backend = GpuBackend(0)
+
+    def gpu_ms(fn) -> float:
+        with backend.scope():
+            fn()                                   # warm-up: kernels compiled, pools filled
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            return cupy.cuda.get_elapsed_time(start, end) / reps
+
+    rows = []
+    n_total = (total_mb << 20) // 4
+    src, dst = (cupy.ones(n_total, cupy.float32) for _ in range(2))
+    copy_ms = gpu_ms(lambda: cupy.copyto(dst, src))
+    copy_gbs = 2 * n_total * 4 / copy_ms / 1e6
+    for chunk_mb in chunk_mbs:
+        n = (chunk_mb << 20) // 4
+        count = total_mb // chunk_mb
+        for name, optimizer in (("sum", None), ("sgd momentum", opt.SGD(learning_rate=0.1, momentum=0.9)),
+                                ("adam", opt.Adam(learning_rate=0.001))):
+            state = ServerState(name="bench", backend=backend)
+            state.handle(b"w", {"op": "configure", "id": 1, "src": 0, "mode": "sync",
+                                "num_workers": workers}, [])
+            ids = [["k", i] for i in range(count)]
+            state.handle(b"w", {"op": "init", "id": 2, "src": 0, "chunks": ids},
+                         [np.zeros(n, np.float32) for _ in ids])
+            if optimizer is not None:
+                state.handle(b"w", {"op": "set_optimizer", "id": 3, "src": 0,
+                                    "optimizer": optimizer.to_config()}, [])
+            with backend.scope():
+                grads = [cupy.full(n, 0.5 * (w + 1), cupy.float32) for w in range(workers)]
+            chunks = [(("k", i), state.chunks[("k", i)]) for i in range(count)]
+
+            def one_round():                      # exactly what _on_push does once uploaded
+                for cid, chunk in chunks:
+                    for w in range(workers):
+                        state._contribute(chunk, w, grads[w])
+                    state._apply_complete_rounds(cid, chunk)
+            ms = gpu_ms(one_round)
+            states = 0 if optimizer is None else optimizer.num_states
+            least = n_total * 4 * (workers + 2 * (1 + states) - (1 if optimizer is None else 0))
+            gbs = least / ms / 1e6
+            rows.append({"chunk_mb": chunk_mb, "update": name, "ms": round(ms, 3), "gb_s": round(gbs, 1),
+                         "vs_copy": round(gbs / copy_gbs, 3)})
+    return {"total_mb": total_mb, "workers": workers, "copy_ms": round(copy_ms, 3),
+            "copy_gb_s": round(copy_gbs, 1), "rows": rows}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job(task: str, contender: str, out: str, timeout: float, extra=()) -> dict:
+    """Run one timed job (2 workers); the JSON its rank 0 wrote, or the failure."""
+    worker = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_worker.py"), task, "--out", out, *extra]
+    env = env_of_job()
+    t0 = time.time()
+    if contender == "gloo":
+        port = free_port()
+        procs = [subprocess.Popen([*worker, "--gloo"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**env, "RANK": str(r), "WORLD_SIZE": "2",
+                                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                 for r in range(2)]
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        code, text = max(p.returncode for p in procs), "\n".join(outputs)
+    else:
+        device = "gpu" if contender == "ours gpu servers" else "cpu"
+        p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device",
+                            device, *worker], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        code, text = p.returncode, p.stdout + p.stderr
+    if code != 0 or not os.path.exists(out):
+        return {"contender": contender, "failed": f"exit {code}", "tail": text[-3000:]}
+    with open(out) as f:
+        result = json.load(f)
+    return {"contender": contender, "median_ms": round(result["median_ms"], 1),
+            "samples": len(result["samples_ms"]), "wall_s": round(time.time() - t0, 1)}
+
+
+def cifar(timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device", "gpu",
+           sys.executable, "examples/train_cifar10.py", "--benchmark", "1", "--gpus", "0",
+           "--kvstore", "dist_device_sync", "--num-epochs", "1", "--disp-batches", "50"]
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, env=env_of_job(), capture_output=True, text=True, timeout=timeout)
+    text = p.stdout + p.stderr
+    speeds = [float(s) for s in re.findall(r"\[worker:0\].*Speed: ([\d.]+) samples/sec", text)]
+    batches = re.findall(r"\[worker:0\].*Batch \[(\d+)\]", text)
+    return {"command": " ".join(cmd[1:]).replace(sys.executable, "python"), "returncode": p.returncode,
+            "wall_s": round(time.time() - t0, 1), "last_batch_logged": int(batches[-1]) if batches else 0,
+            "speeds_samples_per_s": speeds,
+            "validation": re.findall(r"\[worker:0\].*(Validation-accuracy=[\d.]+)", text),
+            "tail": "" if p.returncode == 0 else text[-3000:]}
+
+
+def report(results: dict) -> str:
+    i = results["info"]
+    lines = [f"# GPU check: {i['gpu']} ({i['when']}, kvstore {i['commit']})", "",
+             f"driver {i['driver']}, CUDA runtime {i['cuda_runtime']}, torch {i['torch']} (CUDA {i['torch_cuda']}), "
+             f"cupy {i['cupy']}, numpy {i['numpy']}, Python {i['python']}; {i['gpus']} GPU(s).", ""]
+    if "pytest" in results:
+        r = results["pytest"]
+        lines += ["## pytest -m gpu -rs", "", f"`{r['summary']}` (exit {r['returncode']})", ""]
+        lines += [f"- {ln}" for ln in r["skipped"] + r["failures"]] + [""]
+    if "aggregation" in results:
+        a = results["aggregation"]
+        lines += ["## Server aggregation + update (ServerState on a GpuBackend, W=2)", "",
+                  f"{a['total_mb']} MB of fp32 per round; device-to-device copy of the same bytes: "
+                  f"{a['copy_ms']} ms = {a['copy_gb_s']} GB/s (read + write).", "",
+                  "| chunk MB | update | ms per round | GB/s (least bytes) | vs copy |", "|---:|---|---:|---:|---:|"]
+        lines += [f"| {r['chunk_mb']} | {r['update']} | {r['ms']} | {r['gb_s']} | {r['vs_copy']:.2f} |"
+                  for r in a["rows"]] + [""]
+    for section, title in (("exchange", "ResNet-50 gradient exchange, CUDA tensors, W=2 on one GPU"),
+                           ("train", "ResNet-50 training step, batch 32 per worker, W=2 on one GPU")):
+        if section in results:
+            rows = results[section]
+            base = next((r.get("median_ms") for r in rows if r["contender"] == "gloo"), None)
+            lines += [f"## {title}", "", "| contender | median ms | vs gloo |", "|---|---:|---:|"]
+            for r in rows:
+                if "median_ms" in r:
+                    ratio = f"{r['median_ms'] / base:.2f}x" if base else ""
+                    lines.append(f"| {r['contender']} | {r['median_ms']} | {ratio} |")
+                else:
+                    lines.append(f"| {r['contender']} | failed: {r['failed']} | |")
+            lines.append("")
+    if "cifar" in results:
+        c = results["cifar"]
+        lines += ["## train_cifar10.py on the GPU", "", f"`{c['command']}`: exit {c['returncode']}, "
+                  f"{c['wall_s']} s, last batch logged {c['last_batch_logged']}, worker 0 speeds "
+                  f"{c['speeds_samples_per_s']} samples/s, {', '.join(c['validation'])}", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args(argv)
+    only = [s for s in args.only.split(",") if s]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(sorted(unknown))}")
+    from kvstore import gpu
+    if not gpu.available():
+        print(f"gpu_check needs a usable NVIDIA GPU with CuPy: {gpu.reason()}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out_dir, exist_ok=True)
+    results = {"info": info()}
+    tmp = os.path.join(args.out_dir, ".tmp")
+    os.makedirs(tmp, exist_ok=True)
+
+    def save():
+        with open(os.path.join(args.out_dir, "gpu_check.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        with open(os.path.join(args.out_dir, "gpu_check.md"), "w") as f:
+            f.write(report(results))
+
+    steps = {
+        "pytest": lambda: run_pytest(timeout=300),
+        "aggregation": aggregation,
+        "exchange": lambda: [job("exchange", c, os.path.join(tmp, f"x{i}.json"), 180, ("--iters", str(args.iters)))
+                             for i, c in enumerate(("gloo", "ours gpu servers", "ours cpu servers"))],
+        "train": lambda: [job("train", c, os.path.join(tmp, f"t{i}.json"), 240, ("--iters", str(args.iters)))
+                          for i, c in enumerate(("gloo", "ours gpu servers"))],
+        "cifar": lambda: cifar(timeout=300),
+    }
+    for section in only:
+        t0 = time.time()
+        print(f"== {section}", flush=True)
+        results[section] = steps[section]()
+        print(json.dumps(results[section], indent=1)[:4000], f"({time.time() - t0:.0f} s)", flush=True)
+        save()
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Where a server keeps its arrays: host memory (numpy) or one GPU (cupy).
+
+:class:`~kvstore.server.state.ServerState` is one code path over an array
+module; the backend is the only part that knows where the memory is. It
+allocates values, sums and (through the optimizer's ``create_state``) optimizer
+state, moves request buffers in (:meth:`upload`) and reply values out
+(:meth:`download`), and gives the state a scope (:meth:`scope`) in which every
+array operation runs on the right device and stream.
+
+``HostBackend`` is what every CPU server uses: uploads are no-ops (a push is
+kept as the view on the message it came in), downloads return the values
+themselves, so the CPU path is exactly what it was before GPUs existed.
+
+``GpuBackend`` (``KVSTORE_SERVER_DEVICE=gpu``) keeps everything on one GPU:
+
+- a request buffer is copied into a pinned host buffer and sent to the device
+  by an asynchronous copy on the server's CUDA stream, so the server goes back to
+  receiving the next message while the DMA runs; the pinned buffer returns to
+  the pool once an event says the copy has read it;
+- sums and optimizer updates are queued on the same stream (the optimizer runs
+  one fused kernel per chunk, kvstore.optimizer.fused);
+- replies are copied device-to-host into pinned buffers on that stream, one
+  synchronisation per reply, and sent from there.
+
+Example::
+
+    backend = GpuBackend(device=0)           # raises ServerDeviceError without a GPU
+    state = ServerState(name="server 0", backend=backend)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+class ServerDeviceError(ConfigError):
+    """A GPU server was asked for where no GPU is usable (the message says why)."""
+
+
+class HostBackend:
+    """Values in host memory (numpy), allocated by ``alloc`` (shared memory on a node)."""
+
+    name = "cpu"
+    xp = np
+
+    def __init__(self, alloc=None, shared=None):
+        self.alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
+        # whether co-located workers can map an array (alloc may fall back to private memory)
+        self.shared = shared or (lambda a: True)
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def upload(self, host: np.ndarray, out=None):
+        """``host`` as an array of this backend: itself (no copy), or copied into ``out``."""
+        if out is None:
+            return host
+        np.copyto(out, host)
+        return out
+
+    def download(self, arrays: list, copy: bool = False) -> list:
+        """Host arrays holding ``arrays``' values: the arrays themselves unless ``copy``."""
+        return [np.array(a, order="C", copy=True) for a in arrays] if copy else list(arrays)
+
+    def to_numpy(self, a) -> np.ndarray:
+        """A host array with ``a``'s values (``a`` itself when it is on the host)."""
+        return np.asarray(a)
+
+    def describe(self) -> str:
+        return "host memory"
+
+
+class GpuBackend:
+    """Values, sums and optimizer state on GPU ``device`` (cupy), one CUDA stream."""
+
+    name = "gpu"
+
+    def __init__(self, device: int):
+        from .. import gpu
+        if not gpu.available():
+            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
+        count = gpu.device_count()
+        if not 0 <= device < count:
+            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu: GPU {device} does not exist "
+                                    f"(this host has {count}; see KVSTORE_SERVER_GPUS)")
+        import cupy
+        self.xp = cupy
+        self._gpu = gpu
+        self.device = cupy.cuda.Device(device)
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._label = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
+        self._in_flight: deque = deque()    # (event, pinned buffer) of uploads still reading it
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Make our device and stream current for every cupy call inside."""
+        with self.device, self.stream:
+            yield
+
+    def alloc(self, size: int, dtype):
+        with self.device:
+            return self.xp.empty(size, dtype)
+
+    def shared(self, a) -> bool:
+        return False      # GPU memory: co-located workers cannot write into it (no write-in)
+
+    def upload(self, host: np.ndarray, out=None):
+        """Copy ``host`` to the device through a pinned buffer, asynchronously on our
+        stream; returns the device array (``out`` or a new one). Later work on the
+        stream sees the data; the host buffer may be reused as soon as this returns."""
+        self._release_done()
+        host = host.reshape(-1)
+        if out is None:
+            out = self.alloc(host.size, host.dtype)
+        if host.size == 0:
+            return out
+        pinned = self._gpu.pinned_empty(host.size, host.dtype)
+        np.copyto(pinned, host)
+        out.set(pinned, stream=self.stream)
+        event = self.stream.record()
+        self._in_flight.append((event, pinned))   # keeps the pinned block out of the pool
+        return out
+
+    def _release_done(self) -> None:
+        while self._in_flight and self._in_flight[0][0].done:
+            self._in_flight.popleft()
+
+    def download(self, arrays: list, copy: bool = True) -> list:
+        """Host copies (in pinned memory) of ``arrays``: every device-to-host copy is
+        queued on our stream, then one synchronisation. Host arrays are copied too."""
+        out = []
+        for a in arrays:
+            if isinstance(a, np.ndarray):
+                out.append(np.array(a, order="C", copy=True))
+                continue
+            host = self._gpu.pinned_empty(a.size, a.dtype).reshape(a.shape)
+            if a.size:
+                a.get(stream=self.stream, out=host, blocking=False)
+            out.append(host)
+        self.stream.synchronize()
+        return out
+
+    def to_numpy(self, a) -> np.ndarray:
+        return a if isinstance(a, np.ndarray) else self.download([a])[0]
+
+    def describe(self) -> str:
+        return f"GPU {self.device.id} ({self._label})"
+
+
+def for_config(config, rank: int, alloc=None, shared=None):
+    """The backend a server of rank ``rank`` uses under ``config``: host memory, or
+    GPU ``KVSTORE_SERVER_GPUS[rank % len]`` (default: every GPU of the host, in
+    order). Raises ServerDeviceError when a GPU was asked for and none is usable."""
+    if config.server_device != "gpu":
+        return HostBackend(alloc, shared)
+    from .. import gpu
+    gpus = list(config.server_gpus) if config.server_gpus else list(range(gpu.device_count()))
+    if not gpus:
+        raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
+    return GpuBackend(gpus[rank % len(gpus)])
