@@ -69,7 +69,7 @@ def run_pytest(timeout: float) -> dict:
             "tail": "\n".join(lines[-60:]) if p.returncode else ""}
 
 
-def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, reps: int = 10) -> dict:
+def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, reps: int = 20) -> dict:
     import cupy
     import numpy as np
     from kvstore import optimizer as opt
@@ -79,7 +79,8 @@ def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, rep
 
     def gpu_ms(fn) -> float:
         with backend.scope():
-            fn()                                   # warm-up: kernels compiled, pools filled
+            for _ in range(3):                     # warm-up: kernels compiled, pools filled
+                fn()
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()
             for _ in range(reps):

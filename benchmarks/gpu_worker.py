@@ -107,6 +107,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")
     p.add_argument("--out", required=True)
+    p.add_argument("--profile", default=None, help="rank 0 writes a cProfile summary of the run here")
     args = p.parse_args()
     torch.cuda.set_device(0)
     task = exchange if args.task == "exchange" else train
@@ -120,7 +121,18 @@ def main() -> int:
         import kvstore
         with kvstore.create("dist_device_sync") as kv:
             rank, world = kv.rank, kv.num_workers
-            samples = task(args, rank, world, kv)
+            if args.profile and rank == 0:
+                import cProfile
+                import io
+                import pstats
+                profiler = cProfile.Profile()
+                samples = profiler.runcall(task, args, rank, world, kv)
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+                with open(args.profile, "w") as f:
+                    f.write(text.getvalue())
+            else:
+                samples = task(args, rank, world, kv)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"median_ms": statistics.median(samples), "samples_ms": samples}, f)

@@ -9,6 +9,11 @@ GPU values are exchanged without copies: a torch CUDA tensor is viewed as a cupy
 array through DLPack (:func:`as_cupy`). Copies to the host go through pinned
 (page-locked) memory, and a cupy result is written into CUDA tensors and cupy
 arrays on the GPU, device to device (:func:`write`).
+
+torch bfloat16 tensors have no numpy (or cupy) dtype: they are read as float32
+(:func:`shape_dtype` says float32, :func:`dtype_name` says "bfloat16"), so the
+stores keep and sum bfloat16 keys in float32 and send float32 on the wire; writing
+into a bfloat16 output rounds back (torch's ``copy_``).
 """
 
 from __future__ import annotations
@@ -58,21 +63,36 @@ def device_of(value) -> int | None:
     return None
 
 
+BFLOAT16 = "bfloat16"
+
+
+def _is_bf16(value) -> bool:
+    return _family(value) == "torch" and str(value.dtype) == "torch.bfloat16"
+
+
 def _plain_tensor(value):
-    """``value`` detached, without lazy conjugate/negative bits (DLPack and numpy refuse them)."""
-    return value.detach().resolve_conj().resolve_neg()
+    """``value`` detached, without lazy conjugate/negative bits (DLPack and numpy refuse
+    them), and bfloat16 upcast to float32 (numpy and cupy have no bfloat16; float32
+    holds every bfloat16 exactly and sums them without bfloat16's rounding)."""
+    t = value.detach().resolve_conj().resolve_neg()
+    return t.float() if _is_bf16(t) else t
 
 
 def as_cupy(value, what: str = "value"):
     """A cupy view of a GPU value: a cupy array as it is, a torch CUDA tensor through
-    DLPack (same memory, no copy; cupy's stream waits for torch's pending work).
+    DLPack (same memory, no copy; cupy's stream waits for torch's pending work). A
+    bfloat16 tensor is read as a float32 copy on its device.
     Raises ArgumentTypeError for host values, RuntimeError when no GPU is usable."""
     family = _family(value)
     if family == "cupy":
         return value
     if family == "torch" and value.device.type == "cuda":
         cupy = gpu.cupy_module()
-        with cupy.cuda.Device(device_of(value)):
+        import torch  # the caller handed us a tensor: torch is imported already
+        device = device_of(value)
+        # torch's __dlpack__ refuses a tensor of another device than torch's current
+        # one and orders streams of the current device: make both libraries agree
+        with cupy.cuda.Device(device), torch.cuda.device(device):
             return cupy.from_dlpack(_plain_tensor(value))
     raise ArgumentTypeError(f"{what}: expected a cupy array or a torch CUDA tensor, "
                             f"got {type(value).__name__} on the host")
@@ -85,7 +105,9 @@ def pinned_host(size: int, dtype, like=None) -> np.ndarray:
         return np.empty(size, dtype)
     if _family(like) == "torch" and not gpu.available():
         import torch  # the caller handed us a tensor: torch is imported already
-        return torch.empty(size, dtype=like.dtype, pin_memory=True).numpy()
+        # ``dtype``, not like.dtype: a bfloat16 output is staged as float32
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        return torch.empty(size, dtype=torch_dtype, pin_memory=True).numpy()
     return gpu.pinned_empty(size, dtype)
 
 
@@ -124,7 +146,7 @@ def flat_target(out, what: str) -> tuple[np.ndarray, bool]:
         if not out.flags.writeable:
             raise ArgumentTypeError(f"{what}: the output array is read-only")
         return np.empty(out.size, out.dtype), False
-    if family == "torch" and out.device.type == "cpu" and out.is_contiguous():
+    if family == "torch" and out.device.type == "cpu" and out.is_contiguous() and not _is_bf16(out):
         return out.detach().numpy().reshape(-1), True
     shape, dtype = shape_dtype(out, what)
     return pinned_host(int(np.prod(shape, dtype=np.int64)), dtype, like=out), False
@@ -149,7 +171,7 @@ def write(out, src) -> None:
         import torch  # already imported by the caller, who handed us a tensor
         dst = out.detach()
         if src_on_gpu and dst.device.type == "cpu":
-            if dst.is_contiguous():
+            if dst.is_contiguous() and not _is_bf16(dst):
                 gpu.to_host(src.reshape(tuple(out.shape)), out=dst.numpy())   # straight into out
             else:
                 dst.copy_(torch.from_numpy(gpu.to_host(src).reshape(tuple(out.shape))))
@@ -170,19 +192,23 @@ def write(out, src) -> None:
             elif src_on_gpu:
                 cupy.copyto(out, src.reshape(out.shape))
             elif out.flags.c_contiguous:
-                out.set(np.ascontiguousarray(src).reshape(out.shape))
+                # waits while a pinned ``src`` is read: callers free or reuse it next
+                gpu.copy_from_host(out, np.ascontiguousarray(src).reshape(out.shape))
             else:
-                out[...] = cupy.asarray(np.ascontiguousarray(src).reshape(out.shape))
+                out[...] = gpu.to_device(src.reshape(out.shape), int(out.device.id))
     else:
         raise ArgumentTypeError(f"cannot write into a {type(out).__name__}")
 
 
 def shape_dtype(value, what: str) -> tuple[tuple, np.dtype]:
-    """Shape and numpy dtype of any supported array, without copying it."""
+    """Shape and numpy dtype of any supported array, without copying it. The dtype is
+    the one the stores keep: float32 for a torch bfloat16 tensor (see :func:`dtype_name`)."""
     family = _family(value)
     if family is None:
         raise ArgumentTypeError(f"{what}: expected a numpy array, torch tensor or cupy array, "
                                 f"got {type(value).__name__}")
+    if _is_bf16(value):
+        return tuple(value.shape), np.dtype(np.float32)
     if family == "torch":
         name = str(value.dtype).removeprefix("torch.")
         try:
@@ -190,3 +216,11 @@ def shape_dtype(value, what: str) -> tuple[tuple, np.dtype]:
         except TypeError:
             raise ArgumentTypeError(f"{what}: torch dtype {value.dtype} has no numpy equivalent") from None
     return tuple(value.shape), np.dtype(value.dtype)
+
+
+def dtype_name(value) -> str:
+    """The dtype a user sees, for messages and checks: "bfloat16" for a torch bfloat16
+    tensor (kept as float32 by the stores), else the numpy name ("float32", ...)."""
+    if _is_bf16(value):
+        return BFLOAT16
+    return shape_dtype(value, "value")[1].name

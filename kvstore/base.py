@@ -50,6 +50,7 @@ class KVStore:
     def __init__(self, name: str):
         self._type = name
         self._keys: dict[object, KeyInfo] = {}
+        self._dtype_names: dict[object, str] = {}   # what values must be: "bfloat16" keys hold float32
         self._key_kind: type | None = None
         self._optimizer = None
         self._compressor: Compressor | None = None
@@ -117,13 +118,13 @@ class KVStore:
         return info
 
     def _check_value(self, info: KeyInfo, value, what: str) -> None:
-        shape, dtype = arrays.shape_dtype(value, what)
+        shape, _ = arrays.shape_dtype(value, what)
         if shape != info.shape:
             raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
                                        f"got an array of shape {shape}")
-        if dtype != info.dtype:
-            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {info.dtype.name}, "
-                                       f"got {dtype.name}")
+        want, got = self._dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
+        if got != want:
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}")
 
     def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
         """Validated (info, values) per distinct key; a key listed twice gets both lists."""
@@ -160,7 +161,7 @@ class KVStore:
         hold them. Raises InvalidArgumentError for a key initialised twice."""
         what = "init"
         self._check_open(what)
-        items, seen = [], set()
+        items, seen, names = [], set(), {}
         for k, vals in self._pairs(key, value, what):
             if len(vals) != 1:
                 raise InvalidArgumentError(f"{what}: key {k!r} needs one initial value, got {len(vals)}")
@@ -171,9 +172,11 @@ class KVStore:
                 raise InvalidArgumentError(f"{what}: key {k!r} has unsupported dtype {dtype.name}")
             seen.add(k)
             items.append((k, shape, dtype, arrays.to_numpy(vals[0], what)))
+            names[k] = arrays.dtype_name(vals[0])
         if self._key_kind is None and items:
             self._key_kind = type(items[0][0])
         self._do_init(items)
+        self._dtype_names.update(names)
 
     def push(self, key, value, priority: int = 0) -> None:
         """Push values (gradients) for keys. A list of values for one key is summed.

@@ -5,9 +5,10 @@ arrays) is summed on a GPU, on the device of the first GPU value, without a
 trip through the host: torch tensors are viewed as cupy arrays through DLPack,
 values on other GPUs arrive by peer copy. Then:
 
-- ``device`` keeps every key on one GPU (the current CuPy device when the store
-  was created), applies the optimizer there, and a pull copies the value to every
-  listed output, device to device.
+- ``device`` keeps each key on one GPU: the device of its initial value when that
+  is a GPU value, else the store's default device (CuPy's current device when the
+  store was created); it applies the optimizer there, and a pull copies the value
+  to every listed output, device to device.
 - ``dist_device_sync`` copies the GPU sum once to pinned host memory and sends it
   to the servers as ``dist_sync`` does; a pull lands in pinned memory and is
   copied to every listed device.
@@ -25,6 +26,7 @@ from . import arrays, gpu
 from . import optimizer as _optimizer
 from .base import KeyInfo
 from .dist import DistStore
+from .errors import KVStoreError
 from .local import LocalStore
 
 
@@ -54,7 +56,7 @@ def _flat_on(value, device: int, dtype, what: str, torch_devices: set | None):
     import cupy
     if not arrays.is_gpu(value):
         host = np.ascontiguousarray(arrays.to_numpy(value, what), dtype=dtype).reshape(-1)
-        return cupy.asarray(host)
+        return gpu.to_device(host, device)
     if torch_devices is not None and arrays.is_torch(value):
         torch_devices.add(arrays.device_of(value))
     view = arrays.as_cupy(value, what)
@@ -70,11 +72,15 @@ def _flat_on(value, device: int, dtype, what: str, torch_devices: set | None):
 class DeviceStore(LocalStore):
     """In-process store that aggregates on a GPU (``kvstore.create("device")``).
 
-    Same semantics as ``local``. Values live on the GPU that was CuPy's current
-    device when the store was created (:attr:`device_id`), and the optimizer runs
-    there. A custom updater (``_set_updater``) receives cupy arrays. With gradient
-    compression on, values are compressed and summed on the host (the compressor
-    is numpy), then uploaded. Without a usable GPU: exactly ``local``.
+    Same semantics as ``local``. A key lives on the GPU of its initial value when
+    that is a torch CUDA tensor or a cupy array, else on the store's default device,
+    CuPy's current device when the store was created (:attr:`device_id`); its
+    optimizer update and state stay there. So a process per GPU may create the
+    store before ``torch.cuda.set_device(local_rank)``: keys initialised with that
+    GPU's tensors live on it. A custom updater (``_set_updater``) receives cupy
+    arrays. With gradient compression on, values are compressed and summed on the
+    host (the compressor is numpy), then uploaded. Without a usable GPU: exactly
+    ``local``.
 
     Example (two GPUs)::
 
@@ -90,6 +96,7 @@ class DeviceStore(LocalStore):
         self._gpu = gpu.available()
         self._home: int | None = None
         self._torch_devices: set[int] = set()   # devices whose torch stream to join after a push
+        self._init_devices: dict = {}           # key -> GPU of its initial value, during init()
         if self._gpu:
             import cupy
             self._home = int(cupy.cuda.Device().id)
@@ -98,12 +105,25 @@ class DeviceStore(LocalStore):
 
     @property
     def device_id(self) -> int | None:
-        """The GPU holding the values; None when the store works on the CPU."""
+        """The default GPU: it holds the keys whose initial value was not on a GPU.
+        None when the store works on the CPU."""
         return self._home
 
-    def _on_home(self):
-        import cupy
-        return cupy.cuda.Device(self._home)
+    def init(self, key, value) -> None:
+        # base.init hands _do_init host copies: note first where GPU values live
+        self._init_devices = self._gpu_devices(key, value) if self._gpu else {}
+        try:
+            super().init(key, value)
+        finally:
+            self._init_devices = {}
+
+    def _gpu_devices(self, keys, values) -> dict:
+        """{key: device} for the keys whose (first) value is on a GPU."""
+        try:
+            pairs = self._pairs(keys, values, "init")
+        except KVStoreError:
+            return {}            # base.init raises the same error
+        return {k: arrays.device_of(vals[0]) for k, vals in pairs if arrays.is_gpu(vals[0])}
 
     def _merged(self, info: KeyInfo, vals: list, what: str):
         if not self._gpu or self._compressor is not None:
@@ -115,18 +135,20 @@ class DeviceStore(LocalStore):
         if not self._gpu:
             return super()._do_init(items)
         for key, shape, dtype, value in items:
+            device = self._init_devices.get(key, self._home)
             self._keys[key] = KeyInfo(key, shape, dtype)
-            self._store[key] = gpu.to_device(np.ascontiguousarray(value, dtype=dtype), self._home)
+            self._store[key] = gpu.to_device(np.ascontiguousarray(value, dtype=dtype), device)
 
     def _apply(self, info: KeyInfo, merged) -> None:
         if not self._gpu:
             return super()._apply(info, merged)
         import cupy
         stored = self._store[info.key]
-        with self._on_home():
+        # on the key's device: the optimizer allocates its state on the current one
+        with stored.device:
             if isinstance(merged, np.ndarray):
-                merged = cupy.asarray(merged)
-            elif int(merged.device.id) != self._home:
+                merged = gpu.to_device(merged, int(stored.device.id))
+            elif merged.device.id != stored.device.id:
                 moved = cupy.empty(merged.shape, merged.dtype)
                 gpu.copy_between_devices(moved, merged)
                 merged = moved
@@ -165,8 +187,14 @@ class DeviceStore(LocalStore):
     def _set_states(self, states: dict) -> None:
         if not self._gpu:
             return super()._set_states(states)
-        with self._on_home():      # restored states are uploaded to the values' GPU
-            super()._set_states(states)
+        by_device: dict[int, dict] = {}      # load_optimizer_states validated every entry
+        for key, entry in states.items():
+            stored = self._store[self._check_key(key, "load_optimizer_states")]
+            by_device.setdefault(int(stored.device.id), {})[key] = entry
+        import cupy
+        for device, group in by_device.items():
+            with cupy.cuda.Device(device):   # restored states are uploaded to their key's GPU
+                super()._set_states(group)
 
 
 class DistDeviceStore(DistStore):

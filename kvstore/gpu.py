@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,11 +165,33 @@ def to_host(value, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def to_device(host: np.ndarray, device: int):
-    """A new cupy array on ``device`` holding a copy of numpy ``host``."""
+def copy_from_host(dst, host: np.ndarray) -> None:
+    """``dst[...] = host`` for a C-contiguous cupy ``dst`` and a numpy ``host`` of the
+    same shape and dtype, on the current stream of dst's device.
+
+    Returns once ``host`` may be changed or freed. From pinned memory the copy is a
+    DMA that runs after the stream's earlier work, and ``ndarray.set`` does not wait
+    for it: a staging buffer handed back to the pinned pool (which reuses the last
+    freed block first) would feed the next key's values into this copy. So we wait
+    for the copy's event; pageable sources are staged by the driver before
+    ``set`` returns and need no wait."""
     import cupy
+    with dst.device:
+        stream = cupy.cuda.get_current_stream()
+        dst.set(host, stream)
+        if is_pinned(host):
+            stream.record().synchronize()
+
+
+def to_device(host: np.ndarray, device: int):
+    """A new cupy array on ``device`` holding a copy of numpy ``host``; ``host`` may
+    be changed or freed as soon as this returns (see :func:`copy_from_host`)."""
+    import cupy
+    host = np.ascontiguousarray(host).reshape(host.shape)   # (0-d stays 0-d)
     with cupy.cuda.Device(device):
-        return cupy.asarray(host)
+        dst = cupy.empty(host.shape, host.dtype)
+        copy_from_host(dst, host)
+    return dst
 
 
 def join_streams(device: int) -> None:
@@ -188,13 +211,21 @@ def join_streams(device: int) -> None:
         theirs = torch.cuda.current_stream(device)
         if int(theirs.cuda_stream) == int(ours.ptr):
             return
-        if hasattr(cupy.cuda.Stream, "from_external"):      # cupy >= 14
-            other = cupy.cuda.Stream.from_external(theirs)
-        else:
-            other = cupy.cuda.ExternalStream(int(theirs.cuda_stream), device)
+        other = _cupy_stream_of(cupy, theirs, device)
         theirs_done, ours_done = other.record(), ours.record()
         ours.wait_event(theirs_done)
         other.wait_event(ours_done)
+
+
+def _cupy_stream_of(cupy, theirs, device: int):
+    """A cupy handle on torch stream ``theirs`` (for recording and waiting on events)."""
+    # from_external (cupy >= 14) needs the CUDA stream protocol, which only recent
+    # torch streams implement; ExternalStream works everywhere but cupy 14 deprecates it
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(theirs, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(theirs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(int(theirs.cuda_stream), device)
 
 
 def copy_between_devices(dst, src) -> None:
@@ -202,7 +233,12 @@ def copy_between_devices(dst, src) -> None:
 
     A peer copy runs on the destination's stream; events order it after the work
     already queued on the source device's stream and keep that stream from
-    changing ``src`` before the copy has read it. No host synchronisation."""
+    changing ``src`` before the copy has read it. No host synchronisation.
+
+    Every stream call runs under its stream's device: the legacy default stream
+    (cupy's and torch's default) is a per-device handle that CUDA resolves against
+    the *current* device, so a wait issued under another device would order the
+    wrong stream."""
     import cupy
     with src.device:
         src_stream = cupy.cuda.get_current_stream()
@@ -212,4 +248,5 @@ def copy_between_devices(dst, src) -> None:
         dst_stream.wait_event(src_ready)
         cupy.copyto(dst, src)
         copied = dst_stream.record()
-    src_stream.wait_event(copied)
+    with src.device:
+        src_stream.wait_event(copied)

@@ -282,6 +282,114 @@ def test_trainer_on_dist_device_sync(make_cluster):
         tt.assert_same(got, want)
 
 
+# ---- bfloat16 torch tensors: kept, summed and sent as float32 ----------------------------------
+
+# summed in float32: 258.25, which rounds to 258 in bfloat16; summed in bfloat16: 256
+BF16_TERMS = (256.0, 0.75, 0.75, 0.75)
+
+
+def needs_torch():
+    if torch is None:
+        pytest.skip("needs torch")
+
+
+def bf16_expected(workers=1):
+    return torch.full((3,), workers * sum(BF16_TERMS), dtype=torch.float32).to(torch.bfloat16)
+
+
+def bf16_push_pull(kv, device="cpu", after_init=lambda: None):
+    """init, push a list, pull into a contiguous and a strided output, pushpull in place."""
+    bf = torch.bfloat16
+    kv.init(0, torch.zeros(3, dtype=bf, device=device))
+    after_init()
+    kv.push(0, [torch.full((3,), v, dtype=bf, device=device) for v in BF16_TERMS])
+    out, strided = torch.empty(3, dtype=bf, device=device), torch.zeros(3, 2, dtype=bf, device=device)[:, 0]
+    kv.pull(0, out=[out, strided])
+    values = [torch.full((3,), v, dtype=bf, device=device) for v in BF16_TERMS]
+    kv.pushpull(0, values)                       # written back into every (bfloat16) value
+    return [t.cpu() for t in (out, strided, *values)]
+
+
+def stored_values(kv, key):
+    return np.asarray(arrays.to_numpy(kv._store[key], "test"))
+
+
+@pytest.mark.parametrize("store", ["local", "device"])
+def test_bfloat16_tensors_are_summed_in_float32(store, force_cpu):
+    needs_torch()
+    with kvstore.create(store) as kv:
+        got = bf16_push_pull(kv)
+        held = stored_values(kv, 0)
+    assert held.dtype == np.float32
+    np.testing.assert_array_equal(held, sum(BF16_TERMS))          # exact: no bfloat16 rounding
+    for t in got:
+        assert t.dtype == torch.bfloat16 and torch.equal(t, bf16_expected())
+
+
+def test_bfloat16_on_the_device_store(device_kv):
+    needs_torch()
+    for t in bf16_push_pull(device_kv):
+        assert torch.equal(t, bf16_expected())
+
+
+@pytest.mark.parametrize("store", ["dist_sync", "dist_device_sync"])
+def test_bfloat16_tensors_on_the_wire(make_cluster, store):
+    needs_torch()
+    cluster = make_cluster(2, 2, chunk_bytes=SMALL_CHUNKS)
+    for got in cluster.run(bf16_push_pull, store):
+        for t in got:
+            assert torch.equal(t, bf16_expected(workers=2))
+
+
+def test_bfloat16_keys_check_dtypes_by_name(device_kv):
+    needs_torch()
+    bf = torch.bfloat16
+    device_kv.init([0, 1], [torch.zeros(3, dtype=bf), torch.zeros(3)])
+    with pytest.raises(kvstore.InvalidArgumentError, match="key 0 has dtype bfloat16, got float32"):
+        device_kv.push(0, [torch.zeros(3, dtype=bf), torch.zeros(3)])
+    with pytest.raises(kvstore.InvalidArgumentError, match="key 1 has dtype float32, got bfloat16"):
+        device_kv.push(1, torch.zeros(3, dtype=bf))
+    with pytest.raises(kvstore.InvalidArgumentError, match="key 0 has dtype bfloat16, got float32"):
+        device_kv.pull(0, out=f32(3))
+    device_kv.set_optimizer(opt.SGD(learning_rate=0.5))     # bfloat16 keys are floating point
+    device_kv.push(0, torch.full((3,), 2.0, dtype=bf))
+    out = torch.empty(3, dtype=bf)
+    device_kv.pull(0, out=out)
+    assert torch.equal(out, torch.full((3,), -1.0, dtype=bf))
+
+
+# ---- where the 'device' store keeps a key ------------------------------------------------------
+
+class StandInCupyArray:
+    """Looks like a cupy array to kvstore.arrays (its type's module is cupy's): lets the
+    'device' store's placement run without a GPU."""
+    __module__ = "cupy._stand_in"
+
+    def __init__(self, host, device):
+        self._host, self.shape, self.dtype = host, host.shape, host.dtype
+        self.device = types.SimpleNamespace(id=device)
+
+    def get(self):
+        return self._host.copy()
+
+
+def test_device_store_keeps_a_key_on_its_initial_values_gpu(force_cpu, monkeypatch):
+    kv = kvstore.create("device")
+    kv._gpu, kv._home = True, 0                  # as if created while GPU 0 was current
+    placed = {}
+
+    def to_device(host, device):
+        placed[float(host.reshape(-1)[0])] = device
+        return np.array(host)
+    monkeypatch.setattr(gpu, "to_device", to_device)
+    kv.init(["on 3", "host"], [StandInCupyArray(f32(2, fill=3), device=3), f32(2, fill=1)])
+    assert placed == {3.0: 3, 1.0: 0}            # the GPU value's device; else the default
+    assert kv.device_id == 0 and kv._init_devices == {}
+    with pytest.raises(kvstore.InvalidArgumentError, match="already initialised"):
+        kv.init("host", StandInCupyArray(f32(2), device=1))
+    assert placed == {3.0: 3, 1.0: 0}
+
+
 # ==== GPU-only checks ===============================================================================
 
 @pytest.fixture
@@ -552,3 +660,174 @@ def test_gpu_cross_device_write_is_a_peer_copy(cp, no_host_copies):
     arrays.write(out, src)
     assert out.device.id == 1
     np.testing.assert_array_equal(out.get(), np.arange(1000))
+
+
+# ---- GPU checks from the review of 2026-12 (never run on a GPU yet) --------------------------------
+
+def busy_cupy(cp, rounds=20):
+    """Queue tens of milliseconds of matmuls on cupy's current stream (on the current
+    device): work queued after it starts late, so a missing wait shows as wrong values."""
+    a = cp.ones((4096, 4096), cp.float32)
+    for _ in range(rounds):
+        a @ a
+
+
+def busy_torch(rounds=20):
+    """busy_cupy on torch's current stream."""
+    a = torch.ones(4096, 4096, device="cuda")
+    for _ in range(rounds):
+        a @ a
+
+
+@pytest.mark.gpu
+def test_gpu_copy_between_devices_keeps_the_source_until_it_is_read(cp):
+    two_devices()
+    n = 1 << 22
+    for step in range(3):
+        with cp.cuda.Device(0):
+            src = cp.full(n, step + 7, cp.float32)
+        with cp.cuda.Device(1):          # called under the destination, as arrays.write does
+            dst = cp.zeros(n, cp.float32)
+            busy_cupy(cp)                # the peer copy on device 1 runs late
+            gpu.copy_between_devices(dst, src)
+        with cp.cuda.Device(0):
+            src.fill(-1)                 # device 0's stream must wait for the copy
+        with cp.cuda.Device(1):
+            np.testing.assert_array_equal(dst.get(), step + 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("store", ["local", "dist_sync", "dist_device_sync"])
+def test_gpu_pulls_through_pinned_staging_into_cupy_outputs(cp, make_cluster, store):
+    """Each pull stages in pinned memory that goes back to the pool right after; the
+    upload into the cupy output must be done by then (the pool reuses it at once)."""
+    keys, n = list(range(200)), 1 << 20
+
+    def job(kv):
+        kv.init(keys, [np.zeros(n, np.float32)] * len(keys))
+        for k in keys:
+            kv.push(k, np.full(n, k + 1, np.float32))
+        outs = [cp.empty(n, cp.float32) for _ in keys]
+        busy_cupy(cp)                    # the uploads queue behind this
+        for k in keys:
+            kv.pull(k, out=outs[k])
+        return [k for k in keys if not bool((outs[k] == k + 1).all())]
+
+    if store == "local":
+        with kvstore.create(store) as kv:
+            wrong = job(kv)
+    else:
+        [wrong] = make_cluster(1, 1).run(job, store, timeout=110)
+    assert wrong == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("streams", ["torch-side-stream", "cupy-stream", "both"])
+def test_gpu_device_store_orders_non_default_streams(cuda, cp, streams):
+    n = 1 << 22
+    torch_stream = torch.cuda.current_stream() if streams == "cupy-stream" else torch.cuda.Stream()
+    cupy_stream = cp.cuda.Stream.null if streams == "torch-side-stream" else cp.cuda.Stream(non_blocking=True)
+    seen = []
+    with kvstore.create("device") as kv, torch.cuda.stream(torch_stream), cupy_stream:
+        kv.init(0, torch.zeros(n, device="cuda"))
+        for step in range(3):
+            busy_torch()
+            g = torch.full((n,), float(step + 1), device="cuda")   # written late, on torch's stream
+            busy_cupy(cp)                # the store's own copy runs late, on cupy's stream
+            kv.push(0, g)                # cupy waits for torch's fill (DLPack)
+            g.fill_(-1.0)                # torch waits for cupy's read (join_streams)
+            out, c = torch.empty(n, device="cuda"), cp.empty(n, cp.float32)
+            kv.pull(0, out=[out, c])     # torch's copy waits for cupy's update
+            seen.append((out.cpu().numpy(), c.get()))   # each waits for its own stream only
+    for step, (t_out, c_out) in enumerate(seen):
+        np.testing.assert_array_equal(t_out, step + 1)
+        np.testing.assert_array_equal(c_out, step + 1)
+
+
+@pytest.mark.gpu
+def test_gpu_join_streams_without_the_cuda_stream_protocol(cuda, cp, monkeypatch):
+    """Older torch streams have no __cuda_stream__: join_streams uses ExternalStream."""
+    n = 1 << 22
+    side = torch.cuda.Stream()
+    old_style = types.SimpleNamespace(cuda_stream=side.cuda_stream)   # the handle only
+    with torch.cuda.stream(side):
+        x = torch.zeros(n, device="cuda")
+        side.synchronize()
+        busy_torch()
+        x.fill_(5.0)                     # late, on torch's side stream
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: old_style)
+        gpu.join_streams(x.device.index)   # cupy's stream waits for the fill
+        monkeypatch.undo()
+    # x's memory, seen by cupy without DLPack's own stream handshake
+    memory = cp.cuda.UnownedMemory(x.data_ptr(), n * 4, x, x.device.index)
+    view = cp.ndarray((n,), cp.float32, cp.cuda.MemoryPointer(memory, 0))
+    np.testing.assert_array_equal(view.copy().get(), 5)
+
+
+@pytest.mark.gpu
+def test_gpu_device_store_keeps_a_key_on_its_initial_values_device(cuda, cp, no_host_copies, monkeypatch):
+    last = gpu.device_count() - 1    # with one GPU this checks the bookkeeping only
+    sgd = opt.SGD(learning_rate=0.5, momentum=0.9)
+    with kvstore.create("local") as local:
+        local.init("w", f32(4, 5, fill=1))
+        local.set_optimizer(sgd)
+        for step in range(3):
+            local.push("w", f32(4, 5, fill=step + 1.0))
+        want = f32(4, 5)
+        local.pull("w", out=want)
+    with cp.cuda.Device(0):
+        kv = kvstore.create("device")   # as a process creating the store before set_device
+    with kv:
+        kv.init(["w", "host"], [torch.ones(4, 5, device=f"cuda:{last}"), f32(4, 5)])
+        kv.set_optimizer(sgd)
+        assert kv.device_id == 0
+        assert kv._store["w"].device.id == last and kv._store["host"].device.id == 0
+        monkeypatch.setattr(gpu, "copy_between_devices", lambda *a: pytest.fail("a peer copy"))
+        no_host_copies()
+        for step in range(3):
+            kv.push("w", torch.full((4, 5), step + 1.0, device=f"cuda:{last}"))
+        got = torch.empty(4, 5, device=f"cuda:{last}")
+        kv.pull("w", out=got)
+        assert kv._updater.get_states()["w"]["state"][0].device.id == last   # the state too
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_store_created_before_set_device_works_on_the_ranks_gpu(cuda, cp, no_host_copies, monkeypatch):
+    two_devices()
+    previous = torch.cuda.current_device()
+    try:
+        torch.cuda.set_device(0)
+        kv = kvstore.create("device")         # a process for GPU 1 that creates the store first
+        torch.cuda.set_device(1)
+        kv.init(0, torch.zeros(1000, device="cuda"))
+        assert kv.device_id == 0 and kv._store[0].device.id == 1
+        monkeypatch.setattr(gpu, "copy_between_devices", lambda *a: pytest.fail("a peer copy"))
+        no_host_copies()
+        kv.push(0, [torch.full((1000,), 2.0, device="cuda"), torch.full((1000,), 3.0, device="cuda")])
+        out = torch.empty(1000, device="cuda")
+        kv.pull(0, out=out)
+        kv.close()
+    finally:
+        torch.cuda.set_device(previous)
+    assert out.device.index == 1
+    np.testing.assert_array_equal(out.cpu().numpy(), 5)
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_cuda_tensors_on_the_device_store(cuda, no_host_copies):
+    with kvstore.create("device") as kv:
+        got = bf16_push_pull(kv, "cuda", after_init=no_host_copies)
+        held = kv._store[0].get()
+    assert held.dtype == np.float32
+    np.testing.assert_array_equal(held, sum(BF16_TERMS))        # summed in float32 on the GPU
+    for t in got:
+        assert t.dtype == torch.bfloat16 and torch.equal(t, bf16_expected())
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_cuda_tensors_on_dist_device_sync(make_cluster, cuda):
+    cluster = make_cluster(2, 2, chunk_bytes=SMALL_CHUNKS)
+    for got in cluster.run(lambda kv: bf16_push_pull(kv, "cuda"), "dist_device_sync"):
+        for t in got:
+            assert torch.equal(t, bf16_expected(workers=2))

@@ -19,8 +19,11 @@ themselves, so the CPU path is exactly what it was before GPUs existed.
   the pool once an event says the copy has read it;
 - sums and optimizer updates are queued on the same stream (the optimizer runs
   one fused kernel per chunk, kvstore.optimizer.fused);
-- replies are copied device-to-host into pinned buffers on that stream, one
-  synchronisation per reply, and sent from there.
+- replies are copied device-to-host on that stream, one synchronisation per
+  reply: a sync round's values into one mirror per value in the node's shared
+  memory, which co-located workers read in place as they read a CPU server's
+  values (pinned memory where the node has no shared memory); async replies into
+  fresh pinned buffers.
 
 Example::
 
@@ -80,7 +83,7 @@ class GpuBackend:
 
     name = "gpu"
 
-    def __init__(self, device: int):
+    def __init__(self, device: int, host=None):
         from .. import gpu
         if not gpu.available():
             raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
@@ -96,6 +99,10 @@ class GpuBackend:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self._label = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
         self._in_flight: deque = deque()    # (event, pinned buffer) of uploads still reading it
+        # host: an allocator of shared memory (the node's shm.Arena) for reply mirrors,
+        # which co-located workers read in place
+        self._host = host
+        self._mirrors: dict = {}            # (device pointer, bytes) -> host mirror
 
     @contextlib.contextmanager
     def scope(self):
@@ -131,29 +138,46 @@ class GpuBackend:
         while self._in_flight and self._in_flight[0][0].done:
             self._in_flight.popleft()
 
-    def download(self, arrays: list, copy: bool = True) -> list:
-        """Host copies (in pinned memory) of ``arrays``: every device-to-host copy is
-        queued on our stream, then one synchronisation. Host arrays are copied too."""
+    def download(self, arrays: list, copy: bool = False) -> list:
+        """Host copies of ``arrays``: every device-to-host copy is queued on our
+        stream, then one synchronisation. With ``copy`` each is a fresh pinned
+        array; without (a sync round's values, which cannot change before the
+        reader pushes again, as on the CPU) each value has one mirror in shared
+        memory, rewritten by every download, so co-located workers read replies in
+        place. Host arrays are copied."""
         out = []
         for a in arrays:
             if isinstance(a, np.ndarray):
                 out.append(np.array(a, order="C", copy=True))
                 continue
-            host = self._gpu.pinned_empty(a.size, a.dtype).reshape(a.shape)
+            host = self._gpu.pinned_empty(a.size, a.dtype) if copy else self._mirror(a)
+            host = host.reshape(a.shape)
             if a.size:
                 a.get(stream=self.stream, out=host, blocking=False)
             out.append(host)
         self.stream.synchronize()
         return out
 
+    def _mirror(self, a) -> np.ndarray:
+        key = (a.data.ptr, a.nbytes)
+        mirror = self._mirrors.get(key)
+        if mirror is None or mirror.dtype != a.dtype:
+            # Shared memory is not page-locked: cudaHostRegister on it broke CUDA in a
+            # process that also maps it as a worker (cudaErrorAlreadyMapped, seen on an
+            # H100), so the copy goes through the driver's staging; pinned without it.
+            mirror = (self._gpu.pinned_empty(a.size, a.dtype) if self._host is None
+                      else self._host.alloc(a.size, a.dtype))
+            self._mirrors[key] = mirror
+        return mirror
+
     def to_numpy(self, a) -> np.ndarray:
-        return a if isinstance(a, np.ndarray) else self.download([a])[0]
+        return a if isinstance(a, np.ndarray) else self.download([a], copy=True)[0]
 
     def describe(self) -> str:
         return f"GPU {self.device.id} ({self._label})"
 
 
-def for_config(config, rank: int, alloc=None, shared=None):
+def for_config(config, rank: int, alloc=None, shared=None, host=None):
     """The backend a server of rank ``rank`` uses under ``config``: host memory, or
     GPU ``KVSTORE_SERVER_GPUS[rank % len]`` (default: every GPU of the host, in
     order). Raises ServerDeviceError when a GPU was asked for and none is usable."""
@@ -163,4 +187,4 @@ def for_config(config, rank: int, alloc=None, shared=None):
     gpus = list(config.server_gpus) if config.server_gpus else list(range(gpu.device_count()))
     if not gpus:
         raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
-    return GpuBackend(gpus[rank % len(gpus)])
+    return GpuBackend(gpus[rank % len(gpus)], host)

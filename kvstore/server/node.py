@@ -65,7 +65,7 @@ class ServerNode:
             return 1
         try:
             backend = _backend.for_config(self.config, reg.rank, alloc=self._data.alloc,
-                                          shared=self._data.in_shared_memory)
+                                          shared=self._data.in_shared_memory, host=self._data.arena)
         except _backend.ServerDeviceError as e:
             # the user asked for a GPU: no silent CPU fallback, the job ends naming us
             log.error("server %d cannot start: %s", reg.rank, e)

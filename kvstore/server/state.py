@@ -287,7 +287,7 @@ class ServerState(WriteIn):
         # Values are sent without a copy: in sync mode a chunk cannot change again
         # before this worker, who is blocked on this reply, pushes to it.
         values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
-        return self._ok(pending.peer, pending.req_id, self.backend.download(values))
+        return self._ok(pending.peer, pending.req_id, self.backend.download(values, copy=False))
 
     def _on_set_optimizer(self, peer, header, arrays):
         try:
