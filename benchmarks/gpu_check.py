@@ -45,7 +45,7 @@ def env_of_job() -> dict:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def info() -> dict:
+def info(commit: str | None) -> dict:
     import cupy
     import numpy
     import torch
@@ -54,8 +54,8 @@ def info() -> dict:
             "driver": cupy.cuda.runtime.driverGetVersion(), "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cupy": cupy.__version__,
             "numpy": numpy.__version__, "python": sys.version.split()[0], "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip() or "unknown"}
+            "commit": commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                               capture_output=True, text=True).stdout.strip() or "unknown"}
 
 
 def run_pytest(timeout: float) -> dict:
@@ -218,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--commit", default=None, help="the commit measured, where the tree has no git metadata "
+                                                  "of its own (a copy sent to a GPU machine)")
     args = p.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SECTIONS)
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
         print(f"gpu_check needs a usable NVIDIA GPU with CuPy: {gpu.reason()}", file=sys.stderr)
         return 2
     os.makedirs(args.out_dir, exist_ok=True)
-    results = {"info": info()}
+    results = {"info": info(args.commit)}
     tmp = os.path.join(args.out_dir, ".tmp")
     os.makedirs(tmp, exist_ok=True)
 

@@ -211,14 +211,44 @@ class DistDeviceStore(DistStore):
         if not self._gpu:
             gpu.log_cpu_fallback(name)
 
-    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
+    def _merged(self, info: KeyInfo, vals: list, what: str):
         if self._gpu:
             total = gpu_sum(vals, info.dtype, what)
             if total is not None:
-                # blocking D2H copy into a pinned buffer that the message then owns;
-                # once it returns, cupy has read every caller's tensor
-                return gpu.to_host(total).reshape(-1)
+                return total         # a flat cupy sum; _on_host brings a call's sums over at once
         return super()._merged(info, vals, what)
+
+    @staticmethod
+    def _on_host(items: list, merged_at: int) -> list:
+        """``items`` with the cupy sums at tuple index ``merged_at`` replaced by host
+        copies: one pinned buffer for the whole call, every device-to-host copy
+        queued, one synchronisation per device (not one allocation and one wait per
+        key). Once it returns, cupy has read every caller's tensor."""
+        sums = [item[merged_at] for item in items if not isinstance(item[merged_at], np.ndarray)]
+        if not sums:
+            return items
+        views = iter(_pinned_views([(a.size, a.dtype) for a in sums])[1])
+        streams = {}
+        hosts = {}
+        for a in sums:
+            host = next(views)
+            with a.device:
+                import cupy
+                stream = cupy.cuda.get_current_stream()
+                if a.size:
+                    a.get(stream=stream, out=host, blocking=False)
+                streams[(int(a.device.id), stream.ptr)] = stream
+            hosts[id(a)] = host
+        for stream in streams.values():
+            stream.synchronize()
+        return [item if isinstance(item[merged_at], np.ndarray) else
+                (*item[:merged_at], hosts[id(item[merged_at])], *item[merged_at + 1:]) for item in items]
+
+    def _do_push(self, items, wait_sent: bool = True) -> None:
+        return super()._do_push(self._on_host(items, 1), wait_sent)
+
+    def _do_pushpull(self, items) -> None:
+        return super()._do_pushpull(self._on_host(items, 1))
 
     def _do_pushpull_start(self, items):
         if not self._gpu:
@@ -233,15 +263,41 @@ class DistDeviceStore(DistStore):
     def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
         if not self._gpu:
             return super()._send_and_fill(op, what, sources, targets)
-        staged, gpu_outs = [], []
-        for info, outs in targets:
-            if any(arrays.is_gpu(o) for o in outs):
-                host = gpu.pinned_empty(info.size, info.dtype)   # the reply lands here directly
-                staged.append((info, [host]))
-                gpu_outs.append((host, outs))
-            else:
-                staged.append((info, outs))
+        # replies for GPU outputs land in one pinned buffer, go to the GPU in one copy,
+        # and are spread to the outputs from there, device to device
+        gpu_keys = [(info, outs) for info, outs in targets if any(arrays.is_gpu(o) for o in outs)]
+        block, views = _pinned_views([(info.size, info.dtype) for info, _ in gpu_keys])
+        hosts = dict(zip((info.key for info, _ in gpu_keys), views))
+        staged = [(info, [hosts[info.key]]) if info.key in hosts else (info, outs) for info, outs in targets]
         super()._send_and_fill(op, what, sources, staged)
-        for host, outs in gpu_outs:
+        if not gpu_keys:
+            return
+        device = next(arrays.device_of(o) for _, outs in gpu_keys for o in outs if arrays.is_gpu(o))
+        for (info, outs), on_gpu in zip(gpu_keys, _upload_views(block, views, device)):
             for out in outs:
-                arrays.write(out, host)     # pinned -> each device (or host output)
+                arrays.write(out, on_gpu)
+
+
+def _pinned_views(specs: list) -> tuple:
+    """``(block, views)``: flat numpy arrays of the given (size, dtype), carved out of
+    one pinned uint8 buffer ``block`` (each 64-byte aligned); the buffer lives as
+    long as any of them."""
+    offsets, total = [], 0
+    for size, dtype in specs:
+        offsets.append(total)
+        total += -(-int(size) * np.dtype(dtype).itemsize // 64) * 64
+    block = gpu.pinned_empty(total, np.uint8)
+    return block, [block[off:off + int(size) * np.dtype(dtype).itemsize].view(dtype)
+                   for off, (size, dtype) in zip(offsets, specs)]
+
+
+def _upload_views(block: np.ndarray, views: list, device: int) -> list:
+    """Cupy copies on ``device`` of ``views`` (of ``block``, from :func:`_pinned_views`):
+    one host-to-device copy of the whole block."""
+    import cupy
+    with cupy.cuda.Device(device):
+        flat = cupy.empty(block.size, np.uint8)
+        gpu.copy_from_host(flat, block)       # returns once the pinned block may be reused
+        start = block.ctypes.data
+        return [flat[h.ctypes.data - start:h.ctypes.data - start + h.nbytes].view(h.dtype)
+                for h in views]
