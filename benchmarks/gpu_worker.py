@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from benchmarks.resnet50_shapes import resnet50_shapes  # noqa: E402
 
 
-def timed(step, iters: int, warmup: int) -> list[float]:
+def timed(step, iters: int, warmup: int, check=None) -> list[float]:
+    """Milliseconds of each ``step(i)`` after ``warmup``; ``check(i)`` runs untimed."""
     samples = []
     for i in range(warmup + iters):
         torch.cuda.synchronize()
@@ -39,6 +40,8 @@ def timed(step, iters: int, warmup: int) -> list[float]:
         torch.cuda.synchronize()
         if i >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3)
+        if check is not None:
+            check(i)
     return samples
 
 
@@ -59,16 +62,16 @@ def exchange(args, rank: int, world: int, kv=None) -> list[float]:
             for g in grads:
                 g.fill_(value)
             kv.pushpull(keys, grads, out=outs)
-            check = outs
         else:
             flat.fill_(value)
             torch.distributed.all_reduce(flat)
-            check = [flat]
+
+    def check(i):
         want = float(sum((r + 1) * (i + 1) % 251 for r in range(world)))
-        for t in check:
+        for t in (outs if kv is not None else [flat]):
             if not bool((t == want).all()):
                 raise SystemExit(f"worker {rank}: wrong sum in iteration {i} (want {want})")
-    return timed(step, args.iters, args.warmup)
+    return timed(step, args.iters, args.warmup, check)
 
 
 def train(args, rank: int, world: int, kv=None) -> list[float]:

@@ -219,15 +219,16 @@ class DistDeviceStore(DistStore):
         return super()._merged(info, vals, what)
 
     @staticmethod
-    def _on_host(items: list, merged_at: int) -> list:
+    def _on_host(items: list, merged_at: int, alloc=None) -> list:
         """``items`` with the cupy sums at tuple index ``merged_at`` replaced by host
-        copies: one pinned buffer for the whole call, every device-to-host copy
-        queued, one synchronisation per device (not one allocation and one wait per
-        key). Once it returns, cupy has read every caller's tensor."""
+        copies: one buffer for the whole call (pinned, or from ``alloc(bytes)``),
+        every device-to-host copy queued, one synchronisation per device (not one
+        allocation and one wait per key). Once it returns, cupy has read every
+        caller's tensor."""
         sums = [item[merged_at] for item in items if not isinstance(item[merged_at], np.ndarray)]
         if not sums:
             return items
-        views = iter(_pinned_views([(a.size, a.dtype) for a in sums])[1])
+        views = iter(_carved_views([(a.size, a.dtype) for a in sums], alloc)[1])
         streams = {}
         hosts = {}
         for a in sums:
@@ -248,7 +249,11 @@ class DistDeviceStore(DistStore):
         return super()._do_push(self._on_host(items, 1), wait_sent)
 
     def _do_pushpull(self, items) -> None:
-        return super()._do_pushpull(self._on_host(items, 1))
+        # The sums go to shared memory that co-located servers read in place (no
+        # staging copy into slots); it may be reused once this call returns, which a
+        # pushpull does only after every server answered. push returns earlier: pinned.
+        shared = lambda nbytes: self._client.shared_empty(nbytes, np.uint8)  # noqa: E731
+        return super()._do_pushpull(self._on_host(items, 1, shared))
 
     def _do_pushpull_start(self, items):
         if not self._gpu:
@@ -266,7 +271,7 @@ class DistDeviceStore(DistStore):
         # replies for GPU outputs land in one pinned buffer, go to the GPU in one copy,
         # and are spread to the outputs from there, device to device
         gpu_keys = [(info, outs) for info, outs in targets if any(arrays.is_gpu(o) for o in outs)]
-        block, views = _pinned_views([(info.size, info.dtype) for info, _ in gpu_keys])
+        block, views = _carved_views([(info.size, info.dtype) for info, _ in gpu_keys])
         hosts = dict(zip((info.key for info, _ in gpu_keys), views))
         staged = [(info, [hosts[info.key]]) if info.key in hosts else (info, outs) for info, outs in targets]
         super()._send_and_fill(op, what, sources, staged)
@@ -278,21 +283,21 @@ class DistDeviceStore(DistStore):
                 arrays.write(out, on_gpu)
 
 
-def _pinned_views(specs: list) -> tuple:
+def _carved_views(specs: list, alloc=None) -> tuple:
     """``(block, views)``: flat numpy arrays of the given (size, dtype), carved out of
-    one pinned uint8 buffer ``block`` (each 64-byte aligned); the buffer lives as
-    long as any of them."""
+    one uint8 buffer ``block`` (pinned, or ``alloc(bytes)``; each view 64-byte
+    aligned); the buffer lives as long as any of them."""
     offsets, total = [], 0
     for size, dtype in specs:
         offsets.append(total)
         total += -(-int(size) * np.dtype(dtype).itemsize // 64) * 64
-    block = gpu.pinned_empty(total, np.uint8)
+    block = gpu.pinned_empty(total, np.uint8) if alloc is None else alloc(total)
     return block, [block[off:off + int(size) * np.dtype(dtype).itemsize].view(dtype)
                    for off, (size, dtype) in zip(offsets, specs)]
 
 
 def _upload_views(block: np.ndarray, views: list, device: int) -> list:
-    """Cupy copies on ``device`` of ``views`` (of ``block``, from :func:`_pinned_views`):
+    """Cupy copies on ``device`` of ``views`` (of ``block``, from :func:`_carved_views`):
     one host-to-device copy of the whole block."""
     import cupy
     with cupy.cuda.Device(device):
