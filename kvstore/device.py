@@ -228,20 +228,12 @@ class DistDeviceStore(DistStore):
         sums = [item[merged_at] for item in items if not isinstance(item[merged_at], np.ndarray)]
         if not sums:
             return items
-        views = iter(_carved_views([(a.size, a.dtype) for a in sums], alloc)[1])
-        streams = {}
-        hosts = {}
-        for a in sums:
-            host = next(views)
-            with a.device:
-                import cupy
-                stream = cupy.cuda.get_current_stream()
-                if a.size:
-                    a.get(stream=stream, out=host, blocking=False)
-                streams[(int(a.device.id), stream.ptr)] = stream
-            hosts[id(a)] = host
-        for stream in streams.values():
-            stream.synchronize()
+        block, views = _carved_views([(a.size, a.dtype) for a in sums], alloc)
+        if len({int(a.device.id) for a in sums}) == 1:
+            _download_packed(sums, block, views)
+        else:
+            _download_each(sums, views)
+        hosts = {id(a): host for a, host in zip(sums, views)}
         return [item if isinstance(item[merged_at], np.ndarray) else
                 (*item[:merged_at], hosts[id(item[merged_at])], *item[merged_at + 1:]) for item in items]
 
@@ -281,6 +273,39 @@ class DistDeviceStore(DistStore):
         for (info, outs), on_gpu in zip(gpu_keys, _upload_views(block, views, device)):
             for out in outs:
                 arrays.write(out, on_gpu)
+
+
+def _download_packed(sums: list, block: np.ndarray, views: list) -> None:
+    """Copy cupy ``sums`` (all on one GPU) into ``views`` of ``block``: packed into
+    one device buffer laid out like ``block`` (device-to-device, fast), then one
+    device-to-host copy of it; returns when it is done. One large copy runs at the
+    link's speed where 161 small ones into pageable memory did not."""
+    import cupy
+    with sums[0].device:
+        stream = cupy.cuda.get_current_stream()
+        flat = cupy.empty(block.size, np.uint8)
+        start = block.ctypes.data
+        for a, host in zip(sums, views):
+            offset = host.ctypes.data - start
+            cupy.copyto(flat[offset:offset + a.nbytes].view(a.dtype), a)
+        if block.size:
+            flat.get(stream=stream, out=block, blocking=False)
+        stream.synchronize()
+
+
+def _download_each(sums: list, views: list) -> None:
+    """Copy cupy ``sums`` on several GPUs into ``views``: every copy queued on its
+    device's current stream, then one synchronisation per stream."""
+    import cupy
+    streams = {}
+    for a, host in zip(sums, views):
+        with a.device:
+            stream = cupy.cuda.get_current_stream()
+            if a.size:
+                a.get(stream=stream, out=host, blocking=False)
+            streams[(int(a.device.id), stream.ptr)] = stream
+    for stream in streams.values():
+        stream.synchronize()
 
 
 def _carved_views(specs: list, alloc=None) -> tuple:
