@@ -258,6 +258,28 @@ class KVStore:
         self._do_set_optimizer(optimizer)
         self._optimizer = optimizer
 
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Change the learning rate of the optimizer set by :meth:`set_optimizer`,
+        keeping its state (momentum, Adam moments, update counts), as Gluon's
+        ``Trainer.set_learning_rate``. In dist mode every worker calls it (rank 0's
+        value is used) and the servers change it between rounds. Raises
+        InvalidArgumentError without an optimizer, ConfigError for a bad value."""
+        self._set_learning_rate(learning_rate)
+
+    def _set_learning_rate(self, learning_rate: float, state_scale: float = 1.0) -> None:
+        """set_learning_rate(); ``state_scale`` also multiplies every optimizer state
+        array (the Trainer mirrors torch's SGD, whose momentum buffer excludes the
+        learning rate while MXNet's includes it: scaling by new/old lr keeps them equal)."""
+        what = "set_learning_rate"
+        self._check_open(what)
+        if self._optimizer is None:
+            raise InvalidArgumentError(f"{what}: no optimizer is set")
+        config = self._optimizer.to_config()
+        optimizer = _optimizer.from_config({**config, "params": {**config["params"],
+                                                                 "learning_rate": learning_rate}})
+        self._do_set_optimizer(optimizer, keep_state=True, state_scale=float(state_scale))
+        self._optimizer = optimizer
+
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer state of every key (momentum, Adam moments, update
         counts) to ``fname`` atomically; with ``dump_optimizer`` also the optimizer."""
@@ -324,7 +346,10 @@ class KVStore:
 
     def _do_pushpull_finish(self, handle) -> None:
         pass
-    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None: raise NotImplementedError
+    # keep_state: the optimizer differs from the current one in hyper-parameters only
+    # (set_learning_rate): keep the per-key state and update counts
+    def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
+                          state_scale: float = 1.0) -> None: raise NotImplementedError
     def _get_states(self) -> dict: raise NotImplementedError
     def _set_states(self, states: dict) -> None: raise NotImplementedError
 

@@ -320,15 +320,19 @@ class DistStore(KVStore):
         self._fill(handle)
         self._maybe_checkpoint()
 
-    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:
+    def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
+                          state_scale: float = 1.0) -> None:
         config = optimizer.to_config()
+        fields = {"optimizer": config}
+        if keep_state:
+            fields.update(keep_state=True, **({"state_scale": state_scale} if state_scale != 1.0 else {}))
         if not collective:
-            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", optimizer=config)
+            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", **fields)
             return
         self._client.flush("set_optimizer")
         self._collective(f"set_optimizer {config['name']}")
         if self._rank == 0:
-            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", optimizer=config)
+            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", **fields)
         self._collective("set_optimizer done")
 
     def _get_states(self) -> dict:

@@ -68,8 +68,12 @@ class LocalStore(KVStore):
         self._do_push([(info, merged) for info, merged, _ in items])
         self._do_pull([(info, targets) for info, _, targets in items])
 
-    def _do_set_optimizer(self, optimizer, collective: bool = True) -> None:
-        self._updater = _optimizer.Updater(optimizer)
+    def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
+                          state_scale: float = 1.0) -> None:
+        if keep_state and isinstance(self._updater, _optimizer.Updater):
+            self._updater.replace_optimizer(optimizer, state_scale)
+        else:
+            self._updater = _optimizer.Updater(optimizer)
 
     def _get_states(self) -> dict:
         if not isinstance(self._updater, _optimizer.Updater):

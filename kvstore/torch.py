@@ -90,6 +90,10 @@ class Trainer:
             update_on_kvstore = not is_torch
         self.update_on_kvstore = update_on_kvstore
         self.torch_optimizer = None if update_on_kvstore else optimizer
+        # servers updating for a torch optimizer follow its learning rate, which a
+        # torch LR scheduler changes between steps (sent before the next push)
+        self._lr_source = optimizer if update_on_kvstore and is_torch else None
+        self._lr_sent = None
         if not update_on_kvstore and not is_torch:
             raise ArgumentTypeError("update_on_kvstore=False runs a torch optimizer on every worker: "
                                     f"pass a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -115,6 +119,7 @@ class Trainer:
             params = dict(config["params"])
             params["rescale_grad"] = params.get("rescale_grad", 1.0) / kv.num_workers  # average
             kv.set_optimizer(kvopt.from_config({**config, "params": params}))
+            self._lr_sent = params["learning_rate"]
         if overlap:
             for index, p in enumerate(self._params):
                 if p.requires_grad:
@@ -150,6 +155,8 @@ class Trainer:
         the parameter) arrive in the background, while backward goes on. A hook runs
         after its parameter's last use in this backward, so writing the parameter
         early is safe; ``step()`` waits for all of them."""
+        if not self._pushed:           # the step's first exchange
+            self._sync_learning_rate()
         grads, outs = [], []
         for i in indices:
             p = self._params[i]
@@ -163,6 +170,21 @@ class Trainer:
             outs.append(p.data if self.update_on_kvstore else grads[-1])
         self._handles.append(self.kv._pushpull_start([self._keys[i] for i in indices], grads, out=outs))
         self._pushed.update(indices)
+
+    def _sync_learning_rate(self) -> None:
+        """Send the torch optimizer's learning rate to the servers if it changed
+        (kv.set_learning_rate keeps their momentum), so that update_on_kvstore=True
+        follows a torch LR scheduler exactly as update_on_kvstore=False does."""
+        if self._lr_source is None:
+            return
+        lr = float(self._lr_source.param_groups[0]["lr"])
+        if lr != self._lr_sent:
+            group = self._lr_source.param_groups[0]
+            # torch's momentum buffer excludes the lr, MXNet's (the servers') includes it
+            torch_momentum = group.get("momentum", 0) > 0 and not group.get("nesterov", False)
+            scale = lr / self._lr_sent if torch_momentum and self._lr_sent else 1.0
+            self.kv._set_learning_rate(lr, state_scale=scale)
+            self._lr_sent = lr
 
     # -- the training-loop API ---------------------------------------------------------
     def zero_grad(self) -> None:

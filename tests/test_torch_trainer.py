@@ -222,3 +222,68 @@ def test_frozen_parameters_are_neither_exchanged_nor_updated(update_on_kvstore):
         return model[1].weight.detach().clone()
 
     torch.testing.assert_close(train(True), train(False))
+
+
+def train_with_scheduler(model, trainer, opt, rank, size):
+    """train() with a torch LR scheduler stepped after every step, as users do."""
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    per = W * B // size
+    for x, y in batches():
+        trainer.zero_grad()
+        F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
+        trainer.step()
+        sched.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("update_on_kvstore", [True, False])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_torch_lr_scheduler_is_followed_in_both_update_modes(make_cluster, update_on_kvstore, overlap):
+    def reference():
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), **SGD)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+        for x, y in batches():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sched.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]
+
+    def job(kv):
+        model = models[kv.rank]
+        opt = torch.optim.SGD(model.parameters(), **SGD)
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=update_on_kvstore,
+                                  overlap=overlap)
+        return train_with_scheduler(model, trainer, opt, kv.rank, kv.num_workers)
+
+    want = reference()
+    for got in make_cluster(W, 2, chunk_bytes=64).run(job):
+        assert_same(got, want)
+
+
+def test_set_learning_rate_keeps_the_momentum(make_cluster):
+    def job(kv):
+        kv.init("w", np.zeros(3, np.float32))
+        kv.set_optimizer(kvopt.SGD(learning_rate=1.0, momentum=0.5))
+        out = np.empty(3, np.float32)
+        kv.pushpull("w", np.ones(3, np.float32), out=out)          # mom = -W; w = -W
+        kv.set_learning_rate(0.1)
+        kv.pushpull("w", np.ones(3, np.float32), out=out)          # mom = -W/2 - 0.1 W
+        return out
+
+    for kind in ("local", "dist_sync"):
+        workers = 1 if kind == "local" else W
+        if kind == "local":
+            with kvstore.create("local") as kv:
+                out = job(kv)
+            results = [out]
+        else:
+            results = make_cluster(W, 2).run(job)
+        for out in results:
+            np.testing.assert_allclose(out, -workers - (0.5 * workers + 0.1 * workers), rtol=1e-6)
+    with kvstore.create("local") as kv:
+        with pytest.raises(kvstore.KVStoreError, match="set_learning_rate: no optimizer is set"):
+            kv.set_learning_rate(0.1)

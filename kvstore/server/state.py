@@ -294,7 +294,20 @@ class ServerState(WriteIn):
             opt = _optimizer.from_config(header["optimizer"])
         except ConfigError as e:
             raise ConfigError(f"set_optimizer: {e}") from None
-        if self._restored_optimizer is not None and opt.to_config() == self._restored_optimizer:
+        keep_state = header.get("keep_state", False)
+        if not isinstance(keep_state, bool):
+            raise ProtocolError("'keep_state' must be true or false")
+        if keep_state and self.updater is None:
+            raise InvalidArgumentError("set_learning_rate: no optimizer is set on this server")
+        scale = header.get("state_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+            raise ProtocolError(f"'state_scale' must be a positive number, got {scale!r}")
+        if keep_state:
+            try:
+                self.updater.replace_optimizer(opt, float(scale))   # new hyper-parameters, same state
+            except ValueError as e:
+                raise InvalidArgumentError(f"set_optimizer: {e}") from None
+        elif self._restored_optimizer is not None and opt.to_config() == self._restored_optimizer:
             self._restored_optimizer = None   # resumed: keep the checkpoint's optimizer state
         else:
             self._restored_optimizer = None
