@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import torch
@@ -106,6 +107,12 @@ class Trainer:
         self._hooks = []
         self._owner = threading.get_ident()  # the store's sockets belong to this thread
         self._lock = threading.Lock()
+        self._seen: set[int] = set()   # parameters whose gradient arrived this step (hooks)
+        # CUDA models: autograd runs the hooks on its device threads, which must not
+        # use the store; a communication thread (one per backward, ended by step())
+        # starts their exchanges instead
+        self._use_comm = overlap and any(p.is_cuda for p in self._params)
+        self._comm: _CommThread | None = None
 
         # rank 0's parameters everywhere
         kv.init(self._keys, [p.detach() for p in self._params])
@@ -128,26 +135,39 @@ class Trainer:
     # -- backward hooks -----------------------------------------------------------
     def _hook(self, index: int):
         def ready(param):
-            if index in self._pushed or index in self._bucket:
+            if index in self._seen:
                 raise InvalidArgumentError(
                     f"parameter {self._keys[index]!r} got a second gradient before step(): "
                     "call step() after every backward, or create the Trainer with overlap=False "
                     "to accumulate gradients over several backward passes")
             with self._lock:
+                self._seen.add(index)
                 self._bucket.append(index)
                 self._bucket_size += param.numel() * param.element_size()
                 full = self._bucket_size >= self._bucket_bytes
-            # autograd may run hooks on its own threads (CUDA): only the owner
-            # thread talks to the store; others leave the bucket for step()
-            if full and threading.get_ident() == self._owner:
+            if full:
                 self._flush_bucket()
         return ready
 
     def _flush_bucket(self) -> None:
         with self._lock:
             indices, self._bucket, self._bucket_size = self._bucket, [], 0
-        if indices:
+            if indices and self._use_comm and self._comm is None:
+                self._comm = _CommThread()
+            comm = self._comm
+        if not indices:
+            return
+        if comm is None:
             self._start(indices)
+            return
+        # the gradients are being computed on this thread's current CUDA stream: the
+        # communication thread waits for this event (not for the whole device)
+        device = self._params[indices[0]].device
+        ready = None
+        if device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+        comm.submit(lambda: (ready is not None and ready.synchronize(), self._start(indices)))
 
     def _start(self, indices: list[int]) -> None:
         """Start the exchange of these parameters' gradients: one pushpull whose
@@ -196,6 +216,13 @@ class Trainer:
         """Exchange the gradients not sent during backward, wait for every
         exchange, then (workers updating) average and run the torch optimizer."""
         self._flush_bucket()
+        with self._lock:
+            comm, self._comm = self._comm, None
+        if comm is not None:
+            try:
+                comm.drain()            # every exchange of this backward has started
+            finally:
+                comm.close()
         # frozen parameters (requires_grad=False) are left out, as DDP and torch's
         # optimizers leave them: no gradient exchange, no weight decay or momentum
         exchanged = [i for i, p in enumerate(self._params) if p.requires_grad or i in self._pushed]
@@ -206,6 +233,7 @@ class Trainer:
             self._start(rest)
         handles, self._handles = self._handles, []
         self._pushed.clear()
+        self._seen.clear()
         for handle in handles:
             self.kv._pushpull_finish(handle)
         if self.update_on_kvstore:
@@ -237,3 +265,42 @@ class Trainer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+class _CommThread:
+    """Runs the exchanges a CUDA model's backward hooks start, one after another, on
+    one thread (the hooks run on autograd's device threads). The store is used by
+    this thread during backward and by the training loop's thread otherwise: the
+    hand-over is :meth:`drain`, which also re-raises the first failure."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvstore-trainer-comm", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    job()
+            except BaseException as e:  # noqa: BLE001 - handed to the training loop by drain()
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def submit(self, job) -> None:
+        self._queue.put(job)
+
+    def drain(self) -> None:
+        self._queue.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()

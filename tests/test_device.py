@@ -618,6 +618,31 @@ def test_gpu_trainer_on_dist_device_sync_with_cuda_models(make_cluster, cuda):
 
 
 @pytest.mark.gpu
+def test_gpu_trainer_exchanges_cuda_buckets_on_the_communication_thread(make_cluster, cuda):
+    """Autograd runs a CUDA model's hooks on its device threads: every bucket's
+    exchange is started by the Trainer's communication thread during backward."""
+    import threading
+    tt = _trainer_helpers()
+    want = tt.reference_torch(lambda ps: torch.optim.SGD(ps, **tt.SGD))
+    models = [tt.make_model(seed=0 if r == 0 else 100 + r).cuda() for r in range(tt.W)]
+    threads = [set() for _ in range(tt.W)]
+
+    def job(kv):
+        model = models[kv.rank]
+        trainer = tt.kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **tt.SGD),
+                                     bucket_bytes=1)
+        start = trainer._start
+        trainer._start = lambda indices: (threads[kv.rank].add(threading.current_thread().name),
+                                          start(indices))
+        return _train_cuda(model, trainer, kv.rank, kv.num_workers, tt)
+
+    for got in make_cluster(tt.W, 2, chunk_bytes=64).run(job, "dist_device_sync"):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert threads == [{"kvstore-trainer-comm"}] * tt.W
+
+
+@pytest.mark.gpu
 def test_gpu_arrays_round_trips_without_host_copies(cuda, cp, no_host_copies):
     t = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
     view = arrays.as_cupy(t)

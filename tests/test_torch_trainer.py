@@ -2,6 +2,8 @@
 on batches of W*b (dist_sync, both update_on_kvstore modes), starting from rank 0's
 parameters; the 'local' store runs the same loop."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -287,3 +289,41 @@ def test_set_learning_rate_keeps_the_momentum(make_cluster):
     with kvstore.create("local") as kv:
         with pytest.raises(kvstore.KVStoreError, match="set_learning_rate: no optimizer is set"):
             kv.set_learning_rate(0.1)
+
+
+def test_the_communication_thread_starts_every_bucket_and_trains_the_same(make_cluster):
+    """CUDA models start their exchanges from a communication thread (autograd runs
+    their hooks on device threads); forced here on a CPU model, the thread starts
+    every bucket and the weights are those of the inline path."""
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]
+    threads = [set() for _ in range(W)]
+
+    def job(kv):
+        model = models[kv.rank]
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **SGD),
+                                  bucket_bytes=1)
+        trainer._use_comm = True
+        start = trainer._start
+        trainer._start = lambda indices: (threads[kv.rank].add(threading.current_thread().name),
+                                          start(indices))
+        return train(model, trainer, kv.rank, kv.num_workers)
+
+    for got in make_cluster(W, 2, chunk_bytes=64).run(job):
+        assert_same(got, want)
+    assert threads == [{"kvstore-trainer-comm"}] * W      # every bucket, none inline
+
+
+def test_a_failure_on_the_communication_thread_is_raised_by_step(make_cluster):
+    def job(kv):
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  bucket_bytes=1)
+        trainer._use_comm = True
+        trainer._start = lambda indices: (_ for _ in ()).throw(RuntimeError("boom on the comm thread"))
+        trainer.zero_grad()
+        F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
+        with pytest.raises(RuntimeError, match="boom on the comm thread"):
+            trainer.step()
+    with kvstore.create("local") as kv:
+        job(kv)
