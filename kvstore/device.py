@@ -27,6 +27,7 @@ from . import optimizer as _optimizer
 from .base import KeyInfo
 from .dist import DistStore
 from .errors import KVStoreError
+from .protocol import ops
 from .local import LocalStore
 
 
@@ -244,35 +245,55 @@ class DistDeviceStore(DistStore):
         # The sums go to shared memory that co-located servers read in place (no
         # staging copy into slots); it may be reused once this call returns, which a
         # pushpull does only after every server answered. push returns earlier: pinned.
-        shared = lambda nbytes: self._client.shared_empty(nbytes, np.uint8)  # noqa: E731
-        return super()._do_pushpull(self._on_host(items, 1, shared))
+        return super()._do_pushpull(self._on_host(items, 1, self._shared_bytes))
 
     def _do_pushpull_start(self, items):
+        """The sums go out now; the replies are filled into the (GPU) outputs by
+        :meth:`_do_pushpull_finish`, so the Trainer overlaps the exchange with backward."""
         if not self._gpu:
             return super()._do_pushpull_start(items)
-        self._do_pushpull(items)     # GPU outputs go through pinned buffers below: complete now
-        return None
+        items = self._on_host(items, 1, self._shared_bytes)
+        what, sources, targets = self._pushpull_args(items)
+        staged, upload = self._staged(targets)
+        self._check_pushpull()
+        # ``items`` keeps the sums' shared memory alive until the servers answered
+        return self._send(ops.PUSHPULL, what, sources, staged), upload, items
 
     def _do_pushpull_finish(self, handle) -> None:
-        if handle is not None:
-            super()._do_pushpull_finish(handle)
+        if not self._gpu:
+            return super()._do_pushpull_finish(handle)
+        sent, upload, _ = handle
+        super()._do_pushpull_finish(sent)
+        upload()
+
+    def _shared_bytes(self, nbytes: int) -> np.ndarray:
+        return self._client.shared_empty(nbytes, np.uint8)
 
     def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
         if not self._gpu:
             return super()._send_and_fill(op, what, sources, targets)
-        # replies for GPU outputs land in one pinned buffer, go to the GPU in one copy,
-        # and are spread to the outputs from there, device to device
+        staged, upload = self._staged(targets)
+        super()._send_and_fill(op, what, sources, staged)
+        upload()
+
+    @staticmethod
+    def _staged(targets: list) -> tuple:
+        """``(staged targets, upload)``: replies for GPU outputs land in one pinned
+        buffer; ``upload()`` then sends it to the GPU in one copy and spreads it to
+        the outputs from there, device to device."""
         gpu_keys = [(info, outs) for info, outs in targets if any(arrays.is_gpu(o) for o in outs)]
         block, views = _carved_views([(info.size, info.dtype) for info, _ in gpu_keys])
         hosts = dict(zip((info.key for info, _ in gpu_keys), views))
         staged = [(info, [hosts[info.key]]) if info.key in hosts else (info, outs) for info, outs in targets]
-        super()._send_and_fill(op, what, sources, staged)
-        if not gpu_keys:
-            return
-        device = next(arrays.device_of(o) for _, outs in gpu_keys for o in outs if arrays.is_gpu(o))
-        for (info, outs), on_gpu in zip(gpu_keys, _upload_views(block, views, device)):
-            for out in outs:
-                arrays.write(out, on_gpu)
+
+        def upload() -> None:
+            if not gpu_keys:
+                return
+            device = next(arrays.device_of(o) for _, outs in gpu_keys for o in outs if arrays.is_gpu(o))
+            for (info, outs), on_gpu in zip(gpu_keys, _upload_views(block, views, device)):
+                for out in outs:
+                    arrays.write(out, on_gpu)
+        return staged, upload
 
 
 def _download_packed(sums: list, block: np.ndarray, views: list) -> None:
