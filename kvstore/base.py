@@ -300,13 +300,15 @@ class KVStore:
             raise InvalidArgumentError(f"{what}: call set_optimizer() first (the file holds no optimizer)")
         for key, entry in states.items():   # validate everything before changing anything
             info = self._info(self._check_key(key, what), what)
-            if len(entry["state"]) != optimizer.num_states:
+            count, dtype = optimizer.state_spec(info.dtype)   # multi_precision: + a float32 master
+            if len(entry["state"]) != count:
                 raise InvalidArgumentError(f"{what}: key {key!r} has {len(entry['state'])} state arrays; "
-                                           f"{optimizer.to_config()['name']} keeps {optimizer.num_states}")
+                                           f"{optimizer.to_config()['name']} keeps {count} for "
+                                           f"{info.dtype.name} values")
             for s in entry["state"]:
-                if s.shape != info.shape or s.dtype != info.dtype:
+                if s.shape != info.shape or s.dtype != dtype:
                     raise InvalidArgumentError(f"{what}: state of key {key!r} is {s.shape} {s.dtype.name}; "
-                                               f"the key is {info.shape} {info.dtype.name}")
+                                               f"it must be {info.shape} {dtype.name}")
         if config is not None:
             self._set_optimizer_only(optimizer)
         self._set_states(states)

@@ -32,14 +32,21 @@ import zmq
 from tracker.membership import Membership
 
 from .config import Config
-from .errors import DeadlineError, NodeFailedError, ProtocolError, RemoteError
+from .errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
 from .protocol import decode, encode, ops
+from .protocol.codec import MAX_HEADER_BYTES
 from .transport import Advert, channel, choose, host_identity, memory, shm
 
 log = logging.getLogger(__name__)
 
 SLICE = 0.1          # seconds between checks of the abort flag while waiting
-MAX_IN_FLIGHT = 512  # requests without a reply before a push waits (back-pressure)
+# Requests without a reply beyond which each new request first takes in the replies
+# that have arrived. It never waits for one: in dist_sync a round may need pushes that
+# this worker has still to send (workers pushing keys in different orders), so
+# waiting here could deadlock. What bounds the queues is the servers reading their
+# sockets (a send waits for room, with a deadline; they never wait on workers), and
+# our sockets take every reply in (no receive limit: a reply is never dropped).
+MAX_IN_FLIGHT = 512
 
 
 @dataclass
@@ -78,6 +85,7 @@ class Client:
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
         self._pending: dict[int, _Request] = {}
+        self._progressing = False   # inside _progress (a grant's handler sends `written`)
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         # requests of calls that raised before their replies came: those replies must
         # not reach the call's outputs any more (grants to write are still honoured,
@@ -105,6 +113,9 @@ class Client:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        # replies (mostly acknowledgements of pushes) are never dropped for want of
+        # room, however many requests are in flight: the server's sends never block
+        sock.setsockopt(zmq.RCVHWM, 0)
         sock.copy_threshold = self.config.zero_copy_bytes
         self.config.security().connect(sock)
         sock.connect(addr)
@@ -242,8 +253,8 @@ class Client:
         leave them unchanged until the reply. ``into``: where the reply's arrays go
         (one contiguous array each); a large reply over a data channel is received
         straight into them, and ``on_reply`` then gets these same objects."""
-        if len(self._pending) >= MAX_IN_FLIGHT:  # back-pressure: wait for the oldest
-            self.wait([min(self._pending)], f"{what} (waiting for earlier requests to be answered)")
+        if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
+            self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
         req_id = next(self._ids)
         staged = None
         if self.transports[server] == "shm":
@@ -264,16 +275,64 @@ class Client:
             fields["channel"] = True
             self._into[req_id] = (server, list(into))
         if sequenced:
-            fields["seq"], self._seq[server] = self._seq[server], self._seq[server] + 1
-        frames = encode({"op": op, "id": req_id, "src": self.rank, **fields}, arrays, shared)
+            fields["seq"] = self._seq[server]
         track = track and shared is None
-        tracker = self._socks[server].send_multipart(frames, copy=False, track=track)
+        try:
+            frames = self._encode(server, what, {"op": op, "id": req_id, "src": self.rank, **fields},
+                                  arrays, shared)
+            tracker = self._send_frames(server, frames, track, what)
+        except BaseException:
+            self._into.pop(req_id, None)
+            raise
+        if sequenced:
+            # taken only now that the request is on its way: one that could not be
+            # encoded or sent leaves no gap that would hold back the later ones
+            self._seq[server] += 1
         self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
         self._pending[req_id] = _Request(server, what, on_reply, staged=staged is not None,
                                          urgent=op == ops.WRITE, channel=channel)
         if staged is not None:
             self._slots.hold(staged, req_id)
         return req_id, (tracker if track else None)
+
+    def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
+        """The frames of one request, or InvalidArgumentError (before anything is
+        sent) when it cannot be encoded or a frame exceeds what the server accepts."""
+        try:
+            frames = encode(header, arrays, shared)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidArgumentError(
+                f"{what}: the request to server {server} cannot be encoded ({type(e).__name__}: {e}); "
+                "fields may hold only str, int, float, bool, None, bytes, lists and dicts") from None
+        if len(frames[0]) > MAX_HEADER_BYTES:
+            raise InvalidArgumentError(f"{what}: the request's header has {len(frames[0])} bytes, more "
+                                       f"than the {MAX_HEADER_BYTES} a server accepts")
+        largest = max((memoryview(f).nbytes for f in frames[1:]), default=0)
+        if largest > self.config.max_message_bytes:
+            raise InvalidArgumentError(f"{what}: a buffer of {largest} bytes exceeds "
+                                       f"KVSTORE_MAX_MESSAGE_BYTES={self.config.max_message_bytes}")
+        return frames
+
+    def _send_frames(self, server: int, frames, track: bool, what: str):
+        """Send one message without blocking for ever: when the socket has no room
+        (the server reads more slowly than we send), wait for room until the deadline."""
+        sock = self._socks[server]
+        deadline = None
+        while True:
+            try:
+                return sock.send_multipart(frames, zmq.NOBLOCK, copy=False, track=track)
+            except zmq.Again:
+                pass
+            self._check_abort()
+            now = time.monotonic()
+            deadline = deadline or now + self.config.timeout
+            if now > deadline:
+                self.failure = f"{what}: server {server} took no request for {self.config.timeout:g}s"
+                raise DeadlineError(
+                    f"{what}: server {server} ({self.servers[server]}) took no request for "
+                    f"{self.config.timeout:g}s (its queue stayed full: it is stuck or much slower "
+                    "than this worker); raise KVSTORE_TIMEOUT if it is just slow")
+            sock.poll(SLICE * 1000, zmq.POLLOUT)
 
     def writable(self, server: int, arrays) -> list[int]:
         """Indices of ``arrays`` worth writing into ``server``'s sums (see
@@ -361,13 +420,15 @@ class Client:
                 self._progress(SLICE, what)
                 self.raise_errors()
                 if time.monotonic() > deadline:
-                    late = sorted({self._pending[i].server for i in ids if i in self._pending})
+                    open_ids = [i for i in ids if i in self._pending]
+                    late = sorted({self._pending[i].server for i in open_ids})
                     names = ", ".join(f"server {s} ({self.servers[s]})" for s in late)
+                    awaited = _listing([self._pending[i].what for i in open_ids])
                     self.failure = f"{what}: no reply from {names} within {self.config.timeout:g}s"
                     raise DeadlineError(
-                        f"{what}: no reply from {names} within {self.config.timeout:g}s. In "
-                        "dist_sync a round completes only when every worker pushed the key; "
-                        "raise KVSTORE_TIMEOUT if the job is just slow")
+                        f"{what}: no reply from {names} within {self.config.timeout:g}s to the "
+                        f"{awaited}. In dist_sync a round completes only when every worker "
+                        "pushed the key; raise KVSTORE_TIMEOUT if the job is just slow")
         except BaseException:
             self._abandon(ids)        # (drops those due on data channels)
             self._abandoned.update(i for i in ids if i in self._pending)
@@ -409,6 +470,13 @@ class Client:
         self._progress(0, what)
 
     def _progress(self, timeout: float, what: str) -> None:
+        self._progressing = True
+        try:
+            self._take_replies(timeout, what)
+        finally:
+            self._progressing = False
+
+    def _take_replies(self, timeout: float, what: str) -> None:
         self._check_abort()
         received = []
         for sock, _ in self._poller.poll(timeout * 1000):
@@ -521,6 +589,14 @@ class Client:
         if self._arena is not None:
             self._arena.close()
         self._mapper.close()
+
+
+def _listing(whats: list) -> str:
+    """'push of key 3', or 'push of key 3, pull of key 4 and 7 more requests'."""
+    distinct = list(dict.fromkeys(whats))
+    shown = ", ".join(distinct[:3])
+    more = len(distinct) - 3
+    return shown + (f" and {more} more request{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def _hashable(key):

@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 
+import msgpack
 import numpy as np
 
 from tracker.errors import JobAborted, RendezvousError, RendezvousTimeout
 from tracker.membership import Membership
 
 from . import arrays
+from . import compression as _compression
 from .base import KeyInfo, KVStore, fill_outputs
 from .client import Client
 from .config import Config
@@ -88,12 +90,16 @@ class DistStore(KVStore):
         """Collective: every server writes its checkpoint (parameters, optimizer
         state, and ``meta``, e.g. ``{"epoch": 3}``) to KVSTORE_CHECKPOINT_DIR once
         every worker's pushes so far are applied. A job restarted with the same
-        command plus ``--resume`` starts from it; ``kv.resume_meta`` returns ``meta``."""
+        command plus ``--resume`` starts from it; ``kv.resume_meta`` returns ``meta``.
+        ``meta`` holds str, int, float, bool, None, bytes, lists and dicts (numpy
+        scalars become Python numbers); anything else raises InvalidArgumentError on
+        every worker, before anything is sent."""
         self._check_open("save_checkpoint")
+        meta = _checkpoint_meta(meta)
         self._client.flush("save_checkpoint")
         self._collective("save_checkpoint")
         if self._rank == 0:
-            self._to_all_servers(ops.CHECKPOINT, "save_checkpoint", meta=dict(meta or {}))
+            self._to_all_servers(ops.CHECKPOINT, "save_checkpoint", meta=meta)
         self._collective("save_checkpoint done")
 
     def _maybe_checkpoint(self) -> None:
@@ -189,6 +195,8 @@ class DistStore(KVStore):
         """The sending half of :meth:`_send_and_fill`: returns the handle that
         :meth:`_fill` completes. Replies that arrive in between are copied into the
         outputs' buffers whenever this worker next waits for anything."""
+        if sources is not None:
+            self._check_compressible([info for info, _ in sources], what)
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
         dests = self._by_server([(info, flat) for info, flat, _ in flats])
         datas = self._by_server(sources) if sources is not None else {}
@@ -239,6 +247,23 @@ class DistStore(KVStore):
             return parts
         return [self._compressor.compress(tuple(wid), part) for wid, part in zip(wire_ids, parts)]
 
+    def _check_compressible(self, infos, what: str) -> None:
+        """Before the first message of a call is sent: every key can be compressed
+        (else one server would get its part of the call and another not)."""
+        if self._compressor is None:
+            return
+        config = self._compressor.config
+        for info in infos:
+            if info.dtype.kind != "f":
+                raise InvalidArgumentError(
+                    f"{what}: key {info.key!r} holds {info.dtype.name}: gradient compression "
+                    f"({config['type']}) applies to floating-point values only; nothing was sent")
+            if config["type"] != "fp16":
+                try:
+                    _compression._threshold(config["threshold"], info.dtype)
+                except InvalidArgumentError as e:
+                    raise InvalidArgumentError(f"{what}: key {info.key!r}: {e}; nothing was sent") from None
+
     def _compression_fields(self) -> dict:
         return {} if self._compressor is None else {"compression": self._compressor.config}
 
@@ -278,6 +303,7 @@ class DistStore(KVStore):
             raise InvalidArgumentError("dist_async applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push()")
         what = f"push of {_keys_text(info for info, _ in items)}"
+        self._check_compressible([info for info, _ in items], what)
         trackers = []
         fields = self._compression_fields()
         stage = self._compressor is None
@@ -355,7 +381,7 @@ class DistStore(KVStore):
             parts, ts = [], []
             for chunk, entry in zip(info.chunks, per_chunk):
                 if entry is None:  # async: this chunk not updated yet
-                    entry = (0, list(self._optimizer.create_state(np.zeros(chunk.size, info.dtype))))
+                    entry = (0, list(self._optimizer.create_state(self._chunk_value(info, chunk))))
                 ts.append(entry[0])
                 parts.append(entry[1])
             joined = [np.concatenate([p[i].reshape(-1) for p in parts]).reshape(info.shape)
@@ -363,11 +389,21 @@ class DistStore(KVStore):
             states[key] = {"t": max(ts), "state": joined}
         return states
 
+    def _chunk_value(self, info, chunk) -> np.ndarray:
+        """What a chunk's fresh state is made from: zeros, or (a float32 master copy
+        of a float16 weight, multi_precision) the chunk's current value."""
+        if not self._optimizer.keeps_master(info.dtype):
+            return np.zeros(chunk.size, info.dtype)
+        value = np.empty(info.size, info.dtype)
+        self._do_pull([(info, [value])])
+        return value[chunk.start:chunk.stop]
+
     def _set_states(self, states: dict) -> None:
         groups: dict[int, tuple[list, list]] = {}
         for key, entry in states.items():
             info = self._keys[key]
-            flats = [np.ascontiguousarray(s, dtype=info.dtype).reshape(-1) for s in entry["state"]]
+            dtype = self._optimizer.state_spec(info.dtype)[1]   # float32 with a master copy
+            flats = [np.ascontiguousarray(s, dtype=dtype).reshape(-1) for s in entry["state"]]
             for chunk in info.chunks:
                 meta, parts = groups.setdefault(chunk.server, ([], []))
                 meta.append([key, chunk.index, entry["t"], len(flats)])
@@ -466,6 +502,35 @@ def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:
     for step in range(max((len(r) for r in runs.values()), default=0)):
         order += [(server, *r[step]) for server, r in runs.items() if step < len(r)]
     return order
+
+
+def _checkpoint_meta(meta) -> dict:
+    """``meta`` as the servers store it: numpy scalars become Python numbers, tuples
+    lists. InvalidArgumentError for anything a checkpoint cannot hold, raised by every
+    worker alike (each checks its own), before the collective call."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise InvalidArgumentError(f"save_checkpoint: meta must be a dict, got {type(meta).__name__}")
+
+    def plain(value, where):
+        if isinstance(value, np.generic) and not isinstance(value, (np.datetime64, np.timedelta64)):
+            value = value.item()
+        if isinstance(value, dict):
+            return {plain(k, where): plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if value is None or isinstance(value, (bool, int, float, str, bytes)):
+            return value
+        hint = " (use .tolist())" if isinstance(value, np.ndarray) else ""
+        raise InvalidArgumentError(f"save_checkpoint: {where} is a {type(value).__name__}{hint}; meta "
+                                   "may hold str, int, float, bool, None, bytes, lists and dicts")
+    converted = plain(meta, "meta")
+    try:
+        msgpack.packb(converted, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:    # e.g. an int beyond 64 bits
+        raise InvalidArgumentError(f"save_checkpoint: meta cannot be stored: {e}") from None
+    return converted
 
 
 def _keys_text(infos) -> str:

@@ -304,3 +304,23 @@ class _CommThread:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
+
+
+def shard(n_items, kv) -> range:
+    """This worker's indices of ``n_items`` items (an int, or anything with ``len()``,
+    e.g. a dataset): every ``kv.num_workers``-th index from ``kv.rank``, with the
+    remainder dropped, so that every worker gets exactly ``n_items // num_workers``
+    and takes the same number of steps. In ``dist_sync`` that is required: a round
+    needs a push from every worker, so a worker with more batches than another would
+    wait for one that has already finished (it then fails, naming that worker).
+
+    Example::
+
+        mine = torch.utils.data.Subset(dataset, kvstore.torch.shard(dataset, kv))
+        loader = torch.utils.data.DataLoader(mine, batch_size=64, shuffle=True)
+    """
+    n = n_items if isinstance(n_items, int) and not isinstance(n_items, bool) else len(n_items)
+    if n < 0:
+        raise InvalidArgumentError(f"shard: n_items must be >= 0, got {n}")
+    workers, rank = kv.num_workers, kv.rank
+    return range(rank, n // workers * workers, workers)

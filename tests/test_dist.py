@@ -130,6 +130,41 @@ def test_pushpulls_started_together_finish_in_any_order(make_cluster):
         np.testing.assert_array_equal(ob, 30.0)
 
 
+@pytest.mark.parametrize("then", ["pull", "push"])
+def test_the_next_request_after_a_written_in_pushpull_sees_its_round(make_cluster, then):
+    """_pushpull_start writes large chunks into co-located servers' sums (write, then
+    written once the grant came); a pull or push of the same key sent before
+    _pushpull_finish counts that write as this worker's push: the pull reads its round,
+    the push takes the next one."""
+    cluster = make_cluster(2, 1, chunk_bytes=8192, zero_copy_bytes=4096, write_in=True,
+                           write_in_bytes=8192)
+
+    def job(kv):
+        sent = []
+        request = kv._client.request
+        kv._client.request = lambda server, op, *a, **kw: (sent.append(op), request(server, op, *a, **kw))[1]
+        kv.init("w", np.zeros(4000, np.float32))
+        seen = []
+        for step in range(4):
+            out, after = np.empty(4000, np.float32), np.empty(4000, np.float32)
+            handle = kv._pushpull_start("w", np.full(4000, (kv.rank + 1) * (step + 1), np.float32), out=out)
+            if then == "pull":
+                kv.pull("w", out=after)
+            else:
+                kv.push("w", np.full(4000, 100.0 * (kv.rank + 1), np.float32))
+            kv._pushpull_finish(handle)
+            if then == "push":
+                kv.pull("w", out=after)
+            seen.append((out[0], after[0], np.ptp(out) + np.ptp(after)))
+        return seen, sent.count("write")
+
+    for seen, writes in cluster.run(job):
+        assert writes == 4, "the test needs the written-in path"
+        for step, (out, after, spread) in enumerate(seen):
+            assert out == 3 * (step + 1) and spread == 0
+            assert after == (3 * (step + 1) if then == "pull" else 300.0)
+
+
 def test_pull_right_after_push_sees_that_round(make_cluster):
     """No barrier between push and pull: the server holds the pull until the round completes."""
     cluster = make_cluster(3, 2, chunk_bytes=SMALL_CHUNKS)
@@ -296,6 +331,61 @@ def test_bad_inputs_fail_locally_and_change_nothing(make_cluster):
 
     for out in cluster.run(job):
         np.testing.assert_array_equal(out, 1)
+
+
+def test_a_push_that_fails_validation_sends_nothing_and_names_the_key(make_cluster):
+    """Compression is checked for every key of a call before its first message goes
+    out (keys on different servers: a message per server)."""
+    cluster = make_cluster(1, 2)
+
+    def job(kv):
+        # placement: 'a' on server 0, 'c' and 'b' on server 1
+        kv.init(["a", "c", "b"], [np.full(8, 5, np.float32), np.full(8, 6, np.float16),
+                                  np.full(8, 7, np.int32)])
+        sent = kv.comm_stats()["bytes_sent"]
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+        with pytest.raises(InvalidArgumentError, match="key 'b' holds int32.*nothing was sent"):
+            kv.push(["a", "b"], [np.ones(8, np.float32), np.ones(8, np.int32)])
+        with pytest.raises(InvalidArgumentError, match="key 'b' holds int32"):
+            kv.pushpull(["a", "b"], [np.ones(8, np.float32), np.ones(8, np.int32)])
+        kv.set_gradient_compression({"type": "2bit", "threshold": 1e5})
+        with pytest.raises(InvalidArgumentError, match="key 'c': .*threshold 100000.* float16"):
+            kv.push(["a", "c"], [np.ones(8, np.float32), np.ones(8, np.float16)])
+        assert kv.comm_stats()["bytes_sent"] == sent                   # nothing went out
+        kv.set_gradient_compression({"type": "none"})
+        a = np.empty(8, np.float32)
+        kv.pull("a", out=a)
+        unchanged = a.copy()
+        kv.push(["a", "b"], [np.full(8, 2, np.float32), np.full(8, 3, np.int32)])
+        b = np.empty(8, np.int32)
+        kv.pull(["a", "b"], out=[a, b])
+        return unchanged, a, b
+
+    (unchanged, a, b), = cluster.run(job)
+    np.testing.assert_array_equal(unchanged, 5)        # no half-sent push was applied
+    np.testing.assert_array_equal(a, 2)
+    np.testing.assert_array_equal(b, 3)
+
+
+def test_checkpoint_meta_takes_numpy_scalars_and_refuses_the_rest_on_every_worker(make_cluster, tmp_path):
+    from kvstore.server import checkpoint
+    cluster = make_cluster(2, 1, checkpoint_dir=str(tmp_path))
+
+    def job(kv):
+        kv.init("w", np.zeros(3, np.float32))
+        with pytest.raises(InvalidArgumentError, match=r"meta\['bad'\] is a object"):
+            kv.save_checkpoint({"epoch": 1, "bad": object()})
+        kv.save_checkpoint({"epoch": np.int64(3), "loss": np.float32(0.5), "ok": np.bool_(True),
+                            "steps": (np.int32(1), 2)})
+        kv.push("w", np.ones(3, np.float32))      # the connection goes on
+        out = np.empty(3, np.float32)
+        kv.pull("w", out=out)
+        return out
+
+    for out in cluster.run(job):
+        np.testing.assert_array_equal(out, 2)
+    meta = checkpoint.load(checkpoint.path_for(str(tmp_path), 0))["meta"]
+    assert meta == {"epoch": 3, "loss": 0.5, "ok": True, "steps": [1, 2]}
 
 
 def test_workers_initialising_different_keys_get_an_error_not_a_hang(make_cluster):

@@ -199,3 +199,129 @@ def test_a_close_that_fails_tells_the_job_at_once(make_cluster):
     assert isinstance(errors.get(0), DeadlineError), errors
     assert isinstance(errors.get(1), NodeFailedError), errors
     assert "close: DeadlineError" in str(errors[1]), errors[1]
+
+
+# -- sequence gaps: a request that takes its sequence number must not hold back the rest ----
+
+def test_sequencer_skips_a_rejected_request_in_order():
+    from kvstore.server.sequencer import Sequencer
+    seq = Sequencer("server 0")
+    req = lambda n: ({"id": n, "src": 0, "seq": n}, [])
+    assert seq.skip(b"p", 1) == []                     # rejected early: a gap to skip later
+    assert seq.accept(b"p", *req(2)) == []             # held: 0 has not come
+    assert [h["seq"] for h, _ in seq.accept(b"p", *req(0))] == [0, 2]
+    assert seq.skip(b"p", 3) == [] and [h["seq"] for h, _ in seq.accept(b"p", *req(4))] == [4]
+    assert seq.skip(b"p", 0) == [] and seq.skip(b"p", "x") == [] and seq.skip(b"p", None) == []
+
+
+def test_a_request_that_cannot_be_encoded_leaves_the_connection_working(make_cluster):
+    from kvstore.errors import InvalidArgumentError
+    from kvstore.protocol import ops
+    cluster = make_cluster(1, 1, timeout=5.0)
+
+    def job(kv):
+        kv.init("w", np.zeros(3, np.float32))
+        before = list(kv._client._seq)
+        with pytest.raises(InvalidArgumentError, match="cannot be encoded"):
+            kv._client.request(0, ops.GET_META, "a request with an unencodable field", bogus=object())
+        with pytest.raises(InvalidArgumentError, match="cannot be encoded"):
+            kv._client.request(0, ops.GET_META, "a request with an unencodable field", bogus=np.int64(3))
+        assert kv._client._seq == before                  # no sequence number was used up
+        kv.push("w", np.ones(3, np.float32))
+        out = np.empty(3, np.float32)
+        kv.pull("w", out=out)                             # answered, not held until the deadline
+        return out
+
+    out, = cluster.run(job)
+    np.testing.assert_array_equal(out, 1)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_request_rejected_after_its_header_was_read_leaves_the_connection_working(make_cluster, transport):
+    import msgpack
+    cluster = make_cluster(1, 1, timeout=5.0, transport=transport)
+
+    def job(kv):
+        kv.init("w", np.zeros(3, np.float32))
+        client = kv._client
+        seq, client._seq[0] = client._seq[0], client._seq[0] + 1
+        header = {"v": 1, "op": "push", "id": 10 ** 9, "src": 0, "seq": seq,
+                  "chunks": [["w", 0]], "bufs": [["<f4", [3]]]}
+        client._socks[0].send_multipart([msgpack.packb(header), b"12345"])   # 5 bytes, not 12
+        kv.push("w", np.ones(3, np.float32))
+        out = np.empty(3, np.float32)
+        kv.pull("w", out=out)
+        return out
+
+    out, = cluster.run(job)
+    np.testing.assert_array_equal(out, 1)
+
+
+# -- many requests in flight ----------------------------------------------------------------
+
+def _run_each(cluster, fn):
+    """fn(kv) in one thread per worker; {rank: result or exception} (the job may abort)."""
+    out = {}
+
+    def work(rank):
+        try:
+            with kvstore.create("dist_sync", config=cluster.config("worker", rank)) as kv:
+                out[rank] = fn(kv)
+        except Exception as e:
+            out.setdefault(rank, e)
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(cluster.num_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+        assert not t.is_alive(), "a worker hangs"
+    return out
+
+
+def test_more_than_512_keys_pushed_in_different_orders_do_not_deadlock(make_cluster):
+    """Worker 0 pushes keys 0..n-1, worker 1 n-1..0, one call per key, before either
+    waits: no round completes until the other worker reaches that key, so a limit
+    on requests in flight that waited for replies would hold both for ever."""
+    from kvstore.client import MAX_IN_FLIGHT
+    n = 2 * MAX_IN_FLIGHT + 100
+    cluster = make_cluster(2, 1, timeout=20.0)
+
+    def job(kv):
+        keys = list(range(n))
+        kv.init(keys, [np.zeros(2, np.float32)] * n)
+        for key in (keys if kv.rank == 0 else keys[::-1]):
+            kv.push(key, np.full(2, key + 1000 * kv.rank, np.float32))
+        outs = [np.empty(2, np.float32) for _ in keys]
+        kv.pull(keys, out=outs)
+        return [o[0] for o in outs]
+
+    started = time.monotonic()
+    results = cluster.run(job)
+    assert time.monotonic() - started < 60
+    for seen in results:
+        assert seen == [2 * key + 1000 for key in range(n)]
+
+
+def test_a_timeout_names_the_keys_awaited(make_cluster):
+    cluster = make_cluster(2, 1, timeout=2.0)
+    failed = threading.Event()
+
+    def job(kv):
+        kv.init(["late", "ok"], [np.zeros(2, np.float32)] * 2)
+        if kv.rank == 1:
+            kv.push("ok", np.ones(2, np.float32))
+            failed.wait(30)                  # never pushes 'late'
+            return None
+        kv.push("ok", np.ones(2, np.float32))
+        kv.push("late", np.ones(2, np.float32))
+        try:
+            kv.barrier()                     # waits for its pushes first
+        except DeadlineError as e:
+            return str(e)
+        finally:
+            failed.set()
+
+    message = _run_each(cluster, job)[0]
+    assert isinstance(message, str), message
+    assert "no reply from server 0" in message and "push of key 'late'" in message, message
+    assert "push of key 'ok'" not in message, message

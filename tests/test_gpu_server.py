@@ -20,6 +20,7 @@ from kvstore.errors import NodeFailedError
 from kvstore.server.backend import GpuBackend, HostBackend, ServerDeviceError, for_config
 from kvstore.config import Config
 from state_driver import A, B, Server, expect_ok, only, peer
+from test_recovery import run_resumable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"w": (3000,), "b": (7,), "big": (300_000,)}   # big spans servers at 256 KiB chunks
@@ -250,12 +251,7 @@ def test_a_gpu_server_killed_mid_run_ends_the_job_and_resumes_on_the_gpu(tmp_pat
     needs_gpu()
 
     def run(ckpt, *extra, crash=False):
-        env = {**os.environ, "PYTHONPATH": python_path(), "KVSTORE_CHECKPOINT_DIR": str(ckpt),
-               "KVSTORE_HEARTBEAT_TIMEOUT": "3", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
-               "KVSTORE_ABORT_GRACE": "2", **({"CRASH": "1"} if crash else {})}
-        cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device", "gpu",
-               *extra, sys.executable, os.path.join(ROOT, "tests", "scripts", "resumable.py")]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+        return run_resumable(ckpt, "--server-device", "gpu", *extra, crash=crash, timeout=180)
 
     reference = run(tmp_path / "ref")
     assert reference.returncode == 0, reference.stdout + reference.stderr

@@ -162,3 +162,65 @@ def test_module_runs_as_script(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert HEADER in done.stdout
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_cli_help(flag):
+    result = CliRunner().invoke(main, [flag])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.stdout and "--plot" in result.stdout
+
+
+# what older MXNet releases print (e.g. the logs of MXNet's multi-machine test notes)
+OLD_MXNET = """\
+INFO:root:Start training with [cpu(0)]
+INFO:root:Iter[0] Batch [20]\tSpeed: 1000.00 samples/sec\tTrain-accuracy=0.500000
+INFO:root:Iter[0] Batch [40]\tSpeed: 3000.00 samples/sec\tTrain-accuracy=0.600000
+INFO:root:Iteration[0] Train-accuracy=0.700000
+INFO:root:Iteration[0] Time cost=12.300
+INFO:root:Iteration[0] Validation-accuracy=0.650000
+INFO:root:Iteration[1] Train-accuracy=0.800000
+INFO:root:Iteration[1] Time cost=11.000
+INFO:root:Iteration[1] Validation-accuracy=0.750000
+"""
+
+
+def test_iteration_lines_of_older_mxnet(tmp_path):
+    rows = parse(OLD_MXNET.splitlines())
+    assert [r.epoch for r in rows] == [0, 1]
+    assert (rows[0].train_accuracy, rows[0].validation_accuracy, rows[0].time, rows[0].speed) == \
+        (0.7, 0.65, 12.3, 2000.0)
+    assert (rows[1].train_accuracy, rows[1].time) == (0.8, 11.0)
+    log = tmp_path / "old.log"
+    log.write_text(OLD_MXNET)
+    result = CliRunner().invoke(main, [str(log)])
+    assert result.exit_code == 0, result.output
+    assert "| 0 | 0.7000 | 0.6500 | 12.30 | 2000.0 |  |  |" in result.stdout
+
+
+def test_several_workers_without_prefixes_are_averaged(tmp_path):
+    worker1 = PLAIN.replace("0.700000", "0.500000").replace("12.300", "14.300") \
+                   .replace("123456789", "123456791").replace("0.650000", "0.450000")
+    lines = [line for pair in zip(PLAIN.splitlines(), worker1.splitlines()) for line in pair]
+    r0 = parse(lines)[0]
+    assert r0.train_accuracy == pytest.approx(0.6) and r0.validation_accuracy == pytest.approx(0.55)
+    assert r0.time == pytest.approx(13.3) and r0.sent_bytes == 123456790
+    assert r0.speed == 2000.0                           # the mean of every Batch line
+    log = tmp_path / "mixed.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, [str(log)])
+    assert result.exit_code == 0, result.output
+    assert "up to 2 values per epoch and no [worker:N] prefixes" in result.stdout
+    assert "| 0 | 0.6000 | 0.5500 | 13.30 | 2000.0 | 123.46 | 23.46 |" in result.stdout
+
+
+def test_several_workers_with_prefixes_get_a_column_each(tmp_path):
+    worker1 = PLAIN.replace("0.700000", "0.100000").replace("12.300", "99.000")
+    log = tmp_path / "two.log"
+    log.write_text(prefixed(PLAIN, "[worker:0] ") + prefixed(worker1, "[worker:1] "))
+    result = CliRunner().invoke(main, [str(log)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "| 0 | 0.7000 | 0.6500 | 12.30 | 2000.0 | 123.46 | 23.46 |" in out     # worker 0's, as before
+    assert "| epoch | train-accuracy w0 | train-accuracy w1 | validation-accuracy w0 |" in out
+    assert "| 0 | 0.7000 | 0.1000 | 0.6500 | 0.6500 | 12.30 | 99.00 |" in out

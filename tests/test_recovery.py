@@ -71,16 +71,21 @@ def test_checkpoint_needs_a_directory(make_cluster):
     make_cluster(1, 1).run(job)
 
 
+def run_resumable(ckpt, *extra, crash=False, timeout=120):
+    """tests/scripts/resumable.py as a 2+2 job checkpointing into ``ckpt``; with
+    ``crash`` rank 0 kills server 1 after step 5. ``extra``: launcher options."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "KVSTORE_CHECKPOINT_DIR": str(ckpt),
+           "KVSTORE_HEARTBEAT_TIMEOUT": "3", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
+           "KVSTORE_ABORT_GRACE": "2", **({"CRASH": "1"} if crash else {})}
+    cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", *extra,
+           sys.executable, os.path.join(ROOT, "tests", "scripts", "resumable.py")]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
 @pytest.mark.slow
 def test_kill_a_server_mid_run_then_resume_with_the_same_command(tmp_path):
-    def run(ckpt, *extra, crash=False):
-        env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_CHECKPOINT_DIR": str(ckpt),
-               "KVSTORE_HEARTBEAT_TIMEOUT": "3", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
-               "KVSTORE_ABORT_GRACE": "2", **({"CRASH": "1"} if crash else {})}
-        cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", *extra,
-               sys.executable, os.path.join(ROOT, "tests", "scripts", "resumable.py")]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-
+    run = run_resumable
     reference = run(tmp_path / "ref")
     assert reference.returncode == 0, reference.stdout + reference.stderr
     want = re.findall(r"\[worker:0\] digest (\w+)", reference.stdout)

@@ -381,3 +381,28 @@ def test_optimizer_failure_only_fails_requests_of_the_failed_round():
     assert set(replies) == {second, last}
     assert all(x.header["op"] == ops.OK for x in replies.values())
     np.testing.assert_array_equal(srv.value(A), vec(4, 4))
+
+
+def test_a_worker_pushing_again_before_its_reply_still_gets_its_own_rounds_values():
+    """_pushpull_start then a push of the same key: the worker's next round of a chunk
+    may complete before its pushpull (waiting for another chunk) is answered; the
+    reply still carries the values after the round it joined, and is a copy (the
+    worker reads it only later)."""
+    srv = Server(num_workers=2, init={A: vec(0), B: vec(0)})
+    pp0, r = srv.push(0, {A: vec(1), B: vec(1)}, op=ops.PUSHPULL)
+    assert r == []
+    p1, r = srv.push(1, {A: vec(2)}, op=ops.PUSHPULL)          # round 1 of A done...
+    assert set(by_id(r)) == {p1}
+    p0, r = srv.push(0, {A: vec(10)})                           # ...worker 0 pushes A again
+    assert r == []
+    p1b, r = srv.push(1, {A: vec(20)})                          # round 2 of A done too
+    assert set(by_id(r)) == {p0, p1b}
+    p1c, r = srv.push(1, {B: vec(5)}, op=ops.PUSHPULL)          # round 1 of B: pp0 answered
+    replies = by_id(r)
+    assert set(replies) == {pp0, p1c}
+    got = [a.copy() for a in replies[pp0].arrays]
+    assert [a.tolist() for a in got] == [[3], [6]]              # A after round 1, not 30
+    for src, g in ((0, 100), (1, 200)):                         # round 2 of B
+        srv.push(src, {B: vec(g)})
+    assert [a.tolist() for a in replies[pp0].arrays] == [[3], [6]]   # not a view on the values
+    np.testing.assert_array_equal(srv.value(B), vec(300))

@@ -209,3 +209,89 @@ def test_restored_values_lie_in_shared_memory_so_writes_keep_working_after_a_res
         for reply in r:
             assert [a.tolist() for a in reply.arrays] == [[3, 3], [3, 3]]
         assert set(by_id(r)) == set(done.values())
+
+
+# -- a write counts as its worker's push from the moment it arrives -------------------
+
+def test_a_pull_after_a_granted_write_waits_for_the_round_of_that_write():
+    srv = Server(num_workers=2, init={A: vec(0, 0)}, write_in=True)
+    gid, r = write(srv, 0, [A])
+    do(only(r), [vec(1, 2)])                  # granted and written into, `written` not sent yet
+    pull, r = srv.pull(0, [A])
+    assert r == []                            # reads its own last push's round: not the old value
+    done0, r = written(srv, 0, gid)
+    assert r == []                            # the round still needs worker 1
+    p1, r = srv.push(1, {A: vec(10, 20)}, op=ops.PUSHPULL)
+    replies = by_id(r)
+    assert set(replies) == {done0, p1, pull}
+    np.testing.assert_array_equal(replies[pull].arrays[0], vec(11, 22))
+
+
+def test_a_pull_after_a_queued_write_waits_for_it_too():
+    srv = Server(num_workers=2, init={A: vec(0)}, write_in=True)
+    g1, r = write(srv, 1, [A])
+    do(only(r), [vec(5)])                     # worker 1 writes into round 1...
+    g0, r = write(srv, 0, [A])
+    assert r == []                            # ...so worker 0's write waits its turn
+    pull, r = srv.pull(0, [A])
+    assert r == []                            # and so does worker 0's pull behind it
+    done1, r = written(srv, 1, g1)
+    do(expect_ok(only(r), peer(0), g0, nvalues=1), [vec(7)])
+    done0, r = written(srv, 0, g0)
+    replies = by_id(r)
+    assert set(replies) == {done1, done0, pull}
+    np.testing.assert_array_equal(replies[pull].arrays[0], vec(12))
+
+
+def test_a_push_after_a_queued_write_of_the_same_worker_takes_the_next_round():
+    srv = Server(num_workers=2, init={A: vec(0)}, write_in=True)
+    g1, r = write(srv, 1, [A])
+    do(only(r), [vec(1)])                     # round 1: worker 1 writes
+    g0, r = write(srv, 0, [A])                # worker 0's round-1 write waits its turn...
+    assert r == []
+    p0, r = srv.push(0, {A: vec(100)})        # ...and its next push must not take round 1
+    assert r == []
+    done1, r = written(srv, 1, g1)
+    assert do(expect_ok(only(r), peer(0), g0, nvalues=1), [vec(10)]) == ["add"]
+    done0, r = written(srv, 0, g0)
+    replies = by_id(r)
+    assert set(replies) == {done1, done0}
+    for rid in (done1, done0):
+        np.testing.assert_array_equal(replies[rid].arrays[0], vec(11))    # round 1 = 1 + 10
+    p1, r = srv.push(1, {A: vec(1000)}, op=ops.PUSHPULL)
+    replies = by_id(r)
+    assert set(replies) == {p0, p1}
+    np.testing.assert_array_equal(replies[p1].arrays[0], vec(1100))      # round 2 = 100 + 1000
+
+
+def test_a_later_write_of_the_same_worker_does_not_overtake_its_queued_one():
+    srv = Server(num_workers=2, init={A: vec(0), B: vec(0)}, write_in=True)
+    g1, r = write(srv, 1, [B])
+    do(only(r), [vec(1)])                     # worker 1 writes B
+    first, r = write(srv, 0, [A, B])          # waits for B
+    assert r == []
+    second, r = write(srv, 0, [A])            # A is free, but worker 0's first write goes first
+    assert r == []
+    done1, r = written(srv, 1, g1)
+    grants = by_id(r)                         # both granted now, in the order they came:
+    assert set(grants) == {first, second}
+    assert do(grants[first], [vec(2), vec(2)]) == ["copy", "add"]    # round 1 of A (and B)
+    assert do(grants[second], [vec(50)]) == ["copy"]                 # round 2 of A
+    written(srv, 0, first)
+    written(srv, 0, second)
+    p1, r = srv.push(1, {A: vec(3)}, op=ops.PUSHPULL)          # round 1 of A: 2 + 3
+    np.testing.assert_array_equal(by_id(r)[p1].arrays[0], vec(5))
+    p1, r = srv.push(1, {A: vec(7)}, op=ops.PUSHPULL)          # round 2 of A: 50 + 7
+    np.testing.assert_array_equal(by_id(r)[p1].arrays[0], vec(57))
+
+
+def test_a_worker_finishing_fails_queued_writes_and_ends_open_grants_with_its_reason():
+    srv = Server(num_workers=3, init={A: vec(0)}, write_in=True)
+    g0, r = write(srv, 0, [A])
+    do(only(r), [vec(1)])
+    g2, r = write(srv, 2, [A])
+    assert r == []
+    replies = by_id(srv.state.workers_finished({1}))
+    expect_error(replies[g2], peer(2), g2, "InvalidArgumentError", "worker 1 closed its store")
+    done, r = written(srv, 0, g0)
+    expect_error(only(r), peer(0), done, "InvalidArgumentError", "worker 1 closed its store while round 1")

@@ -27,6 +27,9 @@ from .security import Security
 log = logging.getLogger(__name__)
 
 SLICE = 0.1  # seconds: how often a waiting call re-checks the abort flag
+# a barrier's own deadline lies this much after the one it gives the scheduler, which
+# answers first naming the workers that did not arrive (the waiter cannot know them)
+BARRIER_GRACE = 2.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Membership:
         self.aborted = threading.Event()
         self.shutdown = threading.Event()
         self.abort_reason: str | None = None
+        # ranks of the workers that finished (servers hear it from the scheduler)
+        self.finished_workers: frozenset = frozenset()
         self.registration: Registration | None = None
         self._on_abort = on_abort
         self._security = security
@@ -95,14 +100,16 @@ class Membership:
         return sock
 
     # -- requests -----------------------------------------------------------
-    def _request(self, op: str, what: str, timeout: float | None = None, **fields) -> dict:
-        """Send one control request and wait for its reply (or abort/deadline).
+    def _request(self, op: str, what: str, limit: float | None = None, grace: float = 0.0,
+                 **fields) -> dict:
+        """Send one control request and wait for its reply (or abort/deadline: ``limit``
+        seconds, plus ``grace`` for a scheduler that answers at ``limit`` itself).
         Sends never block: with no usable connection (e.g. refused credentials)
         the message waits here, where the deadline and the abort flag are checked."""
         req_id = next(self._ids)
         message = wire.encode(op, id=req_id, node=self.node_id, **fields)
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        limit = self.timeout if limit is None else limit
+        deadline = time.monotonic() + limit + grace
         sent = False
         while True:
             self.check()
@@ -123,6 +130,8 @@ class Membership:
                 if msg["op"] == "error":
                     if msg.get("kind") == "aborted":
                         raise JobAborted(str(msg.get("message")))
+                    if msg.get("kind") == "timeout":
+                        raise RendezvousTimeout(f"{self.name}: {msg.get('message')}")
                     raise RendezvousError(f"{what} failed: {msg.get('message')}")
                 return msg
             if time.monotonic() > deadline:
@@ -141,8 +150,12 @@ class Membership:
 
     def barrier(self, token: str = "", timeout: float | None = None) -> None:
         """Wait until every worker reached a barrier. All must pass the same ``token``
-        (a digest of what the collective call agrees on) or all get an error."""
-        self._request("barrier", "a barrier (waiting for every worker)", timeout, token=token)
+        (a digest of what the collective call agrees on) or all get an error.
+        After ``timeout`` (default: KVSTORE_TIMEOUT) the scheduler fails it for every
+        waiter with RendezvousTimeout naming the workers that did not arrive."""
+        limit = self.timeout if timeout is None else timeout
+        self._request("barrier", "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
+                      token=token, timeout=limit)
 
     def finish(self) -> None:
         """Tell the scheduler this node is done, then stop heartbeats."""
@@ -204,6 +217,10 @@ class Membership:
                         return
                     if msg["op"] == "shutdown":
                         self.shutdown.set()
+                    if msg["op"] == "workers_finished":
+                        self._note_finished(msg.get("ranks"))
+                    elif msg["op"] == "ack":
+                        self._note_finished(msg.get("workers_finished"))
                 elif time.monotonic() - last_contact > self.heartbeat_timeout:
                     self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
                                 f"{self.scheduler[1]} for {self.heartbeat_timeout:g}s "
@@ -214,6 +231,11 @@ class Membership:
                 self._abort(f"heartbeat channel to the scheduler failed: {e}")
         finally:
             sock.close(linger=0)
+
+    def _note_finished(self, ranks) -> None:
+        if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+            if not self.finished_workers.issuperset(ranks):
+                self.finished_workers = self.finished_workers | frozenset(ranks)
 
     def _abort(self, reason: str) -> None:
         self.abort_reason = reason

@@ -6,10 +6,12 @@ thread; nodes talk to it through :class:`tracker.membership.Membership`.
 Life of a job::
 
     register (every node)  -> when W workers + S servers are in: reply ranks + address book
-    barrier (workers)      -> when every worker arrived with the same token: release all
+    barrier (workers)      -> when every worker arrived with the same token: release all;
+                              a waiter's deadline passing fails it naming the absent workers
     heartbeat (every node) -> acknowledged; silence for heartbeat_timeout aborts the job
-    finish (every node)    -> when all workers finished, servers are told to shut down;
-                              when everyone finished, the job succeeded
+    finish (every node)    -> servers hear which workers finished; when all workers
+                              finished, servers are told to shut down (and stay watched
+                              until they finish); when everyone finished, the job succeeded
 
 Any failure (a node silent too long, a launcher reporting a dead process, a
 registration that cannot complete in time) aborts the job: every node is told
@@ -34,6 +36,9 @@ from .security import Security
 log = logging.getLogger(__name__)
 
 TICK = 0.05  # seconds between checks of deadlines and launcher events
+# seconds between a worker's `finish` and the servers failing the rounds it left
+# waiting (uneven shards): time for its launcher to report a failing exit first
+FINISH_GRACE = 1.0
 
 
 @dataclass
@@ -48,6 +53,7 @@ class _Node:
     last_seen: float
     hb_ident: bytes | None = None
     finished: bool = False
+    finished_at: float | None = None   # when a worker said `finish` (monotonic)
 
     def name(self) -> str:
         rank = "?" if self.rank is None else self.rank
@@ -57,6 +63,7 @@ class _Node:
 @dataclass
 class _Barrier:
     waiting: dict = field(default_factory=dict)  # node_id -> (ident, req_id, token)
+    deadlines: dict = field(default_factory=dict)  # node_id -> (monotonic deadline, its timeout)
 
 
 def describe_exit(code: int) -> str:
@@ -156,6 +163,8 @@ class Scheduler:
         self._book: dict | None = None
         self._barrier = _Barrier()
         self._shutdown_sent = False
+        self._told_finished: list[int] = []   # finished workers the servers were told of
+        self._shutdown_at: float | None = None
         self._abort_until: float | None = None
         self._deadline = time.monotonic() + self.timeout
         self._hb_idents: dict[str, bytes] = {}
@@ -201,18 +210,52 @@ class Scheduler:
             self._abort(f"registration did not complete within {self.timeout:g}s "
                         f"(KVSTORE_TIMEOUT): {self._missing()}")
             return False
+        # servers stay watched after the shutdown until they finished: one that dies
+        # before its `finish` must end the job (a standalone scheduler has nobody else
+        # watching the processes)
         for node in self._nodes.values():
-            if node.finished or (self._shutdown_sent and node.role == "server"):
+            if node.finished:
                 continue
             silent = now - node.last_seen
             if silent > self.heartbeat_timeout:
-                self._abort(f"{node.name()} sent no heartbeat for {silent:.1f}s "
+                when = " after it was told to shut down" if (
+                    self._shutdown_sent and node.role == "server") else ""
+                self._abort(f"{node.name()} sent no heartbeat for {silent:.1f}s{when} "
                             f"(KVSTORE_HEARTBEAT_TIMEOUT={self.heartbeat_timeout:g}); "
                             "it is dead or stuck")
                 return False
+        if self._shutdown_at is not None and now > self._shutdown_at + self.timeout:
+            late = [n.name() for n in self._nodes.values() if n.role == "server" and not n.finished]
+            if late:
+                self._abort(f"{', '.join(late)} did not finish within {self.timeout:g}s of the "
+                            "shutdown (KVSTORE_TIMEOUT)")
+                return False
+        self._check_barrier_deadlines(now)
+        if self._book is not None:
+            self._tell_servers_workers_finished()     # once their grace has passed
         if self._book is not None and all(n.finished for n in self._nodes.values()):
             return True
         return False
+
+    def _check_barrier_deadlines(self, now: float) -> None:
+        """A waiter whose deadline passed: the barrier fails for every waiter, naming
+        the workers that did not arrive (the waiters know only that they waited)."""
+        deadlines = self._barrier.deadlines
+        late = [nid for nid, (deadline, _) in deadlines.items() if now >= deadline]
+        if not late:
+            return
+        waiting = self._barrier.waiting
+        limit = deadlines[late[0]][1]
+        waiters = sorted((self._nodes[nid] for nid in waiting), key=lambda n: n.rank)
+        absent = sorted((n for n in self._nodes.values() if n.role == "worker" and n.node_id not in waiting),
+                        key=lambda n: n.rank)
+        token = waiting[late[0]][2]
+        names = ", ".join(n.name() for n in absent) or "no worker"
+        self._fail_barrier(
+            f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "
+            f"(worker{'s' if len(waiters) > 1 else ''} {', '.join(str(n.rank) for n in waiters)} "
+            "waited). A worker missing at a collective call failed before it or is stuck; "
+            "raise KVSTORE_TIMEOUT if it is just slow", "timeout")
 
     def _missing(self) -> str:
         have = {(n.role, n.rank) for n in self._nodes.values()}
@@ -262,6 +305,8 @@ class Scheduler:
             self._send(ident, "abort", reason=self.failure)
         elif node is not None and node.role == "server" and self._shutdown_sent:
             self._send(ident, "shutdown")
+        elif node is not None and node.role == "server" and self._book is not None:
+            self._send(ident, "ack", workers_finished=self._finished_workers())
         else:
             self._send(ident, "ack")
 
@@ -319,6 +364,11 @@ class Scheduler:
             raise RendezvousError("only workers take part in barriers")
         waiting = self._barrier.waiting
         waiting[node.node_id] = (ident, msg.get("id"), msg.get("token", ""))
+        limit = msg.get("timeout")
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < 1e9:
+            self._barrier.deadlines[node.node_id] = (time.monotonic() + limit, limit)
+        else:
+            self._barrier.deadlines.pop(node.node_id, None)
         gone = [n for n in self._nodes.values() if n.role == "worker" and n.finished]
         if gone:
             names = ", ".join(n.name() for n in gone)
@@ -335,15 +385,18 @@ class Scheduler:
                 for ident_, req_id, _ in waiting.values():
                     self._send(ident_, "barrier_done", id=req_id)
                 waiting.clear()
+                self._barrier.deadlines.clear()
 
     def _fail_barrier(self, message: str, kind: str) -> None:
         for ident_, req_id, _ in self._barrier.waiting.values():
             self._send(ident_, "error", id=req_id, kind=kind, message=message)
         self._barrier.waiting.clear()
+        self._barrier.deadlines.clear()
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg, ident)
         node.finished = True
+        node.finished_at = time.monotonic()
         self._send(ident, "finished", id=msg.get("id"))
         log.debug("%s finished", node.name())
         if node.role == "worker" and self._barrier.waiting:
@@ -363,10 +416,32 @@ class Scheduler:
         if self._shutdown_sent or self._book is None or not all(n.finished for n in workers):
             return
         self._shutdown_sent = True
+        self._shutdown_at = time.monotonic()
         log.info("all workers finished; shutting down the servers")
         for node in self._nodes.values():
             if node.role == "server" and node.hb_ident is not None:
                 self._send(node.hb_ident, "shutdown")
+
+    def _finished_workers(self) -> list[int]:
+        """Workers that finished at least FINISH_GRACE seconds ago (or whose process
+        ended with status 0). A worker whose script fails after closing its store
+        (``sys.exit(1)`` closes it at exit) is reported by its launcher within that
+        time, so it is the root cause, not the others' rounds it left waiting."""
+        since = time.monotonic() - FINISH_GRACE
+        return sorted(n.rank for n in self._nodes.values() if n.role == "worker" and n.finished
+                      and (n.finished_at is None or n.finished_at <= since))
+
+    def _tell_servers_workers_finished(self) -> None:
+        """Servers learn which workers finished: a sync round still waiting for one of
+        them can never complete, and the server fails it at once naming that worker
+        (instead of the others waiting for KVSTORE_TIMEOUT)."""
+        ranks = self._finished_workers()
+        if ranks == self._told_finished:
+            return
+        self._told_finished = ranks
+        for node in self._nodes.values():
+            if node.role == "server" and not node.finished and node.hb_ident is not None:
+                self._send(node.hb_ident, "workers_finished", ranks=ranks)
 
     def _known(self, msg: dict, ident: bytes) -> _Node:
         node = self._nodes.get(msg.get("node")) if isinstance(msg.get("node"), str) else None
@@ -382,12 +457,18 @@ class Scheduler:
         what = f"{role} {rank}" if node is None else node.name()
         if code != 0:
             self._abort(f"{what} {describe_exit(code)}")
-        elif node is None or self._book is None:
+            return
+        if node is not None and node.finished:
+            node.finished_at = None   # ended cleanly after `finish`: no failure can follow
+            return
+        if node is None or self._book is None:
             self._abort(f"{what} exited with status 0 before the job formed")
         elif not node.finished:
             node.finished = True  # ended cleanly without close(): count it as finished
             if node.role == "server" and not self._shutdown_sent:
                 self._abort(f"{what} exited while workers were still running")
+            if node.role == "worker":
+                self._tell_servers_workers_finished()
             self._maybe_shutdown_servers()
 
     def _abort(self, reason: str) -> None:

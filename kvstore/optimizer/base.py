@@ -16,7 +16,7 @@ import numpy
 
 from ..errors import ConfigError
 from . import fused
-from ._util import (_array_module, _to_module, check_config_shape, check_params, real,
+from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, real,
                     update_count)
 from .lr_scheduler import LRScheduler, scheduler_from_config
 
@@ -25,7 +25,7 @@ __all__ = ["Optimizer", "register", "registered", "create", "from_config"]
 _REGISTRY: dict[str, type] = {}
 
 # Hyper-parameters every optimizer has, in config order.
-_BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient")
+_BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "multi_precision")
 
 
 def register(cls):
@@ -112,7 +112,9 @@ class Optimizer:
     ``wd`` (weight decay, >= 0), ``rescale_grad`` (> 0, multiplies the gradient
     first), ``clip_gradient`` (None, or > 0 to clip the rescaled gradient to
     ``[-c, c]``), ``lr_scheduler`` (None, an LRScheduler or its config dict; a
-    scheduler without ``base_lr`` starts from ``learning_rate``).
+    scheduler without ``base_lr`` starts from ``learning_rate``), ``multi_precision``
+    (MXNet's: a float16 weight is updated through a float32 master copy kept in
+    its state, and the float32 state; the weight is the copy rounded to float16).
     Invalid values raise ConfigError. Hyper-parameters are plain attributes;
     treat them as read-only and build a new optimizer to change them.
 
@@ -127,8 +129,9 @@ class Optimizer:
     hyper_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, learning_rate=0.01, wd=0.0, rescale_grad=1.0, clip_gradient=None,
-                 lr_scheduler=None):
+                 lr_scheduler=None, multi_precision=False):
         owner = type(self).__name__
+        self.multi_precision = boolean(owner, "multi_precision", multi_precision)
         self.learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
         self.wd = real(owner, "wd", wd, lo=0.0)
         self.rescale_grad = real(owner, "rescale_grad", rescale_grad, lo=0.0, lo_open=True)
@@ -168,10 +171,26 @@ class Optimizer:
             return self.learning_rate
         return self.lr_scheduler(t, self.learning_rate)
 
+    def keeps_master(self, dtype) -> bool:
+        """Whether a weight of ``dtype`` is updated through a float32 master copy
+        (``multi_precision=True`` and a float16 weight, as MXNet)."""
+        return self.multi_precision and numpy.dtype(dtype) == numpy.float16
+
+    def state_spec(self, dtype) -> tuple:
+        """``(count, dtype)`` of the state arrays of a weight of ``dtype``: with a
+        master copy, the float32 copy comes first and the state is float32 too."""
+        if self.keeps_master(dtype):
+            return self.num_states + 1, numpy.dtype(numpy.float32)
+        return self.num_states, numpy.dtype(dtype)
+
     def create_state(self, weight):
         """Return a tuple of ``num_states`` zero arrays like ``weight`` (same dtype,
-        shape and array module); ``()`` for a stateless optimizer."""
+        shape and array module); ``()`` for a stateless optimizer. With a master
+        copy (:meth:`keeps_master`): the weight in float32, then the state in float32."""
         xp = _array_module(weight)
+        if self.keeps_master(weight.dtype):
+            master = weight.astype(xp.float32)
+            return (master,) + tuple(xp.zeros_like(master) for _ in range(self.num_states))
         return tuple(xp.zeros_like(weight) for _ in range(self.num_states))
 
     def update(self, weight, grad, state, t):
@@ -193,6 +212,15 @@ class Optimizer:
             raise ValueError(f"{owner}: grad shape {tuple(grad.shape)} does not match weight "
                              f"shape {tuple(weight.shape)}")
         state = tuple(state) if state is not None else ()
+        if self.keeps_master(weight.dtype):
+            # MXNet's multi_precision: the update runs on the float32 master copy
+            # (state[0]) with the float32 state; the float16 weight is its rounding
+            if not state or tuple(state[0].shape) != tuple(weight.shape) or state[0].dtype != numpy.float32:
+                raise ValueError(f"{owner}: multi_precision needs a float32 master copy of the "
+                                 f"float16 weight as the first state array")
+            self.update(state[0], grad, state[1:], t)
+            xp.copyto(weight, state[0], casting="same_kind")
+            return
         if len(state) != self.num_states:
             raise ValueError(f"{owner}: expected {self.num_states} state array(s), got "
                              f"{len(state)}")

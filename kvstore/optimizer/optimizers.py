@@ -44,9 +44,10 @@ class SGD(Optimizer):
     hyper_params = ("momentum", "nesterov")
 
     def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None, nesterov=False):
+                 clip_gradient=None, lr_scheduler=None, nesterov=False, multi_precision=False):
         super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
+                         multi_precision=multi_precision)
         owner = type(self).__name__
         self.momentum = _unit(owner, "momentum", momentum)
         self.nesterov = boolean(owner, "nesterov", nesterov)
@@ -97,10 +98,10 @@ class NAG(SGD):
     hyper_params = ("momentum",)
 
     def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None):
+                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
         super().__init__(learning_rate=learning_rate, momentum=momentum, wd=wd,
                          rescale_grad=rescale_grad, clip_gradient=clip_gradient,
-                         lr_scheduler=lr_scheduler, nesterov=True)
+                         lr_scheduler=lr_scheduler, nesterov=True, multi_precision=multi_precision)
 
 
 @register
@@ -123,9 +124,10 @@ class Adam(Optimizer):
     num_states = 2
 
     def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.0,
-                 rescale_grad=1.0, clip_gradient=None, lr_scheduler=None):
+                 rescale_grad=1.0, clip_gradient=None, lr_scheduler=None, multi_precision=False):
         super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
+                         multi_precision=multi_precision)
         owner = type(self).__name__
         self.beta1 = _unit(owner, "beta1", beta1)
         self.beta2 = _unit(owner, "beta2", beta2)
@@ -168,9 +170,10 @@ class AdaGrad(Optimizer):
     num_states = 1
 
     def __init__(self, *, learning_rate=0.01, epsilon=1e-7, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None):
+                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
         super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
+                         multi_precision=multi_precision)
         self.epsilon = real(type(self).__name__, "epsilon", epsilon, lo=0.0)
 
     def _step(self, weight, grad, state, t, lr, xp):
@@ -217,9 +220,10 @@ class RMSProp(Optimizer):
 
     def __init__(self, *, learning_rate=0.001, gamma1=0.9, gamma2=0.9, epsilon=1e-8,
                  centered=False, clip_weights=None, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None):
+                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
         super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler)
+                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
+                         multi_precision=multi_precision)
         owner = type(self).__name__
         self.gamma1 = _unit(owner, "gamma1", gamma1)
         self.gamma2 = _unit(owner, "gamma2", gamma2)

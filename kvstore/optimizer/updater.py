@@ -121,7 +121,8 @@ class Updater:
             arrays = entry["state"]
             if not isinstance(arrays, (list, tuple)) or not all(map(_is_array, arrays)):
                 raise TypeError(f"{where}['state'] must be a list of arrays")
-            if len(arrays) != n:
+            allowed = {n, n + 1} if self.optimizer.multi_precision else {n}  # + a master copy
+            if len(arrays) not in allowed:
                 raise ValueError(f"{where}['state'] has {len(arrays)} array(s); "
                                  f"{type(self.optimizer).__name__} uses {n}")
             existing = self._states.get(key)

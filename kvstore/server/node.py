@@ -13,6 +13,7 @@ from tracker.membership import Membership
 from ..config import Config
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import error_header, ops
+from ..protocol.codec import parse_header
 from . import backend as _backend
 from . import checkpoint
 from .dataplane import DataPlane
@@ -82,8 +83,16 @@ class ServerNode:
         log.info("server %d (pid %d) serving on %s, values in %s", reg.rank, os.getpid(),
                  self.address, backend.describe())
         next_stall_check = time.monotonic() + 1.0
+        finished = frozenset()      # workers the state machine knows have finished
         try:
             while True:
+                if self.membership.finished_workers != finished:
+                    # rounds that wait for a worker that finished fail now, naming it
+                    finished = self.membership.finished_workers
+                    try:
+                        self._send_all(self.state.workers_finished(finished))
+                    except Exception:   # a bug must not end the server: the rounds then time out
+                        log.exception("%s: failed to end the rounds of finished workers", self.state.name)
                 if self.config.stall_warning > 0 and time.monotonic() >= next_stall_check:
                     next_stall_check = time.monotonic() + 1.0
                     for line in self.state.stalled(time.monotonic(), self.config.stall_warning):
@@ -117,6 +126,9 @@ class ServerNode:
             except ProtocolError as e:
                 log.warning("%s: rejected a malformed message: %s", self.state.name, e)
                 self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
+                # its sequence number is used up, or the requests after it would wait
+                # for it forever (a readable header tells which one it was)
+                self._deliver(peer, self.sequencer.skip(peer, _sequence_number(body)))
                 continue
             try:
                 deliverable = self.sequencer.accept(peer, header, arrays)
@@ -124,28 +136,36 @@ class ServerNode:
                 log.error("%s: %s", self.state.name, e)
                 self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
                 continue
-            for header, arrays in deliverable:
-                log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
-                          header["id"], header["src"])
-                handled = self._data.intercept(peer, header, arrays)   # e.g. hello
-                if handled is not None:
-                    self._send(peer, *handled)
-                    continue
-                if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
-                    self._send(peer, *self._checkpoint(header), [])
-                    continue
-                try:
-                    replies = self.state.handle(peer, header, arrays)
-                except Exception as e:  # a bug or an input we did not foresee: keep serving
-                    log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
-                                  header.get("id"))
-                    replies = [Reply(peer, error_header(header["id"], "InternalError",
-                                                        f"{self.state.name}: {type(e).__name__}: {e}"))]
-                for reply in replies:
-                    if reply.header.get("kind") == "ProtocolError":
-                        log.warning("%s: rejected a malformed %s request: %s", self.state.name,
-                                    header.get("op"), reply.header.get("message"))
-                    self._send(reply.peer, reply.header, reply.arrays)
+            self._deliver(peer, deliverable)
+
+    def _deliver(self, peer: bytes, deliverable) -> None:
+        """Handle requests of ``peer`` that the sequencer released, in order."""
+        for header, arrays in deliverable:
+            log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
+                      header["id"], header["src"])
+            handled = self._data.intercept(peer, header, arrays)   # e.g. hello
+            if handled is not None:
+                self._send(peer, *handled)
+                continue
+            if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
+                self._send(peer, *self._checkpoint(header), [])
+                continue
+            try:
+                replies = self.state.handle(peer, header, arrays)
+            except Exception as e:  # a bug or an input we did not foresee: keep serving
+                log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
+                              header.get("id"))
+                replies = [Reply(peer, error_header(header["id"], "InternalError",
+                                                    f"{self.state.name}: {type(e).__name__}: {e}"))]
+            for reply in replies:
+                if reply.header.get("kind") == "ProtocolError":
+                    log.warning("%s: rejected a malformed %s request: %s", self.state.name,
+                                header.get("op"), reply.header.get("message"))
+                self._send(reply.peer, reply.header, reply.arrays)
+
+    def _send_all(self, replies) -> None:
+        for reply in replies:
+            self._send(reply.peer, reply.header, reply.arrays)
 
     def _checkpoint(self, header: dict) -> tuple[dict]:
         """Write this server's checkpoint; the reply header (ok or error)."""
@@ -201,3 +221,11 @@ class ServerNode:
         self._sock.close(linger=0)
         self._ctx.term()
         self._data.close()
+
+
+def _sequence_number(body):
+    """The ``seq`` of a request whose decoding failed, if its header is readable."""
+    try:
+        return parse_header(body[0].buffer if hasattr(body[0], "buffer") else body[0]).get("seq")
+    except Exception:       # not even the header: nothing to skip
+        return None

@@ -4,7 +4,9 @@
 A duplicate (a sequence number already handled) is dropped with a log line; a
 request that arrives early waits until the ones before it arrived. A request
 that never arrives holds back the later ones of that connection, whose worker
-then fails with a deadline error naming this server: never a wrong result.
+then fails with a deadline error naming this server: never a wrong result. A
+request rejected before it could be handled (malformed after its header was read)
+still uses up its sequence number (:meth:`Sequencer.skip`), so the ones after it go on.
 Pure: no sockets, no clocks.
 """
 
@@ -28,7 +30,7 @@ class Sequencer:
     def __init__(self, name: str):
         self.name = name
         self._next: dict = {}   # peer -> next expected sequence number
-        self._held: dict = {}   # peer -> {seq: (header, arrays)}
+        self._held: dict = {}   # peer -> {seq: (header, arrays), or None: rejected, skip it}
         self.duplicates = 0
 
     def accept(self, peer, header: dict, arrays: list) -> list[tuple[dict, list]]:
@@ -50,10 +52,31 @@ class Sequencer:
                                  f"sequence {expected}, which never arrived")
             held[seq] = (header, arrays)
             return []
-        ready = [(header, arrays)]
+        return self._advance(peer, expected, [(header, arrays)])
+
+    def skip(self, peer, seq) -> list[tuple[dict, list]]:
+        """Request ``seq`` of ``peer`` was rejected (and answered) without being
+        handled: count it as done. Returns the held requests now deliverable."""
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            return []
+        expected = self._next.get(peer, 0)
+        held = self._held.setdefault(peer, {})
+        if seq < expected or seq in held:
+            return []
+        if seq > expected:
+            if len(held) < MAX_HELD:
+                held[seq] = None
+            return []
+        return self._advance(peer, expected, [])
+
+    def _advance(self, peer, expected: int, ready: list) -> list[tuple[dict, list]]:
+        """``expected`` was just taken care of: release what follows it in order."""
+        held = self._held[peer]
         expected += 1
         while expected in held:
-            ready.append(held.pop(expected))
+            item = held.pop(expected)
+            if item is not None:
+                ready.append(item)
             expected += 1
         self._next[peer] = expected
         return ready

@@ -10,8 +10,12 @@ the optimizer) and every push that joined it is acknowledged. A worker that
 pushes again before its round completed starts the next round. A pull is
 answered once the sender has no push pending on the chunk (a pushpull once its
 own round is applied), so a worker always reads the result of its own last
-push's round. If the optimizer fails on a round, exactly the requests that
-depended on that round get the error; later rounds proceed.
+push's round (a write it was granted, or asked for, counts as a push). If the
+optimizer fails on a round, exactly the requests that depended on that round get
+the error; later rounds proceed. When the scheduler reports that a worker
+finished (:meth:`ServerState.workers_finished`), every round still waiting for
+it fails at once naming it, and so does every later push: such a round can
+never complete.
 
 Asynchronous mode: every push is applied on arrival with the optimizer.
 
@@ -63,6 +67,14 @@ class ServerState(WriteIn):
         self._restored: set = set()        # chunk ids restored and not yet re-initialised
         self._restored_optimizer = None    # the checkpoint's optimizer config
         self._round_seen: dict = {}        # (chunk id, id(round)) -> (first seen, reported, round)
+        self._applied: dict = {}           # chunk id -> rounds applied (to name a round by number)
+        self._gone: set = set()            # workers that finished: they push no more
+        # requests answered with values once their other chunks are done: a chunk
+        # whose round of theirs was applied keeps that value for them if a later
+        # round changes it first (possible when a worker pushes again before its
+        # reply, e.g. _pushpull_start then push)
+        self._partial: dict = {}           # chunk id -> [Pending] done with it, not yet answered
+        self._captured: dict = {}          # id(Pending) -> {chunk id: its value for it}
 
     # -- entry point -----------------------------------------------------------
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
@@ -160,6 +172,7 @@ class ServerState(WriteIn):
     def _on_push(self, peer, header, arrays, want_values=False):
         worker = self._worker(header)
         ids = self._chunk_ids(header, arrays)
+        self._refuse_if_gone(worker, ids)
         if header.get("compression") is not None:
             config = _compression.validate(header["compression"])
             for cid in ids:
@@ -183,9 +196,17 @@ class ServerState(WriteIn):
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
+        if self._writes_ahead(worker, ids):
+            # a write of this worker asked for earlier is not granted yet: it takes
+            # its round first (kvstore.server.writein), then this push the next one
+            return self._hold_push(peer, header["id"], worker, ids, chunks, arrays, want_values)
+        return self._join_rounds(peer, header["id"], worker, ids, chunks, arrays, want_values)
+
+    def _join_rounds(self, peer, req_id, worker, ids, chunks, arrays, want_values) -> list[Reply]:
+        """A validated sync push: contribute to the rounds; the replies now ready."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, header["id"], worker, ids, want_values, set(ids))
+        pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
         for chunk in chunks:
             chunk.waiting.append(pending)
         ready = []
@@ -206,7 +227,8 @@ class ServerState(WriteIn):
         if self.mode == "async":
             return [self._reply_now(peer, header["id"], chunks, True, copy=True)]
         pending = Pending(peer, header["id"], worker, ids, True,
-                           {cid for cid, c in zip(ids, chunks) if c.pending_from(worker)})
+                           {cid for cid, c in zip(ids, chunks)
+                            if c.pending_from(worker) or self._writing(worker, cid, c)})
         if not pending.blocked:
             return [self._finish(pending)]
         for cid in pending.blocked:
@@ -250,6 +272,10 @@ class ServerState(WriteIn):
         replies = []
         while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
             rnd = chunk.rounds.pop(0)
+            self._applied[cid] = self._applied.get(cid, 0) + 1
+            for waiting in self._partial.pop(cid, ()):    # the value is about to change
+                if waiting.blocked:                          # (not answered yet)
+                    self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
             if rnd.acc is None:   # one worker: its push is the sum
                 rnd.acc = self._take_spare(chunk)
                 self.xp.copyto(rnd.acc, rnd.first)
@@ -270,24 +296,106 @@ class ServerState(WriteIn):
                         if joined is rnd or (joined is None and pending.worker in rnd.workers):
                             pending.error = message   # answered with it when it completes
             chunk.spare = acc
-            still = []
-            for pending in chunk.waiting:
-                if pending.waits_on(cid, chunk):
-                    still.append(pending)
-                    continue
-                pending.blocked.discard(cid)
-                if not pending.blocked:
-                    replies.append(self._finish(pending))
-            chunk.waiting = still
+            replies += self._release(cid, chunk)
         return replies
 
+    def _release(self, cid, chunk: Chunk) -> list[Reply]:
+        """Answer the requests parked on ``chunk`` that no longer wait for it (and for
+        no other chunk)."""
+        replies, still = [], []
+        for pending in chunk.waiting:
+            if self._waits(pending, cid, chunk):
+                still.append(pending)
+                continue
+            pending.blocked.discard(cid)
+            if not pending.blocked:
+                replies.append(self._finish(pending))
+            elif pending.want_values:
+                self._partial.setdefault(cid, []).append(pending)
+        chunk.waiting = still
+        return replies
+
+    def _waits(self, pending: Pending, cid, chunk: Chunk) -> bool:
+        """A push waits for its own round; a pull for every round of its worker,
+        including the one a write of that worker (granted, or still queued) goes to."""
+        if pending.waits_on(cid, chunk):
+            return True
+        return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
+
+    # -- workers that finished -------------------------------------------------------
+    def workers_finished(self, ranks) -> list[Reply]:
+        """The scheduler says these workers finished (closed their stores). In sync
+        mode every round still waiting for one of them can never complete: the
+        requests that depend on such a round fail now, naming that worker, and so
+        does every later push (:meth:`_refuse_if_gone`). Returns the replies."""
+        new = set(ranks) - self._gone
+        if not new:
+            return []
+        self._gone |= new
+        if self.mode != "sync":
+            return []
+        replies = []
+        with self.backend.scope():
+            for cid, chunk in self.chunks.items():
+                # a worker joins rounds in order: those it is missing from are a suffix
+                first = next((i for i, rnd in enumerate(chunk.rounds)
+                              if not self._gone <= rnd.workers), None)
+                if first is None:
+                    continue
+                for pos in range(first, len(chunk.rounds)):
+                    rnd = chunk.rounds[pos]
+                    message = self._gone_message(cid, pos, rnd.workers)
+                    for pending in chunk.waiting:
+                        joined = pending.rounds.get(cid)
+                        if joined is rnd or (joined is None and (pending.worker in rnd.workers
+                                                                 or rnd.writer == pending.worker)):
+                            pending.error = pending.error or message
+                    for grant in self._grants.values():
+                        if any(r is rnd for r in grant.rounds):
+                            grant.error = grant.error or message
+                del chunk.rounds[first:]
+                replies += self._release(cid, chunk)
+            replies += self._fail_queued()
+        return replies
+
+    def _gone_message(self, cid, pos: int, workers) -> str:
+        """Why round ``pos`` (in the chunk's queue) of ``cid`` cannot complete."""
+        missing = sorted(self._gone - set(workers))
+        who = ", ".join(map(str, missing))
+        number = self._applied.get(cid, 0) + pos + 1
+        return (f"worker{'s' if len(missing) > 1 else ''} {who} closed {'their' if len(missing) > 1 else 'its'} "
+                f"store while round {number} of {chunk_label(cid)} waits for "
+                f"{'their' if len(missing) > 1 else 'its'} push: every worker must take the same "
+                "number of steps (give each the same number of batches, e.g. with kvstore.torch.shard)")
+
+    def _refuse_if_gone(self, worker: int, ids) -> None:
+        """A sync push (or write) into a round that a finished worker will never join."""
+        if not self._gone or self.mode != "sync":
+            return
+        for cid in ids:
+            chunk = self.chunks.get(cid)
+            if chunk is None:
+                continue                 # the unknown chunk is reported by _existing
+            pos = next((i for i, r in enumerate(chunk.rounds) if r.open_to(worker)), len(chunk.rounds))
+            workers = chunk.rounds[pos].workers if pos < len(chunk.rounds) else set()
+            if not self._gone <= workers:
+                raise InvalidArgumentError(self._gone_message(cid, pos, workers))
+
     def _finish(self, pending: Pending) -> Reply:
+        captured = self._captured.pop(id(pending), {})
         if pending.error is not None:
             return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
         # Values are sent without a copy: in sync mode a chunk cannot change again
-        # before this worker, who is blocked on this reply, pushes to it.
-        values = [self.chunks[cid].value for cid in pending.chunks] if pending.want_values else []
-        return self._ok(pending.peer, pending.req_id, self.backend.download(values, copy=False))
+        # before this worker, who is blocked on this reply, pushes to it. Unless it
+        # has pushed (or asked to write) again already, which a worker that did not
+        # wait for this reply can (_pushpull_start, then a push): then its next round
+        # may complete before the reply is read, so it gets a copy.
+        values = [captured.get(cid, self.chunks[cid].value) for cid in pending.chunks] \
+            if pending.want_values else []
+        ahead = bool(values) and any(
+            self.chunks[cid].pending_from(pending.worker) or self._writing(pending.worker, cid, self.chunks[cid])
+            for cid in pending.chunks)
+        return self._ok(pending.peer, pending.req_id, self.backend.download(values, copy=ahead))
 
     def _on_set_optimizer(self, peer, header, arrays):
         try:
@@ -353,7 +461,8 @@ class ServerState(WriteIn):
                 self.backend.upload(saved, out=value)
             self.chunks[(key, index)] = Chunk(value)
             if t is not None and self.updater is not None:
-                states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=value.dtype).copy()
+                kind = self.updater.optimizer.state_spec(value.dtype)[1]   # multi_precision: float32
+                states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=kind).copy()
                                                           for b in state]}
         if states:
             self.updater.set_states(states)
@@ -409,15 +518,17 @@ class ServerState(WriteIn):
             cid = (key, index)
             chunk = self._existing([cid])[0]
             parts = arrays[pos:pos + count]
+            # multi_precision: a float16 chunk's state is a float32 master copy + float32 state
+            want, dtype = self.updater.optimizer.state_spec(chunk.value.dtype)
             for a in parts:
-                if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
+                if a.dtype != dtype or a.size != chunk.value.size:
                     raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: got {a.size} x "
-                                               f"{a.dtype.name}, the chunk is {chunk.value.size} x "
-                                               f"{chunk.value.dtype.name}")
-            if len(parts) != self.updater.optimizer.num_states:
+                                               f"{a.dtype.name}, it must be {chunk.value.size} x "
+                                               f"{dtype.name}")
+            if len(parts) != want:
                 raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: {len(parts)} arrays, "
                                            f"{self.updater.optimizer.to_config()['name']} keeps "
-                                           f"{self.updater.optimizer.num_states}")
+                                           f"{want}")
             states[cid] = {"t": t, "state": [np.array(a, copy=True).reshape(-1) for a in parts]}
             pos += count
         self.updater.set_states(states)

@@ -3,7 +3,8 @@
     python -m kvstore.tools.parse_log job.log [other.log ...] [--plot curves.png]
 
 Recognised lines, with any prefix before ``Epoch[`` (the launcher's ``[worker:0] ``,
-a logging timestamp, ...)::
+a logging timestamp, ...); older MXNet releases print ``Iteration[N]`` (and
+``Iter[N] Batch``) instead of ``Epoch[N]``, which is read the same way::
 
     Epoch[0] Batch [20]\tSpeed: 1234.56 samples/sec\taccuracy=0.500000
     Epoch[0] Train-accuracy=0.900000
@@ -12,9 +13,12 @@ a logging timestamp, ...)::
     Epoch[0] Comm-sent-bytes=123456789        # bytes this worker sent to the servers
     Epoch[0] Comm-received-bytes=123456789    # ... and received from them, that epoch
 
-When a log holds the epoch lines of several workers (``[worker:N]`` prefixes), only
-the lowest rank's (worker 0's) are used. Speed is the mean over the epoch's Batch lines;
-MB are 10^6 bytes. Values a log does not have are left as empty cells.
+When a log holds the epoch lines of several workers (``[worker:N]`` prefixes), the
+table shows the lowest rank's (worker 0's), and a second table every worker's values
+side by side. Without prefixes the workers' lines cannot be told apart: a value that
+appears several times for one epoch (one per worker) is averaged, as MXNet's own
+parse_log does. Speed is the mean over the epoch's Batch lines; MB are 10^6 bytes.
+Values a log does not have are left as empty cells.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ PATTERNS = [
     ("sent_bytes", re.compile(r"\s*Comm-sent-bytes=" + NUMBER)),
     ("received_bytes", re.compile(r"\s*Comm-received-bytes=" + NUMBER)),
 ]
-EPOCH = re.compile(r"Epoch\[(\d+)\]")
+EPOCH = re.compile(r"(?:Epoch|Iteration|Iter)\[(\d+)\]")
 COLUMNS = ["epoch", "train-accuracy", "validation-accuracy", "time (s)", "speed (samples/s)",
            "sent (MB)", "received (MB)"]
 
@@ -57,7 +61,7 @@ class EpochRow:
 
 def worker_ranks(lines: Iterable[str]) -> list[int]:
     """The ranks of the ``[worker:N]`` prefixes on the epoch lines of ``lines``, sorted."""
-    return sorted({int(m.group(1)) for line in lines if (m := WORKER.search(line)) and "Epoch[" in line})
+    return sorted({int(m.group(1)) for line in lines if (m := WORKER.search(line)) and EPOCH.search(line)})
 
 
 def select_worker(lines: list[str]) -> tuple[list[str], int | None]:
@@ -76,9 +80,46 @@ def select_worker(lines: list[str]) -> tuple[list[str], int | None]:
 
 def parse(lines: Iterable[str]) -> list[EpochRow]:
     """One EpochRow per epoch seen (sorted by epoch), from the lines of one log. With
-    several workers in the log, only worker 0's lines count (see select_worker)."""
+    several workers in the log, only worker 0's lines count (see select_worker). A
+    value given several times for one epoch (several workers without prefixes) is
+    the mean of them."""
     lines, _ = select_worker(list(lines))
+    return _rows(lines)
+
+
+def repeats(lines: Iterable[str]) -> int:
+    """The most times one value (other than Batch speeds) appears for one epoch in
+    ``lines``: the number of workers whose lines a log without prefixes mixes."""
+    seen: dict = {}
+    for line in lines:
+        m = EPOCH.search(line)
+        if not m:
+            continue
+        rest = line[m.end():]
+        for name, pattern in PATTERNS:
+            if pattern.match(rest):
+                if name != "speeds":
+                    key = (int(m.group(1)), name)
+                    seen[key] = seen.get(key, 0) + 1
+                break
+    return max(seen.values(), default=0)
+
+
+def parse_workers(lines: Iterable[str]) -> dict[int, list[EpochRow]]:
+    """{rank: its rows} for the workers of a log with ``[worker:N]`` prefixes on
+    their epoch lines (empty without)."""
+    lines = list(lines)
+    by_rank: dict[int, list[str]] = {}
+    for line in lines:
+        m = WORKER.search(line)
+        if m:
+            by_rank.setdefault(int(m.group(1)), []).append(line)
+    return {rank: _rows(by_rank[rank]) for rank in worker_ranks(lines)}
+
+
+def _rows(lines: Iterable[str]) -> list[EpochRow]:
     rows: dict[int, EpochRow] = {}
+    values: dict[tuple[int, str], list[float]] = {}
     for line in lines:
         m = EPOCH.search(line)
         if not m:
@@ -93,8 +134,10 @@ def parse(lines: Iterable[str]) -> list[EpochRow]:
             if name == "speeds":
                 row.speeds = (row.speeds or []) + [value]
             else:
-                setattr(row, name, value)       # a repeated line: the last one wins
+                values.setdefault((row.epoch, name), []).append(value)
             break
+    for (epoch, name), seen in values.items():
+        setattr(rows[epoch], name, sum(seen) / len(seen))   # several workers: their mean
     for row in rows.values():
         if row.speeds:
             row.speed = sum(row.speeds) / len(row.speeds)
@@ -117,6 +160,30 @@ def to_markdown(rows: list[EpochRow]) -> str:
         cells = [str(r.epoch), _cell(r.train_accuracy, 4), _cell(r.validation_accuracy, 4),
                  _cell(r.time, 2), _cell(r.speed, 1), _cell(r.sent_bytes, 2, 1e6),
                  _cell(r.received_bytes, 2, 1e6)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def to_markdown_per_worker(per_worker: dict[int, list[EpochRow]]) -> str:
+    """A markdown table with one column per worker for each value any worker has:
+    ``epoch | train-accuracy w0 | train-accuracy w1 | ...``."""
+    fields = [("train-accuracy", "train_accuracy", 4, 1.0),
+              ("validation-accuracy", "validation_accuracy", 4, 1.0), ("time (s)", "time", 2, 1.0),
+              ("speed (samples/s)", "speed", 1, 1.0), ("sent (MB)", "sent_bytes", 2, 1e6),
+              ("received (MB)", "received_bytes", 2, 1e6)]
+    ranks = sorted(per_worker)
+    by_epoch = {rank: {r.epoch: r for r in rows} for rank, rows in per_worker.items()}
+    epochs = sorted({e for rows in by_epoch.values() for e in rows})
+    present = [f for f in fields
+               if any(getattr(r, f[1]) is not None for rows in per_worker.values() for r in rows)]
+    header = ["epoch"] + [f"{title} w{rank}" for title, *_ in present for rank in ranks]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    for epoch in epochs:
+        cells = [str(epoch)]
+        for _, attr, digits, scale in present:
+            for rank in ranks:
+                row = by_epoch[rank].get(epoch)
+                cells.append(_cell(None if row is None else getattr(row, attr), digits, scale))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -174,7 +241,7 @@ def _colors(n: int) -> list[str]:
     return [palette[i % len(palette)] for i in range(n)]
 
 
-@click.command(help=__doc__.split("\n\n")[0])
+@click.command(help=__doc__.split("\n\n")[0], context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True),
               help="Also draw accuracy and time per epoch of every log into this PNG.")
@@ -191,13 +258,18 @@ def main(logs: tuple[str, ...], plot_path: str | None) -> None:
         if worker is not None:
             ranks = worker_ranks(lines)
             click.echo(f"{len(ranks)} workers in this log (ranks {', '.join(map(str, ranks))}): "
-                       f"using worker {worker}'s lines\n")
+                       f"using worker {worker}'s lines (every worker's values follow)\n")
+        elif rows and (n := repeats(lines)) > 1:
+            click.echo(f"up to {n} values per epoch and no [worker:N] prefixes (several workers?): "
+                       "each cell is their mean\n")
         if not rows:
             click.echo(f"{path}: no epoch lines found (expected MXNet-format lines such as "
                        f"'Epoch[0] Train-accuracy=0.9' or 'Epoch[0] Time cost=12.3')\n", err=True)
             failed.append(path)
             continue
         click.echo(to_markdown(rows) + "\n")
+        if worker is not None:
+            click.echo("every worker:\n\n" + to_markdown_per_worker(parse_workers(lines)) + "\n")
         parsed.append((label, rows))
     if plot_path and parsed:
         plot(parsed, plot_path)

@@ -1,0 +1,235 @@
+"""Chaos: many short jobs, each with one random fault at a random moment.
+
+    python -m benchmarks.chaos --runs 200            # ~15-25 minutes on 2 cores
+    python -m benchmarks.chaos --runs 12 --seed 7    # a quick look
+
+Each run starts ``python -m tracker.local -n W -s S`` (W in 1-4, S in 1-3, sync or
+async, chosen at random) on benchmarks/chaos_worker.py, which checks exact sums
+every round, waits until the workers have done a random number of rounds, then
+injects one fault into one random process: SIGKILL, SIGTERM or SIGSTOP (a worker
+or a server), exit(1) or an uncaught exception (a worker). A run passes when:
+
+- the job ends within 10 s of the fault (30 s for SIGSTOP: the heartbeat bound),
+  with a non-zero status;
+- the final table marks the faulty process as the root cause;
+- no process of the job is left (looked up by a tag in every process's environment);
+- no worker saw a wrong value.
+
+Prints a table of counts by fault and writes it (markdown and JSON) to
+benchmarks/results/chaos/. Network partitions of an emulated host are not
+injected yet (they need root and network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAULTS = ("SIGKILL", "SIGTERM", "SIGSTOP", "exit", "raise")
+BOUND = {"SIGSTOP": 30.0}          # seconds from the fault to the job's end
+DEFAULT_BOUND = 10.0
+ENV = {"KVSTORE_HEARTBEAT_INTERVAL": "0.5", "KVSTORE_HEARTBEAT_TIMEOUT": "10",
+       "KVSTORE_ABORT_GRACE": "3", "KVSTORE_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries CHAOS_TAG=tag."""
+    needle, found = f"CHAOS_TAG={tag}".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found
+
+
+class Job:
+    """One launcher process; its output is collected by a thread."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match | None:
+        deadline, regex, seen = time.monotonic() + timeout, re.compile(pattern), 0
+        with self.changed:
+            while True:
+                for line in self.lines[seen:]:
+                    m = regex.search(line)
+                    if m:
+                        return m
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and seen == len(self.lines)):
+                    return None
+                self.changed.wait(min(left, 0.5))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def one_run(rng: random.Random, index: int) -> dict:
+    """A run with every choice random."""
+    workers, servers = rng.randint(1, 4), rng.randint(1, 3)
+    mode, fault = rng.choice(("sync", "async")), rng.choice(FAULTS)
+    role = "worker" if fault in ("exit", "raise") else rng.choice(("worker", "server"))
+    rank = rng.randrange(workers if role == "worker" else servers)
+    return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30))
+
+
+def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role: str, rank: int,
+             after: int) -> dict:
+    """One job with the given fault; the run's record, ``problems`` empty when it passed."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, **ENV, "CHAOS_TAG": tag,
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if fault in ("exit", "raise"):
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(rank), CHAOS_AFTER=str(after))
+    run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": fault,
+           "target": f"{role} {rank}", "after_rounds": after}
+    job = Job([sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers),
+               sys.executable, os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode], env)
+    problems = []
+    try:
+        # signals come once the target's side has done `after` rounds; a worker's own
+        # exit or exception comes right after its round `after - 1`: time from there
+        seen = after - 1 if fault in ("exit", "raise") else after
+        if job.wait_for(rf"\[worker:{rank if role == 'worker' else 0}\] round {seen} ok", 60) is None:
+            problems.append("the job did not reach the fault's round")
+        fault_at = time.monotonic()
+        if fault.startswith("SIG"):
+            pid = pid_of(tag, role, rank)
+            if pid is None:
+                problems.append(f"no pid for {role} {rank} in the output")
+            else:
+                os.kill(pid, getattr(signal, fault))
+        bound = BOUND.get(fault, DEFAULT_BOUND)
+        try:
+            code = job.proc.wait(timeout=bound + 5)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - fault_at
+        run.update(exit=code, seconds=round(took, 2))
+        if code is None:
+            problems.append(f"the job did not end within {bound + 5:.0f} s of the fault")
+        elif code == 0:
+            problems.append("the job ended with status 0")
+        elif took > bound:
+            problems.append(f"the job ended {took:.1f} s after the fault (bound {bound:.0f} s)")
+        if "WRONG" in job.text:
+            problems.append("a worker saw a wrong value")
+        if code is not None and not re.search(rf"{role} {rank} +\d+ .*<- root cause", job.text):
+            problems.append(f"{role} {rank} is not marked as the root cause")
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
+        left = leftovers(tag)
+        if left:
+            problems.append(f"processes left behind: {left}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    run["problems"] = problems
+    if problems:
+        run["tail"] = job.text[-4000:]
+    return run
+
+
+def pid_of(tag: str, role: str, rank: int) -> int | None:
+    """The pid of this job's ``role`` ``rank`` (its environment says so)."""
+    want = {b"CHAOS_TAG=" + tag.encode(), b"KVSTORE_ROLE=" + role.encode(),
+            b"KVSTORE_RANK=" + str(rank).encode()}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want <= set(f.read().split(b"\0")):
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def leftovers(tag: str, grace: float = 5.0) -> list[int]:
+    """Processes of the job still alive ``grace`` seconds after the launcher ended
+    (polled: a process's end sends no event we could wait on from here)."""
+    deadline = time.monotonic() + grace
+    while True:
+        left = tagged(tag)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def table(runs: list[dict]) -> str:
+    lines = ["| fault | runs | passed | failed |", "|---|---:|---:|---:|"]
+    for fault in FAULTS:
+        mine = [r for r in runs if r["fault"] == fault]
+        bad = sum(1 for r in mine if r["problems"])
+        lines.append(f"| {fault} | {len(mine)} | {len(mine) - bad} | {bad} |")
+    bad = sum(1 for r in runs if r["problems"])
+    lines.append(f"| all | {len(runs)} | {len(runs) - bad} | {bad} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--seed", type=int, default=None, help="random seed [default: from the clock, printed]")
+    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "chaos"))
+    args = p.parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time())
+    rng = random.Random(seed)
+    runs, t0 = [], time.time()
+    for i in range(args.runs):
+        run = one_run(rng, i)
+        runs.append(run)
+        status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
+        print(f"run {i}: {run['fault']} -> {run['target']} (W={run['workers']} S={run['servers']} "
+              f"{run['mode']}): exit {run.get('exit')} after {run.get('seconds')} s, {status}", flush=True)
+    summary = table(runs)
+    print(summary)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "chaos.json"), "w") as f:
+        json.dump({"seed": seed, "runs": runs, "seconds": round(time.time() - t0)}, f, indent=1)
+    with open(os.path.join(args.out_dir, "chaos.md"), "w") as f:
+        f.write(f"# Chaos: {len(runs)} runs (seed {seed}, {time.strftime('%Y-%m-%d')}, "
+                f"{round(time.time() - t0)} s)\n\n{summary}\n")
+        for r in runs:
+            if r["problems"]:
+                f.write(f"\n- run {r['run']}: {r['fault']} -> {r['target']}: {'; '.join(r['problems'])}\n")
+    return 1 if any(r["problems"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
