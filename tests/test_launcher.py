@@ -161,3 +161,153 @@ def test_without_launcher_a_dead_server_is_found_by_heartbeats():
     assert scheduler.wait(30) == 1, scheduler.text
     server.wait(5)
     assert leftovers(tag) == []
+
+
+# -- teardown, output and reporting (docs/launching.md, "Failure handling") ----------
+
+CASES = os.path.join(SCRIPTS, "launcher_cases.py")
+
+
+def test_a_closed_output_pipe_does_not_hang_the_job():
+    """`python -m tracker.local ... | head -1`: the launcher keeps draining the
+    children's output after its reader went away, and the job ends normally
+    with the job's status (0), not a BrokenPipeError."""
+    import subprocess
+    import threading
+    tag = uuid.uuid4().hex
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "1", sys.executable, CASES, "chatty"],
+        env={**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    errors = []
+    reader = threading.Thread(target=lambda: errors.append(popen.stderr.read()), daemon=True)
+    reader.start()
+    first = popen.stdout.readline()      # as `head -1` does, then the reader is gone
+    popen.stdout.close()
+    try:
+        code = popen.wait(90)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(10)
+        reader.join(10)
+        raise AssertionError(f"the job hung after its output pipe closed:\n{errors}")
+    reader.join(10)
+    assert first.startswith("["), first
+    assert code == 0, errors
+    assert "BrokenPipe" not in errors[0] and "Traceback" not in errors[0], errors[0]
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors[0]), errors[0]
+    assert leftovers(tag) == []
+
+
+def test_a_second_signal_during_the_teardown_kills_at_once():
+    """A worker that ignores SIGTERM would hold the teardown for --kill-grace
+    (here 300 s): a second signal must skip the rest of it (SIGKILL now)."""
+    p = launch("-n", "1", "-s", "1", "--kill-grace", "300", sys.executable, CASES, "ignore-term")
+    p.wait_for("ready")
+    p.popen.send_signal(signal.SIGTERM)
+    p.wait_for("launcher got SIGTERM: stopping every process")
+    p.popen.send_signal(signal.SIGINT)
+    assert p.wait(60) == 128 + signal.SIGTERM, p.text
+    assert "killing every process now (SIGKILL)" in p.text
+    assert "interrupted by SIGTERM" in p.text
+    assert "Traceback" not in p.text, p.text
+    assert_no_leftovers(p)
+
+
+def test_sighup_to_the_launcher_ends_every_process():
+    """Closing the terminal (SIGHUP) tears the job down like SIGTERM."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)   # the launcher inherits it
+    try:
+        p = launch("-n", "2", "-s", "2", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop")
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(signal.SIGHUP)
+    assert p.wait(30) == 128 + signal.SIGHUP, p.text
+    assert "interrupted by SIGHUP" in p.text
+    assert_no_leftovers(p)
+
+
+@pytest.mark.parametrize("mode, status", [
+    ("grandchild-group", "ok"), ("grandchild-session", "ok"), ("grandchild-session", "fail"),
+])
+def test_grandchildren_of_processes_that_exited_are_killed_at_the_end(mode, status):
+    """Each worker leaves a grandchild behind (in its process group, or in another
+    group of its session) and exits: the launcher ends them all, whether the job
+    succeeded or failed."""
+    p = launch("-n", "2", "-s", "1", sys.executable, CASES, mode, status, env=FAST_FAILURE)
+    assert p.wait(60) == (0 if status == "ok" else 3), p.text
+    assert p.text.count("ready") == 2, p.text
+    assert_no_leftovers(p)
+
+
+@pytest.mark.parametrize("mode", ["systemexit", "exception"])
+def test_the_culprit_is_marked_in_every_failure_mode(mode):
+    """Worker 1 ends by SystemExit(1) or an uncaught exception while worker 0
+    waits at a barrier: worker 1 is the root cause, with the status it exited
+    with, never as a process the teardown killed."""
+    p = launch("-n", "2", "-s", "1", sys.executable, CASES, mode, env=FAST_FAILURE)
+    assert p.wait(60) == 1, p.text
+    row = re.search(r"^worker 1 +\d+  (.*)$", p.text, re.M)
+    assert row and row.group(1) == "exited with status 1  <- root cause", p.text
+    assert p.text.count("<- root cause") == 1, p.text
+    if mode == "exception":
+        assert "RuntimeError: boom in worker 1" in p.text.split("job failed:")[1]
+    assert_no_leftovers(p)
+
+
+def test_a_stuck_culprit_is_marked_not_shown_as_killed_by_the_teardown():
+    p = launch("-n", "2", "-s", "1", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop",
+               env=FAST_FAILURE)
+    p.wait_for(r"ready rank", count=2)
+    pid = int(re.search(r"server 0 \(pid (\d+)\)", p.text).group(1))
+    os.kill(pid, signal.SIGSTOP)    # alive but silent: found by heartbeats
+    assert p.wait(60) == 1, p.text
+    row = re.search(r"^server 0 +\d+  (.*)$", p.text, re.M)
+    assert row and row.group(1) == "failed (see above), then stopped by the launcher  <- root cause", \
+        p.text
+    assert_no_leftovers(p)
+
+
+def test_a_successful_job_ends_with_one_summary_line():
+    p = launch("-n", "2", "-s", "1", sys.executable, os.path.join(SCRIPTS, "formulas.py"))
+    assert p.wait(120) == 0, p.text
+    assert re.fullmatch(r"job finished: 2 workers, 1 server, \d+\.\d s, exit 0", p.lines[-1]), p.text
+    assert p.text.count("job finished") == 1
+    assert "job failed" not in p.text
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_thread_count_per_process(user):
+    """Unless OMP_NUM_THREADS is set, every process gets OMP_NUM_THREADS and
+    MKL_NUM_THREADS = this machine's cores // the processes started (at least 1),
+    said once in the launcher's log; the user's value wins."""
+    from tracker.launcher import cpu_count
+    env = {**FAST_FAILURE, "OMP_NUM_THREADS": user or "", "MKL_NUM_THREADS": ""}
+    p = launch("-n", "2", "-s", "1", sys.executable, CASES, "threads", env=env)
+    assert p.wait(60) == 0, p.text
+    expected = str(max(1, cpu_count() // 3))
+    seen = re.findall(r"\[worker:\d\] threads (\S+) (\S+)", p.text)
+    if user is None:
+        assert seen == [(expected, expected)] * 2, p.text
+        assert p.text.count("OMP_NUM_THREADS is not set") == 1, p.text
+        assert f"this machine: {cpu_count()} cores / 3 processes = {expected}" in p.text
+    else:
+        assert seen == [("3", "-")] * 2, p.text
+        assert "OMP_NUM_THREADS is not set" not in p.text
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "tracker.local", "-n", "1", "python", "x.py"],
+    ["-m", "kvstore.server"],
+])
+def test_an_invalid_log_level_is_a_named_error(argv):
+    p = Proc([sys.executable, *argv], env={"KVSTORE_LOG_LEVEL": "chatty"})
+    assert p.wait(30) == 2, p.text
+    assert "error: KVSTORE_LOG_LEVEL=chatty is invalid: use one of DEBUG, INFO" in p.text
+    assert "Traceback" not in p.text
+
+
+def test_log_levels_are_case_insensitive():
+    p = launch("-n", "1", "--dry-run", "python", "x.py", env={"KVSTORE_LOG_LEVEL": "warning"})
+    assert p.wait(30) == 0, p.text

@@ -147,3 +147,23 @@ def test_mpi_dry_run_shows_mpirun_and_hides_values(tmp_path):
     assert f"-np 4 --hostfile {hosts}" in p.text and "-x API_TOKEN" in p.text
     assert "hunter2" not in p.text
     assert "scheduler listening" not in p.text
+
+
+@needs_openmpi
+def test_every_rank_gets_one_thread_count_and_the_culprit_is_marked(tmp_path):
+    """One environment for every rank: OMP_NUM_THREADS = the smallest share of a
+    host's cores (slots=) among the hosts; and a worker that ends by an uncaught
+    exception is the root cause with its own exit status."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=4\n")
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "1", "-H", str(hosts), "python",
+                   os.path.join(SCRIPTS, "launcher_cases.py"), "threads",
+                   env={**FAST_FAILURE, "OMP_NUM_THREADS": "", "MKL_NUM_THREADS": ""})
+    assert p.wait(120) == 0, p.text
+    assert len(re.findall(r"\[worker:\d@[^\]]+\] threads 1 1$", p.text, re.M)) == 2, p.text
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", p.text), p.text
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "1", "-H", str(hosts), "python",
+                   os.path.join(SCRIPTS, "launcher_cases.py"), "exception", env=FAST_FAILURE)
+    assert p.wait(120) == 1, p.text
+    assert re.search(r"^worker 1 +\d+ +\S+ +exited with status 1  <- root cause$", p.text, re.M), p.text
+    assert_nothing_left(p)

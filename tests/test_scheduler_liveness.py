@@ -7,7 +7,10 @@ non-zero naming it instead of waiting for ever. Nodes are in-process
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -151,3 +154,73 @@ def test_a_store_barrier_that_times_out_names_the_absent_worker(make_cluster):
     results = run_all([lambda r=r: work(r) for r in range(2)])
     assert results == [None, None], results
     assert "worker 1 (pid" in errors[0] and "did not arrive (worker 0 waited)" in errors[0], errors
+
+
+def test_two_failing_workers_give_one_abort_and_no_bad_message_warning(caplog):
+    caplog.set_level(logging.INFO, logger="tracker.rendezvous")
+    sched = Scheduler(2, 1, **FAST).start()
+    servers, workers = members(sched.port, 2)
+    try:
+        workers[0].fail("first failure")
+        assert sched.wait(10) is False
+        workers[1].fail("second failure, a consequence")
+        for node in servers:
+            node.close()
+        assert "worker 0" in sched.failure and "first failure" in sched.failure
+        text = caplog.text
+        assert "bad control message" not in text
+        assert "scheduler listening on" in text and "for 2 workers and 1 server\n" in text + "\n"
+    finally:
+        sched.close()
+
+
+def test_a_node_started_before_the_scheduler_waits_for_it_beyond_the_heartbeat_timeout():
+    """Until the scheduler first answers, KVSTORE_TIMEOUT applies, not the heartbeat
+    timeout: a mute listener on the port receives the node's heartbeats for longer
+    than the heartbeat timeout, then the real scheduler takes the port."""
+    import zmq
+    ctx = zmq.Context()
+    mute = ctx.socket(zmq.ROUTER)
+    port = mute.bind_to_random_port("tcp://127.0.0.1")
+    node = Membership(role="worker", rank=0, scheduler=("127.0.0.1", port),
+                      heartbeat_interval=0.1, heartbeat_timeout=0.5, timeout=30.0)
+    try:
+        started, beats = time.monotonic(), 0
+        while time.monotonic() - started < 1.0:          # > twice the heartbeat timeout
+            assert mute.poll(5000), "no heartbeat arrived"
+            frames = mute.recv_multipart()
+            beats += b"heartbeat" in frames[-1]
+        assert beats >= 5 and not node.aborted.is_set(), node.abort_reason
+        mute.close(linger=0)
+        sched = Scheduler(1, 1, port=port, **FAST).start()
+        server = Membership(role="server", rank=0, scheduler=("127.0.0.1", port), **FAST)
+        try:
+            registered = run_all([node.register, server.register])
+            assert registered[0].rank == 0, registered
+        finally:
+            server.close()
+            sched.close()
+    finally:
+        node.close()
+        ctx.term()
+
+
+def test_a_scheduler_that_cannot_bind_is_a_named_error_with_status_2(caplog):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        code = serve({"KVSTORE_SCHEDULER_PORT": str(port), "KVSTORE_NUM_WORKERS": "1",
+                      "KVSTORE_NUM_SERVERS": "1"})
+        assert code == 2
+        assert f"the scheduler cannot listen on 127.0.0.1:{port}" in caplog.text
+    finally:
+        taken.close()
+
+
+def test_an_invalid_log_level_for_the_standalone_scheduler_is_status_2():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "tracker.scheduler"], capture_output=True, text=True,
+                       timeout=60, env={"KVSTORE_LOG_LEVEL": "loud", "PYTHONPATH": root})
+    assert p.returncode == 2 and "KVSTORE_LOG_LEVEL='loud' is invalid" in p.stderr, p.stderr

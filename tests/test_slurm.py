@@ -81,3 +81,19 @@ def test_more_tasks_than_the_allocation_is_refused(slurm):
     assert p.wait(30) == 2, p.text
     assert "4 tasks (2 servers + 2 workers) exceed the allocation's 3 tasks" in p.text
     assert "scheduler listening" not in p.text
+
+
+def test_every_task_gets_one_thread_count_and_the_culprit_is_marked(slurm):
+    p = slurm_launch(slurm, "-n", "2", "-s", "1", "python",
+                     os.path.join(SCRIPTS, "launcher_cases.py"), "threads",
+                     env={**FAST_FAILURE, "OMP_NUM_THREADS": "", "MKL_NUM_THREADS": ""})
+    assert p.wait(120) == 0, p.text
+    from tracker.launcher import cpu_count
+    n = max(1, cpu_count() // 3)
+    assert len(re.findall(rf"\[worker:\d@[^\]]+\] threads {n} {n}$", p.text, re.M)) == 2, p.text
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", p.text), p.text
+    p = slurm_launch(slurm, "-n", "2", "-s", "1", "python",
+                     os.path.join(SCRIPTS, "launcher_cases.py"), "exception", env=FAST_FAILURE)
+    assert p.wait(120) == 1, p.text
+    assert re.search(r"^worker 1 +\d+ +\S+ +exited with status 1  <- root cause$", p.text, re.M), p.text
+    assert_nothing_left(p, slurm)

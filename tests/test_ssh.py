@@ -225,3 +225,116 @@ def test_dry_run_prints_what_would_run_where(tmp_path):
                      rf"{sys.executable} train.py --lr 0.1$", lines[at + 1]), lines[at + 1]
     assert "hunter2" not in p.text and "SECRET_TOKEN" in lines[at + 2]   # names only, never values
     assert "scheduler listening" not in p.text
+
+
+# -- teardown, output, threads (docs/launching.md) ------------------------------------
+
+CASES = os.path.join(SCRIPTS, "launcher_cases.py")
+
+
+def test_a_second_signal_kills_remote_processes_at_once(sshd):
+    """Remote workers ignore SIGTERM and --kill-grace is 300 s: the second
+    signal makes every wrapper SIGKILL its process group now."""
+    p = ssh_launch(sshd, "-n", "2", "-s", "1", "-H", two_hosts(sshd), "--kill-grace", "300",
+                   "python", CASES, "ignore-term")
+    p.wait_for(r"\] ready", count=2)
+    p.popen.send_signal(signal.SIGTERM)
+    p.wait_for("launcher got SIGTERM: stopping every process")
+    p.popen.send_signal(signal.SIGINT)
+    assert p.wait(60) == 128 + signal.SIGTERM, p.text
+    assert "killing every process now (SIGKILL)" in p.text
+    assert "Traceback" not in p.text, p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_sighup_to_the_launcher_ends_remote_processes(sshd):
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)   # the launcher inherits it
+    try:
+        p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", two_hosts(sshd), "python",
+                       os.path.join(SCRIPTS, "faulty.py"), "loop", env=FAST_FAILURE)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    p.wait_for(r"ready rank", count=2)
+    p.popen.send_signal(signal.SIGHUP)
+    assert p.wait(30) == 128 + signal.SIGHUP, p.text
+    assert "interrupted by SIGHUP" in p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_a_closed_output_pipe_does_not_hang_a_remote_job(sshd, tmp_path):
+    """`python -m tracker.ssh ... | head -1`: output keeps being drained (and
+    still written to --log-dir), the job ends with its own status."""
+    import subprocess
+    import threading
+    tag = uuid.uuid4().hex
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG",
+         "-n", "2", "-s", "1", "-H", two_hosts(sshd), "--log-dir", str(tmp_path / "logs"),
+         "python", CASES, "chatty"],
+        env={**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": services.ROOT},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=services.ROOT)
+    errors = []
+    reader = threading.Thread(target=lambda: errors.append(popen.stderr.read()), daemon=True)
+    reader.start()
+    popen.stdout.readline()
+    popen.stdout.close()
+    try:
+        code = popen.wait(120)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(10)
+        reader.join(10)
+        raise AssertionError(f"the job hung after its output pipe closed:\n{errors}")
+    reader.join(10)
+    assert code == 0, errors
+    assert "Traceback" not in errors[0], errors[0]
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors[0]), errors[0]
+    assert (tmp_path / "logs" / "worker-1.log").read_text().splitlines()[-1].startswith("line 19999 ")
+    assert eventually_empty(lambda: tagged(tag)) == []
+    assert eventually_empty(sshd.sessions) == []
+
+
+@pytest.mark.parametrize("mode", ["grandchild-group", "grandchild-session"])
+def test_grandchildren_left_on_remote_hosts_are_killed(sshd, mode):
+    """In the process's group, or moved to a group of its own in its session."""
+    p = ssh_launch(sshd, "-n", "2", "-s", "1", "-H", two_hosts(sshd), "python", CASES,
+                   mode, "ok", env=FAST_FAILURE)
+    assert p.wait(60) == 0, p.text
+    assert p.text.count("ready") == 2, p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_thread_count_per_remote_host(sshd):
+    """OMP_NUM_THREADS = a host's cores (its slots=, else this machine's count)
+    // the processes placed on it."""
+    from tracker.launcher import cpu_count
+    hosts = sshd.hostfile("127.0.0.2:{port} slots=2", "127.0.0.3:{port}")
+    p = ssh_launch(sshd, "-n", "2", "-s", "2", "-H", hosts, "python", CASES, "threads",
+                   env={**FAST_FAILURE, "OMP_NUM_THREADS": "", "MKL_NUM_THREADS": ""})
+    assert p.wait(60) == 0, p.text
+    other = max(1, cpu_count() // 2)
+    assert re.search(r"\[worker:0@127\.0\.0\.2:\d+\] threads 1 1$", p.text, re.M), p.text
+    assert re.search(rf"\[worker:1@127\.0\.0\.3:\d+\] threads {other} {other}$", p.text, re.M), p.text
+    assert p.text.count("OMP_NUM_THREADS is not set") == 1, p.text
+    assert_nothing_left(p, sshd)
+
+
+def test_one_of_each_reads_well_and_ipv6_host_ip_is_refused_early(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.2\n")
+    p = python_launcher("tracker.ssh", "-n", "1", "-s", "1", "-H", str(hosts), "--dry-run",
+                        "python", "train.py")
+    assert p.wait(30) == 0, p.text
+    assert "1 server and 1 worker over 1 host," in p.text, p.text
+    p = python_launcher("tracker.ssh", "-n", "1", "-H", str(hosts), "--host-ip", "::1",
+                        "python", "train.py")
+    assert p.wait(30) == 2, p.text
+    assert "error: --host-ip: ::1 is an IPv6 address" in p.text, p.text
+    assert "scheduler listening" not in p.text
+
+
+def test_scheduler_address_refuses_ipv6():
+    from tracker.remote import scheduler_address
+    with pytest.raises(ValueError, match="IPv6"):
+        scheduler_address("fe80::1%lo", [(True, "127.0.0.1")])
+    assert scheduler_address("127.0.0.1", [(True, "127.0.0.1")]) == "127.0.0.1"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import click
 
 from . import env
-from .launcher import JobSpec
+from .launcher import THREAD_VARS, JobSpec, cpu_count, with_default_threads
 
 CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
            "help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -78,8 +78,22 @@ def server_device_option():
                              "[default: KVSTORE_SERVER_DEVICE, else cpu].")
 
 
-def setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper(),
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(environ=os.environ) -> str:
+    """KVSTORE_LOG_LEVEL of ``environ`` (case-insensitive; default INFO), upper
+    case. A value that is not a level is reported (``error: ...``, status 2)."""
+    text = environ.get("KVSTORE_LOG_LEVEL") or "INFO"
+    if text.strip().upper() not in LOG_LEVELS:
+        fail(f"KVSTORE_LOG_LEVEL={text} is invalid: use one of {', '.join(LOG_LEVELS)} "
+             "(any case)")
+    return text.strip().upper()
+
+
+def setup_logging(environ=os.environ) -> None:
+    """The launcher's own log lines, on stderr, at KVSTORE_LOG_LEVEL."""
+    logging.basicConfig(level=log_level(environ),
                         format="%(asctime)s [launcher] %(levelname)s %(message)s")
 
 
@@ -148,16 +162,28 @@ def job_spec(*, num_workers: int, num_servers: int | None, command, python: str,
     if multi_host and "KVSTORE_SECURE" in env.BY_NAME and not (
             os.environ.get("KVSTORE_SECURE") or choice.all.get("KVSTORE_SECURE")):
         defaults["KVSTORE_SECURE"] = "1"
+    log_level({**os.environ, **choice.all})
     try:
         settings = env.read({**os.environ, **defaults, **choice.all})
     except env.EnvError as e:
         raise click.UsageError(str(e))
+    # thread counts the user set here are passed on, like the KVSTORE_* settings
+    threads = {name: os.environ[name] for name in THREAD_VARS if os.environ.get(name)}
     return JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
                    command=tuple(command), server_command=(python, "-m", "kvstore.server"),
                    scheduler_host=scheduler_host,
-                   env={**forwarded_settings(), **defaults, **choice.all},
+                   env={**forwarded_settings(), **threads, **defaults, **choice.all},
                    role_env={"worker": dict(choice.worker), "server": dict(choice.server)},
                    kill_grace=kill_grace, settings=settings)
+
+
+def default_threads(spec: JobSpec, hosts, cores: dict, uniform: bool = False) -> JobSpec:
+    """:func:`tracker.launcher.with_default_threads` for a remote job: ``hosts``
+    is the host name of each process (launch order), ``cores`` the cores of each
+    host where known (else this machine's count is assumed: a remote host's
+    count is not known here before the job starts)."""
+    cores = {h: cores.get(h) or cpu_count() for h in hosts}
+    return with_default_threads(spec, hosts, cores, {**os.environ, **spec.env}, uniform)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -96,12 +96,17 @@ class Group:
         self._pump.start()
 
     def _read(self) -> None:
+        # read to the end whatever happens to one line (the sink drops output it
+        # cannot write): a command blocked on a full pipe would hang the job
         for raw in iter(self.popen.stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             msg = parse_status(line)
             child = self._by_key.get((msg.get("role"), msg.get("rank"))) if msg else None
             if child is not None:
-                child.on_status(msg)
+                try:
+                    child.on_status(msg)
+                except (TypeError, ValueError):   # a malformed status line: show it
+                    self.sink.write(f"[{self.name}] {line}")
             elif msg is None:
                 self.sink.write(line if PREFIXED.match(line) else f"[{self.name}] {line}")
         self.popen.stdout.close()
@@ -165,6 +170,11 @@ class GroupChild:
             self.detail = msg.get("error")
             self.exit_order = next(exit_counter)
             self._code = int(msg.get("code", 1))
+
+    def running(self) -> bool:
+        """True until this process reported its exit or the command (mpirun,
+        srun) that runs every process ended."""
+        return self._code is None and self.popen.poll() is None
 
     def poll(self) -> int | None:
         if self._code is not None or self.popen.poll() is None:

@@ -8,14 +8,17 @@ first process to fail tears the job down and is reported as the root cause.
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
+import re
 import signal
 import sys
 import threading
 import time
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, IO, Sequence
+from typing import Callable, IO, Mapping, Sequence
 
 from . import env
 from .process import Child, ProcSpec, terminate_all
@@ -25,6 +28,16 @@ from .security import Security, new_secret
 log = logging.getLogger(__name__)
 
 TICK = 0.05
+SETTLE = 2.0   # seconds the processes a scheduler-found failure names get to end by themselves
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
+_NODE_NAME = re.compile(r"\b(worker|server) (\d+) \(pid \d+ on ")
+_WORKER = re.compile(r"\bworker (\d+)\b")
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 server', '2 servers' ('1 process', '2 processes' with ``many``)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,11 @@ class JobSpec:
     kill_grace: float = 3.0
     settings: dict = field(default_factory=dict)  # parsed tracker.env values
     emulate_hosts: int = 0   # > 0: split the processes over this many emulated hosts
+    # threads per process in launch order (servers, then workers), set as each of
+    # thread_vars unless the process's variables already have OMP_NUM_THREADS;
+    # () = none (see with_default_threads)
+    threads: tuple[int, ...] = ()
+    thread_vars: tuple[str, ...] = THREAD_VARS
 
     def processes(self, scheduler_port: int) -> list[ProcSpec]:
         """Servers first, then workers, each with its rank in launch order. With
@@ -52,13 +70,52 @@ class JobSpec:
             for rank in range(count):
                 label = {"KVSTORE_HOST_LABEL": f"host{rank % self.emulate_hosts}"} \
                     if self.emulate_hosts > 0 else {}
+                extra = {**self.env, **self.role_env.get(role, {}), **label}
+                index = len(specs)
+                if index < len(self.threads) and "OMP_NUM_THREADS" not in extra:
+                    extra = {**{name: str(self.threads[index]) for name in self.thread_vars},
+                             **extra}
                 child_env = env.for_process(
                     role=role, rank=rank, scheduler_host=self.scheduler_host,
                     scheduler_port=scheduler_port, num_workers=self.num_workers,
-                    num_servers=self.num_servers, node_host=self.node_host,
-                    extra={**self.env, **self.role_env.get(role, {}), **label})
+                    num_servers=self.num_servers, node_host=self.node_host, extra=extra)
                 specs.append(ProcSpec(role, rank, tuple(argv), child_env))
         return specs
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def with_default_threads(spec: JobSpec, hosts: Sequence[str], cores: Mapping[str, int],
+                         user_env: Mapping[str, str], uniform: bool = False) -> JobSpec:
+    """Unless the user set ``OMP_NUM_THREADS`` (in ``user_env``: this environment
+    and the variables given to every process), give every process
+    ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` (unless the user set that one) =
+    the cores of its host // the processes started on that host, at least 1, and
+    log it once. ``hosts``: the host of each process in launch order (servers,
+    then workers); ``cores``: cores per host. As torchrun does: a numeric
+    library's default (one thread per core in every process) oversubscribes
+    the cores several processes share. ``uniform``: one value for every process
+    (the smallest; mpirun and srun pass one environment to all)."""
+    if user_env.get("OMP_NUM_THREADS"):
+        return spec
+    count = collections.Counter(hosts)
+    threads = tuple(max(1, cores[h] // count[h]) for h in hosts)
+    if uniform:
+        threads = (min(threads),) * len(threads)
+    names = tuple(n for n in THREAD_VARS if n == "OMP_NUM_THREADS" or not user_env.get(n))
+    detail = ", ".join(f"{h}: {cores[h]} cores / {plural(count[h], 'process', 'processes')}"
+                       f" = {max(1, cores[h] // count[h])}" for h in count)
+    log.info("OMP_NUM_THREADS is not set: each process gets %s = its host's cores // the "
+             "processes started there (%s%s); set OMP_NUM_THREADS to choose",
+             " and ".join(names), detail,
+             f"; {threads[0]} for every process" if uniform and threads else "")
+    return dataclasses.replace(spec, threads=threads, thread_vars=names)
 
 
 @dataclass
@@ -66,7 +123,10 @@ class Outcome:
     """How a job ended: the exit status to return and a per-process table."""
     returncode: int
     root_cause: str | None
-    rows: list[tuple]  # label, pid, code, note[, host]
+    rows: list[tuple]  # label, pid, code (int, None, or a status text), note[, host]
+    num_workers: int = 0
+    num_servers: int = 0
+    elapsed: float = 0.0
 
     def table(self) -> str:
         hosts = any(len(row) > 4 for row in self.rows)
@@ -74,31 +134,74 @@ class Outcome:
         head = f"{'host':<{width}}  " if hosts else ""
         lines = [f"{'process':<12} {'pid':>8}  {head}status"]
         for label, pid, code, note, *host in self.rows:
-            status = "running (killed by launcher)" if code is None else describe_exit(code)
+            if isinstance(code, str):
+                status = code
+            else:
+                status = "running (killed by launcher)" if code is None else describe_exit(code)
             where = f"{(host or [''])[0]:<{width}}  " if hosts else ""
             pid = "-" if pid is None else pid
             lines.append(f"{label:<12} {pid:>8}  {where}{status}{'  <- ' + note if note else ''}")
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """The one line a successful job ends with."""
+        return (f"job finished: {plural(self.num_workers, 'worker')}, "
+                f"{plural(self.num_servers, 'server')}, {self.elapsed:.1f} s, "
+                f"exit {self.returncode}")
 
-class _Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) end the job: every process
+    is stopped and the launcher exits with 128 + the signal. Another one while the
+    job is being torn down skips the rest of the grace period: SIGKILL at once.
+
+    The handler only records what came (it may run between any two bytecodes of
+    the main thread, even inside a lock): the monitor loop and the teardown poll
+    it. A signal ignored when we start (``nohup``, a background job) stays ignored."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.tearing_down = False
+        self.kill_now = False
+        self._previous: dict = {}
+
+    def install(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.HANDLED:
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+        if self.tearing_down or len(self.received) > 1:
+            self.kill_now = True
+
+    def restore(self) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        self._previous.clear()
 
 
 def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
            out: IO[str] | None = None,
            start_all: Callable[[list[ProcSpec]], list[Child]] | None = None) -> Outcome:
-    """Run a whole job and return its :class:`Outcome`. SIGINT/SIGTERM to this
-    process end every child and return status 128 + signal.
+    """Run a whole job and return its :class:`Outcome`. SIGINT/SIGTERM/SIGHUP to
+    this process end every child and return status 128 + signal; a second one
+    during the teardown kills every child at once (SIGKILL).
 
     ``spawn`` starts one process (default: a local :class:`Child`); launchers that
     start every process with one command (mpirun, srun) pass ``start_all``
     instead, which returns one child-like object per process (see
     ``tracker.group``). A child-like object has ``spec``, ``pid``, ``popen``,
     ``poll()``, ``signal(sig)`` and ``finish_output()``; optionally ``host``,
-    ``detail`` (text added to the root cause) and ``exit_order`` (when several
-    end in one monitor tick, the lowest is reported as the first failure)."""
+    ``detail`` (text added to the root cause), ``exit_order`` (when several
+    end in one monitor tick, the lowest is reported as the first failure) and
+    ``running()`` (true while anything of it needs stopping; default: ``poll()``
+    is None)."""
+    started = time.monotonic()
     settings = spec.settings or env.read({})
     spawn = spawn or (lambda p: Child(p, out))
     # one secret per job, handed to the children in their environment (never argv)
@@ -110,10 +213,10 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
                           heartbeat_timeout=settings["KVSTORE_HEARTBEAT_TIMEOUT"],
                           security=security).start()
     children: list[Child] = []
-    codes: dict[str, int] = {}
+    codes: dict[str, int] = {}   # label -> status of the processes that ended by themselves
     first_failure: tuple[str, int] | None = None
     interrupted: int | None = None
-    restore = _install_signal_handlers()
+    signals = _Signals().install()
     spawn_error = None
     try:
         procs = [dataclasses.replace(p, env={**p.env, "KVSTORE_SECRET": secret})
@@ -124,36 +227,59 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
             except OSError as e:
                 spawn_error = f"could not start the job: {e}"
         for proc in procs if start_all is None else ():
+            if signals.received:
+                break
             try:
                 children.append(spawn(proc))
             except OSError as e:
                 spawn_error = f"could not start {proc.label} ({' '.join(proc.argv)}): {e}"
                 break
-        if spawn_error is None:
-            first_failure = _monitor(children, codes, scheduler, settings)
-    except _Interrupted as e:
-        interrupted = e.signum
-        log.error("launcher got %s: stopping every process", signal.Signals(e.signum).name)
+        if spawn_error is None and not signals.received:
+            first_failure = _monitor(children, codes, scheduler, settings, signals)
+            if first_failure is not None and first_failure[0] == "scheduler":
+                _settle(children, codes, scheduler, signals)
     finally:
-        _restore_signal_handlers(restore)
-        alive = [c for c in children if c.poll() is None]
-        if alive:  # tell the survivors why before they are stopped
+        # from here on a signal only hurries the teardown (SIGKILL at once)
+        early = len(signals.received)
+        signals.tearing_down = True
+        if early and first_failure is None:
+            interrupted = signals.received[0]
+            log.error("launcher got %s: stopping every process", signal.Signals(interrupted).name)
+        if early > 1 or (early and first_failure is not None):
+            signals.kill_now = True
+        if any(c.poll() is None for c in children):  # tell the survivors why before they are stopped
             scheduler.abort("the launcher stopped the job")
-        terminate_all(alive, spec.kill_grace)
+        terminate_all([c for c in children if _needs_stopping(c)], spec.kill_grace,
+                      lambda: signals.kill_now)
         for c in children:
             c.finish_output()
         scheduler.close()
+        signals.restore()
     if spawn_error is not None:
-        return Outcome(127, spawn_error, [_row(c, c.poll(), "") for c in children])
-    return _outcome(children, codes, first_failure, interrupted, scheduler.failure)
+        return Outcome(127, spawn_error, [_row(c, c.poll(), "") for c in children],
+                       spec.num_workers, spec.num_servers, time.monotonic() - started)
+    outcome = _outcome(children, codes, first_failure, interrupted, scheduler.failure)
+    outcome.num_workers, outcome.num_servers = spec.num_workers, spec.num_servers
+    outcome.elapsed = time.monotonic() - started
+    return outcome
 
 
-def _monitor(children, codes, scheduler, settings) -> tuple[str, int] | None:
-    """Wait until every worker succeeded (and servers ended) or something failed."""
+def _needs_stopping(child) -> bool:
+    running = getattr(child, "running", None)
+    return running() if running is not None else child.poll() is None
+
+
+def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] | None:
+    """Wait until every worker succeeded (and servers ended), something failed
+    (returned: the first failure), or a signal came (None)."""
     servers_done_by = None
-    while True:
+    while not signals.received:
+        # read before polling: an exit seen after the scheduler found a failure may
+        # be a consequence of it (it told every node to stop), not its cause
+        failed_before = scheduler.failure is not None
         ended = [(c, c.poll()) for c in children if c.spec.label not in codes]
         ended.sort(key=lambda item: (item[1] is None, getattr(item[0], "exit_order", 0) or 0))
+        nonzero = False
         for child, code in ended:
             label = child.spec.label
             if code is None:
@@ -161,9 +287,11 @@ def _monitor(children, codes, scheduler, settings) -> tuple[str, int] | None:
             codes[label] = code
             scheduler.node_exited(child.spec.role, child.spec.rank, code)
             if code != 0:
-                return label, code
-        if scheduler.failure is not None and len(codes) < len(children):
-            return "scheduler", 1  # e.g. a stuck process: heartbeats stopped
+                if not failed_before:
+                    return label, code
+                nonzero = True
+        if scheduler.failure is not None and (nonzero or len(codes) < len(children)):
+            return "scheduler", 1  # e.g. a stuck process (heartbeats), a reported exception
         workers = [c for c in children if c.spec.role == "worker"]
         if all(c.spec.label in codes for c in workers):
             if len(codes) == len(children):
@@ -175,36 +303,114 @@ def _monitor(children, codes, scheduler, settings) -> tuple[str, int] | None:
                 log.warning("servers did not exit after the workers finished; stopping them")
                 return None
         time.sleep(TICK)  # a poll interval of the monitor, not synchronisation
+    return None
+
+
+def _named(text: str | None) -> list[str]:
+    """The nodes a failure the scheduler found names: first the node it is about
+    (the one that reported it, went silent, ...), then the workers its message
+    mentions after that, the deepest cause last (``worker 2 (...) failed: push of
+    key 0: server 0 rejected the request: ...: worker 1 closed its store``: worker
+    2, then worker 1). Servers mentioned inside a report only passed an error on."""
+    text = text or ""
+    first = _NODE_NAME.search(text)
+    if first is None:
+        return []
+    found = [f"{first[1]} {first[2]}"]
+    for m in _WORKER.finditer(text, first.end()):
+        label = f"worker {m[1]}"
+        if label in found[1:]:
+            found.remove(label)
+        if label != found[0]:
+            found.append(label)
+    return found
+
+
+def _settle(children, codes, scheduler, signals) -> None:
+    """The scheduler found a failure and told every node to stop. Give the
+    processes its message names (the one that reported it is usually exiting
+    already) up to SETTLE seconds to end by themselves, so that the table shows
+    how they ended instead of the teardown's signal."""
+    named = set(_named(scheduler.failure))
+    deadline = time.monotonic() + SETTLE
+    while not signals.received:
+        waiting = False
+        for child in children:
+            label = child.spec.label
+            if label in codes:
+                continue
+            code = child.poll()
+            if code is None:
+                waiting = waiting or label in named
+                continue
+            codes[label] = code
+            scheduler.node_exited(child.spec.role, child.spec.rank, code)
+        if not waiting or time.monotonic() > deadline:
+            return
+        time.sleep(TICK)  # a poll interval, not synchronisation
+
+
+def _culprit(failure: str | None, codes: dict, labels: set) -> tuple[str | None, bool]:
+    """Who caused a failure the scheduler found: (label or None, whether it is a
+    worker the report mentions rather than the node it is about). A worker the
+    report blames (``barrier cannot complete: worker 1 (...) already finished``,
+    ``worker 1 closed its store while ...``) that ended with a non-zero status by
+    itself is the real cause, the report only its consequence; the deepest
+    such mention wins. Otherwise the node the failure is about."""
+    named = [label for label in _named(failure) if label in labels]
+    for label in reversed(named[1:]):
+        if codes.get(label):
+            return label, True
+    return (named[0] if named else None), False
+
+
+def _describe(child, code) -> str:
+    label = child.spec.label
+    text = f"{label} {describe_exit(code)}"
+    if getattr(child, "host", None):
+        text = f"{label} on {child.host} {describe_exit(code)}"
+    if getattr(child, "detail", None):
+        text += f" ({child.detail})"
+    return text
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
 
 
 def _outcome(children, codes, first_failure, interrupted, scheduler_failure) -> Outcome:
-    rows = []
     root = None
+    culprit = None
+    returncode = 0
+    by_label = {c.spec.label: c for c in children}
     if first_failure is not None:
         label, code = first_failure
         if label == "scheduler":
-            root = f"the scheduler aborted the job: {scheduler_failure}"
+            culprit, named_cause = _culprit(scheduler_failure, codes, set(by_label))
+            if named_cause:
+                code = codes[culprit]
+                root = f"{_describe(by_label[culprit], code)}; the scheduler reported: {scheduler_failure}"
+                returncode = _status(code)
+            else:
+                root = f"the scheduler aborted the job: {scheduler_failure}"
+                returncode = 1
         else:
-            culprit = next(c for c in children if c.spec.label == label)
-            root = f"{label} {describe_exit(code)}"
-            if getattr(culprit, "host", None):
-                root = f"{label} on {culprit.host} {describe_exit(code)}"
-            if getattr(culprit, "detail", None):
-                root += f" ({culprit.detail})"
+            culprit = label
+            root = _describe(by_label[label], code)
+            returncode = _status(code)
     elif interrupted is not None:
         root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
+        returncode = 128 + interrupted
+    rows = []
     for child in children:
         label = child.spec.label
-        code = codes.get(label, child.poll())
-        note = "root cause" if first_failure and first_failure[0] == label else ""
+        code = codes[label] if label in codes else child.poll()
+        note = ""
+        if label == culprit:
+            note = "root cause"
+            if label not in codes:   # it failed, then the teardown ended it: say the former
+                code = "failed (see above), then stopped by the launcher"
         rows.append(_row(child, code, note))
-    if interrupted is not None:
-        returncode = 128 + interrupted
-    elif first_failure is None:
-        returncode = 0
-    else:
-        code = first_failure[1]
-        returncode = 128 - code if code < 0 else code
     return Outcome(returncode, root, rows)
 
 
@@ -214,27 +420,18 @@ def _row(child, code, note) -> tuple:
     return row if host is None else (*row, host)
 
 
-def _install_signal_handlers():
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise _Interrupted(signum)
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_signal_handlers(previous) -> None:
-    if previous:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def report(outcome: Outcome, stream: IO[str] = sys.stderr) -> None:
-    """Print the per-process table and the root cause (if any)."""
+    """Print one summary line for a successful job; else the root cause and the
+    per-process table. Output that cannot be written (a closed terminal) is dropped."""
     if outcome.root_cause is None and outcome.returncode == 0:
-        return
-    stream.write(f"\njob failed: {outcome.root_cause}\n{outcome.table()}\n")
-    stream.flush()
+        text = outcome.summary() + "\n"
+    else:
+        text = f"\njob failed: {outcome.root_cause}\n{outcome.table()}\n"
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr,

@@ -7,15 +7,14 @@ first failure's status (every other process is stopped at once).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 import click
 
 from . import env
-from .cli import resume_option, server_device_option
-from .launcher import JobSpec, run_cli
+from .cli import log_level, resume_option, server_device_option, setup_logging
+from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
 
 EXAMPLE = """\b
 Example:
@@ -48,21 +47,26 @@ def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
-    logging.basicConfig(level=os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s [launcher] %(levelname)s %(message)s")
+    setup_logging()
     extra = {}
     for pair in env_pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--env")
         extra[name] = value
+    log_level({**os.environ, **extra})   # what the servers will be given
     try:
         settings = env.read({**os.environ, **extra})
     except env.EnvError as e:
         raise click.UsageError(str(e))
-    spec = JobSpec(num_workers=num_workers, num_servers=num_servers or num_workers,
+    num_servers = num_servers or num_workers
+    spec = JobSpec(num_workers=num_workers, num_servers=num_servers,
                    command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings,
                    emulate_hosts=emulate_hosts or 0)
+    # every process runs on this machine (emulated hosts too)
+    total = num_servers + num_workers
+    spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},
+                                {**os.environ, **extra})
     sys.exit(run_cli(spec, dry_run=dry_run))
 
 

@@ -199,6 +199,7 @@ class Membership:
     def _heartbeat_loop(self) -> None:
         sock = self._socket()
         last_contact = time.monotonic()
+        contacted = False   # before the scheduler first answers, registration's timeout applies
         next_beat = 0.0
         try:
             while not self._stop_hb.is_set():
@@ -211,7 +212,7 @@ class Membership:
                     next_beat = now + self.heartbeat_interval
                 if sock.poll(min(SLICE, self.heartbeat_interval) * 1000):
                     msg = wire.decode(sock.recv())
-                    last_contact = time.monotonic()
+                    last_contact, contacted = time.monotonic(), True
                     if msg["op"] == "abort":
                         self._abort(str(msg.get("reason")))
                         return
@@ -221,10 +222,14 @@ class Membership:
                         self._note_finished(msg.get("ranks"))
                     elif msg["op"] == "ack":
                         self._note_finished(msg.get("workers_finished"))
-                elif time.monotonic() - last_contact > self.heartbeat_timeout:
+                elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout:
                     self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
                                 f"{self.scheduler[1]} for {self.heartbeat_timeout:g}s "
                                 "(KVSTORE_HEARTBEAT_TIMEOUT)")
+                    return
+                elif not contacted and time.monotonic() - last_contact > self.timeout:
+                    self._abort(f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} did not "
+                                f"answer within {self.timeout:g}s (KVSTORE_TIMEOUT): is it running?")
                     return
         except (zmq.ZMQError, RendezvousError) as e:
             if not self._stop_hb.is_set():

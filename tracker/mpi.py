@@ -18,7 +18,8 @@ import uuid
 import click
 
 from . import hostfile
-from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
+from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
+                  job_spec, setup_logging)
 from .group import rank_plan, run_group, split_env, wrapper_argv
 from .remote import resolve, scheduler_address
 
@@ -125,6 +126,11 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
                     multi_host=not all(h.is_loopback for h in hosts))
+    # threads: one value for every rank (one environment); placement is mpirun's,
+    # estimated as round-robin over the host file, cores = a host's slots= if given
+    placed = ([h.name for h in hostfile.place(hosts, num_servers, num_workers, True)] if hosts
+              else ["this machine"] * (num_servers + num_workers))
+    spec = default_threads(spec, placed, {h.name: h.slots for h in hosts}, uniform=True)
     try:
         split_env(spec.processes(0))
     except ValueError as e:

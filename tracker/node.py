@@ -116,10 +116,13 @@ class Wrapped:
             emit(self.prefix + raw.decode("utf-8", "replace").rstrip("\n"))
 
     def group(self, sig):
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """``sig`` to the process's group and every member of its session (a
+        grandchild may have moved to a group of its own)."""
+        for kill, target in [(os.killpg, self.proc.pid)] + [(os.kill, p) for p in _session(self.proc.pid)]:
+            try:
+                kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def run(self):
         """Wait for the process, honouring stop/kill requests. Returns its status."""
@@ -141,8 +144,27 @@ class Wrapped:
                 elif time.monotonic() > deadline:
                     self.group(signal.SIGKILL)
         self.pump.join(2.0)
-        self.group(signal.SIGKILL)  # whatever it left behind in its group
-        return code
+        end = time.monotonic() + 2.0
+        while True:      # whatever it left behind in its session, until none is left
+            self.group(signal.SIGKILL)
+            if not _session(self.proc.pid) or time.monotonic() > end:
+                return code
+            time.sleep(0.05)
+
+
+def _session(sid):
+    """Live processes of session ``sid`` (Linux /proc; tracker.process has the same
+    for the local launcher: this file runs alone on remote hosts)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] != b"Z" and int(fields[3]) == sid:
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
 
 
 def _watch_stdin(w):

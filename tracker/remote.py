@@ -28,7 +28,7 @@ from typing import IO
 
 from . import node
 from .hostfile import Host
-from .process import ProcSpec
+from .process import ProcSpec, write_out
 
 STATUS = node.STATUS
 PREFIXED = re.compile(r"^\[(worker|server):(\d+)@[^\]]*\] ?")
@@ -55,23 +55,32 @@ class Sink:
             os.makedirs(log_dir, exist_ok=True)
 
     def write(self, line: str) -> None:
+        """Never raises: output that cannot be written (``| head -1`` closed the
+        pipe, a full disk) is dropped, and the callers keep draining their
+        processes' output, so no process blocks on a full pipe."""
         with self._lock:
-            self.out.write(line + "\n")
-            self.out.flush()
+            write_out(self.out, line + "\n")
             m = PREFIXED.match(line) if self.log_dir else None
             if m:
                 key = (m[1], int(m[2]))
-                f = self._logs.get(key)
-                if f is None:
-                    f = self._logs[key] = open(os.path.join(self.log_dir, f"{key[0]}-{key[1]}.log"),
-                                              "a", encoding="utf-8")
-                f.write(line[m.end():] + "\n")
-                f.flush()
+                try:
+                    f = self._logs.get(key)
+                    if f is None:
+                        f = self._logs[key] = open(
+                            os.path.join(self.log_dir, f"{key[0]}-{key[1]}.log"), "a",
+                            encoding="utf-8")
+                    f.write(line[m.end():] + "\n")
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
 
     def close(self) -> None:
         with self._lock:
             for f in self._logs.values():
-                f.close()
+                try:
+                    f.close()
+                except OSError:
+                    pass
             self._logs.clear()
 
 
@@ -177,9 +186,12 @@ class RemoteChild:
                 self.remote_pid = msg.get("pid")
             elif msg.get("event") == "exit":
                 if msg.get("error"):
-                    self.detail = msg["error"]
+                    self.detail = str(msg["error"])
                 self.exit_order = next(exit_counter)
-                self._code = int(msg.get("code", 1))
+                try:
+                    self._code = int(msg.get("code", 1))
+                except (TypeError, ValueError):
+                    self._code = 1
         self.popen.stdout.close()
 
     def _read_stderr(self) -> None:
@@ -189,6 +201,10 @@ class RemoteChild:
             self._ssh_errors = (self._ssh_errors + [line])[-5:]
             self._sink.write(prefix + line)
         self.popen.stderr.close()
+
+    def running(self) -> bool:
+        """True until ssh ended, i.e. the wrapper confirmed its process group ended."""
+        return self.popen.poll() is None
 
     def poll(self) -> int | None:
         if self._code is not None:
@@ -345,6 +361,11 @@ def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]])
     machine's address on the route to the first node that resolves here, else the
     address of this machine's host name. Raises ValueError if none is usable."""
     if host_ip:
+        if _is_ipv6(host_ip):
+            # the scheduler, the servers and every node's sockets speak IPv4 tcp
+            raise ValueError(f"{host_ip} is an IPv6 address; the scheduler and servers use "
+                             "IPv4 only: give an IPv4 address of this machine or an interface "
+                             "that has one (hosts in the host file may still be IPv6 addresses)")
         if host_ip in {name for _, name in socket.if_nameindex()}:
             addr = interface_address(host_ip)
             if addr is None:
@@ -370,6 +391,13 @@ def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]])
         return own
     raise ValueError("cannot tell which address of this machine the hosts can reach "
                      "(their names do not resolve here); give --host-ip ADDR or --host-ip IFACE")
+
+
+def _is_ipv6(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.strip("[]").split("%")[0]).version == 6
+    except ValueError:
+        return False
 
 
 def ipaddress_is_loopback(addr: str) -> bool:

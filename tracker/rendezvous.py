@@ -60,6 +60,10 @@ class _Node:
         return f"{self.role} {rank} (pid {self.pid} on {self.host})"
 
 
+class _JobAborted(RendezvousError):
+    """A request after the job was aborted: answered 'aborted', not a bad message."""
+
+
 @dataclass
 class _Barrier:
     waiting: dict = field(default_factory=dict)  # node_id -> (ident, req_id, token)
@@ -125,8 +129,9 @@ class Scheduler:
             self.port = self._sock.bind_to_random_port(f"tcp://{self.host}")
         self._thread = threading.Thread(target=self._run, name="kvstore-scheduler", daemon=True)
         self._thread.start()
-        log.info("scheduler listening on %s:%d for %d workers and %d servers",
-                 self.host, self.port, self.num_workers, self.num_servers)
+        log.info("scheduler listening on %s:%d for %d worker%s and %d server%s",
+                 self.host, self.port, self.num_workers, "" if self.num_workers == 1 else "s",
+                 self.num_servers, "" if self.num_servers == 1 else "s")
         return self
 
     def node_exited(self, role: str, rank: int, returncode: int) -> None:
@@ -283,6 +288,9 @@ class Scheduler:
             if handler is None:
                 raise RendezvousError(f"unknown control op {op!r}")
             handler(ident, msg)
+        except _JobAborted as e:   # a node that has not heard of the abort yet
+            log.debug("request after the abort: %s", e)
+            self._send(ident, "error", id=_req_id(frame), kind="aborted", message=str(e))
         except (RendezvousError, KeyError, TypeError, ValueError) as e:
             log.warning("bad control message: %s", e)
             kind = "aborted" if self.failure is not None else "invalid"
@@ -405,10 +413,14 @@ class Scheduler:
         self._maybe_shutdown_servers()
 
     def _op_fail(self, ident: bytes, msg: dict) -> None:
-        """A node reports its own fatal error (e.g. an uncaught exception)."""
-        node = self._known(msg, ident)
+        """A node reports its own fatal error (e.g. an uncaught exception); after
+        an abort, usually a consequence of it: logged, the first failure stays."""
+        node = self._known(msg, ident, aborted_ok=True)
         node.finished = True
-        self._abort(f"{node.name()} failed: {msg.get('reason')}")
+        if self.failure is None:
+            self._abort(f"{node.name()} failed: {msg.get('reason')}")
+        else:
+            log.info("%s also failed: %s", node.name(), msg.get("reason"))
         self._send(ident, "finished", id=msg.get("id"))
 
     def _maybe_shutdown_servers(self) -> None:
@@ -443,12 +455,12 @@ class Scheduler:
             if node.role == "server" and not node.finished and node.hb_ident is not None:
                 self._send(node.hb_ident, "workers_finished", ranks=ranks)
 
-    def _known(self, msg: dict, ident: bytes) -> _Node:
+    def _known(self, msg: dict, ident: bytes, aborted_ok: bool = False) -> _Node:
         node = self._nodes.get(msg.get("node")) if isinstance(msg.get("node"), str) else None
         if node is None:
             raise RendezvousError("request from a node that has not registered")
-        if self.failure is not None:
-            raise RendezvousError(self.failure)
+        if self.failure is not None and not aborted_ok:
+            raise _JobAborted(self.failure)
         return node
 
     # -- failures -------------------------------------------------------------

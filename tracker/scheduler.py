@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Mapping
 
+import zmq
+
 from . import env
 from .rendezvous import Scheduler
 from .security import Security
@@ -35,11 +37,17 @@ def serve(environ: Mapping[str, str]) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    sched = Scheduler(values["KVSTORE_NUM_WORKERS"], values["KVSTORE_NUM_SERVERS"],
-                      host=values["KVSTORE_SCHEDULER_HOST"] or "127.0.0.1", security=security,
-                      port=values["KVSTORE_SCHEDULER_PORT"], timeout=values["KVSTORE_TIMEOUT"],
-                      heartbeat_interval=values["KVSTORE_HEARTBEAT_INTERVAL"],
-                      heartbeat_timeout=values["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
+    host = values["KVSTORE_SCHEDULER_HOST"] or "127.0.0.1"
+    try:
+        sched = Scheduler(values["KVSTORE_NUM_WORKERS"], values["KVSTORE_NUM_SERVERS"],
+                          host=host, security=security,
+                          port=values["KVSTORE_SCHEDULER_PORT"], timeout=values["KVSTORE_TIMEOUT"],
+                          heartbeat_interval=values["KVSTORE_HEARTBEAT_INTERVAL"],
+                          heartbeat_timeout=values["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
+    except (zmq.ZMQError, OSError) as e:   # e.g. the port is taken, or the address is not ours
+        log.error("the scheduler cannot listen on %s:%s (KVSTORE_SCHEDULER_HOST, "
+                  "KVSTORE_SCHEDULER_PORT): %s", host, values["KVSTORE_SCHEDULER_PORT"], e)
+        return 2
     try:
         sched.wait()
     finally:
@@ -52,6 +60,10 @@ def serve(environ: Mapping[str, str]) -> int:
 
 def main() -> int:
     level = os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        print(f"error: KVSTORE_LOG_LEVEL={os.environ['KVSTORE_LOG_LEVEL']!r} is invalid: use DEBUG, "
+              "INFO, WARNING, ERROR or CRITICAL", file=sys.stderr)
+        return 2
     logging.basicConfig(level=level, format="%(asctime)s [scheduler] %(levelname)s %(message)s")
     return serve(os.environ)
 

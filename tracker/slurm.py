@@ -18,7 +18,8 @@ import uuid
 
 import click
 
-from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
+from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
+                  job_spec, setup_logging)
 from .group import rank_plan, run_group, split_env, wrapper_argv
 from .remote import ipaddress_is_loopback, scheduler_address
 
@@ -88,6 +89,14 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
                     multi_host=not all(loopback for loopback, _ in nodes))
+    # threads: one value for every task (one environment); srun places the tasks,
+    # estimated as spread evenly over the allocation's nodes, each with the cores
+    # Slurm gave this node (SLURM_CPUS_ON_NODE) or, outside an allocation, this machine's
+    names = [addr for _, addr in nodes] or ["this machine"]
+    on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    spec = default_threads(spec, [names[i % len(names)] for i in range(count)],
+                           {n: int(on_node) if on_node.isdigit() else None for n in names},
+                           uniform=True)
     try:
         split_env(spec.processes(0))
     except ValueError as e:

@@ -16,8 +16,9 @@ import uuid
 import click
 
 from . import env, hostfile
-from .cli import CONTEXT, check_command, common_options, env_choice, fail, job_spec, setup_logging
-from .launcher import run_cli
+from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
+                  job_spec, setup_logging)
+from .launcher import plural, run_cli
 from .remote import (RemoteChild, Sink, SshOptions, check_host, on_each, remote_command, resolve,
                      scheduler_address, sync_dir, wrapper_source)
 
@@ -81,14 +82,18 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=remote_python, choice=choice, scheduler_host=sched_host,
                     kill_grace=kill_grace, multi_host=not all(h.is_loopback for h in hosts))
+    # threads per process: a host's cores (its slots= if given, else this
+    # machine's count) // the processes placed on it
+    spec = default_threads(spec, [h.name for h in placed], {h.name: h.slots for h in hosts})
     ssh = SshOptions(ssh_config, identity, tuple(ssh_option), connect_timeout)
     job = uuid.uuid4().hex[:12]
     host_of = {p.label: h for p, h in zip(spec.processes(0), placed)}
     host_names = [env.BY_NAME["KVSTORE_NODE_HOST"].name, *env.BY_NAME["KVSTORE_NODE_HOST"].aliases]
 
     def plan(procs, commands: bool = True) -> str:
-        lines = [f"job {job}: scheduler on {sched_host} (this machine); {num_servers} servers and "
-                 f"{num_workers} workers over {len(hosts)} hosts, in {directory} "
+        lines = [f"job {job}: scheduler on {sched_host} (this machine); "
+                 f"{plural(num_servers, 'server')} and {plural(num_workers, 'worker')} over "
+                 f"{plural(len(hosts), 'host')}, in {directory} "
                  "(placement: round-robin, servers first):",
                  hostfile.describe([p.label for p in procs], placed)]
         if sync_dst_dir:
@@ -120,6 +125,8 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         host = host_of[proc.label]
         wanted = proc.env.get("KVSTORE_NODE_HOST") if "KVSTORE_NODE_HOST" in choice.for_role(
             proc.role) else addresses[host]
+        if wanted and ":" in wanted:   # an IPv6 host: its IPv4 address on the route to the scheduler
+            wanted = None
         header = {"env": proc.env, "label": host.name, "node_host": wanted,
                   "scheduler": [sched_host, int(proc.env["KVSTORE_SCHEDULER_PORT"])],
                   "grace": kill_grace, "host_names": host_names}

@@ -9,6 +9,8 @@ from ..config import Config
 from ..errors import ConfigError
 from . import run
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def main() -> int:
     try:
@@ -17,7 +19,12 @@ def main() -> int:
         print(f"kvstore.server: {e}", file=sys.stderr)
         return 2
     rank = "?" if config.rank is None else config.rank
-    logging.basicConfig(level=config.log_level.upper(),
+    level = config.log_level.strip().upper()
+    if level not in LOG_LEVELS:
+        print(f"error: KVSTORE_LOG_LEVEL={config.log_level} is invalid: use one of "
+              f"{', '.join(LOG_LEVELS)} (any case)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level,
                         format=f"%(asctime)s [server:{rank}] %(levelname)s %(message)s")
     try:
         return run(config)
