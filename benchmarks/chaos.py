@@ -16,8 +16,9 @@ or a server), exit(1) or an uncaught exception (a worker). A run passes when:
 - no worker saw a wrong value.
 
 Prints a table of counts by fault and writes it (markdown and JSON) to
-benchmarks/results/chaos/. Network partitions of an emulated host are not
-injected yet (they need root and network namespaces).
+benchmarks/results/chaos/. With root, a sixth fault is a network partition: the
+job runs on two emulated machines (network namespaces, benchmarks.netns) and one
+machine's link goes down.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,8 +37,8 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAULTS = ("SIGKILL", "SIGTERM", "SIGSTOP", "exit", "raise")
-BOUND = {"SIGSTOP": 30.0}          # seconds from the fault to the job's end
+FAULTS = ("SIGKILL", "SIGTERM", "SIGSTOP", "exit", "raise", "partition")
+BOUND = {"SIGSTOP": 30.0, "partition": 30.0}   # seconds from the fault to the job's end
 DEFAULT_BOUND = 10.0
 ENV = {"KVSTORE_HEARTBEAT_INTERVAL": "0.5", "KVSTORE_HEARTBEAT_TIMEOUT": "10",
        "KVSTORE_ABORT_GRACE": "3", "KVSTORE_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
@@ -96,10 +98,12 @@ class Job:
         return "".join(self.lines)
 
 
-def one_run(rng: random.Random, index: int) -> dict:
-    """A run with every choice random."""
+def one_run(rng: random.Random, index: int, partitions: bool = True) -> dict:
+    """A run with every choice random (partitions only where namespaces can be made)."""
     workers, servers = rng.randint(1, 4), rng.randint(1, 3)
-    mode, fault = rng.choice(("sync", "async")), rng.choice(FAULTS)
+    mode, fault = rng.choice(("sync", "async")), rng.choice(FAULTS if partitions else FAULTS[:-1])
+    if fault == "partition":
+        return partition_case(index, max(workers, 2), servers, mode, after=rng.randint(2, 30))
     role = "worker" if fault in ("exit", "raise") else rng.choice(("worker", "server"))
     rank = rng.randrange(workers if role == "worker" else servers)
     return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30))
@@ -166,6 +170,66 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
     return run
 
 
+def partition_case(index: int, workers: int, servers: int, mode: str, after: int) -> dict:
+    """Two emulated machines (network namespaces joined by a veth pair,
+    benchmarks.netns): the scheduler, server 0 and worker 0 on A, rank 1 on B, and so
+    on; after ``after`` rounds B's link goes down. The standalone scheduler must end
+    non-zero within the heartbeat bound naming a process on B, every process must
+    end, and no worker may have seen a wrong value. Needs root."""
+    from benchmarks import netns
+    tag = uuid.uuid4().hex
+    run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": "partition",
+           "target": "machine B", "after_rounds": after}
+    link, problems, jobs = netns.Link(), [], []
+    try:
+        link.up()
+        procs = netns.ps_job(link, workers, servers, [sys.executable, "-m", "kvstore.server"],
+                             [sys.executable, os.path.join(ROOT, "benchmarks", "chaos_worker.py"),
+                              "--mode", mode], {**ENV, "CHAOS_TAG": tag})
+        jobs = [(label, Job(argv, {**os.environ, **env})) for label, argv, env in procs]
+        by_label = dict(jobs)
+        if by_label["worker 0"].wait_for(rf"round {after} ok", 60) is None:
+            problems.append("the job did not reach the fault's round")
+        fault_at = time.monotonic()
+        netns._run(["ip", "-n", link.ns["B"], "link", "set", link.dev["B"], "down"], "partition")
+        scheduler = by_label["scheduler"].proc
+        try:
+            code = scheduler.wait(timeout=BOUND["partition"] + 5)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - fault_at
+        run.update(exit=code, seconds=round(took, 2))
+        if code in (None, 0) or took > BOUND["partition"]:
+            problems.append(f"the scheduler ended with {code} {took:.1f} s after the partition")
+        on_b = [label for label, _ in jobs if label != "scheduler" and netns.side_of(int(label.split()[1])) == "B"]
+        named = re.search(r"job failed: .*?(server|worker) (\d+)", by_label["scheduler"].text)
+        if not named or f"{named.group(1)} {named.group(2)}" not in on_b:
+            problems.append(f"the scheduler did not name a process on B ({', '.join(on_b)})")
+        deadline = time.monotonic() + BOUND["partition"]
+        for label, job in jobs:
+            try:
+                job.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"{label} did not end within {BOUND['partition']:.0f} s of the scheduler")
+        if any("WRONG" in job.text for _, job in jobs):
+            problems.append("a worker saw a wrong value")
+    except netns.SetupFailed as e:
+        problems.append(f"no emulated machines: {e}")
+    finally:
+        for _, job in jobs:
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+                job.proc.wait()
+        left = leftovers(tag)
+        if left:
+            problems.append(f"processes left behind: {left}")
+        link.down()
+    run["problems"] = problems
+    if problems:
+        run["tail"] = "\n".join(f"--- {label}\n{job.text[-1500:]}" for label, job in jobs)
+    return run
+
+
 def pid_of(tag: str, role: str, rank: int) -> int | None:
     """The pid of this job's ``role`` ``rank`` (its environment says so)."""
     want = {b"CHAOS_TAG=" + tag.encode(), b"KVSTORE_ROLE=" + role.encode(),
@@ -210,9 +274,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
+    partitions = os.geteuid() == 0 and shutil.which("ip") is not None
+    if not partitions:
+        print("no network partitions: they need root and iproute2 (ip)", flush=True)
     runs, t0 = [], time.time()
     for i in range(args.runs):
-        run = one_run(rng, i)
+        run = one_run(rng, i, partitions)
         runs.append(run)
         status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
         print(f"run {i}: {run['fault']} -> {run['target']} (W={run['workers']} S={run['servers']} "

@@ -18,3 +18,8 @@ pytestmark = pytest.mark.slow
 def test_one_fault_ends_the_job_cleanly(fault, role, workers, servers, mode):
     run = chaos.run_case(0, workers, servers, mode, fault, role, rank=1 if role == "worker" else 0, after=3)
     assert not run["problems"], run
+
+
+def test_a_partitioned_machine_ends_the_job_cleanly(netns_ok):
+    run = chaos.partition_case(0, 2, 2, "sync", after=3)
+    assert not run["problems"], run

@@ -179,7 +179,7 @@ def test_a_node_started_before_the_scheduler_waits_for_it_beyond_the_heartbeat_t
     timeout: a mute listener on the port receives the node's heartbeats for longer
     than the heartbeat timeout, then the real scheduler takes the port."""
     import zmq
-    ctx = zmq.Context()
+    ctx = zmq.Context()          # the mute listener's own: terminating it frees the port
     mute = ctx.socket(zmq.ROUTER)
     port = mute.bind_to_random_port("tcp://127.0.0.1")
     node = Membership(role="worker", rank=0, scheduler=("127.0.0.1", port),
@@ -192,6 +192,7 @@ def test_a_node_started_before_the_scheduler_waits_for_it_beyond_the_heartbeat_t
             beats += b"heartbeat" in frames[-1]
         assert beats >= 5 and not node.aborted.is_set(), node.abort_reason
         mute.close(linger=0)
+        ctx.term()
         sched = Scheduler(1, 1, port=port, **FAST).start()
         server = Membership(role="server", rank=0, scheduler=("127.0.0.1", port), **FAST)
         try:
@@ -202,7 +203,9 @@ def test_a_node_started_before_the_scheduler_waits_for_it_beyond_the_heartbeat_t
             sched.close()
     finally:
         node.close()
-        ctx.term()
+        if not ctx.closed:
+            mute.close(linger=0)
+            ctx.term()
 
 
 def test_a_scheduler_that_cannot_bind_is_a_named_error_with_status_2(caplog):

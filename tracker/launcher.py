@@ -356,7 +356,14 @@ def _culprit(failure: str | None, codes: dict, labels: set) -> tuple[str | None,
     report blames (``barrier cannot complete: worker 1 (...) already finished``,
     ``worker 1 closed its store while ...``) that ended with a non-zero status by
     itself is the real cause, the report only its consequence; the deepest
-    such mention wins. Otherwise the node the failure is about."""
+    such mention wins; before that, any process the report mentions that died by a
+    signal on its own. Otherwise the node the failure is about."""
+    # a process that died by a signal on its own (SIGKILL from outside, the OOM
+    # killer) and that the report mentions (a worker's "data channel to server 0
+    # broke") is the cause, whoever noticed first
+    for label in sorted(labels):
+        if (codes.get(label) or 0) < 0 and re.search(rf"\b{label}\b", failure or ""):
+            return label, True
     named = [label for label in _named(failure) if label in labels]
     for label in reversed(named[1:]):
         if codes.get(label):
