@@ -2,6 +2,7 @@
 
     python -m benchmarks.chaos --runs 200            # ~15-25 minutes on 2 cores
     python -m benchmarks.chaos --runs 12 --seed 7    # a quick look
+    python -m benchmarks.chaos --runs 200 --ssh      # half the jobs through tracker.ssh
 
 Each run starts ``python -m tracker.local -n W -s S`` (W in 1-4, S in 1-3, sync or
 async, chosen at random) on benchmarks/chaos_worker.py, which checks exact sums
@@ -98,35 +99,49 @@ class Job:
         return "".join(self.lines)
 
 
-def one_run(rng: random.Random, index: int, partitions: bool = True) -> dict:
-    """A run with every choice random (partitions only where namespaces can be made)."""
+def one_run(rng: random.Random, index: int, partitions: bool = True, sshd=None) -> dict:
+    """A run with every choice random (partitions only where namespaces can be made;
+    the launcher local, or ssh when ``sshd`` is given)."""
     workers, servers = rng.randint(1, 4), rng.randint(1, 3)
     mode, fault = rng.choice(("sync", "async")), rng.choice(FAULTS if partitions else FAULTS[:-1])
     if fault == "partition":
         return partition_case(index, max(workers, 2), servers, mode, after=rng.randint(2, 30))
     role = "worker" if fault in ("exit", "raise") else rng.choice(("worker", "server"))
     rank = rng.randrange(workers if role == "worker" else servers)
-    return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30))
+    via = sshd if sshd is not None and rng.random() < 0.5 else None
+    return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30), sshd=via)
 
 
 def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role: str, rank: int,
-             after: int) -> dict:
-    """One job with the given fault; the run's record, ``problems`` empty when it passed."""
+             after: int, sshd=None) -> dict:
+    """One job with the given fault; the run's record, ``problems`` empty when it passed.
+    With ``sshd`` (tests/services.py's loopback sshd) the job runs through
+    ``tracker.ssh`` on 127.0.0.2 and 127.0.0.3."""
     tag = uuid.uuid4().hex
     env = {**os.environ, **ENV, "CHAOS_TAG": tag,
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     if fault in ("exit", "raise"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(rank), CHAOS_AFTER=str(after))
     run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": fault,
-           "target": f"{role} {rank}", "after_rounds": after}
-    job = Job([sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers),
-               sys.executable, os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode], env)
+           "target": f"{role} {rank}", "after_rounds": after, "launcher": "ssh" if sshd else "local"}
+    script = [os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode]
+    if sshd is None:
+        argv = [sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers),
+                sys.executable, *script]
+    else:
+        passed = [arg for name in ("CHAOS_TAG", "PYTHONUNBUFFERED", "CHAOS_FAULT", "CHAOS_RANK",
+                                   "CHAOS_AFTER") if name in env for arg in ("--env", name)]
+        hosts = sshd.hostfile("127.0.0.2:{port}", "127.0.0.3:{port}")
+        argv = [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, *passed,
+                "-n", str(workers), "-s", str(servers), "-H", hosts, "python", *script]
+    job = Job(argv, env)
     problems = []
     try:
         # signals come once the target's side has done `after` rounds; a worker's own
         # exit or exception comes right after its round `after - 1`: time from there
         seen = after - 1 if fault in ("exit", "raise") else after
-        if job.wait_for(rf"\[worker:{rank if role == 'worker' else 0}\] round {seen} ok", 60) is None:
+        watched = rank if role == "worker" else 0      # ssh prefixes carry the host: [worker:0@...]
+        if job.wait_for(rf"\[worker:{watched}(@[^\]]*)?\] round {seen} ok", 60) is None:
             problems.append("the job did not reach the fault's round")
         fault_at = time.monotonic()
         if fault.startswith("SIG"):
@@ -150,20 +165,16 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
             problems.append(f"the job ended {took:.1f} s after the fault (bound {bound:.0f} s)")
         if "WRONG" in job.text:
             problems.append("a worker saw a wrong value")
-        if code is not None and not re.search(rf"{role} {rank} +\d+ .*<- root cause", job.text):
+        if code is not None and not re.search(rf"^{role} {rank}\b.*<- root cause", job.text, re.M):
             problems.append(f"{role} {rank} is not marked as the root cause")
     finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait()
-        left = leftovers(tag)
-        if left:
-            problems.append(f"processes left behind: {left}")
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        problems += end_jobs([job], tag)
+        if sshd is not None:
+            deadline = time.monotonic() + 5
+            while sshd.sessions() and time.monotonic() < deadline:
+                time.sleep(0.1)    # an ssh session's end sends no event we could wait on
+            if sshd.sessions():
+                problems.append(f"ssh sessions left behind: {sshd.sessions()}")
     run["problems"] = problems
     if problems:
         run["tail"] = job.text[-4000:]
@@ -216,18 +227,28 @@ def partition_case(index: int, workers: int, servers: int, mode: str, after: int
     except netns.SetupFailed as e:
         problems.append(f"no emulated machines: {e}")
     finally:
-        for _, job in jobs:
-            if job.proc.poll() is None:
-                os.killpg(job.proc.pid, signal.SIGKILL)
-                job.proc.wait()
-        left = leftovers(tag)
-        if left:
-            problems.append(f"processes left behind: {left}")
+        problems += end_jobs([job for _, job in jobs], tag)
         link.down()
     run["problems"] = problems
     if problems:
         run["tail"] = "\n".join(f"--- {label}\n{job.text[-1500:]}" for label, job in jobs)
     return run
+
+
+def end_jobs(jobs: list, tag: str) -> list[str]:
+    """Kill what is still running of ``jobs``; the problem (if any) of processes
+    tagged ``tag`` that outlived them (those are killed too)."""
+    for job in jobs:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
+    left = leftovers(tag)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return [f"processes left behind: {left}"] if left else []
 
 
 def pid_of(tag: str, role: str, rank: int) -> int | None:
@@ -271,19 +292,36 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--seed", type=int, default=None, help="random seed [default: from the clock, printed]")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "chaos"))
+    p.add_argument("--ssh", action="store_true",
+                   help="half the runs through tracker.ssh, on a loopback sshd started here "
+                        "(127.0.0.2-3; needs openssh-server, as the tests)")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     partitions = os.geteuid() == 0 and shutil.which("ip") is not None
     if not partitions:
         print("no network partitions: they need root and iproute2 (ip)", flush=True)
+    sshd = None
+    if args.ssh:
+        import tempfile
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from services import start_sshd
+        sshd, why = start_sshd(tempfile.mkdtemp(prefix="chaos-sshd-"))
+        if sshd is None:
+            p.error(f"--ssh: {why}")
     runs, t0 = [], time.time()
     for i in range(args.runs):
-        run = one_run(rng, i, partitions)
+        started = time.monotonic()
+        run = one_run(rng, i, partitions, sshd)
+        run["wall_s"] = round(time.monotonic() - started, 1)
         runs.append(run)
         status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
-        print(f"run {i}: {run['fault']} -> {run['target']} (W={run['workers']} S={run['servers']} "
-              f"{run['mode']}): exit {run.get('exit')} after {run.get('seconds')} s, {status}", flush=True)
+        print(f"run {i}: {run['fault']} -> {run['target']} ({run.get('launcher', 'local')}, "
+              f"W={run['workers']} S={run['servers']} "
+              f"{run['mode']}): exit {run.get('exit')} after {run.get('seconds')} s ({run['wall_s']} s in all), "
+              f"{status}", flush=True)
+    if sshd is not None:
+        sshd.stop()
     summary = table(runs)
     print(summary)
     os.makedirs(args.out_dir, exist_ok=True)
