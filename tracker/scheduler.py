@@ -2,6 +2,10 @@
 
 For jobs started by another launcher (MXNet's ``DMLC_ROLE=scheduler`` process,
 Kubernetes, ...). Our own launchers run the scheduler inside the launcher.
+
+    KVSTORE_SCHEDULER_PORT=9091 KVSTORE_NUM_WORKERS=2 KVSTORE_NUM_SERVERS=1 \
+        python -m tracker.scheduler      # configured by the environment only
+    python -m tracker.scheduler -h       # this text
 """
 
 from __future__ import annotations
@@ -59,6 +63,13 @@ def serve(environ: Mapping[str, str]) -> int:
 
 
 def main() -> int:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if sys.argv[1:]:
+        print(f"tracker.scheduler takes no arguments (got {' '.join(sys.argv[1:])}): it is configured "
+              "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
+        return 2
     level = os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         print(f"error: KVSTORE_LOG_LEVEL={os.environ['KVSTORE_LOG_LEVEL']!r} is invalid: use DEBUG, "

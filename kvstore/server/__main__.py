@@ -1,5 +1,9 @@
 """``python -m kvstore.server``: run one parameter server (normally started by a
-launcher, which sets the KVSTORE_* environment; see docs/configuration.md)."""
+launcher, which sets the KVSTORE_* environment; see docs/configuration.md).
+
+    python -m kvstore.server         # configured by the environment only
+    python -m kvstore.server -h      # this text
+"""
 
 import logging
 import os
@@ -13,6 +17,13 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def main() -> int:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if sys.argv[1:]:
+        print(f"kvstore.server takes no arguments (got {' '.join(sys.argv[1:])}): it is configured "
+              "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
+        return 2
     try:
         config = Config.from_env(os.environ)
     except ConfigError as e:
