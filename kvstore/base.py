@@ -209,15 +209,33 @@ class KVStore:
         ``out`` is None), in one round trip."""
         self._do_pushpull(self._pushpull_items(key, value, out, priority))
 
-    def _pushpull_start(self, key, value, out=None, priority: int = 0):
-        """pushpull() that may return before the result arrived: ``out`` is filled,
-        at the latest, by :meth:`_pushpull_finish` of the returned handle (which
-        raises the call's errors). Until then ``value`` must stay unchanged and
-        ``out`` unread. For overlapping the exchange with other work (the Trainer)."""
-        return self._do_pushpull_start(self._pushpull_items(key, value, out, priority))
+    def pushpull_async(self, key, value, out=None, priority: int = 0) -> "Handle":
+        """pushpull() that returns once the request is on its way: ``out`` (``value``
+        when None) is filled, at the latest, by the returned handle's ``wait()``, which
+        also raises the call's errors. Until then ``value`` must stay unchanged and
+        ``out`` unread. For overlapping the exchange with other work, as Horovod's
+        ``allreduce_async_`` and ``synchronize``; stores that cannot overlap complete
+        the call here. Handles may be waited for in any order.
 
-    def _pushpull_finish(self, handle) -> None:
-        self._do_pushpull_finish(handle)
+        Example::
+
+            h = kv.pushpull_async(3, grad, out=weight)
+            ...                                  # compute something else
+            h.wait()
+        """
+        handle = self._do_pushpull_start(self._pushpull_items(key, value, out, priority))
+        return Handle(lambda: self._do_pushpull_finish(handle))
+
+    def pull_async(self, key, out=None, priority: int = 0) -> "Handle":
+        """pull() that may return before the values arrived: ``out`` is filled, at the
+        latest, by the returned handle's ``wait()`` (which raises the call's errors)."""
+        what = "pull"
+        self._check_open(what)
+        _check_priority(priority, what)
+        if out is None:
+            raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
+        handle = self._do_pull_start(self._grouped(key, out, what))
+        return Handle(lambda: self._do_pull_finish(handle))
 
     def _pushpull_items(self, key, value, out, priority: int) -> list[tuple]:
         what = "pushpull"
@@ -348,6 +366,12 @@ class KVStore:
 
     def _do_pushpull_finish(self, handle) -> None:
         pass
+
+    def _do_pull_start(self, items: list[tuple]):
+        self._do_pull(items)
+
+    def _do_pull_finish(self, handle) -> None:
+        pass
     # keep_state: the optimizer differs from the current one in hyper-parameters only
     # (set_learning_rate): keep the per-key state and update counts
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
@@ -358,6 +382,23 @@ class KVStore:
     def _set_optimizer_only(self, optimizer) -> None:
         self._do_set_optimizer(optimizer, collective=False)
         self._optimizer = optimizer
+
+
+class Handle:
+    """An exchange in flight (:meth:`KVStore.pushpull_async`, :meth:`KVStore.pull_async`).
+    ``wait()`` completes it (the outputs are filled, errors raised); later calls do
+    nothing. ``done`` says whether ``wait()`` has completed."""
+
+    def __init__(self, finish):
+        self._finish = finish
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        finish, self._finish = self._finish, None
+        self.done = True
+        finish()
 
 
 def _check_priority(priority, what: str) -> None:

@@ -319,6 +319,13 @@ class DistStore(KVStore):
         # the caller may reuse its gradient buffers once we return
         self._client.wait_sent(trackers, what)
 
+    def _do_pull_start(self, items) -> tuple:
+        return self._send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
+
+    def _do_pull_finish(self, handle) -> None:
+        self._fill(handle)
+        self._maybe_checkpoint()
+
     def _do_pull(self, items) -> None:
         self._send_and_fill(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
         self._maybe_checkpoint()

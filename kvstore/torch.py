@@ -188,7 +188,7 @@ class Trainer:
             else:
                 grads.append(p.grad)
             outs.append(p.data if self.update_on_kvstore else grads[-1])
-        self._handles.append(self.kv._pushpull_start([self._keys[i] for i in indices], grads, out=outs))
+        self._handles.append(self.kv.pushpull_async([self._keys[i] for i in indices], grads, out=outs))
         self._pushed.update(indices)
 
     def _sync_learning_rate(self) -> None:
@@ -235,7 +235,7 @@ class Trainer:
         self._pushed.clear()
         self._seen.clear()
         for handle in handles:
-            self.kv._pushpull_finish(handle)
+            handle.wait()
         if self.update_on_kvstore:
             return
         if self.kv.num_workers > 1:

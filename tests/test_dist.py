@@ -107,21 +107,21 @@ def test_pushpull_and_broadcast(make_cluster):
 
 
 def test_pushpulls_started_together_finish_in_any_order(make_cluster):
-    """_pushpull_start (what the Trainer uses during backward) sends at once and
-    returns; results land by the matching _pushpull_finish, in any order."""
+    """pushpull_async (what the Trainer uses during backward) sends at once and
+    returns; results land by the matching handle.wait(), in any order."""
     cluster = make_cluster(2, 2, chunk_bytes=SMALL_CHUNKS)
 
     def job(kv):
         kv.init(["a", "b"], [np.zeros(4000, np.float32), np.zeros(10, np.float32)])
         ga, gb = np.full(4000, kv.rank + 1.0, np.float32), np.full(10, 10.0 * (kv.rank + 1), np.float32)
         oa, ob = np.empty(4000, np.float32), np.empty(10, np.float32)
-        ha = kv._pushpull_start("a", ga, out=oa)
-        hb = kv._pushpull_start("b", gb, out=ob)
+        ha = kv.pushpull_async("a", ga, out=oa)
+        hb = kv.pushpull_async("b", gb, out=ob)
         in_flight = len(kv._client._pending)
-        kv._pushpull_finish(hb)
-        kv._pushpull_finish(ha)
+        hb.wait()
+        ha.wait()
         with pytest.raises(InvalidArgumentError, match="dtype|int32"):
-            kv._pushpull_start("b", np.ones(10, np.int32))     # checked before anything is sent
+            kv.pushpull_async("b", np.ones(10, np.int32))     # checked before anything is sent
         return in_flight, oa, ob
 
     for in_flight, oa, ob in cluster.run(job):
@@ -132,7 +132,7 @@ def test_pushpulls_started_together_finish_in_any_order(make_cluster):
 
 @pytest.mark.parametrize("then", ["pull", "push"])
 def test_the_next_request_after_a_written_in_pushpull_sees_its_round(make_cluster, then):
-    """_pushpull_start writes large chunks into co-located servers' sums (write, then
+    """pushpull_async writes large chunks into co-located servers' sums (write, then
     written once the grant came); a pull or push of the same key sent before
     _pushpull_finish counts that write as this worker's push: the pull reads its round,
     the push takes the next one."""
@@ -147,12 +147,12 @@ def test_the_next_request_after_a_written_in_pushpull_sees_its_round(make_cluste
         seen = []
         for step in range(4):
             out, after = np.empty(4000, np.float32), np.empty(4000, np.float32)
-            handle = kv._pushpull_start("w", np.full(4000, (kv.rank + 1) * (step + 1), np.float32), out=out)
+            handle = kv.pushpull_async("w", np.full(4000, (kv.rank + 1) * (step + 1), np.float32), out=out)
             if then == "pull":
                 kv.pull("w", out=after)
             else:
                 kv.push("w", np.full(4000, 100.0 * (kv.rank + 1), np.float32))
-            kv._pushpull_finish(handle)
+            handle.wait()
             if then == "push":
                 kv.pull("w", out=after)
             seen.append((out[0], after[0], np.ptp(out) + np.ptp(after)))
