@@ -13,14 +13,13 @@ import sys
 import numpy as np
 import pytest
 
-import kvstore
 from kvstore import gpu
 from kvstore import optimizer as opt
 from kvstore.errors import NodeFailedError
 from kvstore.server.backend import GpuBackend, HostBackend, ServerDeviceError, for_config
 from kvstore.config import Config
 from state_driver import A, B, Server, expect_ok, only, peer
-from test_recovery import run_resumable
+from test_recovery import check_kill_and_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"w": (3000,), "b": (7,), "big": (300_000,)}   # big spans servers at 256 KiB chunks
@@ -249,17 +248,5 @@ def test_launcher_with_server_device_gpu_and_no_gpu_fails_fast_naming_the_server
 @pytest.mark.slow
 def test_a_gpu_server_killed_mid_run_ends_the_job_and_resumes_on_the_gpu(tmp_path):
     needs_gpu()
-
-    def run(ckpt, *extra, crash=False):
-        return run_resumable(ckpt, "--server-device", "gpu", *extra, crash=crash, timeout=180)
-
-    reference = run(tmp_path / "ref")
-    assert reference.returncode == 0, reference.stdout + reference.stderr
-    assert "values in GPU 0" in reference.stdout + reference.stderr
-    want = re.findall(r"\[worker:0\] digest (\w+)", reference.stdout)
-    crashed = run(tmp_path / "ckpt", crash=True)
-    assert crashed.returncode != 0
-    assert "server 1 was killed by SIGKILL" in crashed.stderr + crashed.stdout
-    resumed = run(tmp_path / "ckpt", "--resume", crash=True)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert re.findall(r"\[worker:\d\] digest (\w+)", resumed.stdout) == want * 2
+    text = check_kill_and_resume(tmp_path, "--server-device", "gpu", timeout=180)
+    assert "values in GPU 0" in text

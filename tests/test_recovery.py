@@ -83,19 +83,27 @@ def run_resumable(ckpt, *extra, crash=False, timeout=120):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.slow
-def test_kill_a_server_mid_run_then_resume_with_the_same_command(tmp_path):
-    run = run_resumable
-    reference = run(tmp_path / "ref")
+def check_kill_and_resume(tmp_path, *extra, timeout=120) -> str:
+    """An uninterrupted run, a run whose server 1 is killed after step 5 (the job
+    fails naming it), and the same command with --resume: the resumed job ends with
+    the uninterrupted run's weights. ``extra``: launcher options. Returns the
+    uninterrupted run's output."""
+    reference = run_resumable(tmp_path / "ref", *extra, timeout=timeout)
     assert reference.returncode == 0, reference.stdout + reference.stderr
     want = re.findall(r"\[worker:0\] digest (\w+)", reference.stdout)
-    crashed = run(tmp_path / "ckpt", crash=True)
+    crashed = run_resumable(tmp_path / "ckpt", *extra, crash=True, timeout=timeout)
     assert crashed.returncode != 0
     assert "server 1 was killed by SIGKILL" in crashed.stderr + crashed.stdout
-    resumed = run(tmp_path / "ckpt", "--resume", crash=True)
+    resumed = run_resumable(tmp_path / "ckpt", *extra, "--resume", crash=True, timeout=timeout)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "[worker:0] resumed=True start=4" in resumed.stdout
     assert re.findall(r"\[worker:\d\] digest (\w+)", resumed.stdout) == want * 2
+    return reference.stdout + reference.stderr
+
+
+@pytest.mark.slow
+def test_kill_a_server_mid_run_then_resume_with_the_same_command(tmp_path):
+    check_kill_and_resume(tmp_path)
 
 
 def test_a_stalled_round_names_the_key_and_the_missing_worker(make_cluster, caplog):
