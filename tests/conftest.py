@@ -24,6 +24,18 @@ def make_cluster():
         c.close()
 
 
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A loopback sshd on 127.0.0.1-3 (tests/services.py) for a test module, or skip
+    saying what is missing."""
+    from services import start_sshd
+    server, reason = start_sshd(str(tmp_path_factory.mktemp("sshd")))
+    if server is None:
+        pytest.skip(reason)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def netns_ok():
     """Skip unless this machine lets us create (and delete) a network namespace

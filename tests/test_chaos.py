@@ -25,16 +25,6 @@ def test_a_partitioned_machine_ends_the_job_cleanly(netns_ok):
     assert not run["problems"], run
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    import services
-    server, reason = services.start_sshd(str(tmp_path_factory.mktemp("sshd")))
-    if server is None:
-        pytest.skip(reason)
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize("fault, role", [("SIGKILL", "server"), ("raise", "worker")])
 def test_one_fault_over_ssh_ends_the_job_cleanly(sshd, fault, role):
     run = chaos.run_case(0, 2, 2, "sync", fault, role, rank=1, after=3, sshd=sshd)

@@ -58,15 +58,6 @@ def test_dist_sync_job_through_mpirun_matches_formulas(mpirun, tmp_path):
     assert_nothing_left(p)
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, reason = services.start_sshd(str(tmp_path_factory.mktemp("sshd")))
-    if server is None:
-        pytest.skip(reason)
-    yield server
-    server.stop()
-
-
 @needs_openmpi
 def test_mpi_job_over_ssh_hosts_from_the_hostfile(sshd):
     """The host file names 127.0.0.2 and 127.0.0.3; Open MPI starts its daemons

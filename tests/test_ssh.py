@@ -62,15 +62,6 @@ def test_placement_is_round_robin_servers_first_and_respects_slots():
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server, reason = services.start_sshd(str(tmp_path_factory.mktemp("sshd")))
-    if server is None:
-        pytest.skip(reason)
-    yield server
-    server.stop()
-
-
 def ssh_launch(sshd, *args, env=None, cwd=services.ROOT):
     return python_launcher("tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG",
                            "--env", "PYTHONUNBUFFERED", *args, env=env, cwd=cwd)
