@@ -73,6 +73,25 @@ class Cluster:
                 raise err[0].with_traceback(err[0].__traceback__)
         return results
 
+    def run_each(self, fn, timeout: float = 90.0) -> dict:
+        """``fn(kv)`` in one thread per worker (dist_sync); {rank: result or the
+        exception it raised}, for jobs expected to abort."""
+        out = {}
+
+        def work(rank):
+            try:
+                with kvstore.create("dist_sync", config=self.config("worker", rank)) as kv:
+                    out[rank] = fn(kv)
+            except Exception as e:     # handed back to the test
+                out.setdefault(rank, e)
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(self.num_workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+            assert not t.is_alive(), "a worker hangs"
+        return out
+
     def close(self, timeout: float = 10.0) -> None:
         self.scheduler.wait(timeout)
         for t in self._threads:

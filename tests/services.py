@@ -165,6 +165,28 @@ def eventually_empty(probe, timeout=10.0):
         time.sleep(0.1)  # polling process state: there is no event to wait on
 
 
+def run_with_output_closed(argv, env, timeout: float) -> tuple[str, int, str]:
+    """Run a launcher as ``... | head -1`` does: read one line of its output, then
+    close the pipe. Returns (that line, the exit status, its stderr); fails the test
+    if the job does not end within ``timeout`` seconds."""
+    popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    errors = []
+    reader = threading.Thread(target=lambda: errors.append(popen.stderr.read()), daemon=True)
+    reader.start()
+    first = popen.stdout.readline()
+    popen.stdout.close()
+    try:
+        code = popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(10)
+        reader.join(10)
+        raise AssertionError(f"the job hung after its output pipe closed:\n{errors}")
+    reader.join(10)
+    return first, code, "".join(errors)
+
+
 def which(name: str) -> str | None:
     """A program on PATH, or in the sbin directories (daemons live there and a
     non-login PATH may lack them)."""

@@ -259,24 +259,6 @@ def test_a_request_rejected_after_its_header_was_read_leaves_the_connection_work
 
 # -- many requests in flight ----------------------------------------------------------------
 
-def _run_each(cluster, fn):
-    """fn(kv) in one thread per worker; {rank: result or exception} (the job may abort)."""
-    out = {}
-
-    def work(rank):
-        try:
-            with kvstore.create("dist_sync", config=cluster.config("worker", rank)) as kv:
-                out[rank] = fn(kv)
-        except Exception as e:
-            out.setdefault(rank, e)
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(cluster.num_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-        assert not t.is_alive(), "a worker hangs"
-    return out
-
 
 def test_more_than_512_keys_pushed_in_different_orders_do_not_deadlock(make_cluster):
     """Worker 0 pushes keys 0..n-1, worker 1 n-1..0, one call per key, before either
@@ -321,7 +303,7 @@ def test_a_timeout_names_the_keys_awaited(make_cluster):
         finally:
             failed.set()
 
-    message = _run_each(cluster, job)[0]
+    message = cluster.run_each(job)[0]
     assert isinstance(message, str), message
     assert "no reply from server 0" in message and "push of key 'late'" in message, message
     assert "push of key 'ok'" not in message, message

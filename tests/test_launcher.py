@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from services import FAST_FAILURE, Proc, tagged
+from services import FAST_FAILURE, Proc, run_with_output_closed, tagged
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,30 +172,14 @@ def test_a_closed_output_pipe_does_not_hang_the_job():
     """`python -m tracker.local ... | head -1`: the launcher keeps draining the
     children's output after its reader went away, and the job ends normally
     with the job's status (0), not a BrokenPipeError."""
-    import subprocess
-    import threading
     tag = uuid.uuid4().hex
-    popen = subprocess.Popen(
+    first, code, errors = run_with_output_closed(
         [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "1", sys.executable, CASES, "chatty"],
-        env={**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": ROOT},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    errors = []
-    reader = threading.Thread(target=lambda: errors.append(popen.stderr.read()), daemon=True)
-    reader.start()
-    first = popen.stdout.readline()      # as `head -1` does, then the reader is gone
-    popen.stdout.close()
-    try:
-        code = popen.wait(90)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait(10)
-        reader.join(10)
-        raise AssertionError(f"the job hung after its output pipe closed:\n{errors}")
-    reader.join(10)
+        {**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": ROOT}, 90)
     assert first.startswith("["), first
     assert code == 0, errors
-    assert "BrokenPipe" not in errors[0] and "Traceback" not in errors[0], errors[0]
-    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors[0]), errors[0]
+    assert "BrokenPipe" not in errors and "Traceback" not in errors, errors
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors), errors
     assert leftovers(tag) == []
 
 

@@ -255,31 +255,15 @@ def test_sighup_to_the_launcher_ends_remote_processes(sshd):
 def test_a_closed_output_pipe_does_not_hang_a_remote_job(sshd, tmp_path):
     """`python -m tracker.ssh ... | head -1`: output keeps being drained (and
     still written to --log-dir), the job ends with its own status."""
-    import subprocess
-    import threading
     tag = uuid.uuid4().hex
-    popen = subprocess.Popen(
+    _, code, errors = services.run_with_output_closed(
         [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG",
          "-n", "2", "-s", "1", "-H", two_hosts(sshd), "--log-dir", str(tmp_path / "logs"),
          "python", CASES, "chatty"],
-        env={**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": services.ROOT},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=services.ROOT)
-    errors = []
-    reader = threading.Thread(target=lambda: errors.append(popen.stderr.read()), daemon=True)
-    reader.start()
-    popen.stdout.readline()
-    popen.stdout.close()
-    try:
-        code = popen.wait(120)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait(10)
-        reader.join(10)
-        raise AssertionError(f"the job hung after its output pipe closed:\n{errors}")
-    reader.join(10)
+        {**os.environ, **FAST_FAILURE, "KVSTORE_TEST_TAG": tag, "PYTHONPATH": services.ROOT}, 120)
     assert code == 0, errors
-    assert "Traceback" not in errors[0], errors[0]
-    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors[0]), errors[0]
+    assert "Traceback" not in errors, errors
+    assert re.search(r"job finished: 2 workers, 1 server, [\d.]+ s, exit 0", errors), errors
     assert (tmp_path / "logs" / "worker-1.log").read_text().splitlines()[-1].startswith("line 19999 ")
     assert eventually_empty(lambda: tagged(tag)) == []
     assert eventually_empty(sshd.sessions) == []

@@ -5,37 +5,16 @@ saying why, instead of waiting for KVSTORE_TIMEOUT and blaming themselves; and
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
-import kvstore
 from kvstore.errors import KVStoreError
 from kvstore.protocol import ops
 from state_driver import A, Server, expect_error, expect_ok, only, peer, vec
 
 STEPS = {0: 4, 1: 2}     # worker 1 has fewer batches than worker 0
-
-
-def run_workers(cluster, fn):
-    """fn(kv) in one thread per worker; {rank: result or exception}."""
-    out = {}
-
-    def work(rank):
-        try:
-            with kvstore.create("dist_sync", config=cluster.config("worker", rank)) as kv:
-                out[rank] = fn(kv)
-        except Exception as e:     # handed back to the test
-            out.setdefault(rank, e)
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(cluster.num_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-        assert not t.is_alive(), "a worker hangs"
-    return out
 
 
 @pytest.mark.parametrize("style", ["pushpull", "push-pull"])
@@ -58,7 +37,7 @@ def test_a_worker_that_finishes_early_is_named_within_seconds(make_cluster, styl
             assert out[0] == 2.0            # both workers' pushes, while both push
         return "done"
 
-    outcome = run_workers(cluster, train)
+    outcome = cluster.run_each(train)
     assert outcome[1] == "done"
     step, waited, message = outcome[0]
     assert step == 2                        # the first step worker 1 does not take

@@ -91,18 +91,24 @@ def repeats(lines: Iterable[str]) -> int:
     """The most times one value (other than Batch speeds) appears for one epoch in
     ``lines``: the number of workers whose lines a log without prefixes mixes."""
     seen: dict = {}
+    for epoch, name, _ in _values(lines):
+        if name != "speeds":
+            seen[(epoch, name)] = seen.get((epoch, name), 0) + 1
+    return max(seen.values(), default=0)
+
+
+def _values(lines: Iterable[str]):
+    """(epoch, name, match) of every line with an epoch value of PATTERNS."""
     for line in lines:
         m = EPOCH.search(line)
         if not m:
             continue
         rest = line[m.end():]
         for name, pattern in PATTERNS:
-            if pattern.match(rest):
-                if name != "speeds":
-                    key = (int(m.group(1)), name)
-                    seen[key] = seen.get(key, 0) + 1
+            found = pattern.match(rest)
+            if found:
+                yield int(m.group(1)), name, found
                 break
-    return max(seen.values(), default=0)
 
 
 def parse_workers(lines: Iterable[str]) -> dict[int, list[EpochRow]]:
@@ -120,22 +126,13 @@ def parse_workers(lines: Iterable[str]) -> dict[int, list[EpochRow]]:
 def _rows(lines: Iterable[str]) -> list[EpochRow]:
     rows: dict[int, EpochRow] = {}
     values: dict[tuple[int, str], list[float]] = {}
-    for line in lines:
-        m = EPOCH.search(line)
-        if not m:
-            continue
-        rest = line[m.end():]
-        for name, pattern in PATTERNS:
-            found = pattern.match(rest)
-            if not found:
-                continue
-            row = rows.setdefault(int(m.group(1)), EpochRow(int(m.group(1))))
-            value = float(found.group(1))
-            if name == "speeds":
-                row.speeds = (row.speeds or []) + [value]
-            else:
-                values.setdefault((row.epoch, name), []).append(value)
-            break
+    for epoch, name, found in _values(lines):
+        row = rows.setdefault(epoch, EpochRow(epoch))
+        value = float(found.group(1))
+        if name == "speeds":
+            row.speeds = (row.speeds or []) + [value]
+        else:
+            values.setdefault((epoch, name), []).append(value)
     for (epoch, name), seen in values.items():
         setattr(rows[epoch], name, sum(seen) / len(seen))   # several workers: their mean
     for row in rows.values():
