@@ -22,7 +22,7 @@ emulated rate is real; then, per rate, interleaved launches of
         pushpull of all 161 tensors: uncompressed, 2bit, fp16
 
 Every process is started as ``ip netns exec NS PYTHON ...`` (an argument list) with the
-environment a launcher would set (tracker/env.py ``for_process`` and a job secret, in
+environment a launcher would set (tracker/control/env.py ``for_process`` and a job secret, in
 the environment only). The workers are benchmarks/contenders/{ours,gloo}_worker.py,
 which verify every result. Writes link.md and link.json (every sample) to --out-dir.
 Needs root (network namespaces); without it prints a "skipped" line and exits 0.

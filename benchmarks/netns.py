@@ -296,9 +296,9 @@ def ps_job(link: Link, num_workers: int, num_servers: int, server_argv, worker_a
     on A, server r and worker r on side_of(r), the default transport (shared memory
     within a machine, since the host identity includes the network namespace; tcp
     across the link, as between machines); each process with the environment a launcher would
-    set (tracker/env.py ``for_process``), the job secret in the environment only."""
-    from tracker import env as tracker_env
-    from tracker.security import new_secret
+    set (tracker/control/env.py ``for_process``), the job secret in the environment only."""
+    from tracker.control import env as tracker_env
+    from tracker.control.security import new_secret
     port = random.randint(20000, 60000)   # a fresh namespace: nothing else listens there
     shared = {"KVSTORE_SECRET": new_secret(),   # the environment, never argv
               "KVSTORE_SECURE": "0", **extra}

@@ -78,7 +78,7 @@ def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, cor
 
 def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: bool,
              corrupt: bool, timeout: float, link=None) -> list[dict]:
-    from tracker import env as tracker_env
+    from tracker.control import env as tracker_env
     from tracker.launcher import JobSpec, launch
     prefix = os.path.join(work, tag)
     _clean(prefix, cfg["workers"])

@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import optimizer
-from .base import KVStore
+from .store import KVStore
 from .config import Config
 from .errors import (ArgumentTypeError, ConfigError, DeadlineError, InvalidArgumentError,
                      KVStoreError, NodeFailedError, ProtocolError, RemoteError)
@@ -43,7 +43,7 @@ def create(name: str = "local", *, config: Config | None = None) -> KVStore:
     if name not in STORE_TYPES:
         raise ConfigError(f"unknown store type {name!r}; valid types: {', '.join(STORE_TYPES)}")
     if name == "local":
-        from .local import LocalStore
+        from .local_store import LocalStore
         return LocalStore(name)
     if name == "device":
         from .device import DeviceStore

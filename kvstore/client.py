@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from tracker.membership import Membership
+from tracker.control.membership import Membership
 
 from .config import Config
 from .errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError

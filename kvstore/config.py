@@ -1,6 +1,6 @@
 """One frozen configuration object; :meth:`Config.from_env` is the only reader of
 the environment in kvstore (the variables themselves are defined in
-:mod:`tracker.env`, the contract shared with the launchers)."""
+:mod:`tracker.control.env`, the contract shared with the launchers)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
-from tracker import env as _env
-from tracker.security import Security
+from tracker.control import env as _env
+from tracker.control.security import Security
 
 from .errors import ConfigError
 
@@ -60,7 +60,7 @@ class Config:
         return f"Config({fields})"
 
     def security(self) -> Security:
-        """How this process's sockets authenticate (see tracker.security)."""
+        """How this process's sockets authenticate (see tracker.control.security)."""
         try:
             return Security(self.secret, self.secure)
         except ValueError as e:

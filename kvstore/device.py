@@ -24,11 +24,11 @@ import numpy as np
 
 from . import arrays, gpu
 from . import optimizer as _optimizer
-from .base import KeyInfo
+from .store import KeyInfo
 from .dist import DistStore
 from .errors import KVStoreError
 from .protocol import ops
-from .local import LocalStore
+from .local_store import LocalStore
 
 
 def gpu_sum(vals: list, dtype, what: str, torch_devices: set | None = None):

@@ -20,12 +20,12 @@ import time
 import msgpack
 import numpy as np
 
-from tracker.errors import JobAborted, RendezvousError, RendezvousTimeout
-from tracker.membership import Membership
+from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout
+from tracker.control.membership import Membership
 
 from . import arrays
 from . import compression as _compression
-from .base import KeyInfo, KVStore, fill_outputs
+from .store import KeyInfo, KVStore, fill_outputs
 from .client import Client
 from .config import Config
 from .errors import DeadlineError, InvalidArgumentError, NodeFailedError

@@ -35,7 +35,7 @@ import threading
 import torch
 
 from . import optimizer as kvopt
-from .base import KVStore
+from .store import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .fileio import atomic_write
 

@@ -10,8 +10,8 @@ import traceback
 import kvstore
 from kvstore.config import Config
 from kvstore.server import ServerNode
-from tracker.rendezvous import Scheduler
-from tracker.security import Security
+from tracker.control.rendezvous import Scheduler
+from tracker.control.security import Security
 
 
 class Cluster:

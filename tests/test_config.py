@@ -7,7 +7,7 @@ import pytest
 
 from kvstore.config import Config
 from kvstore.errors import ConfigError
-from tracker import env
+from tracker.control import env
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "configuration.md")
 

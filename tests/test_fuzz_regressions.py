@@ -23,8 +23,8 @@ import zmq
 
 from fuzzing import ROOT, _deep, _with_raw
 from kvstore.protocol import codec, decode, encode, ops
-from tracker import wire
-from tracker.rendezvous import Scheduler
+from tracker.control import wire
+from tracker.control.rendezvous import Scheduler
 
 pytest_plugins = ["fuzzing"]   # the module-scoped ``live`` fixture
 

@@ -30,6 +30,28 @@ def test_tracker_never_imports_kvstore(path):
     assert not {m for m in imported_modules(path) if m.split(".")[0] == "kvstore"}
 
 
+LAUNCHERS = {p.stem for p in files("tracker") if p.parent.name == "tracker"} - {"__init__"}
+
+
+def relative_imports(path: pathlib.Path) -> set[str]:
+    """Modules named by ``from .x import`` / ``from . import x`` / ``from .. import x``,
+    as their last component (enough here: tracker's module names are unique)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.module:
+                names.add(node.module.split(".")[0] if node.level == 1 else node.module.split(".")[-1])
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("path", files("tracker", "control"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_control_plane_never_imports_a_launcher(path):
+    """tracker/control is the layer every node runs; the launchers sit above it."""
+    absolute = {m for m in imported_modules(path) if m.startswith("tracker.") and not m.startswith("tracker.control")}
+    assert not absolute and not (relative_imports(path) & LAUNCHERS)
+
+
 PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
     files("kvstore", "server", "writein.py") + files("kvstore", "optimizer")

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from tracker.errors import RendezvousTimeout
-from tracker.membership import Membership
-from tracker.rendezvous import Scheduler
+from tracker.control.errors import RendezvousTimeout
+from tracker.control.membership import Membership
+from tracker.control.rendezvous import Scheduler
 from tracker.scheduler import serve
 
 FAST = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.5, "timeout": 30.0}
@@ -157,7 +157,7 @@ def test_a_store_barrier_that_times_out_names_the_absent_worker(make_cluster):
 
 
 def test_two_failing_workers_give_one_abort_and_no_bad_message_warning(caplog):
-    caplog.set_level(logging.INFO, logger="tracker.rendezvous")
+    caplog.set_level(logging.INFO, logger="tracker.control.rendezvous")
     sched = Scheduler(2, 1, **FAST).start()
     servers, workers = members(sched.port, 2)
     try:

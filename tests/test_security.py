@@ -16,8 +16,8 @@ import kvstore
 from kvstore.config import Config
 from kvstore.errors import KVStoreError
 from kvstore.protocol import encode
-from tracker import wire
-from tracker.security import Security, new_secret
+from tracker.control import wire
+from tracker.control.security import Security, new_secret
 
 SECRET = new_secret()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

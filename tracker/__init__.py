@@ -4,6 +4,6 @@ The lower layer of the project: launching processes, rendezvous (ranks, address
 book, barrier), liveness and teardown. It never imports ``kvstore``.
 """
 
-from .errors import TrackerError, RendezvousError, RendezvousTimeout, JobAborted
+from .control.errors import TrackerError, RendezvousError, RendezvousTimeout, JobAborted
 
 __all__ = ["TrackerError", "RendezvousError", "RendezvousTimeout", "JobAborted"]

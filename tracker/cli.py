@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import click
 
-from . import env
+from .control import env
 from .launcher import THREAD_VARS, JobSpec, cpu_count, with_default_threads
 
 CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,

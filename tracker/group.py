@@ -1,6 +1,6 @@
 """Launchers that start every process of a job with one command (mpirun, srun).
 
-Each MPI/Slurm task runs the node wrapper (:mod:`tracker.node`) in ``rank``
+Each MPI/Slurm task runs the node wrapper (:mod:`tracker.wrapper`) in ``rank``
 mode: it reads its global rank from the launcher's variable
 (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``...), becomes server
 ``r`` when ``r < S`` and worker ``r - S`` otherwise, and starts that role's
@@ -24,7 +24,7 @@ import threading
 
 import click
 
-from . import env
+from .control import env
 from .launcher import run_cli
 from .process import ProcSpec
 from .remote import PREFIXED, Sink, exit_counter, parse_status, wrapper_source

@@ -20,10 +20,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, IO, Mapping, Sequence
 
-from . import env
+from .control import env
 from .process import Child, ProcSpec, terminate_all
-from .rendezvous import Scheduler, describe_exit
-from .security import Security, new_secret
+from .control.rendezvous import Scheduler, describe_exit
+from .control.security import Security, new_secret
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     role_env: dict = field(default_factory=dict)  # role -> extra variables for that role only
     kill_grace: float = 3.0
-    settings: dict = field(default_factory=dict)  # parsed tracker.env values
+    settings: dict = field(default_factory=dict)  # parsed tracker.control.env values
     emulate_hosts: int = 0   # > 0: split the processes over this many emulated hosts
     # threads per process in launch order (servers, then workers), set as each of
     # thread_vars unless the process's variables already have OMP_NUM_THREADS;

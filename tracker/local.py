@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from . import env
+from .control import env
 from .cli import log_level, resume_option, server_device_option, setup_logging
 from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
 

@@ -1,7 +1,7 @@
 """Launcher side of processes that run elsewhere: output sinks, the node
 wrapper's status lines, and processes started over ssh.
 
-Every remote process runs inside the node wrapper (:mod:`tracker.node`), sent as
+Every remote process runs inside the node wrapper (:mod:`tracker.wrapper`), sent as
 source with ``python -c``. Over ssh the remote command line carries only the
 interpreter, the wrapper, the job id, role, rank and the user's argv, each quoted
 with :func:`shlex.quote`; the environment travels as one JSON line on the ssh
@@ -26,18 +26,18 @@ import threading
 from dataclasses import dataclass
 from typing import IO
 
-from . import node
+from . import wrapper
 from .hostfile import Host
 from .process import ProcSpec, write_out
 
-STATUS = node.STATUS
+STATUS = wrapper.STATUS
 PREFIXED = re.compile(r"^\[(worker|server):(\d+)@[^\]]*\] ?")
 exit_counter = itertools.count(1)
 
 
 def wrapper_source() -> str:
-    """The source of :mod:`tracker.node`, for ``python -c``."""
-    with open(node.__file__, encoding="utf-8") as f:
+    """The source of :mod:`tracker.wrapper`, for ``python -c``."""
+    with open(wrapper.__file__, encoding="utf-8") as f:
         return f.read()
 
 
@@ -371,7 +371,7 @@ def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]])
             if addr is None:
                 raise ValueError(f"network interface {host_ip} has no IPv4 address")
             return addr
-        if not node.bindable(host_ip):
+        if not wrapper.bindable(host_ip):
             raise ValueError(f"{host_ip} is not an address of this machine "
                              "(give one of its addresses or an interface name)")
         return host_ip
@@ -380,7 +380,7 @@ def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]])
         return "127.0.0.1"
     for addr in remote:
         if addr and not ipaddress_is_loopback(addr):
-            found = node.route_address(addr, 9)
+            found = wrapper.route_address(addr, 9)
             if found:
                 return found
     try:

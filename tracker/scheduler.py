@@ -17,9 +17,9 @@ from typing import Mapping
 
 import zmq
 
-from . import env
-from .rendezvous import Scheduler
-from .security import Security
+from .control import env
+from .control.rendezvous import Scheduler
+from .control.security import Security
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import uuid
 
 import click
 
-from . import env, hostfile
+from . import hostfile
+from .control import env
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, setup_logging)
 from .launcher import plural, run_cli

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from tracker import env as tracker_env
+from tracker.control import env as tracker_env
 from tracker.launcher import JobSpec, launch
 
 from .base import Failed, RunConfig, Skip, read_result, rows_from
@@ -35,7 +35,7 @@ class Transport:
     name: str
     env: dict = field(default_factory=dict)
     url_prefix: str | None = None     # what the servers' data-plane URLs must start with
-    requires_var: str | None = None   # tracker.env must know this variable
+    requires_var: str | None = None   # tracker.control.env must know this variable
     kind: str | None = None           # what the client must report as each server's transport
     hosts: int = 0                    # > 0: emulate this many hosts (JobSpec.emulate_hosts)
 
@@ -53,7 +53,7 @@ class Transport:
     def available(self) -> tuple[bool, str]:
         if self.requires_var and self.requires_var not in tracker_env.BY_NAME:
             return False, (f"kvstore has no {self.name} transport yet ({self.requires_var} is not "
-                           "a variable of tracker/env.py)")
+                           "a variable of tracker/control/env.py)")
         return True, ""
 
 

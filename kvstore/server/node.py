@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from tracker.membership import Membership
+from tracker.control.membership import Membership
 
 from ..config import Config
 from ..errors import InvalidArgumentError, ProtocolError

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import optimizer as _optimizer
-from .base import KeyInfo, KVStore, fill_outputs
+from .store import KeyInfo, KVStore, fill_outputs
 from . import arrays
 
 

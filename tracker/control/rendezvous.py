@@ -1,7 +1,7 @@
 """The scheduler: registration, deterministic ranks, address book, barrier, liveness.
 
 One :class:`Scheduler` serves one job. It runs a ZeroMQ ROUTER socket in its own
-thread; nodes talk to it through :class:`tracker.membership.Membership`.
+thread; nodes talk to it through :class:`tracker.control.membership.Membership`.
 
 Life of a job::
 
