@@ -3,6 +3,7 @@
     python -m benchmarks.pushpull --setup-peers      # once: MXNet and Ray venvs
     python -m benchmarks.pushpull                    # W=2, S=2, 3 interleaved launches
     python -m benchmarks.pushpull --profile          # + where our time goes (cProfile)
+    python -m benchmarks.pushpull --contenders ours --before HEAD   # this tree vs the last commit
 
 Contenders, all on the same bytes (161 fp32 tensors, 102.2 MB), the same W, this
 machine, each verifying the summed result of every iteration:
@@ -16,6 +17,9 @@ machine, each verifying the summed result of every iteration:
   ray       a Ray actor parameter server as in Ray's docs (benchmarks/.venv-ray)
   ceilings  ZeroMQ one-way tcp/ipc for the same bytes, numpy copy/add, our
             server's sum/update in process
+  ours@REF  with --before REF: ours as commit REF has it (a temporary git
+            worktree; its launcher, servers and workers run from there), to
+            show "no slowdown against the commit before" in one run
 
 Each launch of each contender runs warm-up iterations, then timed ones; launches
 are interleaved (the order rotates every round). Writes a markdown table, a JSON
@@ -25,6 +29,7 @@ wrong sum, 0 otherwise (skipped peers are reported, not failures).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -113,10 +118,14 @@ def _csv(ctx, param, value):
 @click.option("--no-chart", is_flag=True, help="Skip the PNG (no matplotlib needed).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
+@click.option("--before", metavar="REF",
+              help="Also run ours as git commit REF has it (checked out into a temporary "
+                   "worktree, PYTHONPATH pointing there), interleaved launch by launch with this "
+                   "tree; its rows are labelled ours@REF. Needs ours in --contenders.")
 def main(workers, servers, model, iters, warmup, launches, contenders, transports, compression,
          latency_iters,
          latency_sizes, async_pushes, out_dir, name, setup_peers, setup_only, profile, env_pairs,
-         no_chart, timeout):
+         no_chart, timeout, before):
     """Time one full gradient exchange of ResNet-50 (W workers, S servers): ours vs
     torch gloo, MXNet 1.9.1, a Ray actor PS and the machine's ceilings."""
     if setup_peers:
@@ -125,6 +134,9 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
             click.echo(f"[setup] {peer.name}: {'ready, ' if ok else 'NOT usable: '}{line}", err=True)
         if setup_only:
             return
+    if before and "ours" not in contenders:
+        raise click.BadParameter("compares ours with ours@REF: add ours to --contenders",
+                                 param_hint="--before")
     extra_env = {}
     for pair in env_pairs:
         key, sep, value = pair.partition("=")
@@ -143,40 +155,32 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
             "config": {k: v for k, v in cfg.__dict__.items() if k != "work_dir"},
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     info["versions"]["python"] = platform.python_version()
-    active = []
-    for c in contenders:
-        version, _ = CONTENDERS[c]
-        try:
-            info["versions"][c] = version()
-            active.append(c)
-        except Skip as e:
-            info["skipped"][c] = str(e)
-    if "ours" in active:
-        _, why = ours.available_transports(cfg)
-        for line in why:
-            info["skipped"][line.split(":")[0]] = line.split(": ", 1)[1]
-    _echo_header(info, cfg, launches)
-    rows, failures = [], []
-    for launch_no in range(launches):
-        order = active[launch_no % max(1, len(active)):] + active[:launch_no % max(1, len(active))]
-        for c in order:
-            load = os.getloadavg()[0]
-            t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:      # the worktree of --before, removed at the end
+        runners = dict(CONTENDERS)
+        if before:
             try:
-                got = CONTENDERS[c][1](cfg, launch_no)
+                tree, commit = stack.enter_context(ours.worktree(before))
+            except Failed as e:
+                raise click.BadParameter(str(e), param_hint="--before") from None
+            label = f"ours@{before}"
+            runners[label] = (lambda: f"kvstore {commit} (git worktree of {before})",
+                              lambda cfg, n: ours.run_in_tree(tree, label, cfg, n))
+            at = contenders.index("ours") + 1      # right after ours: they alternate in every launch
+            contenders = contenders[:at] + (label,) + contenders[at:]
+        active = []
+        for c in contenders:
+            version, _ = runners[c]
+            try:
+                info["versions"][c] = version()
+                active.append(c)
             except Skip as e:
                 info["skipped"][c] = str(e)
-                click.echo(f"  launch {launch_no + 1}/{launches} {c}: skipped: {e}", err=True)
-                continue
-            except (Failed, common.WrongResult) as e:
-                failures.append(f"{c} (launch {launch_no + 1}): {e}")
-                click.echo(f"  launch {launch_no + 1}/{launches} {c}: FAILED: {e}", err=True)
-                continue
-            for r in got:
-                r["load_before"] = load
-            rows += got
-            click.echo(f"  launch {launch_no + 1}/{launches} {c}: {len(got)} results in "
-                       f"{time.monotonic() - t0:.1f}s (load average before: {load:.2f})", err=True)
+        if "ours" in active:
+            _, why = ours.available_transports(cfg)
+            for line in why:
+                info["skipped"][line.split(":")[0]] = line.split(": ", 1)[1]
+        _echo_header(info, cfg, launches)
+        rows, failures = _launches(runners, active, cfg, launches, info)
     summary = report.summarise(rows, cfg)
     profile_text = None
     if profile and "ours" in active and not failures:
@@ -212,6 +216,33 @@ def main(workers, servers, model, iters, warmup, launches, contenders, transport
     if failures:
         click.echo("\nFAILED:\n" + "\n".join(failures), err=True)
         sys.exit(1)
+
+
+def _launches(runners: dict, active: list, cfg, launches: int, info: dict) -> tuple[list, list]:
+    """Every launch runs each active contender once, the order rotating every launch
+    (drift on a shared machine then hits all of them alike): (rows, failures)."""
+    rows, failures = [], []
+    for launch_no in range(launches):
+        order = active[launch_no % max(1, len(active)):] + active[:launch_no % max(1, len(active))]
+        for c in order:
+            load = os.getloadavg()[0]
+            t0 = time.monotonic()
+            try:
+                got = runners[c][1](cfg, launch_no)
+            except Skip as e:
+                info["skipped"][c] = str(e)
+                click.echo(f"  launch {launch_no + 1}/{launches} {c}: skipped: {e}", err=True)
+                continue
+            except (Failed, common.WrongResult) as e:
+                failures.append(f"{c} (launch {launch_no + 1}): {e}")
+                click.echo(f"  launch {launch_no + 1}/{launches} {c}: FAILED: {e}", err=True)
+                continue
+            for r in got:
+                r["load_before"] = load
+            rows += got
+            click.echo(f"  launch {launch_no + 1}/{launches} {c}: {len(got)} results in "
+                       f"{time.monotonic() - t0:.1f}s (load average before: {load:.2f})", err=True)
+    return rows, failures
 
 
 def _echo_header(info, cfg, launches) -> None:

@@ -18,44 +18,58 @@ import sys
 
 from . import optimizer
 from .store import KVStore
+from .storetypes import STORE_TYPES, KVStoreBase, resolve
 from .config import Config
+from .rowinit import RowInit
+from .sparse import RowSparse
 from .errors import (ArgumentTypeError, ConfigError, DeadlineError, InvalidArgumentError,
                      KVStoreError, NodeFailedError, ProtocolError, RemoteError)
 
 __version__ = "0.1.0"
 
-STORE_TYPES = ("local", "dist_sync", "dist_async", "device", "dist_device_sync")
 
-
-def create(name: str = "local", *, config: Config | None = None) -> KVStore:
+def create(name: str = "local", *, config: Config | None = None) -> KVStoreBase:
     """Create a store: ``"local"``, ``"dist_sync"``, ``"dist_async"``, or the GPU-aggregating
     ``"device"`` and ``"dist_device_sync"`` (docs/gpu.md; CPU without a GPU).
+
+    Names match in any case; MXNet's aliases ``"dist_sync_device"``,
+    ``"local_update_cpu"``, ``"local_allreduce_cpu"`` and ``"local_allreduce_device"`` work, and
+    ``kv.type`` is the name given, lower-cased. A class registered with
+    :meth:`KVStoreBase.register` is built, with no arguments, under its class
+    name (kvstore.storetypes).
 
     Distributed stores read their settings from the environment a launcher sets
     (``config`` overrides it, e.g. in tests). As in MXNet, a process whose role
     is ``server`` or ``scheduler`` (``DMLC_ROLE``) runs that role here and exits,
     so a job whose every process runs the training script also works.
 
-    Raises ConfigError for an unknown type (listing the valid ones) or missing settings.
+    Raises ConfigError for an unknown type (listing the valid ones), for MXNet's
+    ``nccl``, ``horovod`` and ``byteps`` (naming what to use instead) or missing
+    settings; ArgumentTypeError for a name that is not a str.
     """
-    if not isinstance(name, str):
-        raise ArgumentTypeError(f"create: the store type must be a str, got {type(name).__name__}")
-    if name not in STORE_TYPES:
-        raise ConfigError(f"unknown store type {name!r}; valid types: {', '.join(STORE_TYPES)}")
-    if name == "local":
+    kind = resolve(name)
+    if not isinstance(kind, str):
+        return kind()
+    store = _builtin(kind, config)
+    store._type = name.lower()    # MXNet's kv.type; the store itself was built as `kind`
+    return store
+
+
+def _builtin(kind: str, config: Config | None) -> KVStore:
+    if kind == "local":
         from .local_store import LocalStore
-        return LocalStore(name)
-    if name == "device":
+        return LocalStore(kind)
+    if kind == "device":
         from .device import DeviceStore
-        return DeviceStore(name)
+        return DeviceStore(kind)
     config = config if config is not None else Config.from_env(os.environ)
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
-    if name == "dist_device_sync":
+    if kind == "dist_device_sync":
         from .device import DistDeviceStore
-        return DistDeviceStore(name, config)
+        return DistDeviceStore(kind, config)
     from .dist import DistStore
-    return DistStore(name, config)
+    return DistStore(kind, config)
 
 
 def _run_role(config: Config) -> int:
@@ -66,6 +80,6 @@ def _run_role(config: Config) -> int:
     return scheduler.serve(os.environ)
 
 
-__all__ = ["create", "KVStore", "Config", "optimizer", "STORE_TYPES", "KVStoreError",
+__all__ = ["create", "KVStore", "KVStoreBase", "Config", "RowSparse", "RowInit", "optimizer", "STORE_TYPES", "KVStoreError",
            "ConfigError", "InvalidArgumentError", "ArgumentTypeError", "ProtocolError",
            "RemoteError", "DeadlineError", "NodeFailedError"]

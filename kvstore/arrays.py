@@ -37,10 +37,6 @@ def _family(value) -> str | None:
     return None
 
 
-def is_array(value) -> bool:
-    return _family(value) is not None
-
-
 def is_torch(value) -> bool:
     """True for torch tensors (CPU or CUDA)."""
     return _family(value) == "torch"

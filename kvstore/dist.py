@@ -1,34 +1,30 @@
 """``dist_sync`` and ``dist_async``: a store whose values live on the servers.
 
 Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); every
-call groups the chunks bound for one server into one message. Collective calls
-(create, init, set_optimizer, barrier) pass through the scheduler's barrier with
-a token describing what the workers agree on, so a worker that initialises other
-keys, shapes or dtypes gets an error instead of a hang.
+call groups the chunks bound for one server into messages of about the size its
+link prefers, sent through the :class:`~kvstore.client.Client`. Collective calls
+(create, init, set_optimizer, barrier) pass through the scheduler's barrier
+(:mod:`kvstore.job`); checkpoints are :mod:`kvstore.checkpoints`, optimizer
+states on the servers :mod:`kvstore.remote_states`.
 """
 
 from __future__ import annotations
 
 import atexit
-import hashlib
 import logging
-import os
 import sys
-import threading
-import time
 
-import msgpack
 import numpy as np
 
-from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout
-from tracker.control.membership import Membership
-
-from . import arrays
+from . import arrays, remote_states
 from . import compression as _compression
+from .checkpoints import Checkpoints
 from .store import KeyInfo, KVStore, fill_outputs
 from .client import Client
+from .dist_rows import DistRows
 from .config import Config
-from .errors import DeadlineError, InvalidArgumentError, NodeFailedError
+from .errors import InvalidArgumentError
+from .job import JobMember
 from .protocol import ops
 from .sharding import Placement
 
@@ -44,29 +40,20 @@ class DistStore(KVStore):
         config.require_cluster(f"kvstore.create({name!r})")
         self._config = config
         self._mode = "async" if "async" in name else "sync"
-        self._exit_on_abort = config.exit_on_abort
-        self._membership = Membership(
-            role="worker", rank=config.rank, host=config.node_host,
-            scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
-            heartbeat_interval=config.heartbeat_interval,
-            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort,
-            security=config.security())
+        self._job = JobMember(config)
+        self._membership = self._job.membership
+        self._collective = self._job.collective
         self._client = None
         try:
-            reg = self._translate(self._membership.register)
+            reg = self._job.register()
             self._rank, self._num_workers = reg.rank, reg.num_workers
             self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}")
             if self._rank == 0:
-                self._to_all_servers(ops.CONFIGURE, "configuring the servers",
-                                     mode=self._mode, num_workers=self._num_workers)
-            self.resumed, self.resume_meta = False, {}
-            if config.resume:
-                self._fetch_resume_meta()
-            self._pulls = 0
-            self._next_checkpoint = (time.monotonic() + config.checkpoint_interval
-                                     if config.checkpoint_interval > 0 else None)
+                self._client.request_all(ops.CONFIGURE, "configuring the servers",
+                                         mode=self._mode, num_workers=self._num_workers)
+            self._checkpoints = Checkpoints(self._client, self._rank, config, self._collective)
         except BaseException:
             self._release()
             raise
@@ -85,7 +72,16 @@ class DistStore(KVStore):
     def num_workers(self) -> int:
         return self._num_workers
 
-    # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def resumed(self) -> bool:
+        """Whether the servers started from a checkpoint (a job started with ``--resume``)."""
+        return self._checkpoints.resumed
+
+    @property
+    def resume_meta(self) -> dict:
+        """The ``meta`` that checkpoint was saved with ({} when not resumed)."""
+        return self._checkpoints.meta
+
     def save_checkpoint(self, meta: dict | None = None) -> None:
         """Collective: every server writes its checkpoint (parameters, optimizer
         state, and ``meta``, e.g. ``{"epoch": 3}``) to KVSTORE_CHECKPOINT_DIR once
@@ -95,67 +91,7 @@ class DistStore(KVStore):
         scalars become Python numbers); anything else raises InvalidArgumentError on
         every worker, before anything is sent."""
         self._check_open("save_checkpoint")
-        meta = _checkpoint_meta(meta)
-        self._client.flush("save_checkpoint")
-        self._collective("save_checkpoint")
-        if self._rank == 0:
-            self._to_all_servers(ops.CHECKPOINT, "save_checkpoint", meta=meta)
-        self._collective("save_checkpoint done")
-
-    def _maybe_checkpoint(self) -> None:
-        """Automatic checkpoints (KVSTORE_CHECKPOINT_INTERVAL), by rank 0 right after
-        a pull: its next push has not been sent, so no round after this pull's can
-        have completed on any server, and every server saves the same round."""
-        self._pulls += 1
-        if self._next_checkpoint is None or self._rank != 0 or time.monotonic() < self._next_checkpoint:
-            return
-        self._next_checkpoint = time.monotonic() + self._config.checkpoint_interval
-        self._to_all_servers(ops.CHECKPOINT, "automatic checkpoint", meta={"step": self._pulls})
-
-    def _fetch_resume_meta(self) -> None:
-        found = {}
-
-        def keep(header, values):
-            found.update(header)
-        rid, _ = self._client.request(0, ops.GET_META, "reading the checkpoint's metadata", on_reply=keep)
-        self._client.wait([rid], "reading the checkpoint's metadata")
-        self.resumed, self.resume_meta = bool(found.get("resumed")), dict(found.get("meta") or {})
-
-    # -- collective plumbing ------------------------------------------------------------
-    def _translate(self, fn, *args, **kwargs):
-        """Call a tracker function, re-raising its errors as kvstore errors."""
-        try:
-            return fn(*args, **kwargs)
-        except JobAborted as e:
-            raise NodeFailedError(f"the job was aborted: {e}") from e
-        except RendezvousTimeout as e:
-            raise DeadlineError(str(e)) from e
-        except RendezvousError as e:
-            if self._membership.aborted.is_set():
-                raise NodeFailedError(f"the job was aborted: {self._membership.abort_reason}") from e
-            raise InvalidArgumentError(str(e)) from e
-
-    def _collective(self, token: str) -> None:
-        if len(token) > 200:
-            token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
-        self._translate(self._membership.barrier, token)
-
-    def _to_all_servers(self, op: str, what: str, **fields) -> None:
-        ids = [self._client.request(s, op, what, **fields)[0] for s in range(len(self._client.servers))]
-        self._client.wait(ids, what)
-
-    def _on_abort(self, reason: str) -> None:
-        if not self._exit_on_abort:
-            return
-        grace = self._config.abort_grace
-
-        def die():
-            log.critical("job aborted (%s) and this worker did not stop within %gs "
-                         "(KVSTORE_ABORT_GRACE); exiting", reason, grace)
-            os._exit(70)
-        timer = threading.Timer(grace, die)
-        timer.daemon = True
-        timer.start()
+        self._checkpoints.save(meta)
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new, uninitialised numpy array for gradients. When this worker reaches
@@ -169,13 +105,6 @@ class DistStore(KVStore):
         return self._client.shared_empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
     # -- requests grouped by server ---------------------------------------------------------
-    def _pipeline_limits(self) -> list[int]:
-        """Message size per server: KVSTORE_PIPELINE_BYTES, or KVSTORE_SHM_PIPELINE_BYTES
-        for servers reached through shared memory (no link transfer to overlap there:
-        fewer, larger messages cost fewer round trips)."""
-        return [self._config.shm_pipeline_bytes if kind == "shm" else self._config.pipeline_bytes
-                for kind in self._client.transports]
-
     def _by_server(self, infos_and_flats):
         """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
         groups: dict[int, tuple[list, list]] = {}
@@ -202,32 +131,26 @@ class DistStore(KVStore):
         datas = self._by_server(sources) if sources is not None else {}
         fields = self._compression_fields() if sources is not None else {}
         stage = sources is not None and self._compressor is None
-        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and self._config.write_in
+        write_in = stage and op == ops.PUSHPULL and self._mode == "sync"
         ids, later = [], []
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
-        for server, lo, hi in _pieces(dests, self._pipeline_limits()):
+        for server, lo, hi in _pieces(dests, self._client.pipeline_limits()):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
-            writes = self._client.writable(server, payload) if write_in else []
-            if writes and sum(payload[i].nbytes for i in writes) >= self._config.write_in_bytes:
-                # written straight into the server's sums (no staging copy); the rest
-                # (small chunks, gradients from empty()) goes as a pushpull
-                ids.append(self._client.write_in(
-                    server, what, [wire_ids[i] for i in writes], [payload[i] for i in writes],
-                    self._filler([parts[i] for i in writes]), later))
-                # grants already here are written now: the other workers' turns wait on ours
-                self._client.progress(what)
-                rest = sorted(set(range(len(parts))) - set(writes))
-                wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
-                if not parts:
-                    continue
+            if write_in:
+                # what the server's link can write straight into its sums (no staging
+                # copy); the rest (small chunks, gradients from empty()) goes as a pushpull
+                rest = self._client.write_in(server, what, wire_ids, payload, parts, ids, later)
+                if len(rest) < len(parts):
+                    wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
+                    if not parts:
+                        continue
             # pushpull waits for its replies, so gradients in our shared memory
             # (empty()) may be read by the servers in place
-            rid, _ = self._client.request(server, op, what, payload, self._filler(parts),
-                                          stage=wire_ids if stage else None, in_place=stage,
-                                          into=parts, chunks=wire_ids, **fields)
+            rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
+                                          in_place=stage, into=parts, chunks=wire_ids, **fields)
             ids.append(rid)
         return (ids, later), what, [(outs, flat, direct)
                                     for (_, outs), (_, flat, direct) in zip(targets, flats)]
@@ -267,19 +190,6 @@ class DistStore(KVStore):
     def _compression_fields(self) -> dict:
         return {} if self._compressor is None else {"compression": self._compressor.config}
 
-    @staticmethod
-    def _filler(parts):
-        def fill(header, values):
-            if len(values) != len(parts):
-                raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(parts)} chunks")
-            for dest, value in zip(parts, values):
-                if value is dest:          # received in place (a data channel)
-                    continue
-                if value.size != dest.size:
-                    raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
-                np.copyto(dest, value.reshape(-1))
-        return fill
-
     # -- hooks ---------------------------------------------------------------------------------
     def _do_init(self, items) -> None:
         desc = ", ".join(f"{k!r}:{tuple(shape)}:{dtype.name}" for k, shape, dtype, _ in items)
@@ -298,17 +208,32 @@ class DistStore(KVStore):
             self._keys[info.key] = info
         self._collective("init done")
 
-    def _do_push(self, items, wait_sent: bool = True) -> None:
+    def _do_init_rows(self, items) -> None:
+        self._keys.update(DistRows(self).init(items))
+
+    def _do_push_rows(self, items) -> None:
+        self._check_async_optimizer()
+        DistRows(self).push([(info.key, rows, data) for info, rows, data in items])
+
+    def _do_pull_rows(self, info, rows) -> np.ndarray:
+        data = DistRows(self).pull(info.key, rows, info.shape[1:], info.dtype)
+        self._checkpoints.pulled()
+        return data
+
+    def _check_async_optimizer(self) -> None:
         if self._mode == "async" and self._optimizer is None:
             raise InvalidArgumentError("dist_async applies every push with an optimizer on the "
-                                       "servers: call set_optimizer() before push()")
+                                       "servers: call set_optimizer() before push() or pushpull()")
+
+    def _do_push(self, items, wait_sent: bool = True) -> None:
+        self._check_async_optimizer()
         what = f"push of {_keys_text(info for info, _ in items)}"
         self._check_compressible([info for info, _ in items], what)
         trackers = []
         fields = self._compression_fields()
         stage = self._compressor is None
         groups = self._by_server(items)
-        for server, lo, hi in _pieces(groups, self._pipeline_limits()):
+        for server, lo, hi in _pieces(groups, self._client.pipeline_limits()):
             wire_ids = groups[server][0][lo:hi]
             parts = self._compressed(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
@@ -324,24 +249,20 @@ class DistStore(KVStore):
 
     def _do_pull_finish(self, handle) -> None:
         self._fill(handle)
-        self._maybe_checkpoint()
+        self._checkpoints.pulled()
 
     def _do_pull(self, items) -> None:
         self._send_and_fill(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
-        self._maybe_checkpoint()
+        self._checkpoints.pulled()
 
     def _do_pushpull(self, items) -> None:
-        self._check_pushpull()
+        self._check_async_optimizer()
         self._send_and_fill(ops.PUSHPULL, *self._pushpull_args(items))
-        self._maybe_checkpoint()
+        self._checkpoints.pulled()
 
     def _do_pushpull_start(self, items) -> tuple:
-        self._check_pushpull()
+        self._check_async_optimizer()
         return self._send(ops.PUSHPULL, *self._pushpull_args(items))
-
-    def _check_pushpull(self) -> None:
-        if self._mode == "async" and self._optimizer is None:
-            raise InvalidArgumentError("dist_async needs set_optimizer() before pushpull()")
 
     @staticmethod
     def _pushpull_args(items) -> tuple:
@@ -351,7 +272,7 @@ class DistStore(KVStore):
 
     def _do_pushpull_finish(self, handle) -> None:
         self._fill(handle)
-        self._maybe_checkpoint()
+        self._checkpoints.pulled()
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
                           state_scale: float = 1.0) -> None:
@@ -360,65 +281,26 @@ class DistStore(KVStore):
         if keep_state:
             fields.update(keep_state=True, **({"state_scale": state_scale} if state_scale != 1.0 else {}))
         if not collective:
-            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", **fields)
+            self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
             return
         self._client.flush("set_optimizer")
         self._collective(f"set_optimizer {config['name']}")
         if self._rank == 0:
-            self._to_all_servers(ops.SET_OPTIMIZER, "set_optimizer", **fields)
+            self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
         self._collective("set_optimizer done")
 
     def _get_states(self) -> dict:
-        self._client.flush("save_optimizer_states")
-        found: dict[tuple, tuple[int, list]] = {}
+        return remote_states.gather(self._client, self._keys, self._optimizer, self._pulled)
 
-        def collect(header, values):
-            pos = 0
-            for key, index, t, count in header["states"]:
-                found[(key, index)] = (t, values[pos:pos + count])
-                pos += count
-        ids = [self._client.request(s, ops.GET_STATES, "save_optimizer_states", on_reply=collect)[0]
-               for s in range(len(self._client.servers))]
-        self._client.wait(ids, "save_optimizer_states")
-        states = {}
-        for key, info in self._keys.items():
-            per_chunk = [found.get((key, c.index)) for c in info.chunks]
-            if all(p is None for p in per_chunk):
-                continue  # never updated: no state yet
-            parts, ts = [], []
-            for chunk, entry in zip(info.chunks, per_chunk):
-                if entry is None:  # async: this chunk not updated yet
-                    entry = (0, list(self._optimizer.create_state(self._chunk_value(info, chunk))))
-                ts.append(entry[0])
-                parts.append(entry[1])
-            joined = [np.concatenate([p[i].reshape(-1) for p in parts]).reshape(info.shape)
-                      for i in range(len(parts[0]))]
-            states[key] = {"t": max(ts), "state": joined}
-        return states
-
-    def _chunk_value(self, info, chunk) -> np.ndarray:
-        """What a chunk's fresh state is made from: zeros, or (a float32 master copy
-        of a float16 weight, multi_precision) the chunk's current value."""
-        if not self._optimizer.keeps_master(info.dtype):
-            return np.zeros(chunk.size, info.dtype)
+    def _pulled(self, info, rows=None) -> np.ndarray:
+        if info.sparse:
+            return self._do_pull_rows(info, rows)
         value = np.empty(info.size, info.dtype)
         self._do_pull([(info, [value])])
-        return value[chunk.start:chunk.stop]
+        return value
 
     def _set_states(self, states: dict) -> None:
-        groups: dict[int, tuple[list, list]] = {}
-        for key, entry in states.items():
-            info = self._keys[key]
-            dtype = self._optimizer.state_spec(info.dtype)[1]   # float32 with a master copy
-            flats = [np.ascontiguousarray(s, dtype=dtype).reshape(-1) for s in entry["state"]]
-            for chunk in info.chunks:
-                meta, parts = groups.setdefault(chunk.server, ([], []))
-                meta.append([key, chunk.index, entry["t"], len(flats)])
-                parts += [f[chunk.start:chunk.stop] for f in flats]
-        ids = [self._client.request(server, ops.SET_STATES, "load_optimizer_states", parts,
-                                    states=meta)[0]
-               for server, (meta, parts) in groups.items()]
-        self._client.wait(ids, "load_optimizer_states")
+        remote_states.scatter(self._client, self._keys, self._optimizer, states)
 
     def comm_stats(self) -> dict:
         return {"bytes_sent": self._client.bytes_sent, "bytes_received": self._client.bytes_received}
@@ -440,7 +322,7 @@ class DistStore(KVStore):
         try:
             if not self._membership.aborted.is_set():
                 self._client.flush("close")
-                self._translate(self._membership.finish)
+                self._job.finish()
         except BaseException as e:      # e.g. a push that failed: the job must learn it now
             try:
                 self._membership.fail(f"close: {type(e).__name__}: {e}")
@@ -509,35 +391,6 @@ def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:
     for step in range(max((len(r) for r in runs.values()), default=0)):
         order += [(server, *r[step]) for server, r in runs.items() if step < len(r)]
     return order
-
-
-def _checkpoint_meta(meta) -> dict:
-    """``meta`` as the servers store it: numpy scalars become Python numbers, tuples
-    lists. InvalidArgumentError for anything a checkpoint cannot hold, raised by every
-    worker alike (each checks its own), before the collective call."""
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict):
-        raise InvalidArgumentError(f"save_checkpoint: meta must be a dict, got {type(meta).__name__}")
-
-    def plain(value, where):
-        if isinstance(value, np.generic) and not isinstance(value, (np.datetime64, np.timedelta64)):
-            value = value.item()
-        if isinstance(value, dict):
-            return {plain(k, where): plain(v, f"{where}[{k!r}]") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        if value is None or isinstance(value, (bool, int, float, str, bytes)):
-            return value
-        hint = " (use .tolist())" if isinstance(value, np.ndarray) else ""
-        raise InvalidArgumentError(f"save_checkpoint: {where} is a {type(value).__name__}{hint}; meta "
-                                   "may hold str, int, float, bool, None, bytes, lists and dicts")
-    converted = plain(meta, "meta")
-    try:
-        msgpack.packb(converted, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as e:    # e.g. an int beyond 64 bits
-        raise InvalidArgumentError(f"save_checkpoint: meta cannot be stored: {e}") from None
-    return converted
 
 
 def _keys_text(infos) -> str:

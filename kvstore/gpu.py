@@ -114,11 +114,17 @@ def cupy_module():
     return cupy
 
 
+_DLPACK_CUDA = (2, 13)   # DLPack's kDLCUDA and kDLCUDAManaged device types
+
+
 def xp_for(value):
     """The array module for computing on ``value``: cupy for cupy arrays and torch
-    CUDA tensors when a GPU is usable, numpy otherwise (a host copy is needed)."""
-    from . import arrays
-    if arrays.is_gpu(value) and available():
+    CUDA tensors when a GPU is usable, numpy otherwise (a host copy is needed).
+
+    The value's DLPack device says where it lives, so this module needs no
+    knowledge of array families (that is kvstore.arrays, which builds on this one)."""
+    where = getattr(value, "__dlpack_device__", None)
+    if where is not None and int(where()[0]) in _DLPACK_CUDA and available():
         import cupy
         return cupy
     return np

@@ -13,6 +13,7 @@ import numpy as np
 from . import optimizer as _optimizer
 from .store import KeyInfo, KVStore, fill_outputs
 from . import arrays
+from .sparse import RowSparse
 
 
 class LocalStore(KVStore):
@@ -45,6 +46,29 @@ class LocalStore(KVStore):
         for key, shape, dtype, value in items:
             self._keys[key] = KeyInfo(key, shape, dtype)
             self._store[key] = np.array(value, dtype=dtype, order="C", copy=True)
+
+    def _do_init_rows(self, items) -> None:
+        for key, shape, dtype, spec, rows, data in items:
+            table = np.zeros(shape, dtype)
+            if spec is not None:
+                spec.fill(table, np.arange(shape[0], dtype=np.int64))
+            table[rows] = data
+            self._keys[key] = KeyInfo(key, tuple(shape), dtype, sparse=True)
+            self._store[key] = table
+
+    def _do_push_rows(self, items) -> None:
+        for info, rows, data in items:
+            table = self._store[info.key]
+            if self._updater is None:
+                table[rows] = data                      # the pushed rows only; others keep theirs
+            elif isinstance(self._updater, _optimizer.Updater):
+                self._updater.update_rows(info.key, rows, data.reshape(len(rows), -1),
+                                          table.reshape(len(table), -1))
+            else:                                       # MXNet's custom updater sees a RowSparse
+                self._updater(info.key, RowSparse(data, rows, info.shape), table)
+
+    def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray:
+        return self._store[info.key][rows]
 
     def _apply(self, info: KeyInfo, merged: np.ndarray) -> None:
         stored = self._store[info.key]

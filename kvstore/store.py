@@ -1,51 +1,38 @@
-"""The API every store type implements, and the argument handling they share.
+"""The API every built-in store type implements.
 
 Subclasses implement the ``_do_*`` hooks on already validated, normalised
-arguments: numpy arrays and :class:`KeyInfo` records.
+arguments (kvstore.arguments): numpy arrays and :class:`KeyInfo` records.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, states_file
+from . import arrays, rowkeys, states_file
+from .arguments import Arguments, KeyInfo, check_priority
 from .compression import Compressor
 from . import optimizer as _optimizer
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .protocol.codec import ALLOWED_DTYPES
+from .storetypes import KVStoreBase
 
 log = logging.getLogger(__name__)
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+__all__ = ["KVStore", "KeyInfo", "Handle", "fill_outputs"]
 
 
-@dataclass(frozen=True)
-class KeyInfo:
-    """What init() fixed for a key: its shape and dtype (and, in dist mode, chunks)."""
-    key: object
-    shape: tuple
-    dtype: np.dtype
-    chunks: tuple = ()
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-
-def _as_list(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-class KVStore:
+class KVStore(Arguments, KVStoreBase):
     """A key-value store for gradients and weights, with MXNet's KVStore API.
 
     Keys are ``int`` (64-bit) or ``str``, one kind per store. Values are numpy
     arrays, torch tensors or cupy arrays; a list of values for one key (one per
-    device) is summed. Create stores with :func:`kvstore.create`.
+    device) is summed. Create stores with :func:`kvstore.create`. Every built-in
+    type runs optimizers (``kv.is_capable(KVStore.OPTIMIZER)`` is True).
     """
+
+    capabilities = frozenset({KVStoreBase.OPTIMIZER})
 
     def __init__(self, name: str):
         self._type = name
@@ -56,103 +43,11 @@ class KVStore:
         self._compressor: Compressor | None = None
         self._closed = False
 
-    # -- properties -------------------------------------------------------------
     @property
     def type(self) -> str:
-        """The name the store was created with, e.g. ``"dist_sync"``."""
+        """The name the store was created with, lower-cased, e.g. ``"dist_sync"``
+        (an alias stays as given, as in MXNet: ``"dist_sync_device"``)."""
         return self._type
-
-    @property
-    def rank(self) -> int:
-        """Rank of this worker, 0 .. num_workers - 1."""
-        return 0
-
-    @property
-    def num_workers(self) -> int:
-        """Number of workers in the job."""
-        return 1
-
-    # -- argument handling ---------------------------------------------------------
-    def _check_key(self, key, what: str):
-        if isinstance(key, (bool, np.bool_)):
-            raise ArgumentTypeError(f"{what}: a key must be an int or a str, not a bool")
-        if isinstance(key, np.integer):
-            key = int(key)
-        if isinstance(key, int):
-            if not INT64_MIN <= key <= INT64_MAX:
-                raise InvalidArgumentError(f"{what}: int key {key} does not fit in 64 bits")
-            kind = int
-        elif isinstance(key, str):
-            kind = str
-        else:
-            raise ArgumentTypeError(f"{what}: a key must be an int or a str, got "
-                                    f"{type(key).__name__} {key!r}")
-        if self._key_kind is not None and kind is not self._key_kind:
-            raise ArgumentTypeError(f"{what}: key {key!r} is a {kind.__name__} but this store uses "
-                                    f"{self._key_kind.__name__} keys; do not mix int and str keys")
-        return key
-
-    def _pairs(self, keys, values, what: str, values_name: str = "value") -> list[tuple]:
-        """[(key, [values...])] from MXNet's forms: key + value, key + [values],
-        [keys] + [values], [keys] + [[values], ...]."""
-        if isinstance(keys, (list, tuple)):
-            if not isinstance(values, (list, tuple)) or len(values) != len(keys):
-                got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-                raise InvalidArgumentError(f"{what}: {len(keys)} keys need a list of {len(keys)} "
-                                           f"{values_name}s, got {got}")
-            pairs = [(self._check_key(k, what), _as_list(v)) for k, v in zip(keys, values)]
-        else:
-            pairs = [(self._check_key(keys, what), _as_list(values))]
-        kinds = {type(k) for k, _ in pairs}
-        if len(kinds) > 1:
-            raise ArgumentTypeError(f"{what}: do not mix int and str keys in one call")
-        for key, vals in pairs:
-            if not vals:
-                raise InvalidArgumentError(f"{what}: key {key!r} got an empty list of {values_name}s")
-        return pairs
-
-    def _info(self, key, what: str) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            raise InvalidArgumentError(f"{what}: key {key!r} has not been initialised; call init() first")
-        return info
-
-    def _check_value(self, info: KeyInfo, value, what: str) -> None:
-        shape, _ = arrays.shape_dtype(value, what)
-        if shape != info.shape:
-            raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
-                                       f"got an array of shape {shape}")
-        want, got = self._dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
-        if got != want:
-            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}")
-
-    def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
-        """Validated (info, values) per distinct key; a key listed twice gets both lists."""
-        groups: dict = {}
-        for key, vals in self._pairs(keys, values, what):
-            info = self._info(key, what)
-            for v in vals:
-                self._check_value(info, v, what)
-            groups.setdefault(key, (info, []))[1].extend(vals)
-        return list(groups.values())
-
-    def _check_optimizable(self, groups, what: str) -> None:
-        if self._optimizer is None:
-            return
-        for info, _ in groups:
-            if info.dtype.kind != "f":
-                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
-                                           "optimizers update floating-point values only")
-
-    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
-        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
-        first = arrays.to_numpy(vals[0], what)
-        if len(vals) == 1:
-            return np.ascontiguousarray(first).reshape(-1)
-        acc = np.array(first, dtype=info.dtype, order="C", copy=True).reshape(-1)
-        for v in vals[1:]:
-            acc += arrays.to_numpy(v, what).reshape(-1)
-        return acc
 
     # -- the API --------------------------------------------------------------------
     def init(self, key, value) -> None:
@@ -161,21 +56,28 @@ class KVStore:
         hold them. Raises InvalidArgumentError for a key initialised twice."""
         what = "init"
         self._check_open(what)
-        items, seen, names = [], set(), {}
+        items, rows_items, seen, names = [], [], set(), {}
         for k, vals in self._pairs(key, value, what):
             if len(vals) != 1:
                 raise InvalidArgumentError(f"{what}: key {k!r} needs one initial value, got {len(vals)}")
             if k in self._keys or k in seen:
                 raise InvalidArgumentError(f"{what}: key {k!r} is already initialised")
+            seen.add(k)
+            if rowkeys.is_rows_init(vals[0]):          # a row-sparse key (kvstore.sparse)
+                rows_items.append((k, *rowkeys.init_parts(vals[0], f"{what} of key {k!r}")))
+                names[k] = rows_items[-1][2].name
+                continue
             shape, dtype = arrays.shape_dtype(vals[0], what)
             if dtype.str not in ALLOWED_DTYPES:
                 raise InvalidArgumentError(f"{what}: key {k!r} has unsupported dtype {dtype.name}")
-            seen.add(k)
             items.append((k, shape, dtype, arrays.to_numpy(vals[0], what)))
             names[k] = arrays.dtype_name(vals[0])
-        if self._key_kind is None and items:
-            self._key_kind = type(items[0][0])
-        self._do_init(items)
+        if self._key_kind is None and seen:
+            self._key_kind = type(next(iter(seen)))
+        if items or not rows_items:
+            self._do_init(items)
+        if rows_items:
+            self._do_init_rows(rows_items)
         self._dtype_names.update(names)
 
     def push(self, key, value, priority: int = 0) -> None:
@@ -189,17 +91,56 @@ class KVStore:
         the caller's buffers: the caller must not modify them before its next pull."""
         what = "push"
         self._check_open(what)
-        _check_priority(priority, what)
-        groups = self._grouped(key, value, what)
-        self._check_optimizable(groups, what)
-        self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent)
+        check_priority(priority, what)
+        pairs = [(self._info(k, what), vals) for k, vals in self._pairs(key, value, what)]
+        dense = [(info.key, vals) for info, vals in pairs if not info.sparse]
+        groups = self._grouped([k for k, _ in dense], [v for _, v in dense], what) if dense else []
+        rows = [(info, vals) for info, vals in pairs if info.sparse]
+        self._check_optimizable(groups + rows, what)
+        rows = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
+                for info, vals in rows]                  # everything is checked before anything is sent
+        if groups:
+            self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent)
+        if rows:
+            self._do_push_rows(rows)
+
+    def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None):
+        """Pull rows ``row_ids`` of row-sparse keys into ``out`` (MXNet's signature):
+        ``row_ids`` are integers of any shape and order, duplicates allowed; one
+        array (or list of ints) for every out, or a list with one per out. A
+        :class:`~kvstore.RowSparse` out then holds the unique sorted rows and their
+        values; a dense ``(R, ...)`` out gets those rows and zeros elsewhere. Includes
+        this worker's earlier pushes. Returns ``out``."""
+        what = "row_sparse_pull"
+        self._check_open(what)
+        check_priority(priority, what)
+        if out is None or row_ids is None:
+            raise InvalidArgumentError(f"{what}: out= and row_ids= are required")
+        keyed = isinstance(key, (list, tuple))
+        ids = list(row_ids) if keyed and isinstance(row_ids, (list, tuple)) else [row_ids]
+        pairs = self._pairs(key, out, what, "output")
+        if len(ids) != len(pairs):
+            raise InvalidArgumentError(f"{what}: {len(pairs)} keys need {len(pairs)} row_ids, got {len(ids)}")
+        requests = []
+        for (k, outs), key_ids in zip(pairs, ids):
+            info = self._info(k, what)
+            if not info.sparse:
+                raise InvalidArgumentError(f"{what}: key {k!r} is dense: read it with pull")
+            per_out = rowkeys.per_output(key_ids, len(outs))
+            requests.append((info, outs, *rowkeys.pull_requests(outs, per_out, info.shape, info.dtype,
+                                                                f"{what} of key {k!r}")))
+        for info, outs, union, wanted in requests:      # everything was checked first
+            data = self._do_pull_rows(info, union)
+            for target, rows in zip(outs, wanted):
+                rowkeys.fill(target, rows, rowkeys.select(union, data, rows))
+        return out
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
         including the effect of this worker's earlier pushes."""
         what = "pull"
         self._check_open(what)
-        _check_priority(priority, what)
+        check_priority(priority, what)
         if out is None:
             raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
         self._do_pull(self._grouped(key, out, what))
@@ -231,7 +172,7 @@ class KVStore:
         latest, by the returned handle's ``wait()`` (which raises the call's errors)."""
         what = "pull"
         self._check_open(what)
-        _check_priority(priority, what)
+        check_priority(priority, what)
         if out is None:
             raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
         handle = self._do_pull_start(self._grouped(key, out, what))
@@ -240,7 +181,7 @@ class KVStore:
     def _pushpull_items(self, key, value, out, priority: int) -> list[tuple]:
         what = "pushpull"
         self._check_open(what)
-        _check_priority(priority, what)
+        check_priority(priority, what)
         pushes = self._grouped(key, value, what)
         self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._grouped(key, out, what)
@@ -334,6 +275,10 @@ class KVStore:
     def barrier(self) -> None:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
 
+    def _barrier(self) -> None:
+        """MXNet's name of :meth:`barrier` (its scripts and tests call ``kv._barrier()``)."""
+        self.barrier()
+
     def comm_stats(self) -> dict:
         """Bytes of the messages this worker sent to and received from the servers so
         far, headers included (array data that went through shared memory instead is
@@ -359,6 +304,11 @@ class KVStore:
     def _do_push(self, items: list[tuple], wait_sent: bool = True) -> None: raise NotImplementedError
     def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pushpull(self, items: list[tuple]) -> None: raise NotImplementedError
+    # row-sparse keys: (key, shape, dtype, RowInit|None, rows, data); (info, rows, data);
+    # pull returns the (len(rows), ...) values of unique sorted rows
+    def _do_init_rows(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_push_rows(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray: raise NotImplementedError
 
     # stores whose pushpull cannot run in the background complete it at the start
     def _do_pushpull_start(self, items: list[tuple]):
@@ -399,11 +349,6 @@ class Handle:
         finish, self._finish = self._finish, None
         self.done = True
         finish()
-
-
-def _check_priority(priority, what: str) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
-        raise ArgumentTypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
 
 
 def fill_outputs(targets: list, flat: np.ndarray, direct: bool, what: str) -> None:

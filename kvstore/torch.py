@@ -38,6 +38,7 @@ from . import optimizer as kvopt
 from .store import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .fileio import atomic_write
+from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 

@@ -210,7 +210,8 @@ def pushpull_twice(kv):
     out = np.empty(N, np.float32)
     for step in range(2):
         kv.pushpull(1, np.full(N, kv.rank + step, np.float32), out=out)
-    return out.copy(), [c is not None and c.bytes_received > 0 for c in kv._client._channels], \
+    return out.copy(), [link.receiver is not None and link.receiver.bytes_received > 0
+                        for link in kv._client.links], \
         kv.comm_stats()
 
 
@@ -266,7 +267,7 @@ def test_a_worker_that_cannot_open_a_channel_stays_on_zeromq(make_cluster, caplo
     data._listener.close()                  # the port stops accepting connections
     if how == "no listener":
         data._listener = None
-    with caplog.at_level(logging.WARNING, logger="kvstore.client"):
+    with caplog.at_level(logging.WARNING, logger="kvstore.transport.links.tcp_link"):
         for out, channels, _ in cluster.run(pushpull_twice):
             np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))
             assert channels == [True, False]
@@ -294,10 +295,10 @@ def test_a_call_that_gives_up_leaves_no_reader_that_could_write_into_its_output(
                 pass
             finished.set()
             return None
-        reader = kv._client._channels[0]._threads[0]
+        reader = kv._client.links[0].receiver._threads[0]
         with pytest.raises(DeadlineError):
             kv.pushpull(1, np.ones(N, np.float32), out=out)
-        state = (kv._client._channels[0], dict(kv._client._into), reader.is_alive())
+        state = (kv._client.links[0].receiver, dict(kv._client.links[0]._into), reader.is_alive())
         out[:] = -1
         gave_up.set()
         assert finished.wait(20)           # the round completed (or the job was aborted)
@@ -321,7 +322,7 @@ KILLED_MID_ROUND = textwrap.dedent("""
     out = np.empty(600_000, np.float32)
     kv.pushpull(1, np.ones(600_000, np.float32), out=out)
     print("RANK", kv.rank, "SUM", out[0], "CHANNELS",
-          ",".join(str(c is not None and c.bytes_received > 0) for c in kv._client._channels),
+          ",".join(str(c.receiver is not None and c.receiver.bytes_received > 0) for c in kv._client.links),
           flush=True)
     kv.barrier()
     if kv.rank == 0:     # server 0 dies while both workers' next replies are due from it

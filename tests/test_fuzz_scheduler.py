@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from fuzzing import REPLY_WAIT_MS, SCALARS, WEIRD, Live, _show, _wait_reply, _warnings, live_settings
 from tracker.control import wire
+from tracker.control.scheduler_state import SchedulerState
 
 pytest_plugins = ["fuzzing"]   # the module-scoped ``live`` fixture
 
@@ -79,10 +80,10 @@ def _ctrl_exchange(live: Live, caplog, sock, frames, probe_ids):
         op = wire.decode(frames[0])["op"] if len(frames) == 1 else None
     except Exception:  # undecodable: sent
         op = None
-    if op is not None and op not in CTRL_MODELED and hasattr(sched, f"_op_{op}"):
+    if op is not None and op not in CTRL_MODELED and op in SchedulerState.OPS:
         return   # an op added to the scheduler after this test: its reply is not modeled here
     context = f" after {_show(frames)}"
-    logged = _warnings(caplog, "tracker.control.rendezvous")
+    logged = _warnings(caplog, "tracker.control.scheduler_state")
     sock.send_multipart(frames)
     if len(frames) != 1:
         # dropped without a reply: the next reply this socket gets answers a probe
@@ -108,7 +109,7 @@ def _ctrl_exchange(live: Live, caplog, sock, frames, probe_ids):
             want = want if type(want) is int else None   # only integer ids are echoed
             assert msgpack.packb(msg.get("id")) == msgpack.packb(want), f"{msg}{context}"
             assert isinstance(msg.get("message"), str)
-            assert _warnings(caplog, "tracker.control.rendezvous") > logged, f"not logged{context}"
+            assert _warnings(caplog, "tracker.control.scheduler_state") > logged, f"not logged{context}"
     assert sched._thread.is_alive(), f"the scheduler thread died{context}"
     assert sched.failure is None, f"the job failed{context}: {sched.failure}"
 

@@ -24,7 +24,7 @@ from optimizer_refs import _data
 # --------------------------------------------------------------------------------------
 
 def test_registered_names():
-    assert opt.registered() == ["adagrad", "adam", "nag", "rmsprop", "sgd"]
+    assert opt.registered() == ["adagrad", "adam", "nag", "rmsprop", "sgd", "test"]
     assert opt.registered_schedulers() == ["cosine", "factor", "multifactor"]
 
 

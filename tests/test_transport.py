@@ -172,9 +172,18 @@ def exchange(kv):
             kv.push(KEYS, values(kv.rank, step))
             kv.pull(KEYS, out=outs)
         seen.append(outs)
-    return seen, list(kv._client.transports), list(kv._client.servers), \
-        len(kv._client._slots._slots) if kv._client._slots is not None else 0, \
-        [c is not None and c.bytes_received > 0 for c in kv._client._channels]
+    return seen, list(kv._client.transports), list(kv._client.servers), slots_filled(kv), \
+        [c is not None and c.bytes_received > 0 for c in channels(kv)]
+
+
+def slots_filled(kv) -> int:
+    """Staging slots filled (by the shm links)."""
+    return sum(len(link._slots._slots) for link in kv._client.links if link.kind == "shm")
+
+
+def channels(kv) -> list:
+    """Each server's data channel (None: none)."""
+    return [getattr(link, "receiver", None) for link in kv._client.links]
 
 
 @pytest.mark.parametrize("transport, kind, scheme", [
@@ -270,7 +279,7 @@ def test_pushing_ahead_of_the_others_falls_back_to_inline_data(make_cluster):
         kv.push("k", np.full(50_000, 1 + kv.rank, np.float32))
         kv.push("k", np.full(50_000, 10 * (1 + kv.rank), np.float32))
         if kv.rank == 0:
-            busy = dict(kv._client._slots._busy)
+            busy = dict(kv._client.links[0]._slots._busy)
             pushed.set()
         out = np.empty(50_000, np.float32)
         kv.pull("k", out=out)
@@ -344,7 +353,8 @@ EMULATED = textwrap.dedent("""
     kv.pushpull(1, np.full(600_000, kv.rank + 1, np.float32), out=out)
     print("RANK", kv.rank, "SUM-OK", bool((out == 3).all()), "TRANSPORTS",
           ",".join(kv._client.transports), "CHANNELS",
-          ",".join(str(c is not None and c.bytes_received > 0) for c in kv._client._channels), flush=True)
+          ",".join(str(getattr(c, "receiver", None) is not None and c.receiver.bytes_received > 0)
+                   for c in kv._client.links), flush=True)
     kv.close()
 """)
 
@@ -478,7 +488,7 @@ def test_gradients_from_kv_empty_are_read_in_place_by_pushpull(make_cluster):
     def job(kv):
         kv.init(KEYS, [np.zeros((300, 70), np.float32), np.zeros(5, np.float32), np.zeros(40, np.int64)])
         grads = [kv.empty(v.shape, v.dtype) for v in values(0, 0)]
-        in_shm = all(kv._client._arena.locate(g) is not None for g in grads)
+        in_shm = all(kv._client.links[0].arena.locate(g) is not None for g in grads)
         seen = []
         for step in range(3):
             for g, v in zip(grads, values(kv.rank, step)):
@@ -486,13 +496,13 @@ def test_gradients_from_kv_empty_are_read_in_place_by_pushpull(make_cluster):
             outs = [np.empty_like(g) for g in grads]
             kv.pushpull(KEYS, grads, out=outs)
             seen.append(outs)
-        staged_by_pushpull = len(kv._client._slots._slots)
+        staged_by_pushpull = slots_filled(kv)
         kv.push(KEYS, grads)                 # push copies: the caller may reuse grads at once
         for g in grads:
             g[...] = -1
         kv.pull(KEYS, out=outs)
         kv.pushpull(KEYS, grads)             # no out: the sum is written into grads
-        return in_shm, staged_by_pushpull, len(kv._client._slots._slots), seen, outs, grads
+        return in_shm, staged_by_pushpull, slots_filled(kv), seen, outs, grads
     for in_shm, staged_by_pushpull, staged, seen, pulled, grads in cluster.run(job):
         assert in_shm and staged_by_pushpull == 0 and staged > 0
         for step, outs in enumerate(seen):
@@ -522,10 +532,10 @@ def test_small_buffers_travel_in_the_message_over_shm(make_cluster, write_in):
         client._on_reply = spy
         out = np.empty(1000, np.float32)
         kv.pushpull("tiny", np.full(1000, kv.rank + 1.0, np.float32), out=out)
-        tiny_staged, tiny_seen = len(client._slots._slots), list(seen)
+        tiny_staged, tiny_seen = slots_filled(kv), list(seen)
         big = np.empty(1024, np.float32)
         kv.pushpull("big", np.full(1024, kv.rank + 1.0, np.float32), out=big)
-        return out, big, tiny_staged, len(client._slots._slots), (tiny_seen, seen), client.transports
+        return out, big, tiny_staged, slots_filled(kv), (tiny_seen, seen), client.transports
     for out, big, tiny_staged, staged, seen, kinds in cluster.run(job):
         assert kinds == ["shm"]
         np.testing.assert_array_equal(out, 3)
@@ -540,5 +550,5 @@ def test_kv_empty_is_plain_memory_without_shared_memory(make_cluster):
 
     def job(kv):
         a = kv.empty((3, 4), np.float64)
-        return a.shape, a.dtype, kv._client._arena
+        return a.shape, a.dtype, next((link.arena for link in kv._client.links if link.kind == "shm"), None)
     assert cluster.run(job)[0] == ((3, 4), np.float64, None)

@@ -71,24 +71,21 @@ def server_device_option():
     def set_device(ctx, param, value):
         if value is not None:
             os.environ["KVSTORE_SERVER_DEVICE"] = value
-    return click.option("--server-device", type=click.Choice(["cpu", "gpu"]), default=None,
+    return click.option("--server-device", type=click.Choice(env.SERVER_DEVICES), default=None,
                         expose_value=False, callback=set_device,
                         help="Where servers keep values, sums and optimizer state: cpu, or gpu "
                              "(server s on GPU s mod the host's GPUs, or KVSTORE_SERVER_GPUS) "
                              "[default: KVSTORE_SERVER_DEVICE, else cpu].")
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def log_level(environ=os.environ) -> str:
     """KVSTORE_LOG_LEVEL of ``environ`` (case-insensitive; default INFO), upper
     case. A value that is not a level is reported (``error: ...``, status 2)."""
-    text = environ.get("KVSTORE_LOG_LEVEL") or "INFO"
-    if text.strip().upper() not in LOG_LEVELS:
-        fail(f"KVSTORE_LOG_LEVEL={text} is invalid: use one of {', '.join(LOG_LEVELS)} "
+    text, level = env.log_level(environ)
+    if level is None:
+        fail(f"KVSTORE_LOG_LEVEL={text} is invalid: use one of {', '.join(env.LOG_LEVELS)} "
              "(any case)")
-    return text.strip().upper()
+    return level
 
 
 def setup_logging(environ=os.environ) -> None:
@@ -143,10 +140,8 @@ def env_choice(env_all, env_worker, env_server) -> EnvChoice:
 def forwarded_settings(environ=os.environ) -> dict[str, str]:
     """The contract's user settings set here (KVSTORE_TIMEOUT, ...), which every
     node must share; the per-process ones (role, rank, addresses) are left out."""
-    per_process = set(env.for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
-                                      num_workers=1, num_servers=1, node_host=""))
     return {name: environ[name] for var in env.VARIABLES for name in (var.name, *var.aliases)
-            if name in environ and name not in per_process}
+            if name in environ and name not in env.PER_PROCESS}
 
 
 def job_spec(*, num_workers: int, num_servers: int | None, command, python: str,
@@ -159,8 +154,7 @@ def job_spec(*, num_workers: int, num_servers: int | None, command, python: str,
     if command[0] in PYTHON_NAMES:
         command = (python, *command[1:])
     defaults = {}
-    if multi_host and "KVSTORE_SECURE" in env.BY_NAME and not (
-            os.environ.get("KVSTORE_SECURE") or choice.all.get("KVSTORE_SECURE")):
+    if multi_host and not (os.environ.get("KVSTORE_SECURE") or choice.all.get("KVSTORE_SECURE")):
         defaults["KVSTORE_SECURE"] = "1"
     log_level({**os.environ, **choice.all})
     try:

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import threading
+import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import click
 
+from .cli import fail
 from .control import env
-from .launcher import run_cli
+from .launcher import JobSpec, run_cli
 from .process import ProcSpec
 from .remote import PREFIXED, Sink, exit_counter, parse_status, wrapper_source
-
-
-CONTRACT = frozenset(env.for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
-                                     num_workers=1, num_servers=1, node_host=""))
 
 
 def split_env(procs: list[ProcSpec]) -> tuple[dict, dict, dict]:
@@ -44,10 +45,10 @@ def split_env(procs: list[ProcSpec]) -> tuple[dict, dict, dict]:
     plan_env, values, present = {}, {}, {}
     for proc in procs:
         plan_env.setdefault(proc.role, {k: v for k, v in proc.env.items()
-                                        if k in CONTRACT and k != "KVSTORE_RANK"})
+                                        if k in env.PER_PROCESS and k != "KVSTORE_RANK"})
         present.setdefault(proc.role, set())
         for name, value in proc.env.items():
-            if name in CONTRACT:
+            if name in env.PER_PROCESS:
                 continue
             present[proc.role].add(name)
             if values.setdefault(name, value) != value:
@@ -207,14 +208,48 @@ def start_group(name: str, make_argv, sink: Sink):
     return start_all
 
 
-def run_group(spec, *, tool: str, make_argv, show, dry_run: bool, log_dir: str | None) -> int:
-    """The shared tail of the mpi and slurm commands: print the plan (``--dry-run``),
-    or print its first line and run the whole job as one ``tool`` command."""
+@dataclass(frozen=True)
+class GroupCommand:
+    """How one command starts every process of a job: its name (``mpirun``,
+    ``srun``), what it calls the processes (``openmpi ranks``, ``tasks``), the
+    variables that hold a process's global rank, and ``prefix(procs, job)``: its
+    argv before the node wrapper's."""
+    tool: str
+    units: str
+    rank_vars: list[str]
+    prefix: Callable[[list[ProcSpec], str], list[str]]
+
+
+def run_group(spec: JobSpec, command: GroupCommand, *, python: str, scheduler_host: str,
+              dry_run: bool, log_dir: str | None) -> int:
+    """The shared tail of the mpi and slurm commands: build the one command line
+    (``command.prefix`` + the wrapper with its plan), then print the plan
+    (``--dry-run``), or print its first line and run the whole job through it.
+    Exits with status 2 if a variable has different values for the two roles."""
+    try:
+        split_env(spec.processes(0))
+    except ValueError as e:
+        fail(str(e))
+    job = uuid.uuid4().hex[:12]
+
+    def make_argv(procs, source=None):
+        port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
+        plan = rank_plan(procs, command.rank_vars, spec.kill_grace, (scheduler_host, port))
+        return command.prefix(procs, job) + wrapper_argv(python, job, plan, source)
+
+    def show(procs) -> str:
+        servers = spec.num_servers
+        lines = [f"job {job}: scheduler on {scheduler_host} (this machine); {command.units} "
+                 f"0..{servers - 1} are servers, {servers}..{len(procs) - 1} workers",
+                 shlex.join(make_argv(procs))]
+        lines += [f"{proc.label}: {shlex.join(proc.argv)}" for proc in procs]
+        return "\n".join(lines)
+
     if dry_run:
         return run_cli(spec, dry_run=True, show=show)
     click.echo(show(spec.processes(0)).split("\n")[0], err=True)
     sink = Sink(log_dir=log_dir)
     try:
-        return run_cli(spec, start_all=start_group(tool, make_argv, sink))
+        return run_cli(spec, start_all=start_group(command.tool, make_argv, sink))
     finally:
         sink.close()

@@ -9,35 +9,28 @@ first process to fail tears the job down and is reported as the root cause.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
-import re
 import signal
 import sys
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, IO, Mapping, Sequence
 
 from .control import env
-from .process import Child, ProcSpec, terminate_all
-from .control.rendezvous import Scheduler, describe_exit
+from .control.env import Settings
+from .control.rendezvous import DEFAULT_HOST, Scheduler
 from .control.security import Security, new_secret
+from .outcome import Outcome, conclude, named_nodes, plural, report, row
+from .process import Child, ProcSpec, needs_stopping, terminate_all
 
 log = logging.getLogger(__name__)
 
 TICK = 0.05
 SETTLE = 2.0   # seconds the processes a scheduler-found failure names get to end by themselves
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-# how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
-_NODE_NAME = re.compile(r"\b(worker|server) (\d+) \(pid \d+ on ")
-_WORKER = re.compile(r"\bworker (\d+)\b")
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """'1 server', '2 servers' ('1 process', '2 processes' with ``many``)."""
-    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 @dataclass(frozen=True)
@@ -47,12 +40,12 @@ class JobSpec:
     num_servers: int
     command: tuple[str, ...]
     server_command: tuple[str, ...] = (sys.executable, "-m", "kvstore.server")
-    scheduler_host: str = "127.0.0.1"
-    node_host: str = "127.0.0.1"
+    scheduler_host: str = DEFAULT_HOST
+    node_host: str = env.default("KVSTORE_NODE_HOST")
     env: dict = field(default_factory=dict)
     role_env: dict = field(default_factory=dict)  # role -> extra variables for that role only
     kill_grace: float = 3.0
-    settings: dict = field(default_factory=dict)  # parsed tracker.control.env values
+    settings: Settings = field(default_factory=Settings)  # the launcher's, from env.read
     emulate_hosts: int = 0   # > 0: split the processes over this many emulated hosts
     # threads per process in launch order (servers, then workers), set as each of
     # thread_vars unless the process's variables already have OMP_NUM_THREADS;
@@ -118,38 +111,6 @@ def with_default_threads(spec: JobSpec, hosts: Sequence[str], cores: Mapping[str
     return dataclasses.replace(spec, threads=threads, thread_vars=names)
 
 
-@dataclass
-class Outcome:
-    """How a job ended: the exit status to return and a per-process table."""
-    returncode: int
-    root_cause: str | None
-    rows: list[tuple]  # label, pid, code (int, None, or a status text), note[, host]
-    num_workers: int = 0
-    num_servers: int = 0
-    elapsed: float = 0.0
-
-    def table(self) -> str:
-        hosts = any(len(row) > 4 for row in self.rows)
-        width = max([len(row[4]) for row in self.rows if len(row) > 4] + [4])
-        head = f"{'host':<{width}}  " if hosts else ""
-        lines = [f"{'process':<12} {'pid':>8}  {head}status"]
-        for label, pid, code, note, *host in self.rows:
-            if isinstance(code, str):
-                status = code
-            else:
-                status = "running (killed by launcher)" if code is None else describe_exit(code)
-            where = f"{(host or [''])[0]:<{width}}  " if hosts else ""
-            pid = "-" if pid is None else pid
-            lines.append(f"{label:<12} {pid:>8}  {where}{status}{'  <- ' + note if note else ''}")
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        """The one line a successful job ends with."""
-        return (f"job finished: {plural(self.num_workers, 'worker')}, "
-                f"{plural(self.num_servers, 'server')}, {self.elapsed:.1f} s, "
-                f"exit {self.returncode}")
-
-
 class _Signals:
     """SIGINT, SIGTERM and SIGHUP (the terminal closed) end the job: every process
     is stopped and the launcher exits with 128 + the signal. Another one while the
@@ -202,16 +163,13 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     ``running()`` (true while anything of it needs stopping; default: ``poll()``
     is None)."""
     started = time.monotonic()
-    settings = spec.settings or env.read({})
+    settings = spec.settings
     spawn = spawn or (lambda p: Child(p, out))
     # one secret per job, handed to the children in their environment (never argv)
-    secret = settings.get("KVSTORE_SECRET") or new_secret()
-    security = Security(secret, bool(settings.get("KVSTORE_SECURE")))
-    scheduler = Scheduler(spec.num_workers, spec.num_servers, host=spec.scheduler_host,
-                          timeout=settings["KVSTORE_TIMEOUT"],
-                          heartbeat_interval=settings["KVSTORE_HEARTBEAT_INTERVAL"],
-                          heartbeat_timeout=settings["KVSTORE_HEARTBEAT_TIMEOUT"],
-                          security=security).start()
+    secret = settings.secret or new_secret()
+    scheduler = Scheduler.for_job(settings, spec.num_workers, spec.num_servers,
+                                  host=spec.scheduler_host,
+                                  security=Security(secret, settings.secure)).start()
     children: list[Child] = []
     codes: dict[str, int] = {}   # label -> status of the processes that ended by themselves
     first_failure: tuple[str, int] | None = None
@@ -249,24 +207,19 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
             signals.kill_now = True
         if any(c.poll() is None for c in children):  # tell the survivors why before they are stopped
             scheduler.abort("the launcher stopped the job")
-        terminate_all([c for c in children if _needs_stopping(c)], spec.kill_grace,
+        terminate_all([c for c in children if needs_stopping(c)], spec.kill_grace,
                       lambda: signals.kill_now)
         for c in children:
             c.finish_output()
         scheduler.close()
         signals.restore()
     if spawn_error is not None:
-        return Outcome(127, spawn_error, [_row(c, c.poll(), "") for c in children],
+        return Outcome(127, spawn_error, [row(c, c.poll(), "") for c in children],
                        spec.num_workers, spec.num_servers, time.monotonic() - started)
-    outcome = _outcome(children, codes, first_failure, interrupted, scheduler.failure)
+    outcome = conclude(children, codes, first_failure, interrupted, scheduler.failure)
     outcome.num_workers, outcome.num_servers = spec.num_workers, spec.num_servers
     outcome.elapsed = time.monotonic() - started
     return outcome
-
-
-def _needs_stopping(child) -> bool:
-    running = getattr(child, "running", None)
-    return running() if running is not None else child.poll() is None
 
 
 def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] | None:
@@ -298,7 +251,7 @@ def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] |
                 return None
             # servers leave once the scheduler tells them every worker finished
             if servers_done_by is None:
-                servers_done_by = time.monotonic() + settings["KVSTORE_HEARTBEAT_TIMEOUT"] + 5
+                servers_done_by = time.monotonic() + settings.heartbeat_timeout + 5
             elif time.monotonic() > servers_done_by:
                 log.warning("servers did not exit after the workers finished; stopping them")
                 return None
@@ -306,32 +259,12 @@ def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] |
     return None
 
 
-def _named(text: str | None) -> list[str]:
-    """The nodes a failure the scheduler found names: first the node it is about
-    (the one that reported it, went silent, ...), then the workers its message
-    mentions after that, the deepest cause last (``worker 2 (...) failed: push of
-    key 0: server 0 rejected the request: ...: worker 1 closed its store``: worker
-    2, then worker 1). Servers mentioned inside a report only passed an error on."""
-    text = text or ""
-    first = _NODE_NAME.search(text)
-    if first is None:
-        return []
-    found = [f"{first[1]} {first[2]}"]
-    for m in _WORKER.finditer(text, first.end()):
-        label = f"worker {m[1]}"
-        if label in found[1:]:
-            found.remove(label)
-        if label != found[0]:
-            found.append(label)
-    return found
-
-
 def _settle(children, codes, scheduler, signals) -> None:
     """The scheduler found a failure and told every node to stop. Give the
     processes its message names (the one that reported it is usually exiting
     already) up to SETTLE seconds to end by themselves, so that the table shows
     how they ended instead of the teardown's signal."""
-    named = set(_named(scheduler.failure))
+    named = set(named_nodes(scheduler.failure))
     deadline = time.monotonic() + SETTLE
     while not signals.received:
         waiting = False
@@ -348,97 +281,6 @@ def _settle(children, codes, scheduler, signals) -> None:
         if not waiting or time.monotonic() > deadline:
             return
         time.sleep(TICK)  # a poll interval, not synchronisation
-
-
-def _culprit(failure: str | None, codes: dict, labels: set) -> tuple[str | None, bool]:
-    """Who caused a failure the scheduler found: (label or None, whether it is a
-    worker the report mentions rather than the node it is about). A worker the
-    report blames (``barrier cannot complete: worker 1 (...) already finished``,
-    ``worker 1 closed its store while ...``) that ended with a non-zero status by
-    itself is the real cause, the report only its consequence; the deepest
-    such mention wins; before that, any process the report mentions that died by a
-    signal on its own. Otherwise the node the failure is about."""
-    # a process that died by a signal on its own (SIGKILL from outside, the OOM
-    # killer) and that the report mentions (a worker's "data channel to server 0
-    # broke") is the cause, whoever noticed first
-    for label in sorted(labels):
-        if (codes.get(label) or 0) < 0 and re.search(rf"\b{label}\b", failure or ""):
-            return label, True
-    named = [label for label in _named(failure) if label in labels]
-    for label in reversed(named[1:]):
-        if codes.get(label):
-            return label, True
-    return (named[0] if named else None), False
-
-
-def _describe(child, code) -> str:
-    label = child.spec.label
-    text = f"{label} {describe_exit(code)}"
-    if getattr(child, "host", None):
-        text = f"{label} on {child.host} {describe_exit(code)}"
-    if getattr(child, "detail", None):
-        text += f" ({child.detail})"
-    return text
-
-
-def _status(code: int) -> int:
-    return 128 - code if code < 0 else code
-
-
-def _outcome(children, codes, first_failure, interrupted, scheduler_failure) -> Outcome:
-    root = None
-    culprit = None
-    returncode = 0
-    by_label = {c.spec.label: c for c in children}
-    if first_failure is not None:
-        label, code = first_failure
-        if label == "scheduler":
-            culprit, named_cause = _culprit(scheduler_failure, codes, set(by_label))
-            if named_cause:
-                code = codes[culprit]
-                root = f"{_describe(by_label[culprit], code)}; the scheduler reported: {scheduler_failure}"
-                returncode = _status(code)
-            else:
-                root = f"the scheduler aborted the job: {scheduler_failure}"
-                returncode = 1
-        else:
-            culprit = label
-            root = _describe(by_label[label], code)
-            returncode = _status(code)
-    elif interrupted is not None:
-        root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
-        returncode = 128 + interrupted
-    rows = []
-    for child in children:
-        label = child.spec.label
-        code = codes[label] if label in codes else child.poll()
-        note = ""
-        if label == culprit:
-            note = "root cause"
-            if label not in codes:   # it failed, then the teardown ended it: say the former
-                code = "failed (see above), then stopped by the launcher"
-        rows.append(_row(child, code, note))
-    return Outcome(returncode, root, rows)
-
-
-def _row(child, code, note) -> tuple:
-    host = getattr(child, "host", None)
-    row = (child.spec.label, child.pid, code, note)
-    return row if host is None else (*row, host)
-
-
-def report(outcome: Outcome, stream: IO[str] = sys.stderr) -> None:
-    """Print one summary line for a successful job; else the root cause and the
-    per-process table. Output that cannot be written (a closed terminal) is dropped."""
-    if outcome.root_cause is None and outcome.returncode == 0:
-        text = outcome.summary() + "\n"
-    else:
-        text = f"\njob failed: {outcome.root_cause}\n{outcome.table()}\n"
-    try:
-        stream.write(text)
-        stream.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr,
@@ -459,13 +301,3 @@ def run_cli(spec: JobSpec, dry_run: bool = False, stream: IO[str] = sys.stderr,
     outcome = launch(spec, spawn=spawn, start_all=start_all)
     report(outcome, stream)
     return outcome.returncode
-
-
-def settings_from(environ) -> dict:
-    return env.read(environ)
-
-
-def split_command(command: Sequence[str]) -> tuple[str, ...]:
-    if not command:
-        raise ValueError("no command given: say what every worker runs, e.g. `python train.py`")
-    return tuple(command)

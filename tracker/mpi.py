@@ -9,18 +9,16 @@ passed to mpirun as it is (Open MPI: ``--hostfile``, MPICH: ``-f``).
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-import uuid
 
 import click
 
 from . import hostfile
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, setup_logging)
-from .group import rank_plan, run_group, split_env, wrapper_argv
+from .group import GroupCommand, run_group, split_env
 from .remote import resolve, scheduler_address
 
 RANK_VARS = {"openmpi": ["OMPI_COMM_WORLD_RANK", "PMIX_RANK"],
@@ -131,29 +129,13 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     placed = ([h.name for h in hostfile.place(hosts, num_servers, num_workers, True)] if hosts
               else ["this machine"] * (num_servers + num_workers))
     spec = default_threads(spec, placed, {h.name: h.slots for h in hosts}, uniform=True)
-    try:
-        split_env(spec.processes(0))
-    except ValueError as e:
-        fail(str(e))
-    job = uuid.uuid4().hex[:12]
 
-    def make_argv(procs, source=None):
-        port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
-        plan = rank_plan(procs, RANK_VARS[kind], kill_grace, (sched_host, port))
-        names = sorted(split_env(procs)[1])
-        return mpirun_argv(kind, mpirun, len(procs), hostfile_path, oversubscribe, names,
-                           mpi_arg) + wrapper_argv(python, job, plan, source)
+    def prefix(procs, job) -> list[str]:
+        names = sorted(split_env(procs)[1])   # Open MPI exports these by name (-x)
+        return mpirun_argv(kind, mpirun, len(procs), hostfile_path, oversubscribe, names, mpi_arg)
 
-    def show(procs) -> str:
-        lines = [f"job {job}: scheduler on {sched_host} (this machine); {kind} ranks 0..{num_servers - 1}"
-                 f" are servers, {num_servers}..{num_servers + num_workers - 1} workers",
-                 shlex.join(make_argv(procs))]
-        for proc in procs:
-            lines.append(f"{proc.label}: {shlex.join(proc.argv)}")
-        return "\n".join(lines)
-
-    sys.exit(run_group(spec, tool="mpirun", make_argv=make_argv, show=show, dry_run=dry_run,
-                       log_dir=log_dir))
+    sys.exit(run_group(spec, GroupCommand("mpirun", f"{kind} ranks", RANK_VARS[kind], prefix),
+                       python=python, scheduler_host=sched_host, dry_run=dry_run, log_dir=log_dir))
 
 
 if __name__ == "__main__":

@@ -140,7 +140,9 @@ def signal_session(sid: int, sig: int) -> None:
             pass
 
 
-def _running(child) -> bool:
+def needs_stopping(child) -> bool:
+    """True while anything of a child-like object runs: its ``running()`` where it
+    has one, else while ``poll()`` is None."""
     running = getattr(child, "running", None)
     return running() if running is not None else child.poll() is None
 
@@ -155,7 +157,7 @@ def terminate_all(children: list, grace: float, escalate: Callable[[], bool] | N
         child.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace
     while (not escalate() and time.monotonic() < deadline
-           and any(_running(c) for c in children)):
+           and any(needs_stopping(c) for c in children)):
         time.sleep(TICK)  # a poll interval, not synchronisation
     escalated = escalate()
     if escalated:
@@ -166,12 +168,12 @@ def terminate_all(children: list, grace: float, escalate: Callable[[], bool] | N
             # only what still runs (a group may outlive its leader: a grandchild); a
             # command that already reported every process's end (srun, mpirun) is left
             # to finish by itself: killing it could leave its allocation behind
-            if _running(child):
+            if needs_stopping(child):
                 child.signal(signal.SIGKILL)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_running(c) for c in children):
+        while time.monotonic() < deadline and any(needs_stopping(c) for c in children):
             time.sleep(TICK)
-        if not any(_running(c) for c in children):
+        if not any(needs_stopping(c) for c in children):
             break
     for child in children:
         child.finish_output()

@@ -18,7 +18,7 @@ from typing import Mapping
 import zmq
 
 from .control import env
-from .control.rendezvous import Scheduler
+from .control.rendezvous import DEFAULT_HOST, Scheduler
 from .control.security import Security
 
 log = logging.getLogger(__name__)
@@ -28,29 +28,23 @@ def serve(environ: Mapping[str, str]) -> int:
     """Run the scheduler described by ``environ`` until the job ends. Returns 0 if
     every node finished, 1 if the job was aborted, 2 for a bad configuration."""
     try:
-        values = env.read(environ)
+        settings = env.read(environ)
         missing = [name for name in ("KVSTORE_SCHEDULER_PORT", "KVSTORE_NUM_WORKERS",
-                                     "KVSTORE_NUM_SERVERS") if values[name] is None]
+                                     "KVSTORE_NUM_SERVERS")
+                   if getattr(settings, env.BY_NAME[name].field) is None]
         if missing:
             raise env.EnvError(f"the scheduler needs {', '.join(missing)}")
-    except env.EnvError as e:
+        security = Security(settings.secret, settings.secure)
+    except ValueError as e:   # EnvError, or a secret that is not hex
         log.error("%s", e)
         return 2
+    host = settings.scheduler_host or DEFAULT_HOST
     try:
-        security = Security(values["KVSTORE_SECRET"], values["KVSTORE_SECURE"])
-    except ValueError as e:
-        log.error("%s", e)
-        return 2
-    host = values["KVSTORE_SCHEDULER_HOST"] or "127.0.0.1"
-    try:
-        sched = Scheduler(values["KVSTORE_NUM_WORKERS"], values["KVSTORE_NUM_SERVERS"],
-                          host=host, security=security,
-                          port=values["KVSTORE_SCHEDULER_PORT"], timeout=values["KVSTORE_TIMEOUT"],
-                          heartbeat_interval=values["KVSTORE_HEARTBEAT_INTERVAL"],
-                          heartbeat_timeout=values["KVSTORE_HEARTBEAT_TIMEOUT"]).start()
+        sched = Scheduler.for_job(settings, settings.num_workers, settings.num_servers, host=host,
+                                  port=settings.scheduler_port, security=security).start()
     except (zmq.ZMQError, OSError) as e:   # e.g. the port is taken, or the address is not ours
         log.error("the scheduler cannot listen on %s:%s (KVSTORE_SCHEDULER_HOST, "
-                  "KVSTORE_SCHEDULER_PORT): %s", host, values["KVSTORE_SCHEDULER_PORT"], e)
+                  "KVSTORE_SCHEDULER_PORT): %s", host, settings.scheduler_port, e)
         return 2
     try:
         sched.wait()
@@ -70,10 +64,10 @@ def main() -> int:
         print(f"tracker.scheduler takes no arguments (got {' '.join(sys.argv[1:])}): it is configured "
               "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
         return 2
-    level = os.environ.get("KVSTORE_LOG_LEVEL", "INFO").upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        print(f"error: KVSTORE_LOG_LEVEL={os.environ['KVSTORE_LOG_LEVEL']!r} is invalid: use DEBUG, "
-              "INFO, WARNING, ERROR or CRITICAL", file=sys.stderr)
+    text, level = env.log_level(os.environ)
+    if level is None:
+        print(f"error: KVSTORE_LOG_LEVEL={text!r} is invalid: use "
+              f"{', '.join(env.LOG_LEVELS[:-1])} or {env.LOG_LEVELS[-1]}", file=sys.stderr)
         return 2
     logging.basicConfig(level=level, format="%(asctime)s [scheduler] %(levelname)s %(message)s")
     return serve(os.environ)

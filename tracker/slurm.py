@@ -9,18 +9,16 @@ allocation srun requests one itself.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import socket
 import subprocess
 import sys
-import uuid
 
 import click
 
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, setup_logging)
-from .group import rank_plan, run_group, split_env, wrapper_argv
+from .group import GroupCommand, run_group
 from .remote import ipaddress_is_loopback, scheduler_address
 
 EXAMPLE = """\b
@@ -97,29 +95,14 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = default_threads(spec, [names[i % len(names)] for i in range(count)],
                            {n: int(on_node) if on_node.isdigit() else None for n in names},
                            uniform=True)
-    try:
-        split_env(spec.processes(0))
-    except ValueError as e:
-        fail(str(e))
-    job = uuid.uuid4().hex[:12]
 
-    def make_argv(procs, source=None):
-        port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
-        plan = rank_plan(procs, ["SLURM_PROCID"], kill_grace, (sched_host, port))
+    def prefix(procs, job) -> list[str]:
         argv = [srun, f"--ntasks={len(procs)}", "--kill-on-bad-exit=1", "--export=ALL",
                 f"--job-name=kvstore-{job}"]
-        if oversubscribe:
-            argv.append("--overcommit")
-        return argv + list(srun_arg) + wrapper_argv(python, job, plan, source)
+        return argv + (["--overcommit"] if oversubscribe else []) + list(srun_arg)
 
-    def show(procs) -> str:
-        lines = [f"job {job}: scheduler on {sched_host} (this machine); tasks 0..{num_servers - 1}"
-                 f" are servers, {num_servers}..{count - 1} workers", shlex.join(make_argv(procs))]
-        lines += [f"{proc.label}: {shlex.join(proc.argv)}" for proc in procs]
-        return "\n".join(lines)
-
-    sys.exit(run_group(spec, tool="srun", make_argv=make_argv, show=show, dry_run=dry_run,
-                       log_dir=log_dir))
+    sys.exit(run_group(spec, GroupCommand("srun", "tasks", ["SLURM_PROCID"], prefix),
+                       python=python, scheduler_host=sched_host, dry_run=dry_run, log_dir=log_dir))
 
 
 if __name__ == "__main__":

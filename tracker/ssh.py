@@ -19,9 +19,11 @@ from . import hostfile
 from .control import env
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, setup_logging)
-from .launcher import plural, run_cli
-from .remote import (RemoteChild, Sink, SshOptions, check_host, on_each, remote_command, resolve,
-                     scheduler_address, sync_dir, wrapper_source)
+from .launcher import run_cli
+from .outcome import plural
+from .preflight import check_host, on_each, sync_dir
+from .remote import (RemoteChild, Sink, SshOptions, remote_command, resolve, scheduler_address,
+                     wrapper_source)
 
 EXAMPLE = """\b
 Example (hosts: one host per line, e.g. "node1", "node2:2222", "alice@node3 slots=4"):

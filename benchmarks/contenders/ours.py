@@ -6,13 +6,24 @@ it, and what rank 0's client must then report for every server (its transport
 and the URL scheme it connected to; checked after the run, so a transport that
 silently falls back to another cannot pass for it). ``shm`` is what a job on one
 host gets by default (``auto``). Adding a transport = one entry here.
+
+:func:`worktree` and :func:`run_in_tree` run this contender as another commit has
+it (``pushpull --before REF``): that tree's own ``ours.run`` in a child Python
+whose PYTHONPATH is the tree, so its launcher, scheduler, servers and workers
+are all that commit's code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from tracker.control import env as tracker_env
@@ -153,6 +164,86 @@ def run(cfg: RunConfig, launch_no: int) -> list[dict]:
         rows += rows_from(res, "ours", launch_no, {}, nbytes, {"transport": t.name})
         for r in rows[-1:]:
             r["variant"] = f"{t.name}: dist_async, {r['variant']}"
+    return rows
+
+
+@contextlib.contextmanager
+def worktree(ref: str):
+    """A temporary detached ``git worktree`` of ``ref`` in this repository, removed
+    afterwards: yields (its path, its short commit). Failed when ``ref`` names no
+    commit or git cannot add the worktree."""
+    repo = os.path.dirname(os.path.dirname(HERE))
+
+    def git(*args) -> str:
+        p = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise Failed(f"git {' '.join(args)}: {p.stderr.strip() or p.stdout.strip()}")
+        return p.stdout.strip()
+    commit = git("rev-parse", "--short", "--verify", f"{ref}^{{commit}}")
+    path = tempfile.mkdtemp(prefix="kvbench-before-")
+    try:
+        git("worktree", "add", "--detach", "--quiet", path, commit)
+        yield path, commit
+    finally:
+        with contextlib.suppress(Failed):
+            git("worktree", "remove", "--force", path)
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(Failed):
+            git("worktree", "prune")
+
+
+# Runs in the other tree (cwd and PYTHONPATH): its RunConfig may lack fields ours has
+IN_TREE = """
+import dataclasses, json, sys
+tree, given, launch_no, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+import kvstore, tracker
+from benchmarks import common
+from benchmarks.contenders import base, ours
+for module in (kvstore, tracker, ours):
+    if not module.__file__.startswith(tree):
+        sys.exit(f"{module.__name__} comes from {module.__file__}, not from {tree}")
+known = {f.name for f in dataclasses.fields(base.RunConfig)}
+cfg = base.RunConfig(**{k: tuple(v) if isinstance(v, list) else v
+                        for k, v in given.items() if k in known})
+try:
+    result = {"rows": ours.run(cfg, launch_no)}
+except base.Skip as e:
+    result = {"skip": str(e)}
+except (base.Failed, common.WrongResult) as e:
+    result = {"failed": str(e)}
+with open(out, "w") as f:
+    json.dump(result, f)
+"""
+
+
+def run_in_tree(tree: str, label: str, cfg: RunConfig, launch_no: int) -> list[dict]:
+    """:func:`run` as the source tree ``tree`` has it, its rows labelled ``label``
+    (e.g. ``ours@HEAD``) instead of ``ours``. Raises Skip or Failed as that run did."""
+    work = os.path.join(cfg.work_dir, re.sub(r"[^A-Za-z0-9._-]", "_", label))
+    os.makedirs(work, exist_ok=True)
+    out, log_path = os.path.join(work, f"result-{launch_no}.json"), os.path.join(work, f"run-{launch_no}.log")
+    given = json.dumps(dataclasses.asdict(dataclasses.replace(cfg, work_dir=work)))
+    jobs = 2 * len(cfg.transports) + 1          # sync and async jobs per transport
+    with open(log_path, "w") as log:
+        try:
+            p = subprocess.run([sys.executable, "-c", IN_TREE, tree, given, str(launch_no), out],
+                               cwd=tree, env={**os.environ, "PYTHONPATH": tree}, stdout=log,
+                               stderr=subprocess.STDOUT, timeout=cfg.timeout * jobs)
+        except subprocess.TimeoutExpired:
+            raise Failed(f"{label}: no result within {cfg.timeout * jobs:g}s\n{tail(log_path)}") from None
+    if p.returncode != 0:
+        raise Failed(f"{label}: exited with status {p.returncode}\n{tail(log_path)}")
+    result = read_result(out, label)
+    if "skip" in result:
+        raise Skip(result["skip"])
+    if "failed" in result:
+        raise Failed(f"{label}: {result['failed']}")
+    rows = result["rows"]
+    for r in rows:
+        r["contender"] = label + r["contender"][len("ours"):]     # "ours shm" -> "ours@REF shm"
+        if r["kind"] == "compression":   # that table has no contender column: say it by transport
+            transport, _, rest = r["variant"].partition(": ")
+            r["variant"] = f"{transport}{label[len('ours'):]}: {rest}"
     return rows
 
 

@@ -20,12 +20,12 @@ Invalid names, parameters or values raise :class:`kvstore.errors.ConfigError`.
 from .base import Optimizer, create, from_config, register, registered
 from .lr_scheduler import (CosineScheduler, FactorScheduler, LRScheduler, MultiFactorScheduler,
                            register_scheduler, registered_schedulers, scheduler_from_config)
-from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp
+from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp, Test
 from .updater import Updater
 
 __all__ = [
     "Optimizer", "create", "from_config", "register", "registered", "Updater",
-    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp",
+    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
     "register_scheduler", "registered_schedulers", "scheduler_from_config",
 ]

@@ -15,14 +15,13 @@ from typing import ClassVar
 import numpy
 
 from ..errors import ConfigError
+from ..registry import Registry, own_name
 from . import fused
 from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, real,
                     update_count)
 from .lr_scheduler import LRScheduler, scheduler_from_config
 
 __all__ = ["Optimizer", "register", "registered", "create", "from_config"]
-
-_REGISTRY: dict[str, type] = {}
 
 # Hyper-parameters every optimizer has, in config order.
 _BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "multi_precision")
@@ -32,8 +31,8 @@ def register(cls):
     """Class decorator: register an :class:`Optimizer` subclass under ``cls.name``.
 
     The name is matched case-insensitively by :func:`create` and :func:`from_config`.
-    Raises ConfigError if ``cls`` is not an Optimizer subclass, has no ``name``, or
-    the name is already taken by a different class.
+    Raises ConfigError if ``cls`` is not an Optimizer subclass, has no ``name`` of
+    its own, or the name is already taken by a different class.
 
     Example::
 
@@ -42,33 +41,12 @@ def register(cls):
             name = "mysgd"
             def _step(self, weight, grad, state, t, lr, xp): ...
     """
-    if not (isinstance(cls, type) and issubclass(cls, Optimizer)):
-        raise ConfigError(f"register expects an Optimizer subclass, got {cls!r}")
-    name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{cls.__name__} needs its own non-empty str class attribute 'name'")
-    key = name.lower()
-    old = _REGISTRY.get(key)
-    # Same class again (module reload) is fine; another class taking over a name
-    # would silently change what configs already on the wire mean.
-    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ConfigError(f"optimizer name {key!r} is already registered by {old.__qualname__}")
-    _REGISTRY[key] = cls
-    return cls
+    return _REGISTRY.add(cls)
 
 
 def registered():
     """Return the sorted list of registered optimizer names."""
-    return sorted(_REGISTRY)
-
-
-def _lookup(name):
-    if not isinstance(name, str):
-        raise ConfigError(f"optimizer name must be a str, got {type(name).__name__}")
-    cls = _REGISTRY.get(name.lower())
-    if cls is None:
-        raise ConfigError(f"unknown optimizer {name!r}; valid names are {', '.join(registered())}")
-    return cls
+    return _REGISTRY.names()
 
 
 def create(name, **kwargs):
@@ -81,7 +59,7 @@ def create(name, **kwargs):
 
     Example: ``create("Adam", learning_rate=1e-3, wd=1e-5)``
     """
-    cls = _lookup(name)
+    cls = _REGISTRY.lookup(name)
     check_params(f"optimizer {cls.name!r}", kwargs, cls.param_names() + ("lr_scheduler",))
     return cls(**kwargs)
 
@@ -95,7 +73,7 @@ def from_config(cfg):
     ones), unknown parameters, wrong types or out-of-range values.
     """
     params = check_config_shape("optimizer", cfg, ("name",), ("params", "lr_scheduler"))
-    cls = _lookup(cfg["name"])
+    cls = _REGISTRY.lookup(cfg["name"])
     # lr_scheduler is a separate, top-level entry, so it is not a valid key in params.
     check_params(f"optimizer {cls.name!r}", params, cls.param_names())
     sched = cfg.get("lr_scheduler")
@@ -258,3 +236,6 @@ class Optimizer:
         if self.lr_scheduler is not None:
             args.append(f"lr_scheduler={self.lr_scheduler!r}")
         return f"{type(self).__name__}({', '.join(args)})"
+
+
+_REGISTRY = Registry("optimizer", Optimizer, "register", own_name)

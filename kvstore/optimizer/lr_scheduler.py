@@ -23,38 +23,24 @@ import math
 from typing import ClassVar
 
 from ..errors import ConfigError
+from ..registry import Registry, own_name
 from ._util import check_config_shape, check_params, integer, real, update_count
 
 __all__ = ["LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
            "register_scheduler", "scheduler_from_config", "registered_schedulers"]
 
-_SCHEDULERS: dict[str, type] = {}
-
-
 def register_scheduler(cls):
     """Class decorator: register an :class:`LRScheduler` subclass under ``cls.name``.
 
-    Raises ConfigError if ``cls`` is not an LRScheduler subclass, has no ``name``,
-    or the name is taken by a different class.
+    Raises ConfigError if ``cls`` is not an LRScheduler subclass, has no ``name``
+    of its own, or the name is taken by a different class.
     """
-    if not (isinstance(cls, type) and issubclass(cls, LRScheduler)):
-        raise ConfigError(f"register_scheduler expects an LRScheduler subclass, got {cls!r}")
-    name = getattr(cls, "name", "")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{cls.__name__} needs a non-empty str class attribute 'name'")
-    key = name.lower()
-    old = _SCHEDULERS.get(key)
-    # Re-registering the same class (e.g. on module reload) is harmless; a different
-    # class silently replacing a name would change what configs on the wire mean.
-    if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ConfigError(f"lr scheduler name {key!r} is already registered by {old.__qualname__}")
-    _SCHEDULERS[key] = cls
-    return cls
+    return _SCHEDULERS.add(cls)
 
 
 def registered_schedulers():
     """Return the sorted list of registered scheduler names."""
-    return sorted(_SCHEDULERS)
+    return _SCHEDULERS.names()
 
 
 def scheduler_from_config(cfg):
@@ -64,12 +50,8 @@ def scheduler_from_config(cfg):
     the valid names), unknown parameters or invalid values.
     """
     params = check_config_shape("lr_scheduler", cfg, ("name",), ("params",))
-    key = cfg["name"].lower()
-    cls = _SCHEDULERS.get(key)
-    if cls is None:
-        raise ConfigError(f"unknown lr scheduler {cfg['name']!r}; valid names are "
-                          f"{', '.join(registered_schedulers())}")
-    check_params(f"lr scheduler {key!r}", params, cls.param_names())
+    cls = _SCHEDULERS.lookup(cfg["name"])
+    check_params(f"lr scheduler {cls.name!r}", params, cls.param_names())
     return cls(**params)
 
 
@@ -127,6 +109,9 @@ class LRScheduler:
 def _factor(owner, value):
     # factor > 1 would grow the lr; MXNet rejects it too. 0 would zero it forever.
     return real(owner, "factor", value, lo=0.0, lo_open=True, hi=1.0)
+
+
+_SCHEDULERS = Registry("lr scheduler", LRScheduler, "register_scheduler", own_name)
 
 
 @register_scheduler

@@ -4,7 +4,9 @@ In every formula ``g`` starts as ``rescale_grad * grad``, ``clip(g, c)`` means
 clipping to ``[-clip_gradient, clip_gradient]`` when ``clip_gradient`` is set,
 ``lr`` is ``learning_rate_at(t)``, and all arithmetic happens in place in the
 weight's dtype. Default learning rates follow MXNet (0.01, but 0.001 for Adam
-and RMSProp).
+and RMSProp). Each constructor takes its own hyper-parameters and, as keywords,
+those every :class:`~kvstore.optimizer.Optimizer` has (``learning_rate``, ``wd``,
+``rescale_grad``, ``clip_gradient``, ``lr_scheduler``, ``multi_precision``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from ._util import boolean, real
 from .base import Optimizer, register
 
-__all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp"]
+__all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test"]
 
 
 def _unit(owner, name, value):
@@ -43,11 +45,8 @@ class SGD(Optimizer):
     name = "sgd"
     hyper_params = ("momentum", "nesterov")
 
-    def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None, nesterov=False, multi_precision=False):
-        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
-                         multi_precision=multi_precision)
+    def __init__(self, *, momentum=0.0, nesterov=False, **common):
+        super().__init__(**common)
         owner = type(self).__name__
         self.momentum = _unit(owner, "momentum", momentum)
         self.nesterov = boolean(owner, "nesterov", nesterov)
@@ -97,11 +96,8 @@ class NAG(SGD):
     name = "nag"
     hyper_params = ("momentum",)
 
-    def __init__(self, *, learning_rate=0.01, momentum=0.0, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
-        super().__init__(learning_rate=learning_rate, momentum=momentum, wd=wd,
-                         rescale_grad=rescale_grad, clip_gradient=clip_gradient,
-                         lr_scheduler=lr_scheduler, nesterov=True, multi_precision=multi_precision)
+    def __init__(self, *, momentum=0.0, **common):
+        super().__init__(momentum=momentum, nesterov=True, **common)
 
 
 @register
@@ -123,11 +119,8 @@ class Adam(Optimizer):
     hyper_params = ("beta1", "beta2", "epsilon")
     num_states = 2
 
-    def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.0,
-                 rescale_grad=1.0, clip_gradient=None, lr_scheduler=None, multi_precision=False):
-        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
-                         multi_precision=multi_precision)
+    def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, **common):
+        super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
         self.beta1 = _unit(owner, "beta1", beta1)
         self.beta2 = _unit(owner, "beta2", beta2)
@@ -169,11 +162,8 @@ class AdaGrad(Optimizer):
     hyper_params = ("epsilon",)
     num_states = 1
 
-    def __init__(self, *, learning_rate=0.01, epsilon=1e-7, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
-        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
-                         multi_precision=multi_precision)
+    def __init__(self, *, epsilon=1e-7, **common):
+        super().__init__(**common)
         self.epsilon = real(type(self).__name__, "epsilon", epsilon, lo=0.0)
 
     def _step(self, weight, grad, state, t, lr, xp):
@@ -219,11 +209,8 @@ class RMSProp(Optimizer):
     hyper_params = ("gamma1", "gamma2", "epsilon", "centered", "clip_weights")
 
     def __init__(self, *, learning_rate=0.001, gamma1=0.9, gamma2=0.9, epsilon=1e-8,
-                 centered=False, clip_weights=None, wd=0.0, rescale_grad=1.0,
-                 clip_gradient=None, lr_scheduler=None, multi_precision=False):
-        super().__init__(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                         clip_gradient=clip_gradient, lr_scheduler=lr_scheduler,
-                         multi_precision=multi_precision)
+                 centered=False, clip_weights=None, **common):
+        super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
         self.gamma1 = _unit(owner, "gamma1", gamma1)
         self.gamma2 = _unit(owner, "gamma2", gamma2)
@@ -262,3 +249,27 @@ class RMSProp(Optimizer):
             weight += delta
         if self.clip_weights is not None:
             xp.clip(weight, -self.clip_weights, self.clip_weights, out=weight)
+
+
+@register
+class Test(Optimizer):
+    """MXNet's ``Test`` optimizer (``'test'``), which MXNet's own KVStore tests use;
+    state ``(copy,)``::
+
+        w += rescale_grad * grad;  copy = w
+
+    No learning rate, weight decay or clipping: an update adds the rescaled
+    gradient, so a test can predict the stored value from the pushes alone.
+
+    Example: ``kv.set_optimizer(kvstore.optimizer.create("test", rescale_grad=2.0))``
+    """
+
+    name = "test"
+    num_states = 1
+    __test__ = False   # a class named Test that pytest must not collect where it is imported
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        g = grad.astype(weight.dtype, copy=True)   # the caller's grad stays intact
+        g *= self.rescale_grad
+        weight += g
+        xp.copyto(state[0], weight)

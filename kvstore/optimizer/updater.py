@@ -70,6 +70,29 @@ class Updater:
         self._states[key] = state
         self._counts[key] = t
 
+    def update_rows(self, index, rows, grad, weight):
+        """Lazy update (MXNet's default for row-sparse gradients): only ``weight[rows]``
+        and the same rows of the slot's state change. ``weight`` is 2-d (rows, row
+        width) over the slot's memory, ``rows`` unique and ``grad`` (len(rows), width).
+        The slot's state covers the whole ``weight``; its count ``t`` counts updates
+        of the slot, whichever rows they touched (as MXNet's lazy Adam)."""
+        key = _key(index)
+        xp = _array_module(weight)
+        state = self._states.get(key)
+        if state is None:
+            state = self.optimizer.create_state(weight.reshape(-1))
+        else:
+            state = tuple(_to_module(s, xp) for s in state)
+        views = [s.reshape(weight.shape) for s in state]
+        w, row_state = weight[rows], tuple(v[rows] for v in views)   # gathered copies
+        t = self._counts.get(key, 0) + 1
+        self.optimizer.update(w, grad, row_state, t)
+        weight[rows] = w
+        for view, part in zip(views, row_state):
+            view[rows] = part
+        self._states[key] = state
+        self._counts[key] = t
+
     def replace_optimizer(self, optimizer, state_scale: float = 1.0) -> None:
         """Use ``optimizer`` from now on, keeping every slot's state and count: it must
         be the same kind (its state arrays mean the same), e.g. another learning rate.

@@ -13,9 +13,14 @@ GET_META = "get_meta"            # reply {meta, resumed}: what the restored chec
 WRITE = "write"                  # chunks, no buffers (shared memory, sync): reply {modes} + one
                                  # buffer per chunk in the server's memory, to copy or add into
 WRITTEN = "written"              # {grant: the write's id}: done; replied to as a pushpull
+# Row-sparse keys (kvstore.server.tables): one chunk [key, server] per server, global row ids
+INIT_ROWS = "init_rows"          # {chunk, shape, dtype, servers, init: RowInit wire|None} + row ids, rows
+PUSH_ROWS = "push_rows"          # {chunk} + row ids (int64, unique, sorted) + their gradient rows
+PULL_ROWS = "pull_rows"          # {chunk} + row ids; reply carries their rows
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
-                      CHECKPOINT, GET_META, WRITE, WRITTEN})
+                      CHECKPOINT, GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
+                      PULL_ROWS})
 
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory

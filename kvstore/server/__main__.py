@@ -9,11 +9,11 @@ import logging
 import os
 import sys
 
+from tracker.control.env import LOG_LEVELS
+
 from ..config import Config
 from ..errors import ConfigError
 from . import run
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def main() -> int:

@@ -20,6 +20,8 @@ never complete.
 Asynchronous mode: every push is applied on arrival with the optimizer.
 
 Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
+Workers that finished and the stall inspector: kvstore.server.stalls. The
+optimizer, its state and checkpoints: kvstore.server.persist.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from __future__ import annotations
 import numpy as np
 
 from .. import compression as _compression
-from .. import optimizer as _optimizer
-from ..errors import ConfigError, InvalidArgumentError, KVStoreError, ProtocolError
+from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
+from .persist import Persist
 from .rounds import Chunk, Pending, Reply, Round, is_int
+from .stalls import Stalls
+from .tables import RowTables
 from .writein import Grant, WriteIn
 
 
-class ServerState(WriteIn):
+class ServerState(WriteIn, Stalls, Persist):
     """State of one server: its chunks, the mode, the optimizer.
 
     Example::
@@ -75,6 +79,7 @@ class ServerState(WriteIn):
         # reply, e.g. _pushpull_start then push)
         self._partial: dict = {}           # chunk id -> [Pending] done with it, not yet answered
         self._captured: dict = {}          # id(Pending) -> {chunk id: its value for it}
+        self.rows = RowTables(self)        # row-sparse keys (kvstore.server.tables)
 
     # -- entry point -----------------------------------------------------------
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
@@ -126,6 +131,7 @@ class ServerState(WriteIn):
             if chunk is None:
                 raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.name}; "
                                            "call init() first")
+            self.rows.refuse_dense(cid)
             if arrays is not None:
                 a = arrays[i]
                 if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
@@ -143,6 +149,15 @@ class ServerState(WriteIn):
         return src
 
     # -- ops -------------------------------------------------------------------------
+    def _on_init_rows(self, peer, header, arrays):
+        return self.rows.on_init(peer, header, arrays)
+
+    def _on_push_rows(self, peer, header, arrays):
+        return self.rows.on_push(peer, header, arrays)
+
+    def _on_pull_rows(self, peer, header, arrays):
+        return self.rows.on_pull(peer, header, arrays)
+
     def _on_configure(self, peer, header, arrays):
         mode, workers = header["mode"], header["num_workers"]
         if mode not in ("sync", "async") or not is_int(workers) or workers < 1:
@@ -322,65 +337,6 @@ class ServerState(WriteIn):
             return True
         return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
 
-    # -- workers that finished -------------------------------------------------------
-    def workers_finished(self, ranks) -> list[Reply]:
-        """The scheduler says these workers finished (closed their stores). In sync
-        mode every round still waiting for one of them can never complete: the
-        requests that depend on such a round fail now, naming that worker, and so
-        does every later push (:meth:`_refuse_if_gone`). Returns the replies."""
-        new = set(ranks) - self._gone
-        if not new:
-            return []
-        self._gone |= new
-        if self.mode != "sync":
-            return []
-        replies = []
-        with self.backend.scope():
-            for cid, chunk in self.chunks.items():
-                # a worker joins rounds in order: those it is missing from are a suffix
-                first = next((i for i, rnd in enumerate(chunk.rounds)
-                              if not self._gone <= rnd.workers), None)
-                if first is None:
-                    continue
-                for pos in range(first, len(chunk.rounds)):
-                    rnd = chunk.rounds[pos]
-                    message = self._gone_message(cid, pos, rnd.workers)
-                    for pending in chunk.waiting:
-                        joined = pending.rounds.get(cid)
-                        if joined is rnd or (joined is None and (pending.worker in rnd.workers
-                                                                 or rnd.writer == pending.worker)):
-                            pending.error = pending.error or message
-                    for grant in self._grants.values():
-                        if any(r is rnd for r in grant.rounds):
-                            grant.error = grant.error or message
-                del chunk.rounds[first:]
-                replies += self._release(cid, chunk)
-            replies += self._fail_queued()
-        return replies
-
-    def _gone_message(self, cid, pos: int, workers) -> str:
-        """Why round ``pos`` (in the chunk's queue) of ``cid`` cannot complete."""
-        missing = sorted(self._gone - set(workers))
-        who = ", ".join(map(str, missing))
-        number = self._applied.get(cid, 0) + pos + 1
-        return (f"worker{'s' if len(missing) > 1 else ''} {who} closed {'their' if len(missing) > 1 else 'its'} "
-                f"store while round {number} of {chunk_label(cid)} waits for "
-                f"{'their' if len(missing) > 1 else 'its'} push: every worker must take the same "
-                "number of steps (give each the same number of batches, e.g. with kvstore.torch.shard)")
-
-    def _refuse_if_gone(self, worker: int, ids) -> None:
-        """A sync push (or write) into a round that a finished worker will never join."""
-        if not self._gone or self.mode != "sync":
-            return
-        for cid in ids:
-            chunk = self.chunks.get(cid)
-            if chunk is None:
-                continue                 # the unknown chunk is reported by _existing
-            pos = next((i for i, r in enumerate(chunk.rounds) if r.open_to(worker)), len(chunk.rounds))
-            workers = chunk.rounds[pos].workers if pos < len(chunk.rounds) else set()
-            if not self._gone <= workers:
-                raise InvalidArgumentError(self._gone_message(cid, pos, workers))
-
     def _finish(self, pending: Pending) -> Reply:
         captured = self._captured.pop(id(pending), {})
         if pending.error is not None:
@@ -396,140 +352,3 @@ class ServerState(WriteIn):
             self.chunks[cid].pending_from(pending.worker) or self._writing(pending.worker, cid, self.chunks[cid])
             for cid in pending.chunks)
         return self._ok(pending.peer, pending.req_id, self.backend.download(values, copy=ahead))
-
-    def _on_set_optimizer(self, peer, header, arrays):
-        try:
-            opt = _optimizer.from_config(header["optimizer"])
-        except ConfigError as e:
-            raise ConfigError(f"set_optimizer: {e}") from None
-        keep_state = header.get("keep_state", False)
-        if not isinstance(keep_state, bool):
-            raise ProtocolError("'keep_state' must be true or false")
-        if keep_state and self.updater is None:
-            raise InvalidArgumentError("set_learning_rate: no optimizer is set on this server")
-        scale = header.get("state_scale", 1.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
-            raise ProtocolError(f"'state_scale' must be a positive number, got {scale!r}")
-        if keep_state:
-            try:
-                self.updater.replace_optimizer(opt, float(scale))   # new hyper-parameters, same state
-            except ValueError as e:
-                raise InvalidArgumentError(f"set_optimizer: {e}") from None
-        elif self._restored_optimizer is not None and opt.to_config() == self._restored_optimizer:
-            self._restored_optimizer = None   # resumed: keep the checkpoint's optimizer state
-        else:
-            self._restored_optimizer = None
-            self.updater = _optimizer.Updater(opt)
-        return [self._ok(peer, header["id"])]
-
-    def _on_get_meta(self, peer, header, arrays):
-        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed)]
-
-    def _on_checkpoint(self, peer, header, arrays):
-        raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
-                                   "directory): set KVSTORE_CHECKPOINT_DIR for the job")
-
-    # -- checkpoints -------------------------------------------------------------------
-    def snapshot(self, meta: dict) -> dict:
-        """Everything acknowledged so far: values after their last applied round,
-        the optimizer and its state. Pushes of an incomplete round (not yet
-        acknowledged to anyone) are not included."""
-        states = self.updater.get_states() if self.updater is not None else {}
-        chunks = []
-        for cid, chunk in self.chunks.items():
-            entry = states.get(cid)
-            host = self.backend.to_numpy
-            chunks.append([cid[0], cid[1], chunk.value.dtype.str, host(chunk.value).tobytes(),
-                           None if entry is None else int(entry["t"]),
-                           [] if entry is None else [host(x).tobytes() for x in entry["state"]]])
-        return {"server": self.name, "mode": self.mode, "num_workers": self.num_workers,
-                "optimizer": None if self.updater is None else self.updater.optimizer.to_config(),
-                "meta": dict(meta), "chunks": chunks}
-
-    def restore(self, snap: dict) -> None:
-        """Start from a checkpoint: the next init of a restored chunk keeps the
-        restored value, and a set_optimizer with the same optimizer keeps its state."""
-        self.mode, self.num_workers = snap["mode"], snap["num_workers"]
-        self.chunks, states = {}, {}
-        if snap["optimizer"] is not None:
-            self.updater = _optimizer.Updater(_optimizer.from_config(snap["optimizer"]))
-            self._restored_optimizer = self.updater.optimizer.to_config()
-        for key, index, dtype, data, t, state in snap["chunks"]:
-            saved = np.frombuffer(data, dtype=np.dtype(dtype))
-            value = self._alloc(saved.size, saved.dtype)   # shared memory, as init's
-            with self.backend.scope():
-                self.backend.upload(saved, out=value)
-            self.chunks[(key, index)] = Chunk(value)
-            if t is not None and self.updater is not None:
-                kind = self.updater.optimizer.state_spec(value.dtype)[1]   # multi_precision: float32
-                states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=kind).copy()
-                                                          for b in state]}
-        if states:
-            self.updater.set_states(states)
-        self._restored = set(self.chunks)
-        self.meta, self.resumed = dict(snap.get("meta") or {}), True
-
-    # -- stall inspector ------------------------------------------------------------------
-    def stalled(self, now: float, after: float) -> list[str]:
-        """Rounds waiting longer than ``after`` seconds for some workers (each
-        reported once), as readable lines naming the key and the missing workers.
-        ``now`` comes from the caller's clock; a round's age counts from the first
-        call that saw it."""
-        seen, lines = {}, []
-        for cid, chunk in self.chunks.items():
-            for rnd in chunk.rounds:
-                first, reported, known = self._round_seen.get((cid, id(rnd)), (now, False, rnd))
-                if known is not rnd:      # an id reused by a newer round
-                    first, reported = now, False
-                if not reported and now - first >= after:
-                    missing = sorted(set(range(self.num_workers)) - rnd.workers)
-                    writing = "" if rnd.writer is None else \
-                        f"; worker {rnd.writer} was granted its sum to write into and has not said 'written'"
-                    lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for worker(s) "
-                                 f"{', '.join(map(str, missing))} to push (worker(s) "
-                                 f"{', '.join(map(str, sorted(rnd.workers)))} did{writing})")
-                    reported = True
-                seen[(cid, id(rnd))] = (first, reported, rnd)
-        self._round_seen = seen
-        return lines
-
-    def _on_get_states(self, peer, header, arrays):
-        if self.updater is None:
-            raise InvalidArgumentError("no optimizer is set, so there are no optimizer states")
-        meta, out = [], []
-        for cid, entry in sorted(self.updater.get_states().items(), key=lambda kv: repr(kv[0])):
-            meta.append([cid[0], cid[1], int(entry["t"]), len(entry["state"])])
-            # copies: in async mode pushes may change the live arrays while they are sent
-            out += self.backend.download(entry["state"], copy=True)
-        return [self._ok(peer, header["id"], out, states=meta)]
-
-    def _on_set_states(self, peer, header, arrays):
-        if self.updater is None:
-            raise InvalidArgumentError("set_optimizer() must come before load_optimizer_states()")
-        meta = header["states"]
-        if not isinstance(meta, list) or not all(
-                isinstance(m, list) and len(m) == 4 and all(is_int(v) and v >= 0 for v in m[1:])
-                for m in meta):
-            raise ProtocolError("'states' must be a list of [key, index, t, count]")
-        if sum(m[3] for m in meta) != len(arrays):
-            raise ProtocolError("state descriptions do not match the buffers")
-        states, pos = {}, 0
-        for key, index, t, count in meta:
-            cid = (key, index)
-            chunk = self._existing([cid])[0]
-            parts = arrays[pos:pos + count]
-            # multi_precision: a float16 chunk's state is a float32 master copy + float32 state
-            want, dtype = self.updater.optimizer.state_spec(chunk.value.dtype)
-            for a in parts:
-                if a.dtype != dtype or a.size != chunk.value.size:
-                    raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: got {a.size} x "
-                                               f"{a.dtype.name}, it must be {chunk.value.size} x "
-                                               f"{dtype.name}")
-            if len(parts) != want:
-                raise InvalidArgumentError(f"optimizer state for {chunk_label(cid)}: {len(parts)} arrays, "
-                                           f"{self.updater.optimizer.to_config()['name']} keeps "
-                                           f"{want}")
-            states[cid] = {"t": t, "state": [np.array(a, copy=True).reshape(-1) for a in parts]}
-            pos += count
-        self.updater.set_states(states)
-        return [self._ok(peer, header["id"])]

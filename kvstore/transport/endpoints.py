@@ -39,9 +39,11 @@ from dataclasses import dataclass
 
 import zmq
 
+from tracker.control.env import TRANSPORTS
+
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "shm", "ipc", "tcp")
+MODES = TRANSPORTS   # the values of KVSTORE_TRANSPORT, defined with the variable
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,16 +1,23 @@
 """THE contract of environment variables between launchers and processes.
 
 Launchers (``tracker.local`` and friends) set these for every process they start;
-``kvstore.config`` reads them through :func:`read`. MXNet's ``DMLC_*`` names are
-accepted as aliases so that processes started by another launcher also work.
-docs/configuration.md renders this table; ``tests/test_config.py`` checks that
-every variable is documented there.
+:func:`read` parses them into one frozen :class:`Settings` object, which
+``kvstore.config.Config`` extends. MXNet's ``DMLC_*`` names are accepted as
+aliases so that processes started by another launcher also work. Every default
+lives here, in :data:`VARIABLES`, and nowhere else: code that needs one reads it
+with :func:`default` (``tests/test_settings.py`` checks this, and that
+docs/configuration.md shows :func:`markdown_table` as it is).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+TRANSPORTS = ("auto", "shm", "ipc", "tcp")
+SERVER_DEVICES = ("cpu", "gpu")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -18,63 +25,47 @@ class Var:
     name: str
     aliases: tuple[str, ...]
     default: object
-    parse: Callable[[str], object]
+    parse: Callable[[str], object]   # raises ValueError; ``parse.type``: what it returns
     help: str
 
+    @property
+    def type(self) -> object:
+        """The type of its :class:`Settings` field (``| None`` when it has no default)."""
+        kind = getattr(self.parse, "type", self.parse)
+        return kind if self.default is not None else kind | None
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise ValueError("must be >= 0")
-    return value
+    @property
+    def field(self) -> str:
+        """Its :class:`Settings` field: ``KVSTORE_CHUNK_BYTES`` -> ``chunk_bytes``."""
+        return self.name.removeprefix("KVSTORE_").lower()
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be >= 1")
-    return value
+def _number(kind: type, minimum: float, inclusive: bool = True) -> Callable[[str], object]:
+    """A parser of ``kind`` values >= ``minimum`` (> when not ``inclusive``)."""
+    def parse(text: str):
+        value = kind(text)
+        if not (value >= minimum if inclusive else value > minimum):  # NaN fails too
+            raise ValueError(f"must be {'>=' if inclusive else '>'} {minimum}")
+        return value
+    parse.type = kind
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
+def _choice(*values: str) -> Callable[[str], str]:
+    """A parser of one of ``values`` (case-insensitive)."""
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in values:
+            raise ValueError(f"must be one of {', '.join(values)}")
+        return value
+    parse.type, parse.choices = str, values
+    return parse
 
 
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
         raise ValueError("must be a TCP port 1..65535")
-    return value
-
-
-def _role(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("worker", "server", "scheduler"):
-        raise ValueError("must be one of worker, server, scheduler")
-    return value
-
-
-def _transport(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("auto", "shm", "ipc", "tcp"):
-        raise ValueError("must be one of auto, shm, ipc, tcp")
-    return value
-
-
-def _server_device(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("cpu", "gpu"):
-        raise ValueError("must be cpu or gpu")
     return value
 
 
@@ -94,43 +85,50 @@ def _bool(text: str) -> bool:
     raise ValueError("must be 0/1, true/false, yes/no or on/off")
 
 
+_port.type, _gpu_list.type, _bool.type = int, tuple, bool  # what they return (str: str)
+
+_POSITIVE_FLOAT = _number(float, 0, inclusive=False)
+_NON_NEGATIVE_FLOAT = _number(float, 0)
+_POSITIVE_INT = _number(int, 1)
+_NON_NEGATIVE_INT = _number(int, 0)
+
 VARIABLES: tuple[Var, ...] = (
-    Var("KVSTORE_ROLE", ("DMLC_ROLE",), None, _role,
+    Var("KVSTORE_ROLE", ("DMLC_ROLE",), None, _choice("worker", "server", "scheduler"),
         "Role of this process: worker, server or scheduler."),
     Var("KVSTORE_SCHEDULER_HOST", ("DMLC_PS_ROOT_URI",), None, str,
         "Address of the scheduler (rendezvous) that every process connects to."),
     Var("KVSTORE_SCHEDULER_PORT", ("DMLC_PS_ROOT_PORT",), None, _port,
         "TCP port of the scheduler."),
-    Var("KVSTORE_NUM_WORKERS", ("DMLC_NUM_WORKER",), None, _positive_int,
+    Var("KVSTORE_NUM_WORKERS", ("DMLC_NUM_WORKER",), None, _POSITIVE_INT,
         "Number of worker processes in the job."),
-    Var("KVSTORE_NUM_SERVERS", ("DMLC_NUM_SERVER",), None, _positive_int,
+    Var("KVSTORE_NUM_SERVERS", ("DMLC_NUM_SERVER",), None, _POSITIVE_INT,
         "Number of server processes in the job."),
-    Var("KVSTORE_RANK", (), None, _non_negative_int,
+    Var("KVSTORE_RANK", (), None, _NON_NEGATIVE_INT,
         "Rank of this process within its role, in launch order. Set by our launchers; "
         "when no process of the job sets it, ranks follow registration order (as MXNet)."),
     Var("KVSTORE_NODE_HOST", ("DMLC_NODE_HOST",), "127.0.0.1", str,
         "Address this process binds and advertises to its peers."),
-    Var("KVSTORE_TIMEOUT", (), 300.0, _positive_float,
+    Var("KVSTORE_TIMEOUT", (), 300.0, _POSITIVE_FLOAT,
         "Seconds any blocking call (registration, init, push/pull reply, barrier) "
         "may wait before failing with an error that names what it waited for."),
-    Var("KVSTORE_HEARTBEAT_INTERVAL", (), 1.0, _positive_float,
+    Var("KVSTORE_HEARTBEAT_INTERVAL", (), 1.0, _POSITIVE_FLOAT,
         "Seconds between heartbeats from each process to the scheduler."),
-    Var("KVSTORE_HEARTBEAT_TIMEOUT", (), 10.0, _positive_float,
+    Var("KVSTORE_HEARTBEAT_TIMEOUT", (), 10.0, _POSITIVE_FLOAT,
         "Seconds without a heartbeat after which a process is declared dead and the "
         "whole job is aborted with an error naming it."),
-    Var("KVSTORE_ABORT_GRACE", (), 5.0, _positive_float,
+    Var("KVSTORE_ABORT_GRACE", (), 5.0, _POSITIVE_FLOAT,
         "Seconds a worker whose job was aborted may keep running (to raise the error "
         "from its next kvstore call) before it exits by itself with status 70."),
-    Var("KVSTORE_CHUNK_BYTES", (), 2 << 20, _positive_int,
+    Var("KVSTORE_CHUNK_BYTES", (), 2 << 20, _POSITIVE_INT,
         "Arrays larger than this are split into near-equal chunks of at most this size, "
         "spread over the servers. Must be equal on every worker (checked when the store "
         "is created)."),
-    Var("KVSTORE_ZERO_COPY_BYTES", (), 64 << 10, _non_negative_int,
+    Var("KVSTORE_ZERO_COPY_BYTES", (), 64 << 10, _NON_NEGATIVE_INT,
         "Buffers at least this large are sent without copying."),
-    Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _positive_int,
+    Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _POSITIVE_INT,
         "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
         "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
-    Var("KVSTORE_TRANSPORT", (), "auto", _transport,
+    Var("KVSTORE_TRANSPORT", (), "auto", _choice(*TRANSPORTS),
         "How workers reach servers on their own host: auto (shared memory for array data, "
         "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
         "(always). Set it for the whole job (servers then skip what is not needed)."),
@@ -138,11 +136,11 @@ VARIABLES: tuple[Var, ...] = (
         "Emulates several machines on one: processes whose labels differ treat each other "
         "as on different hosts (tcp between them, shared memory only within a label). Set "
         "per process by `tracker.local --emulate-hosts K`; empty on real clusters."),
-    Var("KVSTORE_PIPELINE_BYTES", (), 8 << 20, _non_negative_int,
+    Var("KVSTORE_PIPELINE_BYTES", (), 8 << 20, _NON_NEGATIVE_INT,
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "
         "(0: one message per server and call)."),
-    Var("KVSTORE_SHM_PIPELINE_BYTES", (), 32 << 20, _non_negative_int,
+    Var("KVSTORE_SHM_PIPELINE_BYTES", (), 32 << 20, _NON_NEGATIVE_INT,
         "The same as KVSTORE_PIPELINE_BYTES for servers reached through shared memory, where "
         "no link transfer needs overlapping and fewer, larger messages are cheaper."),
     Var("KVSTORE_WRITE_IN", (), True, _bool,
@@ -154,7 +152,7 @@ VARIABLES: tuple[Var, ...] = (
         "replies of KVSTORE_CHANNEL_BYTES or more come through it, received straight into "
         "the caller's arrays; ZeroMQ carries the rest. Never with KVSTORE_SECURE=1. "
         "0: everything through ZeroMQ. Read by workers and servers."),
-    Var("KVSTORE_CHANNEL_BYTES", (), 1 << 20, _non_negative_int,
+    Var("KVSTORE_CHANNEL_BYTES", (), 1 << 20, _NON_NEGATIVE_INT,
         "Replies (pull, pushpull) of at least this many bytes use the data channel."),
     Var("KVSTORE_MALLOC_TUNING", (), True, _bool,
         "1: set glibc's malloc thresholds (mallopt) in servers and in workers that receive over "
@@ -168,16 +166,16 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_CHECKPOINT_DIR", (), None, str,
         "Directory (on each server's host) where servers write their checkpoints "
         "(server-RANK.ckpt: parameters, optimizer state, metadata)."),
-    Var("KVSTORE_CHECKPOINT_INTERVAL", (), 0.0, _non_negative_float,
+    Var("KVSTORE_CHECKPOINT_INTERVAL", (), 0.0, _NON_NEGATIVE_FLOAT,
         "Seconds between automatic server checkpoints (0: only when a worker calls "
         "save_checkpoint()). Needs KVSTORE_CHECKPOINT_DIR."),
     Var("KVSTORE_RESUME", (), False, _bool,
         "1: servers start from their checkpoints in KVSTORE_CHECKPOINT_DIR (set by the "
         "launchers' --resume)."),
-    Var("KVSTORE_STALL_WARNING", (), 60.0, _non_negative_float,
+    Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),
-    Var("KVSTORE_SERVER_DEVICE", (), "cpu", _server_device,
+    Var("KVSTORE_SERVER_DEVICE", (), "cpu", _choice(*SERVER_DEVICES),
         "Where servers keep values, sums and optimizer state: cpu, or gpu (server s uses GPU "
         "s mod the host's GPU count, or KVSTORE_SERVER_GPUS; sums and optimizer updates run "
         "as CuPy kernels). A GPU server on a host without a usable GPU fails at start with "
@@ -192,15 +190,35 @@ VARIABLES: tuple[Var, ...] = (
 BY_NAME = {var.name: var for var in VARIABLES}
 
 
+def default(name: str) -> object:
+    """The default of variable ``name`` (``default("KVSTORE_TIMEOUT")`` -> 300.0):
+    how code outside this table spells a default, so that it is written once."""
+    return BY_NAME[name].default
+
+
+def _repr(self) -> str:  # never print the secret
+    shown = ", ".join(f"{f.name}={'***' if f.name == 'secret' and self.secret else getattr(self, f.name)!r}"
+                      for f in dataclasses.fields(self))
+    return f"{type(self).__name__}({shown})"
+
+
+Settings = dataclasses.make_dataclass(
+    "Settings", [(var.field, var.type, dataclasses.field(default=var.default)) for var in VARIABLES],
+    frozen=True, repr=False, namespace={"__module__": __name__, "__repr__": _repr, "__doc__": (
+        "Every variable of the table, parsed: one field per variable, named after it "
+        "(``KVSTORE_CHUNK_BYTES`` -> ``chunk_bytes``), with its default. Frozen; build one "
+        "with :func:`read`, or directly (not validated) in tests.")})
+
+
 class EnvError(ValueError):
     """An environment variable has a value that cannot be parsed."""
 
 
-def read(environ: Mapping[str, str]) -> dict[str, object]:
-    """Parse every variable of the contract from ``environ``.
+def read(environ: Mapping[str, str]) -> Settings:
+    """Parse every variable of the contract from ``environ`` into :class:`Settings`.
 
-    Returns a dict keyed by the canonical name (``KVSTORE_...``); the canonical
-    name wins over an alias. Raises :class:`EnvError` naming the variable.
+    The canonical name (``KVSTORE_...``) wins over an alias; unset or empty means
+    absent (then the default). Raises :class:`EnvError` naming the variable.
     """
     values: dict[str, object] = {}
     for var in VARIABLES:
@@ -209,17 +227,30 @@ def read(environ: Mapping[str, str]) -> dict[str, object]:
             if text is None or text == "":
                 continue
             try:
-                values[var.name] = var.parse(text)
+                values[var.field] = var.parse(text)
             except ValueError as e:
                 raise EnvError(f"environment variable {name}={text!r} is invalid: {e}") from None
             break
-        else:
-            values[var.name] = var.default
-    return values
+    return Settings(**values)
+
+
+def fields(settings) -> dict[str, object]:
+    """The values of a :class:`Settings` (or of a subclass's table fields) by field name."""
+    return {var.field: getattr(settings, var.field) for var in VARIABLES}
+
+
+def log_level(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """(KVSTORE_LOG_LEVEL as given, or its default when unset or empty; that as a
+    :mod:`logging` level name, upper case, or None when it is not one). The table
+    takes any text, since the library itself never configures logging; the
+    entry points that do refuse what is not a level."""
+    text = environ.get("KVSTORE_LOG_LEVEL") or default("KVSTORE_LOG_LEVEL")
+    level = text.strip().upper()
+    return text, (level if level in LOG_LEVELS else None)
 
 
 def for_process(*, role: str, rank: int | None, scheduler_host: str, scheduler_port: int,
-                num_workers: int, num_servers: int, node_host: str = "127.0.0.1",
+                num_workers: int, num_servers: int, node_host: str = default("KVSTORE_NODE_HOST"),
                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a launcher sets for one child process (both our names and
     MXNet's, so scripts written for either find what they expect)."""
@@ -238,11 +269,17 @@ def for_process(*, role: str, rank: int | None, scheduler_host: str, scheduler_p
     return env
 
 
+# the names :func:`for_process` sets per process (role, rank, counts, addresses):
+# launchers never forward the user's values of these
+PER_PROCESS = frozenset(for_process(role="worker", rank=0, scheduler_host="", scheduler_port=1,
+                                    num_workers=1, num_servers=1))
+
+
 def markdown_table() -> str:
     """The table of variables as markdown (for docs/configuration.md)."""
     lines = ["| variable | MXNet alias | default | meaning |", "|---|---|---|---|"]
     for var in VARIABLES:
         alias = ", ".join(f"`{a}`" for a in var.aliases) or ""
-        default = "" if var.default is None else f"`{var.default}`"
-        lines.append(f"| `{var.name}` | {alias} | {default} | {var.help} |")
+        shown = "" if var.default is None else f"`{var.default}`"
+        lines.append(f"| `{var.name}` | {alias} | {shown} | {var.help} |")
     return "\n".join(lines)

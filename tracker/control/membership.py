@@ -20,7 +20,7 @@ from typing import Callable
 
 import zmq
 
-from . import wire
+from . import env, wire
 from .errors import JobAborted, RendezvousError, RendezvousTimeout
 from .security import Security
 
@@ -54,8 +54,10 @@ class Membership:
     """
 
     def __init__(self, *, role: str, rank: int | None, scheduler: tuple[str, int],
-                 host: str = "127.0.0.1", addr: str = "", timeout: float = 300.0,
-                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0,
+                 host: str = env.default("KVSTORE_NODE_HOST"), addr: str = "",
+                 timeout: float = env.default("KVSTORE_TIMEOUT"),
+                 heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
+                 heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
                  on_abort: Callable[[str], None] | None = None, security: Security = Security()):
         self.role = role
         self.requested_rank = rank

@@ -1,0 +1,135 @@
+"""Argument handling every store type shares: keys, values, MXNet's call forms.
+
+:class:`Arguments` turns what a user passes to ``init``/``push``/``pull``/...
+(a key or a list of keys; an array, a list of arrays per key) into validated
+``(KeyInfo, [values])`` groups, and raises the typed errors that name the call
+and the key. The stores' ``_do_*`` hooks see only what came through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import arrays, sparse
+from .errors import ArgumentTypeError, InvalidArgumentError
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What init() fixed for a key: its shape and dtype (and, in dist mode, chunks);
+    ``sparse``: a row-sparse key (kvstore.sparse), pushed as rows, read by row_sparse_pull."""
+    key: object
+    shape: tuple
+    dtype: np.dtype
+    chunks: tuple = ()
+    sparse: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def check_priority(priority, what: str) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise ArgumentTypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
+
+
+class Arguments:
+    """Validation and normalisation of call arguments; a mixin of KVStore, whose
+    ``_keys`` (key -> KeyInfo), ``_dtype_names``, ``_key_kind`` and ``_optimizer``
+    it reads."""
+
+    def _check_key(self, key, what: str):
+        if isinstance(key, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{what}: a key must be an int or a str, not a bool")
+        if isinstance(key, np.integer):
+            key = int(key)
+        if isinstance(key, int):
+            if not INT64_MIN <= key <= INT64_MAX:
+                raise InvalidArgumentError(f"{what}: int key {key} does not fit in 64 bits")
+            kind = int
+        elif isinstance(key, str):
+            kind = str
+        else:
+            raise ArgumentTypeError(f"{what}: a key must be an int or a str, got "
+                                    f"{type(key).__name__} {key!r}")
+        if self._key_kind is not None and kind is not self._key_kind:
+            raise ArgumentTypeError(f"{what}: key {key!r} is a {kind.__name__} but this store uses "
+                                    f"{self._key_kind.__name__} keys; do not mix int and str keys")
+        return key
+
+    def _pairs(self, keys, values, what: str, values_name: str = "value") -> list[tuple]:
+        """[(key, [values...])] from MXNet's forms: key + value, key + [values],
+        [keys] + [values], [keys] + [[values], ...]."""
+        if isinstance(keys, (list, tuple)):
+            if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+                got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+                raise InvalidArgumentError(f"{what}: {len(keys)} keys need a list of {len(keys)} "
+                                           f"{values_name}s, got {got}")
+            pairs = [(self._check_key(k, what), _as_list(v)) for k, v in zip(keys, values)]
+        else:
+            pairs = [(self._check_key(keys, what), _as_list(values))]
+        kinds = {type(k) for k, _ in pairs}
+        if len(kinds) > 1:
+            raise ArgumentTypeError(f"{what}: do not mix int and str keys in one call")
+        for key, vals in pairs:
+            if not vals:
+                raise InvalidArgumentError(f"{what}: key {key!r} got an empty list of {values_name}s")
+        return pairs
+
+    def _info(self, key, what: str) -> KeyInfo:
+        info = self._keys.get(key)
+        if info is None:
+            raise InvalidArgumentError(f"{what}: key {key!r} has not been initialised; call init() first")
+        return info
+
+    def _check_value(self, info: KeyInfo, value, what: str) -> None:
+        if sparse.is_sparse_value(value):
+            raise InvalidArgumentError(f"{what}: key {info.key!r} is dense (initialised with an array); "
+                                       "row-sparse values need a key initialised with a RowSparse or RowInit")
+        shape, _ = arrays.shape_dtype(value, what)
+        if shape != info.shape:
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
+                                       f"got an array of shape {shape}")
+        want, got = self._dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
+        if got != want:
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}")
+
+    def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
+        """Validated (info, values) per distinct key; a key listed twice gets both lists."""
+        groups: dict = {}
+        for key, vals in self._pairs(keys, values, what):
+            info = self._info(key, what)
+            if info.sparse:
+                raise InvalidArgumentError(f"{what}: key {key!r} is row-sparse: push rows to it and read "
+                                           "it with row_sparse_pull")
+            for v in vals:
+                self._check_value(info, v, what)
+            groups.setdefault(key, (info, []))[1].extend(vals)
+        return list(groups.values())
+
+    def _check_optimizable(self, groups, what: str) -> None:
+        if self._optimizer is None:
+            return
+        for info, _ in groups:
+            if info.dtype.kind != "f":
+                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
+                                           "optimizers update floating-point values only")
+
+    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
+        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
+        first = arrays.to_numpy(vals[0], what)
+        if len(vals) == 1:
+            return np.ascontiguousarray(first).reshape(-1)
+        acc = np.array(first, dtype=info.dtype, order="C", copy=True).reshape(-1)
+        for v in vals[1:]:
+            acc += arrays.to_numpy(v, what).reshape(-1)
+        return acc

@@ -1,0 +1,109 @@
+"""Row-sparse keys of a distributed store: which server gets which rows.
+
+Row ``r`` of a table lives on server ``r % S`` (:mod:`kvstore.rowshard`), as the
+one chunk ``(key, s)`` of that server. A pull asks only the servers that own
+the rows it names, and carries only those rows. An async push does the same; a
+sync push also sends a header with no rows to every other server, because a
+server's round closes when every worker has pushed to it (as MXNet's workers
+send empty pushes to the servers whose ranges hold none of their rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import rowshard
+from .arguments import KeyInfo
+from .protocol import ops
+
+
+class DistRows:
+    """The row-sparse requests of ``store`` (a DistStore: its client, rank and mode)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    @property
+    def servers(self) -> int:
+        return len(self.store._client.servers)
+
+    def chunks(self, key) -> list:
+        return [[key, s] for s in range(self.servers)]
+
+    def init(self, items: list) -> dict:
+        """``items``: (key, shape, dtype, RowInit or None, rows, data). Collective, as a
+        dense init: rank 0 sends, nobody returns before the servers hold the rows.
+        Returns the keys' KeyInfo records."""
+        store = self.store
+        store._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
+                                                   for k, shape, dtype, *_ in items))
+        if store._rank == 0:
+            self._send_init(items)
+        store._collective("init rows done")
+        return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True) for k, shape, dtype, *_ in items}
+
+    def _send_init(self, items: list) -> None:
+        client = self.store._client
+        ids = []
+        for key, shape, dtype, spec, rows, data in items:
+            for s, where in enumerate(rowshard.split(rows, self.servers)):
+                ids.append(client.request(s, ops.INIT_ROWS, f"init of row-sparse key {key!r}",
+                                          [rows[where], np.ascontiguousarray(data[where])], chunk=[key, s],
+                                          shape=list(shape), dtype=np.dtype(dtype).name, servers=self.servers,
+                                          init=None if spec is None else spec.to_wire())[0])
+        client.wait(ids, f"init of {len(items)} row-sparse key(s)")
+
+    def push(self, items: list) -> None:
+        """``items``: (key, rows, data) with unique sorted rows, one merged push per key."""
+        client, sync = self.store._client, self.store._mode == "sync"
+        for key, rows, data in items:
+            what = f"push of row-sparse key {key!r}"
+            for s, where in enumerate(rowshard.split(rows, self.servers)):
+                if len(where) or sync:
+                    client.request(s, ops.PUSH_ROWS, what, [rows[where], np.ascontiguousarray(data[where])],
+                                   chunk=[key, s])
+
+    def pull(self, key, rows: np.ndarray, row_shape: tuple, dtype) -> np.ndarray:
+        """The current values of ``rows`` (unique, sorted), after this worker's pushes."""
+        client, what = self.store._client, f"row_sparse_pull of key {key!r}"
+        data = np.empty((len(rows),) + tuple(row_shape), dtype)
+        ids = []
+        for s, where in enumerate(rowshard.split(rows, self.servers)):
+            if len(where):
+                ids.append(client.request(s, ops.PULL_ROWS, what, [rows[where]], on_reply=_into(data, where, what),
+                                          chunk=[key, s])[0])
+        client.wait(ids, what)
+        return data
+
+
+def _into(data: np.ndarray, where: np.ndarray, what: str):
+    def fill(header, values):
+        (rows,) = values
+        data[where] = rows.reshape((len(where),) + data.shape[1:])
+    return fill
+
+
+def gather_states(info, found: dict, servers: int, fresh) -> dict | None:
+    """A row-sparse key's optimizer state as whole ``info.shape`` arrays from the
+    servers' shards (``found``: (key, server) -> (t, [flat arrays])); ``fresh(s)``
+    makes the state of a shard that has none yet. None when no shard has any."""
+    entries = [found.get((info.key, s)) for s in range(servers)]
+    if all(e is None for e in entries):
+        return None
+    entries = [e if e is not None else (0, fresh(s)) for s, e in enumerate(entries)]
+    width = info.size // info.shape[0] if info.shape[0] else 0
+    joined = []
+    for i in range(len(entries[0][1])):
+        full = np.empty((info.shape[0], width), entries[0][1][i].dtype)
+        for s, (_, arrays) in enumerate(entries):
+            full[s::servers] = arrays[i].reshape(-1, width)
+        joined.append(full.reshape(info.shape))
+    return {"t": max(t for t, _ in entries), "state": joined}
+
+
+def split_states(info, t: int, flats: list, servers: int) -> dict:
+    """{server: ([key, server, t, count], [flat arrays])}: a whole state cut into shards."""
+    rows = info.shape[0]
+    return {s: ([info.key, s, t, len(flats)], [np.ascontiguousarray(f.reshape(rows, -1)[s::servers]).reshape(-1)
+                                                for f in flats])
+            for s in range(servers)}

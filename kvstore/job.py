@@ -1,0 +1,85 @@
+"""This worker as a member of the job: its calls to the scheduler, in kvstore's terms.
+
+Registration, collective calls (the scheduler's barrier, with a token describing
+what the workers agree on, so that a worker that initialises other keys, shapes
+or dtypes gets an error instead of a hang) and finishing go through
+:class:`tracker.control.membership.Membership`; its errors come back as kvstore's:
+NodeFailedError when the job aborted, DeadlineError, InvalidArgumentError when
+the workers disagree. When the job aborts, a worker that has not stopped within
+``KVSTORE_ABORT_GRACE`` exits (``Config.exit_on_abort``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+
+from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout
+from tracker.control.membership import Membership
+
+from .errors import DeadlineError, InvalidArgumentError, NodeFailedError
+
+log = logging.getLogger(__name__)
+
+
+class JobMember:
+    """Example (what DistStore does)::
+
+        member = JobMember(config)
+        registration = member.register()
+        member.collective("init 'w':(3,):float32")    # every worker, same token
+        member.finish()
+        member.membership.close()
+    """
+
+    def __init__(self, config):
+        self._config = config
+        self.membership = Membership(
+            role="worker", rank=config.rank, host=config.node_host,
+            scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
+            heartbeat_interval=config.heartbeat_interval,
+            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort,
+            security=config.security())
+
+    def register(self):
+        """Join the job: the registration (rank, number of workers, server adverts)."""
+        return self._translate(self.membership.register)
+
+    def collective(self, token: str) -> None:
+        """Wait until every worker made the call described by ``token``; an error if
+        another worker's token differs."""
+        if len(token) > 200:
+            token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
+        self._translate(self.membership.barrier, token)
+
+    def finish(self) -> None:
+        """Tell the scheduler this worker is done."""
+        self._translate(self.membership.finish)
+
+    def _translate(self, fn, *args):
+        """Call a tracker function, re-raising its errors as kvstore errors."""
+        try:
+            return fn(*args)
+        except JobAborted as e:
+            raise NodeFailedError(f"the job was aborted: {e}") from e
+        except RendezvousTimeout as e:
+            raise DeadlineError(str(e)) from e
+        except RendezvousError as e:
+            if self.membership.aborted.is_set():
+                raise NodeFailedError(f"the job was aborted: {self.membership.abort_reason}") from e
+            raise InvalidArgumentError(str(e)) from e
+
+    def _on_abort(self, reason: str) -> None:
+        if not self._config.exit_on_abort:
+            return
+        grace = self._config.abort_grace
+
+        def die():
+            log.critical("job aborted (%s) and this worker did not stop within %gs "
+                         "(KVSTORE_ABORT_GRACE); exiting", reason, grace)
+            os._exit(70)
+        timer = threading.Timer(grace, die)
+        timer.daemon = True
+        timer.start()

@@ -1,0 +1,254 @@
+"""Row-sparse tables on one server: the rows it holds of each row-sparse key, their
+sync rounds and lazy updates. A collaborator of :class:`~kvstore.server.state.ServerState`
+(pure as well: no sockets, threads or clocks).
+
+A table's rows are one flat chunk ``(key, server)`` in ``state.chunks`` (so
+checkpoints, resume and optimizer states cover it as any chunk) plus the
+:class:`Table` record here, which dense ops refuse to touch.
+
+Sync: the pushes of one round (one from every worker; an empty one from a worker
+with no rows here) are merged (union of rows, duplicates summed, in worker rank
+order) and applied once: lazily by the optimizer (only the merged rows and their
+state change), or, without one, the merged rows are assigned their sum and every
+other row keeps its value. A push is acknowledged when its round is applied; a
+pull is answered once the sender's pushes here are applied. Async: each push
+updates its rows on arrival (an optimizer is required, as for dense keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import sparse
+from ..errors import InvalidArgumentError, ProtocolError
+from ..protocol import chunk_label, error_header, ops
+from ..rowinit import RowInit
+from ..rowshard import RowLayout
+from .rounds import Chunk, Reply, is_int
+
+
+@dataclass
+class RowRound:
+    parts: dict = field(default_factory=dict)    # worker -> (rows, data) as pushed
+    acks: list = field(default_factory=list)     # (peer, request id) to answer when applied
+    writer = None                                # (no write-in for rows: read by the stall inspector)
+
+    @property
+    def workers(self) -> set:
+        return set(self.parts)
+
+
+@dataclass
+class Table:
+    layout: RowLayout
+    row_shape: tuple
+    rounds: list = field(default_factory=list)   # queued RowRound, oldest first
+    pulls: list = field(default_factory=list)    # (peer, request id, worker, local rows) parked
+
+    def pending_from(self, worker: int) -> bool:
+        return any(worker in r.parts for r in self.rounds)
+
+
+class RowTables:
+    """The row-sparse tables of ``state`` (a ServerState: its backend, chunks,
+    mode, workers and updater are read from it when needed)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.tables: dict[tuple, Table] = {}
+
+    def refuse_dense(self, cid) -> None:
+        if cid in self.tables:
+            raise InvalidArgumentError(f"{chunk_label(cid)} belongs to a row-sparse key: use "
+                                       "push with rows and row_sparse_pull")
+
+    # -- requests ----------------------------------------------------------------------
+    def on_init(self, peer, header, arrays) -> list[Reply]:
+        cid, table = self._cid(header), None
+        shape, dtype = header["shape"], header["dtype"]
+        servers, server = header["servers"], cid[1]
+        if not (isinstance(shape, list) and shape and all(is_int(n) and n >= 0 for n in shape)
+                and is_int(servers) and 0 <= server < servers and isinstance(dtype, str)):
+            raise ProtocolError("init_rows needs shape (a list of sizes), dtype and servers")
+        dtype = np.dtype(dtype)
+        width = int(np.prod(shape[1:], dtype=np.int64))
+        layout = RowLayout(shape[0], width, server, servers)
+        rows, data = self._rows_data(cid, layout, arrays, dtype)
+        spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
+        restored = cid in self.state._restored
+        if not restored and cid in self.state.chunks:
+            raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
+        size = layout.local_rows * width
+        if restored:             # resumed: the checkpoint's rows win over init's
+            value = self.state.chunks[cid].value
+            if value.size != size or value.dtype != dtype:
+                raise InvalidArgumentError(f"{chunk_label(cid)}: the checkpoint holds {value.size} x "
+                                           f"{value.dtype.name}, init asks for {size} x {dtype.name}")
+            self.state._restored.discard(cid)
+        else:
+            host = np.zeros((layout.local_rows, width), dtype)
+            if spec is not None:
+                spec.fill(host, np.arange(server, shape[0], servers, dtype=np.int64))
+            host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
+            value = self.state._alloc(size, dtype)
+            self.state.backend.upload(host.reshape(-1), out=value)
+            self.state.chunks[cid] = Chunk(value)
+        self.tables[cid] = Table(layout, tuple(shape[1:]))
+        return [self.state._ok(peer, header["id"])]
+
+    def on_push(self, peer, header, arrays) -> list[Reply]:
+        st = self.state
+        worker = st._worker(header)
+        cid = self._cid(header)
+        table, chunk = self._table(cid)
+        rows, data = self._rows_data(cid, table.layout, arrays, chunk.value.dtype)
+        local = table.layout.local(rows, chunk_label(cid))
+        if st.updater is not None and chunk.value.dtype.kind != "f":
+            raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
+                                       "optimizers update floating-point values only")
+        if st.mode == "async":
+            if st.updater is None:
+                raise InvalidArgumentError("dist_async applies every push with an optimizer: "
+                                           "call set_optimizer() before push")
+            self._apply(cid, table, chunk, local, data)
+            return [st._ok(peer, header["id"])]
+        self._refuse_if_gone(cid, table, worker)
+        rnd = next((r for r in table.rounds if worker not in r.parts), None)
+        if rnd is None:
+            rnd = RowRound()
+            table.rounds.append(rnd)
+        rnd.parts[worker] = (rows, data)
+        rnd.acks.append((peer, header["id"]))
+        return self._apply_complete(cid, table, chunk)
+
+    def on_pull(self, peer, header, arrays) -> list[Reply]:
+        st = self.state
+        worker = st._worker(header)
+        cid = self._cid(header)
+        table, chunk = self._table(cid)
+        if len(arrays) != 1:
+            raise ProtocolError("pull_rows carries one buffer: the row ids")
+        local = table.layout.local(self._ids(arrays[0], cid), chunk_label(cid))
+        if st.mode == "sync" and table.pending_from(worker):
+            table.pulls.append((peer, header["id"], worker, local))
+            return []
+        return [self._rows_reply(peer, header["id"], table, chunk, local)]
+
+    # -- rounds ------------------------------------------------------------------------
+    def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
+        replies = []
+        while table.rounds and len(table.rounds[0].parts) == self.state.num_workers:
+            rnd = table.rounds.pop(0)
+            parts = [rnd.parts[w] for w in sorted(rnd.parts)]
+            rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
+            error = None
+            try:
+                self._apply(cid, table, chunk, table.layout.local(rows, chunk_label(cid)), data)
+            except Exception as e:   # an optimizer failure must not leave workers waiting
+                error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
+            replies += [Reply(peer, error_header(rid, "RemoteError", error)) if error
+                        else self.state._ok(peer, rid) for peer, rid in rnd.acks]
+            replies += self._release_pulls(table, chunk)
+        return replies
+
+    def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
+        backend, width = self.state.backend, table.layout.width
+        weights = chunk.value.reshape(table.layout.local_rows, width)
+        local = backend.upload(local)
+        grad = backend.upload(np.ascontiguousarray(data).reshape(len(data), width))
+        if self.state.updater is None:
+            weights[local] = grad            # no optimizer: the merged rows are assigned
+        else:
+            self.state.updater.update_rows(cid, local, grad, weights)
+
+    def _release_pulls(self, table: Table, chunk: Chunk) -> list[Reply]:
+        ready = [p for p in table.pulls if not table.pending_from(p[2])]
+        table.pulls = [p for p in table.pulls if table.pending_from(p[2])]
+        return [self._rows_reply(peer, rid, table, chunk, local) for peer, rid, _, local in ready]
+
+    def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
+        weights = chunk.value.reshape(table.layout.local_rows, table.layout.width)
+        rows = weights[self.state.backend.upload(local)]   # a gather: a fresh array
+        return self.state._ok(peer, req_id, self.state.backend.download([rows]))
+
+    # -- workers that finished -----------------------------------------------------------
+    def workers_finished(self, gone: set) -> list[Reply]:
+        """Fail every queued round a finished worker will never push to, and the pulls
+        waiting on them (in sync mode)."""
+        replies = []
+        for cid, table in self.tables.items():
+            first = next((i for i, r in enumerate(table.rounds) if not gone <= set(r.parts)), None)
+            if first is None:
+                continue
+            for pos in range(first, len(table.rounds)):
+                message = self._gone_message(cid, gone, table.rounds[pos])
+                replies += [Reply(peer, error_header(rid, "RemoteError", message))
+                            for peer, rid in table.rounds[pos].acks]
+            failed = {w for r in table.rounds[first:] for w in r.parts}
+            del table.rounds[first:]
+            for peer, rid, worker, _ in table.pulls:
+                if worker in failed and not table.pending_from(worker):
+                    replies.append(Reply(peer, error_header(rid, "RemoteError", self._gone_message(cid, gone, None))))
+            table.pulls = [p for p in table.pulls if table.pending_from(p[2])]
+        return replies
+
+    def _refuse_if_gone(self, cid, table: Table, worker: int) -> None:
+        gone = self.state._gone
+        if not gone:
+            return
+        rnd = next((r for r in table.rounds if worker not in r.parts), None)
+        if not gone <= set(rnd.parts if rnd else ()):
+            raise InvalidArgumentError(self._gone_message(cid, gone, rnd))
+
+    @staticmethod
+    def _gone_message(cid, gone: set, rnd) -> str:
+        missing = sorted(gone - set(rnd.parts if rnd else ()))
+        return (f"worker(s) {', '.join(map(str, missing))} closed their store while a round of "
+                f"{chunk_label(cid)} waits for their push: every worker must take the same number of steps")
+
+    def queued_rounds(self):
+        """(chunk id, round) of every round still waiting (for the stall inspector)."""
+        for cid, table in self.tables.items():
+            for rnd in table.rounds:
+                yield cid, rnd
+
+    # -- checks ------------------------------------------------------------------------
+    def _cid(self, header) -> tuple:
+        item = header["chunk"]
+        if not (isinstance(item, list) and len(item) == 2 and is_int(item[1])
+                and (is_int(item[0]) or isinstance(item[0], str))):
+            raise ProtocolError(f"bad chunk id {item!r}: expected [key, server]")
+        return item[0], item[1]
+
+    def _table(self, cid) -> tuple[Table, Chunk]:
+        table = self.tables.get(cid)
+        if table is None:
+            if cid in self.state.chunks:
+                raise InvalidArgumentError(f"{chunk_label(cid)} belongs to a dense key: "
+                                           "row-sparse operations need a key initialised with rows")
+            raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.state.name}; "
+                                       "call init() first")
+        return table, self.state.chunks[cid]
+
+    @staticmethod
+    def _ids(ids: np.ndarray, cid) -> np.ndarray:
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            raise ProtocolError(f"{chunk_label(cid)}: row ids must be 1-d int64, got {ids.dtype}{ids.shape}")
+        if len(ids) > 1 and not np.all(ids[1:] > ids[:-1]):
+            raise ProtocolError(f"{chunk_label(cid)}: row ids must be unique and sorted")
+        return ids
+
+    def _rows_data(self, cid, layout: RowLayout, arrays, dtype) -> tuple[np.ndarray, np.ndarray]:
+        if len(arrays) != 2:
+            raise ProtocolError(f"{chunk_label(cid)}: expected two buffers, row ids and rows")
+        rows, data = self._ids(arrays[0], cid), arrays[1]
+        if data.dtype != dtype or data.size != len(rows) * layout.width:
+            raise InvalidArgumentError(f"{chunk_label(cid)}: {len(rows)} row ids with {data.size} x "
+                                       f"{data.dtype.name}; each row holds {layout.width} x {np.dtype(dtype).name}")
+        layout.local(rows, chunk_label(cid))
+        return rows, data
+
+
+REQUESTS = {ops.INIT_ROWS: RowTables.on_init, ops.PUSH_ROWS: RowTables.on_push, ops.PULL_ROWS: RowTables.on_pull}

@@ -1,0 +1,132 @@
+"""Store types: the built-in names, MXNet's aliases, and types users plug in.
+
+:func:`kvstore.create` asks :func:`resolve` what a name means. Names match
+case-insensitively, as in MXNet. A class registered with
+:meth:`KVStoreBase.register` is found under its class name, lower-cased (as
+MXNet's ``KVStoreBase.register``), before anything else; then come MXNet's
+aliases of the built-in types, then the built-in types. MXNet's ``nccl``,
+``horovod`` and ``byteps`` are not store types here: asking for one is an error
+that says what to use instead.
+
+Example::
+
+    import kvstore
+
+    @kvstore.KVStoreBase.register
+    class EchoStore(kvstore.KVStoreBase):
+        def broadcast(self, key, value, out, priority=0):
+            out[...] = value
+
+    kv = kvstore.create("echostore")        # EchoStore(); kv.type == "echostore"
+"""
+
+from __future__ import annotations
+
+from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
+from .registry import Registry
+
+STORE_TYPES = ("local", "dist_sync", "dist_async", "device", "dist_device_sync")
+
+ALIASES = {
+    "dist_sync_device": "dist_device_sync",   # MXNet matches "dist" + "device" in any order
+    "local_update_cpu": "local",              # older MXNet names of its local store
+    "local_allreduce_cpu": "local",           # (its nightly test_kvstore.py uses all three)
+    "local_allreduce_device": "device",
+}
+
+ELSEWHERE = {
+    "nccl": "MXNet's 'nccl' store (NCCL all-reduce among one machine's GPUs) does not exist "
+            "here: use 'device' (sums and runs the optimizer on one GPU), or "
+            "'dist_device_sync' across processes and machines",
+    "horovod": "MXNet's 'horovod' store wraps Horovod's all-reduce and is not built in: use "
+               "'dist_sync' ('dist_device_sync' for GPU values) under a tracker launcher, or "
+               "plug a store of your own in with kvstore.KVStoreBase.register",
+    "byteps": "MXNet's 'byteps' store wraps BytePS and is not built in: use 'dist_sync' "
+              "(servers sum the pushes, as BytePS's do; 'dist_device_sync' for GPU values), or "
+              "plug a store of your own in with kvstore.KVStoreBase.register",
+}
+
+CAPABILITIES = ("optimizer",)
+
+
+class KVStoreBase:
+    """MXNet's ``KVStoreBase``: the base of every store type, and the table of
+    store types users plug in (:meth:`register`).
+
+    :class:`kvstore.KVStore` is the base of the built-in types. A type of your
+    own subclasses this class, implements the calls its users make (MXNet's
+    interface: ``broadcast``, ``pushpull``, ``set_optimizer``, ...) and is built
+    by :func:`kvstore.create` with no arguments, as MXNet does.
+    """
+
+    OPTIMIZER = "optimizer"
+    """The capability of running an optimizer on pushed gradients (:meth:`is_capable`)."""
+
+    capabilities: frozenset = frozenset()
+    """The capabilities this store type has (:data:`OPTIMIZER`, or none)."""
+
+    def is_capable(self, capability: str) -> bool:
+        """Whether this store has ``capability`` (MXNet's ``is_capable``; e.g.
+        ``kv.is_capable(kvstore.KVStore.OPTIMIZER)``: True for every built-in type,
+        since each runs an optimizer given to ``set_optimizer``). Raises
+        InvalidArgumentError (a ValueError, as MXNet raises) for an unknown capability."""
+        if not isinstance(capability, str):
+            raise ArgumentTypeError(f"is_capable: a capability is a str, got {type(capability).__name__}")
+        if capability.lower() not in CAPABILITIES:
+            raise InvalidArgumentError(f"is_capable: unknown capability {capability!r}; known: "
+                                       f"{', '.join(map(repr, CAPABILITIES))} (KVStoreBase.OPTIMIZER)")
+        return capability.lower() in self.capabilities
+
+    @property
+    def type(self) -> str:
+        """The store type's name (a registered type: its class name, lower-cased)."""
+        return type(self).__name__.lower()
+
+    @property
+    def rank(self) -> int:
+        """Rank of this worker, 0 .. num_workers - 1."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return 1
+
+    @staticmethod
+    def register(klass):
+        """Class decorator (MXNet's ``KVStoreBase.register``): ``kvstore.create(name)``
+        builds ``klass()`` when ``name`` is its class name in any case. Raises
+        ConfigError for a class that is not a KVStoreBase subclass, whose name is a
+        built-in type or alias, or whose name another class already holds."""
+        return _REGISTERED.add(klass)
+
+
+def _class_name(klass: type) -> str:
+    name = klass.__name__
+    if name.lower() in STORE_TYPES or name.lower() in ALIASES:
+        raise ConfigError(f"KVStoreBase.register: {klass.__qualname__} would be found as "
+                          f"{name.lower()!r}, a built-in store type; give the class another name")
+    return name
+
+
+_REGISTERED = Registry("store type", KVStoreBase, "KVStoreBase.register", _class_name)
+
+
+def resolve(name) -> str | type:
+    """What ``kvstore.create(name)`` builds: a registered class, or the built-in
+    type's own name (aliases mapped). Raises ArgumentTypeError for a name that is
+    not a str, ConfigError for an unknown one (listing the valid names) or one of
+    MXNet's that is not a store type here (saying what to use instead)."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"create: the store type must be a str, got {type(name).__name__}")
+    registered = _REGISTERED.get(name)
+    if registered is not None:
+        return registered
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in STORE_TYPES:
+        return key
+    if key in ELSEWHERE:
+        raise ConfigError(f"store type {name!r}: {ELSEWHERE[key]}")
+    extra = f"; registered: {', '.join(_REGISTERED.names())}" if _REGISTERED.names() else ""
+    raise ConfigError(f"unknown store type {name!r}; valid types: {', '.join(STORE_TYPES)} "
+                      f"(aliases: {', '.join(ALIASES)}){extra}")

@@ -1,0 +1,100 @@
+"""The worker's transports: one :class:`~.base.Link` class per file, and their registry.
+
+:data:`LINKS` maps a name to ``"module:Class"`` in this package, most preferred
+first. For each server the client tries, in that order, every link whose
+``reach`` accepts the server's advert, starting at the one ``KVSTORE_TRANSPORT``
+names (``auto``: the first); a link whose handshake fails falls back to the next
+(:func:`candidates`). Modules are imported when first chosen, so a transport's
+optional dependencies (e.g. CuPy) cost nothing where it is not used.
+
+A new transport is one new file here (a ``Link`` subclass: ``kind``, ``reach``,
+and whichever of ``hello``/``ready``/``prepare``/``release``/``decode``/``deliver``/
+``close`` it changes) plus one line in :data:`LINKS`, at its place in the order.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+
+from ...errors import ConfigError, ProtocolError
+from ..endpoints import host_identity
+from .base import Link, LinkUnavailable
+
+log = logging.getLogger(__name__)
+
+LINKS = {
+    "shm": "shm_link:ShmLink",        # co-located: shared memory, control on tcp
+    "ipc": "ipc_link:IpcLink",        # co-located: ZeroMQ ipc frames
+    "tcp": "tcp_link:TcpLink",        # anywhere: ZeroMQ tcp frames (+ a data channel)
+}
+
+
+@functools.cache
+def factory(name: str) -> type[Link]:
+    """The Link class registered as ``name``; ConfigError for an unknown name."""
+    if name not in LINKS:
+        raise ConfigError(f"unknown transport {name!r} (KVSTORE_TRANSPORT); choose from auto, "
+                          f"{', '.join(LINKS)}")
+    module, _, cls = LINKS[name].partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def candidates(advert, config, colocated: bool) -> list[tuple[type[Link], str]]:
+    """(Link class, URL) for each link that may reach the server of ``advert``, in the
+    order the client tries them: from the one ``config.transport`` names on (``auto``:
+    from the first). Never empty while the last link (tcp) reaches every advert."""
+    names = list(LINKS)
+    if config.transport != "auto":
+        factory(config.transport)           # ConfigError for a name not registered
+    start = 0 if config.transport == "auto" else names.index(config.transport)
+    found = []
+    for name in names[start:]:
+        cls = factory(name)
+        url = cls.reach(advert, config, colocated)
+        if url:
+            found.append((cls, url))
+    return found
+
+
+def open_links(client, sockets, adverts) -> None:
+    """Give every server a link in ``client.links``: its first candidate whose
+    handshake succeeds. All servers' handshakes run at once (``client.wait``); a
+    server whose link failed tries its next candidate in the next pass, on its
+    socket in ``sockets`` (a transport.sockets.Sockets), connected afresh when the
+    URL differs: only unsequenced handshake requests went out on the old one, so a
+    fresh one starts at seq 0 like any other."""
+    local = host_identity(client.config.host_label)
+    tries = {s: candidates(a, client.config, a.host is not None and a.host == local)
+             for s, a in enumerate(adverts)}
+    while tries:
+        started, ids = [], []
+        for s in sorted(tries):
+            if not tries[s]:
+                raise ProtocolError(f"no transport reaches server {s} ({adverts[s].format()})")
+            cls, url = tries[s].pop(0)
+            if client.links[s] is None or url != client.links[s].url:
+                sockets.connect(s, url)
+            client.links[s] = link = cls(client, s, url, adverts[s])
+            try:
+                ids += link.hello()
+                started.append(link)
+            except LinkUnavailable as e:
+                _fall_back(link, e, tries[s])
+        client.wait(ids, "the handshakes with the servers")
+        for link in started:
+            try:
+                link.ready()
+                del tries[link.server]
+            except LinkUnavailable as e:
+                _fall_back(link, e, tries[link.server])
+
+
+def _fall_back(link: Link, error: LinkUnavailable, rest: list) -> None:
+    link.close()
+    log.warning("[worker:%d] %s; using %s", link.client.rank, error,
+                rest[0][0].kind if rest else "nothing else")
+
+
+__all__ = ["LINKS", "Link", "LinkUnavailable", "candidates", "factory", "open_links"]

@@ -1,0 +1,169 @@
+"""How a job ended: its exit status, the root cause and a per-process table.
+
+:func:`tracker.launcher.launch` collects what every process did; :func:`conclude`
+decides who caused a failure (the first process to fail, or the node a failure
+the scheduler found is about, or a worker that report blames) and :func:`report`
+prints it, as torchrun's ChildFailedError does.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from typing import IO
+
+from .control.records import describe_exit
+
+# how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
+_NODE_NAME = re.compile(r"\b(worker|server) (\d+) \(pid \d+ on ")
+_WORKER = re.compile(r"\bworker (\d+)\b")
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """'1 server', '2 servers' ('1 process', '2 processes' with ``many``)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
+
+
+@dataclass
+class Outcome:
+    """How a job ended: the exit status to return and a per-process table."""
+    returncode: int
+    root_cause: str | None
+    rows: list[tuple]  # label, pid, code (int, None, or a status text), note[, host]
+    num_workers: int = 0
+    num_servers: int = 0
+    elapsed: float = 0.0
+
+    def table(self) -> str:
+        hosts = any(len(row) > 4 for row in self.rows)
+        width = max([len(row[4]) for row in self.rows if len(row) > 4] + [4])
+        head = f"{'host':<{width}}  " if hosts else ""
+        lines = [f"{'process':<12} {'pid':>8}  {head}status"]
+        for label, pid, code, note, *host in self.rows:
+            if isinstance(code, str):
+                status = code
+            else:
+                status = "running (killed by launcher)" if code is None else describe_exit(code)
+            where = f"{(host or [''])[0]:<{width}}  " if hosts else ""
+            pid = "-" if pid is None else pid
+            lines.append(f"{label:<12} {pid:>8}  {where}{status}{'  <- ' + note if note else ''}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The one line a successful job ends with."""
+        return (f"job finished: {plural(self.num_workers, 'worker')}, "
+                f"{plural(self.num_servers, 'server')}, {self.elapsed:.1f} s, "
+                f"exit {self.returncode}")
+
+
+def named_nodes(text: str | None) -> list[str]:
+    """The nodes a failure the scheduler found names: first the node it is about
+    (the one that reported it, went silent, ...), then the workers its message
+    mentions after that, the deepest cause last (``worker 2 (...) failed: push of
+    key 0: server 0 rejected the request: ...: worker 1 closed its store``: worker
+    2, then worker 1). Servers mentioned inside a report only passed an error on."""
+    text = text or ""
+    first = _NODE_NAME.search(text)
+    if first is None:
+        return []
+    found = [f"{first[1]} {first[2]}"]
+    for m in _WORKER.finditer(text, first.end()):
+        label = f"worker {m[1]}"
+        if label in found[1:]:
+            found.remove(label)
+        if label != found[0]:
+            found.append(label)
+    return found
+
+
+def _culprit(failure: str | None, codes: dict, labels: set) -> tuple[str | None, bool]:
+    """Who caused a failure the scheduler found: (label or None, whether it is a
+    worker the report mentions rather than the node it is about). A worker the
+    report blames (``barrier cannot complete: worker 1 (...) already finished``,
+    ``worker 1 closed its store while ...``) that ended with a non-zero status by
+    itself is the real cause, the report only its consequence; the deepest
+    such mention wins; before that, any process the report mentions that died by a
+    signal on its own. Otherwise the node the failure is about."""
+    # a process that died by a signal on its own (SIGKILL from outside, the OOM
+    # killer) and that the report mentions (a worker's "data channel to server 0
+    # broke") is the cause, whoever noticed first
+    for label in sorted(labels):
+        if (codes.get(label) or 0) < 0 and re.search(rf"\b{label}\b", failure or ""):
+            return label, True
+    named = [label for label in named_nodes(failure) if label in labels]
+    for label in reversed(named[1:]):
+        if codes.get(label):
+            return label, True
+    return (named[0] if named else None), False
+
+
+def _describe(child, code) -> str:
+    label = child.spec.label
+    text = f"{label} {describe_exit(code)}"
+    if getattr(child, "host", None):
+        text = f"{label} on {child.host} {describe_exit(code)}"
+    if getattr(child, "detail", None):
+        text += f" ({child.detail})"
+    return text
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> Outcome:
+    root = None
+    culprit = None
+    returncode = 0
+    by_label = {c.spec.label: c for c in children}
+    if first_failure is not None:
+        label, code = first_failure
+        if label == "scheduler":
+            culprit, named_cause = _culprit(scheduler_failure, codes, set(by_label))
+            if named_cause:
+                code = codes[culprit]
+                root = f"{_describe(by_label[culprit], code)}; the scheduler reported: {scheduler_failure}"
+                returncode = _status(code)
+            else:
+                root = f"the scheduler aborted the job: {scheduler_failure}"
+                returncode = 1
+        else:
+            culprit = label
+            root = _describe(by_label[label], code)
+            returncode = _status(code)
+    elif interrupted is not None:
+        root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
+        returncode = 128 + interrupted
+    rows = []
+    for child in children:
+        label = child.spec.label
+        code = codes[label] if label in codes else child.poll()
+        note = ""
+        if label == culprit:
+            note = "root cause"
+            if label not in codes:   # it failed, then the teardown ended it: say the former
+                code = "failed (see above), then stopped by the launcher"
+        rows.append(row(child, code, note))
+    return Outcome(returncode, root, rows)
+
+
+def row(child, code, note) -> tuple:
+    host = getattr(child, "host", None)
+    row = (child.spec.label, child.pid, code, note)
+    return row if host is None else (*row, host)
+
+
+def report(outcome: Outcome, stream: IO[str] = sys.stderr) -> None:
+    """Print one summary line for a successful job; else the root cause and the
+    per-process table. Output that cannot be written (a closed terminal) is dropped."""
+    if outcome.root_cause is None and outcome.returncode == 0:
+        text = outcome.summary() + "\n"
+    else:
+        text = f"\njob failed: {outcome.root_cause}\n{outcome.table()}\n"
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
