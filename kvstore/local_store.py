@@ -102,9 +102,12 @@ class LocalStore(KVStore):
     def _get_states(self) -> dict:
         if not isinstance(self._updater, _optimizer.Updater):
             return {}
-        return {key: {"t": entry["t"], "state": [np.array(s) for s in entry["state"]]}
+        # a row-sparse key's state is flat in the updater (as on the servers): the key's shape here
+        return {key: {"t": entry["t"], "state": [np.array(s).reshape(self._keys[key].shape)
+                                                 for s in entry["state"]]}
                 for key, entry in self._updater.get_states().items()}
 
     def _set_states(self, states: dict) -> None:
-        self._updater.set_states({key: {"t": entry["t"], "state": list(entry["state"])}
-                                  for key, entry in states.items()})
+        self._updater.set_states({key: {"t": entry["t"], "state": [
+            s.reshape(-1) if self._keys[key].sparse else s for s in entry["state"]]}
+            for key, entry in states.items()})

@@ -153,3 +153,20 @@ def test_compress_benchmark_checks_every_type_against_a_git_version():
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "ms" not in line]
     assert [r.split(" | ")[0:2] for r in rows] == [["| 2bit", "today"], ["| 2bit", "HEAD"], ["| 1bit", "today"],
                                                    ["| 1bit", "HEAD"], ["| fp16", "today"], ["| fp16", "HEAD"]]
+
+
+def test_before_runs_our_contender_from_a_worktree_of_a_commit(tmp_path):
+    """--before REF: the same contender, as commit REF has it, in a temporary worktree
+    (removed afterwards); a ref that names no commit is a clean error."""
+    cfg = RunConfig(workers=2, servers=1, model="tiny", iters=2, warmup=1, latency_iters=2,
+                    latency_sizes=(1,), async_pushes=3, async_reps=1, transports=("tcp",),
+                    work_dir=str(tmp_path), timeout=60)
+    with ours.worktree("HEAD") as (tree, commit):
+        assert os.path.isfile(os.path.join(tree, "kvstore", "__init__.py")) and commit
+        rows = ours.run_in_tree(tree, "ours@HEAD", cfg, 0)
+    assert not os.path.exists(tree)
+    assert rows and all(r["contender"].startswith("ours@HEAD") or r["kind"] == "compression" for r in rows)
+    assert any(r["kind"] == "exchange" and r["samples"] for r in rows)
+    with pytest.raises(ours.Failed, match="no-such-ref"):
+        with ours.worktree("no-such-ref"):
+            pass

@@ -191,3 +191,37 @@ def test_a_push_moves_bytes_in_proportion_to_its_rows_not_the_table(make_cluster
     for sent, received, out in make_cluster(2, 2).run(job):
         assert sent < 100 * 16 * 4 * 3 and received < 100 * 16 * 4 * 3 + 1_000_000
         assert out.data.shape == (100, 16) and (out.data == 2).all()
+
+
+def test_optimizer_states_of_a_row_sparse_key_save_and_load_across_store_types(make_cluster, tmp_path):
+    """The servers' shards (rows interleaved over servers) come back as one state per
+    key, equal to the local oracle's; loading them back changes nothing."""
+    workers, steps = 2, 3
+    make = lambda: opt.SGD(learning_rate=0.1, momentum=0.9)
+    local = kvstore.create("local")
+    train(local, 0)
+    local.set_optimizer(make())
+    for step in range(steps):
+        local.push("emb", [push_of(r, step, workers) for r in range(workers)])
+    local.save_optimizer_states(str(tmp_path / "local.states"))
+
+    def job(kv):
+        out = train(kv, steps, make())
+        path = str(tmp_path / f"dist{kv.rank}.states")
+        kv.save_optimizer_states(path)
+        kv.load_optimizer_states(path)
+        kv.push("emb", push_of(kv.rank, steps, workers))
+        kv.row_sparse_pull("emb", out=out, row_ids=np.arange(R))
+        return path, out
+
+    from kvstore import states_file
+    _, want = states_file.load(str(tmp_path / "local.states"))
+    local.push("emb", [push_of(r, steps, workers) for r in range(workers)])
+    expected = np.empty((R, D), np.float32)
+    local.row_sparse_pull("emb", out=expected, row_ids=np.arange(R))
+    for path, out in make_cluster(workers, 3).run(job):
+        _, got = states_file.load(path)
+        assert got["emb"]["t"] == want["emb"]["t"] == steps
+        np.testing.assert_allclose(got["emb"]["state"][0], want["emb"]["state"][0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+        local.load_optimizer_states(path)              # the servers' file loads into 'local'

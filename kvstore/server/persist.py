@@ -116,7 +116,7 @@ class Persist:
         states, pos = {}, 0
         for key, index, t, count in meta:
             cid = (key, index)
-            chunk = self._existing([cid])[0]
+            chunk = self._existing([cid], rows_too=True)[0]
             parts = arrays[pos:pos + count]
             # multi_precision: a float16 chunk's state is a float32 master copy + float32 state
             want, dtype = self.updater.optimizer.state_spec(chunk.value.dtype)

@@ -124,14 +124,17 @@ class ServerState(WriteIn, Stalls, Persist):
             raise ProtocolError(f"{len(ids)} chunks but {len(arrays)} buffers")
         return ids
 
-    def _existing(self, ids: list[tuple], arrays: list | None = None) -> list[Chunk]:
+    def _existing(self, ids: list[tuple], arrays: list | None = None, rows_too: bool = False) -> list[Chunk]:
+        """The chunks ``ids`` (checked against ``arrays``' sizes and dtypes); dense
+        chunks only, unless ``rows_too`` (optimizer states cover row-sparse tables)."""
         chunks = []
         for i, cid in enumerate(ids):
             chunk = self.chunks.get(cid)
             if chunk is None:
                 raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.name}; "
                                            "call init() first")
-            self.rows.refuse_dense(cid)
+            if not rows_too:
+                self.rows.refuse_dense(cid)
             if arrays is not None:
                 a = arrays[i]
                 if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
