@@ -1,5 +1,6 @@
-"""The training loop shared by train_mnist.py and train_cifar10.py, after MXNet's
-example/image-classification/common/fit.py: the same flags, the same log lines.
+"""The training loop shared by train_mnist.py, train_cifar10.py and train_sparse.py,
+after MXNet's example/image-classification/common/fit.py: the same flags, the same
+log lines.
 
 Log lines (MXNet's format, so existing tools read them; plus communication)::
 
@@ -89,9 +90,7 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
     """Train ``model``. ``train_batches(epoch, rank, num_workers)`` yields (x, y) of
     this worker's shard, the same number on every worker; ``val_batches()`` yields
     the validation set. Returns the last validation accuracy."""
-    device = torch.device(f"cuda:{args.gpus.split(',')[0]}") if args.gpus else torch.device("cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--gpus {args.gpus}: no CUDA device is available")
+    device = get_device(args)
     kv = kvstore.create(args.kvstore)
     model.to(device)
     begin = 0
@@ -108,6 +107,19 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
         if kv.rank == 0:  # the servers' optimizer state, as saved at the end of that epoch
             trainer.load_states(checkpoint_paths(args.model_prefix, args.load_epoch)[1])
         kv.barrier()
+    val_acc = train_epochs(args, kv, model, trainer, train_batches, val_batches, device, begin)
+    trainer.close()
+    kv.close()
+    return val_acc
+
+
+def train_epochs(args, kv, model: torch.nn.Module, trainer, train_batches, val_batches, device,
+                 begin: int = 0, after_step=None) -> float:
+    """The epoch loop of :func:`fit` (epochs ``begin`` .. ``args.num_epochs - 1``, its
+    log lines and checkpoints), for a script that builds its own store and Trainer.
+    ``after_step()`` runs after every ``trainer.step()``: a ShardedEmbedding's
+    ``step``, which pushes the rows of the step's gradient. Returns the last
+    validation accuracy."""
     val_acc = float("nan")
     for epoch in range(begin, args.num_epochs):
         tic, stats0 = time.time(), kv.comm_stats()
@@ -120,6 +132,8 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
             out = model(x)
             F.cross_entropy(out, y).backward()
             trainer.step()
+            if after_step is not None:
+                after_step()
             correct += int((out.argmax(1) == y).sum())
             seen += len(y)
             speedometer(epoch, nbatch, correct, seen)
@@ -138,9 +152,15 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
                 trainer.save_states(states_path)
                 log.info("Saved checkpoint to %s", params_path)
             kv.barrier()
-    trainer.close()
-    kv.close()
     return val_acc
+
+
+def get_device(args) -> torch.device:
+    """The device of ``--gpus`` (its first GPU), or the CPU."""
+    device = torch.device(f"cuda:{args.gpus.split(',')[0]}") if args.gpus else torch.device("cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--gpus {args.gpus}: no CUDA device is available")
+    return device
 
 
 def evaluate(model: torch.nn.Module, batches, device) -> float:

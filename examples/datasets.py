@@ -63,3 +63,38 @@ def shard_batches(num_samples: int, batch_size: int, rank: int, num_workers: int
     mine = order[rank * per_worker:(rank + 1) * per_worker]
     for start in range(0, per_worker - batch_size + 1, batch_size):
         yield mine[start:start + batch_size]
+
+
+def global_batches(num_samples: int, batch_size: int, rank: int, num_workers: int, epoch: int,
+                   seed: int = 0):
+    """Index batches of this worker for one epoch, cut from global batches: global
+    batch ``b`` is samples ``b*G .. (b+1)*G - 1`` of the shuffled order (G =
+    ``batch_size * num_workers``) and worker ``r`` takes its ``r``-th slice. So one
+    process with ``batch_size * W`` sees exactly the union of what W workers see
+    step by step (what makes a dist_sync run comparable with a local one)."""
+    order = np.random.default_rng((seed, epoch)).permutation(num_samples)
+    step = batch_size * num_workers
+    for start in range(0, num_samples - step + 1, step):
+        yield order[start + rank * batch_size:start + (rank + 1) * batch_size]
+
+
+def mnist_batches(data_dir: str, batch_size: int, seed: int = 0, num_examples: int | None = None,
+                  sampler=shard_batches):
+    """The examples' data, for ``common.fit`` / ``common.train_epochs``:
+    ``(train_batches, val_batches, num_train)``. ``train_batches(epoch, rank,
+    num_workers)`` yields this worker's (x, y) batches of the first ``num_examples``
+    training images (all when None), cut by ``sampler`` (:func:`shard_batches` or
+    :func:`global_batches`); ``val_batches()`` yields the test set, 1000 at a time."""
+    train_x, train_y = load_mnist(data_dir, "train")
+    if num_examples:
+        train_x, train_y = train_x[:num_examples], train_y[:num_examples]
+    val_x, val_y = load_mnist(data_dir, "test")
+
+    def train_batches(epoch, rank, num_workers):
+        for idx in sampler(len(train_x), batch_size, rank, num_workers, epoch, seed):
+            yield train_x[idx], train_y[idx]
+
+    def val_batches():
+        for start in range(0, len(val_x), 1000):
+            yield val_x[start:start + 1000], val_y[start:start + 1000]
+    return train_batches, val_batches, len(train_x)

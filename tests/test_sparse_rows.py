@@ -135,3 +135,15 @@ def test_pull_fill_writes_rows_and_zeroes_the_rest_of_a_dense_out():
     assert union.tolist() == [1, 3] and [w.tolist() for w in wanted] == [[1, 3], [1]]
     with pytest.raises(InvalidArgumentError, match="float32"):
         rowkeys.pull_requests([np.zeros((4, 2))], [[1]], (4, 2), np.float32, "pull")
+
+
+def test_merge_sums_short_and_long_runs_of_duplicates():
+    rng = np.random.default_rng(1)
+    rows = np.concatenate([np.full(30, 4), rng.integers(0, 50, 300), np.arange(50, 60)])
+    rng.shuffle(rows)
+    data = rng.integers(-8, 8, (len(rows), 3)).astype(np.float32)     # exact in float32
+    expected = np.zeros((60, 3), np.float32)
+    np.add.at(expected, rows, data)
+    got_rows, got = merge([(rows[:100], data[:100]), (rows[100:], data[100:])], (3,), np.float32)
+    assert got_rows.tolist() == sorted(set(rows.tolist()))
+    np.testing.assert_array_equal(got, expected[got_rows])
