@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import kvstore
+from kvstore.config import Config
 from kvstore.errors import ProtocolError
 from kvstore.protocol import decode, encode
-from kvstore.transport import Advert, choose, endpoints, shm
+from kvstore.transport import Advert, endpoints, links, shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = endpoints.host_identity()
@@ -31,6 +32,13 @@ def test_advert_round_trip_and_bare_urls():
     assert Advert.parse("tcp://h:1 future=word pid=x host=h2").host == "h2"   # unknown words ignored
 
 
+def choose(advert, mode, local):
+    """(URL, transport) of the first link a worker on host ``local`` tries (the registry
+    in kvstore.transport.links decides; it falls back after a failed handshake)."""
+    cls, url = links.candidates(advert, Config(transport=mode), advert.host is not None and advert.host == local)[0]
+    return url, cls.kind
+
+
 @pytest.mark.parametrize("mode, local, expected", [
     ("auto", "h1", ("tcp://a:1", "shm")), ("shm", "h1", ("tcp://a:1", "shm")),
     ("ipc", "h1", ("ipc://@x", "ipc")), ("tcp", "h1", ("tcp://a:1", "tcp")),
@@ -43,7 +51,7 @@ def test_choice_follows_mode_and_host(mode, local, expected):
 def test_a_server_without_ipc_or_host_is_reached_over_tcp():
     assert choose(Advert("tcp://a:1", None, "h1"), "ipc", "h1") == ("tcp://a:1", "tcp")
     assert choose(Advert("tcp://a:1"), "auto", HOST) == ("tcp://a:1", "tcp")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):      # ConfigError, a ValueError
         choose(Advert("tcp://a:1"), "udp", HOST)
 
 

@@ -1,8 +1,7 @@
 """How bytes move between workers and servers (frames and memory, no keys).
 
 - :mod:`.endpoints`: what a server binds (tcp, and an ipc endpoint for its own
-  host), the advert it registers, the host identity, and which endpoint a worker
-  picks (``KVSTORE_TRANSPORT``).
+  host), the advert it registers, the host identity.
 - :mod:`.shm`: shared memory for co-located peers: anonymous memory files
   (memfd) owned by one process and mapped by its peers, an allocator for them,
   and per-chunk staging slots.
@@ -18,6 +17,6 @@ wire codec; docs/architecture.md ("Transports") explains the choice and how to
 add a transport, docs/protocol.md the header fields they add.
 """
 
-from .endpoints import MODES, Advert, bind, choose, host_identity
+from .endpoints import MODES, Advert, bind, host_identity
 
-__all__ = ["MODES", "Advert", "bind", "choose", "host_identity"]
+__all__ = ["MODES", "Advert", "bind", "host_identity"]

@@ -1,4 +1,5 @@
-"""Where a server listens, what it advertises, and which endpoint a worker uses.
+"""Where a server listens and what it advertises (which endpoint a worker uses is
+kvstore.transport.links' choice, from the advert and ``KVSTORE_TRANSPORT``).
 
 A server binds its one ROUTER socket to a tcp endpoint (reachable from any host)
 and, on Linux, also to an abstract-namespace ipc endpoint (reachable only from
@@ -13,7 +14,8 @@ id; network namespace, for abstract ipc endpoints; pid namespace, for
 ``/proc/<pid>/fd``). Mount namespaces are left out: ``ip netns exec`` gives every
 process its own, and whether a peer's memory can really be mapped is proven by
 the shared-memory handshake anyway. A worker whose own identity matches is
-co-located with that server and, by ``KVSTORE_TRANSPORT``:
+co-located with that server and, by ``KVSTORE_TRANSPORT`` (the links registry
+implements this table, falling back along it after a failed handshake):
 
 ====== ==================================================================
 auto   co-located: shared memory for array data, control messages on tcp
@@ -103,19 +105,6 @@ class Advert:
             elif word.startswith("pid=") and word[4:].isdigit():
                 pid = int(word[4:])
         return cls(words[0], ipc, host, pid)
-
-
-def choose(advert: Advert, mode: str, local_host: str | None = None) -> tuple[str, str]:
-    """(URL to connect to, transport name: "tcp", "ipc" or "shm") for ``mode``."""
-    if mode not in MODES:
-        raise ValueError(f"unknown transport {mode!r}; choose from {', '.join(MODES)}")
-    local_host = host_identity() if local_host is None else local_host
-    colocated = advert.host is not None and advert.host == local_host
-    if mode == "tcp" or not colocated:
-        return advert.tcp, "tcp"
-    if mode == "ipc":
-        return (advert.ipc, "ipc") if advert.ipc else (advert.tcp, "tcp")
-    return advert.tcp, "shm"
 
 
 def bind(sock: zmq.Socket, host: str, ipc: bool = True, label: str = "") -> Advert:
