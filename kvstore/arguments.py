@@ -105,8 +105,12 @@ class Arguments:
 
     def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
         """Validated (info, values) per distinct key; a key listed twice gets both lists."""
+        return self._grouped_pairs(self._pairs(keys, values, what), what)
+
+    def _grouped_pairs(self, pairs, what: str) -> list[tuple[KeyInfo, list]]:
+        """:meth:`_grouped` of (key, [values]) pairs from :meth:`_pairs`."""
         groups: dict = {}
-        for key, vals in self._pairs(keys, values, what):
+        for key, vals in pairs:
             info = self._info(key, what)
             if info.sparse:
                 raise InvalidArgumentError(f"{what}: key {key!r} is row-sparse: push rows to it and read "

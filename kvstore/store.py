@@ -92,10 +92,9 @@ class KVStore(Arguments, KVStoreBase):
         what = "push"
         self._check_open(what)
         check_priority(priority, what)
-        pairs = [(self._info(k, what), vals) for k, vals in self._pairs(key, value, what)]
-        dense = [(info.key, vals) for info, vals in pairs if not info.sparse]
-        groups = self._grouped([k for k, _ in dense], [v for _, v in dense], what) if dense else []
-        rows = [(info, vals) for info, vals in pairs if info.sparse]
+        pairs = self._pairs(key, value, what)
+        rows = [(self._info(k, what), vals) for k, vals in pairs if self._info(k, what).sparse]
+        groups = self._grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
         self._check_optimizable(groups + rows, what)
         rows = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
                 for info, vals in rows]                  # everything is checked before anything is sent
