@@ -35,7 +35,7 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--num-layers", type=int, help="number of layers (resnet: 20/56/110, vgg: 11/13/16/19)")
     add("--gpus", type=str, help="GPU to use, e.g. 0 (empty: CPU)")
     add("--kvstore", "--kv-store", dest="kvstore", type=str, default="local",
-        help="local, device, dist_sync, dist_async or dist_device_sync")
+        help="local, device, dist_sync, dist_async, dist_ssp or dist_device_sync")
     add("--num-epochs", type=int, default=10, help="max number of epochs")
     add("--lr", type=float, default=0.1, help="initial learning rate")
     add("--lr-factor", type=float, default=0.1, help="the ratio to reduce lr on each step")
@@ -48,18 +48,33 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--model-prefix", type=str, help="save the model and optimizer states every epoch here")
     add("--load-epoch", type=int, help="resume from the checkpoint of this epoch (needs --model-prefix)")
     add("--seed", type=int, default=0, help="random seed (data order, augmentation, initial weights)")
+    add("--async-lr-scale", type=float, default=None,
+        help="dist_async and dist_ssp: multiply --lr by this (default 1/workers: each worker's "
+             "gradient is applied as its own step, on weights up to a round stale)")
     return parser
 
 
-def make_optimizer(args, batches_per_epoch: int) -> kvopt.Optimizer:
+def make_optimizer(args, batches_per_epoch: int, kv=None) -> kvopt.Optimizer:
+    """The optimizer of --optimizer, --lr, --wd, --mom and the lr schedule. With a
+    ``kv`` whose servers apply each worker's push on its own (dist_async, dist_ssp),
+    the schedule counts W updates per batch, and the learning rate is scaled by
+    --async-lr-scale (default 1/W; logged)."""
+    updates_per_batch, lr = 1, args.lr
+    if kv is not None and kv.num_workers > 1 and kv.type.startswith(("dist_async", "dist_ssp")):
+        updates_per_batch = kv.num_workers
+        scale = 1.0 / kv.num_workers if args.async_lr_scale is None else args.async_lr_scale
+        lr = args.lr * scale
+        log.info("%s: learning rate %g x %g = %g (each worker's gradient is its own update; "
+                 "--async-lr-scale to change)", kv.type, args.lr, scale, lr)
     steps = [int(e) for e in args.lr_step_epochs.split(",") if e.strip()]
     sched = None
     if steps and args.lr_factor < 1:
         # the schedule counts the servers' updates since the start of training
-        sched = kvopt.MultiFactorScheduler(step=[e * batches_per_epoch for e in steps], factor=args.lr_factor)
+        sched = kvopt.MultiFactorScheduler(step=[e * batches_per_epoch * updates_per_batch for e in steps],
+                                           factor=args.lr_factor)
     name = args.optimizer.lower()
     extra = {"momentum": args.mom} if name in ("sgd", "nag") else {}
-    return kvopt.create(name, learning_rate=args.lr, wd=args.wd, lr_scheduler=sched, **extra)
+    return kvopt.create(name, learning_rate=lr, wd=args.wd, lr_scheduler=sched, **extra)
 
 
 def _atomic_save(obj, path: str) -> None:
@@ -102,7 +117,7 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
         begin = args.load_epoch
         log.info("resumed from %s", params_path)
     steps_per_epoch = batches_per_epoch(num_train_samples, args.batch_size, kv.num_workers)
-    trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, steps_per_epoch))
+    trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, steps_per_epoch, kv))
     if args.load_epoch is not None:
         if kv.rank == 0:  # the servers' optimizer state, as saved at the end of that epoch
             trainer.load_states(checkpoint_paths(args.model_prefix, args.load_epoch)[1])

@@ -138,7 +138,7 @@ def main(argv=None):
     deep = get_network(args.network, NUM_CLASSES, args.num_layers, image_shape=(1, 28, 28))
     model = WideDeep(wide, deep, args.levels, args.cross_value).to(device)
     steps = batches_per_epoch(num_train, args.batch_size, kv.num_workers)
-    trainer = kvtorch.Trainer(model.named_parameters(), kv, make_optimizer(args, steps))   # str keys, as "wide"
+    trainer = kvtorch.Trainer(model.named_parameters(), kv, make_optimizer(args, steps, kv))   # str keys, as "wide"
     val_acc = train_epochs(args, kv, model, trainer, train_batches, val_batches, device, after_step=wide.step)
     if args.save_params:
         save_params(args.save_params, kv, model)
