@@ -54,6 +54,17 @@ class RowSparse:
         shape = tuple(int(n) for n in shape)
         return cls(np.zeros((0,) + shape[1:], dtype), np.zeros(0, np.int64), shape)
 
+    @classmethod
+    def from_dense(cls, value) -> "RowSparse":
+        """The nonzero rows of a dense ``(R, ...)`` numpy array or torch CPU tensor
+        (MXNet's ``tostype('row_sparse')``): e.g. to make a row-sparse key from a
+        small table held here, ``kv.init(key, RowSparse.from_dense(w))``."""
+        shape, dtype = arrays.shape_dtype(value, "RowSparse.from_dense")
+        if len(shape) < 1:
+            raise InvalidArgumentError(f"RowSparse.from_dense: needs an array of rows, got shape {shape}")
+        rows, data = gradient_rows(value, shape, dtype, "RowSparse.from_dense")
+        return cls(data, rows, shape)
+
     @property
     def dtype(self) -> np.dtype:
         return arrays.shape_dtype(self.data, "RowSparse data")[1]

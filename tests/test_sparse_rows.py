@@ -147,3 +147,12 @@ def test_merge_sums_short_and_long_runs_of_duplicates():
     got_rows, got = merge([(rows[:100], data[:100]), (rows[100:], data[100:])], (3,), np.float32)
     assert got_rows.tolist() == sorted(set(rows.tolist()))
     np.testing.assert_array_equal(got, expected[got_rows])
+
+
+def test_from_dense_keeps_the_nonzero_rows():
+    w = np.zeros((5, 2), np.float32)
+    w[[1, 4]] = [[1, 2], [3, 0]]
+    g = RowSparse.from_dense(w)
+    assert g.indices.tolist() == [1, 4] and g.shape == (5, 2)
+    np.testing.assert_array_equal(g.todense(), w)
+    assert RowSparse.from_dense(torch.ones(3, 1)).indices.tolist() == [0, 1, 2]
