@@ -123,6 +123,19 @@ def write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_results(out_dir: str, name: str, text: str, data: dict) -> None:
+    """``<name>.md`` (``text``) and ``<name>.json`` (``data``) in ``out_dir``; prints
+    the markdown and both paths."""
+    import click   # here: the peers' virtual environments import this module without click
+    paths = {"md": os.path.join(out_dir, f"{name}.md"), "json": os.path.join(out_dir, f"{name}.json")}
+    with open(paths["md"], "w") as f:
+        f.write(text)
+    write_json(paths["json"], data)
+    click.echo(text)
+    for kind, path in paths.items():
+        click.echo(f"{kind}: {os.path.relpath(path)}")
+
+
 def machine() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "processor": platform.processor()}

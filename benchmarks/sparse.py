@@ -192,14 +192,7 @@ def main(rows, dim, workers, servers, batch, zipf, steps, warmup, contenders, ou
                    f"{r['unique_rows']:,.0f} unique rows a worker ({r['union_rows']:,.0f} together), "
                    f"peak RSS {r['peak_rss_mb']:.0f} MB; {time.monotonic() - t0:.0f} s", err=True)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    text = markdown(data)
-    paths = {"md": os.path.join(out_dir, f"{name}.md"), "json": os.path.join(out_dir, f"{name}.json")}
-    with open(paths["md"], "w") as f:
-        f.write(text)
-    common.write_json(paths["json"], data)
-    click.echo(text)
-    for kind, p in paths.items():
-        click.echo(f"{kind}: {os.path.relpath(p)}")
+    common.write_results(out_dir, name, markdown(data), data)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 
 from . import optimizer
 from .store import KVStore
-from .storetypes import STORE_TYPES, KVStoreBase, resolve
+from .storetypes import FROM_CONFIG, STORE_TYPES, KVStoreBase, resolve, staleness_bound
 from .config import Config
 from .rowinit import RowInit
 from .sparse import RowSparse
@@ -28,9 +28,14 @@ from .errors import (ArgumentTypeError, ConfigError, DeadlineError, InvalidArgum
 __version__ = "0.1.0"
 
 
-def create(name: str = "local", *, config: Config | None = None) -> KVStoreBase:
-    """Create a store: ``"local"``, ``"dist_sync"``, ``"dist_async"``, or the GPU-aggregating
-    ``"device"`` and ``"dist_device_sync"`` (docs/gpu.md; CPU without a GPU).
+def create(name: str = "local", *, config: Config | None = None, staleness=FROM_CONFIG) -> KVStoreBase:
+    """Create a store: ``"local"``, ``"dist_sync"``, ``"dist_async"``, ``"dist_ssp"``, or the
+    GPU-aggregating ``"device"`` and ``"dist_device_sync"`` (docs/gpu.md; CPU without a GPU).
+
+    ``"dist_ssp"`` (bounded staleness, docs/staleness.md) lets a worker run at most
+    ``staleness`` steps ahead of the slowest one: an int >= 0 (0 is exactly
+    dist_sync), or ``None``/``"inf"`` (dist_async); by default the job's
+    ``KVSTORE_STALENESS`` (1). Only dist_ssp takes ``staleness``.
 
     Names match in any case; MXNet's aliases ``"dist_sync_device"``,
     ``"local_update_cpu"``, ``"local_allreduce_cpu"`` and ``"local_allreduce_device"`` work, and
@@ -45,17 +50,20 @@ def create(name: str = "local", *, config: Config | None = None) -> KVStoreBase:
 
     Raises ConfigError for an unknown type (listing the valid ones), for MXNet's
     ``nccl``, ``horovod`` and ``byteps`` (naming what to use instead) or missing
-    settings; ArgumentTypeError for a name that is not a str.
+    settings; ArgumentTypeError for a name that is not a str; InvalidArgumentError (or
+    ArgumentTypeError) for a ``staleness`` that is not a bound or not for dist_ssp.
     """
     kind = resolve(name)
+    if staleness is not FROM_CONFIG and kind != "dist_ssp":
+        raise InvalidArgumentError(f"create: staleness applies to 'dist_ssp' only, not {name!r}")
     if not isinstance(kind, str):
         return kind()
-    store = _builtin(kind, config)
+    store = _builtin(kind, config, staleness)
     store._type = name.lower()    # MXNet's kv.type; the store itself was built as `kind`
     return store
 
 
-def _builtin(kind: str, config: Config | None) -> KVStore:
+def _builtin(kind: str, config: Config | None, staleness) -> KVStore:
     if kind == "local":
         from .local_store import LocalStore
         return LocalStore(kind)
@@ -69,6 +77,8 @@ def _builtin(kind: str, config: Config | None) -> KVStore:
         from .device import DistDeviceStore
         return DistDeviceStore(kind, config)
     from .dist import DistStore
+    if kind == "dist_ssp":
+        return DistStore(kind, config, staleness_bound(staleness, config.staleness))
     return DistStore(kind, config)
 
 

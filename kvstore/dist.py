@@ -1,18 +1,19 @@
-"""``dist_sync`` and ``dist_async``: a store whose values live on the servers.
+"""``dist_sync``, ``dist_async`` and ``dist_ssp``: a store whose values live on the servers.
 
 Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); every
 call groups the chunks bound for one server into messages of about the size its
 link prefers, sent through the :class:`~kvstore.client.Client`. Collective calls
 (create, init, set_optimizer, barrier) pass through the scheduler's barrier
 (:mod:`kvstore.job`); checkpoints are :mod:`kvstore.checkpoints`, optimizer
-states on the servers :mod:`kvstore.remote_states`.
+states on the servers :mod:`kvstore.remote_states`, finishing or failing
+:mod:`kvstore.leaving`. ``dist_ssp`` runs the servers in ``ssp`` mode
+(kvstore.server.staleness), or in sync (staleness 0) or async (inf) mode.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import sys
 
 import numpy as np
 
@@ -25,21 +26,24 @@ from .dist_rows import DistRows
 from .config import Config
 from .errors import InvalidArgumentError
 from .job import JobMember
+from .leaving import Leaving
 from .protocol import ops
 from .sharding import Placement
+from .storetypes import NO_ROWS_IN_SSP, server_mode
 
 log = logging.getLogger(__name__)
 
 
-class DistStore(KVStore):
+class DistStore(Leaving, KVStore):
     """A worker's handle on the distributed store. Created by
-    ``kvstore.create("dist_sync")`` inside a process started by a launcher."""
+    ``kvstore.create("dist_sync")`` inside a process started by a launcher;
+    ``staleness``: dist_ssp's bound (kvstore.server.staleness; None otherwise)."""
 
-    def __init__(self, name: str, config: Config):
+    def __init__(self, name: str, config: Config, staleness: int | float | None = None):
         super().__init__(name)
         config.require_cluster(f"kvstore.create({name!r})")
         self._config = config
-        self._mode = "async" if "async" in name else "sync"
+        self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
         self._job = JobMember(config)
         self._membership = self._job.membership
         self._collective = self._job.collective
@@ -49,10 +53,12 @@ class DistStore(KVStore):
             self._rank, self._num_workers = reg.rank, reg.num_workers
             self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
-            self._collective(f"create {name} chunk_bytes={config.chunk_bytes}")
+            self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
+                             + (f" staleness={staleness}" if staleness is not None else ""))
             if self._rank == 0:
-                self._client.request_all(ops.CONFIGURE, "configuring the servers",
-                                         mode=self._mode, num_workers=self._num_workers)
+                self._client.request_all(ops.CONFIGURE, "configuring the servers", mode=self._mode,
+                                         num_workers=self._num_workers,
+                                         **({"staleness": staleness} if self._mode == "ssp" else {}))
             self._checkpoints = Checkpoints(self._client, self._rank, config, self._collective)
         except BaseException:
             self._release()
@@ -209,6 +215,8 @@ class DistStore(KVStore):
         self._collective("init done")
 
     def _do_init_rows(self, items) -> None:
+        if self._mode == "ssp":
+            raise InvalidArgumentError(f"init: {NO_ROWS_IN_SSP}")
         self._keys.update(DistRows(self).init(items))
 
     def _do_push_rows(self, items) -> None:
@@ -221,8 +229,8 @@ class DistStore(KVStore):
         return data
 
     def _check_async_optimizer(self) -> None:
-        if self._mode == "async" and self._optimizer is None:
-            raise InvalidArgumentError("dist_async applies every push with an optimizer on the "
+        if self._mode != "sync" and self._optimizer is None:
+            raise InvalidArgumentError(f"{self._type} applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push() or pushpull()")
 
     def _do_push(self, items, wait_sent: bool = True) -> None:
@@ -310,65 +318,6 @@ class DistStore(KVStore):
         self._check_open("barrier")
         self._client.flush("barrier")
         self._collective("barrier")
-
-    def close(self) -> None:
-        """Wait for pushes in flight, tell the scheduler this worker is done, release sockets."""
-        if self._closed:
-            return
-        if self._client.failure is not None:   # an earlier call gave up: do not wait again
-            return self._fail(self._client.failure)
-        self._closed = True
-        atexit.unregister(self._close_at_exit)
-        try:
-            if not self._membership.aborted.is_set():
-                self._client.flush("close")
-                self._job.finish()
-        except BaseException as e:      # e.g. a push that failed: the job must learn it now
-            try:
-                self._membership.fail(f"close: {type(e).__name__}: {e}")
-            except Exception as report:   # the scheduler is gone too: the error below says enough
-                log.warning("[worker:%d] could not report the failure of close(): %s", self._rank, report)
-            raise
-        finally:
-            self._release()
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        elif not self._closed:   # leaving on an error: tell the job instead of finishing
-            self._fail(f"{exc_type.__name__}: {exc}")
-
-    def _fail(self, reason: str) -> None:
-        """Report this worker's failure (the scheduler aborts the job) and release."""
-        self._closed = True
-        atexit.unregister(self._close_at_exit)
-        try:
-            self._membership.fail(reason)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._membership.close()
-
-    def _watch_for_crash(self) -> None:
-        """Remember an uncaught exception so that the exit handler reports a failure
-        (the scheduler then aborts the job at once) instead of a clean finish."""
-        previous = sys.excepthook
-
-        def hook(exc_type, exc, tb):
-            self._crash = f"{exc_type.__name__}: {exc}"
-            previous(exc_type, exc, tb)
-        sys.excepthook = hook
-
-    def _close_at_exit(self) -> None:
-        if self._crash is not None and not self._closed:
-            return self._fail(self._crash)
-        try:
-            self.close()
-        except Exception as e:  # at interpreter exit there is no caller left to raise to
-            log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
 
 
 def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:

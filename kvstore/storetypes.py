@@ -22,10 +22,13 @@ Example::
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
 from .registry import Registry
 
-STORE_TYPES = ("local", "dist_sync", "dist_async", "device", "dist_device_sync")
+STORE_TYPES = ("local", "dist_sync", "dist_async", "dist_ssp", "device", "dist_device_sync")
 
 ALIASES = {
     "dist_sync_device": "dist_device_sync",   # MXNet matches "dist" + "device" in any order
@@ -130,3 +133,46 @@ def resolve(name) -> str | type:
     extra = f"; registered: {', '.join(_REGISTERED.names())}" if _REGISTERED.names() else ""
     raise ConfigError(f"unknown store type {name!r}; valid types: {', '.join(STORE_TYPES)} "
                       f"(aliases: {', '.join(ALIASES)}){extra}")
+
+
+# -- dist_ssp's staleness bound ------------------------------------------------------------
+class _FromConfig:
+    """``create``'s ``staleness`` when not given: the job's KVSTORE_STALENESS."""
+
+    def __repr__(self) -> str:
+        return "KVSTORE_STALENESS"
+
+
+FROM_CONFIG = _FromConfig()
+
+
+def staleness_bound(given, configured) -> int | float:
+    """dist_ssp's bound s: ``given`` (create's ``staleness``), or ``configured``
+    (KVSTORE_STALENESS, already parsed) when it is :data:`FROM_CONFIG`. An int >= 0,
+    or ``math.inf`` for ``None``, ``"inf"`` or ``math.inf``. Raises ArgumentTypeError
+    or InvalidArgumentError for anything else."""
+    value = configured if given is FROM_CONFIG else given
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "infinity")) \
+            or (isinstance(value, float) and value == math.inf):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"create: staleness must be an int >= 0, None or 'inf', got {value!r}")
+    if value < 0:
+        raise InvalidArgumentError(f"create: staleness must be >= 0 (0 is dist_sync), got {value}")
+    return int(value)
+
+
+# said by the worker's store and by servers (kvstore.server.tables): a worker sends push_rows
+# only to the servers that hold some of its rows, so a server's count of them is no step count
+NO_ROWS_IN_SSP = ("row-sparse keys do not work with dist_ssp (0 < staleness < inf): a worker pushes "
+                  "rows only to the servers that hold them, so servers cannot count its steps; use "
+                  "dist_sync (staleness 0) or dist_async (inf)")
+
+
+def server_mode(kind: str, bound) -> str:
+    """How the servers run a distributed store: ``"sync"``, ``"async"``, or ``"ssp"``
+    for dist_ssp with 0 < bound < inf. dist_ssp's bound 0 is dist_sync and inf is
+    dist_async, run by the same code so that they behave exactly alike."""
+    if kind == "dist_async" or bound == math.inf:
+        return "async"
+    return "ssp" if kind == "dist_ssp" and bound > 0 else "sync"

@@ -56,7 +56,8 @@ PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("k
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
     files("kvstore", "server", "writein.py") + files("kvstore", "optimizer") + \
     files("kvstore", "server", "persist.py") + files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
-    files("kvstore", "server", "tables.py") + files("kvstore", "rowshard.py") + files("kvstore", "rowinit.py") + \
+    files("kvstore", "server", "tables.py") + files("kvstore", "server", "staleness.py") + \
+    files("kvstore", "rowshard.py") + files("kvstore", "rowinit.py") + \
     files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py")
 
 

@@ -3,9 +3,10 @@
 :class:`Stalls` is the part of :class:`kvstore.server.state.ServerState` that
 deals with sync rounds that cannot complete or have not yet: when the scheduler
 reports finished workers (:meth:`Stalls.workers_finished`), every round still
-waiting for one of them fails at once naming it, and so does every later push;
-the stall inspector (:meth:`Stalls.stalled`) names the keys and workers of
-rounds that wait long (``now`` comes from the caller: no clocks in here).
+waiting for one of them fails at once naming it, and so does every later push
+(in ssp mode: every read that waits for one of them); the stall inspector
+(:meth:`Stalls.stalled`) names the keys and workers of rounds (and ssp reads) that
+wait long (``now`` comes from the caller: no clocks in here).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Stalls:
         if not new:
             return []
         self._gone |= new
+        if self.mode == "ssp":          # reads that wait for them (kvstore.server.staleness)
+            return self.ssp.workers_finished()
         if self.mode != "sync":
             return []
         replies = []
@@ -100,4 +103,4 @@ class Stalls:
                 reported = True
             seen[(cid, id(rnd))] = (first, reported, rnd)
         self._round_seen = seen
-        return lines
+        return lines + (self.ssp.stalled(now, after) if self.ssp is not None else [])

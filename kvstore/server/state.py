@@ -19,6 +19,10 @@ never complete.
 
 Asynchronous mode: every push is applied on arrival with the optimizer.
 
+Bounded staleness (``ssp``, dist_ssp): pushes are applied as in async mode, and a
+read waits until the slowest worker is at most ``staleness`` pushes behind the
+reader on each chunk: kvstore.server.staleness.
+
 Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
 Workers that finished and the stall inspector: kvstore.server.stalls. The
 optimizer, its state and checkpoints: kvstore.server.persist.
@@ -35,6 +39,7 @@ from .backend import HostBackend
 from .persist import Persist
 from .rounds import Chunk, Pending, Reply, Round, is_int
 from .stalls import Stalls
+from .staleness import Staleness
 from .tables import RowTables
 from .writein import Grant, WriteIn
 
@@ -64,6 +69,7 @@ class ServerState(WriteIn, Stalls, Persist):
         self._grants: dict = {}            # (worker, write id) -> granted _Grant
         self.mode: str | None = None
         self.num_workers: int | None = None
+        self.ssp: Staleness | None = None  # ssp mode: clocks and waiting reads (from configure)
         self.chunks: dict[tuple, Chunk] = {}
         self.updater = None
         self.meta: dict = {}               # carried by the checkpoint this state came from
@@ -92,7 +98,9 @@ class ServerState(WriteIn, Stalls, Persist):
             op = header["op"]
             if op not in ops.REQUESTS:
                 raise ProtocolError(f"unknown op {op!r}")
-            if op != ops.CONFIGURE and self.mode is None:
+            # (a checkpoint carries the mode, not dist_ssp's bound: that comes with configure)
+            if (op != ops.CONFIGURE and self.mode is None) or \
+                    (self.mode == "ssp" and self.ssp is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
             with self.backend.scope():
                 return getattr(self, f"_on_{op}")(peer, header, arrays)
@@ -162,13 +170,20 @@ class ServerState(WriteIn, Stalls, Persist):
         return self.rows.on_pull(peer, header, arrays)
 
     def _on_configure(self, peer, header, arrays):
-        mode, workers = header["mode"], header["num_workers"]
-        if mode not in ("sync", "async") or not is_int(workers) or workers < 1:
-            raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}")
-        if self.mode is not None and (self.mode, self.num_workers) != (mode, workers):
-            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode for "
-                                       f"{self.num_workers} workers; cannot switch to {mode}/{workers}")
+        mode, workers, bound = header["mode"], header["num_workers"], header.get("staleness")
+        if mode not in ("sync", "async", "ssp") or not is_int(workers) or workers < 1 \
+                or (mode == "ssp") != (is_int(bound) and bound >= 1):   # ssp: 1 <= staleness < inf
+            raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}"
+                                       + (f" staleness={bound!r}" if "staleness" in header else ""))
+        if (self.mode is not None and (self.mode, self.num_workers) != (mode, workers)) or \
+                (self.ssp is not None and self.ssp.bound != bound):
+            now = f" (staleness {self.ssp.bound})" if self.ssp is not None else ""
+            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{now} for "
+                                       f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
+                                       + (f" (staleness {bound})" if mode == "ssp" else ""))
         self.mode, self.num_workers = mode, workers
+        if mode == "ssp" and self.ssp is None:   # also after a resume: clocks start at 0
+            self.ssp = Staleness(self, bound)
         return [self._ok(peer, header["id"])]
 
     def _on_init(self, peer, header, arrays):
@@ -200,19 +215,23 @@ class ServerState(WriteIn, Stalls, Persist):
             arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
                       for a, c in zip(arrays, self._existing(ids))]
         chunks = self._existing(ids, arrays)
-        if self.mode == "async" and self.updater is None:
-            raise InvalidArgumentError("dist_async applies every push with an optimizer: "
+        if self.mode != "sync" and self.updater is None:
+            raise InvalidArgumentError(f"dist_{self.mode} applies every push with an optimizer: "
                                        "call set_optimizer() before push")
         if self.updater is not None:
             for cid, chunk in zip(ids, chunks):
                 if chunk.value.dtype.kind != "f":
                     raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                                "optimizers update floating-point values only")
+        if self.mode == "ssp" and want_values:   # its reply would wait for a finished worker
+            self.ssp.refuse_if_gone(worker, ids, ahead=1)
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
-        if self.mode == "async":
+        if self.mode != "sync":
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)
+            if self.mode == "ssp":
+                return self.ssp.pushed(peer, header["id"], worker, ids, want_values)
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
         if self._writes_ahead(worker, ids):
             # a write of this worker asked for earlier is not granted yet: it takes
@@ -244,6 +263,8 @@ class ServerState(WriteIn, Stalls, Persist):
         chunks = self._existing(ids)
         if self.mode == "async":
             return [self._reply_now(peer, header["id"], chunks, True, copy=True)]
+        if self.mode == "ssp":
+            return self.ssp.read(peer, header["id"], worker, ids)
         pending = Pending(peer, header["id"], worker, ids, True,
                            {cid for cid, c in zip(ids, chunks)
                             if c.pending_from(worker) or self._writing(worker, cid, c)})

@@ -12,7 +12,8 @@ order) and applied once: lazily by the optimizer (only the merged rows and their
 state change), or, without one, the merged rows are assigned their sum and every
 other row keeps its value. A push is acknowledged when its round is applied; a
 pull is answered once the sender's pushes here are applied. Async: each push
-updates its rows on arrival (an optimizer is required, as for dense keys).
+updates its rows on arrival (an optimizer is required, as for dense keys). The
+ssp mode (dist_ssp) refuses row-sparse keys at init (``NO_ROWS_IN_SSP`` says why).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from ..rowinit import RowInit
 from ..rowshard import RowLayout
+from ..storetypes import NO_ROWS_IN_SSP
 from .rounds import Chunk, Reply, is_int
 
 
@@ -67,6 +69,8 @@ class RowTables:
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
         cid, table = self._cid(header), None
+        if self.state.mode == "ssp":
+            raise InvalidArgumentError(NO_ROWS_IN_SSP)
         shape, dtype = header["shape"], header["dtype"]
         servers, server = header["servers"], cid[1]
         if not (isinstance(shape, list) and shape and all(is_int(n) and n >= 0 for n in shape)

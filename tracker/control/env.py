@@ -12,6 +12,7 @@ docs/configuration.md shows :func:`markdown_table` as it is).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -85,7 +86,17 @@ def _bool(text: str) -> bool:
     raise ValueError("must be 0/1, true/false, yes/no or on/off")
 
 
+def _staleness(text: str) -> int | float:
+    value = text.strip().lower()
+    if value in ("inf", "infinity"):
+        return math.inf
+    if not (value.isascii() and value.isdigit()):     # also refuses "-1" and "1.5"
+        raise ValueError("must be an integer >= 0, or inf")
+    return int(value)
+
+
 _port.type, _gpu_list.type, _bool.type = int, tuple, bool  # what they return (str: str)
+_staleness.type = int | float   # an int, or math.inf
 
 _POSITIVE_FLOAT = _number(float, 0, inclusive=False)
 _NON_NEGATIVE_FLOAT = _number(float, 0)
@@ -175,6 +186,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),
+    Var("KVSTORE_STALENESS", (), 1, _staleness,
+        "dist_ssp's staleness bound s: a worker's pull waits until every worker has pushed those "
+        "chunks at least (its own pushes - s) times, so no worker runs more than s steps ahead "
+        "of the slowest (0: exactly dist_sync; inf: dist_async). kvstore.create(\"dist_ssp\", "
+        "staleness=s) overrides it. Read by workers; the same on every worker (checked)."),
     Var("KVSTORE_SERVER_DEVICE", (), "cpu", _choice(*SERVER_DEVICES),
         "Where servers keep values, sums and optimizer state: cpu, or gpu (server s uses GPU "
         "s mod the host's GPU count, or KVSTORE_SERVER_GPUS; sums and optimizer updates run "

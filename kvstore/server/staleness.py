@@ -1,0 +1,167 @@
+"""Bounded staleness (``dist_ssp``, Stale Synchronous Parallel; Ho et al., 2013).
+
+A collaborator of :class:`~kvstore.server.state.ServerState` in ``ssp`` mode,
+pure like it (no sockets, threads or clocks). Pushes are applied on arrival, as
+in async mode (the state does that); this file keeps, per chunk, each worker's
+**clock** (how many of its pushes to the chunk were applied) and the reads
+(pulls, and pushpulls' replies) that must wait.
+
+The rule, per chunk, with staleness bound ``s`` (1 <= s < inf; 0 is sync mode
+and inf async mode, chosen by the worker): a read from a worker whose clock is
+``c`` when it arrives (after its own push, for a pushpull) is answered once
+every worker's clock on that chunk is at least ``c - s``. So a worker that reads
+after each step is never more than ``s`` steps ahead of the slowest, and what it
+reads holds at least every worker's first ``c - s`` pushes and all of its own. A
+read of several chunks waits for all of them and then takes their values at once
+(copies: any push may change them later). The threshold is fixed when the read
+arrives and clocks only grow, so a chunk that has let a read through never holds
+it back again.
+
+A worker that finished never pushes again: a read that waits for it fails,
+naming it (at once if it arrives after the scheduler said so, else when it does).
+
+Why clocks are per chunk and not per worker step: a server sees pushes, not
+steps, and a worker may push a key several times per step or keys in any order;
+per chunk, "pushes applied" is exact. A restarted (resumed) server starts every
+clock at 0: the checkpoint holds values, not clocks, and the resumed workers all
+start counting again from their first push.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+from ..protocol import chunk_label, error_header, ops
+from .rounds import Reply
+
+
+@dataclass
+class Read:
+    """A pull (or a pushpull's reply) waiting for other workers' clocks."""
+    peer: object
+    req_id: int
+    worker: int
+    chunks: list          # chunk ids of the request, in order
+    needs: dict           # chunk id -> the clock every worker must reach (unmet ones only)
+    op: str = ops.PULL
+    seen: float | None = None    # when the stall inspector first saw it (its caller's clock)
+    reported: bool = False
+
+
+class Staleness:
+    """The clocks and waiting reads of ``state`` (a ServerState in ssp mode, whose
+    ``num_workers``, ``chunks``, ``_gone``, ``_reply_now`` and backend it uses)."""
+
+    def __init__(self, state, bound: int):
+        self.state = state
+        self.bound = bound
+        self.clocks: dict[tuple, list[int]] = {}   # chunk id -> pushes applied, by worker
+        self.reads: list[Read] = []
+
+    def clock(self, cid) -> list[int]:
+        return self.clocks.setdefault(cid, [0] * self.state.num_workers)
+
+    # -- requests ------------------------------------------------------------------------
+    def refuse_if_gone(self, worker: int, ids, ahead: int = 0) -> None:
+        """Before anything changes: a read (after ``ahead`` more pushes of its own)
+        that would wait for a worker that finished can never be answered."""
+        for cid in ids:
+            need = self.clock(cid)[worker] + ahead - self.bound
+            gone = self._lagging(cid, need, self.state._gone)
+            if gone:
+                raise InvalidArgumentError(self._gone_message(worker, cid, need, gone))
+
+    def pushed(self, peer, req_id: int, worker: int, ids, want_values: bool) -> list[Reply]:
+        """A push (``want_values``: a pushpull) of ``worker`` was applied to ``ids``:
+        advance its clocks; the replies now ready (its own, unless it must wait, and
+        the reads that waited for this push)."""
+        for cid in ids:
+            self.clock(cid)[worker] += 1
+        replies = self._release(ids)
+        if want_values:
+            return self.read(peer, req_id, worker, ids, ops.PUSHPULL) + replies
+        return [self.state._ok(peer, req_id)] + replies
+
+    def read(self, peer, req_id: int, worker: int, ids, op: str = ops.PULL) -> list[Reply]:
+        """A read of ``ids`` by ``worker``: answered now, or parked until the slowest
+        worker's clock is within ``bound`` of this worker's on every chunk."""
+        self.refuse_if_gone(worker, ids)
+        needs = {}
+        for cid in ids:
+            need = self.clock(cid)[worker] - self.bound
+            if min(self.clock(cid)) < need:
+                needs[cid] = need
+        pending = Read(peer, req_id, worker, list(ids), needs, op)
+        if needs:
+            self.reads.append(pending)
+            return []
+        return [self._answer(pending)]
+
+    # -- releasing -----------------------------------------------------------------------
+    def _release(self, ids) -> list[Reply]:
+        """Answer the parked reads that the clocks of ``ids`` no longer hold back."""
+        replies, still = [], []
+        for pending in self.reads:
+            for cid in ids:
+                if cid in pending.needs and min(self.clock(cid)) >= pending.needs[cid]:
+                    del pending.needs[cid]
+            if pending.needs:
+                still.append(pending)
+            else:
+                replies.append(self._answer(pending))
+        self.reads = still
+        return replies
+
+    def _answer(self, pending: Read) -> Reply:
+        chunks = [self.state.chunks[cid] for cid in pending.chunks]
+        return self.state._reply_now(pending.peer, pending.req_id, chunks, True, copy=True)
+
+    def workers_finished(self) -> list[Reply]:
+        """The parked reads that wait for a worker that finished fail, naming it."""
+        replies, still = [], []
+        for pending in self.reads:
+            failed = next(((cid, need, gone) for cid, need in pending.needs.items()
+                           if (gone := self._lagging(cid, need, self.state._gone))), None)
+            if failed is None:
+                still.append(pending)
+                continue
+            message = self._gone_message(pending.worker, *failed)
+            replies.append(Reply(pending.peer, error_header(pending.req_id, "RemoteError", message)))
+        self.reads = still
+        return replies
+
+    def _lagging(self, cid, need: int, among) -> list[int]:
+        """The workers of ``among`` whose clock on ``cid`` is below ``need``."""
+        clock = self.clock(cid)
+        return sorted(w for w in among if clock[w] < need)
+
+    def _gone_message(self, worker: int, cid, need: int, gone) -> str:
+        clock, many = self.clock(cid), len(gone) > 1
+        who = ", ".join(f"{w} (after {clock[w]} push{'es' if clock[w] != 1 else ''})" for w in gone)
+        return (f"worker{'s' if many else ''} {who} closed {'their' if many else 'its'} store, but "
+                f"worker {worker}'s read of {chunk_label(cid)} waits for every worker to have pushed "
+                f"it {need} times ({self._rule()}): every worker must take the same number of steps "
+                "(give each the same number of batches, e.g. with kvstore.torch.shard)")
+
+    def _rule(self) -> str:
+        return (f"dist_ssp, staleness {self.bound}: no worker reads more than {self.bound} "
+                f"step{'s' if self.bound > 1 else ''} ahead of the slowest")
+
+    # -- stall inspector -----------------------------------------------------------------
+    def stalled(self, now: float, after: float) -> list[str]:
+        """Reads parked longer than ``after`` seconds (each reported once), naming the
+        chunk and the workers they wait for; ``now`` is the caller's clock."""
+        lines = []
+        for pending in self.reads:
+            pending.seen = now if pending.seen is None else pending.seen
+            if pending.reported or now - pending.seen < after:
+                continue
+            pending.reported = True
+            cid, need = next(iter(pending.needs.items()))
+            slow = self._lagging(cid, need, range(self.state.num_workers))
+            lines.append(f"a {pending.op} of worker {pending.worker} has waited {now - pending.seen:.0f}s "
+                         f"for worker(s) {', '.join(map(str, slow))} to push {chunk_label(cid)} "
+                         f"{need} times ({self._rule()}; they pushed it "
+                         f"{', '.join(str(self.clock(cid)[w]) for w in slow)} times)")
+        return lines
