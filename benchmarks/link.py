@@ -1,35 +1,36 @@
-"""Gradient exchange of ResNet-50 over an emulated network link between two "machines".
+"""Gradient exchange of ResNet-50 over emulated machines: gloo's ring against the
+parameter server co-located with the workers and on dedicated server hosts.
 
-    sudo python -m benchmarks.link                      # 1gbit and 4gbit, 2 interleaved launches
-    python -m benchmarks.link --rates 10gbit --iters 20  # other rates (tc syntax: kbit, mbit, gbit)
+    sudo python -m benchmarks.link                                   # every layout at 500mbit
+    python -m benchmarks.link --layouts ring:4,dedicated:4x4 --rates 1gbit --iters 5
+    python -m benchmarks.link --half-rate ring:4,dedicated:4x4       # + those at 250mbit
 
-Checks the step-time model of docs/performance.md section 6: with one worker per
-machine and the servers co-located with the workers, a parameter server moves the
-same bytes per link direction as a ring all-reduce, 2*(N-1)/N * M/B; and shows what
-gradient compression (2bit, fp16: only the push half of the traffic shrinks) buys on
-a slow link.
+H emulated hosts (benchmarks/netns.py ``Cluster``: a network namespace each, created
+here and removed at the end, even on Ctrl-C or failure), each with its own link of
+the same rate to one bridge (a veth pair, tc tbf on both ends: full duplex). Worker
+hosts are A, B, C, D; server hosts S0..S3. Layouts (benchmarks/layouts.py):
 
-Two network namespaces ("machines" A and B, created here, removed at the end, even on
-Ctrl-C or failure) joined by a veth pair, a token-bucket rate limit (tc tbf) on both
-ends. First a raw TCP bulk transfer in both directions at once checks that the
-emulated rate is real; then, per rate, interleaved launches of
+  ring:W           torch.distributed gloo, rank r on worker host r: one flat all_reduce
+                   and DDP-style 25 MB buckets
+  colo:W           ours, server r and worker r on worker host r (shared memory to the
+                   server on the same host, tcp to the others, as a job over W machines)
+  dedicated:WxS    ours, worker r on worker host r, server s on server host s (tcp)
 
-  gloo  torch.distributed gloo, rank 0 in A (the rendezvous on A's address), rank 1 in B:
-        one flat all_reduce (and DDP-style 25 MB buckets)
-  ours  scheduler, server 0 and worker 0 in A; server 1 and worker 1 in B;
-        the default transport: shared memory to the server on the same machine, tcp
-        across the link (as a job over two real machines);
-        pushpull of all 161 tensors: uncompressed, 2bit, fp16
+Ours: pushpull of all 161 tensors (co-located also with 2bit compression); the
+scheduler on host A. For each layout and variant the table gives the wire bound
+(the bytes on the busiest link direction / the link rate) next to the measured
+median. ``--half-rate`` runs some layouts again at half the first rate: where the
+link, not this machine's CPU, is the bottleneck, the time doubles. First a raw TCP
+bulk transfer between A and B, both directions at once, checks that the emulated
+rate is real.
 
-Every process is started as ``ip netns exec NS PYTHON ...`` (an argument list) with the
-environment a launcher would set (tracker/control/env.py ``for_process`` and a job secret, in
-the environment only). The workers are benchmarks/contenders/{ours,gloo}_worker.py,
-which verify every result. Writes link.md and link.json (every sample) to --out-dir.
-Needs root (network namespaces); without it prints a "skipped" line and exits 0.
-
-The namespaces, veth, tbf, link counters, raw TCP check and process placement are
-benchmarks/netns.py (shared with ``benchmarks.trainer --link``); the wire-time model,
-the summary and link.md are benchmarks/link_report.py.
+Every process is started as ``ip netns exec NS PYTHON ...`` (an argument list) with
+the environment a launcher would set (tracker/control/env.py ``for_process``; the
+job secret in the environment only). The workers are
+benchmarks/contenders/{ours,gloo}_worker.py, which verify every sum exactly. Writes
+link.md and link.json (every sample) to --out-dir. Needs root (network namespaces);
+without it prints a "skipped" line and exits 0. The wire model, the summary and
+link.md are benchmarks/link_report.py.
 """
 
 
@@ -50,15 +51,16 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "benchmarks"
 
-from benchmarks import common  # noqa: E402
-from benchmarks.link_report import expected_link_bytes, markdown, summarise  # noqa: E402
-from tracker.cli import parse_env  # noqa: E402
-from benchmarks.netns import (Failed, Link, SetupFailed, gloo_ranks, on_sigterm,  # noqa: E402
-                              parse_rate, ps_job, raw_check, server_urls,
-                              expected_transports)
+from benchmarks import common, layouts as layout_specs  # noqa: E402
 from benchmarks.contenders.base import read_result  # noqa: E402
+from benchmarks.layouts import Layout  # noqa: E402
+from benchmarks.link_report import expected_link_bytes, markdown, summarise  # noqa: E402
+from benchmarks.netns import (Cluster, Failed, SetupFailed, gloo_ranks, on_sigterm,  # noqa: E402
+                              parse_rate, ps_job, raw_check, server_urls, expected_transports)
 from benchmarks.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
+from benchmarks.timeline import Sampler, render  # noqa: E402
+from tracker.cli import parse_env  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTENDERS_DIR = os.path.join(REPO, "benchmarks", "contenders")
@@ -67,48 +69,57 @@ GLOO_WORKER = os.path.join(CONTENDERS_DIR, "gloo_worker.py")
 SERVER = os.path.join(CONTENDERS_DIR, "server_wrapper.py")   # kvstore.server's main + CPU stats
 DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "link")
 
+DEFAULT_LAYOUTS = ("ring:2,colo:2,dedicated:2x2,dedicated:2x1,"
+                   "ring:4,colo:4,dedicated:4x4,dedicated:4x2")
 OURS_MODES = ("pushpull", "pushpull_2bit", "pushpull_fp16")
 GLOO_MODES = ("flat", "buckets")
 
 
-# -- one launch of each contender ------------------------------------------------------------
+# -- one launch of a layout --------------------------------------------------------------------
 
-def run_ours(link: Link, cfg: dict, tag: str) -> dict:
+def modes_of(layout: Layout, cfg: dict) -> tuple[str, ...]:
+    return cfg["modes"][layout.kind]
+
+
+def run_ours(cluster: Cluster, layout: Layout, cfg: dict, tag: str) -> dict:
     work = cfg["work"]
     out = os.path.join(work, f"{tag}.json")
     stats_dir = os.path.join(work, f"{tag}-servers")
     os.makedirs(stats_dir, exist_ok=True)
     worker = [sys.executable, OURS_WORKER, "--task", "sync", "--model", cfg["model"],
-              "--modes", ",".join(OURS_MODES), "--iters", str(cfg["iters"]),
+              "--modes", ",".join(modes_of(layout, cfg)), "--iters", str(cfg["iters"]),
               "--warmup", str(cfg["warmup"]), "--latency-iters", "0", "--out", out]
-    procs = ps_job(link, 2, 2, [sys.executable, SERVER], worker,
+    procs = ps_job(cluster, layout.workers, layout.servers, [sys.executable, SERVER], worker,
                    {"KVSTORE_LOG_LEVEL": "WARNING", "BENCH_SERVER_STATS": stats_dir,
-                    **cfg.get("env", {})})
+                    **cfg.get("env", {})},
+                   server_hosts=layout.server_hosts, worker_hosts=layout.worker_hosts)
     try:
         run_group(procs, os.path.join(work, f"{tag}.log"), cfg["timeout"])
     except GroupFailed as e:
         raise Failed(f"ours ({tag}): {e}") from None
     res = read_result(out, f"ours ({tag})")
     kinds, urls = res.get("transports"), res.get("server_urls") or []
-    if kinds is not None and list(kinds) != expected_transports(2):
-        raise Failed(f"ours ({tag}): the client used {kinds}, not {expected_transports(2)}")
-    if len(urls) != 2 or not all(u.startswith(w) for u, w in zip(urls, server_urls(link, 2))):
-        raise Failed(f"ours ({tag}): servers at {urls}; expected server 0 on {link.addr['A']} "
-                     f"and server 1 on {link.addr['B']} (tcp)")
+    want = expected_transports(layout.servers, layout.server_hosts, layout.worker_hosts[0])
+    if kinds is not None and list(kinds) != want:
+        raise Failed(f"ours ({tag}): worker 0 used {kinds}, not {want}")
+    where = server_urls(cluster, layout.servers, layout.server_hosts)
+    if len(urls) != len(where) or not all(u.startswith(w) for u, w in zip(urls, where)):
+        raise Failed(f"ours ({tag}): servers at {urls}; expected {where} (tcp, each on its host)")
     res["servers_usage"] = {f[:-5]: read_result(os.path.join(stats_dir, f), "server stats")
                             for f in sorted(os.listdir(stats_dir)) if f.endswith(".json")}
     return res
 
 
-def run_gloo(link: Link, cfg: dict, tag: str) -> dict:
+def run_gloo(cluster: Cluster, layout: Layout, cfg: dict, tag: str) -> dict:
     work = cfg["work"]
     out = os.path.join(work, f"{tag}.json")
     argv = [sys.executable, GLOO_WORKER, "--model", cfg["model"], "--modes",
-            ",".join(cfg["gloo_modes"]), "--iters", str(cfg["iters"]), "--warmup",
+            ",".join(modes_of(layout, cfg)), "--iters", str(cfg["iters"]), "--warmup",
             str(cfg["warmup"]), "--latency-iters", "0", "--out", out]
     try:
-        run_group(gloo_ranks(link, argv, 2, "gloo rank", {}), os.path.join(work, f"{tag}.log"),
-                  cfg["timeout"])
+        run_group(gloo_ranks(cluster, argv, layout.workers, "gloo rank", {},
+                             hosts=layout.worker_hosts),
+                  os.path.join(work, f"{tag}.log"), cfg["timeout"])
     except GroupFailed as e:
         raise Failed(f"gloo ({tag}): {e}") from None
     return read_result(out, f"gloo ({tag})")
@@ -147,19 +158,44 @@ def _gloo_available() -> str | None:
     return None
 
 
+def _modes(text: str, allowed, option: str, required: str | None = None) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in allowed]
+    if bad or not modes or (required and required not in modes):
+        raise click.BadParameter(f"choose from {', '.join(allowed)}"
+                                 + (f" ({required} is required)" if required else ""),
+                                 param_hint=option)
+    return modes
+
+
+def half_rate(rate: str) -> str:
+    return f"{parse_rate(rate) / 2 / 1e6:g}mbit"
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--rates", default="1gbit,4gbit", show_default=True,
+@click.option("--rates", default="500mbit", show_default=True,
               help="Link rates to emulate (tc units, comma-separated).")
+@click.option("--layouts", "layout_text", default=DEFAULT_LAYOUTS, show_default=True,
+              help="ring:W, colo:W, dedicated:WxS (comma-separated).")
+@click.option("--half-rate", "half_text", default="", metavar="LAYOUTS",
+              help="Run these layouts again at half the first rate (is the link the bottleneck?).")
+@click.option("--timeline", "timeline_text", default="", metavar="LAYOUTS",
+              help="For these layouts, sample every link's use every 20 ms and show the last "
+                   "exchange in 100 ms steps (where the time goes).")
 @click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50",
               show_default=True, help="Parameter set (tiny: for tests).")
-@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed exchanges per launch and variant.")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Untimed exchanges before them.")
-@click.option("--launches", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Launches of each contender per rate, interleaved (the order alternates).")
+@click.option("--launches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Launches of each layout per rate, interleaved (the order alternates).")
 @click.option("--gloo-modes", default=",".join(GLOO_MODES), show_default=True,
-              help="gloo variants: flat and/or buckets.")
+              help="gloo variants (ring): flat and/or buckets.")
+@click.option("--colo-modes", default="pushpull,pushpull_2bit", show_default=True,
+              help="Ours co-located: pushpull, pushpull_2bit, pushpull_fp16.")
+@click.option("--dedicated-modes", default="pushpull", show_default=True,
+              help="Ours on dedicated server hosts: the same choices.")
 @click.option("--check-seconds", type=click.FloatRange(min=0.01), default=None,
               help="Duration of the raw TCP check per direction at the nominal rate "
                    "[default: 1.0, tiny: 0.1].")
@@ -170,11 +206,11 @@ def _gloo_available() -> str | None:
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="Extra environment variable for our processes (repeatable), e.g. "
                    "KVSTORE_PIPELINE_BYTES=4194304.")
-def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_dir, timeout,
-         env_pairs):
-    """Time the gradient exchange of ResNet-50 between two emulated machines (network
-    namespaces joined by a rate-limited veth pair): gloo against ours (tcp across the link),
-    uncompressed and compressed, against the wire time the step-time model predicts."""
+def main(rates, layout_text, half_text, timeline_text, model, iters, warmup, launches, gloo_modes, colo_modes,
+         dedicated_modes, check_seconds, out_dir, timeout, env_pairs):
+    """Time the gradient exchange of ResNet-50 between emulated machines (network
+    namespaces, each with its own rate-limited link to one bridge): gloo's ring
+    against ours co-located and on dedicated server hosts, each against its wire bound."""
     rate_list = [r.strip().lower() for r in rates.split(",") if r.strip()]
     try:
         for r in rate_list:
@@ -183,52 +219,66 @@ def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_d
         raise click.BadParameter(str(e), param_hint="--rates")
     if not rate_list:
         raise click.BadParameter("no rate given", param_hint="--rates")
-    gmodes = tuple(m.strip() for m in gloo_modes.split(",") if m.strip())
-    bad = [m for m in gmodes if m not in GLOO_MODES]
-    if bad or "flat" not in gmodes:
-        raise click.BadParameter(f"choose from {', '.join(GLOO_MODES)} (flat is required)",
-                                 param_hint="--gloo-modes")
+    try:
+        chosen = layout_specs.parse_list(layout_text)
+        halved = layout_specs.parse_list(half_text)
+        sampled = {layout.key for layout in layout_specs.parse_list(timeline_text)}
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--layouts / --half-rate / --timeline")
+    if not chosen:
+        raise click.BadParameter("no layout given", param_hint="--layouts")
+    modes = {"ring": _modes(gloo_modes, GLOO_MODES, "--gloo-modes", "flat"),
+             "colo": _modes(colo_modes, OURS_MODES, "--colo-modes"),
+             "dedicated": _modes(dedicated_modes, OURS_MODES, "--dedicated-modes")}
     if check_seconds is None:
         check_seconds = 0.1 if model == "tiny" else 1.0
     shapes = model_shapes(model)
     nbytes = 4 * sum(math.prod(s) for s in shapes)
+    gloo_why = _gloo_available()
+    if gloo_why:
+        chosen = [layout for layout in chosen if layout.kind != "ring"]
+        halved = [layout for layout in halved if layout.kind != "ring"]
+    plan = [(rate, chosen) for rate in rate_list] + ([(half_rate(rate_list[0]), halved)]
+                                                     if halved else [])
     signal.signal(signal.SIGTERM, on_sigterm)
-    link = Link()
+    cluster = Cluster(layout_specs.hosts_for(chosen + halved))
     work = tempfile.mkdtemp(prefix="kvlink-")
-    extra = parse_env(env_pairs, "--env")
     cfg = {"model": model, "iters": iters, "warmup": warmup, "launches": launches,
-           "gloo_modes": gmodes, "timeout": timeout, "work": work, "env": extra}
+           "modes": modes, "timeout": timeout, "work": work, "timeline": sorted(sampled),
+           "env": parse_env(env_pairs, "--env")}
     data = {"command": " ".join(["python -m benchmarks.link", *sys.argv[1:]]),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_start": os.getloadavg()[0],
             "machine": common.machine(), "versions": _versions(), "nbytes": nbytes,
-            "tensors": len(shapes), "namespaces": list(link.ns.values()),
-            "addresses": dict(link.addr), "devices": dict(link.dev),
-            "config": {k: v for k, v in cfg.items() if k != "work"} | {"rates": rate_list,
-                                                                      "check_seconds": check_seconds},
+            "tensors": len(shapes), "namespaces": [cluster.switch, *cluster.ns.values()],
+            "addresses": dict(cluster.addr), "devices": dict(cluster.dev),
+            "config": {k: v for k, v in cfg.items() if k != "work"} | {
+                "rates": rate_list, "check_seconds": check_seconds,
+                "layouts": [layout.key for layout in chosen],
+                "half_rate": {"rate": plan[-1][0], "layouts": [la.key for la in halved]}
+                if halved else None},
             "rates": {}, "launches": [], "rows": [], "failures": [], "skipped": {}}
-    gloo_why = _gloo_available()
     if gloo_why:
         data["skipped"]["gloo"] = gloo_why
-        click.echo(f"skipped: gloo: {gloo_why}", err=True)
+        click.echo(f"skipped: gloo (the ring layouts): {gloo_why}", err=True)
     interrupted = False
     try:
         try:
-            link.up()
+            cluster.up()
         except SetupFailed as e:
             click.echo(f"skipped: the emulated network cannot be set up here (needs root and "
                        f"network namespaces): {e}")
             return
-        click.echo(f"link: namespaces {link.ns['A']} ({link.addr['A']}, {link.dev['A']}) <-> "
-                   f"{link.ns['B']} ({link.addr['B']}, {link.dev['B']}); work dir {work}", err=True)
-        contenders = ["gloo", "ours"] if not gloo_why else ["ours"]
-        for rate in rate_list:
-            run_rate(link, rate, check_seconds, contenders, cfg, nbytes, data)
+        click.echo(f"cluster: {len(cluster.hosts)} hosts "
+                   + ", ".join(f"{h} {cluster.addr[h]}" for h in cluster.hosts)
+                   + f" on bridge {cluster.switch}; work dir {work}", err=True)
+        for rate, these in plan:
+            run_rate(cluster, rate, check_seconds, these, cfg, nbytes, data)
     except KeyboardInterrupt:
         interrupted = True
         data["failures"].append("interrupted")
         click.echo("interrupted: cleaning up", err=True)
     finally:
-        errors = link.down()
+        errors = cluster.down()
         for e in errors:
             click.echo(f"cleanup: {e}", err=True)
         data["failures"] += [f"cleanup: {e}" for e in errors]
@@ -254,15 +304,16 @@ def main(rates, model, iters, warmup, launches, gloo_modes, check_seconds, out_d
     click.echo(f"(logs in {work})", err=True)
 
 
-def run_rate(link: Link, rate: str, check_seconds: float, contenders: list[str], cfg: dict,
+def run_rate(cluster: Cluster, rate: str, check_seconds: float, chosen: list[Layout], cfg: dict,
              nbytes: int, data: dict) -> None:
-    """One rate: the tbf limit, the raw TCP check, then ``cfg["launches"]`` interleaved
-    launches of every contender; samples, launches and failures go into ``data``."""
-    info = {"qdisc": link.set_rate(rate)}
+    """One rate: the tbf limit on every link, the raw TCP check, then
+    ``cfg["launches"]`` interleaved launches of every layout; samples, launches and
+    failures go into ``data``."""
+    info = {"qdisc": cluster.set_rate(rate), "layouts": [layout.key for layout in chosen]}
     data["rates"][rate] = info
     nbits = parse_rate(rate)
     try:
-        info["raw"] = raw_check(link, rate, check_seconds)
+        info["raw"] = raw_check(cluster, rate, check_seconds)
     except Failed as e:
         data["failures"].append(f"raw TCP check at {rate}: {e}")
         click.echo(f"  {rate}: raw TCP check FAILED: {e}", err=True)
@@ -275,43 +326,58 @@ def run_rate(link: Link, rate: str, check_seconds: float, contenders: list[str],
                            "drive the emulated link at full rate")
     click.echo(f"  {rate}: raw TCP both ways at once: A->B {raw['a_to_b_gbit']:.3f}, "
                f"B->A {raw['b_to_a_gbit']:.3f} Gbit/s"
-               + (f" (warning: {info['warning']})" if info.get("warning") else ""),
-               err=True)
-    launches, iters, warmup = cfg["launches"], cfg["iters"], cfg["warmup"]
-    for launch_no in range(launches):
-        order = contenders if launch_no % 2 == 0 else contenders[::-1]
-        for c in order:
-            tag = f"{c}-{rate}-{launch_no}"
-            load = os.getloadavg()[0]
-            before = link.counters()
-            t0 = time.monotonic()
-            try:
-                res = (run_gloo if c == "gloo" else run_ours)(link, cfg, tag)
-            except Failed as e:
-                data["failures"].append(f"{c} at {rate} (launch {launch_no + 1}): {e}")
-                click.echo(f"  {rate} launch {launch_no + 1} {c}: FAILED: {e}", err=True)
-                continue
-            counted = link.sent_since(before)
-            modes = OURS_MODES if c == "ours" else cfg["gloo_modes"]
-            data["launches"].append({
-                "rate": rate, "launch": launch_no, "contender": c, "load_before": load,
-                "seconds": time.monotonic() - t0, "link_bytes": counted,
-                "model_link_bytes": expected_link_bytes(c, modes, iters + warmup, nbytes),
-                "worker_usage_total": res.get("usage_total"),
-                "servers_usage": res.get("servers_usage"),
-                "transports": res.get("transports"), "server_urls": res.get("server_urls"),
-                "torch_threads": res.get("torch_threads")})
-            for mode in modes:
-                d = res["modes"][mode]
-                data["rows"].append({
-                    "rate": rate, "contender": c, "mode": mode, "launch": launch_no,
-                    "samples": d["times"], "unit": "s", "cpu_s": d.get("cpu_s"),
-                    "minor_faults": d.get("minor_faults"),
-                    "bytes_sent": d.get("bytes_sent"),
-                    "bytes_received": d.get("bytes_received"), "load_before": load})
-            click.echo(f"  {rate} launch {launch_no + 1}/{launches} {c}: "
-                       f"{time.monotonic() - t0:.1f}s (load average before: {load:.2f})",
-                       err=True)
+               + (f" (warning: {info['warning']})" if info.get("warning") else ""), err=True)
+    for launch_no in range(cfg["launches"]):
+        for layout in (chosen if launch_no % 2 == 0 else chosen[::-1]):
+            launch(cluster, rate, layout, launch_no, cfg, nbytes, data)
+
+
+def launch(cluster: Cluster, rate: str, layout: Layout, launch_no: int, cfg: dict, nbytes: int,
+           data: dict) -> None:
+    """One launch of ``layout``: its samples (rows), bytes on every link, failures."""
+    tag = f"{layout.key.replace(':', '')}-{rate}-{launch_no}"
+    load = os.getloadavg()[0]
+    before = cluster.host_counters()
+    sampled = os.path.join(cfg["work"], f"{tag}-links.jsonl")
+    t0 = time.monotonic()
+    try:
+        run = run_gloo if layout.kind == "ring" else run_ours
+        if layout.key in cfg["timeline"]:
+            with Sampler(cluster, sampled):
+                res = run(cluster, layout, cfg, tag)
+        else:
+            res = run(cluster, layout, cfg, tag)
+    except Failed as e:
+        data["failures"].append(f"{layout.key} at {rate} (launch {launch_no + 1}): {e}")
+        click.echo(f"  {rate} {layout.key} launch {launch_no + 1}: FAILED: {e}", err=True)
+        return
+    seconds = time.monotonic() - t0
+    after = cluster.host_counters()
+    counted = {h: {d: (after[h][d] - before[h][d]) if None not in (after[h][d], before[h][d])
+                   else None for d in ("tx", "rx")} for h in layout.hosts}
+    modes = modes_of(layout, cfg)
+    data["launches"].append({
+        "rate": rate, "layout": layout.key, "launch": launch_no, "contender": layout.contender,
+        "load_before": load, "seconds": seconds, "link_bytes": counted,
+        "model_link_bytes": expected_link_bytes(layout, modes, cfg["iters"] + cfg["warmup"],
+                                                nbytes),
+        "worker_usage_total": res.get("usage_total"), "servers_usage": res.get("servers_usage"),
+        "transports": res.get("transports"), "server_urls": res.get("server_urls"),
+        "torch_threads": res.get("torch_threads"),
+        "timeline": render(sampled, cluster.hosts, layout.hosts, layout.worker_hosts,
+                           parse_rate(rate) / 8)
+        if layout.key in cfg["timeline"] else None})
+    for mode in modes:
+        d = res["modes"][mode]
+        data["rows"].append({
+            "rate": rate, "layout": layout.key, "contender": layout.contender, "mode": mode,
+            "launch": launch_no, "samples": d["times"], "unit": "s", "cpu_s": d.get("cpu_s"),
+            "minor_faults": d.get("minor_faults"), "bytes_sent": d.get("bytes_sent"),
+            "bytes_received": d.get("bytes_received"), "load_before": load})
+    click.echo(f"  {rate} {layout.key} launch {launch_no + 1}/{cfg['launches']}: {seconds:.1f}s "
+               f"(load average before: {load:.2f}); medians: " + ", ".join(
+                   f"{m} {common.stats(res['modes'][m]['times'])['median'] * 1e3:.0f} ms"
+                   for m in modes), err=True)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
-"""Two emulated "machines" on one host: network namespaces A and B joined by a veth
-pair, each end rate-limited by a token bucket (tc tbf).
+"""Emulated machines on one host: network namespaces joined to one bridge, each by
+its own rate-limited link (a veth pair, a token bucket, tc tbf, on both ends).
 
-The layer that benchmarks.link (the gradient exchange) and benchmarks.trainer
---link (a training step) share: building and removing the namespaces
-(:class:`Link`), the byte counters of the veth ends, a raw TCP bulk transfer that
-checks the emulated rate is real (:func:`raw_check`), and the process lists that
-place a kvstore job (:func:`ps_job`) or gloo ranks (:func:`gloo_ranks`) on the two
-sides. Every process is started as ``ip netns exec NS PYTHON ...`` (an argument list,
-never a shell string). Needs root; without it :meth:`Link.up` raises
-:class:`SetupFailed`.
+The layer that benchmarks.link (the gradient exchange over layouts of W workers
+and S servers), benchmarks.trainer --link (a training step) and benchmarks.chaos
+share: building and removing the namespaces (:class:`Cluster` of H hosts;
+:class:`Link`, its two-host case A and B), deleting the namespaces that runs
+killed before they could clean up left behind (:func:`reap_stale`), the byte
+counters of every host's link, and a raw TCP bulk transfer that checks the
+emulated rate is real (:func:`raw_check`). Which process runs where is
+benchmarks/placement.py (re-exported here: :func:`ps_job`, :func:`gloo_ranks`).
+Needs root; without it :meth:`Cluster.up` raises :class:`SetupFailed`.
 
 Also run as a file, inside a namespace, by :func:`measure_raw`:
 ``python benchmarks/netns.py _bulk recv HOST PORT`` / ``_bulk send HOST PORT NBYTES``.
@@ -34,7 +35,6 @@ if __package__ in (None, ""):  # run as a file (_bulk): make `benchmarks` import
 from benchmarks.contenders.base import Failed  # noqa: E402,F401  (a launch failed: crash, timeout, wrong sum or transport)
 from benchmarks.procs import stop  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS = os.path.abspath(__file__)
 NS_PREFIX = "kvlink-"
 UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -75,67 +75,85 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-class Link:
-    """Two network namespaces joined by a veth pair, each end rate-limited by tbf."""
+class Cluster:
+    """H emulated hosts: a network namespace each, joined to one bridge by a veth
+    pair, both ends rate-limited by tbf (:meth:`set_rate`): every host has its
+    own full-duplex link of the same rate to a switch (the bridge, in a namespace
+    of its own), as machines on one top-of-rack switch. The host's end of its veth
+    (``dev``) is its network interface; the switch's end (``port``) limits what
+    the switch sends to the host. Everything lives inside the namespaces: the
+    host's own interfaces are untouched, and deleting the namespaces removes it all.
 
-    def __init__(self):
-        tag = secrets.token_hex(4)
-        self.ns = {"A": f"{NS_PREFIX}{tag}-a", "B": f"{NS_PREFIX}{tag}-b"}
-        self.dev = {"A": f"kvl{tag}a", "B": f"kvl{tag}b"}          # <= 15 characters
+    Names carry this process's id (``kvlink-PID-TAG-HOST``): :meth:`up` first
+    deletes the namespaces of runs whose process is gone (killed before it could
+    clean up; :func:`reap_stale`)."""
+
+    def __init__(self, hosts=("A", "B")):
+        if not 1 <= len(hosts) <= 250:
+            raise ValueError(f"{len(hosts)} hosts: 1 to 250")
+        tag = secrets.token_hex(3)
+        self.tag = f"{NS_PREFIX}{os.getpid()}-{tag}"
+        self.hosts = list(hosts)
+        self.ns = {h: f"{self.tag}-{h.lower()}" for h in self.hosts}
+        self.switch = f"{self.tag}-switch"
+        self.dev = {h: f"kv{tag}h{i}" for i, h in enumerate(self.hosts)}    # <= 15 characters
+        self.port = {h: f"kv{tag}p{i}" for i, h in enumerate(self.hosts)}
         net = f"10.{random.randint(1, 254)}.{random.randint(0, 255)}"
-        self.addr = {"A": f"{net}.1", "B": f"{net}.2"}
+        self.addr = {h: f"{net}.{i + 1}" for i, h in enumerate(self.hosts)}
         self.created: list[str] = []
         self.qdisc: dict = {}
 
     def up(self) -> None:
-        for side in "AB":
-            _run(["ip", "netns", "add", self.ns[side]], "cannot create a network namespace")
-            self.created.append(self.ns[side])
-        # both ends are created inside the namespaces: the host's own interfaces are untouched
-        _run(["ip", "-n", self.ns["A"], "link", "add", self.dev["A"], "type", "veth", "peer",
-              "name", self.dev["B"], "netns", self.ns["B"]], "cannot create a veth pair")
-        for side in "AB":
-            ns, dev = self.ns[side], self.dev[side]
-            _run(["ip", "-n", ns, "addr", "add", f"{self.addr[side]}/24", "dev", dev], "ip addr")
+        """Create the switch, then every host and its link. Raises SetupFailed."""
+        reap_stale()
+        _run(["ip", "netns", "add", self.switch], "cannot create a network namespace")
+        self.created.append(self.switch)
+        sw = ["ip", "-n", self.switch]
+        _run([*sw, "link", "add", "br0", "type", "bridge"], "cannot create a bridge")
+        _run([*sw, "link", "set", "br0", "up"], "ip link set br0 up")
+        for h in self.hosts:
+            ns, dev, port = self.ns[h], self.dev[h], self.port[h]
+            _run(["ip", "netns", "add", ns], "cannot create a network namespace")
+            self.created.append(ns)
+            _run(["ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port,
+                  "netns", self.switch], "cannot create a veth pair")
+            _run([*sw, "link", "set", port, "master", "br0", "up"], "cannot attach to the bridge")
+            _run(["ip", "-n", ns, "addr", "add", f"{self.addr[h]}/24", "dev", dev], "ip addr")
             _run(["ip", "-n", ns, "link", "set", dev, "up"], "ip link set up")
             _run(["ip", "-n", ns, "link", "set", "lo", "up"], "ip link set lo up")
 
     def set_rate(self, rate: str) -> dict:
+        """Limit every host's link to ``rate`` in each direction (tc syntax)."""
         bps = parse_rate(rate)
-        burst = max(256 << 10, int(bps / 8 / 1000))     # >= 1 ms worth of bytes
+        burst = max(256 << 10, int(bps / 8 / 1000))     # >= 1 ms worth of bytes, >= a GSO packet
         args = ["tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
-        for side in "AB":
-            _run(["tc", "-n", self.ns[side], "qdisc", "replace", "dev", self.dev[side], "root",
-                  *args], "cannot set the rate limit (tc tbf)")
+        for h in self.hosts:
+            for ns, dev in ((self.ns[h], self.dev[h]), (self.switch, self.port[h])):
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *args],
+                     "cannot set the rate limit (tc tbf)")
         self.qdisc = {"rate": rate, "bits_per_s": bps, "burst_bytes": burst, "latency": "50ms",
                       "tc": " ".join(args)}
         return self.qdisc
 
-    def counters(self) -> dict:
-        """Bytes sent by A's end (A->B) and by B's end (B->A) so far."""
+    def host_counters(self) -> dict:
+        """{host: {"tx": bytes the host sent, "rx": bytes it received}} so far (its
+        interface's counters; None where one could not be read)."""
         out = {}
-        for side, name in (("A", "a_to_b"), ("B", "b_to_a")):
+        for h in self.hosts:
             try:
-                text = _run(["ip", "-n", self.ns[side], "-s", "-j", "link", "show", "dev",
-                             self.dev[side]], "ip -s link")
-                info = json.loads(text)[0]
-                out[name] = int(info["stats64"]["tx"]["bytes"])
+                info = json.loads(_run(["ip", "-n", self.ns[h], "-s", "-j", "link", "show", "dev",
+                                        self.dev[h]], "ip -s link"))[0]["stats64"]
+                out[h] = {"tx": int(info["tx"]["bytes"]), "rx": int(info["rx"]["bytes"])}
             except (SetupFailed, ValueError, KeyError, IndexError):
-                out[name] = None
+                out[h] = {"tx": None, "rx": None}
         return out
 
-    def sent_since(self, before: dict) -> dict:
-        """Bytes each end sent since ``before`` (an earlier :meth:`counters`); None where
-        a counter could not be read."""
-        after = self.counters()
-        return {k: (after[k] - before[k]) if None not in (after[k], before[k]) else None
-                for k in after}
-
-    def exec_argv(self, side: str, argv) -> list[str]:
-        return ["ip", "netns", "exec", self.ns[side], *argv]
+    def exec_argv(self, host: str, argv) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[host], *argv]
 
     def down(self) -> list[str]:
-        """Delete every namespace created (the veth pair goes with them). Returns errors."""
+        """Delete every namespace created (the veth pairs and the bridge go with
+        them). Returns errors."""
         errors = []
         for ns in reversed(self.created):
             p = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True,
@@ -144,6 +162,64 @@ class Link:
                 errors.append(f"ip netns del {ns}: {p.stderr.strip()}")
         self.created = []
         return errors
+
+
+class Link(Cluster):
+    """Two emulated machines, A and B (benchmarks.trainer --link, benchmarks.chaos):
+    a :class:`Cluster` of two hosts, counted per direction between them."""
+
+    def __init__(self):
+        super().__init__(("A", "B"))
+
+    def counters(self) -> dict:
+        """Bytes sent by A (A->B) and by B (B->A) so far."""
+        c = self.host_counters()
+        return {"a_to_b": c["A"]["tx"], "b_to_a": c["B"]["tx"]}
+
+    def sent_since(self, before: dict) -> dict:
+        """Bytes each side sent since ``before`` (an earlier :meth:`counters`); None
+        where a counter could not be read."""
+        after = self.counters()
+        return {k: (after[k] - before[k]) if None not in (after[k], before[k]) else None
+                for k in after}
+
+
+STALE_UNOWNED_S = 3600   # a namespace without a pid in its name is stale after this long
+
+
+def reap_stale() -> list[str]:
+    """Delete the ``kvlink-`` namespaces of runs that are gone: the process whose
+    id the name carries no longer exists (``kvlink-PID-...``), or, for names
+    without one (older runs), it was created over an hour ago; either way only
+    when no process runs inside it. Returns the names deleted."""
+    gone = []
+    for ns in list_namespaces():
+        m = re.match(re.escape(NS_PREFIX) + r"(\d+)-", ns)
+        if not ns.startswith(NS_PREFIX) or (m and _alive(int(m.group(1)))):
+            continue
+        if m is None:
+            try:
+                if time.time() - os.stat(f"/run/netns/{ns}").st_mtime < STALE_UNOWNED_S:
+                    continue
+            except OSError:
+                continue
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                              timeout=30)
+        if pids.returncode == 0 and not pids.stdout.strip():
+            if subprocess.run(["ip", "netns", "del", ns], capture_output=True,
+                              timeout=30).returncode == 0:
+                gone.append(ns)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def on_sigterm(signum, frame):
@@ -207,14 +283,16 @@ class _Lines:
         return line.decode().strip()
 
 
-def measure_raw(link: Link, nbytes: int, timeout: float) -> dict:
-    """A TCP bulk transfer of ``nbytes`` in each direction at once; payload Gbit/s."""
+def measure_raw(link: Cluster, nbytes: int, timeout: float) -> dict:
+    """A TCP bulk transfer of ``nbytes`` in each direction at once between the
+    first two hosts (A and B below); payload Gbit/s."""
+    A, B = link.hosts[:2]
     port = random.randint(20000, 60000)
     deadline = time.monotonic() + timeout
     popens = []
     try:
         receivers = {}
-        for side in "AB":   # A receives what B sends, and the other way round
+        for side in (A, B):   # A receives what B sends, and the other way round
             p = subprocess.Popen(
                 link.exec_argv(side, [sys.executable, THIS, "_bulk", "recv", link.addr[side],
                                       str(port)]),
@@ -222,11 +300,11 @@ def measure_raw(link: Link, nbytes: int, timeout: float) -> dict:
                 start_new_session=True)
             popens.append(p)
             receivers[side] = _Lines(p, f"bulk receiver in {side}")
-        for side in "AB":
+        for side in (A, B):
             if receivers[side].next(deadline) != "ready":
                 raise Failed(f"bulk receiver in {side}: unexpected output")
         senders = []
-        for side, peer in (("A", "B"), ("B", "A")):
+        for side, peer in ((A, B), (B, A)):
             senders.append(subprocess.Popen(
                 link.exec_argv(side, [sys.executable, THIS, "_bulk", "send", link.addr[peer],
                                       str(port), str(nbytes)]),
@@ -234,7 +312,7 @@ def measure_raw(link: Link, nbytes: int, timeout: float) -> dict:
                 start_new_session=True))
             popens.append(senders[-1])
         got = {}
-        for side, name in (("B", "a_to_b"), ("A", "b_to_a")):
+        for side, name in ((B, "a_to_b"), (A, "b_to_a")):
             got[name] = json.loads(receivers[side].next(deadline))
         for s in senders:
             if s.wait(max(0.1, deadline - time.monotonic())) != 0:
@@ -256,77 +334,16 @@ def measure_raw(link: Link, nbytes: int, timeout: float) -> dict:
     return out
 
 
-def raw_check(link: Link, rate: str, seconds: float) -> dict:
+def raw_check(link: Cluster, rate: str, seconds: float) -> dict:
     """:func:`measure_raw` with ``seconds`` worth of bytes at the nominal ``rate`` (at
     least 4 MiB) each way."""
     nbytes = max(4 << 20, int(parse_rate(rate) / 8 * seconds))
     return measure_raw(link, nbytes, timeout=60 + 10 * seconds)
 
 
-# -- placing processes on the two machines ---------------------------------------------------
-
-def child_env(extra: dict) -> dict:
-    """The environment of a process on either side: this repository importable,
-    unbuffered output, and ``extra``."""
-    path = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": REPO + (os.pathsep + path if path else ""), "PYTHONUNBUFFERED": "1",
-            **extra}
-
-
-def side_of(rank: int) -> str:
-    """The emulated machine of server/worker/gloo rank ``rank`` (A: even, B: odd; W=2,
-    S=2: server 0 and worker 0 with the scheduler on A, server 1 and worker 1 on B)."""
-    return "AB"[rank % 2]
-
-
-def expected_transports(num_servers: int) -> list[str]:
-    """What worker 0 (on A) must report per server of :func:`ps_job`: shared memory to
-    the servers on its own machine, tcp across the link."""
-    return ["shm" if side_of(r) == "A" else "tcp" for r in range(num_servers)]
-
-
-def server_urls(link: Link, num_servers: int) -> list[str]:
-    """The URL prefix at which each server of :func:`ps_job` must be reached (tcp)."""
-    return [f"tcp://{link.addr[side_of(r)]}:" for r in range(num_servers)]
-
-
-def ps_job(link: Link, num_workers: int, num_servers: int, server_argv, worker_argv,
-           extra: dict) -> list[tuple]:
-    """A kvstore job across the link as run_group's [(label, argv, env)]: the scheduler
-    on A, server r and worker r on side_of(r), the default transport (shared memory
-    within a machine, since the host identity includes the network namespace; tcp
-    across the link, as between machines); each process with the environment a launcher would
-    set (tracker/control/env.py ``for_process``), the job secret in the environment only."""
-    from tracker.control import env as tracker_env
-    from tracker.control.security import new_secret
-    port = random.randint(20000, 60000)   # a fresh namespace: nothing else listens there
-    shared = {"KVSTORE_SECRET": new_secret(),   # the environment, never argv
-              "KVSTORE_SECURE": "0", **extra}
-
-    def env(role, rank, side):
-        return child_env(tracker_env.for_process(
-            role=role, rank=rank, scheduler_host=link.addr["A"], scheduler_port=port,
-            num_workers=num_workers, num_servers=num_servers, node_host=link.addr[side],
-            extra=shared))
-    procs = [("scheduler", link.exec_argv("A", [sys.executable, "-m", "tracker.scheduler"]),
-              env("scheduler", None, "A"))]
-    procs += [(f"server {r}", link.exec_argv(side_of(r), server_argv), env("server", r, side_of(r)))
-              for r in range(num_servers)]
-    procs += [(f"worker {r}", link.exec_argv(side_of(r), worker_argv), env("worker", r, side_of(r)))
-              for r in range(num_workers)]
-    return procs
-
-
-def gloo_ranks(link: Link, argv, ranks: int, label: str, extra: dict) -> list[tuple]:
-    """torch.distributed ranks across the link as run_group's [(label, argv, env)]:
-    rank r on side_of(r), the rendezvous on A's address, each rank's gloo on the veth
-    of its own "machine" (not the host name's address)."""
-    init = f"tcp://{link.addr['A']}:{random.randint(20000, 60000)}"
-    return [(f"{label} {r}", link.exec_argv(side_of(r), argv),
-             child_env({"RANK": str(r), "WORLD_SIZE": str(ranks), "BENCH_INIT_METHOD": init,
-                        "MASTER_ADDR": link.addr["A"],
-                        "GLOO_SOCKET_IFNAME": link.dev[side_of(r)], **extra}))
-            for r in range(ranks)]
+# the placement of jobs on the hosts, where benchmarks.trainer and benchmarks.chaos look for it
+from benchmarks.placement import (child_env, expected_transports, gloo_ranks,  # noqa: E402,F401
+                                  ps_job, server_urls, side_of)
 
 
 if __name__ == "__main__":

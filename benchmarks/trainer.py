@@ -6,7 +6,7 @@ gloo and against one process with no communication at all.
     python -m benchmarks.trainer --link 1gbit          # two emulated machines (root)
 
 ``--link RATE`` splits every distributed contender over two network namespaces
-joined by a veth pair rate-limited by tc tbf, built and removed (even on failure or
+each linked to one bridge by a veth pair rate-limited by tc tbf, built and removed (even on failure or
 SIGTERM) by benchmarks/netns.py's ``Link``: A runs the scheduler, server 0, worker 0
 (DDP rank 0) and the floor; B server 1, worker 1 (DDP rank 1); ours with shared memory
 to its own machine's server and tcp across, gloo over the veth. It also times each step's parts (forward, backward, step()), counts
@@ -158,7 +158,7 @@ def parse_args(argv):
                         "trainer-link-RATE)")
     p.add_argument("--link", default=None, metavar="RATE",
                    help="run every distributed contender split over two emulated machines as "
-                        "benchmarks/link.py does (network namespaces A and B joined by a veth "
+                        "benchmarks/link.py does (network namespaces A and B, each linked to one bridge by a veth "
                         "pair rate-limited to RATE by tc tbf, e.g. 1gbit; needs root): the "
                         "scheduler, server 0 and worker 0 / DDP rank 0 on A, server 1 and worker "
                         "1 / DDP rank 1 on B, tcp across the link, gloo over the veth; the "

@@ -26,7 +26,7 @@ def make_cluster():
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
-    """A loopback sshd on 127.0.0.1-3 (tests/services.py) for a test module, or skip
+    """A loopback sshd on 127.0.0.1-5 (tests/services.py) for a test module, or skip
     saying what is missing."""
     from services import start_sshd
     server, reason = start_sshd(str(tmp_path_factory.mktemp("sshd")))

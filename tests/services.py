@@ -1,5 +1,5 @@
 """Real services for the remote-launcher tests, started and stopped by the tests:
-an sshd listening on 127.0.0.1-3 (a random port), a single-node Slurm cluster
+an sshd listening on 127.0.0.1-5 (a random port), a single-node Slurm cluster
 (munged + slurmctld + slurmd, random ports), helpers to run a launcher and
 to find processes a job left behind, and a probe for network namespaces (the
 emulated-link benchmarks' tests).
@@ -224,11 +224,11 @@ def _wait_lines(popen, pattern, count, timeout, what, text=None):
 
 # -- sshd -------------------------------------------------------------------------
 
-ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+ADDRESSES = tuple(f"127.0.0.{i}" for i in range(1, 6))   # 4, 5: dedicated server hosts (test_ssh, test_mpi)
 
 
 class Sshd:
-    """sshd on a random port of 127.0.0.1-3 with its own host and client keys."""
+    """sshd on a random port of 127.0.0.1-5 with its own host and client keys."""
 
     def __init__(self, workdir: str):
         self.dir = workdir
@@ -254,7 +254,7 @@ class Sshd:
                                            "-f", config], stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
-                _wait_lines(self.popen, r"Server listening on 127\.0\.0\.\d port", 3, 20, "sshd",
+                _wait_lines(self.popen, r"Server listening on 127\.0\.0\.\d port", len(ADDRESSES), 20, "sshd",
                             self.log)
                 return
             except RuntimeError:

@@ -77,6 +77,49 @@ def test_mpi_job_over_ssh_hosts_from_the_hostfile(sshd):
     assert eventually_empty(sshd.sessions) == [], p.text
 
 
+def placed_by_ssh(text: str) -> dict:
+    """{(role, rank): last byte of the address of the ssh connection} from the
+    lines of tests/scripts/placement.py."""
+    return {(role, rank): host for role, rank, host in
+            re.findall(r"\] placed (\w+) (\d+) 127\.0\.0\.(\d+)$", text, re.M)}
+
+
+DEDICATED = {("server", "0"): "4", ("server", "1"): "5", ("server", "2"): "4",
+             ("worker", "0"): "2", ("worker", "1"): "3"}
+
+
+@needs_openmpi
+def test_dedicated_server_hosts_through_mpirun(sshd):
+    """--server-hosts: Open MPI runs the servers' app context on 127.0.0.4/5 and the
+    workers' on 127.0.0.2/3 (daemons over our sshd), round-robin; each rank ran on
+    its host (the ssh connection of its daemon) and the sums are right."""
+    workers = sshd.hostfile("127.0.0.2 slots=2", "127.0.0.3 slots=2")
+    servers = sshd.hostfile("127.0.0.4 slots=2", "127.0.0.5 slots=2")
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "3", "-H", workers, "--server-hosts", servers,
+                   "--mpi-arg=--mca", "--mpi-arg=plm_rsh_agent",
+                   f"--mpi-arg=ssh -F {sshd.client_config} -p {sshd.port}",
+                   "--mpi-arg=--mca", "--mpi-arg=oob_tcp_if_include", "--mpi-arg=lo",
+                   "python", os.path.join(SCRIPTS, "placement.py"))
+    assert p.wait(120) == 0, p.text
+    assert placed_by_ssh(p.text) == DEDICATED, p.text
+    assert p.text.count("sums ok rank") == 2, p.text
+    assert_nothing_left(p)
+    assert eventually_empty(sshd.sessions) == [], p.text
+
+
+@pytest.mark.skipif(MPICH is None, reason="MPICH not installed")
+def test_dedicated_server_hosts_with_mpich_list_every_rank(tmp_path):
+    """MPICH's hydra takes one host list: the rank-by-rank list, servers first."""
+    (tmp_path / "workers").write_text("127.0.0.2:2\n127.0.0.3\n")
+    (tmp_path / "servers").write_text("# CPU machines\n127.0.0.4:1\n127.0.0.5\n")
+    p = python_launcher("tracker.mpi", "--mpirun", MPICH, "--mpi", "mpich", "-n", "3", "-s", "3",
+                        "-H", str(tmp_path / "workers"), "--server-hosts", str(tmp_path / "servers"),
+                        "--dry-run", "python", "train.py")
+    assert p.wait(30) == 0, p.text
+    assert ("-n 6 -hosts 127.0.0.4:1,127.0.0.5:1,127.0.0.5:1,127.0.0.2:1,127.0.0.3:1,127.0.0.2:1 "
+            in p.text), p.text
+
+
 @needs_openmpi
 @pytest.mark.parametrize("mode, culprit, code", [
     ("exit", "worker 1 on \\S+ exited with status 3", 3),
@@ -116,11 +159,19 @@ def test_sigint_to_the_mpi_launcher_ends_every_rank():
     (["-H", "/nonexistent/hosts"], "cannot read host file"),
     (["--bogus"], "no such option: --bogus"),
     (["--mpirun", "/nonexistent/mpirun"], "/nonexistent/mpirun not found"),
+    (["--server-hosts", "SLOTS"], "--server-hosts needs -H FILE"),
+    (["-H", "SLOTS", "--server-hosts", "/nonexistent/servers"],
+     "--server-hosts: cannot read host file '/nonexistent/servers'"),
+    (["-H", "SLOTS", "--server-hosts", "SLOTS"], "localhost is in both -H SLOTS and --server-hosts SLOTS"),
+    (["-H", "SLOTS", "--server-hosts", "ONE"], "2 servers do not fit in the 1 slots of --server-hosts ONE"),
 ])
 def test_bad_mpi_input_is_refused_before_anything_starts(args, message, tmp_path):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("# three slots\nlocalhost slots=3\n")
-    args = [str(hosts) if a == "SLOTS" else a for a in args]
+    files = {"SLOTS": tmp_path / "hosts", "ONE": tmp_path / "one"}
+    files["SLOTS"].write_text("# three slots\nlocalhost slots=3\n")
+    files["ONE"].write_text("127.0.0.4 slots=1\n")
+    args = [str(files[a]) if a in files else a for a in args]
+    for name, path in files.items():   # the error names the file
+        message = message.replace(name, str(path))
     p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", *args, "python", "x.py")
     assert p.wait(60) == 2, p.text
     assert message in p.text

@@ -97,3 +97,38 @@ def test_every_task_gets_one_thread_count_and_the_culprit_is_marked(slurm):
     assert p.wait(120) == 1, p.text
     assert re.search(r"^worker 1 +\d+ +\S+ +exited with status 1  <- root cause$", p.text, re.M), p.text
     assert_nothing_left(p, slurm)
+
+
+# -- dedicated server nodes (--server-hosts) ----------------------------------------------
+
+def test_dedicated_server_nodes_are_placed_with_an_arbitrary_distribution(slurm, tmp_path):
+    """Servers round-robin over the file's nodes, workers over the allocation's
+    other nodes, given to srun task by task (--distribution=arbitrary). The test
+    cluster has one node: the allocation here is a made-up node list (scontrol
+    expands it) and the job is only planned."""
+    servers = tmp_path / "servers"
+    servers.write_text("# CPU-only nodes\ncpu1\ncpu2 slots=1\n")
+    p = slurm_launch(slurm, "-n", "3", "-s", "3", "--server-hosts", str(servers), "--dry-run",
+                     "python", "train.py", env={"SLURM_JOB_NODELIST": "cpu[1-2],gpu[1-2]"})
+    assert p.wait(30) == 0, p.text
+    assert re.search(r"^  cpu1\s+server 0, server 2$", p.text, re.M), p.text
+    assert re.search(r"^  cpu2\s+server 1$", p.text, re.M), p.text
+    assert re.search(r"^  gpu1\s+worker 0, worker 2$", p.text, re.M), p.text
+    assert re.search(r"^srun --ntasks=6 .*--distribution=arbitrary ", p.text, re.M), p.text
+
+
+@pytest.mark.parametrize("nodes, lines, message", [
+    ("kvnode", "kvnode", "lists every node of the allocation (kvnode): none is left for the workers"),
+    ("kvnode,gpu1", "cpu9\nkvnode", "SERVERS: cpu9 is not in this allocation (kvnode, gpu1)"),
+    ("kvnode,gpu1", "root@kvnode", "SERVERS: give node names only, not root@kvnode"),
+    ("", "kvnode", "SERVERS: dedicated server nodes need an allocation"),
+    ("kvnode,gpu1", "", "--server-hosts: SERVERS lists no host"),
+])
+def test_bad_server_nodes_are_refused_before_anything_starts(slurm, tmp_path, nodes, lines, message):
+    servers = tmp_path / "servers"
+    servers.write_text(lines + "\n")
+    p = slurm_launch(slurm, "-n", "1", "-s", "1", "--server-hosts", str(servers), "python", "x.py",
+                     env={"SLURM_JOB_NODELIST": nodes})
+    assert p.wait(30) == 2, p.text
+    assert message.replace("SERVERS", str(servers)) in p.text, p.text
+    assert "scheduler listening" not in p.text

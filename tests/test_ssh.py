@@ -1,6 +1,7 @@
-"""`python -m tracker.ssh` against a real sshd on 127.0.0.1-3: formulas over
-hosts, --sync-dst-dir, failures and signals (nothing left on any host), bad
-input refused before anything starts; plus host file parsing and placement."""
+"""`python -m tracker.ssh` against a real sshd on 127.0.0.1-5: formulas over
+hosts, dedicated server hosts (--server-hosts), --sync-dst-dir, failures and
+signals (nothing left on any host), bad input refused before anything starts;
+plus host file parsing and placement."""
 
 import os
 import re
@@ -57,6 +58,21 @@ def test_placement_is_round_robin_servers_first_and_respects_slots():
     assert "a  s0, w0, w2" in text
 
 
+def test_dedicated_server_hosts_placement():
+    """Servers round-robin over the server hosts, workers over the worker hosts,
+    each with its file's slots; a host in both files is refused, naming both."""
+    workers, servers = [Host("w1"), Host("w2")], [Host("s1"), Host("s2", slots=1), Host("s3")]
+    placed = hostfile.place_apart(workers, servers, 4, 3)
+    assert [h.host for h in placed] == ["s1", "s2", "s3", "s1", "w1", "w2", "w1"]
+    with pytest.raises(HostfileError, match=r"3 servers do not fit in the 2 slots of --server-hosts"):
+        hostfile.place_apart(workers, [Host("s1", slots=1), Host("s2", slots=1)], 3, 2)
+    with pytest.raises(HostfileError, match=r"w2 is in both -H w\.txt and --server-hosts s\.txt"):
+        hostfile.place_apart(workers, [Host("s1"), Host("w2")], 2, 2,
+                             sources=("-H w.txt", "--server-hosts s.txt"))
+    # the same name on another ssh port is another host (e.g. a container)
+    assert len(hostfile.place_apart(workers, [Host("w1", 2222)], 1, 2)) == 3
+
+
 # -- real ssh -----------------------------------------------------------------------
 
 pytestmark = pytest.mark.slow
@@ -93,6 +109,31 @@ def test_dist_sync_job_over_ssh_matches_formulas(sshd, tmp_path):
     assert f"[worker:1@127.0.0.3:{port}] OK rank 1 of 2" in p.text
     assert (logs / "worker-1.log").read_text().strip() == "OK rank 1 of 2"
     assert "serving on tcp://127.0.0.2" in (logs / "server-0.log").read_text()
+    assert_nothing_left(p, sshd)
+
+
+def test_dedicated_server_hosts_over_ssh(sshd, tmp_path):
+    """--server-hosts: 4 servers on 127.0.0.4/5, 2 workers on 127.0.0.2/3; every
+    process ran on its host (the ssh connection it was started through, and the
+    address each server binds and advertises), and the sums are right."""
+    servers = sshd.hostfile("# CPU-only machines", "127.0.0.4:{port}", "127.0.0.5:{port}")
+    p = ssh_launch(sshd, "-n", "2", "-s", "4", "-H", two_hosts(sshd), "--server-hosts", servers,
+                   "python", os.path.join(SCRIPTS, "placement.py"))
+    assert p.wait(120) == 0, p.text
+    port = sshd.port
+    assert "placement: servers round-robin over the 2 server hosts, workers over the 2 " \
+           "worker hosts" in p.text, p.text
+    want = {("server", "0"): "4", ("server", "1"): "5", ("server", "2"): "4",
+            ("server", "3"): "5", ("worker", "0"): "2", ("worker", "1"): "3"}
+    assert re.search(rf"127\.0\.0\.4:{port}\s+server 0, server 2$", p.text, re.M), p.text
+    assert re.search(rf"127\.0\.0\.2:{port}\s+worker 0$", p.text, re.M), p.text
+    placed = {(role, rank): host for role, rank, host in
+              re.findall(r"\] placed (\w+) (\d+) 127\.0\.0\.(\d+)$", p.text, re.M)}
+    assert placed == want, p.text
+    for (role, rank), host in want.items():
+        at = rf"\[{role}:{rank}@127\.0\.0\.{host}:{port}\] "
+        assert re.search(at + ("sums ok" if role == "worker" else
+                               rf".*serving on tcp://127\.0\.0\.{host}:"), p.text), p.text
     assert_nothing_left(p, sshd)
 
 
@@ -173,12 +214,23 @@ def test_a_killed_launcher_leaves_nothing_behind(sshd):
     (["-H", "TWO", "--remote-python", "/nonexistent/python"], "cannot run the remote interpreter"),
     (["-H", "TWO", "--remote-dir", "/nonexistent/dir"], "working directory '/nonexistent/dir'"),
     (["-H", "TWO", "--host-ip", "nosuchif0"], "nosuchif0 is not an address of this machine"),
+    (["-H", "TWO", "--server-hosts", "/nonexistent/servers"],
+     "error: --server-hosts: cannot read host file '/nonexistent/servers'"),
+    (["-H", "TWO", "--server-hosts", "EMPTY"], "error: --server-hosts: EMPTY lists no host"),
+    (["-H", "TWO", "--server-hosts", "SERVERS_AND_ONE_WORKER"],
+     "127.0.0.3:{port} is in both -H TWO and --server-hosts SERVERS_AND_ONE_WORKER"),
+    (["-H", "TWO", "--server-hosts", "FAR"], "cannot reach 127.0.0.5"),
 ])
 def test_bad_input_is_refused_before_anything_starts(sshd, args, message):
     files = {"EMPTY": sshd.hostfile("# nothing", ""), "TWO": two_hosts(sshd),
              "UNREACHABLE": sshd.hostfile("127.0.0.2:{port}", f"127.0.0.4:{services.free_port()}"),
-             "SLOTS": sshd.hostfile("127.0.0.2:{port} slots=2", "127.0.0.3:{port} slots=1")}
+             "SLOTS": sshd.hostfile("127.0.0.2:{port} slots=2", "127.0.0.3:{port} slots=1"),
+             "SERVERS_AND_ONE_WORKER": sshd.hostfile("127.0.0.4:{port}", "127.0.0.3:{port}"),
+             "FAR": sshd.hostfile(f"127.0.0.5:{services.free_port()}")}
     args = [files.get(a, a) for a in args]
+    for name, path in files.items():   # the error names the file
+        message = message.replace(name, path)
+    message = message.replace("{port}", str(sshd.port))
     p = ssh_launch(sshd, "-n", "2", "-s", "2", *args, "python", "x.py")
     assert p.wait(60) == 2, p.text
     assert message in p.text, p.text

@@ -78,6 +78,15 @@ def server_device_option():
                              "[default: KVSTORE_SERVER_DEVICE, else cpu].")
 
 
+def server_hosts_option(hosts: str, workers: str):
+    """--server-hosts FILE: dedicated server hosts (``server_hosts_path``; None
+    without it): servers on the ``hosts`` the file lists, workers on ``workers``
+    (docs/launching.md, "Dedicated server hosts")."""
+    return click.option("--server-hosts", "server_hosts_path", default=None, metavar="FILE",
+                        help=f"{hosts} for the servers only (none in both): servers round-robin "
+                             f"over these, workers over {workers}.")
+
+
 def log_level(environ=os.environ) -> str:
     """KVSTORE_LOG_LEVEL of ``environ`` (case-insensitive; default INFO), upper
     case. A value that is not a level is reported (``error: ...``, status 2)."""

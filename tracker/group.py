@@ -212,12 +212,16 @@ def start_group(name: str, make_argv, sink: Sink):
 class GroupCommand:
     """How one command starts every process of a job: its name (``mpirun``,
     ``srun``), what it calls the processes (``openmpi ranks``, ``tasks``), the
-    variables that hold a process's global rank, and ``prefix(procs, job)``: its
-    argv before the node wrapper's."""
+    variables that hold a process's global rank, ``prefix(procs, job)``: its
+    argv before the node wrapper's, and ``tail(procs, wrapper)``: the rest of
+    the command line given the wrapper's argv (by default the wrapper itself;
+    mpirun's MPMD form repeats it once per app context: ``-np S --hostfile
+    SERVERS WRAPPER : -np W --hostfile WORKERS WRAPPER``)."""
     tool: str
     units: str
     rank_vars: list[str]
     prefix: Callable[[list[ProcSpec], str], list[str]]
+    tail: Callable[[list[ProcSpec], list[str]], list[str]] = lambda procs, wrapper: wrapper
 
 
 def run_group(spec: JobSpec, command: GroupCommand, *, python: str, scheduler_host: str,
@@ -235,7 +239,8 @@ def run_group(spec: JobSpec, command: GroupCommand, *, python: str, scheduler_ho
     def make_argv(procs, source=None):
         port = int(procs[0].env["KVSTORE_SCHEDULER_PORT"])
         plan = rank_plan(procs, command.rank_vars, spec.kill_grace, (scheduler_host, port))
-        return command.prefix(procs, job) + wrapper_argv(python, job, plan, source)
+        return command.prefix(procs, job) + command.tail(
+            procs, wrapper_argv(python, job, plan, source))
 
     def show(procs) -> str:
         servers = spec.num_servers

@@ -13,6 +13,11 @@ Placement (:func:`place`) is deterministic: servers 0..S-1 first, then workers
 ``slots`` are used up. A host without ``slots=`` takes any number of processes.
 When every host is full, the job is refused unless oversubscription is allowed,
 in which case the dealing goes on round-robin over all hosts.
+
+Dedicated server hosts (:func:`place_apart`, ``--server-hosts FILE``): servers
+0..S-1 are dealt the same way over the server hosts, workers 0..W-1 over the
+worker hosts; a host may not be in both files (it would be the co-located layout
+again, with the slots of two files to reconcile).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+
+from .outcome import plural
 
 
 class HostfileError(ValueError):
@@ -106,26 +113,33 @@ def parse(text: str, source: str = "hostfile") -> list[Host]:
     return hosts
 
 
-def read(path: str) -> list[Host]:
-    """Read and parse the host file at ``path``."""
+def read(path: str, option: str | None = None) -> list[Host]:
+    """Read and parse the host file at ``path``; errors start with ``option``
+    (e.g. ``--server-hosts``) when given."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise HostfileError(f"cannot read host file {path!r}: {e.strerror or e}") from None
-    return parse(text, path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise HostfileError(f"cannot read host file {path!r}: {e.strerror or e}") from None
+        return parse(text, path)
+    except HostfileError as e:
+        if option is None:
+            raise
+        raise HostfileError(f"{option}: {e}") from None
 
 
 def place(hosts: list[Host], num_servers: int, num_workers: int,
-          oversubscribe: bool = False) -> list[Host]:
+          oversubscribe: bool = False, source: str = "the host file") -> list[Host]:
     """The host of every process: servers 0..S-1, then workers 0..W-1 (the
-    launch order). Round-robin over ``hosts``, skipping full ones."""
+    launch order). Round-robin over ``hosts``, skipping full ones. ``source``
+    names the file in the error raised when the processes do not fit."""
     total = num_servers + num_workers
     capacity = None if any(h.slots is None for h in hosts) else sum(h.slots for h in hosts)
     if capacity is not None and total > capacity and not oversubscribe:
         raise HostfileError(
-            f"{total} processes ({num_servers} servers + {num_workers} workers) do not fit in "
-            f"the {capacity} slots of the host file; add hosts or slots, or allow --oversubscribe")
+            f"{_processes(num_servers, num_workers)} do not fit in the {capacity} slots of "
+            f"{source}; add hosts or slots, or allow --oversubscribe")
     used = [0] * len(hosts)
     placed = []
     turn = 0
@@ -140,6 +154,31 @@ def place(hosts: list[Host], num_servers: int, num_workers: int,
         placed.append(hosts[i])
         turn = i + 1
     return placed
+
+
+def _processes(num_servers: int, num_workers: int) -> str:
+    if not (num_servers and num_workers):
+        return plural(num_servers, "server") if num_servers else plural(num_workers, "worker")
+    return (f"{num_servers + num_workers} processes ({num_servers} servers + "
+            f"{num_workers} workers)")
+
+
+def place_apart(workers: list[Host], servers: list[Host], num_servers: int, num_workers: int,
+                oversubscribe: bool = False,
+                sources: tuple[str, str] = ("-H", "--server-hosts")) -> list[Host]:
+    """The host of every process (servers, then workers) when servers have hosts
+    of their own: servers round-robin over ``servers``, workers over ``workers``,
+    each as :func:`place` deals them. ``sources`` name the two files in errors.
+    Raises :class:`HostfileError` if a host (name and port) is in both lists."""
+    ports = {(h.host, h.port): h for h in workers}
+    both = [h.name for h in servers if (h.host, h.port) in ports]
+    if both:
+        raise HostfileError(
+            f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} in both {sources[0]} and "
+            f"{sources[1]}: a host runs either workers or servers (to run servers on the "
+            f"worker hosts, leave out {sources[1].split()[0]})")
+    return (place(servers, num_servers, 0, oversubscribe, sources[1])
+            + place(workers, 0, num_workers, oversubscribe, sources[0]))
 
 
 def describe(labels: list[str], placed: list[Host]) -> str:

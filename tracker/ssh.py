@@ -2,7 +2,9 @@
 
 The scheduler runs in this process (on this machine); each server and worker is
 started with ``ssh HOST 'cd DIR && exec PYTHON -c <wrapper> ...'``, placed
-round-robin over the hosts (servers first; see :mod:`tracker.hostfile`). The
+round-robin over the hosts (servers first; see :mod:`tracker.hostfile`), or, with
+``--server-hosts FILE``, servers round-robin over that file's hosts and workers
+over the ``-H`` hosts (BytePS's layout: spare CPU machines as servers). The
 environment reaches the remote process over ssh's stdin, never a command line.
 """
 
@@ -18,7 +20,7 @@ import click
 from . import hostfile
 from .control import env
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
-                  job_spec, setup_logging)
+                  job_spec, server_hosts_option, setup_logging)
 from .launcher import run_cli
 from .outcome import plural
 from .preflight import check_host, on_each, sync_dir
@@ -32,10 +34,13 @@ Example (hosts: one host per line, e.g. "node1", "node2:2222", "alice@node3 slot
   python -m tracker.ssh -n 4 -s 2 -H hosts --host-ip eth0 --sync-dst-dir /tmp/job \\
       --env PYTHONPATH --worker-env WANDB_API_KEY --log-dir logs python train.py
 \b
+  python -m tracker.ssh -n 4 -s 4 -H gpu_hosts --server-hosts cpu_hosts python train.py
+\b
 A bare "python" in COMMAND runs the remote interpreter (--remote-python).
 Environment: only the KVSTORE_* settings and the --env names are passed on.
 Placement: servers 0..S-1 then workers 0..W-1, round-robin over the hosts in
-file order, skipping hosts whose slots=N are used up. See docs/launching.md.
+file order, skipping hosts whose slots=N are used up; with --server-hosts,
+servers over those hosts and workers over the -H hosts. See docs/launching.md.
 """
 
 
@@ -43,6 +48,7 @@ file order, skipping hosts whose slots=N are used up. See docs/launching.md.
 @common_options
 @click.option("-H", "--hostfile", "hostfile_path", required=True, metavar="FILE",
               help="Hosts to run on: 'host', 'host:port' or 'user@host', optional 'slots=N'.")
+@server_hosts_option("Hosts (same format as -H)", "the -H hosts")
 @click.option("--remote-python", default=sys.executable, show_default=True,
               help="Interpreter on the hosts (for servers, the wrapper and a bare 'python').")
 @click.option("--remote-dir", default=None,
@@ -61,7 +67,7 @@ file order, skipping hosts whose slots=N are used up. See docs/launching.md.
               help="Allow more processes than the slots of the host file.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
-         dry_run, hostfile_path, remote_python, remote_dir, sync_dst_dir, ssh_config, identity,
+         dry_run, hostfile_path, server_hosts_path, remote_python, remote_dir, sync_dst_dir, ssh_config, identity,
          ssh_option, connect_timeout, oversubscribe, command):
     """Run COMMAND as NUM_WORKERS workers plus servers on the hosts of a host
     file, over ssh, with the scheduler on this machine."""
@@ -70,10 +76,20 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     num_servers = num_servers or num_workers
     choice = env_choice(env_all, env_worker, env_server)
     try:
-        hosts = hostfile.read(hostfile_path)
-        placed = hostfile.place(hosts, num_servers, num_workers, oversubscribe)
+        worker_hosts = hostfile.read(hostfile_path)
+        server_hosts = hostfile.read(server_hosts_path, "--server-hosts") if server_hosts_path else []
+        if server_hosts:
+            placed = hostfile.place_apart(
+                worker_hosts, server_hosts, num_servers, num_workers, oversubscribe,
+                (f"-H {hostfile_path}", f"--server-hosts {server_hosts_path}"))
+        else:
+            placed = hostfile.place(worker_hosts, num_servers, num_workers, oversubscribe)
     except hostfile.HostfileError as e:
         fail(str(e))
+    hosts = worker_hosts + server_hosts
+    how = (f"servers round-robin over the {plural(len(server_hosts), 'server host')}, workers "
+           f"over the {plural(len(worker_hosts), 'worker host')}" if server_hosts
+           else "round-robin, servers first")
     addresses = {h: resolve(h) for h in hosts}
     try:
         sched_host = scheduler_address(host_ip, [(h.is_loopback, addresses[h]) for h in hosts])
@@ -96,8 +112,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     def plan(procs, commands: bool = True) -> str:
         lines = [f"job {job}: scheduler on {sched_host} (this machine); "
                  f"{plural(num_servers, 'server')} and {plural(num_workers, 'worker')} over "
-                 f"{plural(len(hosts), 'host')}, in {directory} "
-                 "(placement: round-robin, servers first):",
+                 f"{plural(len(hosts), 'host')}, in {directory} (placement: {how}):",
                  hostfile.describe([p.label for p in procs], placed)]
         if sync_dst_dir:
             lines.append(f"copy {os.getcwd()}/ to {sync_dst_dir} on every host first (rsync)")
