@@ -60,7 +60,9 @@ def make_optimizer(args, batches_per_epoch: int, kv=None) -> kvopt.Optimizer:
     the schedule counts W updates per batch, and the learning rate is scaled by
     --async-lr-scale (default 1/W; logged)."""
     updates_per_batch, lr = 1, args.lr
-    if kv is not None and kv.num_workers > 1 and kv.type.startswith(("dist_async", "dist_ssp")):
+    one_by_one = kv is not None and (kv.type.startswith("dist_async") or
+                                     (kv.type.startswith("dist_ssp") and kv.staleness != 0))
+    if one_by_one and kv.num_workers > 1:
         updates_per_batch = kv.num_workers
         scale = 1.0 / kv.num_workers if args.async_lr_scale is None else args.async_lr_scale
         lr = args.lr * scale

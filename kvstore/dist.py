@@ -44,6 +44,7 @@ class DistStore(Leaving, KVStore):
         config.require_cluster(f"kvstore.create({name!r})")
         self._config = config
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
+        self._staleness = staleness
         self._job = JobMember(config)
         self._membership = self._job.membership
         self._collective = self._job.collective
@@ -77,6 +78,11 @@ class DistStore(Leaving, KVStore):
     @property
     def num_workers(self) -> int:
         return self._num_workers
+
+    @property
+    def staleness(self) -> int | float | None:
+        """dist_ssp's bound (0: run as dist_sync; inf: as dist_async); None for other types."""
+        return self._staleness
 
     @property
     def resumed(self) -> bool:

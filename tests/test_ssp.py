@@ -470,3 +470,18 @@ def test_a_restored_ssp_server_waits_for_configure_and_starts_clocks_at_zero():
     expect_ok(only(configure(fresh, 0, 7, mode="ssp", num_workers=2, staleness=3)), peer(0), 7)
     assert fresh.ssp.bound == 3 and fresh.ssp.clocks == {}
     np.testing.assert_array_equal(only(send(fresh, 0, ops.PULL, 8)).arrays[0], [-2, -2])
+
+
+@pytest.mark.parametrize("s, expected_lr", [(0, 0.05), (2, 0.025)])
+def test_the_examples_scale_the_learning_rate_unless_ssp_runs_as_sync(make_cluster, s, expected_lr):
+    """examples/common.py: each worker's push is its own update under ssp (s > 0), so the
+    learning rate is scaled by 1/W; dist_ssp with s = 0 is dist_sync, unscaled."""
+    import argparse
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    from common import add_fit_args, make_optimizer
+    args = add_fit_args(argparse.ArgumentParser()).parse_args(["--lr", "0.05"])
+    cluster = make_cluster(2, 1, staleness=s)
+    lrs = cluster.run(lambda kv: make_optimizer(args, 10, kv).learning_rate, store_type="dist_ssp")
+    assert lrs == [pytest.approx(expected_lr)] * 2
