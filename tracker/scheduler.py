@@ -57,13 +57,9 @@ def serve(environ: Mapping[str, str]) -> int:
 
 
 def main() -> int:
-    if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__.strip())
-        return 0
-    if sys.argv[1:]:
-        print(f"tracker.scheduler takes no arguments (got {' '.join(sys.argv[1:])}): it is configured "
-              "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
-        return 2
+    status = env.entry_point_arguments("tracker.scheduler", __doc__, sys.argv[1:])
+    if status is not None:
+        return status
     text, level = env.log_level(os.environ)
     if level is None:
         print(f"error: KVSTORE_LOG_LEVEL={text!r} is invalid: use "

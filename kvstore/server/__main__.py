@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from tracker.control import env
 from tracker.control.env import LOG_LEVELS
 
 from ..config import Config
@@ -17,13 +18,9 @@ from . import run
 
 
 def main() -> int:
-    if sys.argv[1:] in (["-h"], ["--help"]):
-        print(__doc__.strip())
-        return 0
-    if sys.argv[1:]:
-        print(f"kvstore.server takes no arguments (got {' '.join(sys.argv[1:])}): it is configured "
-              "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
-        return 2
+    status = env.entry_point_arguments("kvstore.server", __doc__, sys.argv[1:])
+    if status is not None:
+        return status
     try:
         config = Config.from_env(os.environ)
     except ConfigError as e:

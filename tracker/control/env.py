@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -299,3 +300,17 @@ def markdown_table() -> str:
         shown = "" if var.default is None else f"`{var.default}`"
         lines.append(f"| `{var.name}` | {alias} | {shown} | {var.help} |")
     return "\n".join(lines)
+
+
+def entry_point_arguments(prog: str, doc: str, argv: list) -> int | None:
+    """For ``python -m`` entry points configured by the environment only (the server,
+    the scheduler): ``-h`` prints ``doc`` (returns 0), other arguments are refused
+    (returns 2); None when there are none."""
+    if argv in (["-h"], ["--help"]):
+        print(doc.strip())
+        return 0
+    if argv:
+        print(f"{prog} takes no arguments (got {' '.join(argv)}): it is configured "
+              "by the KVSTORE_* environment (docs/configuration.md); -h for help", file=sys.stderr)
+        return 2
+    return None
