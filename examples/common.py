@@ -138,12 +138,19 @@ def train_epochs(args, kv, model: torch.nn.Module, trainer, train_batches, val_b
     ``step``, which pushes the rows of the step's gradient. Returns the last
     validation accuracy."""
     val_acc = float("nan")
-    for epoch in range(begin, args.num_epochs):
+    epoch, starting = begin, True
+    while epoch < args.num_epochs:
+        if kv.elastic:
+            epoch = elastic_epoch(kv, trainer, epoch, starting, args.batch_size)
+            if epoch >= args.num_epochs:
+                break
+        starting = False
         tic, stats0 = time.time(), kv.comm_stats()
         speedometer = Speedometer(args.batch_size, args.disp_batches)
         model.train()
         correct = seen = 0
-        for nbatch, (x, y) in enumerate(train_batches(epoch, kv.rank, kv.num_workers), start=1):
+        place = kv.members.index(kv.rank)    # = kv.rank, unless an elastic job lost a worker
+        for nbatch, (x, y) in enumerate(train_batches(epoch, place, kv.num_workers), start=1):
             x, y = torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
             trainer.zero_grad()
             out = model(x)
@@ -163,13 +170,37 @@ def train_epochs(args, kv, model: torch.nn.Module, trainer, train_batches, val_b
         log.info("Epoch[%d] Validation-accuracy=%f", epoch, val_acc)
         if args.model_prefix:
             kv.barrier()          # every worker's pushes of this epoch are applied
-            if kv.rank == 0:
+            if kv.rank == kv.members[0]:
                 params_path, states_path = checkpoint_paths(args.model_prefix, epoch + 1)
                 _atomic_save(model.state_dict(), params_path)
                 trainer.save_states(states_path)
                 log.info("Saved checkpoint to %s", params_path)
             kv.barrier()
+        epoch += 1
+    if kv.elastic and not starting and kv.rank == kv.members[0]:
+        kv.save_progress({"epoch": args.num_epochs})   # a worker joining now has nothing to do
     return val_acc
+
+
+def elastic_epoch(kv, trainer, epoch: int, starting: bool, batch_size: int) -> int:
+    """The start of an epoch of an elastic job (docs/elastic.md): the first member
+    records the epoch, then a barrier gives every worker the same members to shard
+    the data by. A worker that joined the running job meets the others at that
+    barrier, takes their epoch and copies their weights. Returns the epoch to run."""
+    joining = starting and kv.joined
+    if not joining and kv.rank == kv.members[0]:
+        kv.save_progress({"epoch": epoch})
+    before = kv.members
+    kv.barrier()
+    if joining:
+        epoch = int(kv.progress.get("epoch", epoch))
+        trainer.pull_weights()
+        log.info("joined the running job at epoch %d as worker %d of %s", epoch, kv.rank, list(kv.members))
+    elif kv.members != before:
+        log.info("Epoch[%d] workers %s (were %s): each takes 1/%d of the data, and a step's batch "
+                 "is %d samples in all", epoch, list(kv.members), list(before), kv.num_workers,
+                 kv.num_workers * batch_size)
+    return epoch
 
 
 def get_device(args) -> torch.device:

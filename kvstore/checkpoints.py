@@ -17,14 +17,16 @@ from .protocol import ops
 class Checkpoints:
     """Example (what DistStore does)::
 
-        checkpoints = Checkpoints(client, rank, config, collective)
+        checkpoints = Checkpoints(client, leads, config, collective)
         checkpoints.save({"epoch": 3})      # collective
         checkpoints.pulled()                # after each pull: maybe an automatic one
         checkpoints.resumed, checkpoints.meta
     """
 
-    def __init__(self, client, rank: int, config, collective):
-        self._client, self._rank, self._collective = client, rank, collective
+    def __init__(self, client, leads, config, collective):
+        # leads(): whether this worker acts for all (rank 0; in an elastic job the
+        # lowest member rank, the same on every worker between two collective calls)
+        self._client, self._leads, self._collective = client, leads, collective
         self._interval = config.checkpoint_interval
         self._pulls = 0
         self._next = time.monotonic() + self._interval if self._interval > 0 else None
@@ -44,16 +46,16 @@ class Checkpoints:
         meta = checkpoint_meta(meta)
         self._client.flush("save_checkpoint")
         self._collective("save_checkpoint")
-        if self._rank == 0:
+        if self._leads():
             self._client.request_all(ops.CHECKPOINT, "save_checkpoint", meta=meta)
         self._collective("save_checkpoint done")
 
     def pulled(self) -> None:
-        """Automatic checkpoints, by rank 0 right after a pull: its next push has not
+        """Automatic checkpoints, by the leading worker (rank 0) right after a pull: its next push has not
         been sent, so no round after this pull's can have completed on any server, and
         every server saves the same round."""
         self._pulls += 1
-        if self._next is None or self._rank != 0 or time.monotonic() < self._next:
+        if self._next is None or not self._leads() or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._interval
         self._client.request_all(ops.CHECKPOINT, "automatic checkpoint", meta={"step": self._pulls})

@@ -47,20 +47,26 @@ class DistStore(Leaving, KVStore):
         self._staleness = staleness
         self._job = JobMember(config)
         self._membership = self._job.membership
-        self._collective = self._job.collective
         self._client = None
         try:
             reg = self._job.register()
-            self._rank, self._num_workers = reg.rank, reg.num_workers
+            self._rank, self._members = reg.rank, tuple(reg.members)
+            self._elastic = tuple(reg.elastic) if reg.elastic else None
+            # joined a running elastic job: the others are not at this worker's first
+            # collective calls (create, init, set_optimizer), which it makes alone
+            # until its first barrier meets theirs (docs/elastic.md)
+            self._joining = self._joined = bool(reg.joined)
+            self._progress = dict(reg.progress or {})
             self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else ""))
-            if self._rank == 0:
+            if self._leads():
+                # the servers count a round complete when every worker slot is in it
                 self._client.request_all(ops.CONFIGURE, "configuring the servers", mode=self._mode,
-                                         num_workers=self._num_workers,
+                                         num_workers=reg.slots,
                                          **({"staleness": staleness} if self._mode == "ssp" else {}))
-            self._checkpoints = Checkpoints(self._client, self._rank, config, self._collective)
+            self._checkpoints = Checkpoints(self._client, self._leads, config, self._collective)
         except BaseException:
             self._release()
             raise
@@ -68,8 +74,10 @@ class DistStore(Leaving, KVStore):
         if config.exit_on_abort:
             self._watch_for_crash()
         atexit.register(self._close_at_exit)
-        log.info("[worker:%d] joined %s with %d workers and %d servers",
-                 self._rank, name, self._num_workers, reg.num_servers)
+        log.info("[worker:%d] %s %s with %d workers and %d servers%s",
+                 self._rank, "joined the running job" if self._joined else "joined", name,
+                 len(self._members), reg.num_servers,
+                 f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
 
     @property
     def rank(self) -> int:
@@ -77,7 +85,52 @@ class DistStore(Leaving, KVStore):
 
     @property
     def num_workers(self) -> int:
-        return self._num_workers
+        """The number of workers; in an elastic job, of members as of this worker's
+        last collective call (they leave and join: docs/elastic.md)."""
+        return len(self._members)
+
+    @property
+    def members(self) -> tuple:
+        return self._members
+
+    @property
+    def elastic(self) -> tuple | None:
+        return self._elastic
+
+    @property
+    def joined(self) -> bool:
+        return self._joined
+
+    @property
+    def progress(self) -> dict:
+        """The job's progress as last saved by any worker with :meth:`save_progress`,
+        as this worker last heard it (at registration and at each barrier); {} if none."""
+        return dict(self._progress)
+
+    def save_progress(self, progress: dict) -> None:
+        """Record ``progress`` (a small dict, e.g. ``{"epoch": 3}``) with the job's
+        scheduler, where a worker that joins an elastic job later reads it
+        (``kv.progress``). Not collective: one worker saves, e.g. ``kv.members[0]``."""
+        self._check_open("save_progress")
+        if not isinstance(progress, dict):
+            raise InvalidArgumentError(f"save_progress: progress must be a dict, got {type(progress).__name__}")
+        self._job.save_progress(progress)
+        self._progress = dict(progress)
+
+    def _leads(self) -> bool:
+        """Whether this worker acts for all at collective calls (configure, init,
+        set_optimizer, checkpoints): rank 0, or in an elastic job the lowest member,
+        which every worker computes alike from the members of the same barrier."""
+        return not self._joining and self._rank == self._members[0]
+
+    def _collective(self, token: str, deadline: bool = True) -> None:
+        """Wait for every worker's same collective call (the scheduler's barrier);
+        learn the members (they change in an elastic job). A worker that joined a
+        running job passes alone until its first :meth:`barrier`."""
+        if self._joining:
+            return
+        _, self._members = self._job.collective(token, deadline)
+        self._progress = dict(self._membership.progress)
 
     @property
     def staleness(self) -> int | float | None:
@@ -212,7 +265,7 @@ class DistStore(Leaving, KVStore):
             info = KeyInfo(key, tuple(shape), dtype, self._placement.place(key, size, dtype.itemsize))
             infos.append(info)
             flats.append((info, np.ascontiguousarray(value, dtype=dtype).reshape(-1)))
-        if self._rank == 0:
+        if self._leads():
             ids = [self._client.request(server, ops.INIT, "init", parts, chunks=wire_ids)[0]
                    for server, (wire_ids, parts) in self._by_server(flats).items()]
             self._client.wait(ids, f"init of {len(items)} key(s)")
@@ -226,7 +279,7 @@ class DistStore(Leaving, KVStore):
         self._keys.update(DistRows(self).init(items))
 
     def _do_push_rows(self, items) -> None:
-        self._check_async_optimizer()
+        self._check_can_push()
         DistRows(self).push([(info.key, rows, data) for info, rows, data in items])
 
     def _do_pull_rows(self, info, rows) -> np.ndarray:
@@ -234,13 +287,17 @@ class DistStore(Leaving, KVStore):
         self._checkpoints.pulled()
         return data
 
-    def _check_async_optimizer(self) -> None:
+    def _check_can_push(self) -> None:
+        if self._joining:
+            raise InvalidArgumentError(
+                "this worker joined a running elastic job: it pushes only after its first "
+                "barrier(), where it meets the other workers (docs/elastic.md)")
         if self._mode != "sync" and self._optimizer is None:
             raise InvalidArgumentError(f"{self._type} applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push() or pushpull()")
 
     def _do_push(self, items, wait_sent: bool = True) -> None:
-        self._check_async_optimizer()
+        self._check_can_push()
         what = f"push of {_keys_text(info for info, _ in items)}"
         self._check_compressible([info for info, _ in items], what)
         trackers = []
@@ -270,12 +327,12 @@ class DistStore(Leaving, KVStore):
         self._checkpoints.pulled()
 
     def _do_pushpull(self, items) -> None:
-        self._check_async_optimizer()
+        self._check_can_push()
         self._send_and_fill(ops.PUSHPULL, *self._pushpull_args(items))
         self._checkpoints.pulled()
 
     def _do_pushpull_start(self, items) -> tuple:
-        self._check_async_optimizer()
+        self._check_can_push()
         return self._send(ops.PUSHPULL, *self._pushpull_args(items))
 
     @staticmethod
@@ -299,7 +356,7 @@ class DistStore(Leaving, KVStore):
             return
         self._client.flush("set_optimizer")
         self._collective(f"set_optimizer {config['name']}")
-        if self._rank == 0:
+        if self._leads():
             self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
         self._collective("set_optimizer done")
 
@@ -321,9 +378,15 @@ class DistStore(Leaving, KVStore):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def barrier(self) -> None:
+        """Wait until every worker called barrier(); pushes sent before are applied.
+        In an elastic job: every member, and the members (``kv.members``,
+        ``kv.num_workers``) and ``kv.progress`` are updated here; a worker that
+        joined a running job meets the others at its first barrier."""
         self._check_open("barrier")
         self._client.flush("barrier")
-        self._collective("barrier")
+        joining, self._joining = self._joining, False
+        # a joiner's first: the others come at their next barrier (an epoch's end, maybe)
+        self._collective("barrier", deadline=not joining)
 
 
 def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:

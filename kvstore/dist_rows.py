@@ -37,7 +37,7 @@ class DistRows:
         store = self.store
         store._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
                                                    for k, shape, dtype, *_ in items))
-        if store._rank == 0:
+        if store._leads():
             self._send_init(items)
         store._collective("init rows done")
         return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True) for k, shape, dtype, *_ in items}

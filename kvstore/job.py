@@ -23,6 +23,8 @@ from .errors import DeadlineError, InvalidArgumentError, NodeFailedError
 
 log = logging.getLogger(__name__)
 
+NO_DEADLINE = 1e9   # seconds: a barrier timeout the scheduler treats as none (tracker Barrier.arrive)
+
 
 class JobMember:
     """Example (what DistStore does)::
@@ -47,12 +49,19 @@ class JobMember:
         """Join the job: the registration (rank, number of workers, server adverts)."""
         return self._translate(self.membership.register)
 
-    def collective(self, token: str) -> None:
+    def collective(self, token: str, deadline: bool = True) -> tuple[int, tuple]:
         """Wait until every worker made the call described by ``token``; an error if
-        another worker's token differs."""
+        another worker's token differs. Returns (membership epoch, member ranks);
+        ``membership.progress`` is then the job's progress. Without ``deadline``
+        (a worker joining an elastic job, whose first barrier the others reach at
+        their next epoch) it waits as long as the job runs, not KVSTORE_TIMEOUT."""
         if len(token) > 200:
             token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
-        self._translate(self.membership.barrier, token)
+        return self._translate(self.membership.barrier, token, None if deadline else NO_DEADLINE)
+
+    def save_progress(self, progress: dict) -> None:
+        """Record the job's progress with the scheduler (what joining workers read)."""
+        self._translate(self.membership.save_progress, progress)
 
     def finish(self) -> None:
         """Tell the scheduler this worker is done."""

@@ -95,6 +95,22 @@ class KVStoreBase:
         """Number of workers in the job."""
         return 1
 
+    @property
+    def members(self) -> tuple:
+        """The ranks of the job's workers, ascending: ``0 .. num_workers - 1``, except
+        in an elastic job (docs/elastic.md), whose workers leave and join."""
+        return tuple(range(self.num_workers))
+
+    @property
+    def elastic(self) -> tuple | None:
+        """(MIN, MAX) workers of an elastic job (``--elastic MIN:MAX``), else None."""
+        return None
+
+    @property
+    def joined(self) -> bool:
+        """Whether this worker joined a running elastic job (docs/elastic.md)."""
+        return False
+
     @staticmethod
     def register(klass):
         """Class decorator (MXNet's ``KVStoreBase.register``): ``kvstore.create(name)``

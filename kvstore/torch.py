@@ -115,6 +115,10 @@ class Trainer:
         self._use_comm = overlap and any(p.is_cuda for p in self._params)
         self._comm: _CommThread | None = None
 
+        if kv.joined and not update_on_kvstore:
+            raise InvalidArgumentError(
+                "a worker that joins a running elastic job takes the weights from the servers, "
+                "which hold them only with update_on_kvstore=True (a kvstore optimizer on the servers)")
         # rank 0's parameters everywhere
         kv.init(self._keys, [p.detach() for p in self._params])
         kv.pull(self._keys, out=[p.data for p in self._params])
@@ -208,6 +212,16 @@ class Trainer:
             self._lr_sent = lr
 
     # -- the training-loop API ---------------------------------------------------------
+    def pull_weights(self) -> None:
+        """Copy the servers' current weights into the parameters. A worker that joined
+        a running elastic job calls it after its first barrier, where every other
+        worker's pushes are applied: it then holds exactly the others' weights."""
+        if not self.update_on_kvstore:
+            raise InvalidArgumentError("pull_weights: the servers hold the weights only with "
+                                       "update_on_kvstore=True")
+        self.kv.pull(self._keys, out=[p.data for p in self._params])
+
+
     def zero_grad(self) -> None:
         """Clear gradients (set to None, as torch's default)."""
         for p in self._params:
@@ -309,7 +323,9 @@ class _CommThread:
 
 def shard(n_items, kv) -> range:
     """This worker's indices of ``n_items`` items (an int, or anything with ``len()``,
-    e.g. a dataset): every ``kv.num_workers``-th index from ``kv.rank``, with the
+    e.g. a dataset): every ``kv.num_workers``-th index from ``kv.rank`` (in an
+    elastic job: from this worker's place in ``kv.members``; call it again after a
+    barrier, as the members change), with the
     remainder dropped, so that every worker gets exactly ``n_items // num_workers``
     and takes the same number of steps. In ``dist_sync`` that is required: a round
     needs a push from every worker, so a worker with more batches than another would
@@ -323,5 +339,6 @@ def shard(n_items, kv) -> range:
     n = n_items if isinstance(n_items, int) and not isinstance(n_items, bool) else len(n_items)
     if n < 0:
         raise InvalidArgumentError(f"shard: n_items must be >= 0, got {n}")
-    workers, rank = kv.num_workers, kv.rank
-    return range(rank, n // workers * workers, workers)
+    # in an elastic job ranks may have gaps: this worker's place among the members
+    workers, place = len(kv.members), kv.members.index(kv.rank)
+    return range(place, n // workers * workers, workers)

@@ -66,7 +66,7 @@ def test_a_barrier_that_times_out_names_the_absent_worker_on_every_waiter():
             assert "workers 0, 2 waited" in text and "'step 7'" in text, text
             assert "KVSTORE_TIMEOUT" in text
         # the barrier is clean again: with everybody there it completes
-        assert run_all([lambda w=w: w.barrier("again", timeout=20.0) for w in workers]) == [None] * 3
+        assert run_all([lambda w=w: w.barrier("again", timeout=20.0) for w in workers]) == [(0, (0, 1, 2))] * 3
         assert sched.failure is None
     finally:
         for node in workers + servers:

@@ -78,8 +78,18 @@ def test_async_mode_is_not_affected_by_a_finished_worker():
 
 
 class FakeStore:
-    def __init__(self, rank, num_workers):
+    """What shard() reads of a store: rank, and the members (0 .. n-1, or an
+    elastic job's ranks with gaps)."""
+    def __init__(self, rank, num_workers, members=None):
         self.rank, self.num_workers = rank, num_workers
+        self.members = tuple(range(num_workers)) if members is None else tuple(members)
+
+
+def test_shard_in_an_elastic_job_goes_by_the_place_among_the_members():
+    torch_helpers = pytest.importorskip("kvstore.torch")
+    members = (0, 2, 5)                                   # ranks 1, 3 and 4 left
+    shards = [list(torch_helpers.shard(10, FakeStore(r, 3, members))) for r in members]
+    assert shards == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
 
 
 @pytest.mark.parametrize("n, workers", [(10, 3), (9, 3), (2, 3), (0, 2), (100, 1)])

@@ -78,6 +78,40 @@ def server_device_option():
                              "[default: KVSTORE_SERVER_DEVICE, else cpu].")
 
 
+def elastic_options(f):
+    """--elastic MIN:MAX (KVSTORE_ELASTIC for the scheduler and every process) and
+    --max-restarts N: workers that fail leave the job instead of ending it, and new
+    ones may join (docs/elastic.md). Only for launchers that start each worker
+    themselves (tracker.local, tracker.ssh)."""
+    def set_elastic(ctx, param, value):
+        if value is not None:
+            os.environ["KVSTORE_ELASTIC"] = value
+    f = click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Elastic jobs: start a new worker in place of one that failed, at most "
+                          "this many times in all (it joins the running job).")(f)
+    return click.option("--elastic", metavar="MIN:MAX", default=None, expose_value=False,
+                        callback=set_elastic,
+                        help="Elastic workers (as torchrun's --nnodes=MIN:MAX): a worker that fails "
+                             "leaves the job while at least MIN remain, and workers may join up to "
+                             "MAX; -n workers start [default: fail-fast, KVSTORE_ELASTIC].")(f)
+
+
+def check_elastic(settings: env.Settings, num_workers: int) -> None:
+    """-n must lie within --elastic MIN:MAX (a usage error before anything starts)."""
+    if settings.elastic is not None:
+        low, high = settings.elastic
+        if not low <= num_workers <= high:
+            raise click.UsageError(f"-n {num_workers} is outside --elastic {low}:{high}: start "
+                                   "between MIN and MAX workers")
+
+
+def refuse_elastic(settings: env.Settings, launcher: str) -> None:
+    """mpirun and srun end every process when one fails: no elastic jobs there."""
+    if settings.elastic is not None:
+        fail(f"KVSTORE_ELASTIC is set, but {launcher} ends every process when one fails: "
+             "run elastic jobs with tracker.local or tracker.ssh")
+
+
 def server_hosts_option(hosts: str, workers: str):
     """--server-hosts FILE: dedicated server hosts (``server_hosts_path``; None
     without it): servers on the ``hosts`` the file lists, workers on ``workers``

@@ -21,6 +21,7 @@ from typing import Callable, IO, Mapping, Sequence
 
 from .control import env
 from .control.env import Settings
+from .control.records import describe_exit
 from .control.rendezvous import DEFAULT_HOST, Scheduler
 from .control.security import Security, new_secret
 from .outcome import Outcome, conclude, named_nodes, plural, report, row
@@ -52,6 +53,8 @@ class JobSpec:
     # () = none (see with_default_threads)
     threads: tuple[int, ...] = ()
     thread_vars: tuple[str, ...] = THREAD_VARS
+    # elastic jobs (settings.elastic): replacements started for workers that left
+    max_restarts: int = 0
 
     def processes(self, scheduler_port: int) -> list[ProcSpec]:
         """Servers first, then workers, each with its rank in launch order. With
@@ -193,7 +196,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
                 spawn_error = f"could not start {proc.label} ({' '.join(proc.argv)}): {e}"
                 break
         if spawn_error is None and not signals.received:
-            first_failure = _monitor(children, codes, scheduler, settings, signals)
+            replace = _Replacements(spec, spawn, children) if settings.elastic and start_all is None else None
+            first_failure = _monitor(children, codes, scheduler, settings, signals, replace)
             if first_failure is not None and first_failure[0] == "scheduler":
                 _settle(children, codes, scheduler, signals)
     finally:
@@ -222,10 +226,39 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     return outcome
 
 
-def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] | None:
+class _Replacements:
+    """Elastic jobs: a worker that ended with a non-zero status left the job (the
+    scheduler decides; below the minimum it aborts), and up to ``max_restarts``
+    times a new process is started in its place, with the same command, rank and
+    variables: it joins the running job (docs/elastic.md)."""
+
+    def __init__(self, spec: JobSpec, spawn, children: list):
+        self._left = spec.max_restarts
+        self._spawn = spawn
+        self._children = children
+        self.started = 0
+
+    def __call__(self, child, code: int) -> None:
+        log.warning("%s %s: it leaves the elastic job%s", child.spec.label, describe_exit(code),
+                    " (no replacement: --max-restarts reached)" if self.started and not self._left else "")
+        if self._left <= 0:
+            return
+        self._left -= 1
+        self.started += 1
+        proc = dataclasses.replace(child.spec, restart=self.started)
+        try:
+            self._children.append(self._spawn(proc))
+            log.warning("started %s in place of %s", proc.label, child.spec.label)
+        except OSError as e:
+            log.error("could not start a replacement for %s: %s", child.spec.label, e)
+
+
+def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tuple[str, int] | None:
     """Wait until every worker succeeded (and servers ended), something failed
-    (returned: the first failure), or a signal came (None)."""
-    servers_done_by = None
+    (returned: the first failure), or a signal came (None). ``replace``: an elastic
+    job's :class:`_Replacements`; a worker's failure is then the scheduler's to
+    judge (it aborts the job below the minimum, returned as a scheduler failure)."""
+    servers_done_by = done_at = None
     while not signals.received:
         # read before polling: an exit seen after the scheduler found a failure may
         # be a consequence of it (it told every node to stop), not its cause
@@ -240,11 +273,21 @@ def _monitor(children, codes, scheduler, settings, signals) -> tuple[str, int] |
             codes[label] = code
             scheduler.node_exited(child.spec.role, child.spec.rank, code)
             if code != 0:
+                if replace is not None and child.spec.role == "worker" and not failed_before:
+                    replace(child, code)
+                    continue
                 if not failed_before:
                     return label, code
                 nonzero = True
         if scheduler.failure is not None and (nonzero or len(codes) < len(children)):
             return "scheduler", 1  # e.g. a stuck process (heartbeats), a reported exception
+        if replace is not None and scheduler.done and scheduler.failure is None:
+            # every node finished or left: a worker that was removed for silence (e.g.
+            # stopped) has no job any more; the others get SETTLE seconds to exit
+            done_at = done_at or time.monotonic()
+            if time.monotonic() > done_at + SETTLE:
+                log.warning("the elastic job is over; stopping what is left of it")
+                return None
         workers = [c for c in children if c.spec.role == "worker"]
         if all(c.spec.label in codes for c in workers):
             if len(codes) == len(children):

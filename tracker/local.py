@@ -13,7 +13,8 @@ import sys
 import click
 
 from .control import env
-from .cli import log_level, resume_option, server_device_option, setup_logging
+from .cli import (check_elastic, elastic_options, log_level, resume_option, server_device_option,
+                  setup_logging)
 from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
 
 EXAMPLE = """\b
@@ -42,8 +43,9 @@ here and passed on to every process; see docs/configuration.md.
 @click.option("--dry-run", is_flag=True, help="Print what would run, start nothing.")
 @resume_option()
 @server_device_option()
+@elastic_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run, command):
+def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run, max_restarts, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
@@ -59,10 +61,11 @@ def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run
         settings = env.read({**os.environ, **extra})
     except env.EnvError as e:
         raise click.UsageError(str(e))
+    check_elastic(settings, num_workers)
     num_servers = num_servers or num_workers
     spec = JobSpec(num_workers=num_workers, num_servers=num_servers,
                    command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings,
-                   emulate_hosts=emulate_hosts or 0)
+                   emulate_hosts=emulate_hosts or 0, max_restarts=max_restarts)
     # every process runs on this machine (emulated hosts too)
     total = num_servers + num_workers
     spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},

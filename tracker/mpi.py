@@ -27,7 +27,7 @@ import click
 
 from . import hostfile
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
-                  job_spec, server_hosts_option, setup_logging)
+                  job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group, split_env
 from .remote import resolve, scheduler_address
 
@@ -176,6 +176,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
                     multi_host=not all(h.is_loopback for h in hosts))
+    refuse_elastic(spec.settings, "tracker.mpi (mpirun)")
     # threads: one value for every rank (one environment); placement is mpirun's,
     # estimated as round-robin over the host file, cores = a host's slots= if given
     names = ([h.name for h in placed or hostfile.place(hosts, num_servers, num_workers, True)]

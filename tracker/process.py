@@ -27,10 +27,11 @@ class ProcSpec:
     argv: tuple[str, ...]
     env: dict = field(default_factory=dict)
     cwd: str | None = None
+    restart: int = 0     # > 0: the n-th replacement of a worker that left an elastic job
 
     @property
     def label(self) -> str:
-        return f"{self.role} {self.rank}"
+        return f"{self.role} {self.rank}" + (f" #{self.restart}" if self.restart else "")
 
 
 class Child:

@@ -25,7 +25,7 @@ import click
 
 from . import hostfile
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
-                  job_spec, server_hosts_option, setup_logging)
+                  job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group
 from .remote import ipaddress_is_loopback, scheduler_address
 
@@ -133,6 +133,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=python, choice=choice, scheduler_host=sched_host, kill_grace=kill_grace,
                     multi_host=not all(loopback for loopback, _ in nodes))
+    refuse_elastic(spec.settings, "tracker.slurm (srun)")
     # threads: one value for every task (one environment); srun places the tasks,
     # estimated as spread evenly over the allocation's nodes, each with the cores
     # Slurm gave this node (SLURM_CPUS_ON_NODE) or, outside an allocation, this machine's

@@ -10,6 +10,7 @@ environment reaches the remote process over ssh's stdin, never a command line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -19,8 +20,8 @@ import click
 
 from . import hostfile
 from .control import env
-from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
-                  job_spec, server_hosts_option, setup_logging)
+from .cli import (CONTEXT, check_command, check_elastic, common_options, default_threads,
+                  elastic_options, env_choice, fail, job_spec, server_hosts_option, setup_logging)
 from .launcher import run_cli
 from .outcome import plural
 from .preflight import check_host, on_each, sync_dir
@@ -65,10 +66,11 @@ servers over those hosts and workers over the -H hosts. See docs/launching.md.
               help="Seconds to wait for each ssh connection.")
 @click.option("--oversubscribe", is_flag=True,
               help="Allow more processes than the slots of the host file.")
+@elastic_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
          dry_run, hostfile_path, server_hosts_path, remote_python, remote_dir, sync_dst_dir, ssh_config, identity,
-         ssh_option, connect_timeout, oversubscribe, command):
+         ssh_option, connect_timeout, oversubscribe, max_restarts, command):
     """Run COMMAND as NUM_WORKERS workers plus servers on the hosts of a host
     file, over ssh, with the scheduler on this machine."""
     command = check_command(command)
@@ -101,12 +103,14 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     spec = job_spec(num_workers=num_workers, num_servers=num_servers, command=command,
                     python=remote_python, choice=choice, scheduler_host=sched_host,
                     kill_grace=kill_grace, multi_host=not all(h.is_loopback for h in hosts))
+    check_elastic(spec.settings, num_workers)
+    spec = dataclasses.replace(spec, max_restarts=max_restarts)
     # threads per process: a host's cores (its slots= if given, else this
     # machine's count) // the processes placed on it
     spec = default_threads(spec, [h.name for h in placed], {h.name: h.slots for h in hosts})
     ssh = SshOptions(ssh_config, identity, tuple(ssh_option), connect_timeout)
     job = uuid.uuid4().hex[:12]
-    host_of = {p.label: h for p, h in zip(spec.processes(0), placed)}
+    host_of = {(p.role, p.rank): h for p, h in zip(spec.processes(0), placed)}
     host_names = [env.BY_NAME["KVSTORE_NODE_HOST"].name, *env.BY_NAME["KVSTORE_NODE_HOST"].aliases]
 
     def plan(procs, commands: bool = True) -> str:
@@ -117,7 +121,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
         if sync_dst_dir:
             lines.append(f"copy {os.getcwd()}/ to {sync_dst_dir} on every host first (rsync)")
         for proc in procs if commands else ():
-            host = host_of[proc.label]
+            host = host_of[proc.role, proc.rank]
             remote = remote_command(remote_python, directory, job, proc, list(proc.argv))
             lines.append(f"{proc.label} on {host.name}: {shlex.join(ssh.argv(host, '')[:-1])} "
                          f"REMOTE\n    REMOTE = {remote}\n"
@@ -140,7 +144,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     sink = Sink(log_dir=log_dir)
 
     def spawn(proc):
-        host = host_of[proc.label]
+        host = host_of[proc.role, proc.rank]
         wanted = proc.env.get("KVSTORE_NODE_HOST") if "KVSTORE_NODE_HOST" in choice.for_role(
             proc.role) else addresses[host]
         if wanted and ":" in wanted:   # an IPv6 host: its IPv4 address on the route to the scheduler

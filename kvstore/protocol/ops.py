@@ -21,6 +21,8 @@ PULL_ROWS = "pull_rows"          # {chunk} + row ids; reply carries their rows
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
                       PULL_ROWS})
+# requests that contribute to rounds: only members of an elastic job send them
+PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS})
 
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory

@@ -30,7 +30,7 @@ class DataPlane:
 
         data = DataPlane(config)
         address = data.bind(router_socket)       # the advert to register
-        data.joined(registration)                # the job's workers may share memory
+        data.joined(registration.workers)        # the job's workers may share memory
         state = ServerState(alloc=data.alloc)
     """
 
@@ -63,10 +63,11 @@ class DataPlane:
                                 label=self.config.host_label)
         return advert.format()
 
-    def joined(self, registration) -> None:
-        """Accept shared memory from the job's worker processes only."""
+    def joined(self, workers) -> None:
+        """Accept shared memory from the job's worker processes only: ``workers`` is
+        their "host:pid" list (again with workers that joined an elastic job)."""
         pids = []
-        for worker in registration.workers:          # "host:pid"
+        for worker in workers:                        # "host:pid" ("" for a vacant slot)
             tail = str(worker).rsplit(":", 1)[-1]
             if tail.isdigit():
                 pids.append(int(tail))

@@ -56,6 +56,8 @@ class ServerNode:
             heartbeat_interval=config.heartbeat_interval,
             heartbeat_timeout=config.heartbeat_timeout, security=security)
         self.state: ServerState | None = None
+        self._elastic = False       # the job's workers may leave and join (--elastic)
+        self._epoch = None          # the epoch of the members the state machine holds
 
     def run(self) -> int:
         try:
@@ -75,9 +77,10 @@ class ServerNode:
             return 1
         self._data.write_in = self._data.arena is not None and backend.name == "cpu"
         self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in)
-        self._data.joined(reg)
+        self._data.joined(reg.workers)
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
+        self._elastic = reg.elastic is not None
         if self.config.resume and not self._restore():
             return 1
         log.info("server %d (pid %d) serving on %s, values in %s", reg.rank, os.getpid(),
@@ -86,6 +89,7 @@ class ServerNode:
         finished = frozenset()      # workers the state machine knows have finished
         try:
             while True:
+                self._apply_members()
                 if self.membership.finished_workers != finished:
                     # rounds that wait for a worker that finished fail now, naming it
                     finished = self.membership.finished_workers
@@ -150,6 +154,7 @@ class ServerNode:
             if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
                 self._send(peer, *self._checkpoint(header), [])
                 continue
+            self._apply_members()
             try:
                 replies = self.state.handle(peer, header, arrays)
             except Exception as e:  # a bug or an input we did not foresee: keep serving
@@ -162,6 +167,25 @@ class ServerNode:
                     log.warning("%s: rejected a malformed %s request: %s", self.state.name,
                                 header.get("op"), reply.header.get("message"))
                 self._send(reply.peer, reply.header, reply.arrays)
+
+    def _apply_members(self) -> None:
+        """In an elastic job, hand the workers' members to the state machine when their
+        epoch changed (the heartbeat thread keeps the latest). Before each request too:
+        a joiner's first request comes as soon as this server told the scheduler that
+        it holds the epoch that contains it, maybe before this loop turned. A job that
+        is not elastic never calls set_members: every slot stays a member (fail-fast)."""
+        if not self._elastic:
+            return
+        epoch, ranks = self.membership.members
+        if epoch == self._epoch:
+            return
+        log.info("%s: worker members %s (epoch %d)", self.state.name, ", ".join(map(str, sorted(ranks))), epoch)
+        self._epoch = epoch
+        self._data.joined(self.membership.workers)   # a joiner's shared memory (as new as ranks)
+        try:
+            self._send_all(self.state.set_members(epoch, ranks))
+        except Exception:   # a bug must not end the server: its rounds then stall, and are reported
+            log.exception("%s: failed to apply the members of epoch %s", self.state.name, epoch)
 
     def _send_all(self, replies) -> None:
         for reply in replies:

@@ -23,6 +23,7 @@ class Round:
     first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
     writer: int | None = None         # the worker granted `acc` to write into, until `written`
     deferred: list = field(default_factory=list)   # pushes to add once the writer is done
+    filled: frozenset = frozenset()   # of `workers`: slots counted without a push (kvstore.server.members)
 
     def open_to(self, worker: int) -> bool:
         return worker not in self.workers and self.writer != worker

@@ -20,6 +20,12 @@ it back again.
 A worker that finished never pushes again: a read that waits for it fails,
 naming it (at once if it arrives after the scheduler said so, else when it does).
 
+In an elastic job (kvstore.server.members) "every worker" means every member
+active on the chunk: a worker that left, or one that joined and has not pushed to
+the chunk yet, holds no read back. A joiner's clock on a chunk starts, at its
+first push there, at the slowest active member's, so that it runs within the
+bound of the others from then on rather than far behind them.
+
 Why clocks are per chunk and not per worker step: a server sees pushes, not
 steps, and a worker may push a key several times per step or keys in any order;
 per chunk, "pushes applied" is exact. A restarted (resumed) server starts every
@@ -51,7 +57,7 @@ class Read:
 
 class Staleness:
     """The clocks and waiting reads of ``state`` (a ServerState in ssp mode, whose
-    ``num_workers``, ``chunks``, ``_gone``, ``_reply_now`` and backend it uses)."""
+    ``num_workers``, ``members``, ``chunks``, ``_gone``, ``_reply_now`` and backend it uses)."""
 
     def __init__(self, state, bound: int):
         self.state = state
@@ -90,7 +96,8 @@ class Staleness:
         needs = {}
         for cid in ids:
             need = self.clock(cid)[worker] - self.bound
-            if min(self.clock(cid)) < need:
+            # (a joiner that has not pushed to cid yet has no clock there: it reads now)
+            if self._slowest(cid) < need and self.state.members.active(worker, cid):
                 needs[cid] = need
         pending = Read(peer, req_id, worker, list(ids), needs, op)
         if needs:
@@ -104,7 +111,7 @@ class Staleness:
         replies, still = [], []
         for pending in self.reads:
             for cid in ids:
-                if cid in pending.needs and min(self.clock(cid)) >= pending.needs[cid]:
+                if cid in pending.needs and self._slowest(cid) >= pending.needs[cid]:
                     del pending.needs[cid]
             if pending.needs:
                 still.append(pending)
@@ -130,6 +137,29 @@ class Staleness:
             replies.append(Reply(pending.peer, error_header(pending.req_id, "RemoteError", message)))
         self.reads = still
         return replies
+
+    def _slowest(self, cid) -> float:
+        """The lowest clock on ``cid`` of the members active there (inf if none is)."""
+        clock, members = self.clock(cid), self.state.members
+        if members.everyone(len(clock)):
+            return min(clock)
+        return min((c for w, c in enumerate(clock) if members.active(w, cid)), default=float("inf"))
+
+    # -- elastic members -----------------------------------------------------------------
+    def joined(self, worker: int, cid) -> None:
+        """A joiner's first push to ``cid`` (before it is counted): its clock there
+        starts at the slowest other active member's."""
+        clock, members = self.clock(cid), self.state.members
+        others = [c for w, c in enumerate(clock) if w != worker and members.active(w, cid)]
+        clock[worker] = min(others, default=clock[worker])
+
+    def left(self, worker: int, message: str) -> list[Reply]:
+        """``worker`` left the elastic job: its parked reads get ``message``; the reads
+        that waited only for its clock are answered."""
+        replies = [Reply(p.peer, error_header(p.req_id, "RemoteError", message))
+                   for p in self.reads if p.worker == worker]
+        self.reads = [p for p in self.reads if p.worker != worker]
+        return replies + self._release(list(self.clocks))
 
     def _lagging(self, cid, need: int, among) -> list[int]:
         """The workers of ``among`` whose clock on ``cid`` is below ``need``."""
@@ -159,7 +189,8 @@ class Staleness:
                 continue
             pending.reported = True
             cid, need = next(iter(pending.needs.items()))
-            slow = self._lagging(cid, need, range(self.state.num_workers))
+            slow = self._lagging(cid, need, [w for w in range(self.state.num_workers)
+                                             if self.state.members.active(w, cid)])
             lines.append(f"a {pending.op} of worker {pending.worker} has waited {now - pending.seen:.0f}s "
                          f"for worker(s) {', '.join(map(str, slow))} to push {chunk_label(cid)} "
                          f"{need} times ({self._rule()}; they pushed it "

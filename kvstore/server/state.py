@@ -5,8 +5,10 @@ request and returns the replies it makes ready (to this sender or to others
 whose requests were waiting). The I/O loop in :mod:`kvstore.server.node` feeds it.
 
 Synchronous mode (BSP), per chunk: pushes are merged into a round until every
-worker contributed once; then the round is applied once (assigned, or given to
-the optimizer) and every push that joined it is acknowledged. A worker that
+worker contributed once (in an elastic job, a slot that is not an active member
+counts with nothing: kvstore.server.members); then the round is applied once
+(assigned, or given to the optimizer) and every push that joined it is
+acknowledged. A worker that
 pushes again before its round completed starts the next round. A pull is
 answered once the sender has no push pending on the chunk (a pushpull once its
 own round is applied), so a worker always reads the result of its own last
@@ -24,7 +26,8 @@ read waits until the slowest worker is at most ``staleness`` pushes behind the
 reader on each chunk: kvstore.server.staleness.
 
 Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
-Workers that finished and the stall inspector: kvstore.server.stalls. The
+Workers that finished, elastic members that leave or join (kvstore.server.members)
+and the stall inspector: kvstore.server.stalls. The
 optimizer, its state and checkpoints: kvstore.server.persist.
 """
 
@@ -36,6 +39,7 @@ from .. import compression as _compression
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
+from .members import Members
 from .persist import Persist
 from .rounds import Chunk, Pending, Reply, Round, is_int
 from .stalls import Stalls
@@ -86,6 +90,7 @@ class ServerState(WriteIn, Stalls, Persist):
         self._partial: dict = {}           # chunk id -> [Pending] done with it, not yet answered
         self._captured: dict = {}          # id(Pending) -> {chunk id: its value for it}
         self.rows = RowTables(self)        # row-sparse keys (kvstore.server.tables)
+        self.members = Members()           # an elastic job's members (set_members: kvstore.server.stalls)
 
     # -- entry point -----------------------------------------------------------
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
@@ -102,6 +107,8 @@ class ServerState(WriteIn, Stalls, Persist):
             if (op != ops.CONFIGURE and self.mode is None) or \
                     (self.mode == "ssp" and self.ssp is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
+            if op in ops.PUSHING:            # a worker that left, or joined and is no member yet
+                self.members.refuse(header.get("src"))
             with self.backend.scope():
                 return getattr(self, f"_on_{op}")(peer, header, arrays)
         except KVStoreError as e:
@@ -181,10 +188,14 @@ class ServerState(WriteIn, Stalls, Persist):
             raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{now} for "
                                        f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
                                        + (f" (staleness {bound})" if mode == "ssp" else ""))
+        pending = self.members.pending     # given by set_members before this configure
+        if pending is not None:
+            self.members.check(pending[1], workers)
+            self.members.pending = None
         self.mode, self.num_workers = mode, workers
         if mode == "ssp" and self.ssp is None:   # also after a resume: clocks start at 0
             self.ssp = Staleness(self, bound)
-        return [self._ok(peer, header["id"])]
+        return [self._ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
 
     def _on_init(self, peer, header, arrays):
         ids = self._chunk_ids(header, arrays)
@@ -227,6 +238,7 @@ class ServerState(WriteIn, Stalls, Persist):
             self.ssp.refuse_if_gone(worker, ids, ahead=1)
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
+        self._started(worker, ids)
         if self.mode != "sync":
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)
@@ -248,7 +260,7 @@ class ServerState(WriteIn, Stalls, Persist):
             chunk.waiting.append(pending)
         ready = []
         for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self._contribute(chunk, worker, grad.reshape(-1))
+            pending.rounds[cid] = self._contribute(cid, chunk, worker, grad.reshape(-1))
             ready += self._apply_complete_rounds(cid, chunk)
         return ready
 
@@ -278,7 +290,7 @@ class ServerState(WriteIn, Stalls, Persist):
         values = self.backend.download([c.value for c in chunks], copy) if want_values else []
         return self._ok(peer, req_id, values)
 
-    def _contribute(self, chunk: Chunk, worker: int, grad: np.ndarray) -> Round:
+    def _contribute(self, cid, chunk: Chunk, worker: int, grad: np.ndarray) -> Round:
         """Add one worker's push to the first round it has not contributed to.
 
         A round's first push is kept as it came (a view on the message, or on the
@@ -297,8 +309,8 @@ class ServerState(WriteIn, Stalls, Persist):
                     rnd.acc += grad
                 rnd.workers.add(worker)
                 return rnd
-        rnd = Round(None, {worker}, first=grad)
-        chunk.rounds.append(rnd)
+        rnd = self._opened(cid, chunk, None, first=grad)
+        rnd.workers.add(worker)
         return rnd
 
     def _take_spare(self, chunk: Chunk) -> np.ndarray:

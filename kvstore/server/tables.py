@@ -7,7 +7,8 @@ checkpoints, resume and optimizer states cover it as any chunk) plus the
 :class:`Table` record here, which dense ops refuse to touch.
 
 Sync: the pushes of one round (one from every worker; an empty one from a worker
-with no rows here) are merged (union of rows, duplicates summed, in worker rank
+with no rows here, and from a slot of an elastic job that is not an active member:
+kvstore.server.members) are merged (union of rows, duplicates summed, in worker rank
 order) and applied once: lazily by the optimizer (only the merged rows and their
 state change), or, without one, the merged rows are assigned their sum and every
 other row keeps its value. A push is acknowledged when its round is applied; a
@@ -34,7 +35,8 @@ from .rounds import Chunk, Reply, is_int
 @dataclass
 class RowRound:
     parts: dict = field(default_factory=dict)    # worker -> (rows, data) as pushed
-    acks: list = field(default_factory=list)     # (peer, request id) to answer when applied
+    acks: list = field(default_factory=list)     # (peer, request id, worker) to answer when applied
+    filled: frozenset = frozenset()              # of parts: slots counted without a push (empty)
     writer = None                                # (no write-in for rows: read by the stall inspector)
 
     @property
@@ -119,12 +121,14 @@ class RowTables:
             self._apply(cid, table, chunk, local, data)
             return [st._ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
+        st._started(worker, [cid])
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
-            rnd = RowRound()
+            absent = st.members.absent(cid, st.num_workers)
+            rnd = RowRound({w: self._nothing(table, chunk) for w in absent}, filled=absent)
             table.rounds.append(rnd)
-        rnd.parts[worker] = (rows, data)
-        rnd.acks.append((peer, header["id"]))
+        rnd.parts[worker] = (rows, data.reshape((len(rows),) + table.row_shape))
+        rnd.acks.append((peer, header["id"], worker))
         return self._apply_complete(cid, table, chunk)
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
@@ -153,7 +157,7 @@ class RowTables:
             except Exception as e:   # an optimizer failure must not leave workers waiting
                 error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
             replies += [Reply(peer, error_header(rid, "RemoteError", error)) if error
-                        else self.state._ok(peer, rid) for peer, rid in rnd.acks]
+                        else self.state._ok(peer, rid) for peer, rid, _ in rnd.acks]
             replies += self._release_pulls(table, chunk)
         return replies
 
@@ -189,7 +193,7 @@ class RowTables:
             for pos in range(first, len(table.rounds)):
                 message = self._gone_message(cid, gone, table.rounds[pos])
                 replies += [Reply(peer, error_header(rid, "RemoteError", message))
-                            for peer, rid in table.rounds[pos].acks]
+                            for peer, rid, _ in table.rounds[pos].acks]
             failed = {w for r in table.rounds[first:] for w in r.parts}
             del table.rounds[first:]
             for peer, rid, worker, _ in table.pulls:
@@ -197,6 +201,32 @@ class RowTables:
                     replies.append(Reply(peer, error_header(rid, "RemoteError", self._gone_message(cid, gone, None))))
             table.pulls = [p for p in table.pulls if table.pending_from(p[2])]
         return replies
+
+    # -- elastic members ---------------------------------------------------------------
+    def leave(self, worker: int, message: str) -> list[Reply]:
+        """``worker`` left the elastic job: it counts, with no rows, in every queued round
+        it has not pushed to (its rows already in rounds count); its pushes and pulls
+        still parked get ``message``; the rounds that complete are applied."""
+        replies = []
+        for cid, table in self.tables.items():
+            chunk = self.state.chunks[cid]
+            for rnd in table.rounds:
+                replies += [Reply(peer, error_header(rid, "RemoteError", message))
+                            for peer, rid, w in rnd.acks if w == worker]
+                rnd.acks = [ack for ack in rnd.acks if ack[2] != worker]
+                if worker not in rnd.parts:
+                    rnd.parts[worker] = self._nothing(table, chunk)
+                    rnd.filled |= {worker}
+            replies += [Reply(peer, error_header(rid, "RemoteError", message))
+                        for peer, rid, w, _ in table.pulls if w == worker]
+            table.pulls = [p for p in table.pulls if p[2] != worker]
+            replies += self._apply_complete(cid, table, chunk)
+        return replies
+
+    @staticmethod
+    def _nothing(table: Table, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        """The part of a slot counted in a round without a push: no rows."""
+        return np.zeros(0, np.int64), np.zeros((0,) + table.row_shape, chunk.value.dtype)
 
     def _refuse_if_gone(self, cid, table: Table, worker: int) -> None:
         gone = self.state._gone

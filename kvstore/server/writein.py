@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, error_header
-from .rounds import Pending, Reply, Round, is_int
+from .rounds import Pending, Reply, is_int
 
 
 @dataclass
@@ -82,6 +82,7 @@ class WriteIn:
         if (worker, header["id"]) in self._grants or any(
                 isinstance(g, Grant) and (g.worker, g.req_id) == (worker, header["id"]) for g in self._queue):
             raise ProtocolError(f"write request id {header['id']} of worker {worker} is already open")
+        self._started(worker, ids)        # a write counts as a push from the moment it arrives
         self._queue.append(Grant(peer, header["id"], worker, ids, chunks, want_values))
         return self._grant_ready()
 
@@ -155,10 +156,9 @@ class WriteIn:
                 recheck += zip(grant.ids, grant.chunks)
                 continue
             modes = []
-            for chunk, rnd, acc in zip(grant.chunks, targets, accs):
+            for cid, chunk, rnd, acc in zip(grant.ids, grant.chunks, targets, accs):
                 if rnd is None:                # opens the round: copy into a fresh accumulator
-                    rnd = Round(acc, set())
-                    chunk.rounds.append(rnd)
+                    rnd = self._opened(cid, chunk, acc)
                     modes.append("copy")
                 else:
                     if rnd.acc is None:        # its first push came in a message

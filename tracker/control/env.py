@@ -87,6 +87,15 @@ def _bool(text: str) -> bool:
     raise ValueError("must be 0/1, true/false, yes/no or on/off")
 
 
+def _elastic(text: str) -> tuple[int, int]:
+    low, sep, high = text.strip().partition(":")
+    if not (sep and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()):
+        raise ValueError("must be MIN:MAX, two integers, e.g. 2:4")
+    if not 1 <= int(low) <= int(high):
+        raise ValueError("must have 1 <= MIN <= MAX")
+    return int(low), int(high)
+
+
 def _staleness(text: str) -> int | float:
     value = text.strip().lower()
     if value in ("inf", "infinity"):
@@ -96,7 +105,8 @@ def _staleness(text: str) -> int | float:
     return int(value)
 
 
-_port.type, _gpu_list.type, _bool.type = int, tuple, bool  # what they return (str: str)
+# what they return (str: str)
+_port.type, _gpu_list.type, _bool.type, _elastic.type = int, tuple, bool, tuple
 _staleness.type = int | float   # an int, or math.inf
 
 _POSITIVE_FLOAT = _number(float, 0, inclusive=False)
@@ -184,6 +194,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_RESUME", (), False, _bool,
         "1: servers start from their checkpoints in KVSTORE_CHECKPOINT_DIR (set by the "
         "launchers' --resume)."),
+    Var("KVSTORE_ELASTIC", (), None, _elastic,
+        "MIN:MAX opts in to elastic workers (set by the launchers' --elastic MIN:MAX): a worker "
+        "that fails leaves the job instead of aborting it while at least MIN remain, and workers "
+        "may join a running job up to MAX. Unset: any failure aborts the job."),
     Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),

@@ -1,10 +1,10 @@
 """A node's membership in a job: registration, heartbeats, barrier, finish.
 
 Every server and worker holds one :class:`Membership`. Requests (register,
-barrier, finish) go over a control socket owned by the calling thread; a
-background thread owns a second socket that sends heartbeats and hears
-``abort`` and ``shutdown`` from the scheduler. Both sockets have deadlines, so
-no call waits for a dead scheduler forever.
+barrier, progress, finish) go over a control socket owned by the calling thread;
+a background thread owns a second socket that sends heartbeats and hears
+``abort``, ``shutdown`` and (elastic jobs) ``members`` from the scheduler. Both
+sockets have deadlines, so no call waits for a dead scheduler forever.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import zmq
@@ -27,19 +27,31 @@ from .security import Security
 log = logging.getLogger(__name__)
 
 SLICE = 0.1  # seconds: how often a waiting call re-checks the abort flag
-# a barrier's own deadline lies this much after the one it gives the scheduler, which
-# answers first naming the workers that did not arrive (the waiter cannot know them)
+# a barrier's (and a registration's) own deadline lies this much after the scheduler's,
+# which answers first naming who did not arrive or acknowledge (the waiter cannot know)
 BARRIER_GRACE = 2.0
 
 
 @dataclass(frozen=True)
 class Registration:
-    """What the scheduler tells a node once the whole job has registered."""
+    """What the scheduler tells a node once the whole job has registered (or, in an
+    elastic job, once the servers acknowledged a worker that joined it)."""
     rank: int
-    num_workers: int
+    num_workers: int    # workers in the job now (len(members))
     num_servers: int
     servers: list       # data-plane address of each server, by rank
-    workers: list       # "host:pid" of each worker, by rank
+    workers: list       # "host:pid" of each worker slot, by rank ("" where vacant)
+    slots: int | None = None       # worker ranks 0..slots-1 (elastic: MAX); None: num_workers
+    members: tuple | None = None   # the ranks of the workers in the job; None: all slots
+    epoch: int = 0                 # the membership epoch of ``members``
+    joined: bool = False           # a worker that joined a running (elastic) job
+    progress: dict = field(default_factory=dict)   # as a worker last saved it
+    elastic: tuple | None = None   # (MIN, MAX), or None: not elastic
+
+    def __post_init__(self):
+        slots = self.num_workers if self.slots is None else self.slots
+        object.__setattr__(self, "slots", slots)
+        object.__setattr__(self, "members", tuple(range(slots) if self.members is None else self.members))
 
 
 class Membership:
@@ -49,7 +61,7 @@ class Membership:
 
         m = Membership(role="worker", rank=None, scheduler=("127.0.0.1", 9000))
         reg = m.register()       # blocks until every node of the job registered
-        m.barrier(token="init")  # workers only
+        m.barrier(token="init")  # workers only: (epoch, members) of the job then
         m.finish()               # done; servers are shut down when all workers finish
     """
 
@@ -74,6 +86,12 @@ class Membership:
         # ranks of the workers that finished (servers hear it from the scheduler)
         self.finished_workers: frozenset = frozenset()
         self.registration: Registration | None = None
+        # the job's progress as last heard (at registration and barriers)
+        self.progress: dict = {}
+        # "host:pid" by worker slot, as last heard (servers: with each new membership)
+        self.workers: tuple = ()
+        self._members: tuple[int, frozenset] = (-1, frozenset())
+        self._members_lock = threading.Lock()   # set by the heartbeat and the calling thread
         self._on_abort = on_abort
         self._security = security
         self._ids = itertools.count(1)
@@ -87,6 +105,23 @@ class Membership:
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"kvstore-heartbeat-{role}")
         self._hb_thread.start()
+
+    @property
+    def members(self) -> tuple[int, frozenset]:
+        """``(epoch, frozenset(worker ranks))``: the job's members as last heard (from
+        the registration, barriers, and the scheduler's ``members`` messages); the
+        epoch grows by one at every change ((-1, frozenset()) before registration)."""
+        return self._members
+
+    def _note_members(self, epoch, ranks, workers=None) -> None:
+        """Keep a newer membership (the two threads may hear them out of order)."""
+        if type(epoch) is not int or not isinstance(ranks, (list, tuple)):
+            return
+        with self._members_lock:
+            if epoch > self._members[0]:
+                self._members = (epoch, frozenset(ranks))
+                if isinstance(workers, list):
+                    self.workers = tuple(workers)
 
     @property
     def name(self) -> str:
@@ -144,20 +179,37 @@ class Membership:
 
     def register(self) -> Registration:
         """Join the job; blocks until every node registered. Returns ranks and address book."""
-        msg = self._request("register", "registration", role=self.role, rank=self.requested_rank,
-                            host=self.host, addr=self.addr, pid=os.getpid())
-        self.registration = Registration(msg["rank"], msg["num_workers"], msg["num_servers"],
-                                         list(msg["servers"]), list(msg["workers"]))
+        msg = self._request("register", "registration", grace=BARRIER_GRACE, role=self.role,
+                            rank=self.requested_rank, host=self.host, addr=self.addr, pid=os.getpid())
+        elastic = msg["elastic"]
+        self.registration = Registration(
+            msg["rank"], msg["num_workers"], msg["num_servers"], list(msg["servers"]),
+            list(msg["workers"]), slots=msg["slots"], members=tuple(msg["members"]),
+            epoch=msg["epoch"], joined=bool(msg["joined"]), progress=dict(msg["progress"]),
+            elastic=None if elastic is None else tuple(elastic))
+        self.progress = self.registration.progress
+        self._note_members(msg["epoch"], msg["members"], msg["workers"])
         return self.registration
 
-    def barrier(self, token: str = "", timeout: float | None = None) -> None:
-        """Wait until every worker reached a barrier. All must pass the same ``token``
-        (a digest of what the collective call agrees on) or all get an error.
-        After ``timeout`` (default: KVSTORE_TIMEOUT) the scheduler fails it for every
-        waiter with RendezvousTimeout naming the workers that did not arrive."""
+    def barrier(self, token: str = "", timeout: float | None = None) -> tuple[int, tuple]:
+        """Wait until every worker (elastic: every member) reached a barrier. All must
+        pass the same ``token`` (a digest of what the collective call agrees on) or all
+        get an error. After ``timeout`` (default: KVSTORE_TIMEOUT) the scheduler fails
+        it for every waiter with RendezvousTimeout naming the workers that did not
+        arrive. Returns ``(epoch, members)`` (sorted ranks) as the barrier ended;
+        :attr:`progress` is the job's progress then."""
         limit = self.timeout if timeout is None else timeout
-        self._request("barrier", "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
-                      token=token, timeout=limit)
+        msg = self._request("barrier", "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
+                            token=token, timeout=limit)
+        self.progress = dict(msg["progress"])
+        self._note_members(msg["epoch"], msg["members"])
+        return msg["epoch"], tuple(msg["members"])
+
+    def save_progress(self, progress: dict) -> None:
+        """Record the job's ``progress`` (a small map: at most 64 KiB as msgpack) with
+        the scheduler: workers that join later get it in their registration."""
+        self._request("progress", "acknowledgement of saved progress", progress=progress)
+        self.progress = dict(progress)
 
     def finish(self) -> None:
         """Tell the scheduler this node is done, then stop heartbeats."""
@@ -207,8 +259,13 @@ class Membership:
             while not self._stop_hb.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
+                    # servers of elastic jobs report the membership epoch they hold: the
+                    # scheduler answers a joining worker once every server holds its epoch
+                    reg = self.registration
+                    epoch = {"epoch": self._members[0]} if (
+                        self.role == "server" and reg is not None and reg.elastic) else {}
                     try:
-                        sock.send(wire.encode("heartbeat", node=self.node_id), zmq.NOBLOCK)
+                        sock.send(wire.encode("heartbeat", node=self.node_id, **epoch), zmq.NOBLOCK)
                     except zmq.Again:
                         pass   # no connection right now: the silence is noticed by both sides
                     next_beat = now + self.heartbeat_interval
@@ -222,8 +279,12 @@ class Membership:
                         self.shutdown.set()
                     if msg["op"] == "workers_finished":
                         self._note_finished(msg.get("ranks"))
+                    elif msg["op"] == "members":   # acknowledged at once by a heartbeat
+                        self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
+                        next_beat = 0.0
                     elif msg["op"] == "ack":
                         self._note_finished(msg.get("workers_finished"))
+                        self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
                 elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout:
                     self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
                                 f"{self.scheduler[1]} for {self.heartbeat_timeout:g}s "

@@ -1,12 +1,14 @@
 """The records :class:`~.scheduler_state.SchedulerState` keeps and returns:
-a registered :class:`Node`, the workers' :class:`Barrier`, a message to
-:class:`Send`; and :func:`describe_exit` for the exit statuses launchers report.
-Plain data, no I/O."""
+a registered :class:`Node`, the workers' :class:`Barrier` (who waits, and how a
+barrier ends for all of them), a message to :class:`Send`; and
+:func:`describe_exit` for the exit statuses launchers report. No I/O."""
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+
+from .errors import RendezvousError
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,26 @@ class Node:
     hb_ident: bytes | None = None
     finished: bool = False
     finished_at: float | None = None   # when a worker said `finish`
+    removed: str | None = None   # why a worker was removed from an elastic job (not by `finish`)
+    epoch: int = 0               # a server: the membership epoch it acknowledged
+
+    @classmethod
+    def registering(cls, msg: dict, role: str, rank: int | None, ident: bytes, now: float,
+                    hb_idents: dict) -> "Node":
+        """The node of a ``register`` request (RendezvousError if malformed)."""
+        node_id, host, addr, pid = msg["node"], msg["host"], msg.get("addr", ""), msg["pid"]
+        if not (isinstance(node_id, str) and isinstance(host, str) and isinstance(addr, str)
+                and type(pid) is int):
+            raise RendezvousError("register needs string 'node', 'host', 'addr' and an integer 'pid'")
+        return cls(node_id, role, rank, host, addr, pid, ident, now, hb_ident=hb_idents.get(node_id))
 
     def name(self) -> str:
         rank = "?" if self.rank is None else self.rank
         return f"{self.role} {rank} (pid {self.pid} on {self.host})"
+
+    def removal(self) -> str:
+        """What a removed worker hears (its heartbeats get it as ``abort``)."""
+        return f"worker {self.rank} was removed from the job: {self.removed}"
 
 
 @dataclass
@@ -42,6 +60,53 @@ class Barrier:
     """The workers waiting at the current barrier, and their deadlines."""
     waiting: dict = field(default_factory=dict)  # node_id -> (ident, req_id, token)
     deadlines: dict = field(default_factory=dict)  # node_id -> (deadline, its timeout)
+
+    def arrive(self, node_id: str, ident: bytes, req_id, token, limit, now: float) -> None:
+        """A worker waits; ``limit``: its timeout (seconds), or no deadline unless a sane number."""
+        self.waiting[node_id] = (ident, req_id, token)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < 1e9:
+            self.deadlines[node_id] = (now + limit, limit)
+        else:
+            self.deadlines.pop(node_id, None)
+
+    def leave(self, node_id: str) -> None:
+        """A waiter left the job: it is no longer waited for, nor answered."""
+        self.waiting.pop(node_id, None)
+        self.deadlines.pop(node_id, None)
+
+    def release(self, expected: list[Node], nodes: dict, /, **done) -> list[Send]:
+        """Once every one of ``expected`` waits: ``barrier_done`` (with the fields
+        ``done``) to all if their tokens agree, else an error naming each one's token."""
+        if not expected or any(n.node_id not in self.waiting for n in expected):
+            return []
+        if len({token for _, _, token in self.waiting.values()}) == 1:
+            return self.end("barrier_done", **done)
+        detail = "; ".join(f"worker {nodes[nid].rank}: {token!r}" for nid, (_, _, token) in
+                           sorted(self.waiting.items(), key=lambda kv: nodes[kv[0]].rank))
+        return self.end("error", kind="mismatch", message=f"workers disagree at a collective call: {detail}")
+
+    def expire(self, now: float, members: list[Node], nodes: dict) -> list[Send]:
+        """A waiter whose deadline passed: the barrier fails for every waiter, naming
+        the ``members`` that did not arrive (the waiters know only that they waited)."""
+        late = [nid for nid, (deadline, _) in self.deadlines.items() if now >= deadline]
+        if not late:
+            return []
+        limit, token = self.deadlines[late[0]][1], self.waiting[late[0]][2]
+        waiters = sorted(self.waiting, key=lambda nid: nodes[nid].rank)
+        absent = sorted((n for n in members if n.node_id not in self.waiting), key=lambda n: n.rank)
+        names = ", ".join(n.name() for n in absent) or "no worker"
+        return self.end("error", kind="timeout", message=(
+            f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "
+            f"(worker{'s' if len(waiters) > 1 else ''} {', '.join(str(nodes[nid].rank) for nid in waiters)} "
+            "waited). A worker missing at a collective call failed before it or is stuck; "
+            "raise KVSTORE_TIMEOUT if it is just slow"))
+
+    def end(self, op: str, **fields) -> list[Send]:
+        """Answer every waiter with ``op`` (``barrier_done``, ``error``) and start afresh."""
+        sends = [Send(ident, op, {"id": req_id, **fields}) for ident, req_id, _ in self.waiting.values()]
+        self.waiting.clear()
+        self.deadlines.clear()
+        return sends
 
 
 def describe_exit(code: int) -> str:
@@ -52,3 +117,16 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
+
+
+def missing(nodes, num_workers: int, num_servers: int) -> str:
+    """Who registered so far: '1 of 2 workers registered (missing ranks 1); ...'."""
+    nodes = list(nodes)
+    have = {(n.role, n.rank) for n in nodes}
+    parts = []
+    for role, total in (("worker", num_workers), ("server", num_servers)):
+        got = sum(1 for n in nodes if n.role == role)
+        gone = [str(r) for r in range(total) if (role, r) not in have]
+        detail = f" (missing ranks {', '.join(gone)})" if got and 0 < len(gone) < total else ""
+        parts.append(f"{got} of {total} {role}s registered{detail}")
+    return "; ".join(parts)

@@ -41,14 +41,16 @@ class Scheduler:
                  port: int = 0, timeout: float = env.default("KVSTORE_TIMEOUT"),
                  heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
                  heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
-                 security: Security = Security()):
+                 security: Security = Security(), elastic: tuple[int, int] | None = None):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.host = host
-        # the registration deadline counts from here (raises ValueError for an empty job)
+        self.elastic = elastic
+        # the registration deadline counts from here (raises ValueError for an empty job,
+        # or for num_workers outside elastic's MIN:MAX)
         self._state = SchedulerState(num_workers, num_servers, now=time.monotonic(), timeout=timeout,
                                      heartbeat_interval=heartbeat_interval,
-                                     heartbeat_timeout=heartbeat_timeout)
+                                     heartbeat_timeout=heartbeat_timeout, elastic=elastic)
         self._crash: str | None = None
         self._requested_port = port
         self.port: int | None = None
@@ -62,11 +64,11 @@ class Scheduler:
 
     @classmethod
     def for_job(cls, settings: env.Settings, num_workers: int, num_servers: int, **kwargs) -> "Scheduler":
-        """A scheduler with the timeout and heartbeat settings of ``settings``
+        """A scheduler with the timeout, heartbeat and elastic settings of ``settings``
         (:class:`tracker.control.env.Settings`); ``kwargs``: host, port, security."""
         return cls(num_workers, num_servers, timeout=settings.timeout,
                    heartbeat_interval=settings.heartbeat_interval,
-                   heartbeat_timeout=settings.heartbeat_timeout, **kwargs)
+                   heartbeat_timeout=settings.heartbeat_timeout, elastic=settings.elastic, **kwargs)
 
     # -- public, thread-safe -------------------------------------------------
     @property
@@ -89,9 +91,10 @@ class Scheduler:
             self.port = self._sock.bind_to_random_port(f"tcp://{self.host}")
         self._thread = threading.Thread(target=self._run, name="kvstore-scheduler", daemon=True)
         self._thread.start()
-        log.info("scheduler listening on %s:%d for %d worker%s and %d server%s",
+        log.info("scheduler listening on %s:%d for %d worker%s and %d server%s%s",
                  self.host, self.port, self.num_workers, "" if self.num_workers == 1 else "s",
-                 self.num_servers, "" if self.num_servers == 1 else "s")
+                 self.num_servers, "" if self.num_servers == 1 else "s",
+                 f" (elastic: {self.elastic[0]} to {self.elastic[1]} workers)" if self.elastic else "")
         return self
 
     def node_exited(self, role: str, rank: int, returncode: int) -> None:

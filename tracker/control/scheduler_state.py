@@ -9,16 +9,19 @@ same way, with made-up times (tests/test_scheduler_state.py).
 Life of a job::
 
     register (every node)  -> when W workers + S servers are in: reply ranks + address book
-    barrier (workers)      -> when every worker arrived with the same token: release all;
+    barrier (workers)      -> when every member arrived with the same token: release all;
                               a waiter's deadline passing fails it naming the absent workers
     heartbeat (every node) -> acknowledged; silence for heartbeat_timeout aborts the job
+    progress (workers)     -> a small dict kept for the job (workers that join read it)
     finish (every node)    -> servers hear which workers finished; when all workers
                               finished, servers are told to shut down (and stay watched
                               until they finish); when everyone finished, the job succeeded
 
 Any failure (a node silent too long, a launcher reporting a dead process, a
 registration that cannot complete in time) aborts the job: every node is told
-why, and :attr:`SchedulerState.failure` names the culprit.
+why, and :attr:`SchedulerState.failure` names the culprit. In elastic jobs
+(``elastic=(MIN, MAX)``) workers leave instead (while MIN remain) and join later:
+the rules are in :mod:`tracker.control.elastic`.
 """
 
 from __future__ import annotations
@@ -26,14 +29,11 @@ from __future__ import annotations
 import logging
 
 from . import wire
+from .elastic import FINISH_GRACE, Slots  # noqa: F401 (FINISH_GRACE: for the tests)
 from .errors import RendezvousError
-from .records import Barrier, Node, Send, describe_exit
+from .records import Node, Send, describe_exit, missing
 
 log = logging.getLogger(__name__)
-
-# seconds between a worker's `finish` and the servers failing the rounds it left
-# waiting (uneven shards): time for its launcher to report a failing exit first
-FINISH_GRACE = 1.0
 
 
 class _JobAborted(RendezvousError):
@@ -55,12 +55,14 @@ class SchedulerState:
         sends += state.tick(now=11.0)   # nobody else registered, no heartbeat: aborted
     """
 
-    OPS = ("heartbeat", "register", "barrier", "finish", "fail")   # requests it answers
+    OPS = ("heartbeat", "register", "barrier", "finish", "fail", "progress")   # requests it answers
 
     def __init__(self, num_workers: int, num_servers: int, *, now: float, timeout: float,
-                 heartbeat_interval: float, heartbeat_timeout: float):
+                 heartbeat_interval: float, heartbeat_timeout: float,
+                 elastic: tuple[int, int] | None = None):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
+        self._slots = Slots(num_workers, elastic)   # raises ValueError naming --elastic
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.timeout = timeout
@@ -68,18 +70,27 @@ class SchedulerState:
         self.heartbeat_timeout = heartbeat_timeout
         self.failure: str | None = None
         self.over = False
+        self.elastic = elastic   # (MIN, MAX) or None
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
         self._registered_at_start: list[tuple[bytes, str, object]] = []
-        self._book: dict | None = None
-        self._barrier = Barrier()
+        self._book: dict | None = None   # the servers' addresses, once the job formed
         self._shutdown_sent = False
-        self._told_finished: list[int] = []   # finished workers the servers were told of
         self._shutdown_at: float | None = None
         self._abort_until: float | None = None
         self._deadline = now + timeout
         self._hb_idents: dict[str, bytes] = {}
+
+    @property
+    def members(self) -> list[int]:
+        """The ranks of the workers in the job now, sorted ([] before it formed)."""
+        return self._slots.members
+
+    @property
+    def epoch(self) -> int:
+        """The membership epoch: 0 when the job formed, +1 at every join and leave."""
+        return self._slots.epoch
 
     # -- events in, messages out -----------------------------------------------
     def receive(self, ident: bytes, frame: bytes, now: float) -> list[Send]:
@@ -105,11 +116,20 @@ class SchedulerState:
         return self._flush()
 
     def node_exited(self, role: str, rank: int, code: int, now: float) -> list[Send]:
-        """A launcher saw the process of ``role`` ``rank`` end with status ``code``."""
+        """A launcher saw the process of ``role`` ``rank`` end with status ``code`` (of a
+        worker: the one holding the rank now, which may replace one that left)."""
         self._now = now
-        node = next((n for n in self._nodes.values() if n.role == role and n.rank == rank), None)
+        node = next((n for n in reversed(self._nodes.values()) if n.role == role and n.rank == rank),
+                    None)   # the last to register with that rank: a replacement if one joined
         what = f"{role} {rank}" if node is None else node.name()
-        if code != 0:
+        if self.elastic is not None and role == "worker" and self._book is not None:
+            if node is not None and self._slots.holds(node):   # a clean exit is no failure
+                self._leave(node, describe_exit(code) if code else "exited with status 0 without "
+                            "finishing (close())", failure=code != 0)
+            else:
+                log.warning("%s %s; it was no member (it had left, or never joined)", what,
+                            describe_exit(code))
+        elif code != 0:
             self._abort(f"{what} {describe_exit(code)}")
         elif node is not None and node.finished:
             node.finished_at = None   # ended cleanly after `finish`: no failure can follow
@@ -120,7 +140,7 @@ class SchedulerState:
             if node.role == "server" and not self._shutdown_sent:
                 self._abort(f"{what} exited while workers were still running")
             if node.role == "worker":
-                self._tell_servers_workers_finished()
+                self._out += self._slots.tell_finished(now, self._live_servers())
             self._maybe_shutdown_servers()
         return self._flush()
 
@@ -137,12 +157,17 @@ class SchedulerState:
         if self._abort_until is not None:
             self.over = now >= self._abort_until or all(n.finished for n in self._nodes.values())
         elif self._book is None and now > self._deadline:
-            self._abort(f"registration did not complete within {self.timeout:g}s "
-                        f"(KVSTORE_TIMEOUT): {self._missing()}")
+            who = missing(self._nodes.values(), self.num_workers, self.num_servers)
+            self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
         elif not self._check_liveness(now):
-            self._check_barrier_deadlines(now)
+            self._out += self._slots.barrier.expire(now, list(self._slots.holders.values()), self._nodes)
             if self._book is not None:
-                self._tell_servers_workers_finished()     # once their grace has passed
+                for node, error in self._slots.overdue(now, self.timeout, self._live_servers()):
+                    self._out.append(error)
+                    self._leave(node, "the servers did not acknowledge its join in time", False)
+                if late := self._slots.held_too_long(now, self.timeout, self._live_servers()):
+                    self._abort(late)   # a barrier that made joiners members waits for a server
+                self._out += self._slots.tell_finished(now, self._live_servers())   # after the grace
                 self.over = all(n.finished for n in self._nodes.values())
         return self._flush()
 
@@ -152,14 +177,18 @@ class SchedulerState:
         finish after the shutdown. Servers stay watched after the shutdown until they
         finished: one that dies before its `finish` must end the job (a standalone
         scheduler has nobody else watching the processes)."""
-        for node in self._nodes.values():
+        for node in list(self._nodes.values()):
             silent = now - node.last_seen
             if not node.finished and silent > self.heartbeat_timeout:
                 when = " after it was told to shut down" if (
                     self._shutdown_sent and node.role == "server") else ""
-                self._abort(f"{node.name()} sent no heartbeat for {silent:.1f}s{when} "
-                            f"(KVSTORE_HEARTBEAT_TIMEOUT={self.heartbeat_timeout:g}); "
-                            "it is dead or stuck")
+                why = (f"sent no heartbeat for {silent:.1f}s{when} (KVSTORE_HEARTBEAT_TIMEOUT="
+                       f"{self.heartbeat_timeout:g}); it is dead or stuck")
+                if self._elastic_worker(node):
+                    self._leave(node, why, failure=True)
+                    if self.failure is None:
+                        continue
+                self._abort(f"{node.name()} {why}")
                 return True
         if self._shutdown_at is not None and now > self._shutdown_at + self.timeout:
             late = [n.name() for n in self._nodes.values() if n.role == "server" and not n.finished]
@@ -168,37 +197,6 @@ class SchedulerState:
                             "shutdown (KVSTORE_TIMEOUT)")
                 return True
         return False
-
-    def _check_barrier_deadlines(self, now: float) -> None:
-        """A waiter whose deadline passed: the barrier fails for every waiter, naming
-        the workers that did not arrive (the waiters know only that they waited)."""
-        deadlines = self._barrier.deadlines
-        late = [nid for nid, (deadline, _) in deadlines.items() if now >= deadline]
-        if not late:
-            return
-        waiting = self._barrier.waiting
-        limit = deadlines[late[0]][1]
-        waiters = self._by_rank(self._nodes[nid] for nid in waiting)
-        absent = self._by_rank(n for n in self._nodes.values()
-                               if n.role == "worker" and n.node_id not in waiting)
-        token = waiting[late[0]][2]
-        names = ", ".join(n.name() for n in absent) or "no worker"
-        self._fail_barrier(
-            f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "
-            f"(worker{'s' if len(waiters) > 1 else ''} {', '.join(str(n.rank) for n in waiters)} "
-            "waited). A worker missing at a collective call failed before it or is stuck; "
-            "raise KVSTORE_TIMEOUT if it is just slow", "timeout")
-
-    def _missing(self) -> str:
-        have = {(n.role, n.rank) for n in self._nodes.values()}
-        counts = {"worker": self.num_workers, "server": self.num_servers}
-        parts = []
-        for role, total in counts.items():
-            got = sum(1 for n in self._nodes.values() if n.role == role)
-            missing = [str(r) for r in range(total) if (role, r) not in have]
-            detail = f" (missing ranks {', '.join(missing)})" if got and 0 < len(missing) < total else ""
-            parts.append(f"{got} of {total} {role}s registered{detail}")
-        return "; ".join(parts)
 
     # -- requests --------------------------------------------------------------
     def _send(self, ident: bytes, op: str, **fields) -> None:
@@ -217,12 +215,17 @@ class SchedulerState:
         if node is not None:
             node.last_seen = self._now
             node.hb_ident = ident
+            if node.role == "server" and type(msg.get("epoch")) is int:
+                node.epoch = max(node.epoch, msg["epoch"])   # the membership it holds
         if self.failure is not None:
             self._send(ident, "abort", reason=self.failure)
+        elif node is not None and node.removed is not None:
+            self._send(ident, "abort", reason=node.removal())
         elif node is not None and node.role == "server" and self._shutdown_sent:
             self._send(ident, "shutdown")
         elif node is not None and node.role == "server" and self._book is not None:
-            self._send(ident, "ack", workers_finished=self._finished_workers())
+            self._send(ident, "ack", **self._slots.acknowledgement(self._now))
+            self._out += self._slots.answers(self._live_servers(), self._book)   # (elastic) joiners
         else:
             self._send(ident, "ack")
 
@@ -232,6 +235,8 @@ class SchedulerState:
         role, rank = msg["role"], msg.get("rank")
         if role not in ("worker", "server"):
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
+        if role == "worker" and self.elastic is not None and self._book is not None:
+            return self._join(ident, msg)
         total = self.num_workers if role == "worker" else self.num_servers
         if rank is not None and not (isinstance(rank, int) and 0 <= rank < total):
             raise RendezvousError(f"{role} rank {rank!r} is out of range: this job has {total} {role}s")
@@ -244,14 +249,9 @@ class SchedulerState:
             raise RendezvousError(f"some {role}s set KVSTORE_RANK and some do not; set it for all or none")
         if rank is not None and any(n.rank == rank for n in same_role):
             raise RendezvousError(f"two processes claim {role} rank {rank}")
-        node_id, host, addr, pid = msg["node"], msg["host"], msg.get("addr", ""), msg["pid"]
-        if not (isinstance(node_id, str) and isinstance(host, str) and isinstance(addr, str)
-                and type(pid) is int):
-            raise RendezvousError("register needs string 'node', 'host', 'addr' and an integer 'pid'")
-        node = Node(node_id, role, rank, host, addr, pid,
-                     ident, self._now, hb_ident=self._hb_idents.get(node_id))
-        self._nodes[node_id] = node
-        self._registered_at_start.append((ident, node_id, msg.get("id")))
+        node = Node.registering(msg, role, rank, ident, self._now, self._hb_idents)
+        self._nodes[node.node_id] = node
+        self._registered_at_start.append((ident, node.node_id, msg.get("id")))
         log.debug("registered %s", node.name())
         if len(self._nodes) == self.num_workers + self.num_servers:
             self._complete_registration()
@@ -262,59 +262,71 @@ class SchedulerState:
             if members[0].rank is None:  # no launcher ranks: registration order, as MXNet
                 for i, node in enumerate(members):
                     node.rank = i
-        by_rank = lambda role: self._by_rank(n for n in self._nodes.values() if n.role == role)
-        self._book = {
-            "servers": [n.addr for n in by_rank("server")],
-            "workers": [f"{n.host}:{n.pid}" for n in by_rank("worker")],
-        }
+        by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),
+                                      key=lambda n: n.rank)
+        self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
+        self._slots.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
-            node = self._nodes[node_id]
-            self._send(ident, "registered", id=req_id, rank=node.rank,
-                       num_workers=self.num_workers, num_servers=self.num_servers, **self._book)
+            self._send(ident, "registered", id=req_id, **self._slots.registered(self._nodes[node_id],
+                                                                                self._book))
         log.info("all %d nodes registered", len(self._nodes))
 
+    def _join(self, ident: bytes, msg: dict) -> None:
+        """(elastic) A worker registers with the running job: it takes a vacant slot."""
+        if self._shutdown_sent:
+            raise RendezvousError("the job is ending (every worker finished or left): "
+                                  "no worker can join it now")
+        node = Node.registering(msg, "worker", None, ident, self._now, self._hb_idents)
+        if node.node_id in self._nodes:
+            raise RendezvousError(f"{self._nodes[node.node_id].name()} registered already")
+        self._out += self._slots.join(node, msg.get("rank"), ident, msg.get("id"), self._now,
+                                      self._live_servers())
+        self._nodes[node.node_id] = node
+
+    def _leave(self, node: Node, why: str, failure: bool, removed: bool = True) -> None:
+        """(elastic) Worker ``node`` leaves the job ``why`` (a ``failure`` below MIN aborts
+        it instead). Not ``removed`` (by `finish`): its late heartbeats get no ``abort``."""
+        if self._slots.holds(node):   # else it left before: nothing changes
+            node.finished, node.removed = True, why if removed else None
+        sends, abort = self._slots.leave(node, why, failure, self._live_servers(), self._nodes, self._now)
+        self._out += sends
+        if abort is not None:
+            return self._abort(abort)
+        self._maybe_shutdown_servers()
+
+    def _live_servers(self) -> list[Node]:
+        return [n for n in self._nodes.values() if n.role == "server" and not n.finished]
+
+    def _elastic_worker(self, node: Node) -> bool:   # it leaves rather than aborting the job
+        return self.elastic is not None and node.role == "worker" and self._book is not None
+
     def _op_barrier(self, ident: bytes, msg: dict) -> None:
-        node = self._known(msg)
-        if node.role != "worker":
-            raise RendezvousError("only workers take part in barriers")
-        waiting = self._barrier.waiting
-        waiting[node.node_id] = (ident, msg.get("id"), msg.get("token", ""))
-        limit = msg.get("timeout")
-        if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < 1e9:
-            self._barrier.deadlines[node.node_id] = (self._now + limit, limit)
-        else:
-            self._barrier.deadlines.pop(node.node_id, None)
+        node = self._known(msg, worker="take part in barriers")
+        if self._elastic_worker(node) and not self._slots.holds(node):
+            raise RendezvousError(f"{node.name()} left the job (it finished): it takes no part "
+                                  "in its barriers")
+        self._slots.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
+                                   msg.get("timeout"), self._now)
         gone = [n for n in self._nodes.values() if n.role == "worker" and n.finished]
-        if gone:
+        if gone and self.elastic is None:   # elastic: a finished worker is just no member
             names = ", ".join(n.name() for n in gone)
             self._fail_barrier(f"barrier cannot complete: {names} already finished (called close())",
                                "invalid")
-        elif len(waiting) == self.num_workers:
-            tokens = {token for _, _, token in waiting.values()}
-            if len(tokens) > 1:
-                detail = "; ".join(f"worker {self._nodes[nid].rank}: {tok!r}"
-                                   for nid, (_, _, tok) in sorted(waiting.items(),
-                                                                  key=lambda kv: self._nodes[kv[0]].rank))
-                self._fail_barrier(f"workers disagree at a collective call: {detail}", "mismatch")
-            else:
-                for ident_, req_id, _ in waiting.values():
-                    self._send(ident_, "barrier_done", id=req_id)
-                waiting.clear()
-                self._barrier.deadlines.clear()
+        else:
+            self._out += self._slots.release(self._nodes, self._live_servers(), self._now)
 
     def _fail_barrier(self, message: str, kind: str) -> None:
-        for ident_, req_id, _ in self._barrier.waiting.values():
-            self._send(ident_, "error", id=req_id, kind=kind, message=message)
-        self._barrier.waiting.clear()
-        self._barrier.deadlines.clear()
+        self._out += self._slots.barrier.end("error", kind=kind, message=message)
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg)
-        node.finished = True
         node.finished_at = self._now
         self._send(ident, "finished", id=msg.get("id"))
         log.debug("%s finished", node.name())
-        if node.role == "worker" and self._barrier.waiting:
+        if self._elastic_worker(node):   # leaves: the others go on without it
+            return self._leave(node, "finished (called close())", failure=False, removed=False)
+        node.finished = True
+        if node.role == "worker" and self._slots.barrier.waiting:
             self._fail_barrier(f"barrier cannot complete: {node.name()} finished (called close())",
                                "invalid")
         self._maybe_shutdown_servers()
@@ -323,6 +335,9 @@ class SchedulerState:
         """A node reports its own fatal error (e.g. an uncaught exception); after
         an abort, usually a consequence of it: logged, the first failure stays."""
         node = self._known(msg, aborted_ok=True)
+        if self.failure is None and self._elastic_worker(node):   # leaves (unless below MIN)
+            self._send(ident, "finished", id=msg.get("id"))
+            return self._leave(node, f"failed: {msg.get('reason')}", failure=True)
         node.finished = True
         if self.failure is None:
             self._abort(f"{node.name()} failed: {msg.get('reason')}")
@@ -330,49 +345,35 @@ class SchedulerState:
             log.info("%s also failed: %s", node.name(), msg.get("reason"))
         self._send(ident, "finished", id=msg.get("id"))
 
+    def _op_progress(self, ident: bytes, msg: dict) -> None:
+        """A worker saves the job's progress (what a joining worker resumes from)."""
+        self._known(msg, worker="save progress")
+        self._slots.save(msg.get("progress"))
+        self._send(ident, "progress_saved", id=msg.get("id"))
+
     def _maybe_shutdown_servers(self) -> None:
         workers = [n for n in self._nodes.values() if n.role == "worker"]
         if self._shutdown_sent or self._book is None or not all(n.finished for n in workers):
             return
         self._shutdown_sent = True
         self._shutdown_at = self._now
-        log.info("all workers finished; shutting down the servers")
-        for node in self._nodes.values():
-            if node.role == "server" and node.hb_ident is not None:
+        log.info("all workers finished%s; shutting down the servers", " or left" if self.elastic else "")
+        for node in self._live_servers():
+            if node.hb_ident is not None:
                 self._send(node.hb_ident, "shutdown")
 
-    def _finished_workers(self) -> list[int]:
-        """Workers that finished at least FINISH_GRACE seconds ago (or whose process
-        ended with status 0). A worker whose script fails after closing its store
-        (``sys.exit(1)`` closes it at exit) is reported by its launcher within that
-        time, so it is the root cause, not the others' rounds it left waiting."""
-        since = self._now - FINISH_GRACE
-        return sorted(n.rank for n in self._nodes.values() if n.role == "worker" and n.finished
-                      and (n.finished_at is None or n.finished_at <= since))
-
-    def _tell_servers_workers_finished(self) -> None:
-        """Servers learn which workers finished: a sync round still waiting for one of
-        them can never complete, and the server fails it at once naming that worker
-        (instead of the others waiting for KVSTORE_TIMEOUT)."""
-        ranks = self._finished_workers()
-        if ranks == self._told_finished:
-            return
-        self._told_finished = ranks
-        for node in self._nodes.values():
-            if node.role == "server" and not node.finished and node.hb_ident is not None:
-                self._send(node.hb_ident, "workers_finished", ranks=ranks)
-
-    def _known(self, msg: dict, aborted_ok: bool = False) -> Node:
+    def _known(self, msg: dict, aborted_ok: bool = False, worker: str = "") -> Node:
+        """The registered node of ``msg`` (``worker``: what only workers may do)."""
         node = self._nodes.get(msg.get("node")) if isinstance(msg.get("node"), str) else None
         if node is None:
             raise RendezvousError("request from a node that has not registered")
         if self.failure is not None and not aborted_ok:
             raise _JobAborted(self.failure)
+        if node.removed is not None and not aborted_ok:
+            raise _JobAborted(node.removal())
+        if worker and node.role != "worker":
+            raise RendezvousError(f"only workers {worker}")
         return node
-
-    @staticmethod
-    def _by_rank(nodes) -> list[Node]:
-        return sorted(nodes, key=lambda n: n.rank)
 
     # -- failures --------------------------------------------------------------
     def _abort(self, reason: str) -> None:
@@ -383,9 +384,9 @@ class SchedulerState:
         for node in self._nodes.values():
             if node.hb_ident is not None and not node.finished:
                 self._send(node.hb_ident, "abort", reason=reason)
-        if self._book is None:
-            for ident, _, req_id in self._registered_at_start:
-                self._send(ident, "error", id=req_id, kind="aborted", message=reason)
+        for ident, req_id in ([(i, r) for i, _, r in self._registered_at_start] if self._book is None
+                              else self._slots.unanswered()):
+            self._send(ident, "error", id=req_id, kind="aborted", message=reason)
         self._fail_barrier(reason, "aborted")
         # keep answering heartbeats with 'abort' for a while so late nodes hear it too
         self._abort_until = self._now + 2 * self.heartbeat_interval + 1.0
