@@ -106,3 +106,35 @@ def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(tmp_pa
                            capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert table.returncode == 0, table.stderr
     assert re.search(r"\| *0 *\|", table.stdout)   # a row for epoch 0
+
+
+def test_train_mnist_in_an_elastic_job_survives_a_killed_worker_and_its_replacement_joins(mnist_dir):
+    """The README job with --elastic: worker 1 is killed in epoch 0, the launcher starts
+    a replacement, which joins at the start of a later epoch with the others' weights
+    (then every worker evaluates the same weights: equal validation accuracies)."""
+    from services import Proc
+    job = Proc([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "1", "--elastic", "1:2",
+                "--max-restarts", "1", sys.executable, "examples/train_mnist.py", "--kvstore", "dist_sync",
+                "--data-dir", str(mnist_dir), "--network", "mlp", "--batch-size", "2", "--disp-batches", "8",
+                "--lr", "0.05", "--num-epochs", "12"], env={"KVSTORE_HEARTBEAT_TIMEOUT": "20"})
+    job.wait_for(r"\[worker:1\] .*Epoch\[0\] Batch \[16\]", timeout=120)
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_worker(int(p), job.tag, 1)]
+    assert len(pids) == 1, pids
+    os.kill(pids[0], 9)
+    assert job.wait(240) == 0, job.text
+    joined = re.search(r"\[worker:1\] .*joined the running job at epoch (\d+) as worker 1 of \[0, 1\]", job.text)
+    assert joined, job.text
+    assert "started worker 1 #1 in place of worker 1" in job.text
+    final = {w: re.findall(rf"\[worker:{w}\] .*Epoch\[11\] Validation-accuracy=(\S+)", job.text) for w in (0, 1)}
+    assert final[0] and final[0] == final[1], final
+
+
+def _is_worker(pid: int, tag: str, rank: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return False
+    return (env.get(b"KVSTORE_TEST_TAG") == tag.encode() and env.get(b"KVSTORE_ROLE") == b"worker"
+            and env.get(b"KVSTORE_RANK") == str(rank).encode() and b"python" in open(
+                f"/proc/{pid}/cmdline", "rb").read())
