@@ -3,6 +3,7 @@
     python -m benchmarks.chaos --runs 200            # ~15-25 minutes on 2 cores
     python -m benchmarks.chaos --runs 12 --seed 7    # a quick look
     python -m benchmarks.chaos --runs 200 --ssh      # half the jobs through tracker.ssh
+    python -m benchmarks.chaos --elastic --runs 40   # elastic jobs (below)
 
 Each run starts ``python -m tracker.local -n W -s S`` (W in 1-4, S in 1-3, sync or
 async, chosen at random) on benchmarks/chaos_worker.py, which checks exact sums
@@ -20,11 +21,32 @@ Prints a table of counts by fault and writes it (markdown and JSON) to
 benchmarks/results/chaos/. With root, a sixth fault is a network partition: the
 job runs on two emulated machines (network namespaces, benchmarks.netns) and one
 machine's link goes down.
+
+With ``--elastic`` every job is elastic (docs/elastic.md): W in 2-4 workers run
+``--elastic MIN:W`` with MIN = 1 or W - 1, half the jobs with ``--max-restarts 1``.
+The workers run 40 rounds past the fault's (600 where a replacement should join,
+1500 over ssh) and pass a barrier every 10, where a replacement joins (it takes
+the round from kv.progress). One fault goes into one worker (SIGKILL, SIGTERM,
+SIGSTOP, exit or an exception), or in a fifth of the runs a signal into a server.
+A worker's fault passes when:
+
+- the job ends with status 0 within 60 s of the fault (SIGSTOP: the heartbeat
+  timeout removes the stopped worker, and the launcher stops it once the job is over);
+- the launcher's log reports the faulty worker (by its pid) as having left the job;
+- with ``--max-restarts 1`` a replacement started and joined the running job,
+  unless every other worker had finished before it registered (a stopped worker
+  never exits while the job runs: nothing replaces it);
+- no process is left and no worker saw a wrong value (in sync mode a round then
+  holds the pushes of some of the workers: benchmarks/chaos_worker.py checks which).
+
+A server's fault must still end the job as in the default mode. The table and
+its runs go to chaos-elastic.md and chaos-elastic.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -43,6 +65,21 @@ BOUND = {"SIGSTOP": 30.0, "partition": 30.0}   # seconds from the fault to the j
 DEFAULT_BOUND = 10.0
 ENV = {"KVSTORE_HEARTBEAT_INTERVAL": "0.5", "KVSTORE_HEARTBEAT_TIMEOUT": "10",
        "KVSTORE_ABORT_GRACE": "3", "KVSTORE_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
+ELASTIC_FAULTS = FAULTS[:-1]
+ELASTIC_BOUND = 60.0   # seconds from a worker's fault to an elastic job's end (status 0)
+EVERY = 10             # elastic: rounds between the workers' barriers (where a replacement joins)
+# elastic: rounds after the fault's; where a replacement should join, enough for it to
+# start (a process; over ssh a new session, seconds) and reach a barrier: 40 rounds
+# take well under a second
+TAIL, JOIN_TAIL, SSH_JOIN_TAIL = 40, 600, 1500
+SERVER_SHARE = 0.2     # elastic: the share of runs whose fault goes into a server
+
+
+@dataclasses.dataclass(frozen=True)
+class Elastic:
+    """An elastic job's choices: ``--elastic MINIMUM:W`` and ``--max-restarts RESTARTS``."""
+    minimum: int
+    restarts: int
 
 
 def tagged(tag: str) -> list[int]:
@@ -112,11 +149,24 @@ def one_run(rng: random.Random, index: int, partitions: bool = True, sshd=None) 
     return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30), sshd=via)
 
 
+def one_elastic_run(rng: random.Random, index: int, sshd=None) -> dict:
+    """An elastic run with every choice random (the module's docstring says which)."""
+    workers, servers = rng.randint(2, 4), rng.randint(1, 3)
+    mode, fault = rng.choice(("sync", "async")), rng.choice(ELASTIC_FAULTS)
+    role = "server" if fault.startswith("SIG") and rng.random() < SERVER_SHARE else "worker"
+    rank = rng.randrange(workers if role == "worker" else servers)
+    elastic = Elastic(minimum=rng.choice((1, workers - 1)), restarts=rng.choice((0, 1)))
+    via = sshd if sshd is not None and rng.random() < 0.5 else None
+    return run_case(index, workers, servers, mode, fault, role, rank, after=rng.randint(2, 30), sshd=via,
+                    elastic=elastic)
+
+
 def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role: str, rank: int,
-             after: int, sshd=None) -> dict:
+             after: int, sshd=None, elastic: Elastic | None = None) -> dict:
     """One job with the given fault; the run's record, ``problems`` empty when it passed.
     With ``sshd`` (tests/services.py's loopback sshd) the job runs through
-    ``tracker.ssh`` on 127.0.0.2 and 127.0.0.3."""
+    ``tracker.ssh`` on 127.0.0.2 and 127.0.0.3. With ``elastic`` the job is elastic,
+    and a worker's fault must leave it running to its end (:func:`left_and_joined`)."""
     tag = uuid.uuid4().hex
     env = {**os.environ, **ENV, "CHAOS_TAG": tag,
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
@@ -124,16 +174,22 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(rank), CHAOS_AFTER=str(after))
     run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": fault,
            "target": f"{role} {rank}", "after_rounds": after, "launcher": "ssh" if sshd else "local"}
-    script = [os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode]
+    script, flags = [os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode], []
+    if elastic is not None:
+        joins = role == "worker" and elastic.restarts and fault != "SIGSTOP"
+        tail = (SSH_JOIN_TAIL if sshd else JOIN_TAIL) if joins else TAIL
+        script += ["--rounds", str(after + tail), "--every", str(EVERY)]
+        flags = ["--elastic", f"{elastic.minimum}:{workers}", "--max-restarts", str(elastic.restarts)]
+        run.update(elastic=f"{elastic.minimum}:{workers}", max_restarts=elastic.restarts)
     if sshd is None:
-        argv = [sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers),
+        argv = [sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers), *flags,
                 sys.executable, *script]
     else:
         passed = [arg for name in ("CHAOS_TAG", "PYTHONUNBUFFERED", "CHAOS_FAULT", "CHAOS_RANK",
                                    "CHAOS_AFTER") if name in env for arg in ("--env", name)]
         hosts = sshd.hostfile("127.0.0.2:{port}", "127.0.0.3:{port}")
         argv = [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, *passed,
-                "-n", str(workers), "-s", str(servers), "-H", hosts, "python", *script]
+                "-n", str(workers), "-s", str(servers), *flags, "-H", hosts, "python", *script]
     job = Job(argv, env)
     problems = []
     try:
@@ -141,6 +197,8 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
         # exit or exception comes right after its round `after - 1`: time from there
         seen = after - 1 if fault in ("exit", "raise") else after
         watched = rank if role == "worker" else 0      # ssh prefixes carry the host: [worker:0@...]
+        ready = None if elastic is None else \
+            job.wait_for(rf"\[worker:{watched}(@[^\]]*)?\] ready rank {watched} pid (\d+)", 60)
         if job.wait_for(rf"\[worker:{watched}(@[^\]]*)?\] round {seen} ok", 60) is None:
             problems.append("the job did not reach the fault's round")
         fault_at = time.monotonic()
@@ -150,7 +208,8 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
                 problems.append(f"no pid for {role} {rank} in the output")
             else:
                 os.kill(pid, getattr(signal, fault))
-        bound = BOUND.get(fault, DEFAULT_BOUND)
+        survives = elastic is not None and role == "worker"   # the job goes on without it
+        bound = ELASTIC_BOUND if survives else BOUND.get(fault, DEFAULT_BOUND)
         try:
             code = job.proc.wait(timeout=bound + 5)
         except subprocess.TimeoutExpired:
@@ -159,13 +218,16 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
         run.update(exit=code, seconds=round(took, 2))
         if code is None:
             problems.append(f"the job did not end within {bound + 5:.0f} s of the fault")
-        elif code == 0:
-            problems.append("the job ended with status 0")
+        elif (code == 0) != survives:
+            problems.append(f"the job ended with status {code}")
         elif took > bound:
             problems.append(f"the job ended {took:.1f} s after the fault (bound {bound:.0f} s)")
         if "WRONG" in job.text:
             problems.append("a worker saw a wrong value")
-        if code is not None and not re.search(rf"^{role} {rank}\b.*<- root cause", job.text, re.M):
+        if code is not None and survives:
+            pid = int(ready.group(2)) if ready else None
+            problems += left_and_joined(job, run, rank, pid, fault, elastic.restarts)
+        elif code is not None and not re.search(rf"^{role} {rank}\b.*<- root cause", job.text, re.M):
             problems.append(f"{role} {rank} is not marked as the root cause")
     finally:
         problems += end_jobs([job], tag)
@@ -179,6 +241,41 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
     if problems:
         run["tail"] = job.text[-4000:]
     return run
+
+
+def left_and_joined(job: Job, run: dict, rank: int, pid: int | None, fault: str,
+                    restarts: int) -> list[str]:
+    """The problems of an elastic job that ended after a fault of worker ``rank``
+    (process ``pid``): the launcher's log must report it as having left; with
+    ``restarts`` a replacement must start and join the running job, unless every
+    other worker finished before it registered (then there was no job to join).
+    Records in ``run`` whether one joined."""
+    problems = []
+    if not re.search(rf"worker {rank} \(pid {pid} on [^)]*\) left the job", job.text):
+        problems.append(f"worker {rank} (pid {pid}) is not reported as having left the job")
+    if not restarts or fault == "SIGSTOP":     # a stopped worker never exits while the job runs
+        return problems
+    joined = re.search(rf"^\[worker:{rank}(@[^\]]*)?\] joined the running job at round (\d+)",
+                       job.text, re.M)
+    run["replaced"] = bool(joined)
+    if joined:
+        run["joined_at_round"] = int(joined.group(2))
+    if f"started worker {rank} #1 in place of worker {rank}" not in job.text:
+        problems.append(f"no replacement of worker {rank} was started")
+    elif not run["replaced"] and not over_before(job, rf"worker {rank} \(pid \d+ on [^)]*\) joins the job"):
+        problems.append(f"the replacement of worker {rank} did not join the running job")
+    return problems
+
+
+def over_before(job: Job, pattern: str) -> bool:
+    """Whether every worker had finished or left before the first line matching
+    ``pattern`` (or at all, if none does)."""
+    for line in job.lines:
+        if "all workers finished or left" in line:
+            return True
+        if re.search(pattern, line):
+            return False
+    return False
 
 
 def partition_case(index: int, workers: int, servers: int, mode: str, after: int) -> dict:
@@ -276,14 +373,24 @@ def leftovers(tag: str, grace: float = 5.0) -> list[int]:
         time.sleep(0.1)
 
 
-def table(runs: list[dict]) -> str:
-    lines = ["| fault | runs | passed | failed |", "|---|---:|---:|---:|"]
-    for fault in FAULTS:
-        mine = [r for r in runs if r["fault"] == fault]
+def table(runs: list[dict], elastic: bool = False) -> str:
+    """Counts by fault; elastic runs by fault and target role, with how many
+    replacements joined the running job of how many runs that started one."""
+    if elastic:
+        pairs = [(fault, role) for role in ("worker", "server") for fault in ELASTIC_FAULTS
+                 if role == "worker" or fault.startswith("SIG")]
+        groups = [(f"{fault} -> {role}",
+                   [r for r in runs if r["fault"] == fault and r["target"].startswith(role)])
+                  for fault, role in pairs]
+    else:
+        groups = [(fault, [r for r in runs if r["fault"] == fault]) for fault in FAULTS]
+    lines = ["| fault | runs | passed | failed |" + (" replacement joined |" if elastic else ""),
+             "|---|---:|---:|---:|" + ("---:|" if elastic else "")]
+    for label, mine in groups + [("all", runs)]:
         bad = sum(1 for r in mine if r["problems"])
-        lines.append(f"| {fault} | {len(mine)} | {len(mine) - bad} | {bad} |")
-    bad = sum(1 for r in runs if r["problems"])
-    lines.append(f"| all | {len(runs)} | {len(runs) - bad} | {bad} |")
+        started = [r for r in mine if "replaced" in r]
+        joined = f" {sum(1 for r in started if r['replaced'])} of {len(started)} |" if elastic else ""
+        lines.append(f"| {label} | {len(mine)} | {len(mine) - bad} | {bad} |{joined}")
     return "\n".join(lines)
 
 
@@ -295,11 +402,13 @@ def main(argv=None) -> int:
     p.add_argument("--ssh", action="store_true",
                    help="half the runs through tracker.ssh, on a loopback sshd started here "
                         "(127.0.0.2-3; needs openssh-server, as the tests)")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     partitions = os.geteuid() == 0 and shutil.which("ip") is not None
-    if not partitions:
+    if not partitions and not args.elastic:
         print("no network partitions: they need root and iproute2 (ip)", flush=True)
     sshd = None
     if args.ssh:
@@ -312,23 +421,26 @@ def main(argv=None) -> int:
     runs, t0 = [], time.time()
     for i in range(args.runs):
         started = time.monotonic()
-        run = one_run(rng, i, partitions, sshd)
+        run = one_elastic_run(rng, i, sshd) if args.elastic else one_run(rng, i, partitions, sshd)
         run["wall_s"] = round(time.monotonic() - started, 1)
         runs.append(run)
         status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
+        elastic = f" --elastic {run['elastic']} --max-restarts {run['max_restarts']}" if args.elastic else ""
         print(f"run {i}: {run['fault']} -> {run['target']} ({run.get('launcher', 'local')}, "
-              f"W={run['workers']} S={run['servers']} "
+              f"W={run['workers']} S={run['servers']}{elastic} "
               f"{run['mode']}): exit {run.get('exit')} after {run.get('seconds')} s ({run['wall_s']} s in all), "
               f"{status}", flush=True)
     if sshd is not None:
         sshd.stop()
-    summary = table(runs)
+    summary = table(runs, args.elastic)
     print(summary)
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "chaos.json"), "w") as f:
+    name = "chaos-elastic" if args.elastic else "chaos"
+    with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
         json.dump({"seed": seed, "runs": runs, "seconds": round(time.time() - t0)}, f, indent=1)
-    with open(os.path.join(args.out_dir, "chaos.md"), "w") as f:
-        f.write(f"# Chaos: {len(runs)} runs (seed {seed}, {time.strftime('%Y-%m-%d')}, "
+    with open(os.path.join(args.out_dir, f"{name}.md"), "w") as f:
+        f.write(f"# Chaos{' (elastic jobs)' if args.elastic else ''}: {len(runs)} runs (seed {seed}, "
+                f"{time.strftime('%Y-%m-%d')}, "
                 f"{round(time.time() - t0)} s)\n\n{summary}\n")
         for r in runs:
             if r["problems"]:

@@ -177,18 +177,18 @@ def train_epochs(args, kv, model: torch.nn.Module, trainer, train_batches, val_b
                 log.info("Saved checkpoint to %s", params_path)
             kv.barrier()
         epoch += 1
-    if kv.elastic and not starting and kv.rank == kv.members[0]:
+    if kv.elastic and not starting:
         kv.save_progress({"epoch": args.num_epochs})   # a worker joining now has nothing to do
     return val_acc
 
 
 def elastic_epoch(kv, trainer, epoch: int, starting: bool, batch_size: int) -> int:
-    """The start of an epoch of an elastic job (docs/elastic.md): the first member
-    records the epoch, then a barrier gives every worker the same members to shard
+    """The start of an epoch of an elastic job (docs/elastic.md): the members
+    record the epoch, then a barrier gives every worker the same members to shard
     the data by. A worker that joined the running job meets the others at that
     barrier, takes their epoch and copies their weights. Returns the epoch to run."""
     joining = starting and kv.joined
-    if not joining and kv.rank == kv.members[0]:
+    if not joining:     # every member (one that was first may have left since the last barrier)
         kv.save_progress({"epoch": epoch})
     before = kv.members
     kv.barrier()

@@ -66,14 +66,19 @@ def test_a_worker_started_by_hand_joins_with_the_others_weights():
     secret = os.urandom(16).hex()
     job = launch("-n", "2", "-s", "2", "--elastic", "2:3", "--", "train", "--steps", "16", "--every", "4",
                  "--members", "3", env={"KVSTORE_SECRET": secret})
-    port = _scheduler_port(job)
-    job.wait_for(r"worker 0 started, joined=False", timeout=60)   # the job formed: now one joins
-    joiner = Proc([sys.executable, WORKER, "train", "--steps", "16", "--every", "4"], env={
-        **ENV, "KVSTORE_ROLE": "worker", "KVSTORE_SCHEDULER_HOST": "127.0.0.1",
-        "KVSTORE_SCHEDULER_PORT": str(port), "KVSTORE_NUM_WORKERS": "2", "KVSTORE_NUM_SERVERS": "2",
-        "KVSTORE_SECRET": secret}, cwd=ROOT)
-    assert joiner.wait(120) == 0, joiner.text + "\n--- job ---\n" + job.text
-    assert job.wait(60) == 0, job.text
+    try:
+        port = _scheduler_port(job)
+        job.wait_for(r"worker 0 started, joined=False", timeout=60)   # the job formed: now one joins
+        joiner = Proc([sys.executable, WORKER, "train", "--steps", "16", "--every", "4"], env={
+            **ENV, "KVSTORE_ROLE": "worker", "KVSTORE_SCHEDULER_HOST": "127.0.0.1",
+            "KVSTORE_SCHEDULER_PORT": str(port), "KVSTORE_NUM_WORKERS": "2", "KVSTORE_NUM_SERVERS": "2",
+            "KVSTORE_SECRET": secret}, cwd=ROOT)
+        assert joiner.wait(120) == 0, joiner.text + "\n--- job ---\n" + job.text
+        assert job.wait(60) == 0, job.text
+    finally:
+        if job.popen.poll() is None:    # a failed test: the launcher stops its processes
+            job.popen.terminate()
+            job.wait(30)
     joined = re.search(r"worker 2 joined step (\d+) members \[0, 1, 2\] weights (\w+)", joiner.text)
     assert joined, joiner.text
     step, weights = joined.groups()

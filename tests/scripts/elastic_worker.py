@@ -10,8 +10,8 @@ prints what it got: the sum of the round. Worker RANK kills itself (SIGKILL) at
 step STEP after its pushpull of 'a' and before 'b', so that round of 'a' holds its
 push and that of 'b' does not.
 
-train (dist_sync, sgd on the servers): every M steps the first member records
-the step (kv.save_progress), every worker passes a barrier and prints a digest
+train (dist_sync, sgd on the servers): every M steps the members record the
+step (kv.save_progress), every worker passes a barrier and prints a digest
 of the weights it pulls after it; a worker that joined the running job meets
 the others at such a barrier, takes their step and prints its first pull.
 Worker RANK, unless it is a replacement, kills itself at step STEP. With
@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import os
 import signal
+import time
 
 import numpy as np
 
@@ -87,10 +88,13 @@ else:
     step, joining = 0, kv.joined
     while step < args.steps:
         if step % args.every == 0 or joining:
-            if not joining and kv.rank == kv.members[0]:
+            if not joining:
                 kv.save_progress({"step": step})
             kv.barrier()
+            deadline = time.monotonic() + 90
             while step >= args.every and len(kv.members) < args.members and not joining:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"worker {kv.rank}: nobody joined within 90 s")
                 kv.barrier()      # a worker is about to join: it meets us at one of these
             if joining:
                 step = kv.progress["step"]
@@ -103,7 +107,6 @@ else:
         grad = np.sin(out * (kv.rank + 1) + step).astype(np.float32)
         kv.pushpull("w", grad, out=out)
         step += 1
-    if kv.rank == kv.members[0]:
-        kv.save_progress({"step": args.steps})
+    kv.save_progress({"step": args.steps})
     print(f"worker {kv.rank} done members {list(kv.members)}", flush=True)
 kv.close()
