@@ -28,7 +28,7 @@ from .errors import InvalidArgumentError
 from .job import JobMember
 from .leaving import Leaving
 from .protocol import ops
-from .sharding import Placement
+from .sharding import Placement, pieces
 from .storetypes import NO_ROWS_IN_SSP, server_mode
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class DistStore(Leaving, KVStore):
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
-        for server, lo, hi in _pieces(dests, self._client.pipeline_limits()):
+        for server, lo, hi in pieces(dests, self._client.pipeline_limits()):
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
             if write_in:
@@ -304,7 +304,7 @@ class DistStore(Leaving, KVStore):
         fields = self._compression_fields()
         stage = self._compressor is None
         groups = self._by_server(items)
-        for server, lo, hi in _pieces(groups, self._client.pipeline_limits()):
+        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
             wire_ids = groups[server][0][lo:hi]
             parts = self._compressed(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
@@ -387,28 +387,6 @@ class DistStore(Leaving, KVStore):
         joining, self._joining = self._joining, False
         # a joiner's first: the others come at their next barrier (an epoch's end, maybe)
         self._collective("barrier", deadline=not joining)
-
-
-def _pieces(groups: dict, limits) -> list[tuple[int, int, int]]:
-    """(server, start, stop): each server's chunk list cut into runs of about
-    ``limits[server]`` bytes (0: no cut), taken round-robin across servers so that
-    all of them work at once: a server sums one run while the next arrives, and one
-    run's reply travels while the worker still sends."""
-    runs = {}
-    for server, (_, parts) in groups.items():
-        limit = limits[server]
-        cuts, size = [0], 0
-        for i, part in enumerate(parts):
-            if limit and size and size + part.nbytes > limit:
-                cuts.append(i)
-                size = 0
-            size += part.nbytes
-        cuts.append(len(parts))
-        runs[server] = list(zip(cuts[:-1], cuts[1:]))
-    order = []
-    for step in range(max((len(r) for r in runs.values()), default=0)):
-        order += [(server, *r[step]) for server, r in runs.items() if step < len(r)]
-    return order
 
 
 def _keys_text(infos) -> str:

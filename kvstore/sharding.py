@@ -1,4 +1,5 @@
-"""Where each key lives: pure functions from keys and sizes to chunks and servers.
+"""Where each key lives: pure functions from keys and sizes to chunks and servers,
+and how a call's chunks for each server are cut into messages (:func:`pieces`).
 
 A key of more than ``chunk_bytes`` bytes is split into equal-sized chunks of at
 most that size; each chunk goes to the server that holds the fewest bytes so far
@@ -68,3 +69,26 @@ class Placement:
             self.load[server] += max(1, (stop - start) * itemsize)
             chunks.append(Chunk(key, index, start, stop, server))
         return tuple(chunks)
+
+
+def pieces(groups: dict, limits) -> list[tuple[int, int, int]]:
+    """(server, start, stop): each server's chunk list cut into runs of about
+    ``limits[server]`` bytes (0: no cut), taken round-robin across servers so that
+    all of them work at once: a server sums one run while the next arrives, and one
+    run's reply travels while the worker still sends."""
+    runs = {}
+    for server, (_, parts) in groups.items():
+        limit = limits[server]
+        cuts, size = [0], 0
+        for i, part in enumerate(parts):
+            if limit and size and size + part.nbytes > limit:
+                cuts.append(i)
+                size = 0
+            size += part.nbytes
+        cuts.append(len(parts))
+        runs[server] = list(zip(cuts[:-1], cuts[1:]))
+    order = []
+    for step in range(max((len(r) for r in runs.values()), default=0)):
+        order += [(server, *r[step]) for server, r in runs.items() if step < len(r)]
+    return order
+

@@ -457,7 +457,7 @@ def test_server_side_rejection_surfaces_as_remote_error(make_cluster):
 
 
 def test_messages_are_cut_per_server_limit_and_interleaved():
-    from kvstore.dist import _pieces
+    from kvstore.sharding import pieces as _pieces
     parts = [np.zeros(n, np.uint8) for n in (4, 4, 4, 4, 4)]
     groups = {0: (list(range(5)), parts), 1: (list(range(5)), parts[:3])}
     # server 0 (say, tcp) cut at 8 bytes; server 1 (say, shared memory) uncut
