@@ -97,9 +97,10 @@ class Stalls:
         A worker that left is counted, contributing nothing, in every queued round it
         has not pushed to, of every chunk and table; the rounds that complete so are
         applied and answered. Its pushes already in rounds count; its requests still
-        parked are answered with an error naming it. A worker that joined is a member,
-        active on a chunk from its first push there. Before configure (which says how
-        many slots there are) the members are kept and applied by it.
+        parked are answered with an error naming it. A worker that became a member
+        (the scheduler does it at a barrier, when no round is in flight) is waited for
+        by every round opened from now on. Before configure (which says how many
+        slots there are) the members are kept and applied by it.
 
         Raises InvalidArgumentError for members that are not worker slots or two sets
         of members for one epoch."""
@@ -147,16 +148,15 @@ class Stalls:
         return replies + (self.ssp.left(worker, message) if self.ssp is not None else [])
 
     def _started(self, worker: int, ids) -> None:
-        """A push of ``worker`` to ``ids`` (validated): a joiner's first push to a chunk
-        makes it active there; in ssp mode its clock there starts at the slowest
-        active member's."""
+        """A push of ``worker`` to ``ids`` (validated): in ssp mode a new member's first
+        push to a chunk starts its clock there at the slowest active member's."""
         for cid in ids:
             if self.members.start(worker, cid) and self.ssp is not None:
                 self.ssp.joined(worker, cid)
 
     def _opened(self, cid, chunk: Chunk, acc, first=None) -> Round:
-        """A new round of ``cid``, queued, that counts every slot that is not an active
-        member there from the start (none unless the job is elastic)."""
+        """A new round of ``cid``, queued, that counts every slot that is not a member
+        from the start (none unless the job is elastic)."""
         absent = self.members.absent(cid, self.num_workers)
         rnd = Round(acc, set(absent), first=first, filled=absent)
         chunk.rounds.append(rnd)

@@ -5,7 +5,7 @@ request and returns the replies it makes ready (to this sender or to others
 whose requests were waiting). The I/O loop in :mod:`kvstore.server.node` feeds it.
 
 Synchronous mode (BSP), per chunk: pushes are merged into a round until every
-worker contributed once (in an elastic job, a slot that is not an active member
+worker contributed once (in an elastic job, a slot that is not a member
 counts with nothing: kvstore.server.members); then the round is applied once
 (assigned, or given to the optimizer) and every push that joined it is
 acknowledged. A worker that

@@ -7,7 +7,7 @@ checkpoints, resume and optimizer states cover it as any chunk) plus the
 :class:`Table` record here, which dense ops refuse to touch.
 
 Sync: the pushes of one round (one from every worker; an empty one from a worker
-with no rows here, and from a slot of an elastic job that is not an active member:
+with no rows here, and from a slot of an elastic job that is not a member:
 kvstore.server.members) are merged (union of rows, duplicates summed, in worker rank
 order) and applied once: lazily by the optimizer (only the merged rows and their
 state change), or, without one, the merged rows are assigned their sum and every
