@@ -56,7 +56,6 @@ class DistStore(Leaving, KVStore):
             # collective calls (create, init, set_optimizer), which it makes alone
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
-            self._progress = dict(reg.progress or {})
             self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
@@ -105,7 +104,7 @@ class DistStore(Leaving, KVStore):
     def progress(self) -> dict:
         """The job's progress as last saved by any worker with :meth:`save_progress`,
         as this worker last heard it (at registration and at each barrier); {} if none."""
-        return dict(self._progress)
+        return dict(self._membership.progress)   # as of registration, barriers, saves
 
     def save_progress(self, progress: dict) -> None:
         """Record ``progress`` (a small dict, e.g. ``{"epoch": 3}``) with the job's
@@ -115,7 +114,6 @@ class DistStore(Leaving, KVStore):
         if not isinstance(progress, dict):
             raise InvalidArgumentError(f"save_progress: progress must be a dict, got {type(progress).__name__}")
         self._job.save_progress(progress)
-        self._progress = dict(progress)
 
     def _leads(self) -> bool:
         """Whether this worker acts for all at collective calls (configure, init,
@@ -130,7 +128,6 @@ class DistStore(Leaving, KVStore):
         if self._joining:
             return
         _, self._members = self._job.collective(token, deadline)
-        self._progress = dict(self._membership.progress)
 
     @property
     def staleness(self) -> int | float | None:

@@ -38,7 +38,7 @@ class Members:
         m = Members()
         m.change(1, {0, 2}, slots=3)      # -> [1]: worker 1 left
         m.change(2, {0, 1, 2}, slots=3)   # -> []: worker 1 joined again
-        m.absent(("w", 0), slots=3)       # -> frozenset(): every slot is a member
+        m.absent(slots=3)                 # -> frozenset(): every slot is a member
     """
 
     def __init__(self):
@@ -105,9 +105,9 @@ class Members:
         """Whether every slot is a member and active on every chunk (the fast path)."""
         return self.ranks is None or (not self._joiners and len(self.ranks) == slots)
 
-    def absent(self, cid, slots: int) -> frozenset:
-        """The slots a new round of ``cid`` counts from the start: every one that is
-        not a member (the same for every chunk: members change only between rounds)."""
+    def absent(self, slots: int) -> frozenset:
+        """The slots a new round (of any chunk) counts from the start: every one that
+        is not a member (members change only between rounds)."""
         if self.ranks is None or len(self.ranks) == slots:
             return NOTHING
         return frozenset(w for w in range(slots) if w not in self.ranks)

@@ -147,17 +147,17 @@ class Stalls:
         replies += self._grant_ready() + self.rows.leave(worker, message)
         return replies + (self.ssp.left(worker, message) if self.ssp is not None else [])
 
-    def _started(self, worker: int, ids) -> None:
-        """A push of ``worker`` to ``ids`` (validated): in ssp mode a new member's first
-        push to a chunk starts its clock there at the slowest active member's."""
+    def _started(self, ids, worker: int) -> None:
+        """An ssp push of ``worker`` to ``ids`` (validated): a new member's first push
+        to a chunk starts its clock there at the slowest active member's."""
         for cid in ids:
-            if self.members.start(worker, cid) and self.ssp is not None:
+            if self.members.start(worker, cid):
                 self.ssp.joined(worker, cid)
 
     def _opened(self, cid, chunk: Chunk, acc, first=None) -> Round:
         """A new round of ``cid``, queued, that counts every slot that is not a member
         from the start (none unless the job is elastic)."""
-        absent = self.members.absent(cid, self.num_workers)
+        absent = self.members.absent(self.num_workers)
         rnd = Round(acc, set(absent), first=first, filled=absent)
         chunk.rounds.append(rnd)
         return rnd

@@ -238,7 +238,8 @@ class ServerState(WriteIn, Stalls, Persist):
             self.ssp.refuse_if_gone(worker, ids, ahead=1)
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
-        self._started(worker, ids)
+        if self.mode == "ssp":          # a new member's clocks start at its first push
+            self._started(ids, worker)
         if self.mode != "sync":
             for cid, chunk, grad in zip(ids, chunks, arrays):
                 self.updater(cid, grad.reshape(-1), chunk.value)

@@ -121,10 +121,9 @@ class RowTables:
             self._apply(cid, table, chunk, local, data)
             return [st._ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
-        st._started(worker, [cid])
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
-            absent = st.members.absent(cid, st.num_workers)
+            absent = st.members.absent(st.num_workers)
             rnd = RowRound({w: self._nothing(table, chunk) for w in absent}, filled=absent)
             table.rounds.append(rnd)
         rnd.parts[worker] = (rows, data.reshape((len(rows),) + table.row_shape))

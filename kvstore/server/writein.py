@@ -82,7 +82,6 @@ class WriteIn:
         if (worker, header["id"]) in self._grants or any(
                 isinstance(g, Grant) and (g.worker, g.req_id) == (worker, header["id"]) for g in self._queue):
             raise ProtocolError(f"write request id {header['id']} of worker {worker} is already open")
-        self._started(worker, ids)        # a write counts as a push from the moment it arrives
         self._queue.append(Grant(peer, header["id"], worker, ids, chunks, want_values))
         return self._grant_ready()
 
