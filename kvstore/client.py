@@ -29,6 +29,7 @@ from .errors import DeadlineError, InvalidArgumentError, NodeFailedError, Protoc
 from .protocol import encode, ops
 from .protocol.codec import MAX_HEADER_BYTES
 from .transport import Advert, links, memory
+from .transport.pace import Pace
 from .transport.sockets import Sockets
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Client:
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
         self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
+        self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
         try:
             links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
         except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
@@ -105,8 +107,9 @@ class Client:
         return self._shared[name]
 
     def pipeline_limits(self) -> list[int]:
-        """Message size per server, for dist.py's pipelining (each link's choice)."""
-        return [link.pipeline_bytes for link in self.links]
+        """Message size per server, for dist.py's pipelining (each link's choice; the
+        pace's for network links with ``KVSTORE_PIPELINE_BYTES=auto``)."""
+        return self.pace.limits()
 
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, stage=None, shared=None, sequenced: bool = True,
@@ -229,15 +232,16 @@ class Client:
                         raise DeadlineError(f"{what}: could not hand the data to the servers in "
                                             f"{self.config.timeout:g}s; raise KVSTORE_TIMEOUT") from None
 
-    def wait(self, ids, what: str) -> None:
-        """Wait for replies to ``ids``; raise the first error among them (or an
-        earlier push's), a DeadlineError, or NodeFailedError if the job aborted."""
+    def wait(self, ids, what: str, raising: bool = True) -> None:
+        """Wait for replies to ``ids``; raise the first error among them or an earlier
+        push's (``raising=False``: at the next wait), a DeadlineError, or NodeFailedError."""
         ids = list(ids)
         deadline = time.monotonic() + self.config.timeout
         try:
             while any(i in self._pending for i in ids):
                 self._progress(SLICE, what)
-                self.raise_errors()
+                if raising:
+                    self.raise_errors()
                 if time.monotonic() > deadline:
                     open_ids = [i for i in ids if i in self._pending]
                     late = sorted({self._pending[i].server for i in open_ids})
@@ -249,23 +253,23 @@ class Client:
                         f"{awaited}. In dist_sync a round completes only when every worker "
                         "pushed the key; raise KVSTORE_TIMEOUT if the job is just slow")
         except BaseException:
-            self._abandon(ids)        # (drops those due on aside paths)
-            self._abandoned.update(i for i in ids if i in self._pending)
+            self.abandon(ids)
             raise
-        self.raise_errors()
+        if raising:
+            self.raise_errors()
 
-    def _abandon(self, ids) -> None:
-        """The caller of a wait for ``ids`` gets an exception while some of them are
-        still due on a link's aside path (a data channel): close it, so that no reply
-        is written into the caller's arrays after the call has returned. Those
-        requests are dropped; other requests due on the same path fail with
-        NodeFailedError at their next wait. Later replies come through ZeroMQ."""
+    def abandon(self, ids) -> None:
+        """The call that sent ``ids`` raises: their replies no longer reach its outputs.
+        Those still due on a link's aside path (a data channel) are dropped and the path
+        closed (other requests due on it fail with NodeFailedError at their next wait;
+        later replies come through ZeroMQ)."""
         servers = {self._pending[i].server for i in ids if i in self._pending and self._pending[i].aside}
         for server in sorted(servers):
             link = self.links[server]
             link.abandon()
             self._drop_aside(server, f"abandoned when an earlier call to server {server} failed "
                              f"and closed its {link.aside}", spare=ids)
+        self._abandoned.update(i for i in ids if i in self._pending)
 
     def _drop_aside(self, server: int, why: str, spare=()) -> None:
         """Forget every request whose reply is due on ``server``'s aside path; each

@@ -180,12 +180,13 @@ class DistStore(Leaving, KVStore):
     def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
         """Send ``op`` with ``sources`` [(info, flat)] (None: no data) and copy the
         reply values into ``targets`` [(info, [outs])]."""
-        self._fill(self._send(op, what, sources, targets))
+        self._fill(self._send(op, what, sources, targets, paced=True))
 
-    def _send(self, op: str, what: str, sources, targets) -> tuple:
+    def _send(self, op: str, what: str, sources, targets, paced: bool = False) -> tuple:
         """The sending half of :meth:`_send_and_fill`: returns the handle that
         :meth:`_fill` completes. Replies that arrive in between are copied into the
-        outputs' buffers whenever this worker next waits for anything."""
+        outputs' buffers whenever this worker next waits for anything. ``paced``: it
+        may wait for replies to keep a window in flight (transport/pace.py)."""
         if sources is not None:
             self._check_compressible([info for info, _ in sources], what)
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
@@ -195,6 +196,7 @@ class DistStore(Leaving, KVStore):
         stage = sources is not None and self._compressor is None
         write_in = stage and op == ops.PUSHPULL and self._mode == "sync"
         ids, later = [], []
+        flight = self._client.pace.start(dests, what, self._client if paced else None)
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
@@ -211,16 +213,19 @@ class DistStore(Leaving, KVStore):
                         continue
             # pushpull waits for its replies, so gradients in our shared memory
             # (empty()) may be read by the servers in place
+            flight.admit(server)
             rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
                                           in_place=stage, into=parts, chunks=wire_ids, **fields)
+            flight.sent(server, rid)
             ids.append(rid)
-        return (ids, later), what, [(outs, flat, direct)
-                                    for (_, outs), (_, flat, direct) in zip(targets, flats)]
+        return (ids, later, flight), what, [(outs, flat, direct)
+                                            for (_, outs), (_, flat, direct) in zip(targets, flats)]
 
     def _fill(self, handle: tuple) -> None:
-        (ids, later), what, fills = handle
+        (ids, later, flight), what, fills = handle
         self._client.wait(ids, what)     # the replies, and the grants of writes...
         self._client.wait(later, what)   # ...whose `written` requests they sent
+        self._client.pace.done(flight)   # (sizes the next calls' messages)
         for outs, flat, direct in fills:
             fill_outputs(outs, flat, direct, what)
 

@@ -96,6 +96,15 @@ def _elastic(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def _pipeline(text: str) -> int | str:
+    value = text.strip().lower()
+    if value == "auto":
+        return value
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError("must be auto or an integer >= 0 (bytes)")
+    return int(value)
+
+
 def _staleness(text: str) -> int | float:
     value = text.strip().lower()
     if value in ("inf", "infinity"):
@@ -108,6 +117,7 @@ def _staleness(text: str) -> int | float:
 # what they return (str: str)
 _port.type, _gpu_list.type, _bool.type, _elastic.type = int, tuple, bool, tuple
 _staleness.type = int | float   # an int, or math.inf
+_pipeline.type = int | str      # bytes, or "auto"
 
 _POSITIVE_FLOAT = _number(float, 0, inclusive=False)
 _NON_NEGATIVE_FLOAT = _number(float, 0)
@@ -158,10 +168,11 @@ VARIABLES: tuple[Var, ...] = (
         "Emulates several machines on one: processes whose labels differ treat each other "
         "as on different hosts (tcp between them, shared memory only within a label). Set "
         "per process by `tracker.local --emulate-hosts K`; empty on real clusters."),
-    Var("KVSTORE_PIPELINE_BYTES", (), 8 << 20, _NON_NEGATIVE_INT,
+    Var("KVSTORE_PIPELINE_BYTES", (), "auto", _pipeline,
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "
-        "(0: one message per server and call)."),
+        "(0: one message per server and call). auto: 10 ms of the rate its calls have "
+        "reached, 256 KiB to 8 MiB (kvstore/transport/pace.py)."),
     Var("KVSTORE_SHM_PIPELINE_BYTES", (), 32 << 20, _NON_NEGATIVE_INT,
         "The same as KVSTORE_PIPELINE_BYTES for servers reached through shared memory, where "
         "no link transfer needs overlapping and fewer, larger messages are cheaper."),
