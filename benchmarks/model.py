@@ -3,6 +3,7 @@ machine's measurements, and its predictions for a cluster.
 
     python -m benchmarks.model                         # uses benchmarks/results/sweep/*.json
     python -m benchmarks.model --sweep DIR --compute-ms 200
+    python -m benchmarks.model --link [LINK.json ...]  # the emulated links (model_link.py)
 
 Symbols: M bytes of gradients per worker (ResNet-50: 102.2 MB), W workers, S
 server processes, B link bandwidth per machine and direction, T_c compute time
@@ -29,8 +30,17 @@ processes per machine, S = s*N), full-duplex links:
     T_step ~ max(T_c, T_x) + M_last/B          pushes overlapping backward (Trainer overlap=True), when
                                                communication has resources of its own (links, cores)
 
-Dedicated server machines (S_m of them): T_wire = 2*M/B*max(1, N/S_m): as fast
-as co-location only with S_m >= N server machines (one per worker).
+Dedicated server machines (S_m of them, s server processes each): pipelined, the two
+directions overlap, so
+
+    T_wire = M/B * max(1, N/S_m)               a worker sends M and receives M; a server
+                                               machine receives and sends N*M/S_m
+    T_cpu  = max(M*k_w, (N*M/S_m)*k_s/s) + p*(k_w+k_s)
+    T_x    = max(T_wire + F, T_cpu) + 2*L      F = max(N, S_m)*s*p/B: the replies trail the
+                                               pushes by one round of messages (a message
+                                               from every worker to every server process;
+                                               benchmarks/model_link.py checks this on the
+                                               emulated links); F = 0: ideally pipelined
 """
 
 from __future__ import annotations
@@ -41,6 +51,10 @@ import os
 import statistics
 
 import click
+
+from benchmarks.model_link import Costs, default_files, message_bytes, paced
+from benchmarks.model_link import report as link_report
+from tracker.control import env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 M_RESNET50 = 25_557_032 * 4
@@ -101,7 +115,9 @@ def servers_needed(n, gbit, m, k_w, k_s, max_s=64):
     return next((s for s in range(1, max_s + 1) if m * k_s / s <= wire), None)
 
 
-def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str) -> str:
+def calibration(sweep_dir: str) -> tuple:
+    """(every sweep run's measured_costs, k_w, k_s): the per-byte costs are the
+    medians over the sweep. Raises ValueError when the directory has no sweep."""
     runs = []
     for path in sorted(glob.glob(os.path.join(sweep_dir, "*.json"))):
         with open(path) as f:
@@ -109,10 +125,18 @@ def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str)
         if _ours_rows(data):
             runs.append(measured_costs(data))
     if not runs:
-        return f"no sweep results in {sweep_dir}: run the sweep first (see docs/performance.md)"
+        raise ValueError(f"no sweep results in {sweep_dir}: run the sweep first (see docs/performance.md)")
+    return (runs, statistics.median(r["k_w"] for r in runs),
+            statistics.median(r["k_s"] for r in runs))
+
+
+def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str,
+           server_procs: int = 4) -> str:
+    try:
+        runs, k_w, k_s = calibration(sweep_dir)
+    except ValueError as e:
+        return str(e)
     cal = next((r for r in runs if f"w{r['W']}-s{r['S']}" == calibrate), runs[0])
-    k_w = statistics.median(r["k_w"] for r in runs)
-    k_s = statistics.median(r["k_s"] for r in runs)
     lines = [f"Calibration (medians over the sweep): k_w = {k_w * 1e9:.2f} ns/byte "
              f"(worker CPU {k_w * cal['M'] * 1e3:.0f} ms per {cal['M'] / 1e6:.1f} MB exchange), "
              f"k_s = {k_s * 1e9:.2f} ns/byte pushed (server CPU {k_s * cal['M'] * 1e3:.0f} ms "
@@ -147,7 +171,76 @@ def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str)
                          f"{need_text} | {four['T_x'] * 1e3:.0f} | {four['T_step'] * 1e3:.0f} | "
                          f"{ideal['T_step'] * 1e3:.0f} | {four['efficiency']:.2f} | "
                          f"{ideal['efficiency']:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + dedicated_table(m, k_w, k_s, server_procs, lat))
+
+
+RATIOS = ((1, 8), (1, 4), (1, 2), (1, 1))   # server machines per worker machine
+CLOSE = 0.05   # "worth buying": the fewest server machines within 5 % of the best
+
+
+def predict_dedicated(n, gbit, m, k_w, k_s, server_machines, server_procs, latency,
+                      limit="auto", chunk=env.default("KVSTORE_CHUNK_BYTES")):
+    """Ours with n worker machines (one worker each) and ``server_machines`` machines of
+    ``server_procs`` server processes, in seconds. Pipelined, the two directions
+    overlap: the wire is M/B*max(1, n/S_m), against the CPU chain (the worker's M*k_w,
+    a server process's share of the n*M/S_m bytes its machine sums, overlapped message
+    by message). "T_x" adds what today's messages cost on top (model_link.py): the
+    replies trail the pushes by one round of messages, a message from every worker to
+    every server process; "T_x_pipelined" leaves that round out."""
+    b = gbit * 1e9 / 8
+    wire = m / b * max(1, n / server_machines)
+
+    def parts(limit):
+        p = message_bytes(m / (server_machines * server_procs), limit, chunk)
+        fill = max(n, server_machines) * server_procs * p / b
+        cpu = max(m * k_w, n * m / server_machines * k_s / server_procs) + p * (k_w + k_s)
+        return {"wire": wire, "fill": fill, "cpu": cpu, "message": p,
+                "T_x": max(wire + fill, cpu) + 2 * latency,
+                "T_x_pipelined": max(wire, cpu) + 2 * latency}
+    if limit == "auto":
+        limit = paced(lambda lim: parts(lim)["T_x"], m)
+    return parts(limit)
+
+
+def _fewest(options: list[dict], key: str) -> int:
+    """The index of the fewest server machines whose ``key`` is within CLOSE of the best."""
+    best = min(o[key] for o in options)
+    return next(i for i, o in enumerate(options) if o[key] <= best * (1 + CLOSE))
+
+
+def dedicated_table(m, k_w, k_s, server_procs, latency) -> list[str]:
+    """Section 6's table of dedicated server machines against co-location and a ring."""
+    procs = f"{server_procs} server process{'es' if server_procs > 1 else ''}"
+    ratios = " · ".join(f"N/{d}" if d > 1 else "N" for _, d in RATIOS)
+    lines = [f"Dedicated server machines (S_m of them, {procs} each; one worker per worker "
+             f"machine; L = {latency * 1e6:.0f} us; KVSTORE_CHUNK_BYTES and KVSTORE_PIPELINE_BYTES "
+             "at their defaults). A server machine sums N*M/S_m bytes per exchange: "
+             + ", ".join(f"{m * k_s * d:.2f} s" for _, d in RATIOS)
+             + f" of CPU at k_s for S_m = {ratios} (less where S_m rounds up to a whole "
+             f"machine), spread over its {procs}. 'ring' is the wire "
+             "bound 2(N-1)/N*M/B; co-located is ours above (4 servers/machine); 'pipelined' "
+             "is max(wire, CPU) + 2L, 'today' adds the round of messages the replies trail "
+             f"by; 'worth buying' is the fewest S_m/N within {CLOSE * 100:.0f} % of the best "
+             "of the four:", "",
+             f"| machines N | link | ring T_x ms | co-located, ours T_x ms | dedicated, wire ms "
+             f"(S_m = {ratios}) | dedicated, ours pipelined T_x ms | worth buying | its T_x / "
+             "ring | dedicated, ours today T_x ms | worth buying today | its T_x / ring |",
+             "|---:|---|---:|---:|---|---|---|---:|---|---|---:|"]
+    for gbit in (10, 100):
+        for n in (2, 4, 8, 16, 32, 64):
+            ring = 2 * (n - 1) / n * m / (gbit * 1e9 / 8)
+            colo = predict_cluster(n, gbit, m, k_w, k_s, 4, latency, 0)["T_x"]
+            sm = [max(1, -(-n * a // d)) for a, d in RATIOS]
+            ours = [predict_dedicated(n, gbit, m, k_w, k_s, s, server_procs, latency) for s in sm]
+            cells = [f"{n}", f"{gbit} Gbit/s", f"{ring * 1e3:.1f}", f"{colo * 1e3:.0f}",
+                     " · ".join(f"{o['wire'] * 1e3:.0f}" for o in ours)]
+            for key in ("T_x_pipelined", "T_x"):
+                pick = _fewest(ours, key)
+                a, d = RATIOS[pick]
+                cells += [" · ".join(f"{o[key] * 1e3:.0f}" for o in ours),
+                          f"{a}/{d} (S_m = {sm[pick]})", f"{ours[pick][key] / ring:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -158,9 +251,25 @@ def report(sweep_dir: str, compute_ms: float, latency_us: float, calibrate: str)
 @click.option("--latency-us", type=float, default=600.0, show_default=True,
               help="Per-request round trip (our measured small-key exchange here).")
 @click.option("--calibrate", default="w2-s2", show_default=True, help="Reference configuration.")
-def main(sweep_dir, compute_ms, latency_us, calibrate):
-    """Check the step-time model against the sweep and print cluster predictions."""
-    click.echo(report(sweep_dir, compute_ms, latency_us, calibrate))
+@click.option("--server-procs", type=click.IntRange(1), default=4, show_default=True,
+              help="Server processes per dedicated server machine (each with its own core).")
+@click.option("--link", "link", is_flag=True,
+              help="Check the link model against benchmarks.link JSONs (FILES; default: the runs "
+                   "of record) instead.")
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+def main(sweep_dir, compute_ms, latency_us, calibrate, server_procs, link, files):
+    """Check the step-time model against the sweep and print cluster predictions; with
+    --link, against the emulated-link runs (benchmarks/model_link.py)."""
+    if files and not link:
+        raise click.UsageError("FILES are benchmarks.link JSONs: they go with --link")
+    if not link:
+        click.echo(report(sweep_dir, compute_ms, latency_us, calibrate, server_procs))
+        return
+    try:
+        _, k_w, k_s = calibration(sweep_dir)
+        click.echo(link_report(list(files) or default_files(), Costs(k_w, k_s, latency_us * 1e-6)))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 if __name__ == "__main__":
