@@ -4,14 +4,26 @@ gloo and against one process with no communication at all.
     python -m benchmarks.trainer                       # VGG-11, b=16 per worker, W=2, S=2, 3 launches
     python -m benchmarks.trainer --network resnet --num-layers 20 --batch-size 32
     python -m benchmarks.trainer --link 1gbit          # two emulated machines (root)
+    python -m benchmarks.trainer --link 500mbit --layout dedicated:4x4   # 4 worker + 4 server hosts
 
-``--link RATE`` splits every distributed contender over two network namespaces
-each linked to one bridge by a veth pair rate-limited by tc tbf, built and removed (even on failure or
-SIGTERM) by benchmarks/netns.py's ``Link``: A runs the scheduler, server 0, worker 0
-(DDP rank 0) and the floor; B server 1, worker 1 (DDP rank 1); ours with shared memory
-to its own machine's server and tcp across, gloo over the veth. It also times each step's parts (forward, backward, step()), counts
-the bytes on the link, and sets the medians against docs/performance.md section 6's
-step-time model. Results go to ``trainer-link-RATE.{md,json}``.
+``--link RATE`` splits every distributed contender over emulated machines (network
+namespaces, each linked to one bridge by a veth pair rate-limited by tc tbf on both
+ends, built and removed, even on failure or SIGTERM, by benchmarks/netns.py's
+``Cluster``; trainer_run.py's ``Emulated`` places the processes). By default two: A
+runs the scheduler, server 0, worker 0 (DDP rank 0) and the floor, B server 1 and
+worker 1 (DDP rank 1) (even ranks on A, odd on B). ``--layout`` (benchmarks/layouts.py,
+as benchmarks.link) takes W and S from the layout (-w/-s may repeat them; a different
+value is an error) and its hosts instead: ``dedicated:WxS``, worker r and DDP rank r on
+worker host r (A, B, C, ...), server s on server host S<s> (all of ours is tcp, DDP's
+ring runs over the worker hosts); ``colo:W``, server r and worker r on host r. The
+scheduler, the floor and the reference run on A; ours uses shared memory to a server
+on its own host, tcp across (every worker's transports and server addresses are
+checked). A raw TCP bulk transfer between A and B checks the rate first. It also
+times each step's parts (forward, backward, step()), counts the bytes every host's
+link sent and received per launch, and sets the medians against docs/performance.md
+section 6's step-time model with the layout's wire bytes (ours: its busiest link
+direction; DDP: its ring's 2M(W-1)/W). Results go to ``trainer-link-RATE.{md,json}``,
+with a layout to ``trainer-link-RATE-dedicated-4x4.{md,json}`` (its key, ':' as '-').
 
 A step is ``zero_grad``, forward, backward (with whatever communication the
 contender overlaps with it), the rest of the gradient exchange and the optimizer
@@ -53,8 +65,13 @@ pooling and dropout amplify a last-bit difference to ~1e-2 (VGG-11, 25 steps). T
 two variants are therefore checked against a second reference, the same
 single-process loop with kvstore's SGD (``kvstore.torch.Trainer`` on a ``local``
 store, ``update_on_kvstore=True``); their distance from torch's SGD and from DDP is
-reported, not checked. On this machine every checked comparison came out bit-identical
-(difference 0), which the tolerance does not require.
+reported, not checked. At W = 2 (VGG-11) every checked comparison came out
+bit-identical on this machine (difference 0), which the tolerance does not require. With
+W > 2 it cannot: W gradients are added in different orders (gloo's ring per chunk, our
+servers as pushes arrive, the reference's autograd), so the last bits differ (W = 4: mlp,
+25 steps, ~4e-8; lenet on 3x92x92, 10 steps, 3-5e-6: within the tolerance), and BatchNorm
+with dropout amplify that beyond it (VGG-11, 4 steps: 1.4e-5 DDP, 2e-4 ours). With W > 2
+use a network without them (lenet, mlp); the run warns at the start.
 
 What "the concatenated batch" means for networks with BatchNorm (resnet, vgg,
 inception-bn): W processes normalise with the statistics of their own b samples,
@@ -94,10 +111,11 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 import numpy as np  # noqa: E402
 
-from benchmarks import common, netns  # noqa: E402
+from benchmarks import common, layouts, netns  # noqa: E402
 from benchmarks.trainer_check import check_all, compare, verdict  # noqa: E402
 from benchmarks.trainer_report import last_bucket_bytes, markdown, predict, summarise  # noqa: E402
-from benchmarks.trainer_run import CONTENDERS, Failed, row, run_contender, run_plain, link_ready  # noqa: E402
+from benchmarks.trainer_run import (CONTENDERS, Emulated, Failed, host_bytes, link_ready,  # noqa: E402
+                                    row, run_contender, run_plain)
 from benchmarks.trainer_worker import build, per_slice_needed, worker_main  # noqa: E402
 
 __all__ = ["CONTENDERS", "compare", "main", "parse_args"]   # (tests use compare from here)
@@ -127,8 +145,10 @@ def parse_args(argv):
         description="Median time of one training step (forward + backward + gradient exchange + "
                     "update), W workers: kvstore.torch.Trainer (4 variants) vs torch DDP over gloo "
                     "vs one process on W*b; checks that all of them train to the same weights.")
-    p.add_argument("-w", "--workers", type=int, default=2, help="W worker processes (default 2)")
-    p.add_argument("-s", "--servers", type=int, default=2, help="S servers of ours (default 2)")
+    p.add_argument("-w", "--workers", type=int, default=None,
+                   help="W worker processes (default 2; with --layout the layout's W)")
+    p.add_argument("-s", "--servers", type=int, default=None,
+                   help="S servers of ours (default 2; with --layout the layout's S)")
     p.add_argument("--network", default="vgg", help="examples/models.py network (default vgg)")
     p.add_argument("--num-layers", type=int, default=None,
                    help="depth (default: 11 for vgg, 20 for resnet, none otherwise)")
@@ -155,18 +175,26 @@ def parse_args(argv):
                         "after a passing run, kept after a failed one")
     p.add_argument("--name", default=None,
                    help="base name of the result files (default: trainer; with --link RATE: "
-                        "trainer-link-RATE)")
+                        "trainer-link-RATE; with --layout too: trainer-link-RATE-dedicated-4x4)")
     p.add_argument("--link", default=None, metavar="RATE",
-                   help="run every distributed contender split over two emulated machines as "
-                        "benchmarks/link.py does (network namespaces A and B, each linked to one bridge by a veth "
-                        "pair rate-limited to RATE by tc tbf, e.g. 1gbit; needs root): the "
-                        "scheduler, server 0 and worker 0 / DDP rank 0 on A, server 1 and worker "
-                        "1 / DDP rank 1 on B, tcp across the link, gloo over the veth; the "
-                        "floor on A (default: off, everything on this host's loopback)")
+                   help="run every distributed contender split over emulated machines as "
+                        "benchmarks/link.py does (network namespaces, each linked to one bridge "
+                        "by a veth pair rate-limited to RATE by tc tbf, e.g. 1gbit; needs root): "
+                        "by default two, A (the scheduler, server 0, worker 0 / DDP rank 0, the "
+                        "floor) and B (server 1, worker 1 / DDP rank 1): even ranks on A, odd on "
+                        "B; tcp across the link, gloo over the veth (default: off, everything on "
+                        "this host's loopback)")
+    p.add_argument("--layout", default=None, metavar="LAYOUT",
+                   help="with --link: the hosts of benchmarks.link's layout instead of A and B: "
+                        "dedicated:WxS (worker r and DDP rank r on worker host r, server s on "
+                        "server host S<s>: all tcp) or colo:W (server r and worker r on host r); "
+                        "the scheduler and the floor on A; W and S are the layout's (-w/-s, if "
+                        "given, must agree)")
     p.add_argument("--link-check-seconds", type=float, default=1.0,
                    help="--link: duration of the raw TCP check per direction (default 1.0)")
     p.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    _workers_and_servers(p, args)
     for flag in ("workers", "servers", "batch_size", "image_size", "iters", "launches"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -198,10 +226,32 @@ def parse_args(argv):
             p.error("--link-check-seconds must be > 0")
     if args.name is None:
         args.name = "trainer" if args.link is None else f"trainer-link-{args.link}"
+        if args.layout is not None:
+            args.name += "-" + args.layout.key.replace(":", "-")
     return args
 
 
-    return args
+def _workers_and_servers(p: argparse.ArgumentParser, args) -> None:
+    """--layout: W and S are the layout's (an explicit -w/-s must agree); else 2 and 2."""
+    if args.layout is None:
+        args.workers = 2 if args.workers is None else args.workers
+        args.servers = 2 if args.servers is None else args.servers
+        return
+    if args.link is None:
+        p.error("--layout places processes on emulated hosts: it needs --link RATE")
+    try:
+        layout = layouts.parse(args.layout)
+    except ValueError as e:
+        p.error(f"--layout: {e}")
+    if layout.kind == "ring":
+        p.error("--layout: ring is gloo's layout (DDP runs over the worker hosts of every "
+                "layout); choose colo:W or dedicated:WxS")
+    for flag, given, want in (("workers", args.workers, layout.workers),
+                              ("servers", args.servers, layout.servers)):
+        if given is not None and given != want:
+            p.error(f"--{flag} {given} disagrees with --layout {layout.key}, which has "
+                    f"{want} {flag}: leave --{flag} out (it is taken from the layout)")
+    args.layout, args.workers, args.servers = layout, layout.workers, layout.servers
 
 
 def main(argv=None) -> int:
@@ -235,32 +285,34 @@ def main(argv=None) -> int:
         f"{args.network}-{args.num_layers} b={args.batch_size} W={args.workers} S={args.servers}, "
         f"{cfg['num_params']:,} parameters; {args.launches} launches x {args.iters} steps "
         f"(+{args.warmup} warm-up); work dir {work}")
+    if per_slice and args.workers > 2:   # see the module's docstring, "Correctness"
+        say(f"warning: {args.network} has BatchNorm or dropout, which amplify the rounding of "
+            f"summing {args.workers} gradients in different orders: the weights check may "
+            "fail without a fault (use lenet or mlp, or a looser --rtol/--atol)")
     failures: list[str] = []
     rows: list[dict] = []
     checks: list[dict] = []
-    link = None
+    emulated = None
     restore_term = None
     if args.link:
-        link = netns.Link()
-        info["link"] = {"rate": args.link, "namespaces": dict(link.ns), "addresses": dict(link.addr),
-                        "devices": dict(link.dev), "sides": {
-                            "A": "scheduler, even ranks (server 0, worker 0, DDP rank 0), floor",
-                            "B": "odd ranks (server 1, worker 1, DDP rank 1)"}}
+        emulated = Emulated.build(args.workers, args.servers, args.layout)
+        info["link"] = {"rate": args.link, **emulated.info()}
         restore_term = signal.signal(signal.SIGTERM, netns.on_sigterm)   # Ctrl-C or kill: clean up
     try:
-        if link is not None:
+        if emulated is not None:
             try:
-                link.up()
-                info["link"].update(link_ready(link, args.link, args.link_check_seconds, say))
+                emulated.cluster.up()
+                info["link"].update(link_ready(emulated.cluster, args.link,
+                                               args.link_check_seconds, say))
             except netns.SetupFailed as e:
                 print(f"skipped: the emulated network cannot be set up here (needs root and "
                       f"network namespaces): {e}", flush=True)
                 shutil.rmtree(work, ignore_errors=True)
                 return 0
-        run_rounds(args, cfg, work, per_slice, link, say, rows, checks, failures)
+        run_rounds(args, cfg, work, per_slice, emulated, say, rows, checks, failures)
     finally:
-        if link is not None:
-            errors = link.down()
+        if emulated is not None:
+            errors = emulated.cluster.down()
             failures += [f"cleanup: {e}" for e in errors]
             for e in errors:
                 say(f"cleanup: {e}")
@@ -269,7 +321,7 @@ def main(argv=None) -> int:
     data = {**info, "failures": failures, "correctness": correctness,
             "summary": summarise(rows, workers=args.workers), "rows": rows,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if link is not None:
+    if emulated is not None:
         data["prediction"] = predict(data)
     table = markdown(data)
     paths = {"json": os.path.join(args.out_dir, f"{args.name}.json"),
@@ -290,7 +342,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_rounds(args, cfg: dict, work: str, per_slice: bool, link, say, rows: list[dict],
+def run_rounds(args, cfg: dict, work: str, per_slice: bool, emulated, say, rows: list[dict],
                checks: list[dict], failures: list[str]) -> None:
     """The reference (unless a floor launch trains it), then ``--launches`` rounds of
     every contender, the order rotating every round; each round checked as soon as it
@@ -301,7 +353,7 @@ def run_rounds(args, cfg: dict, work: str, per_slice: bool, link, say, rows: lis
     if "floor" not in active:   # else the first floor launch trains the reference afterwards
         t0 = time.monotonic()
         try:
-            run_plain(cfg, work, "reference", "reference", 1, args.timeout, link=link)
+            run_plain(cfg, work, "reference", "reference", 1, args.timeout, emulated=emulated)
         except Failed as e:
             failures.append(f"reference: {e}")
             active = []
@@ -312,20 +364,22 @@ def run_rounds(args, cfg: dict, work: str, per_slice: bool, link, say, rows: lis
         for name in active[k:] + active[:k]:
             load = os.getloadavg()
             tag = f"{name}-{launch_no}"
-            counted = link.counters() if link is not None else None
+            counted = emulated.cluster.host_counters() if emulated is not None else None
             t1, wall0 = time.monotonic(), time.time()
             try:
                 got = run_contender(name, tag, cfg, work, args.timeout,
                                     args.corrupt_for_test and name == corrupt_target, ref_prefix,
-                                    link=link)
+                                    emulated=emulated)
             except Failed as e:
                 failures.append(f"{name} (launch {launch_no + 1}): {e}")
                 say(f"  launch {launch_no + 1}/{args.launches} {name}: FAILED: {e}")
                 continue
             done.append((name, launch_no, os.path.join(work, tag)))
             rows.append(row(name, launch_no, got, load, os.getloadavg(), wall0))
-            if counted is not None:   # bytes each veth end sent during the launch
-                rows[-1]["link_bytes"] = link.sent_since(counted)
+            if counted is not None:   # what every host's link carried during the launch
+                hb = rows[-1]["host_bytes"] = host_bytes(counted, emulated.cluster.host_counters())
+                if emulated.layout is None:   # two machines: what A sent went to B, and back
+                    rows[-1]["link_bytes"] = {"a_to_b": hb["A"]["tx"], "b_to_a": hb["B"]["tx"]}
             ph = rows[-1]["phases_s"]
             say(f"  launch {launch_no + 1}/{args.launches} {name}: median "
                 f"{statistics.median(got[0]['times']) * 1e3:.1f} ms in {time.monotonic() - t1:.1f}s "

@@ -1,12 +1,13 @@
 """The report of benchmarks.trainer: the summary of the step times, the step-time
 prediction of docs/performance.md section 6 for --link (from the run's own compute
-time, the link's rate and the last gradient bucket), and the markdown."""
+time, the link's rate, the wire bytes of the placement and the last gradient
+bucket), and the markdown."""
 
 from __future__ import annotations
 
 import statistics
 
-from benchmarks import common
+from benchmarks import common, layouts
 from benchmarks.trainer_run import CONTENDERS
 
 # the first bucket DDP fills is capped at 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES),
@@ -47,22 +48,38 @@ def last_bucket_bytes(sizes: list[int]) -> dict:
 K_W, K_S, PIECE, LATENCY = 0.79e-9, 0.84e-9, 8 << 20, 0.6e-3
 
 
+def wire_bytes(link: dict):
+    """(ours, DDP): functions from n gradient bytes per worker to the bytes an exchange
+    puts on the busiest link direction. Two machines: n for both (2(N-1)/N n at N = 2);
+    a --layout: its own (benchmarks/layouts.py ``bound_bytes``) and, for DDP, the ring
+    over its worker hosts, 2n(W-1)/W."""
+    if not link.get("layout"):
+        return (lambda n: n), (lambda n: n)
+    layout = layouts.parse(link["layout"])
+    ring = layouts.Layout("ring", layout.workers, 0)
+    return (lambda n: layout.bound_bytes("pushpull", n)), (lambda n: ring.bound_bytes("pushpull", n))
+
+
 def predict(data: dict) -> dict:
     """--link: the step times docs/performance.md section 6 predicts, from this run's
-    own compute time and the link's rate, next to the measured medians.
+    own compute time, the link's rate and the placement's wire bytes, next to the
+    measured medians.
 
-    T_c = forward + backward of ours without overlap (rank 0's median: both workers
-    computing at once, nothing on the wire); T_wire = 2*(N-1)/N * M/B = M/B at N = 2
-    machines; T_cpu = max(M*k_w, M*k_s/s) + p*(k_w + k_s); T_x = max(T_wire, T_cpu) + 2L.
-    No overlap: T_c + T_x. Overlap (section 6): max(T_c, T_x) + the last bucket's
-    exchange. 'Push-only overlap' (the Trainer before a53461d: pushes from backward
-    hooks, every pull in step()): per direction half of T_wire is pushes and half
-    replies, so only the pushes could hide under backward: T_fwd + max(T_bwd, T_x/2)
-    + T_x/2. Since a53461d each hook starts a pushpull, so replies travel during
-    backward too and section 6's full-overlap formula applies."""
+    T_c = forward + backward of ours without overlap (rank 0's median: all W workers
+    computing at once, nothing on the wire); T_wire = the busiest link direction's bytes
+    / B (:func:`wire_bytes`: M at N = 2 machines; a layout's own, DDP's ring 2M(W-1)/W);
+    T_cpu = max(M*k_w, (W*M/S)*k_s) + p*(k_w + k_s) (a server's share of the pushes);
+    T_x = max(T_wire, T_cpu) + 2L. No overlap: T_c + T_x. Overlap (section 6):
+    max(T_c, T_x) + the last bucket's exchange. 'Push-only overlap' (the Trainer before
+    a53461d: pushes from backward hooks, every pull in step(); two machines only): per
+    direction half of T_wire is pushes and half replies, so only the pushes could hide
+    under backward: T_fwd + max(T_bwd, T_x/2) + T_x/2. Since a53461d each hook starts a
+    pushpull, so replies travel during backward too and section 6's full-overlap
+    formula applies."""
     cfg, rows, summ = data["config"], data["rows"], data["summary"]
     m = cfg["num_params"] * 4
-    info = data.get("link") or {}
+    info = data["link"]
+    ours_wire, ddp_wire = wire_bytes(info)
     bps = {"nominal": info["qdisc"]["bits_per_s"] / 8}
     raw = info.get("raw") or {}
     if raw.get("a_to_b_gbit") and raw.get("b_to_a_gbit"):
@@ -73,24 +90,27 @@ def predict(data: dict) -> dict:
         return statistics.median(xs) if xs else None
     noov = ("ours-nooverlap-server", "ours-nooverlap-worker")
     t_fwd, t_bwd = med(noov, "forward"), med(noov, "backward")
+    w, s = cfg["workers"], cfg["servers"]
     if t_fwd is None and "floor" in summ:   # no run without overlap: the floor's share
-        t_fwd, t_bwd = summ["floor"]["median"] / cfg["workers"] / 3, summ["floor"]["median"] / cfg["workers"] * 2 / 3
+        t_fwd, t_bwd = summ["floor"]["median"] / w / 3, summ["floor"]["median"] / w * 2 / 3
     if t_fwd is None:
         return {}
     t_c = t_fwd + t_bwd
-    s_per = max(1, -(-cfg["servers"] // 2))     # servers per machine
-    piece = min(PIECE, m / cfg["servers"])     # a piece is at most one server's share
-    t_cpu = max(m * K_W, m * K_S / s_per) + piece * (K_W + K_S)
+    piece = min(PIECE, m / s)     # a piece is at most one server's share
+    t_cpu = max(m * K_W, w * m / s * K_S) + piece * (K_W + K_S)
     last = data["last_bucket_bytes"]
-    out = {"M_bytes": m, "T_fwd": t_fwd, "T_bwd": t_bwd, "T_c": t_c, "T_cpu": t_cpu,
+    out = {"M_bytes": m, "wire_bytes": ours_wire(m), "wire_bytes_ddp": ddp_wire(m),
+           "T_fwd": t_fwd, "T_bwd": t_bwd, "T_c": t_c, "T_cpu": t_cpu,
            "T_x_measured_nooverlap": med(noov, "step"), "rates": {}}
     for which, b in bps.items():
-        t_x = max(m / b, t_cpu) + 2 * LATENCY
-        pred = {"T_wire": m / b, "T_x": t_x,
-                "nooverlap": t_c + t_x,
-                "overlap_docs": max(t_c, t_x) + last["trainer"] / b + 2 * LATENCY,
-                "overlap_push_only": t_fwd + max(t_bwd, t_x / 2) + t_x / 2,
-                "ddp_docs": max(t_c, t_x) + last["ddp"] / b + 2 * LATENCY}
+        t_x = max(ours_wire(m) / b, t_cpu) + 2 * LATENCY
+        t_x_ddp = max(ddp_wire(m) / b, t_cpu) + 2 * LATENCY
+        pred = {"T_wire": ours_wire(m) / b, "T_x": t_x, "T_wire_ddp": ddp_wire(m) / b,
+                "T_x_ddp": t_x_ddp, "nooverlap": t_c + t_x,
+                "overlap_docs": max(t_c, t_x) + ours_wire(last["trainer"]) / b + 2 * LATENCY,
+                "ddp_docs": max(t_c, t_x_ddp) + ddp_wire(last["ddp"]) / b + 2 * LATENCY}
+        if not info.get("layout"):   # two machines only (see above)
+            pred["overlap_push_only"] = t_fwd + max(t_bwd, t_x / 2) + t_x / 2
         out["rates"][which] = pred
     predicted = {"ours-overlap-server": ("overlap_docs", "overlap_push_only"),
                  "ours-overlap-worker": ("overlap_docs", "overlap_push_only"),
@@ -104,7 +124,7 @@ def predict(data: dict) -> dict:
         e = {"measured": summ[name]["median"]}
         for which, pred in out["rates"].items():
             e[f"docs_{which}"] = pred[docs]
-            if refined:
+            if refined in pred:
                 e[f"push_only_{which}"] = pred[refined]
         out["by_contender"][name] = e
     return out
@@ -169,7 +189,8 @@ def markdown(data: dict) -> str:
     if kinds:
         lines += ["", f"Ours' data plane, as rank 0's client reports it for every server: "
                       f"{', '.join(kinds)} ("
-                      + ("shared memory within an emulated machine, tcp across the link)." if data.get("link")
+                      + ("checked for every worker: shared memory to a server on its own emulated "
+                         "host, tcp to the others)." if data.get("link")
                          else "the default on one host).")]
     if "floor" in summ:
         lines += ["", f"Perfect scaling would be the floor's time / W = "
@@ -207,16 +228,21 @@ def markdown(data: dict) -> str:
 
 
 def _link_markdown(data: dict) -> list[str]:
-    """--link: the link, where each step's time went, and measured vs predicted."""
+    """--link: the hosts, where each step's time went, the bytes on every host's link,
+    and measured vs predicted."""
     info, summ, ms = data["link"], data["summary"], 1e3
     raw = info.get("raw") or {}
     q = info.get("qdisc") or {}
-    lines = ["", f"## Over the emulated link ({info['rate']})", "",
-             f"Two network namespaces joined by a veth pair, `tc {q.get('tc', '?')}` on both ends "
-             f"(as `python -m benchmarks.link`): A ({info['addresses']['A']}) runs "
-             f"{info['sides']['A']}; B ({info['addresses']['B']}) runs {info['sides']['B']}. "
-             'Both "machines" share this host\'s cores. Raw TCP bulk transfer, both directions '
-             'at once: '
+    layout = info.get("layout")
+    lines = ["", f"## Over the emulated link ({info['rate']}{', ' + layout if layout else ''})", "",
+             f"{len(info['addresses'])} network namespaces ("
+             + (f"layout `{layout}`: {info['layout_described']}" if layout else "two machines")
+             + f"), each joined to one bridge by its own veth pair, `tc {q.get('tc', '?')}` on both "
+             "ends (as `python -m benchmarks.link`); "
+             + "; ".join(f"{h} ({a}) runs {info['sides'].get(h, 'nothing')}"
+                         for h, a in info["addresses"].items())
+             + '. All "machines" share this host\'s cores. Raw TCP bulk transfer between A and B, '
+             'both directions at once: '
              + (f"A->B **{raw['a_to_b_gbit']:.3f}**, B->A **{raw['b_to_a_gbit']:.3f}** Gbit/s."
                 if raw else f"not measured ({info.get('raw_error', '?')})."),
              "",
@@ -224,32 +250,29 @@ def _link_markdown(data: dict) -> list[str]:
              "ours with overlap starts a pushpull per bucket from backward hooks, so its backward "
              "includes handing buckets to the store and its step() waits for what is still on "
              "the wire; DDP "
-             "all-reduces its buckets inside backward, so its step() is the optimizer only), "
-             "and the bytes each veth end sent per launch (mean):", "",
-             "| contender | step ms | forward ms | backward ms | step() ms | A->B MB/launch | B->A MB/launch |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "all-reduces its buckets inside backward, so its step() is the optimizer only):", "",
+             "| contender | step ms | forward ms | backward ms | step() ms |",
+             "|---|---:|---:|---:|---:|"]
     for name, s in summ.items():
         pm = s.get("parts_median")
-        if not pm:
-            continue
-        got = [r.get("link_bytes") or {} for r in data["rows"] if r["contender"] == name]
-
-        def mb(k):
-            xs = [g[k] for g in got if g.get(k) is not None]
-            return f"{statistics.fmean(xs) / 1e6:.1f}" if xs else "-"
-        lines.append(f"| {s['shown']} | {s['median'] * ms:.1f} | {pm['forward'] * ms:.1f} | "
-                     f"{pm['backward'] * ms:.1f} | {pm['step'] * ms:.1f} | {mb('a_to_b')} | "
-                     f"{mb('b_to_a')} |")
+        if pm:
+            lines.append(f"| {s['shown']} | {s['median'] * ms:.1f} | {pm['forward'] * ms:.1f} | "
+                         f"{pm['backward'] * ms:.1f} | {pm['step'] * ms:.1f} |")
+    lines += _bytes_markdown(data)
     pr = data.get("prediction") or {}
     if not pr.get("rates"):
         return lines
     last = data["last_bucket_bytes"]
+    wire = ("T_wire = 2(N-1)/N M/B = M/B (N = 2)" if not layout else
+            f"T_wire = the busiest link direction's bytes / B: ours {pr['wire_bytes'] / 1e6:.1f} MB "
+            f"({layout}, benchmarks/layouts.py), DDP's ring over the worker hosts 2M(W-1)/W = "
+            f"{pr['wire_bytes_ddp'] / 1e6:.1f} MB")
     lines += ["", "### Measured vs predicted (docs/performance.md section 6)", "",
               f"M = {pr['M_bytes'] / 1e6:.1f} MB; T_c = forward + backward of ours without overlap "
-              f"(rank 0's median, both workers computing at once) = {pr['T_fwd'] * ms:.1f} + "
-              f"{pr['T_bwd'] * ms:.1f} = **{pr['T_c'] * ms:.1f} ms**; T_cpu = max(M k_w, M k_s/s) "
-              f"+ p (k_w + k_s) = {pr['T_cpu'] * ms:.1f} ms (section 6's k_w, k_s); T_x = "
-              "max(T_wire, T_cpu) + 2L with T_wire = 2(N-1)/N M/B = M/B (N = 2), L = 0.6 ms; "
+              f"(rank 0's median, all {data['config']['workers']} workers computing at once) = "
+              f"{pr['T_fwd'] * ms:.1f} + {pr['T_bwd'] * ms:.1f} = **{pr['T_c'] * ms:.1f} ms**; "
+              f"T_cpu = max(M k_w, (W M/S) k_s) + p (k_w + k_s) = {pr['T_cpu'] * ms:.1f} ms "
+              f"(section 6's k_w, k_s); T_x = max(T_wire, T_cpu) + 2L with {wire}, L = 0.6 ms; "
               "measured exchange of ours without overlap (its step()): "
               + (f"**{pr['T_x_measured_nooverlap'] * ms:.1f} ms**. "
                  if pr.get("T_x_measured_nooverlap") else "- . ")
@@ -258,20 +281,25 @@ def _link_markdown(data: dict) -> list[str]:
               f"{', '.join(f'{b / 1e6:.1f}' for b in last['ddp_buckets'])} MB).", ""]
     for which, p in pr["rates"].items():
         lines.append(f"- B = {which} rate: T_wire = {p['T_wire'] * ms:.1f} ms, T_x = "
-                     f"{p['T_x'] * ms:.1f} ms.")
+                     f"{p['T_x'] * ms:.1f} ms" + ("." if not layout else
+                                                  f"; DDP's T_wire = {p['T_wire_ddp'] * ms:.1f} ms, "
+                                                  f"T_x = {p['T_x_ddp'] * ms:.1f} ms."))
+    columns = ("docs_nominal", "docs_raw") + (() if layout else ("push_only_raw",))
     lines += ["",
               "Predicted step: no overlap T_c + T_x; overlap, as section 6 states it, max(T_c, T_x) "
-              "+ the last bucket's exchange (for DDP: its last bucket); and 'push-only overlap', "
-              "what the Trainer did before a53461d (pushes from backward hooks, every pull "
-              "waiting for step(); at N = 2 half of each direction's bytes are pushes, half "
-              "replies): T_fwd + max(T_bwd, T_x/2) + T_x/2.", "",
+              "+ the last bucket's exchange (for DDP: its own T_x and last bucket)"
+              + ("." if layout else
+                 "; and 'push-only overlap', what the Trainer did before a53461d (pushes from "
+                 "backward hooks, every pull waiting for step(); at N = 2 half of each "
+                 "direction's bytes are pushes, half replies): T_fwd + max(T_bwd, T_x/2) + "
+                 "T_x/2."), "",
               "| contender | measured ms | predicted, section 6 (nominal B) ms | measured/pred. "
-              "| predicted, section 6 (raw TCP B) ms | measured/pred. | push-only overlap (raw B) ms "
-              "| measured/pred. |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "| predicted, section 6 (raw TCP B) ms | measured/pred. |"
+              + ("" if layout else " push-only overlap (raw B) ms | measured/pred. |"),
+              "|---|---:|" + "---:|---:|" * len(columns)]
     for name, e in pr["by_contender"].items():
         cells = []
-        for key in ("docs_nominal", "docs_raw", "push_only_raw"):
+        for key in columns:
             if e.get(key):
                 cells += [f"{e[key] * ms:.1f}", f"{e['measured'] / e[key]:.2f}"]
             else:
@@ -285,4 +313,34 @@ def _link_markdown(data: dict) -> list[str]:
             lines.append(f"Overlap, {'servers' if mode == 'server' else 'workers'} updating: "
                          f"{a['median'] * ms:.1f} vs {b['median'] * ms:.1f} ms without, "
                          f"{abs(gain) * 100:.0f} % {'faster' if gain >= 0 else 'slower'}.")
+    return lines
+
+
+def _bytes_markdown(data: dict) -> list[str]:
+    """The bytes every host's interface sent / received per launch (mean over the
+    launches), per step; with a layout also its wire model per step (ours: pushpull,
+    DDP: the ring over the worker hosts)."""
+    info, cfg = data["link"], data["config"]
+    hosts = list(info["addresses"])
+    steps = cfg["warmup"] + cfg["iters"]
+    lines = ["", f"The bytes each host's link carried, sent / received in MB per step (a "
+                 f"launch's interface counters / its {steps} steps, mean over the launches; "
+                 "they include the start-up: ours' kv.init, DDP's broadcast of the weights):", "",
+             "| contender | " + " | ".join(hosts) + " |", "|---|" + "---:|" * len(hosts)]
+
+    def cells(per_host):
+        return " | ".join(f"{per_host[h][0] / 1e6:.1f} / {per_host[h][1] / 1e6:.1f}"
+                          if h in per_host and None not in per_host[h] else "-" for h in hosts)
+    for name, s in data["summary"].items():
+        got = [r["host_bytes"] for r in data["rows"] if r["contender"] == name and r.get("host_bytes")]
+        mean = {h: tuple(statistics.fmean(g[h][d] for g in got) / steps
+                         if all(g.get(h, {}).get(d) is not None for g in got) else None
+                         for d in ("tx", "rx")) for h in hosts} if got else {}
+        lines.append(f"| {s['shown']} | {cells(mean)} |")
+    if info.get("layout"):
+        layout = layouts.parse(info["layout"])
+        m = cfg["num_params"] * 4
+        for what, model in ((f"model: ours, {layout.key}", layout),
+                            ("model: DDP's ring", layouts.Layout("ring", layout.workers, 0))):
+            lines.append(f"| *{what}* | {cells(model.link_bytes('pushpull', m))} |")
     return lines

@@ -1,8 +1,9 @@
 """The contenders of benchmarks.trainer and how one launch of each is started: ours
 through tracker.launcher.launch (the real launcher), DDP as W gloo ranks, the floor
-(and the reference) as one process; with --link, every process placed on one of
-the two emulated machines of benchmarks/netns.py instead. Each launch's processes
-run benchmarks/trainer_worker.py and leave their results in ``<work>/<tag>-rank<r>.*``.
+(and the reference) as one process; with --link, every process placed on an emulated
+host of benchmarks/netns.py instead (:class:`Emulated`: the two machines A and B, or
+the hosts of a --layout). Each launch's processes run benchmarks/trainer_worker.py
+and leave their results in ``<work>/<tag>-rank<r>.*``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from benchmarks import netns
+from benchmarks.layouts import Layout, hosts_for
+from benchmarks.placement import (child_env, expected_transports, gloo_ranks, ps_job, server_urls,
+                                  side_of)
 from benchmarks.procs import GroupFailed, free_port, run_group, tail
 from benchmarks.trainer_worker import THIS as WORKER
 
@@ -29,6 +34,56 @@ CONTENDERS = {
 
 class Failed(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Emulated:
+    """Where --link places every process: the emulated hosts (``cluster``), the host
+    of worker / DDP rank r (``worker_hosts[r]``) and of server s (``server_hosts[s]``).
+    The scheduler, the floor and the reference run on worker 0's host, A.
+
+    Without a layout, the two machines A and B, rank r on placement.side_of(r) (A: even,
+    B: odd); with one (benchmarks/layouts.py: ``colo:W``, ``dedicated:WxS``) its hosts:
+    worker r on worker host r (A, B, C, ...), server s on server host S<s> (dedicated)
+    or on worker host s (colo), DDP's ring over the worker hosts."""
+    cluster: netns.Cluster
+    worker_hosts: tuple[str, ...]
+    server_hosts: tuple[str, ...]
+    layout: Layout | None = None
+
+    @classmethod
+    def build(cls, workers: int, servers: int, layout: Layout | None = None) -> "Emulated":
+        """The placement and its (not yet created) cluster; ``layout`` fixes W and S."""
+        if layout is None:
+            return cls(netns.Cluster(("A", "B")), tuple(side_of(r) for r in range(workers)),
+                       tuple(side_of(r) for r in range(servers)))
+        return cls(netns.Cluster(hosts_for([layout])), tuple(layout.worker_hosts),
+                   tuple(layout.server_hosts), layout)
+
+    @property
+    def home(self) -> str:
+        return self.worker_hosts[0]
+
+    def info(self) -> dict:
+        """The placement as the result files record it (``sides``: what runs where)."""
+        c, layout = self.cluster, self.layout
+        return {"layout": layout and layout.key, "layout_described": layout and layout.describe(),
+                "namespaces": dict(c.ns), "addresses": dict(c.addr), "devices": dict(c.dev),
+                "sides": self.roles(), "worker_hosts": list(self.worker_hosts),
+                "server_hosts": list(self.server_hosts)}
+
+    def roles(self) -> dict[str, str]:
+        """{host: what runs there}, for the report."""
+        out = {h: [] for h in self.cluster.hosts}
+        out[self.home].append("the scheduler")
+        for what, hosts in (("server", self.server_hosts), ("worker", self.worker_hosts),
+                            ("DDP rank", self.worker_hosts)):
+            for h in out:
+                ranks = [str(r) for r, x in enumerate(hosts) if x == h]
+                if ranks:
+                    out[h].append(f"{what}{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}")
+        out[self.home].append("the floor and the reference")
+        return {h: ", ".join(v) or "nothing" for h, v in out.items()}
 
 
 def _worker_argv(cfg: dict, role: str, prefix: str, **flags) -> list[str]:
@@ -62,22 +117,22 @@ def _collect(prefix: str, ranks: int, what: str) -> list[dict]:
 
 
 def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, corrupt: bool,
-                  ref_prefix: str, link=None) -> list[dict]:
+                  ref_prefix: str, emulated: Emulated | None = None) -> list[dict]:
     """One launch of contender ``name``, its files under ``<work>/<tag>``: every rank's
     result (rank 0 first). A floor launch also trains the reference (to ``ref_prefix``)
     if there is none yet."""
     kind, overlap, ukv, _ = CONTENDERS[name]
     if kind == "ours":
-        return run_ours(cfg, work, tag, overlap, ukv, corrupt, timeout, link=link)
+        return run_ours(cfg, work, tag, overlap, ukv, corrupt, timeout, emulated)
     if kind == "ddp":
-        return run_plain(cfg, work, tag, "ddp", cfg["workers"], timeout, link=link)
+        return run_plain(cfg, work, tag, "ddp", cfg["workers"], timeout, emulated=emulated)
     return run_plain(cfg, work, tag, "floor", 1, timeout,
                      reference_prefix=None if os.path.exists(f"{ref_prefix}-rank0.npy")
-                     else ref_prefix, link=link)
+                     else ref_prefix, emulated=emulated)
 
 
 def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: bool,
-             corrupt: bool, timeout: float, link=None) -> list[dict]:
+             corrupt: bool, timeout: float, emulated: Emulated | None = None) -> list[dict]:
     from tracker.control import env as tracker_env
     from tracker.launcher import JobSpec, launch
     prefix = os.path.join(work, tag)
@@ -85,8 +140,8 @@ def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: b
     argv = _worker_argv(cfg, "ours", prefix, overlap=overlap, update_on_kvstore=update_on_kvstore,
                         corrupt=corrupt)
     extra = {"KVSTORE_LOG_LEVEL": "WARNING", "KVSTORE_TIMEOUT": str(int(timeout)), **cfg["env"]}
-    if link is not None:
-        return _run_ours_link(cfg, prefix, tag, argv, extra, timeout, link)
+    if emulated is not None:
+        return _run_ours_emulated(cfg, prefix, tag, argv, extra, timeout, emulated)
     spec = JobSpec(num_workers=cfg["workers"], num_servers=cfg["servers"], command=tuple(argv),
                    env=extra, settings=tracker_env.read({**os.environ, **extra}))
     log_path = f"{prefix}.log"
@@ -97,30 +152,34 @@ def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: b
     return _collect(prefix, cfg["workers"], tag)
 
 
-def _run_ours_link(cfg: dict, prefix: str, tag: str, argv: list[str], extra: dict,
-                   timeout: float, link) -> list[dict]:
-    """Ours across the emulated link, each process started as benchmarks.link starts
-    them (benchmarks/netns.py ``ps_job``: ``ip netns exec NS ...``, the launcher's
-    environment, the job secret in the environment only): the scheduler on A, server r
-    and worker r on side_of(r), shared memory within a machine, tcp across the link."""
+def _run_ours_emulated(cfg: dict, prefix: str, tag: str, argv: list[str], extra: dict,
+                       timeout: float, emulated: Emulated) -> list[dict]:
+    """Ours over the emulated hosts, each process started as benchmarks.link starts
+    them (placement.ps_job: ``ip netns exec NS ...``, the launcher's environment, the
+    job secret in the environment only). Every worker must have reached every server
+    at its host's address, by shared memory within its own host and tcp across."""
     w, s = cfg["workers"], cfg["servers"]
-    procs = netns.ps_job(link, w, s, [sys.executable, "-m", "kvstore.server"], argv, extra)
+    procs = ps_job(emulated.cluster, w, s, [sys.executable, "-m", "kvstore.server"], argv, extra,
+                   server_hosts=list(emulated.server_hosts), worker_hosts=list(emulated.worker_hosts))
     try:
         run_group(procs, f"{prefix}.log", timeout)
     except GroupFailed as e:
         raise Failed(f"{tag}: {e}") from None
     got = _collect(prefix, w, tag)
-    kinds, urls = got[0].get("transports"), got[0].get("server_urls") or []
-    if not kinds or list(kinds) != netns.expected_transports(s):
-        raise Failed(f"{tag}: the client used {kinds}, not {netns.expected_transports(s)}")
-    want = netns.server_urls(link, s)
-    if len(urls) != s or not all(u.startswith(x) for u, x in zip(urls, want)):
-        raise Failed(f"{tag}: servers at {urls}; expected {want}")
+    where = server_urls(emulated.cluster, s, list(emulated.server_hosts))
+    for r, res in enumerate(got):
+        kinds, urls = res.get("transports"), res.get("server_urls") or []
+        want = expected_transports(s, list(emulated.server_hosts), emulated.worker_hosts[r])
+        if not kinds or list(kinds) != want:
+            raise Failed(f"{tag}: worker {r} (host {emulated.worker_hosts[r]}) used {kinds}, "
+                         f"not {want}")
+        if len(urls) != s or not all(u.startswith(x) for u, x in zip(urls, where)):
+            raise Failed(f"{tag}: worker {r} reached the servers at {urls}; expected {where}")
     return got
 
 
 def run_plain(cfg: dict, work: str, tag: str, role: str, ranks: int, timeout: float,
-              reference_prefix: str | None = None, link=None) -> list[dict]:
+              reference_prefix: str | None = None, emulated: Emulated | None = None) -> list[dict]:
     prefix = os.path.join(work, tag)
     _clean(prefix, ranks)
     argv = _worker_argv(cfg, role, prefix)
@@ -128,17 +187,19 @@ def run_plain(cfg: dict, work: str, tag: str, role: str, ranks: int, timeout: fl
         _clean(reference_prefix, 1)
         _clean(f"{reference_prefix}-kvsgd", 1)
         argv += ["--reference-prefix", reference_prefix]
-    if role == "ddp" and link is not None:
-        # as benchmarks.link runs gloo: the rendezvous on A's address, each rank's
-        # gloo on the veth of its own "machine"
-        procs = netns.gloo_ranks(link, argv, ranks, "ddp rank", cfg["env"])
+    if role == "ddp" and emulated is not None:
+        # as benchmarks.link runs gloo: the rendezvous on rank 0's host, each rank's
+        # gloo on the interface of its own host
+        procs = gloo_ranks(emulated.cluster, argv, ranks, "ddp rank", cfg["env"],
+                           hosts=list(emulated.worker_hosts))
     elif role == "ddp":
         init = f"tcp://127.0.0.1:{free_port()}"
         procs = [(f"ddp rank {r}", argv, {"RANK": str(r), "WORLD_SIZE": str(ranks),
                                           "BENCH_INIT_METHOD": init, **cfg["env"]})
                  for r in range(ranks)]
-    elif link is not None:   # the floor (and the reference): one process on A
-        procs = [(role, link.exec_argv("A", argv), netns.child_env(dict(cfg["env"])))]
+    elif emulated is not None:   # the floor (and the reference): one process on A
+        procs = [(role, emulated.cluster.exec_argv(emulated.home, argv),
+                  child_env(dict(cfg["env"])))]
     else:
         procs = [(role, argv, dict(cfg["env"]))]
     try:
@@ -148,19 +209,27 @@ def run_plain(cfg: dict, work: str, tag: str, role: str, ranks: int, timeout: fl
     return _collect(prefix, ranks, tag)
 
 
-def link_ready(link, rate: str, check_seconds: float, say) -> dict:
-    """--link: the rate limit on both veth ends, then benchmarks/netns.py's raw TCP
-    check (a bulk transfer both ways at once). A failed check is reported, not fatal."""
-    out = {"qdisc": link.set_rate(rate)}
+def link_ready(cluster: netns.Cluster, rate: str, check_seconds: float, say) -> dict:
+    """--link: the rate limit on every host's link (both ends), then benchmarks/netns.py's
+    raw TCP check between A and B (a bulk transfer both ways at once). A failed check is
+    reported, not fatal."""
+    out = {"qdisc": cluster.set_rate(rate)}
     try:
-        out["raw"] = raw = netns.raw_check(link, rate, check_seconds)
-        say(f"link: {link.ns['A']} ({link.addr['A']}) <-> {link.ns['B']} ({link.addr['B']}), "
-            f"tbf {rate}; raw TCP both ways at once: A->B {raw['a_to_b_gbit']:.3f}, "
-            f"B->A {raw['b_to_a_gbit']:.3f} Gbit/s")
+        out["raw"] = raw = netns.raw_check(cluster, rate, check_seconds)
+        say(f"link: {cluster.ns['A']} ({cluster.addr['A']}) <-> {cluster.ns['B']} "
+            f"({cluster.addr['B']}), tbf {rate} on all {len(cluster.hosts)} hosts; raw TCP both "
+            f"ways at once: A->B {raw['a_to_b_gbit']:.3f}, B->A {raw['b_to_a_gbit']:.3f} Gbit/s")
     except netns.Failed as e:
         out["raw_error"] = str(e)
         say(f"link: raw TCP check failed (the prediction uses the nominal rate only): {e}")
     return out
+
+
+def host_bytes(before: dict, after: dict) -> dict:
+    """{host: {"tx", "rx"}}: the bytes each host's interface sent and received between
+    two Cluster.host_counters() (None where a counter could not be read)."""
+    return {h: {d: (after[h][d] - before[h][d]) if None not in (after[h][d], before[h][d])
+                else None for d in ("tx", "rx")} for h in after}
 
 
 def phases(wall0: float, wall1: float, stamps: dict) -> dict:
