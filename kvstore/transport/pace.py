@@ -72,8 +72,8 @@ class Pace:
 
     def start(self, parts_by_server: dict, what: str, client=None) -> "Flight":
         """A call begins; ``parts_by_server``: {server: (ids, [arrays])}. With the
-        ``client`` to wait on, the call keeps at most WINDOW messages' worth in flight
-        to each paced server."""
+        ``client`` to wait on, the call keeps at most WINDOW messages in flight to each
+        paced server."""
         return Flight(self, parts_by_server, what, client)
 
     def done(self, flight: "Flight") -> None:
@@ -91,7 +91,8 @@ class Pace:
 
 class Flight:
     """One call's requests to paced links: what it sends (for the rate) and, when it
-    may wait (``wait``), a window of at most WINDOW messages per server in flight.
+    may wait (it has a client to wait on), a window of at most WINDOW messages per
+    server in flight.
 
     Why a window: a server answers a message only once every worker's copy of it
     arrived, and the flows into one server are not fair (one worker's flow may run
