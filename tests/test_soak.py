@@ -1,4 +1,4 @@
-"""Bounded soak: thousands of mixed push / pull / pushpull rounds on many keys of
+"""Bounded soak: a thousand and more mixed push / pull / pushpull rounds on many keys of
 many sizes, checking every value exactly and that nothing grows per round.
 
 - dist_sync, no optimizer, 4 workers x 2 servers (in-process cluster): every
@@ -199,7 +199,7 @@ SETTINGS = dict(chunk_bytes=CHUNK_BYTES, timeout=60.0)
 def test_soak_dist_sync(make_cluster):
     cluster = make_cluster(4, 2, **SETTINGS)
     pause = thread_pause(4)
-    marks = cluster.run(lambda kv: sync_rounds(kv, rounds=2000, warmup=250, pause=pause),
+    marks = cluster.run(lambda kv: sync_rounds(kv, rounds=1200, warmup=200, pause=pause),
                         timeout=120)[0]
     check_no_growth(*marks, "dist_sync")
 
@@ -207,7 +207,7 @@ def test_soak_dist_sync(make_cluster):
 def test_soak_dist_async(make_cluster):
     cluster = make_cluster(4, 2, **SETTINGS)
     pause, totals = thread_pause(4), {}
-    marks = cluster.run(lambda kv: async_rounds(kv, rounds=1600, warmup=250, pause=pause,
+    marks = cluster.run(lambda kv: async_rounds(kv, rounds=1000, warmup=200, pause=pause,
                                                 totals=totals),
                         store_type="dist_async", timeout=120)[0]
     check_no_growth(*marks, "dist_async")
