@@ -61,6 +61,7 @@ from benchmarks.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
 from benchmarks.timeline import Sampler, render  # noqa: E402
 from tracker.cli import parse_env  # noqa: E402
+from tracker.control import env  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTENDERS_DIR = os.path.join(REPO, "benchmarks", "contenders")
@@ -254,6 +255,8 @@ def main(rates, layout_text, half_text, timeline_text, model, iters, warmup, lau
             "config": {k: v for k, v in cfg.items() if k != "work"} | {
                 "rates": rate_list, "check_seconds": check_seconds,
                 "layouts": [layout.key for layout in chosen],
+                # what our processes ran with (defaults change between versions)
+                "effective": effective_settings(cfg["env"]),
                 "half_rate": {"rate": plan[-1][0], "layouts": [la.key for la in halved]}
                 if halved else None},
             "rates": {}, "launches": [], "rows": [], "failures": [], "skipped": {}}
@@ -332,6 +335,13 @@ def run_rate(cluster: Cluster, rate: str, check_seconds: float, chosen: list[Lay
             launch(cluster, rate, layout, launch_no, cfg, nbytes, data)
 
 
+def effective_settings(extra: dict) -> dict:
+    """The message and chunk sizes our processes run with: ``extra`` (``--env``) over
+    the defaults (they get no other KVSTORE_ variable: placement.child_env)."""
+    settings = env.read(extra)
+    return {"pipeline_bytes": settings.pipeline_bytes, "chunk_bytes": settings.chunk_bytes}
+
+
 def launch(cluster: Cluster, rate: str, layout: Layout, launch_no: int, cfg: dict, nbytes: int,
            data: dict) -> None:
     """One launch of ``layout``: its samples (rows), bytes on every link, failures."""
@@ -353,8 +363,7 @@ def launch(cluster: Cluster, rate: str, layout: Layout, launch_no: int, cfg: dic
         return
     seconds = time.monotonic() - t0
     after = cluster.host_counters()
-    counted = {h: {d: (after[h][d] - before[h][d]) if None not in (after[h][d], before[h][d])
-                   else None for d in ("tx", "rx")} for h in layout.hosts}
+    counted = cluster.counted(before, after, layout.hosts)
     modes = modes_of(layout, cfg)
     data["launches"].append({
         "rate": rate, "layout": layout.key, "launch": launch_no, "contender": layout.contender,

@@ -64,8 +64,8 @@ RESULTS = os.path.join(HERE, "results")
 RUNS_OF_RECORD = ("dedicated/link.json", "dedicated/pipeline-1mb/link.json", "link/*.json")
 # Runs started before kvstore/transport/pace.py existed (commit e95ccbc; the run of
 # record of 04:42 ran it from the working tree) sent messages of a fixed 8 MiB
-# (pace.MAX_BYTES, the old default of KVSTORE_PIPELINE_BYTES), and link.json records
-# only the variables a run set, not the defaults it ran with.
+# (pace.MAX_BYTES, the old default of KVSTORE_PIPELINE_BYTES), and their link.json
+# records only the variables a run set (later runs record config.effective).
 PACE_SINCE = "2026-11-25 04:00"
 WITHIN = 0.15   # issue 18: every measured point within 15 % of the model
 
@@ -137,7 +137,11 @@ def raw_rate(info: dict) -> float | None:
 
 
 def run_settings(data: dict) -> tuple:
-    """(KVSTORE_PIPELINE_BYTES as the run's workers had it, KVSTORE_CHUNK_BYTES)."""
+    """(KVSTORE_PIPELINE_BYTES as the run's workers had it, KVSTORE_CHUNK_BYTES): as the
+    run recorded them (``config.effective``), or, in older files, from its ``--env``."""
+    effective = data["config"].get("effective")
+    if effective:
+        return effective["pipeline_bytes"], effective["chunk_bytes"]
     settings = env.read(data["config"].get("env") or {})
     limit = settings.pipeline_bytes
     if limit == "auto" and data["started"] < PACE_SINCE:

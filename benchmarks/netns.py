@@ -148,6 +148,14 @@ class Cluster:
                 out[h] = {"tx": None, "rx": None}
         return out
 
+    @staticmethod
+    def counted(before: dict, after: dict, hosts=None) -> dict:
+        """{host: {"tx", "rx"}}: the bytes each host's interface sent and received
+        between two :meth:`host_counters` (None where a counter could not be read);
+        ``hosts``: only these."""
+        return {h: {d: (after[h][d] - before[h][d]) if None not in (after[h][d], before[h][d])
+                    else None for d in ("tx", "rx")} for h in (after if hosts is None else hosts)}
+
     def exec_argv(self, host: str, argv) -> list[str]:
         return ["ip", "netns", "exec", self.ns[host], *argv]
 

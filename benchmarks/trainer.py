@@ -114,7 +114,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common, layouts, netns  # noqa: E402
 from benchmarks.trainer_check import check_all, compare, verdict  # noqa: E402
 from benchmarks.trainer_report import last_bucket_bytes, markdown, predict, summarise  # noqa: E402
-from benchmarks.trainer_run import (CONTENDERS, Emulated, Failed, host_bytes, link_ready,  # noqa: E402
+from benchmarks.trainer_run import (CONTENDERS, Emulated, Failed, link_ready,  # noqa: E402
                                     row, run_contender, run_plain)
 from benchmarks.trainer_worker import build, per_slice_needed, worker_main  # noqa: E402
 
@@ -377,7 +377,8 @@ def run_rounds(args, cfg: dict, work: str, per_slice: bool, emulated, say, rows:
             done.append((name, launch_no, os.path.join(work, tag)))
             rows.append(row(name, launch_no, got, load, os.getloadavg(), wall0))
             if counted is not None:   # what every host's link carried during the launch
-                hb = rows[-1]["host_bytes"] = host_bytes(counted, emulated.cluster.host_counters())
+                cluster = emulated.cluster
+                hb = rows[-1]["host_bytes"] = cluster.counted(counted, cluster.host_counters())
                 if emulated.layout is None:   # two machines: what A sent went to B, and back
                     rows[-1]["link_bytes"] = {"a_to_b": hb["A"]["tx"], "b_to_a": hb["B"]["tx"]}
             ph = rows[-1]["phases_s"]

@@ -225,13 +225,6 @@ def link_ready(cluster: netns.Cluster, rate: str, check_seconds: float, say) -> 
     return out
 
 
-def host_bytes(before: dict, after: dict) -> dict:
-    """{host: {"tx", "rx"}}: the bytes each host's interface sent and received between
-    two Cluster.host_counters() (None where a counter could not be read)."""
-    return {h: {d: (after[h][d] - before[h][d]) if None not in (after[h][d], before[h][d])
-                else None for d in ("tx", "rx")} for h in after}
-
-
 def phases(wall0: float, wall1: float, stamps: dict) -> dict:
     """Where a launch's wall time went (rank 0's view): start-up (process start,
     imports, model), rendezvous (store or process group, Trainer/DDP construction),

@@ -46,6 +46,8 @@ def test_link_benchmark_tiny(netns_ok, tmp_path):
     assert set(data["namespaces"]).isdisjoint(namespaces())
     assert after - before == set()
     assert data["failures"] == []
+    # the message and chunk sizes our processes ran with (no --env: the defaults)
+    assert data["config"]["effective"] == {"pipeline_bytes": "auto", "chunk_bytes": 2 << 20}
     raw = data["rates"]["1gbit"]["raw"]
     assert raw["a_to_b_gbit"] > 0 and raw["b_to_a_gbit"] > 0
     got = {(e["layout"], e["mode"]): e for e in data["summary"]["1gbit"]}

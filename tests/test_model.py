@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from benchmarks import model, model_link
+from benchmarks import link, model, model_link
 from benchmarks.model_link import Costs, message_bytes, paced, points, predict, run_settings
 from benchmarks.layouts import parse
 from kvstore.transport import pace
@@ -92,6 +92,11 @@ def test_auto_messages_follow_the_pace_and_older_runs_had_8_mib():
     assert run_settings(link_json([], FIXED)) == (4 * MIB, MIB)
     assert run_settings(link_json([]))[0] == "auto"
     assert run_settings(link_json([], started="2026-11-25 01:13:07"))[0] == pace.MAX_BYTES
+    # what a run recorded it ran with wins over the guess from its --env and date
+    recorded = link_json([], started="2026-11-25 01:13:07")
+    recorded["config"]["effective"] = link.effective_settings(FIXED)
+    assert run_settings(recorded) == (4 * MIB, MIB)
+    assert link.effective_settings({}) == {"pipeline_bytes": "auto", "chunk_bytes": 2 * MIB}
     layout = parse("dedicated:2x2")
     auto = predict(layout, "pushpull", N, RATE, "auto", MIB, NO_CPU, cores=2)
     # the worker sends N per call: 10 ms of N / T, as whole 1 MiB chunks
