@@ -1,10 +1,21 @@
 import os
+import signal
 import sys
 import threading
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# A suite started in the background (`cmd &` in a script ignores SIGINT, `nohup`
+# ignores SIGHUP) would pass the ignored signals on to every launcher it starts: an
+# ignored signal stays ignored across exec, and the launchers respect that, as they
+# should under nohup. The tests that stop a launcher with SIGINT or SIGHUP need the
+# signals delivered, so this process takes them back (a handler is reset at exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 pytest.register_assert_rewrite("fuzzing", "optimizer_refs", "state_driver")  # helpers with asserts
 
 from cluster import Cluster  # noqa: E402
