@@ -227,9 +227,23 @@ class Trainer:
         for p in self._params:
             p.grad = None
 
-    def step(self) -> None:
+    def step(self, scaler=None) -> None:
         """Exchange the gradients not sent during backward, wait for every
-        exchange, then (workers updating) average and run the torch optimizer."""
+        exchange, then (workers updating) average and run the torch optimizer:
+        :meth:`allreduce_grads`, then :meth:`update`. ``scaler``: a
+        ``torch.amp.GradScaler`` (mixed precision; workers updating only), which
+        unscales the averaged gradients and skips the step if they overflowed."""
+        if scaler is not None:
+            self._check_scaler(scaler)       # before anything is exchanged
+        self.allreduce_grads()
+        if not self.update_on_kvstore:
+            self._optimizer_step(scaler)
+
+    def allreduce_grads(self) -> None:
+        """The first half of :meth:`step`, as in MXNet Gluon: finish the exchange.
+        Servers updating, the parameters then hold the new weights; workers updating,
+        every ``.grad`` holds the gradient averaged over the workers, to clip or
+        unscale (``scaler.unscale_(trainer.torch_optimizer)``) before :meth:`update`."""
         self._flush_bucket()
         with self._lock:
             comm, self._comm = self._comm, None
@@ -251,12 +265,37 @@ class Trainer:
         self._seen.clear()
         for handle in handles:
             handle.wait()
-        if self.update_on_kvstore:
-            return
-        if self.kv.num_workers > 1:
+        if not self.update_on_kvstore and self.kv.num_workers > 1:
             for i in exchanged:
                 self._params[i].grad.div_(self.kv.num_workers)
-        self.torch_optimizer.step()
+
+    def update(self, scaler=None) -> None:
+        """The second half of :meth:`step` (workers updating): run the torch
+        optimizer on the averaged gradients, through ``scaler.step`` if a
+        ``torch.amp.GradScaler`` is given (call ``scaler.update()`` after, as with
+        any optimizer). Every worker holds the same averaged gradients, so every
+        worker's scaler finds the same overflow and skips or steps alike."""
+        if self.update_on_kvstore:
+            raise InvalidArgumentError("update: the servers run the optimizer "
+                                       "(update_on_kvstore=True); call step()")
+        if scaler is not None:
+            self._check_scaler(scaler)
+        self._optimizer_step(scaler)
+
+    def _optimizer_step(self, scaler) -> None:
+        if scaler is None:
+            self.torch_optimizer.step()
+        else:
+            scaler.step(self.torch_optimizer)
+
+    def _check_scaler(self, scaler) -> None:
+        if not callable(getattr(scaler, "step", None)) or not callable(getattr(scaler, "unscale_", None)):
+            raise ArgumentTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+        if self.update_on_kvstore:
+            raise InvalidArgumentError(
+                "a GradScaler needs update_on_kvstore=False (as MXNet's AMP): it skips a step "
+                "whose gradients overflowed, which servers updating key by key cannot decide "
+                "for the whole model; the servers would also apply the scaled gradients")
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_states(self, path: str) -> None:

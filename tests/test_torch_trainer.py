@@ -51,7 +51,9 @@ def reference_torch(make_opt):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def run_dist(make_cluster, make_trainer_args, store="dist_sync"):
+def run_dist(make_cluster, make_trainer_args, store="dist_sync", loop=train):
+    """Every worker's result of ``loop(model, trainer, rank, size)`` (the training
+    loop; :func:`train` by default)."""
     models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]  # only rank 0's survive
     cluster = make_cluster(W, 2, chunk_bytes=64)
 
@@ -59,7 +61,7 @@ def run_dist(make_cluster, make_trainer_args, store="dist_sync"):
         model = models[kv.rank]
         opt, kwargs = make_trainer_args(model)
         trainer = kvtorch.Trainer(model.parameters(), kv, opt, **kwargs)
-        return train(model, trainer, kv.rank, kv.num_workers)
+        return loop(model, trainer, kv.rank, kv.num_workers)
     return cluster.run(job, store)
 
 
