@@ -153,3 +153,42 @@ def test_bfloat16_autocast_with_a_scaler_keeps_the_workers_identical(make_cluste
         assert all(torch.isfinite(p).all() for p in got)
         assert all(torch.equal(a, b) for a, b in zip(got, results[0]))
     assert any(not torch.allclose(a, b) for a, b in zip(results[0], start))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_float16_autocast_and_an_overflow_on_one_worker(make_cluster):
+    """CUDA model, float16 autocast, torch.amp.GradScaler("cuda"), W=2 dist_sync:
+    the step where rank 1's gradient overflowed leaves every worker's weights as they
+    were, both scalers keep the same scale, and the workers end identical and finite."""
+    from kvstore import gpu
+    if not torch.cuda.is_available() or not gpu.available():
+        pytest.skip(f"needs torch with CUDA and a usable GPU with CuPy: {gpu.reason()}")
+
+    def loop(model, trainer, rank, size):
+        s, scales, skipped = torch.amp.GradScaler("cuda", init_scale=INIT_SCALE, growth_interval=2), [], None
+        per = W * B // size
+        for step, (x, y) in enumerate(batches()):
+            x, y = x[rank * per:(rank + 1) * per].cuda(), y[rank * per:(rank + 1) * per].cuda()
+            trainer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                out = model(x)
+            s.scale(F.cross_entropy(out.float(), y)).backward()
+            if step == OVERFLOW_STEP and rank == 1:
+                poison(model)
+            before = [p.detach().clone() for p in model.parameters()]
+            trainer.step(scaler=s)
+            s.update()
+            scales.append(s.get_scale())
+            if step == OVERFLOW_STEP:
+                skipped = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        return [p.detach().cpu() for p in model.parameters()], scales, skipped
+
+    def trainer_args(model):
+        model.cuda()
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), {}
+    results = run_dist(make_cluster, trainer_args, loop=loop)
+    for got, scales, skipped in results:
+        assert skipped, "the overflowed step changed the weights"
+        assert scales == [INIT_SCALE, 2 * INIT_SCALE, INIT_SCALE, INIT_SCALE]
+        assert all(torch.isfinite(p).all() for p in got)
+        assert all(torch.equal(a, b) for a, b in zip(got, results[0][0]))
