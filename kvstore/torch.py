@@ -234,7 +234,7 @@ class Trainer:
         ``torch.amp.GradScaler`` (mixed precision; workers updating only), which
         unscales the averaged gradients and skips the step if they overflowed."""
         if scaler is not None:
-            self._check_scaler(scaler)       # before anything is exchanged
+            self._check_scaler(scaler)       # before waiting on the exchange
         self.allreduce_grads()
         if not self.update_on_kvstore:
             self._optimizer_step(scaler)

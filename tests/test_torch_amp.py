@@ -100,7 +100,7 @@ def test_unscale_and_clip_between_the_exchange_and_the_update(make_cluster):
     assert any(not torch.allclose(a, b) for a, b in zip(want, unclipped))
 
 
-def test_a_scaler_with_servers_updating_is_refused_before_anything_is_exchanged(make_cluster):
+def test_a_scaler_with_servers_updating_is_refused(make_cluster):
     cluster = make_cluster(1, 1)
 
     def job(kv):
