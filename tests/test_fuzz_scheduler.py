@@ -101,7 +101,7 @@ def _ctrl_exchange(live: Live, caplog, sock, frames, probe_ids):
             sent = wire.decode(frames[0])
         except Exception:  # undecodable: error with a null id, and a warning
             sent = None
-        if sent is not None and sent["op"] == "heartbeat" and "node" in sent:
+        if sent is not None and sent["op"] == "heartbeat" and isinstance(sent.get("node"), str):
             assert msg["op"] == "ack", f"{msg}{context}"   # heartbeats are answered before registration
         else:
             assert msg["op"] == "error", f"{msg}{context}"
@@ -138,6 +138,10 @@ def test_scheduler_survives_bad_control_messages(live, caplog):
             finally:
                 big.close(linger=0)
         _ctrl_exchange(live, caplog, sock, [b"\xc1"], probe_ids)
+        # found by this fuzz (2026-11-25): a heartbeat whose 'node' is nil gets an error
+        _ctrl_exchange(live, caplog, sock, [msgpack.packb(
+            {"v": 1, "op": "heartbeat", "id": 1166201841, "node": None,
+             "role": [[None], [None], None, {}]})], probe_ids)
     finally:
         sock.close(linger=0)
     live.assert_job_works()
