@@ -100,13 +100,20 @@ def test_unscale_and_clip_between_the_exchange_and_the_update(make_cluster):
     assert any(not torch.allclose(a, b) for a, b in zip(want, unclipped))
 
 
-def test_a_scaler_with_servers_updating_is_refused(make_cluster):
+def one_worker(make_cluster, update_on_kvstore: bool, body):
+    """``body(model, trainer)`` on a 1-worker, 1-server dist_sync job; its result."""
     cluster = make_cluster(1, 1)
 
     def job(kv):
         model = make_model()
         trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
-                                  update_on_kvstore=True)
+                                  update_on_kvstore=update_on_kvstore)
+        return body(model, trainer)
+    return cluster.run(job)[0]
+
+
+def test_a_scaler_with_servers_updating_is_refused(make_cluster):
+    def body(model, trainer):
         before = [p.detach().clone() for p in model.parameters()]
         s = scaler()
         s.scale(F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long))).backward()
@@ -116,21 +123,16 @@ def test_a_scaler_with_servers_updating_is_refused(make_cluster):
             trainer.update()
         trainer.step()              # the exchange begun in backward still completes
         return before, [p.detach().clone() for p in model.parameters()]
-    before, after = cluster.run(job)[0]
+    before, after = one_worker(make_cluster, True, body)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
 
 
 def test_a_scaler_that_is_not_one_is_a_type_error(make_cluster):
-    cluster = make_cluster(1, 1)
-
-    def job(kv):
-        model = make_model()
-        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
-                                  update_on_kvstore=False)
+    def body(model, trainer):
         with pytest.raises(ArgumentTypeError, match="GradScaler"):
             trainer.step(scaler=2.0)
         return True
-    assert cluster.run(job) == [True]
+    assert one_worker(make_cluster, False, body)
 
 
 def test_bfloat16_autocast_with_a_scaler_keeps_the_workers_identical(make_cluster):
