@@ -75,6 +75,7 @@ class Client:
         # or the other workers' rounds would wait for us forever)
         self._abandoned: set[int] = set()
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
+        self.before_flush: Callable | None = None   # called first by flush (a host group's)
         self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
         self.bytes_received = 0
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
@@ -282,8 +283,15 @@ class Client:
                     self._orphan_errors.append(NodeFailedError(f"{req.what}: {why}"))
 
     def flush(self, what: str) -> None:
-        """Wait for every request in flight (e.g. pushes) and raise their errors."""
+        """Wait for every request in flight (e.g. pushes) and raise their errors
+        (first ``before_flush(what)``: a host group's calls, kvstore.hostreduce)."""
+        if self.before_flush is not None:
+            self.before_flush(what)
         self.wait(list(self._pending), what)
+
+    def replied(self, ids) -> bool:
+        """Whether every request of ``ids`` has its reply (or error) in."""
+        return not any(i in self._pending for i in ids)
 
     def raise_errors(self) -> None:
         if self._orphan_errors:
@@ -294,10 +302,11 @@ class Client:
         if self.membership.aborted.is_set():
             raise NodeFailedError(f"the job was aborted: {self.membership.abort_reason}")
 
-    def progress(self, what: str) -> None:
+    def progress(self, what: str, timeout: float = 0) -> None:
         """Handle the replies that have arrived, without waiting (e.g. grants to write,
-        which other workers wait on, between the sends of one call)."""
-        self._progress(0, what)
+        which other workers wait on, between the sends of one call), or waiting up to
+        ``timeout`` seconds for the first."""
+        self._progress(timeout, what)
 
     def _progress(self, timeout: float, what: str) -> None:
         self._progressing = True

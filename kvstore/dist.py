@@ -25,6 +25,7 @@ from .client import Client
 from .dist_rows import DistRows
 from .config import Config
 from .errors import InvalidArgumentError
+from .hostreduce import Call as HostCall, HostGroup
 from .job import JobMember
 from .leaving import Leaving
 from .protocol import ops
@@ -45,7 +46,9 @@ class DistStore(Leaving, KVStore):
         self._config = config
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
         self._staleness = staleness
-        self._job = JobMember(config)
+        # summing on the host first (kvstore.hostreduce): its endpoint is registered
+        self._host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
+        self._job = JobMember(config, addr=self._host.advert if self._host else "")
         self._membership = self._job.membership
         self._client = None
         try:
@@ -57,6 +60,8 @@ class DistStore(Leaving, KVStore):
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
             self._client = Client(config, self._membership, reg.servers, reg.rank)
+            if self._host is not None:
+                self._join_host_group(reg)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else ""))
@@ -77,6 +82,21 @@ class DistStore(Leaving, KVStore):
                  self._rank, "joined the running job" if self._joined else "joined", name,
                  len(self._members), reg.num_servers,
                  f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
+
+    def _join_host_group(self, reg) -> None:
+        host, self._host = self._host, None
+        if host.form(reg, self._membership):
+            host.attach(self._push_for_host, self._fill_for_host,
+                        lambda handle: self._client.replied(handle[0][0] + handle[0][1]),
+                        self._client.progress)
+            self._client.before_flush = host.flush
+            self._host = host
+
+    @property
+    def host_group(self) -> tuple:
+        """The ranks of the workers whose pushpulls this host sums before pushing
+        (``KVSTORE_HOST_REDUCE=1``; the lowest pushes for all), or () when none."""
+        return self._host.ranks if self._host is not None else ()
 
     @property
     def rank(self) -> int:
@@ -182,11 +202,14 @@ class DistStore(Leaving, KVStore):
         reply values into ``targets`` [(info, [outs])]."""
         self._fill(self._send(op, what, sources, targets, paced=True))
 
-    def _send(self, op: str, what: str, sources, targets, paced: bool = False) -> tuple:
+    def _send(self, op: str, what: str, sources, targets, paced: bool = False, group=None):
         """The sending half of :meth:`_send_and_fill`: returns the handle that
         :meth:`_fill` completes. Replies that arrive in between are copied into the
         outputs' buffers whenever this worker next waits for anything. ``paced``: it
-        may wait for replies to keep a window in flight (transport/pace.py)."""
+        may wait for replies to keep a window in flight (transport/pace.py).
+        ``group``: the workers a host's sum speaks for (kvstore.hostreduce)."""
+        if self._host is not None and op == ops.PUSHPULL and sources is not None and group is None:
+            return self._host.start(what, sources, targets)   # the host sums it first
         if sources is not None:
             self._check_compressible([info for info, _ in sources], what)
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
@@ -194,7 +217,9 @@ class DistStore(Leaving, KVStore):
         datas = self._by_server(sources) if sources is not None else {}
         fields = self._compression_fields() if sources is not None else {}
         stage = sources is not None and self._compressor is None
-        write_in = stage and op == ops.PUSHPULL and self._mode == "sync"
+        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and group is None
+        if group is not None:
+            fields["group"] = group
         ids, later = [], []
         flight = self._client.pace.start(dests, what, self._client if paced else None)
         # every worker goes in the same order: a round's second writer adds while the
@@ -221,7 +246,16 @@ class DistStore(Leaving, KVStore):
         return (ids, later, flight), what, [(outs, flat, direct)
                                             for (_, outs), (_, flat, direct) in zip(targets, flats)]
 
-    def _fill(self, handle: tuple) -> None:
+    def _push_for_host(self, what, sources, targets, group) -> tuple:
+        return self._send(ops.PUSHPULL, what, sources, targets, paced=True, group=group)
+
+    def _fill_for_host(self, handle: tuple) -> list:
+        self._fill(handle)
+        return [flat for _, flat, _ in handle[2]]
+
+    def _fill(self, handle) -> None:
+        if isinstance(handle, HostCall):
+            return self._host.finish(handle)
         (ids, later, flight), what, fills = handle
         self._client.wait(ids, what)     # the replies, and the grants of writes...
         self._client.wait(later, what)   # ...whose `written` requests they sent

@@ -36,10 +36,10 @@ class JobMember:
         member.membership.close()
     """
 
-    def __init__(self, config):
+    def __init__(self, config, addr: str = ""):
         self._config = config
-        self.membership = Membership(
-            role="worker", rank=config.rank, host=config.node_host,
+        self.membership = Membership(   # ``addr``: this worker's host-group endpoint, if any
+            role="worker", rank=config.rank, addr=addr, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
             heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort,

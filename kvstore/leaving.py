@@ -59,6 +59,8 @@ class Leaving:
             self._release()
 
     def _release(self) -> None:
+        if getattr(self, "_host", None) is not None:
+            self._host.close()
         if self._client is not None:
             self._client.close()
         self._membership.close()

@@ -28,6 +28,10 @@ class Round:
     def open_to(self, worker: int) -> bool:
         return worker not in self.workers and self.writer != worker
 
+    def open_to_all(self, ranks: frozenset) -> bool:
+        """For a host's sum that speaks for ``ranks`` (kvstore.hostreduce)."""
+        return self.workers.isdisjoint(ranks) and self.writer not in ranks
+
 
 @dataclass
 class Chunk:

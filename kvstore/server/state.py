@@ -215,6 +215,7 @@ class ServerState(WriteIn, Stalls, Persist):
 
     def _on_push(self, peer, header, arrays, want_values=False):
         worker = self._worker(header)
+        group = self._group(header, worker)
         ids = self._chunk_ids(header, arrays)
         self._refuse_if_gone(worker, ids)
         if header.get("compression") is not None:
@@ -247,13 +248,35 @@ class ServerState(WriteIn, Stalls, Persist):
                 return self.ssp.pushed(peer, header["id"], worker, ids, want_values)
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
         if self._writes_ahead(worker, ids):
+            if group is not None:    # a host's leader does not write in (kvstore.hostreduce)
+                raise InvalidArgumentError(f"worker {worker} pushed a host's sum while a write of "
+                                           "its own was pending on the same chunks")
             # a write of this worker asked for earlier is not granted yet: it takes
             # its round first (kvstore.server.writein), then this push the next one
             return self._hold_push(peer, header["id"], worker, ids, chunks, arrays, want_values)
-        return self._join_rounds(peer, header["id"], worker, ids, chunks, arrays, want_values)
+        return self._join_rounds(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
 
-    def _join_rounds(self, peer, req_id, worker, ids, chunks, arrays, want_values) -> list[Reply]:
-        """A validated sync push: contribute to the rounds; the replies now ready."""
+    def _group(self, header: dict, worker: int) -> frozenset | None:
+        """The workers a host's summed push speaks for (header ``group``: sorted
+        distinct ranks including the sender; dist_sync only), or None."""
+        group = header.get("group")
+        if group is None:
+            return None
+        if not (isinstance(group, list) and all(is_int(r) and 0 <= r < self.num_workers for r in group)
+                and group == sorted(set(group)) and worker in group):
+            raise ProtocolError(f"'group' must be the sorted, distinct worker ranks (0..{self.num_workers - 1}) "
+                                f"a host's sum speaks for, including its sender {worker}; got {group!r}")
+        if self.mode != "sync":
+            raise InvalidArgumentError(f"a host's summed push (from worker {worker} for workers {group}) "
+                                       f"is for dist_sync only; this server runs dist_{self.mode}")
+        for rank in group:
+            self.members.refuse(rank)
+        return frozenset(group)
+
+    def _join_rounds(self, peer, req_id, worker, ids, chunks, arrays, want_values,
+                     group: frozenset | None = None) -> list[Reply]:
+        """A validated sync push: contribute to the rounds; the replies now ready.
+        ``group``: the workers it speaks for (a host's sum), None: ``worker`` alone."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
         pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
@@ -261,7 +284,7 @@ class ServerState(WriteIn, Stalls, Persist):
             chunk.waiting.append(pending)
         ready = []
         for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self._contribute(cid, chunk, worker, grad.reshape(-1))
+            pending.rounds[cid] = self._contribute(cid, chunk, group or frozenset((worker,)), grad.reshape(-1))
             ready += self._apply_complete_rounds(cid, chunk)
         return ready
 
@@ -291,15 +314,16 @@ class ServerState(WriteIn, Stalls, Persist):
         values = self.backend.download([c.value for c in chunks], copy) if want_values else []
         return self._ok(peer, req_id, values)
 
-    def _contribute(self, cid, chunk: Chunk, worker: int, grad: np.ndarray) -> Round:
-        """Add one worker's push to the first round it has not contributed to.
+    def _contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray) -> Round:
+        """Add one worker's push (``ranks``: it, or the workers a host's sum speaks
+        for) to the first round none of them has contributed to.
 
         A round's first push is kept as it came (a view on the message, or on the
         worker's shared memory, which the worker leaves alone until the round is
         acknowledged); the second is added to it in one pass into the accumulator
         (2 reads + 1 write of the chunk instead of copy + add's 3 + 2)."""
         for rnd in chunk.rounds:
-            if rnd.open_to(worker):
+            if rnd.open_to_all(ranks):
                 if rnd.writer is not None:     # a worker is writing into acc: add after it
                     rnd.deferred.append(grad)
                 elif rnd.acc is None:
@@ -308,10 +332,10 @@ class ServerState(WriteIn, Stalls, Persist):
                     rnd.first = None
                 else:
                     rnd.acc += grad
-                rnd.workers.add(worker)
+                rnd.workers.update(ranks)
                 return rnd
         rnd = self._opened(cid, chunk, None, first=grad)
-        rnd.workers.add(worker)
+        rnd.workers.update(ranks)
         return rnd
 
     def _take_spare(self, chunk: Chunk) -> np.ndarray:

@@ -168,6 +168,11 @@ VARIABLES: tuple[Var, ...] = (
         "Emulates several machines on one: processes whose labels differ treat each other "
         "as on different hosts (tcp between them, shared memory only within a label). Set "
         "per process by `tracker.local --emulate-hosts K`; empty on real clusters."),
+    Var("KVSTORE_HOST_REDUCE", (), False, _bool,
+        "1: in dist_sync, the workers of one host hand their pushpull gradients to the lowest "
+        "rank among them, which sums them and pushes the host's sum once for all (as BytePS "
+        "does): the host's link carries one gradient instead of one per worker. Workers "
+        "with it off, or alone on their host, push directly. Not in elastic jobs. Read by workers."),
     Var("KVSTORE_PIPELINE_BYTES", (), "auto", _pipeline,
         "A worker cuts each server's share of a push/pull/pushpull into messages of about this "
         "many bytes, interleaved across servers, so that transfer, sum and reply overlap "

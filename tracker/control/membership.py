@@ -47,6 +47,7 @@ class Registration:
     joined: bool = False           # a worker that joined a running (elastic) job
     progress: dict = field(default_factory=dict)   # as a worker last saved it
     elastic: tuple | None = None   # (MIN, MAX), or None: not elastic
+    worker_addrs: list = field(default_factory=list)   # each worker slot's registered address
 
     def __post_init__(self):
         slots = self.num_workers if self.slots is None else self.slots
@@ -186,7 +187,8 @@ class Membership:
             msg["rank"], msg["num_workers"], msg["num_servers"], list(msg["servers"]),
             list(msg["workers"]), slots=msg["slots"], members=tuple(msg["members"]),
             epoch=msg["epoch"], joined=bool(msg["joined"]), progress=dict(msg["progress"]),
-            elastic=None if elastic is None else tuple(elastic))
+            elastic=None if elastic is None else tuple(elastic),
+            worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()])
         self.progress = self.registration.progress
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
         return self.registration

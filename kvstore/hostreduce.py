@@ -1,0 +1,418 @@
+"""Summing on the host before pushing (``KVSTORE_HOST_REDUCE=1``, dist_sync only).
+
+With k workers on one machine (one process per GPU, as torchrun starts them) each
+would push its whole gradient, so the machine's link carries k times the
+gradient. Here the workers of a host hand their ``pushpull`` gradients to the
+lowest rank among them, the *leader*, which sums them and pushes the host's sum
+once, naming the workers it speaks for (the header field ``group``: a server's
+round counts all of them, kvstore.server.state). The reply comes to the leader,
+which hands the pulled values back. BytePS does the same.
+
+Who is together: every worker that has it on binds a ZeroMQ ROUTER (ipc, and tcp
+on loopback) before it registers, and registers that advert (with its host
+identity, kvstore.transport.endpoints) as its address; the registration lists
+every worker's. Workers whose identities match form a group (elastic jobs do not:
+their members change). A worker with it off, or alone on its host, pushes as
+before, and mixing is fine: a server counts whoever a push names.
+
+Messages between a member (DEALER) and its leader (ROUTER) are the data plane's
+frames (kvstore.protocol.codec), ``id`` being the call's sequence number::
+
+    member -> leader   hello {rank}                  once, when the group forms
+    leader -> member   welcome
+    member -> leader   sum {id, sig, keys} + gradients   at each pushpull's start
+    leader -> member   result {id} + pulled values       once the servers replied
+    leader -> member   error {id, type, message}     the call failed (nothing changed)
+
+The leader never blocks at a call's start (a member may wait for an earlier
+result first): whenever it waits for anything host-related it *pumps*: takes in
+members' gradients, pushes every call whose gradients are all in (in call
+order), and hands out the results of calls whose replies are in. Every wait has
+the job's deadline (``KVSTORE_TIMEOUT``), checks the job's abort flag, and
+checks that the processes it waits on are alive (they are on this host: their
+pids), so a dead or stuck member or leader ends the calls within a bounded time,
+naming it. Members whose calls differ from the leader's (keys, shapes, dtypes)
+all get an InvalidArgumentError and nothing is pushed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from . import errors
+from .errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
+from .protocol.codec import decode, encode
+from .store import fill_outputs
+from .transport import endpoints
+
+log = logging.getLogger(__name__)
+
+SLICE = 0.05          # seconds between checks of the abort flag and of peers' pids
+PARTS_POLL = 0.002    # seconds a leader waits for members at a time while replies may come
+RAISED = {name: getattr(errors, name) for name in (
+    "InvalidArgumentError", "NodeFailedError", "DeadlineError", "RemoteError", "ProtocolError")}
+
+
+@dataclass
+class Call:
+    seq: int
+    what: str
+    sig: str
+    keys: str
+    sources: list = field(default_factory=list)   # [(info, flat)] (the leader's own)
+    targets: list = field(default_factory=list)   # [(info, outs)]
+    parts: dict = field(default_factory=dict)     # (leader) member rank -> its arrays
+    sent: object = None                           # (leader) the store's handle, once pushed
+    done: bool = False                            # (leader) filled and handed out
+    error: BaseException | None = None
+    result: list | None = None                    # (member) the pulled values
+
+
+class HostGroup:
+    """This worker's part in its host's group. Example (what DistStore does)::
+
+        group = HostGroup(config)                 # binds; register group.advert
+        if group.form(registration, membership):  # False: alone (or elastic); closed
+            group.attach(push, fill, replied)     # the store's send, fill, and check
+            call = group.start(what, sources, targets)
+            group.finish(call)
+    """
+
+    def __init__(self, config):
+        self._config = config
+        self._membership = None
+        self._ctx = zmq.Context()
+        security = config.security()
+        self._security = security
+        self._auth = security.authenticator(self._ctx, "host-reduce")
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        security.serve(self._sock)
+        if self._auth is not None:
+            self._auth.watch(self._sock)
+        self._tune(self._sock)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.advert = endpoints.bind(self._sock, "127.0.0.1", label=config.host_label).format()
+        self.ranks: tuple = ()
+        self.leader: int | None = None
+        self._rank = None
+        self._pids: dict = {}
+        self._peers: dict = {}        # (leader) member rank -> its ROUTER identity
+        self._seq = 0
+        self._calls: dict = {}        # seq -> Call not yet finished by the caller
+        self._early: dict = {}        # (leader) (rank, seq) -> arrays that came before the call
+
+    def _tune(self, sock) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.copy_threshold = self._config.zero_copy_bytes
+
+    @property
+    def leads(self) -> bool:
+        return self._rank == self.leader
+
+    # -- forming -------------------------------------------------------------------
+    def form(self, registration, membership) -> bool:
+        """Find this worker's group in ``registration`` (every worker's advert) and
+        connect it; False (and closed) when there is none to form. ``membership``:
+        the job's (its abort flag ends every wait)."""
+        self._rank, self._membership = registration.rank, membership
+        mine = endpoints.Advert.parse(self.advert).host
+        adverts = {}
+        for rank, text in enumerate(registration.worker_addrs):
+            if text:
+                advert = endpoints.Advert.parse(text)
+                if advert.host == mine:
+                    adverts[rank] = advert
+        self.ranks = tuple(sorted(adverts))
+        if registration.elastic is not None or len(self.ranks) < 2:
+            log.info("[worker:%d] KVSTORE_HOST_REDUCE: %s; pushing directly", self._rank,
+                     "not in elastic jobs" if registration.elastic is not None
+                     else "no other worker with it on this host")
+            self.close()
+            return False
+        self.leader = self.ranks[0]
+        self._pids = {r: _pid(registration.workers[r]) for r in self.ranks}
+        deadline = time.monotonic() + self._config.timeout
+        if self.leads:
+            while set(self._peers) != set(self.ranks[1:]):
+                ident, header, _ = self._receive(self._sock, deadline, "forming the host group",
+                                                 [r for r in self.ranks[1:] if r not in self._peers])
+                if header["op"] == "hello" and header.get("rank") in self.ranks[1:]:
+                    self._peers[header["rank"]] = ident
+                    self._send(ident, {"op": "welcome", "id": 0})
+                else:
+                    log.warning("host group: unexpected %r before the group formed; ignored", header["op"])
+        else:
+            self._sock.close(linger=0)
+            self._sock = self._ctx.socket(zmq.DEALER)
+            self._tune(self._sock)
+            self._security.connect(self._sock)
+            lead = adverts[self.leader]
+            self._sock.connect(lead.ipc or lead.tcp)
+            self._send(None, {"op": "hello", "id": 0, "rank": self._rank})
+            _, header, _ = self._receive(self._sock, deadline, "joining the host group", [self.leader])
+            if header["op"] != "welcome":
+                raise ProtocolError(f"host group: expected welcome from worker {self.leader}, got {header['op']!r}")
+        log.info("[worker:%d] host group %s: worker %d sums and pushes for %s", self._rank,
+                 list(self.ranks), self.leader, "them" if self.leads else "this worker")
+        return True
+
+    # -- calls ---------------------------------------------------------------------
+    def attach(self, push, fill, replied, progress) -> None:
+        """The store's side (used by the leader): ``push(what, sources, targets,
+        group)`` sends a pushpull and returns its handle; ``fill(handle)`` completes
+        it and returns the filled flat arrays; ``replied(handle)``: whether every
+        reply of it is in; ``progress(what, timeout)`` takes replies in, waiting up
+        to ``timeout`` for the first."""
+        self._push, self._fill, self._replied, self._progress = push, fill, replied, progress
+
+    def start(self, what: str, sources, targets) -> Call:
+        """A pushpull's start: the gradients go to the leader (from a member), or
+        out as the host's sum once every member's is in (the leader)."""
+        self._seq += 1
+        sig, keys = _signature(sources, targets)
+        call = Call(self._seq, what, sig, keys, sources, targets)
+        self._calls[call.seq] = call
+        if self.leads:
+            for rank in self.ranks[1:]:
+                if (rank, call.seq) in self._early:
+                    call.parts[rank] = self._early.pop((rank, call.seq))
+            self._pump(0, None, what)
+        else:
+            # not copied: the caller leaves ``sources`` alone until finish, and the
+            # leader has read them before it answers
+            self._send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys},
+                       [flat for _, flat in sources], copy=False)
+        return call
+
+    def finish(self, call: Call) -> None:
+        """Wait until ``call`` completed; its outputs are filled."""
+        try:
+            deadline = time.monotonic() + self._config.timeout
+            while not self._complete(call):
+                if self.leads:
+                    self._pump(SLICE, deadline, call.what)
+                else:
+                    self._take(self._receive(self._sock, deadline, call.what, [self.leader]))
+        finally:
+            self._calls.pop(call.seq, None)
+        if call.error is not None:
+            raise call.error
+        if not self.leads:
+            _write(call.targets, call.result, call.what)
+
+    def flush(self, what: str) -> None:
+        """Complete every call started (before a barrier, checkpoint or close)."""
+        for call in list(self._calls.values()):
+            try:
+                deadline = time.monotonic() + self._config.timeout
+                while not self._complete(call):
+                    if self.leads:
+                        self._pump(SLICE, deadline, what)
+                    else:
+                        self._take(self._receive(self._sock, deadline, what, [self.leader]))
+            except BaseException:
+                self._calls.pop(call.seq, None)
+                raise
+
+    def _complete(self, call: Call) -> bool:
+        return call.done if self.leads else (call.result is not None or call.error is not None)
+
+    # -- the leader ----------------------------------------------------------------
+    def _pump(self, timeout: float, deadline: float | None, what: str) -> None:
+        """Take in members' gradients (waiting up to ``timeout``), push the calls whose
+        gradients are all in, hand out the results of calls the servers answered."""
+        if deadline is not None and time.monotonic() > deadline:
+            waiting = self._waiting_for()
+            raise DeadlineError(f"{what}: {_names(waiting) if waiting else 'the servers'} did not "
+                                f"complete the host's sum within {self._config.timeout:g}s")
+        waiting = self._waiting_for()
+        # members' gradients come on our socket, the servers' replies on the store's:
+        # wait on the one that is due (briefly on ours while both are)
+        if self._sock.poll(min(timeout, PARTS_POLL) * 1000 if waiting else 0):
+            while self._sock.poll(0):
+                self._take(self._receive(self._sock, None, what, []))
+        self._progress(what, 0 if waiting else timeout)
+        self._check_alive(what, self._waiting_for())
+        for call in sorted(self._calls.values(), key=lambda c: c.seq):
+            if call.sent is None and not call.done:
+                if len(call.parts) < len(self.ranks) - 1:
+                    break          # calls go out in order
+                self._push_sum(call)
+        for call in list(self._calls.values()):
+            if call.sent is not None and not call.done and self._replied(call.sent):
+                self._hand_out(call)
+
+    def _waiting_for(self) -> list:
+        open_calls = [c for c in self._calls.values() if c.sent is None and not c.done]
+        return sorted({r for c in open_calls for r in self.ranks[1:] if r not in c.parts})
+
+    def _push_sum(self, call: Call) -> None:
+        try:
+            for rank, (sig, keys, arrays) in sorted(call.parts.items()):
+                if sig != call.sig:
+                    raise InvalidArgumentError(
+                        f"{call.what}: worker {rank} (on this host) made a different call: it pushed "
+                        f"{keys} where worker {self._rank} pushed {call.keys}; nothing was sent")
+                if len(arrays) != len(call.sources) or any(
+                        a.size != flat.size or a.dtype != flat.dtype for a, (_, flat) in zip(arrays, call.sources)):
+                    raise ProtocolError(f"{call.what}: worker {rank} (on this host) sent gradients that do "
+                                        f"not match its own description ({keys}); nothing was sent")
+            sums = []
+            for i, (info, flat) in enumerate(call.sources):
+                acc = np.array(flat, copy=True)
+                for _, _, arrays in call.parts.values():
+                    acc += arrays[i].reshape(-1)
+                sums.append((info, acc))
+            call.sent = self._push(call.what, sums, call.targets, list(self.ranks))
+        except BaseException as e:
+            self._failed(call, e)
+
+    def _hand_out(self, call: Call) -> None:
+        try:
+            flats = self._fill(call.sent)
+        except BaseException as e:
+            return self._failed(call, e)
+        for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
+            try:
+                self._send(self._peers[rank], {"op": "result", "id": call.seq}, flats, copy=True)
+            except zmq.ZMQError as e:
+                call.done, call.error = True, NodeFailedError(
+                    f"{call.what}: could not hand the result to worker {rank} on this host ({e}): "
+                    "it is gone")
+                return
+        call.done = True
+
+    def _failed(self, call: Call, error: BaseException) -> None:
+        call.error, call.done = error, True
+        header = {"op": "error", "id": call.seq, "type": type(error).__name__, "message": str(error)}
+        for rank in self.ranks[1:]:
+            try:
+                self._send(self._peers[rank], header)
+            except zmq.ZMQError:     # that member is gone: its own error says so
+                pass
+
+    # -- messages ------------------------------------------------------------------
+    def _take(self, message) -> None:
+        ident, header, arrays = message
+        seq = header["id"]
+        if self.leads:
+            rank = next((r for r, i in self._peers.items() if i == ident), None)
+            if header["op"] != "sum" or rank is None:
+                log.warning("host group: unexpected %r from %r; ignored", header["op"], rank)
+                return
+            call = self._calls.get(seq)
+            part = (header.get("sig"), header.get("keys"), arrays)
+            if call is None:
+                self._early[(rank, seq)] = part
+            else:
+                call.parts[rank] = part
+            return
+        call = self._calls.get(seq)
+        if call is None:
+            return
+        if header["op"] == "result":
+            call.result = arrays
+        elif header["op"] == "error":
+            kind = RAISED.get(header.get("type"), KVStoreError)
+            call.error = kind(f"{header.get('message')} (from worker {self.leader}, which sums this host's pushes)")
+
+    def _receive(self, sock, deadline, what: str, peers: list):
+        """The next message (ROUTER identity or None, header, arrays), waiting until
+        ``deadline`` (None: it has arrived) while ``peers`` are alive and the job runs."""
+        while not sock.poll(SLICE * 1000):
+            self._check_alive(what, peers)
+            if deadline is not None and time.monotonic() > deadline:
+                raise DeadlineError(f"{what}: nothing from {_names(peers)} on this host within "
+                                    f"{self._config.timeout:g}s (KVSTORE_TIMEOUT)")
+        frames = sock.recv_multipart(copy=False)
+        ident = None
+        if sock.type == zmq.ROUTER:
+            ident, frames = frames[0].bytes, frames[1:]
+        header, arrays = decode(frames, self._config.max_message_bytes)
+        if not isinstance(header.get("id"), int):
+            raise ProtocolError(f"host group: a message without an id from {_names(peers)}")
+        return ident, header, arrays
+
+    def _check_alive(self, what: str, peers: list) -> None:
+        if self._membership.aborted.is_set():
+            raise NodeFailedError(f"the job was aborted: {self._membership.abort_reason}")
+        for rank in peers:
+            if not _alive(self._pids.get(rank)):
+                raise NodeFailedError(f"{what}: worker {rank} (pid {self._pids.get(rank)}) on this host "
+                                      "died; it was part of this host's sum (KVSTORE_HOST_REDUCE)")
+
+    def _send(self, ident, header: dict, arrays=(), copy: bool = True) -> None:
+        """Send without waiting (ZeroMQ queues it; ``copy=False``: the caller keeps
+        ``arrays`` unchanged until the call's answer)."""
+        frames = encode(header, [np.ascontiguousarray(a) for a in arrays])
+        self._sock.send_multipart(([ident] if ident is not None else []) + frames, copy=copy)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self._ctx.term()
+
+
+def _signature(sources, targets) -> tuple[str, str]:
+    """(digest, readable) of what a call pushes and pulls: keys, sizes, dtypes."""
+    parts = [(repr(info.key), int(flat.size), flat.dtype.str) for info, flat in sources]
+    parts += [("out", repr(info.key), int(info.size), info.dtype.str) for info, _ in targets]
+    keys = [f"{k} ({n} x {np.dtype(d).name})" for k, n, d in parts[:len(sources)]]
+    text = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    return hashlib.sha1(repr(parts).encode()).hexdigest(), text
+
+
+def _write(targets, results, what: str) -> None:
+    if len(results) != len(targets):
+        raise ProtocolError(f"{what}: the host's leader returned {len(results)} values for "
+                            f"{len(targets)} keys")
+    from . import arrays as _arrays
+    for (info, outs), value in zip(targets, results):
+        if value.size != info.size or value.dtype != info.dtype:
+            raise ProtocolError(f"{what}: the host's leader returned {value.dtype.name} x {value.size} "
+                                f"for key {info.key!r} ({info.dtype.name} x {info.size})")
+        flat, direct = _arrays.flat_target(outs[0], what)
+        np.copyto(flat, value.reshape(-1))
+        fill_outputs(outs, flat, direct, what)
+
+
+def _pid(worker: str) -> int | None:
+    tail = str(worker).rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process ``pid`` (on this host) runs: not gone, not a zombie."""
+    if pid is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def _names(ranks) -> str:
+    ranks = list(ranks)
+    return f"worker{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else "no worker"
