@@ -91,18 +91,15 @@ class Client:
             memory.tune()          # replies arrive as large frames: keep their memory warm
 
     @property
-    def servers(self) -> list[str]:
-        """The URL each server's socket is connected to."""
+    def servers(self) -> list[str]:   # the URL each server's socket is connected to
         return [link.url for link in self.links]
 
     @property
-    def transports(self) -> list[str]:
-        """Each server's transport: "tcp", "ipc" or "shm"."""
+    def transports(self) -> list[str]:   # each server's: "tcp", "ipc" or "shm"
         return [link.kind for link in self.links]
 
     def shared(self, name: str, make: Callable):
-        """What the links of one transport share (e.g. the worker's shared-memory arena):
-        ``make()`` on first use; its ``close()`` is called with the client's."""
+        """What the links of one transport share (e.g. the shared-memory arena): made on first use, closed with us."""
         if name not in self._shared:
             self._shared[name] = make()
         return self._shared[name]
@@ -158,8 +155,7 @@ class Client:
             self._abandoned.add(req_id)
         return req_id, (tracker if track else None)
 
-    def request_all(self, op: str, what: str, **fields) -> None:
-        """Send ``op`` to every server and wait for all their replies."""
+    def request_all(self, op: str, what: str, **fields) -> None:   # to every server; waits for all
         self.wait([self.request(s, op, what, **fields)[0] for s in range(len(self.links))], what)
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
@@ -282,16 +278,14 @@ class Client:
                 if req_id not in spare:
                     self._orphan_errors.append(NodeFailedError(f"{req.what}: {why}"))
 
+    def replied(self, ids) -> bool:   # every reply (or error) of ``ids`` is in
+        return not any(i in self._pending for i in ids)
+
     def flush(self, what: str) -> None:
-        """Wait for every request in flight (e.g. pushes) and raise their errors
-        (first ``before_flush(what)``: a host group's calls, kvstore.hostreduce)."""
+        """Wait for every request in flight (e.g. pushes; first a host group's calls) and raise their errors."""
         if self.before_flush is not None:
             self.before_flush(what)
         self.wait(list(self._pending), what)
-
-    def replied(self, ids) -> bool:
-        """Whether every request of ``ids`` has its reply (or error) in."""
-        return not any(i in self._pending for i in ids)
 
     def raise_errors(self) -> None:
         if self._orphan_errors:
@@ -303,9 +297,8 @@ class Client:
             raise NodeFailedError(f"the job was aborted: {self.membership.abort_reason}")
 
     def progress(self, what: str, timeout: float = 0) -> None:
-        """Handle the replies that have arrived, without waiting (e.g. grants to write,
-        which other workers wait on, between the sends of one call), or waiting up to
-        ``timeout`` seconds for the first."""
+        """Handle the replies that have arrived (e.g. grants to write, which other workers
+        wait on, between the sends of one call), waiting up to ``timeout`` for the first."""
         self._progress(timeout, what)
 
     def _progress(self, timeout: float, what: str) -> None:
@@ -403,6 +396,5 @@ class Client:
 def _listing(whats: list) -> str:
     """'push of key 3', or 'push of key 3, pull of key 4 and 7 more requests'."""
     distinct = list(dict.fromkeys(whats))
-    shown = ", ".join(distinct[:3])
     more = len(distinct) - 3
-    return shown + (f" and {more} more request{'s' if more > 1 else ''}" if more > 0 else "")
+    return ", ".join(distinct[:3]) + (f" and {more} more request{'s' if more > 1 else ''}" if more > 0 else "")

@@ -226,6 +226,20 @@ class Compressor:
                 residual = self._residuals[slot] = np.zeros(grad.size, grad.dtype)
         return compress(self.config, grad.reshape(-1), residual)
 
+    def check(self, infos, what: str) -> None:
+        """Before the first message of a call is sent: every key (a KeyInfo) can be
+        compressed (else one server would get its part of the call and another not)."""
+        for info in infos:
+            if info.dtype.kind != "f":
+                raise InvalidArgumentError(
+                    f"{what}: key {info.key!r} holds {info.dtype.name}: gradient compression "
+                    f"({self.config['type']}) applies to floating-point values only; nothing was sent")
+            if self.config["type"] != "fp16":
+                try:
+                    _threshold(self.config["threshold"], info.dtype)
+                except InvalidArgumentError as e:
+                    raise InvalidArgumentError(f"{what}: key {info.key!r}: {e}; nothing was sent") from None
+
     def roundtrip(self, slot, grad: np.ndarray) -> np.ndarray:
         """What the receiver sees for ``grad`` (used by the local store)."""
         return decompress(self.config, self.compress(slot, grad), grad.size, grad.dtype).reshape(grad.shape)

@@ -18,13 +18,13 @@ import logging
 import numpy as np
 
 from . import arrays, remote_states
-from . import compression as _compression
 from .checkpoints import Checkpoints
 from .store import KeyInfo, KVStore, fill_outputs
 from .client import Client
 from .dist_rows import DistRows
 from .config import Config
 from .errors import InvalidArgumentError
+from .dist_host import HostGrouped
 from .hostreduce import Call as HostCall, HostGroup
 from .job import JobMember
 from .leaving import Leaving
@@ -35,7 +35,7 @@ from .storetypes import NO_ROWS_IN_SSP, server_mode
 log = logging.getLogger(__name__)
 
 
-class DistStore(Leaving, KVStore):
+class DistStore(Leaving, HostGrouped, KVStore):
     """A worker's handle on the distributed store. Created by
     ``kvstore.create("dist_sync")`` inside a process started by a launcher;
     ``staleness``: dist_ssp's bound (kvstore.server.staleness; None otherwise)."""
@@ -82,21 +82,6 @@ class DistStore(Leaving, KVStore):
                  self._rank, "joined the running job" if self._joined else "joined", name,
                  len(self._members), reg.num_servers,
                  f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
-
-    def _join_host_group(self, reg) -> None:
-        host, self._host = self._host, None
-        if host.form(reg, self._membership):
-            host.attach(self._push_for_host, self._fill_for_host,
-                        lambda handle: self._client.replied(handle[0][0] + handle[0][1]),
-                        self._client.progress)
-            self._client.before_flush = host.flush
-            self._host = host
-
-    @property
-    def host_group(self) -> tuple:
-        """The ranks of the workers whose pushpulls this host sums before pushing
-        (``KVSTORE_HOST_REDUCE=1``; the lowest pushes for all), or () when none."""
-        return self._host.ranks if self._host is not None else ()
 
     @property
     def rank(self) -> int:
@@ -246,13 +231,6 @@ class DistStore(Leaving, KVStore):
         return (ids, later, flight), what, [(outs, flat, direct)
                                             for (_, outs), (_, flat, direct) in zip(targets, flats)]
 
-    def _push_for_host(self, what, sources, targets, group) -> tuple:
-        return self._send(ops.PUSHPULL, what, sources, targets, paced=True, group=group)
-
-    def _fill_for_host(self, handle: tuple) -> list:
-        self._fill(handle)
-        return [flat for _, flat, _ in handle[2]]
-
     def _fill(self, handle) -> None:
         if isinstance(handle, HostCall):
             return self._host.finish(handle)
@@ -272,21 +250,8 @@ class DistStore(Leaving, KVStore):
         return [self._compressor.compress(tuple(wid), part) for wid, part in zip(wire_ids, parts)]
 
     def _check_compressible(self, infos, what: str) -> None:
-        """Before the first message of a call is sent: every key can be compressed
-        (else one server would get its part of the call and another not)."""
-        if self._compressor is None:
-            return
-        config = self._compressor.config
-        for info in infos:
-            if info.dtype.kind != "f":
-                raise InvalidArgumentError(
-                    f"{what}: key {info.key!r} holds {info.dtype.name}: gradient compression "
-                    f"({config['type']}) applies to floating-point values only; nothing was sent")
-            if config["type"] != "fp16":
-                try:
-                    _compression._threshold(config["threshold"], info.dtype)
-                except InvalidArgumentError as e:
-                    raise InvalidArgumentError(f"{what}: key {info.key!r}: {e}; nothing was sent") from None
+        if self._compressor is not None:   # before the first message of a call is sent
+            self._compressor.check(infos, what)
 
     def _compression_fields(self) -> dict:
         return {} if self._compressor is None else {"compression": self._compressor.config}
@@ -410,7 +375,9 @@ class DistStore(Leaving, KVStore):
         remote_states.scatter(self._client, self._keys, self._optimizer, states)
 
     def comm_stats(self) -> dict:
-        return {"bytes_sent": self._client.bytes_sent, "bytes_received": self._client.bytes_received}
+        """Bytes to and from the servers (and a host group's others: ``host_bytes_*``)."""
+        return {"bytes_sent": self._client.bytes_sent, "bytes_received": self._client.bytes_received,
+                **self._host_stats()}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def barrier(self) -> None:

@@ -27,34 +27,29 @@ frames (kvstore.protocol.codec), ``id`` being the call's sequence number::
 The leader never blocks at a call's start (a member may wait for an earlier
 result first): whenever it waits for anything host-related it *pumps*: takes in
 members' gradients, pushes every call whose gradients are all in (in call
-order), and hands out the results of calls whose replies are in. Every wait has
-the job's deadline (``KVSTORE_TIMEOUT``), checks the job's abort flag, and
-checks that the processes it waits on are alive (they are on this host: their
-pids), so a dead or stuck member or leader ends the calls within a bounded time,
-naming it. Members whose calls differ from the leader's (keys, shapes, dtypes)
-all get an InvalidArgumentError and nothing is pushed.
+order), and hands out the results of calls whose replies are in. Every wait is
+bounded and watches the peers (kvstore.hostlink). Members whose calls differ
+from the leader's (keys, shapes, dtypes) all get an InvalidArgumentError and
+nothing is pushed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import zmq
 
-from . import errors
+from . import arrays as _arrays, errors
 from .errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
-from .protocol.codec import decode, encode
+from .hostlink import SLICE, HostLink, names, pid_of
 from .store import fill_outputs
 from .transport import endpoints
 
 log = logging.getLogger(__name__)
 
-SLICE = 0.05          # seconds between checks of the abort flag and of peers' pids
 PARTS_POLL = 0.002    # seconds a leader waits for members at a time while replies may come
 RAISED = {name: getattr(errors, name) for name in (
     "InvalidArgumentError", "NodeFailedError", "DeadlineError", "RemoteError", "ProtocolError")}
@@ -80,39 +75,30 @@ class HostGroup:
 
         group = HostGroup(config)                 # binds; register group.advert
         if group.form(registration, membership):  # False: alone (or elastic); closed
-            group.attach(push, fill, replied)     # the store's send, fill, and check
+            group.attach(push, fill, replied, progress)   # the store's side
             call = group.start(what, sources, targets)
             group.finish(call)
     """
 
     def __init__(self, config):
         self._config = config
-        self._membership = None
-        self._ctx = zmq.Context()
-        security = config.security()
-        self._security = security
-        self._auth = security.authenticator(self._ctx, "host-reduce")
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        security.serve(self._sock)
-        if self._auth is not None:
-            self._auth.watch(self._sock)
-        self._tune(self._sock)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.advert = endpoints.bind(self._sock, "127.0.0.1", label=config.host_label).format()
+        self._link = HostLink(config)
+        self.advert = self._link.advert
         self.ranks: tuple = ()
         self.leader: int | None = None
         self._rank = None
-        self._pids: dict = {}
         self._peers: dict = {}        # (leader) member rank -> its ROUTER identity
         self._seq = 0
         self._calls: dict = {}        # seq -> Call not yet finished by the caller
         self._early: dict = {}        # (leader) (rank, seq) -> arrays that came before the call
 
-    def _tune(self, sock) -> None:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._config.max_message_bytes)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.copy_threshold = self._config.zero_copy_bytes
+    @property
+    def bytes_sent(self) -> int:      # to the others of the group
+        return self._link.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self._link.bytes_received
 
     @property
     def leads(self) -> bool:
@@ -123,7 +109,7 @@ class HostGroup:
         """Find this worker's group in ``registration`` (every worker's advert) and
         connect it; False (and closed) when there is none to form. ``membership``:
         the job's (its abort flag ends every wait)."""
-        self._rank, self._membership = registration.rank, membership
+        self._rank = registration.rank
         mine = endpoints.Advert.parse(self.advert).host
         adverts = {}
         for rank, text in enumerate(registration.worker_addrs):
@@ -139,26 +125,21 @@ class HostGroup:
             self.close()
             return False
         self.leader = self.ranks[0]
-        self._pids = {r: _pid(registration.workers[r]) for r in self.ranks}
+        self._link.watch(membership, {r: pid_of(registration.workers[r]) for r in self.ranks})
         deadline = time.monotonic() + self._config.timeout
         if self.leads:
             while set(self._peers) != set(self.ranks[1:]):
-                ident, header, _ = self._receive(self._sock, deadline, "forming the host group",
-                                                 [r for r in self.ranks[1:] if r not in self._peers])
+                ident, header, _ = self._link.receive(deadline, "forming the host group",
+                                                      [r for r in self.ranks[1:] if r not in self._peers])
                 if header["op"] == "hello" and header.get("rank") in self.ranks[1:]:
                     self._peers[header["rank"]] = ident
-                    self._send(ident, {"op": "welcome", "id": 0})
+                    self._link.send(ident, {"op": "welcome", "id": 0}, to=[header["rank"]])
                 else:
                     log.warning("host group: unexpected %r before the group formed; ignored", header["op"])
         else:
-            self._sock.close(linger=0)
-            self._sock = self._ctx.socket(zmq.DEALER)
-            self._tune(self._sock)
-            self._security.connect(self._sock)
-            lead = adverts[self.leader]
-            self._sock.connect(lead.ipc or lead.tcp)
-            self._send(None, {"op": "hello", "id": 0, "rank": self._rank})
-            _, header, _ = self._receive(self._sock, deadline, "joining the host group", [self.leader])
+            self._link.connect(adverts[self.leader])
+            self._link.send(None, {"op": "hello", "id": 0, "rank": self._rank}, to=[self.leader])
+            _, header, _ = self._link.receive(deadline, "joining the host group", [self.leader])
             if header["op"] != "welcome":
                 raise ProtocolError(f"host group: expected welcome from worker {self.leader}, got {header['op']!r}")
         log.info("[worker:%d] host group %s: worker %d sums and pushes for %s", self._rank,
@@ -189,19 +170,14 @@ class HostGroup:
         else:
             # not copied: the caller leaves ``sources`` alone until finish, and the
             # leader has read them before it answers
-            self._send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys},
-                       [flat for _, flat in sources], copy=False)
+            self._link.send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys},
+                            [flat for _, flat in sources], copy=False, to=[self.leader])
         return call
 
     def finish(self, call: Call) -> None:
         """Wait until ``call`` completed; its outputs are filled."""
         try:
-            deadline = time.monotonic() + self._config.timeout
-            while not self._complete(call):
-                if self.leads:
-                    self._pump(SLICE, deadline, call.what)
-                else:
-                    self._take(self._receive(self._sock, deadline, call.what, [self.leader]))
+            self._await(call, call.what)
         finally:
             self._calls.pop(call.seq, None)
         if call.error is not None:
@@ -210,18 +186,22 @@ class HostGroup:
             _write(call.targets, call.result, call.what)
 
     def flush(self, what: str) -> None:
-        """Complete every call started (before a barrier, checkpoint or close)."""
+        """Complete every call started (before a barrier, checkpoint or close); their
+        own errors are raised by their ``finish``."""
         for call in list(self._calls.values()):
             try:
-                deadline = time.monotonic() + self._config.timeout
-                while not self._complete(call):
-                    if self.leads:
-                        self._pump(SLICE, deadline, what)
-                    else:
-                        self._take(self._receive(self._sock, deadline, what, [self.leader]))
+                self._await(call, what)
             except BaseException:
                 self._calls.pop(call.seq, None)
                 raise
+
+    def _await(self, call: Call, what: str) -> None:
+        deadline = time.monotonic() + self._config.timeout
+        while not self._complete(call):
+            if self.leads:
+                self._pump(SLICE, deadline, what)
+            else:
+                self._take(self._link.receive(deadline, what, [self.leader]))
 
     def _complete(self, call: Call) -> bool:
         return call.done if self.leads else (call.result is not None or call.error is not None)
@@ -232,16 +212,16 @@ class HostGroup:
         gradients are all in, hand out the results of calls the servers answered."""
         if deadline is not None and time.monotonic() > deadline:
             waiting = self._waiting_for()
-            raise DeadlineError(f"{what}: {_names(waiting) if waiting else 'the servers'} did not "
+            raise DeadlineError(f"{what}: {names(waiting) if waiting else 'the servers'} did not "
                                 f"complete the host's sum within {self._config.timeout:g}s")
         waiting = self._waiting_for()
         # members' gradients come on our socket, the servers' replies on the store's:
         # wait on the one that is due (briefly on ours while both are)
-        if self._sock.poll(min(timeout, PARTS_POLL) * 1000 if waiting else 0):
-            while self._sock.poll(0):
-                self._take(self._receive(self._sock, None, what, []))
+        if self._link.ready(min(timeout, PARTS_POLL) if waiting else 0):
+            while self._link.ready(0):
+                self._take(self._link.receive(None, what, []))
         self._progress(what, 0 if waiting else timeout)
-        self._check_alive(what, self._waiting_for())
+        self._link.check_alive(what, self._waiting_for())
         for call in sorted(self._calls.values(), key=lambda c: c.seq):
             if call.sent is None and not call.done:
                 if len(call.parts) < len(self.ranks) - 1:
@@ -281,14 +261,11 @@ class HostGroup:
             flats = self._fill(call.sent)
         except BaseException as e:
             return self._failed(call, e)
-        for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
-            try:
-                self._send(self._peers[rank], {"op": "result", "id": call.seq}, flats, copy=True)
-            except zmq.ZMQError as e:
-                call.done, call.error = True, NodeFailedError(
-                    f"{call.what}: could not hand the result to worker {rank} on this host ({e}): "
-                    "it is gone")
-                return
+        try:
+            for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
+                self._link.send(self._peers[rank], {"op": "result", "id": call.seq}, flats, to=[rank])
+        except NodeFailedError as e:
+            call.error = e
         call.done = True
 
     def _failed(self, call: Call, error: BaseException) -> None:
@@ -296,8 +273,8 @@ class HostGroup:
         header = {"op": "error", "id": call.seq, "type": type(error).__name__, "message": str(error)}
         for rank in self.ranks[1:]:
             try:
-                self._send(self._peers[rank], header)
-            except zmq.ZMQError:     # that member is gone: its own error says so
+                self._link.send(self._peers[rank], header, to=[rank])
+            except KVStoreError:     # that member is gone (or stuck): its own error says so
                 pass
 
     # -- messages ------------------------------------------------------------------
@@ -325,45 +302,8 @@ class HostGroup:
             kind = RAISED.get(header.get("type"), KVStoreError)
             call.error = kind(f"{header.get('message')} (from worker {self.leader}, which sums this host's pushes)")
 
-    def _receive(self, sock, deadline, what: str, peers: list):
-        """The next message (ROUTER identity or None, header, arrays), waiting until
-        ``deadline`` (None: it has arrived) while ``peers`` are alive and the job runs."""
-        while not sock.poll(SLICE * 1000):
-            self._check_alive(what, peers)
-            if deadline is not None and time.monotonic() > deadline:
-                raise DeadlineError(f"{what}: nothing from {_names(peers)} on this host within "
-                                    f"{self._config.timeout:g}s (KVSTORE_TIMEOUT)")
-        frames = sock.recv_multipart(copy=False)
-        ident = None
-        if sock.type == zmq.ROUTER:
-            ident, frames = frames[0].bytes, frames[1:]
-        header, arrays = decode(frames, self._config.max_message_bytes)
-        if not isinstance(header.get("id"), int):
-            raise ProtocolError(f"host group: a message without an id from {_names(peers)}")
-        return ident, header, arrays
-
-    def _check_alive(self, what: str, peers: list) -> None:
-        if self._membership.aborted.is_set():
-            raise NodeFailedError(f"the job was aborted: {self._membership.abort_reason}")
-        for rank in peers:
-            if not _alive(self._pids.get(rank)):
-                raise NodeFailedError(f"{what}: worker {rank} (pid {self._pids.get(rank)}) on this host "
-                                      "died; it was part of this host's sum (KVSTORE_HOST_REDUCE)")
-
-    def _send(self, ident, header: dict, arrays=(), copy: bool = True) -> None:
-        """Send without waiting (ZeroMQ queues it; ``copy=False``: the caller keeps
-        ``arrays`` unchanged until the call's answer)."""
-        frames = encode(header, [np.ascontiguousarray(a) for a in arrays])
-        self._sock.send_multipart(([ident] if ident is not None else []) + frames, copy=copy)
-
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        self._ctx.term()
+        self._link.close()
 
 
 def _signature(sources, targets) -> tuple[str, str]:
@@ -379,7 +319,6 @@ def _write(targets, results, what: str) -> None:
     if len(results) != len(targets):
         raise ProtocolError(f"{what}: the host's leader returned {len(results)} values for "
                             f"{len(targets)} keys")
-    from . import arrays as _arrays
     for (info, outs), value in zip(targets, results):
         if value.size != info.size or value.dtype != info.dtype:
             raise ProtocolError(f"{what}: the host's leader returned {value.dtype.name} x {value.size} "
@@ -387,32 +326,3 @@ def _write(targets, results, what: str) -> None:
         flat, direct = _arrays.flat_target(outs[0], what)
         np.copyto(flat, value.reshape(-1))
         fill_outputs(outs, flat, direct, what)
-
-
-def _pid(worker: str) -> int | None:
-    tail = str(worker).rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
-def _alive(pid: int | None) -> bool:
-    """Whether process ``pid`` (on this host) runs: not gone, not a zombie."""
-    if pid is None:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-
-
-def _names(ranks) -> str:
-    ranks = list(ranks)
-    return f"worker{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else "no worker"

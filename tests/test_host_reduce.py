@@ -81,7 +81,7 @@ SUMS = textwrap.dedent("""
     kv.barrier()
     print("RANK", kv.rank, "GROUP", ",".join(map(str, kv.host_group)) or "-",
           "SUM", bool((out == sum(r + 6 for r in range(W))).all()), bool((small == W).all()),
-          "SENT", kv.comm_stats()["bytes_sent"], flush=True)
+          "SENT", kv.comm_stats()["bytes_sent"], "HOST", kv.comm_stats().get("host_bytes_sent", 0), flush=True)
     kv.close()
 """)
 
@@ -113,10 +113,21 @@ def test_each_host_pushes_one_sum_and_every_worker_gets_the_total(tmp_path, stor
                                     ["2", "GROUP", "0,2", "SUM", "True", "True"],
                                     ["3", "GROUP", "1,3", "SUM", "True", "True"]], p.stdout + p.stderr
     sent = {int(g[0]): int(g[7]) for g in got}
+    to_leader = {int(g[0]): int(g[9]) for g in got}
     gradients = 6 * 300_000 * 4
-    # the leaders push the host's sums; the members send the servers (almost) nothing
+    # the leaders push the host's sums; the members send the servers (almost) nothing:
+    # their gradients go to their leader
     assert sent[0] > gradients and sent[1] > gradients, sent
     assert sent[2] < 10_000 and sent[3] < 10_000, sent
+    assert to_leader[2] > gradients and to_leader[3] > gradients, to_leader
+
+
+@pytest.mark.slow
+def test_host_groups_work_with_curve_encryption(tmp_path):
+    p, _ = run_job(tmp_path, SUMS, env={"KVSTORE_SECURE": "1"}, args_after=("dist_sync",))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [g[2:6] for g in lines(p)] == [["0,2", "SUM", "True", "True"], ["1,3", "SUM", "True", "True"],
+                                          ["0,2", "SUM", "True", "True"], ["1,3", "SUM", "True", "True"]]
 
 
 @pytest.mark.slow

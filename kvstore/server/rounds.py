@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InvalidArgumentError, ProtocolError
+
 
 @dataclass
 class Reply:
@@ -66,3 +68,19 @@ class Pending:
 def is_int(value) -> bool:
     """An int that is not a bool (msgpack decodes both)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def speaks_for(header: dict, worker: int, num_workers: int, mode: str) -> frozenset | None:
+    """The workers a host's summed push speaks for (header ``group``: sorted,
+    distinct ranks including the sender; dist_sync only), or None (kvstore.hostreduce)."""
+    group = header.get("group")
+    if group is None:
+        return None
+    if not (isinstance(group, list) and all(is_int(r) and 0 <= r < num_workers for r in group)
+            and group == sorted(set(group)) and worker in group):
+        raise ProtocolError(f"'group' must be the sorted, distinct worker ranks (0..{num_workers - 1}) "
+                            f"a host's sum speaks for, including its sender {worker}; got {group!r}")
+    if mode != "sync":
+        raise InvalidArgumentError(f"a host's summed push (from worker {worker} for workers {group}) "
+                                   f"is for dist_sync only; this server runs dist_{mode}")
+    return frozenset(group)

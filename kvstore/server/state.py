@@ -41,7 +41,7 @@ from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
 from .members import Members
 from .persist import Persist
-from .rounds import Chunk, Pending, Reply, Round, is_int
+from .rounds import Chunk, Pending, Reply, Round, is_int, speaks_for
 from .stalls import Stalls
 from .staleness import Staleness
 from .tables import RowTables
@@ -215,7 +215,9 @@ class ServerState(WriteIn, Stalls, Persist):
 
     def _on_push(self, peer, header, arrays, want_values=False):
         worker = self._worker(header)
-        group = self._group(header, worker)
+        group = speaks_for(header, worker, self.num_workers, self.mode)   # a host's sum (hostreduce)
+        for rank in group or ():
+            self.members.refuse(rank)
         ids = self._chunk_ids(header, arrays)
         self._refuse_if_gone(worker, ids)
         if header.get("compression") is not None:
@@ -249,34 +251,15 @@ class ServerState(WriteIn, Stalls, Persist):
             return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
         if self._writes_ahead(worker, ids):
             if group is not None:    # a host's leader does not write in (kvstore.hostreduce)
-                raise InvalidArgumentError(f"worker {worker} pushed a host's sum while a write of "
-                                           "its own was pending on the same chunks")
+                raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
             # a write of this worker asked for earlier is not granted yet: it takes
             # its round first (kvstore.server.writein), then this push the next one
             return self._hold_push(peer, header["id"], worker, ids, chunks, arrays, want_values)
         return self._join_rounds(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
 
-    def _group(self, header: dict, worker: int) -> frozenset | None:
-        """The workers a host's summed push speaks for (header ``group``: sorted
-        distinct ranks including the sender; dist_sync only), or None."""
-        group = header.get("group")
-        if group is None:
-            return None
-        if not (isinstance(group, list) and all(is_int(r) and 0 <= r < self.num_workers for r in group)
-                and group == sorted(set(group)) and worker in group):
-            raise ProtocolError(f"'group' must be the sorted, distinct worker ranks (0..{self.num_workers - 1}) "
-                                f"a host's sum speaks for, including its sender {worker}; got {group!r}")
-        if self.mode != "sync":
-            raise InvalidArgumentError(f"a host's summed push (from worker {worker} for workers {group}) "
-                                       f"is for dist_sync only; this server runs dist_{self.mode}")
-        for rank in group:
-            self.members.refuse(rank)
-        return frozenset(group)
-
     def _join_rounds(self, peer, req_id, worker, ids, chunks, arrays, want_values,
                      group: frozenset | None = None) -> list[Reply]:
-        """A validated sync push: contribute to the rounds; the replies now ready.
-        ``group``: the workers it speaks for (a host's sum), None: ``worker`` alone."""
+        """A validated sync push (for ``group``, a host's sum) joins the rounds; the replies now ready."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
         pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
