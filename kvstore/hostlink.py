@@ -51,6 +51,7 @@ class HostLink:
         self._membership = None
         self.pids: dict = {}            # rank -> pid of the group's workers
         self.bytes_sent = self.bytes_received = 0
+        self.linger = 0                 # ms close() may wait to deliver what is queued
 
     def _socket(self, kind):
         sock = self._ctx.socket(kind)
@@ -124,7 +125,7 @@ class HostLink:
 
     def close(self) -> None:
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close(linger=self.linger)
             self._sock = None
             if self._auth is not None:
                 self._auth.stop()

@@ -50,6 +50,7 @@ from .transport import endpoints
 
 log = logging.getLogger(__name__)
 
+LINGER = 2000         # ms a member's close may take to deliver its bye
 PARTS_POLL = 0.002    # seconds a leader waits for members at a time while replies may come
 RAISED = {name: getattr(errors, name) for name in (
     "InvalidArgumentError", "NodeFailedError", "DeadlineError", "RemoteError", "ProtocolError")}
@@ -91,6 +92,7 @@ class HostGroup:
         self._seq = 0
         self._calls: dict = {}        # seq -> Call not yet finished by the caller
         self._early: dict = {}        # (leader) (rank, seq) -> arrays that came before the call
+        self._byes: set = set()       # (leader) members that closed cleanly
 
     @property
     def bytes_sent(self) -> int:      # to the others of the group
@@ -283,6 +285,9 @@ class HostGroup:
         seq = header["id"]
         if self.leads:
             rank = next((r for r, i in self._peers.items() if i == ident), None)
+            if header["op"] == "bye" and rank is not None:
+                self._byes.add(rank)
+                return
             if header["op"] != "sum" or rank is None:
                 log.warning("host group: unexpected %r from %r; ignored", header["op"], rank)
                 return
@@ -301,6 +306,17 @@ class HostGroup:
         elif header["op"] == "error":
             kind = RAISED.get(header.get("type"), KVStoreError)
             call.error = kind(f"{header.get('message')} (from worker {self.leader}, which sums this host's pushes)")
+
+    def leave(self, what: str) -> None:
+        """A clean close, after :meth:`flush`: a member says bye (it has every result);
+        the leader waits for every member's, since closing drops what it still queues."""
+        if not self.leads:
+            self._link.send(None, {"op": "bye", "id": 0}, to=[self.leader])
+            self._link.linger = LINGER
+            return
+        deadline = time.monotonic() + self._config.timeout
+        while len(self._byes) < len(self.ranks) - 1:
+            self._take(self._link.receive(deadline, what, sorted(set(self.ranks[1:]) - self._byes)))
 
     def close(self) -> None:
         self._link.close()

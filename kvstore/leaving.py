@@ -33,6 +33,8 @@ class Leaving:
         try:
             if not self._membership.aborted.is_set():
                 self._client.flush("close")
+                if getattr(self, "_host", None) is not None:
+                    self._host.leave("close")   # the leader waits until its members have all
                 self._job.finish()
         except BaseException as e:      # e.g. a push that failed: the job must learn it now
             try:

@@ -252,3 +252,22 @@ def test_the_torch_trainer_trains_the_same_with_and_without_summing_on_the_host(
     digests = {tuple(x[4:]) for x in a}
     assert len(digests) == 1, a                       # every worker holds the same weights
     np.testing.assert_allclose(np.array(a[0][4:], float), np.array(b[0][4:], float), rtol=1e-5)
+
+
+LAST = textwrap.dedent("""
+    import numpy as np, kvstore
+    kv = kvstore.create("dist_sync")
+    n = 25_000_000                                 # 100 MB: the leader's last result is still queued...
+    kv.init(1, np.zeros(n, np.float32))
+    out = np.empty(n, np.float32)
+    kv.pushpull(1, np.ones(n, np.float32), out=out)
+    kv.close()                                     # ...when it closes, without a barrier
+    print("RANK", kv.rank, "CLOSED", bool((out == kv.num_workers).all()), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_the_leader_closes_only_once_its_members_have_their_last_results(tmp_path):
+    p, _ = run_job(tmp_path, LAST, workers=3, hosts=1, env={"KVSTORE_CHUNK_BYTES": str(4 << 20)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines(p) == [[str(r), "CLOSED", "True"] for r in range(3)], p.stdout + p.stderr
