@@ -19,10 +19,10 @@ The processes, the checks of every sum and of the transports are benchmarks.link
 (``run_ours``: benchmarks/contenders/ours_worker.py, server_wrapper.py). Per launch:
 the median exchange time, the bytes every host's link sent and received (its
 interface's counters) against the wire model below, and the wire bound (the bytes
-on the busiest link direction per exchange / the link rate). The workers' result
-says nothing of their group, so the bytes are the check that they grouped: a
-host_reduce launch in which a worker host sent nearer to the ungrouped model than to
-the grouped one is a failure. Writes host_reduce.md and host_reduce.json to
+on the busiest link direction per exchange / the link rate). A launch fails unless
+worker 0 reports the host group its variant implies (``host_group`` in its result)
+and, in host_reduce, every worker host sent nearer to the grouped model than to the
+ungrouped one (the bytes prove that the sums went once). Writes host_reduce.md and host_reduce.json to
 --out-dir. Needs root (network namespaces); without it prints a "skipped" line and
 exits 0.
 """
@@ -144,6 +144,9 @@ def launch(cluster: Cluster, job: Job, rate: str, variant: str, launch_no: int, 
                                                      "KVSTORE_HOST_REDUCE": VARIANTS[variant]}}, tag)
         counted = cluster.counted(before, cluster.host_counters(), job.hosts)
         why = grouping_failure(job, counted, nbytes, exchanges) if variant == "host_reduce" else None
+        group = [r for r, h in enumerate(job.worker_hosts) if h == job.worker_hosts[0]]
+        if not why and res.get("host_group") != (group if variant == "host_reduce" else []):
+            why = f"worker 0's host group was {res.get('host_group')}, not {group if variant == 'host_reduce' else []}"
         if why:
             raise Failed(why)
     except Failed as e:
@@ -164,6 +167,7 @@ def launch(cluster: Cluster, job: Job, rate: str, variant: str, launch_no: int, 
         "worker0_bytes_sent": d.get("bytes_sent"), "worker0_bytes_received": d.get("bytes_received"),
         "cpu_s": d.get("cpu_s"), "worker_usage_total": res.get("usage_total"),
         "servers_usage": res.get("servers_usage"), "transports": res.get("transports"),
+        "host_group": res.get("host_group"),
         "server_urls": res.get("server_urls")})
     click.echo(f"  {rate} {variant} launch {launch_no + 1}/{cfg['launches']}: median "
                f"{median * 1e3:.0f} ms (bound {bound:.0f} ms); sent A {_mb(counted['A']['tx'])}, "

@@ -8,7 +8,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["kvstore.server", "tracker.scheduler", "tracker.local", "tracker.ssh", "tracker.mpi",
-           "tracker.slurm", "kvstore.tools.parse_log", "benchmarks.chaos", "benchmarks.gpu_check"]
+           "tracker.slurm", "kvstore.tools.parse_log", "benchmarks.chaos", "benchmarks.gpu_check",
+           "benchmarks.host_reduce"]
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

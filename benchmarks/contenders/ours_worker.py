@@ -165,6 +165,7 @@ def main() -> int:
             urls = getattr(client, "servers", None)
             kinds = getattr(client, "transports", None)
             result.update(num_workers=kv.num_workers, task=args.task, model=args.model,
+                          host_group=list(getattr(kv, "host_group", ())),   # KVSTORE_HOST_REDUCE
                           server_urls=list(urls) if urls else None,
                           transports=list(kinds) if kinds else None)
             common.write_json(args.out, result)
