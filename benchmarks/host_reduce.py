@@ -237,7 +237,7 @@ def markdown(data: dict) -> str:
         "host_reduce N. Bytes: what each host's interface sent (tx) and received (rx) over a "
         "launch (warm-up and kv.init included) next to the payload model (headers add about 1 %; "
         "the servers' split follows the keys' sharding, not exactly N/2 each); the host_reduce launches were checked to send nearer the grouped model than the "
-        "ungrouped one from A and B (the workers' result does not name their group).", ""]
+        "ungrouped one from A and B, and worker 0 reported its host group.", ""]
     for rate, per in data["summary"].items():
         raw = data["rates"][rate].get("raw") or {}
         lines += [f"## {rate}" + (f" (raw TCP both ways at once: A->B {raw['a_to_b_gbit']:.3f}, "
