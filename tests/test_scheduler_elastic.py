@@ -128,7 +128,8 @@ def test_registered_tells_slots_members_epoch_progress_and_the_elastic_bounds():
     assert only(to(sends, b"worker-0")).fields == {
         "id": req_id, "rank": 0, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101", "", ""], "slots": 4, "members": [0, 1], "epoch": 0,
-        "joined": False, "progress": {}, "elastic": [1, 4]}
+        "joined": False, "progress": {}, "elastic": [1, 4],
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""]}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -141,7 +142,8 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
     assert only(to(sends, b"worker-1")).fields == {
         "id": req_id, "rank": 1, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101"], "slots": 2, "members": [0, 1], "epoch": 0,
-        "joined": False, "progress": {}, "elastic": None}
+        "joined": False, "progress": {}, "elastic": None,
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1"]}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -162,7 +164,7 @@ def test_a_joiner_takes_the_lowest_vacant_slot_and_is_answered_once_the_server_a
     assert reply == {"id": req_id, "rank": 2, "num_workers": 2, "num_servers": 1,
                      "servers": ["tcp://server-0"], "workers": ["h:100", "h:101", "h:500", ""],
                      "slots": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
-                     "elastic": [1, 4]}
+                     "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""]}
     assert ("worker 2 (pid 500 on h) joins the job (members 0, 1, epoch 1); it becomes a member at "
             "its first barrier") in caplog.text
     assert "worker 2 (pid 500 on h) joined the job: every server holds epoch 1" in caplog.text
