@@ -276,3 +276,40 @@ def test_the_leader_closes_only_once_its_members_have_their_last_results(tmp_pat
     p, _ = run_job(tmp_path, LAST, workers=3, hosts=1, env={"KVSTORE_CHUNK_BYTES": str(4 << 20)})
     assert p.returncode == 0, p.stdout + p.stderr
     assert lines(p) == [[str(r), "CLOSED", "True"] for r in range(3)], p.stdout + p.stderr
+
+
+GPU_SUMS = textwrap.dedent("""
+    import torch, kvstore
+    kv = kvstore.create("dist_device_sync")
+    n = 300_000
+    kv.init(1, torch.zeros(n, device="cuda"))
+    out = torch.empty(n, device="cuda")
+    for it in range(4):
+        h = kv.pushpull_async(1, torch.full((n,), float(kv.rank + 1 + it), device="cuda"), out=out)
+        h.wait()
+    W = kv.num_workers
+    kv.barrier()
+    ok = bool((out == sum(r + 4 for r in range(W))).all().item())
+    print("RANK", kv.rank, "GROUP", ",".join(map(str, kv.host_group)) or "-", "SUM", ok,
+          "SENT", kv.comm_stats()["bytes_sent"], flush=True)
+    kv.close()
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_host_groups_with_cuda_tensors_and_gpu_servers(tmp_path):
+    """Processes sharing one GPU stand for one process per GPU (torchrun's layout)."""
+    from kvstore import gpu
+    if not gpu.available():
+        pytest.skip(f"needs a usable GPU with CuPy: {gpu.reason()}")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(f"needs torch with CUDA; this torch is {torch.__version__}")
+    p, _ = run_job(tmp_path, GPU_SUMS, "--server-device", "gpu", timeout=300,
+                   env={"PYTHONPATH": os.pathsep.join(x for x in (ROOT, os.environ.get("PYTHONPATH")) if x)})
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    got = lines(p)
+    assert [g[:5] for g in got] == [["0", "GROUP", "0,2", "SUM", "True"], ["1", "GROUP", "1,3", "SUM", "True"],
+                                    ["2", "GROUP", "0,2", "SUM", "True"], ["3", "GROUP", "1,3", "SUM", "True"]], got
+    assert int(got[2][6]) < 10_000 and int(got[3][6]) < 10_000, got     # the members pushed nothing
