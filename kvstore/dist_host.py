@@ -14,8 +14,7 @@ class HostGrouped:
     def _join_host_group(self, registration) -> None:
         host, self._host = self._host, None
         if host.form(registration, self._membership):
-            host.attach(self._push_for_host, self._fill_for_host,
-                        lambda handle: self._client.replied(handle[0][0] + handle[0][1]),
+            host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host,
                         self._client.progress)
             self._client.before_flush = host.flush
             self._host = host
@@ -32,6 +31,10 @@ class HostGrouped:
     def _fill_for_host(self, handle: tuple) -> list:
         self._fill(handle)
         return [flat for _, flat, _ in handle[2]]
+
+    def _replied_for_host(self, handle: tuple) -> bool:
+        (ids, later, _), _, _ = handle      # DistStore._send's handle
+        return self._client.replied(ids + later)
 
     def _host_stats(self) -> dict:
         """comm_stats' bytes to and from the group's others (none without a group)."""

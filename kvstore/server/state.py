@@ -265,9 +265,9 @@ class ServerState(WriteIn, Stalls, Persist):
         pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
         for chunk in chunks:
             chunk.waiting.append(pending)
-        ready = []
+        ready, ranks = [], group or frozenset((worker,))
         for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self._contribute(cid, chunk, group or frozenset((worker,)), grad.reshape(-1))
+            pending.rounds[cid] = self._contribute(cid, chunk, ranks, grad.reshape(-1))
             ready += self._apply_complete_rounds(cid, chunk)
         return ready
 
