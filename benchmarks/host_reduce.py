@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 from benchmarks import common  # noqa: E402
 from benchmarks.link import _versions, effective_settings, run_ours  # noqa: E402
-from benchmarks.netns import Cluster, Failed, SetupFailed, on_sigterm, parse_rate, raw_check  # noqa: E402
+from benchmarks.netns import Cluster, Failed, on_sigterm, parse_rate, raw_check  # noqa: E402
 from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -343,11 +343,7 @@ def main(rates, model, workers_per_host, iters, warmup, launches, out_dir, timeo
                 "effective": effective_settings({})},
             "rates": {}, "launches": [], "failures": []}
     try:
-        try:
-            cluster.up()
-        except SetupFailed as e:
-            click.echo(f"skipped: the emulated network cannot be set up here (needs root and "
-                       f"network namespaces): {e}")
+        if not cluster.up_or_skip():
             return
         click.echo("cluster: " + ", ".join(f"{h} {cluster.addr[h]}" for h in cluster.hosts)
                    + f"; workers on {','.join(job.worker_hosts)}; work dir {work}", err=True)

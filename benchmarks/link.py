@@ -55,7 +55,7 @@ from benchmarks import common, layouts as layout_specs  # noqa: E402
 from benchmarks.contenders.base import read_result  # noqa: E402
 from benchmarks.layouts import Layout  # noqa: E402
 from benchmarks.link_report import expected_link_bytes, markdown, summarise  # noqa: E402
-from benchmarks.netns import (Cluster, Failed, SetupFailed, gloo_ranks, on_sigterm,  # noqa: E402
+from benchmarks.netns import (Cluster, Failed, gloo_ranks, on_sigterm,  # noqa: E402
                               parse_rate, ps_job, raw_check, server_urls, expected_transports)
 from benchmarks.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.resnet50_shapes import model_shapes  # noqa: E402
@@ -265,11 +265,7 @@ def main(rates, layout_text, half_text, timeline_text, model, iters, warmup, lau
         click.echo(f"skipped: gloo (the ring layouts): {gloo_why}", err=True)
     interrupted = False
     try:
-        try:
-            cluster.up()
-        except SetupFailed as e:
-            click.echo(f"skipped: the emulated network cannot be set up here (needs root and "
-                       f"network namespaces): {e}")
+        if not cluster.up_or_skip():
             return
         click.echo(f"cluster: {len(cluster.hosts)} hosts "
                    + ", ".join(f"{h} {cluster.addr[h]}" for h in cluster.hosts)

@@ -103,6 +103,17 @@ class Cluster:
         self.created: list[str] = []
         self.qdisc: dict = {}
 
+    def up_or_skip(self) -> bool:
+        """:meth:`up`, or False after printing the "skipped" line that the benchmarks
+        print where they cannot run (no root or no network namespaces)."""
+        try:
+            self.up()
+        except SetupFailed as e:
+            print(f"skipped: the emulated network cannot be set up here (needs root and "
+                  f"network namespaces): {e}", flush=True)
+            return False
+        return True
+
     def up(self) -> None:
         """Create the switch, then every host and its link. Raises SetupFailed."""
         reap_stale()
