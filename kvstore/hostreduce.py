@@ -89,6 +89,7 @@ class HostGroup:
         self.leader: int | None = None
         self._rank = None
         self._peers: dict = {}        # (leader) member rank -> its ROUTER identity
+        self._ranks_of: dict = {}     # (leader) and back
         self._seq = 0
         self._calls: dict = {}        # seq -> Call not yet finished by the caller
         self._early: dict = {}        # (leader) (rank, seq) -> arrays that came before the call
@@ -135,6 +136,7 @@ class HostGroup:
                                                       [r for r in self.ranks[1:] if r not in self._peers])
                 if header["op"] == "hello" and header.get("rank") in self.ranks[1:]:
                     self._peers[header["rank"]] = ident
+                    self._ranks_of[ident] = header["rank"]
                     self._link.send(ident, {"op": "welcome", "id": 0}, to=[header["rank"]])
                 else:
                     log.warning("host group: unexpected %r before the group formed; ignored", header["op"])
@@ -212,11 +214,10 @@ class HostGroup:
     def _pump(self, timeout: float, deadline: float | None, what: str) -> None:
         """Take in members' gradients (waiting up to ``timeout``), push the calls whose
         gradients are all in, hand out the results of calls the servers answered."""
+        waiting = self._waiting_for()
         if deadline is not None and time.monotonic() > deadline:
-            waiting = self._waiting_for()
             raise DeadlineError(f"{what}: {names(waiting) if waiting else 'the servers'} did not "
                                 f"complete the host's sum within {self._config.timeout:g}s")
-        waiting = self._waiting_for()
         # members' gradients come on our socket, the servers' replies on the store's:
         # wait on the one that is due (briefly on ours while both are)
         if self._link.ready(min(timeout, PARTS_POLL) if waiting else 0):
@@ -284,7 +285,7 @@ class HostGroup:
         ident, header, arrays = message
         seq = header["id"]
         if self.leads:
-            rank = next((r for r, i in self._peers.items() if i == ident), None)
+            rank = self._ranks_of.get(ident)
             if header["op"] == "bye" and rank is not None:
                 self._byes.add(rank)
                 return
