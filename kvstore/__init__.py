@@ -22,8 +22,8 @@ from .storetypes import FROM_CONFIG, STORE_TYPES, KVStoreBase, resolve, stalenes
 from .config import Config
 from .rowinit import RowInit
 from .sparse import RowSparse
-from .errors import (ArgumentTypeError, ConfigError, DeadlineError, InvalidArgumentError,
-                     KVStoreError, NodeFailedError, ProtocolError, RemoteError)
+from .errors import (ArgumentTypeError, CheckpointError, ConfigError, DeadlineError,
+                     InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError, RemoteError)
 
 __version__ = "0.1.0"
 
@@ -92,4 +92,4 @@ def _run_role(config: Config) -> int:
 
 __all__ = ["create", "KVStore", "KVStoreBase", "Config", "RowSparse", "RowInit", "optimizer", "STORE_TYPES", "KVStoreError",
            "ConfigError", "InvalidArgumentError", "ArgumentTypeError", "ProtocolError",
-           "RemoteError", "DeadlineError", "NodeFailedError"]
+           "RemoteError", "DeadlineError", "NodeFailedError", "CheckpointError"]

@@ -1,53 +1,126 @@
 """The workers' side of the servers' checkpoints: ``save_checkpoint``, automatic
-checkpoints (``KVSTORE_CHECKPOINT_INTERVAL``) and, after ``--resume``, the
-metadata of the checkpoint the servers started from. The servers write and read
-the files (kvstore/server/checkpoint.py)."""
+checkpoints (``KVSTORE_CHECKPOINT_INTERVAL``) and, with ``--resume``, choosing
+the set every server restores. The servers write and read the files
+(kvstore/server/checkpoint.py, which also explains the two phases).
+
+The leading worker drives both: a save is phase 1 (every server writes its
+part) then, once all acknowledged, phase 2 (every server commits); a resume
+gathers every server's inventory, chooses the newest complete set
+(:func:`kvstore.server.checkpoint.choose`) and has every server restore that one.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import msgpack
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
 from .protocol import ops
+from .server.checkpoint import Choice, Entry, choose
 
 
 class Checkpoints:
     """Example (what DistStore does)::
 
-        checkpoints = Checkpoints(client, leads, config, collective)
+        checkpoints = Checkpoints(client, leads, config, collective, fail)
+        checkpoints.resume()                # at create, before configure (no-op unless --resume)
         checkpoints.save({"epoch": 3})      # collective
         checkpoints.pulled()                # after each pull: maybe an automatic one
-        checkpoints.resumed, checkpoints.meta
+        checkpoints.resumed, checkpoints.meta, checkpoints.step
     """
 
-    def __init__(self, client, leads, config, collective):
+    def __init__(self, client, leads: Callable[[], bool], config, collective: Callable[[str], object],
+                 fail: Callable[[str], None]):
         # leads(): whether this worker acts for all (rank 0; in an elastic job the
         # lowest member rank, the same on every worker between two collective calls)
-        self._client, self._leads, self._collective = client, leads, collective
+        self._client, self._leads, self._collective, self._fail = client, leads, collective, fail
+        self._config = config
         self._interval = config.checkpoint_interval
+        # rank 0's pulls: the automatic checkpoints' step, carried across resumes
         self._pulls = 0
+        self._last_id: int | None = None     # the newest checkpoint id (known to the leader)
         self._next = time.monotonic() + self._interval if self._interval > 0 else None
-        self.resumed, self.meta = False, {}
-        if config.resume:
-            found = {}
+        self.resumed, self.meta, self.step = False, {}, 0
 
-            def keep(header, values):
-                found.update(header)
-            what = "reading the checkpoint's metadata"
-            client.wait([client.request(0, ops.GET_META, what, on_reply=keep)[0]], what)
-            self.resumed, self.meta = bool(found.get("resumed")), dict(found.get("meta") or {})
+    # -- resume -----------------------------------------------------------------------
+    def resume(self) -> None:
+        """With ``--resume``: the leader chooses the newest complete checkpoint set and
+        every server restores it; then every worker reads its metadata. Collective.
+        CheckpointError (and the job aborted, naming the cause) when no complete,
+        intact set exists."""
+        if not self._config.resume:
+            return
+        if self._leads():
+            try:
+                choice = self._choose()
+                self._client.request_all(ops.CHECKPOINT_RESTORE, f"restoring checkpoint {choice.id}",
+                                         checkpoint=choice.id)
+            except (CheckpointError, RemoteError) as e:
+                reason = str(e) if isinstance(e, CheckpointError) else f"cannot resume: {e}"
+                self._fail(reason)
+                raise CheckpointError(reason) from None
+            self._last_id = choice.id
+        self._collective("resume")
+        found = {}
 
+        def keep(header, values):
+            found.update(header)
+        what = "reading the checkpoint's metadata"
+        self._client.wait([self._client.request(0, ops.GET_META, what, on_reply=keep)[0]], what)
+        self.resumed, self.meta = bool(found.get("resumed")), dict(found.get("meta") or {})
+        self.step = self._pulls = int(found.get("step") or 0)
+
+    def _inventories(self, verify: bool) -> tuple[list[list[Entry]], int]:
+        """Every server's checkpoint files (index = server rank), and the highest id any has seen."""
+        replies: dict[int, dict] = {}
+        what = "listing the servers' checkpoints"
+        ids = []
+        for server in range(len(self._client.links)):
+            def keep(header, values, server=server):
+                replies[server] = header
+            ids.append(self._client.request(server, ops.CHECKPOINT_LIST, what, on_reply=keep,
+                                            verify=verify)[0])
+        self._client.wait(ids, what)
+        inventories = []
+        for server in range(len(ids)):
+            files = replies[server].get("files")
+            if not isinstance(files, list):
+                raise CheckpointError(f"server {server} sent a malformed checkpoint inventory")
+            inventories.append([Entry.from_wire(f) for f in files])
+        top = max((r.get("max_id") for r in replies.values() if type(r.get("max_id")) is int), default=0)
+        return inventories, top
+
+    def _choose(self) -> Choice:
+        inventories, _ = self._inventories(verify=True)
+        return choose(inventories, self._config.checkpoint_dir or "KVSTORE_CHECKPOINT_DIR")
+
+    # -- saving ----------------------------------------------------------------------
     def save(self, meta: dict | None) -> None:
         """Every server writes its checkpoint, with ``meta``, once every worker's
         pushes so far are applied (see DistStore.save_checkpoint)."""
         meta = checkpoint_meta(meta)
         self._client.flush("save_checkpoint")
         self._collective("save_checkpoint")
-        if self._leads():
-            self._client.request_all(ops.CHECKPOINT, "save_checkpoint", meta=meta)
+        if not self._leads():
+            try:
+                self._collective("save_checkpoint done")
+            except KVStoreError as e:     # the leader's token says why the save failed
+                raise CheckpointError(f"save_checkpoint failed: {e}") from e
+            return
+        try:
+            self._take(meta, "save_checkpoint")
+        except (RemoteError, CheckpointError) as e:
+            # every worker hears of it (a token the others do not pass) and raises
+            # CheckpointError; this one raises the server's error. The previous
+            # complete set stays the one a resume takes, and the job may go on.
+            try:
+                self._collective(f"save_checkpoint failed: {e}")
+            except KVStoreError:
+                pass
+            raise
         self._collective("save_checkpoint done")
 
     def pulled(self) -> None:
@@ -58,7 +131,20 @@ class Checkpoints:
         if self._next is None or not self._leads() or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._interval
-        self._client.request_all(ops.CHECKPOINT, "automatic checkpoint", meta={"step": self._pulls})
+        self._take({"step": self._pulls}, "automatic checkpoint")
+
+    def _take(self, meta: dict, what: str) -> None:
+        """Both phases: every server writes its part of a new checkpoint id; only when
+        every one acknowledged does any commit. A failure in phase 1 leaves every
+        server's committed set as it was."""
+        if self._last_id is None:      # the first save of this leader: ids already on disk
+            self._last_id = self._inventories(verify=False)[1]
+        ckpt_id = self._last_id + 1
+        self._last_id = ckpt_id        # used up even if this save fails: never reused
+        self._client.request_all(ops.CHECKPOINT, f"{what} (checkpoint {ckpt_id}, writing)",
+                                 checkpoint=ckpt_id, step=self._pulls, meta=meta)
+        self._client.request_all(ops.CHECKPOINT_COMMIT, f"{what} (checkpoint {ckpt_id}, committing)",
+                                 checkpoint=ckpt_id)
 
 
 def checkpoint_meta(meta) -> dict:

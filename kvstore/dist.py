@@ -65,12 +65,15 @@ class DistStore(Leaving, HostGrouped, KVStore):
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else ""))
+            # --resume: every server restores the same checkpoint set before anything else
+            self._checkpoints = Checkpoints(self._client, self._leads, config, self._collective,
+                                            self._membership.fail)
+            self._checkpoints.resume()
             if self._leads():
                 # the servers count a round complete when every worker slot is in it
                 self._client.request_all(ops.CONFIGURE, "configuring the servers", mode=self._mode,
                                          num_workers=reg.slots,
                                          **({"staleness": staleness} if self._mode == "ssp" else {}))
-            self._checkpoints = Checkpoints(self._client, self._leads, config, self._collective)
         except BaseException:
             self._release()
             raise

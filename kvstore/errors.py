@@ -47,3 +47,8 @@ class DeadlineError(KVStoreError, builtins.TimeoutError):
 
 class NodeFailedError(KVStoreError):
     """Another process of the job died or the job was aborted; the message names it."""
+
+
+class CheckpointError(KVStoreError):
+    """A checkpoint cannot be written, or a resume cannot find a complete, intact
+    set of server checkpoints; the message names the server and the file."""

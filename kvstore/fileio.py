@@ -31,9 +31,25 @@ def atomic_write(path: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_directory(directory)     # the rename itself survives a power loss
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def fsync_directory(directory: str) -> None:
+    """Make the directory's entries (a rename, a new file) durable; a no-op where
+    directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:     # some file systems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_versioned(path: str, fmt: str, version: int, body: dict) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import kvstore
 from kvstore import optimizer as opt
-from kvstore.errors import NodeFailedError
+from kvstore.errors import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SGD = opt.SGD(learning_rate=0.1, momentum=0.9)
@@ -59,7 +59,8 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(make_cluster, tmp_
 
 def test_resume_without_a_checkpoint_fails_fast_naming_the_server(make_cluster, tmp_path):
     cluster = make_cluster(1, 1, checkpoint_dir=str(tmp_path / "empty"), resume=True)
-    with pytest.raises(NodeFailedError, match="server 0 cannot resume: no server checkpoint"):
+    with pytest.raises(CheckpointError, match=r"cannot resume: no complete checkpoint .*server 0: no "
+                                              r"checkpoint file \(.*server-0.ckpt does not exist"):
         cluster.run(lambda kv: None)
 
 
@@ -141,7 +142,155 @@ def test_resume_with_another_number_of_servers_is_refused(make_cluster, tmp_path
         kv.save_checkpoint()
     make_cluster(1, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(save)
     cluster = make_cluster(1, 3, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True)
-    # the three servers race to report; each reason names the mismatch or the missing file
-    with pytest.raises(NodeFailedError, match="cannot resume: .*(written by a job of 2 servers; "
-                                              "this job has 3|no server checkpoint)"):
+    with pytest.raises(CheckpointError, match="cannot resume: .*written by a job of 2 servers; "
+                                              "this job has 3.*server 2: no checkpoint file"):
         cluster.run(lambda kv: None)
+
+
+# -- job-wide consistent checkpoints (issue 27) -----------------------------------------------
+
+def run_steps(kv, first, last, n=2048):
+    """SGD steps on one 2-chunk key (one chunk per server at chunk_bytes=4096): push, pull."""
+    w = np.empty(n, np.float32)
+    for step in range(first, last):
+        kv.push("w", np.cos(np.arange(n, dtype=np.float32) * (kv.rank + 2) + step).astype(np.float32))
+        kv.pull("w", out=w)
+    return w
+
+
+def start(kv, n=2048):
+    kv.init("w", np.ones(n, np.float32))
+    kv.set_optimizer(SGD)
+    return kv.resume_meta.get("step", 0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (a disk that fills up), or skip where this process cannot mount one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+def fill(directory, leave: int) -> None:
+    """Fill ``directory``'s file system up to ``leave`` free bytes."""
+    st = os.statvfs(directory)
+    with open(os.path.join(directory, "filler"), "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_takes_it(make_cluster, small_disk):
+    """The issue's defect 1: one server's save failed (disk full), the job went on,
+    and the resume combined server 0's new file with server 1's old one. Now a set
+    counts only once every server's part is written: the resume takes the previous
+    set, on every server, and ends with the uninterrupted run's weights."""
+    ckpt = str(small_disk)
+    reference, = {tuple(w) for w in make_cluster(2, 2, chunk_bytes=4096).run(
+        lambda kv: (start(kv), run_steps(kv, 0, 8))[1])}
+
+    def original(kv):
+        start(kv)
+        run_steps(kv, 0, 3)
+        kv.save_checkpoint({"step": 3})
+        run_steps(kv, 3, 5)
+        if kv.rank == 0:   # room for one server's part of the next checkpoint, not for both
+            fill(ckpt, os.path.getsize(os.path.join(ckpt, "server-0.ckpt")) * 3 // 2)
+        # the leader gets the server's error, the others a CheckpointError quoting it
+        with pytest.raises(kvstore.RemoteError if kv.rank == 0 else CheckpointError,
+                           match=r"save_checkpoint .*server \d: \[Errno 28\] No space left"):
+            kv.save_checkpoint({"step": 5})
+        kv.barrier()
+        if kv.rank == 0:
+            os.unlink(os.path.join(ckpt, "filler"))
+        return run_steps(kv, 5, 6)       # the job goes on after a failed save
+
+    make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(original)
+    parts = [n for n in os.listdir(ckpt) if n.endswith(".part")]
+    assert len(parts) == 1, os.listdir(ckpt)          # one server wrote its part, one could not
+
+    def resumed(kv):
+        first = start(kv)
+        assert first == 3 and kv.resume_meta == {"step": 3}
+        return run_steps(kv, first, 8)
+    for w in make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True).run(resumed):
+        assert tuple(w) == reference
+
+
+def test_a_resume_never_combines_files_of_different_saves(make_cluster, tmp_path):
+    """Server 1's committed file replaced by its file of an older save (a restored
+    backup, a crash that lost the newer file): refused, naming server 1 and the file."""
+    ckpt = tmp_path / "ckpt"
+    old = tmp_path / "old"
+
+    def original(kv):
+        start(kv)
+        run_steps(kv, 0, 2)
+        kv.save_checkpoint({"step": 2})
+        if kv.rank == 0:
+            old.mkdir()
+            (old / "server-1.ckpt").write_bytes((ckpt / "server-1.ckpt").read_bytes())
+        kv.barrier()
+        run_steps(kv, 2, 4)
+        kv.save_checkpoint({"step": 4})
+    make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt)).run(original)
+    (ckpt / "server-1.ckpt").write_bytes((old / "server-1.ckpt").read_bytes())
+    with pytest.raises(CheckpointError, match=r"checkpoint 2 is committed but incomplete: server 1 has no "
+                                              r"usable file of checkpoint 2 .*server-1.ckpt holds checkpoint 1"):
+        make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt), resume=True).run(start)
+
+
+def test_a_corrupted_checkpoint_file_is_refused_naming_it(make_cluster, tmp_path):
+    ckpt = tmp_path / "ckpt"
+
+    def original(kv):
+        start(kv)
+        run_steps(kv, 0, 2)
+        kv.save_checkpoint({"step": 2})
+    make_cluster(1, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt)).run(original)
+    data = bytearray((ckpt / "server-0.ckpt").read_bytes())
+    data[-10] ^= 0xFF                                   # one flipped bit in the payload
+    (ckpt / "server-0.ckpt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"server 0 has no usable file of checkpoint 1 .*server-0.ckpt "
+                                              r"is corrupt: its checksum does not match"):
+        make_cluster(1, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt), resume=True).run(start)
+
+
+def test_three_crashes_and_resumes_in_a_row_give_the_uninterrupted_weights(make_cluster, tmp_path):
+    """The issue's defect 2: automatic checkpoints after a resume recorded the pulls
+    since the resume, not since the start, so a second resume started at the wrong
+    step. The documented loop, crashed three times (the workers stop after a push
+    whose pull and checkpoint never came) and resumed each time, ends bit for bit
+    where an uninterrupted run does."""
+    ckpt = str(tmp_path / "ckpt")
+    total = 12
+    reference, = {tuple(w) for w in make_cluster(2, 2, chunk_bytes=4096).run(
+        lambda kv: (start(kv), run_steps(kv, 0, total))[1])}
+
+    def crashing_at(crash):
+        def job(kv):
+            first = start(kv)
+            run_steps(kv, first, crash)
+            kv.push("w", np.ones(2048, np.float32))    # a round the checkpoints never see
+            return first
+        return job
+
+    settings = dict(chunk_bytes=4096, checkpoint_dir=ckpt, checkpoint_interval=1e-6)
+    assert make_cluster(2, 2, **settings).run(crashing_at(3)) == [0, 0]
+    starts = []
+    for crash in (6, 9):
+        starts += make_cluster(2, 2, resume=True, **settings).run(crashing_at(crash))
+
+    def finish(kv):
+        first = start(kv)
+        return first, run_steps(kv, first, total)
+    results = make_cluster(2, 2, resume=True, **settings).run(finish)
+    assert starts == [3, 3, 6, 6] and [f for f, _ in results] == [9, 9]
+    for _, w in results:
+        assert tuple(w) == reference

@@ -8,8 +8,12 @@ PUSHPULL = "pushpull"            # push, then reply with the values after the ro
 SET_OPTIMIZER = "set_optimizer"  # {optimizer: {name, params, lr_scheduler}}
 GET_STATES = "get_states"        # reply: optimizer state of every chunk
 SET_STATES = "set_states"        # optimizer state of some chunks
-CHECKPOINT = "checkpoint"        # {meta}: the server writes its checkpoint file
-GET_META = "get_meta"            # reply {meta, resumed}: what the restored checkpoint carried
+# Checkpoints (kvstore/server/checkpoint.py): a job-wide set in two phases, and the resume
+CHECKPOINT = "checkpoint"        # {checkpoint, step, meta}: phase 1, write this server's part
+CHECKPOINT_COMMIT = "checkpoint_commit"    # {checkpoint}: phase 2, every part is durable
+CHECKPOINT_LIST = "checkpoint_list"        # reply {files: [entry], max_id}: what this server holds
+CHECKPOINT_RESTORE = "checkpoint_restore"  # {checkpoint}: resume from that set (--resume)
+GET_META = "get_meta"            # reply {meta, resumed, checkpoint, step}: the restored checkpoint
 WRITE = "write"                  # chunks, no buffers (shared memory, sync): reply {modes} + one
                                  # buffer per chunk in the server's memory, to copy or add into
 WRITTEN = "written"              # {grant: the write's id}: done; replied to as a pushpull
@@ -19,7 +23,8 @@ PUSH_ROWS = "push_rows"          # {chunk} + row ids (int64, unique, sorted) + t
 PULL_ROWS = "pull_rows"          # {chunk} + row ids; reply carries their rows
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
-                      CHECKPOINT, GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
+                      CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
+                      GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
                       PULL_ROWS})
 # requests that contribute to rounds: only members of an elastic job send them
 PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS})

@@ -1,35 +1,288 @@
-"""A server's checkpoint file: its chunks, the optimizer and its state, and the
-worker-supplied metadata (e.g. the training step), written atomically.
+"""A server's checkpoint files, and how a set of them across servers becomes a
+job-wide checkpoint that cannot resume wrong.
 
-Layout (msgpack, no pickle)::
+A checkpoint is a *set*: one part per server, all with the same checkpoint id
+and step. It is taken in two phases, driven by the leading worker
+(kvstore/checkpoints.py):
 
-    {"format": "kvstore.server_checkpoint", "version": 1, "server": "server 0",
-     "mode": "sync", "num_workers": 2, "optimizer": null | {...}, "meta": {...},
-     "chunks": [[key, index, dtype, value_bytes, t | null, [state_bytes, ...]], ...]}
+1. ``write_part(id, ...)``: every server writes ``server-R.ckpt-ID.part``
+   (temporary file, fsync, rename, fsync of the directory) and acknowledges.
+2. Once every server acknowledged, ``commit(id)`` on every server renames its part
+   over ``server-R.ckpt`` (the committed file) and deletes its other parts.
+
+A committed file anywhere therefore proves that every server's part of that id
+was durable: a server that crashed before its commit still holds its part. The
+previous committed file stays until the next commit replaces it. Resuming
+(:func:`choose`) takes the newest id committed on any server, and every server
+restores that id from its committed file or its part; when one lacks it, or a
+file fails its checks (id, step, server, size, checksum), the resume is refused
+naming the server and the file; sets are never mixed.
+
+File layout (msgpack, no pickle): a small header map, then the payload bytes::
+
+    {"format": "kvstore.server_checkpoint", "version": 2, "checkpoint": 7,
+     "step": 1200, "server": 0, "num_servers": 2, "bytes": N, "sha256": "..."}
+    <N bytes: msgpack of ServerState.snapshot() plus "num_servers">
+
+Example::
+
+    d = CheckpointDir("/ckpt", rank=0, num_servers=2)
+    d.write_part(7, 1200, snapshot)      # phase 1
+    d.commit(7)                          # phase 2, after every server's phase 1
+    snap = d.load(7)                     # resume: verified, or CheckpointError
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+from dataclasses import asdict, dataclass
 
-from ..fileio import read_versioned, write_versioned
+import msgpack
+
+from ..errors import CheckpointError
+from ..fileio import atomic_write, fsync_directory
 
 FORMAT = "kvstore.server_checkpoint"
-VERSION = 1
+VERSION = 2
+_PART = re.compile(r"^server-(\d+)\.ckpt-(\d+)\.part$")
 
 
 def path_for(directory: str, rank: int) -> str:
+    """The committed checkpoint file of server ``rank``."""
     return os.path.join(directory, f"server-{rank}.ckpt")
 
 
-def save(path: str, snapshot: dict) -> None:
-    """Write ``snapshot`` (from ServerState.snapshot) to ``path``: temporary file,
-    fsync, rename; a crash leaves the previous checkpoint intact."""
-    write_versioned(path, FORMAT, VERSION, snapshot)
+def part_path(directory: str, rank: int, ckpt_id: int) -> str:
+    """Server ``rank``'s part of checkpoint ``ckpt_id``, before its commit."""
+    return os.path.join(directory, f"server-{rank}.ckpt-{ckpt_id}.part")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a server's inventory: the checkpoint it holds, or why it is unusable."""
+    file: str
+    committed: bool
+    id: int | None = None
+    step: int | None = None
+    error: str | None = None      # set when the file fails its checks
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw) -> Entry:
+        if not isinstance(raw, dict) or not isinstance(raw.get("file"), str) \
+                or not isinstance(raw.get("committed"), bool):
+            raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
+        ckpt_id, step, error = raw.get("id"), raw.get("step"), raw.get("error")
+        if error is None and not (_is_count(ckpt_id) and _is_count(step)):
+            raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
+        return cls(raw["file"], raw["committed"], ckpt_id, step, error)
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def save(path: str, ckpt_id: int, step: int, rank: int, num_servers: int, snapshot: dict) -> None:
+    """Write one checkpoint file atomically (temporary file, fsync, rename, directory fsync)."""
+    payload = msgpack.packb({**snapshot, "num_servers": num_servers}, use_bin_type=True)
+    header = {"format": FORMAT, "version": VERSION, "checkpoint": ckpt_id, "step": step,
+              "server": rank, "num_servers": num_servers, "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    with atomic_write(path) as f:
+        msgpack.pack(header, f, use_bin_type=True)
+        f.write(payload)
+
+
+def read_header(path: str) -> tuple[dict, int]:
+    """The header of a checkpoint file and the offset of its payload; CheckpointError
+    naming ``path`` when it is missing, unreadable, not a checkpoint or of another version."""
+    try:
+        with open(path, "rb") as f:
+            unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, read_size=4096,
+                                        max_buffer_size=1 << 20)
+            header = unpacker.unpack()
+            offset = unpacker.tell()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except (OSError, ValueError, msgpack.UnpackException, msgpack.OutOfData) as e:
+        raise CheckpointError(f"{path} cannot be read as a checkpoint: {type(e).__name__}: {e}") from e
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a kvstore server checkpoint")
+    if header.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {header.get('version')!r}; this "
+                              f"kvstore reads version {VERSION}")
+    for field in ("checkpoint", "step", "server", "num_servers", "bytes"):
+        if not _is_count(header.get(field)):
+            raise CheckpointError(f"{path}: its header's {field!r} is {header.get(field)!r}")
+    if not isinstance(header.get("sha256"), str):
+        raise CheckpointError(f"{path}: its header has no checksum")
+    return header, offset
 
 
 def load(path: str) -> dict:
-    """Read a checkpoint; InvalidArgumentError if it is missing or not one."""
-    return read_versioned(path, FORMAT, VERSION, "server checkpoint",
-                          missing=f"no server checkpoint at {path}: cannot resume (was "
-                                  "KVSTORE_CHECKPOINT_DIR the same, and did the job save one?)")
+    """Read and verify a whole checkpoint file: the snapshot, with the header's
+    ``checkpoint`` id and ``step`` added. CheckpointError naming ``path`` when the
+    size or the checksum differs from its header's (a torn or corrupted file)."""
+    header, offset = read_header(path)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            payload = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read: {e}") from e
+    if len(payload) != header["bytes"]:
+        raise CheckpointError(f"{path} is truncated or has trailing bytes: {len(payload)} bytes of "
+                              f"payload, its header says {header['bytes']}")
+    if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+        raise CheckpointError(f"{path} is corrupt: its checksum does not match its header's")
+    try:
+        snap = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise CheckpointError(f"{path} is corrupt: {e}") from e
+    if not isinstance(snap, dict):
+        raise CheckpointError(f"{path} is corrupt: its payload is not a map")
+    return {**snap, "checkpoint": header["checkpoint"], "step": header["step"],
+            "num_servers": header["num_servers"], "server": header["server"]}
+
+
+class CheckpointDir:
+    """One server's checkpoint files in ``directory``. Owns nothing but the files:
+    what goes into a snapshot is the state machine's (ServerState.snapshot)."""
+
+    def __init__(self, directory: str, rank: int, num_servers: int):
+        self.directory, self.rank, self.num_servers = directory, rank, num_servers
+        self.max_id = 0     # the highest checkpoint id seen on disk or asked to write
+
+    def committed(self) -> str:
+        return path_for(self.directory, self.rank)
+
+    def write_part(self, ckpt_id: int, step: int, snapshot: dict) -> str:
+        """Phase 1: this server's part of checkpoint ``ckpt_id``. CheckpointError when
+        ``ckpt_id`` is not newer than every id this server has seen (two leaders, or
+        a stale one); OSError when writing fails (the committed file is untouched)."""
+        self.inventory()        # max_id from the disk too (a fresh job in an old directory)
+        if ckpt_id <= self.max_id:
+            raise CheckpointError(f"checkpoint id {ckpt_id} is not newer than {self.max_id}, "
+                                  f"which server {self.rank} has already seen")
+        self.max_id = ckpt_id
+        path = part_path(self.directory, self.rank, ckpt_id)
+        save(path, ckpt_id, step, self.rank, self.num_servers, snapshot)
+        return path
+
+    def commit(self, ckpt_id: int) -> str:
+        """Phase 2: every server's part of ``ckpt_id`` is durable, so this one becomes
+        the committed file; other parts go. Idempotent: a second commit of the
+        committed id changes nothing. CheckpointError if the part is missing."""
+        part, final = part_path(self.directory, self.rank, ckpt_id), self.committed()
+        if os.path.exists(part):
+            header, _ = read_header(part)
+            if header["checkpoint"] != ckpt_id or header["server"] != self.rank:
+                raise CheckpointError(f"{part} holds checkpoint {header['checkpoint']} of server "
+                                      f"{header['server']}, not checkpoint {ckpt_id} of server {self.rank}")
+            os.replace(part, final)
+            fsync_directory(self.directory)
+        elif not (os.path.exists(final) and read_header(final)[0]["checkpoint"] == ckpt_id):
+            raise CheckpointError(f"server {self.rank} has no part of checkpoint {ckpt_id} to commit "
+                                  f"({part} does not exist)")
+        for name in self._parts():
+            os.unlink(os.path.join(self.directory, name))
+        return final
+
+    def inventory(self, verify: bool = False) -> list[Entry]:
+        """Every checkpoint file of this server: its committed file and its parts,
+        each with its id and step, or the reason it is unusable (``verify``: the
+        payload's size and checksum are checked too)."""
+        files = ([self.committed()] if os.path.exists(self.committed()) else []) + \
+            [os.path.join(self.directory, n) for n in self._parts()]
+        entries = []
+        for path in files:
+            committed = path == self.committed()
+            try:
+                header = load(path) if verify else read_header(path)[0]
+                ckpt_id, step = header["checkpoint"], header["step"]
+                self.max_id = max(self.max_id, ckpt_id)
+                if header["server"] != self.rank:
+                    raise CheckpointError(f"{path} was written by server {header['server']}")
+                if header["num_servers"] != self.num_servers:
+                    raise CheckpointError(f"{path} was written by a job of {header['num_servers']} "
+                                          f"servers; this job has {self.num_servers}: resume with the "
+                                          "same number of servers")
+                if not committed and _PART.match(os.path.basename(path)).group(2) != str(ckpt_id):
+                    raise CheckpointError(f"{path} holds checkpoint {ckpt_id}, not the one its name says")
+                entries.append(Entry(path, committed, ckpt_id, step))
+            except CheckpointError as e:
+                entries.append(Entry(path, committed, error=str(e)))
+        return entries
+
+    def load(self, ckpt_id: int) -> dict:
+        """The verified snapshot of checkpoint ``ckpt_id`` (committed file or part)."""
+        for entry in self.inventory():
+            if entry.id == ckpt_id:
+                snap = load(entry.file)
+                if snap["checkpoint"] != ckpt_id:    # changed under us
+                    raise CheckpointError(f"{entry.file} now holds checkpoint {snap['checkpoint']}")
+                return snap
+        raise CheckpointError(f"server {self.rank} has no file of checkpoint {ckpt_id} in "
+                              f"{self.directory} (expected {self.committed()} or "
+                              f"{part_path(self.directory, self.rank, ckpt_id)})")
+
+    def _parts(self) -> list[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if (m := _PART.match(n)) and int(m.group(1)) == self.rank)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The set a resume restores: its id and step."""
+    id: int
+    step: int
+
+
+def choose(inventories: list[list[Entry]], directory: str = "KVSTORE_CHECKPOINT_DIR") -> Choice:
+    """The newest complete checkpoint set, from every server's inventory (index =
+    server rank): the newest id committed on any server, which every server must hold
+    (committed or as a part) with a file that passed its checks and the same step.
+    CheckpointError naming each server and file that stands in the way otherwise.
+
+    Pure: the leading worker calls it with what the servers reported."""
+    def usable(entries):
+        return [e for e in entries if e.error is None]
+    committed = [e.id for entries in inventories for e in usable(entries) if e.committed]
+    if not committed:
+        why = "; ".join(_describe(rank, entries, directory) for rank, entries in enumerate(inventories))
+        raise CheckpointError(f"cannot resume: no complete checkpoint in {directory} ({why})")
+    newest = max(committed)
+    steps, problems = set(), []
+    for rank, entries in enumerate(inventories):
+        held = [e for e in usable(entries) if e.id == newest]
+        if held:
+            steps.add(held[0].step)
+            continue
+        bad = [e for e in entries if e.error is not None]
+        problems.append(f"server {rank} has no usable file of checkpoint {newest} "
+                        f"({_describe(rank, entries, directory)})"
+                        + ("" if bad else ": it was deleted or never written"))
+    if problems:
+        raise CheckpointError(f"cannot resume: checkpoint {newest} is committed but incomplete: "
+                              + "; ".join(problems) + ". Refusing to combine checkpoints of "
+                              "different saves")
+    if len(steps) != 1:
+        raise CheckpointError(f"cannot resume: the files of checkpoint {newest} disagree on its step "
+                              f"({sorted(steps)})")
+    return Choice(newest, steps.pop())
+
+
+def _describe(rank: int, entries: list[Entry], directory: str) -> str:
+    if not entries:
+        return f"server {rank}: no checkpoint file ({path_for(directory, rank)} does not exist)"
+    return f"server {rank}: " + ", ".join(
+        f"{e.file}: {e.error}" if e.error else
+        f"{e.file} holds checkpoint {e.id} (step {e.step}{'' if e.committed else ', uncommitted'})"
+        for e in entries)

@@ -11,11 +11,11 @@ import zmq
 from tracker.control.membership import Membership
 
 from ..config import Config
-from ..errors import InvalidArgumentError, ProtocolError
+from ..errors import ProtocolError
 from ..protocol import error_header, ops
 from ..protocol.codec import parse_header
 from . import backend as _backend
-from . import checkpoint
+from .checkpoint_ops import CheckpointOps
 from .dataplane import DataPlane
 from .sequencer import Sequencer
 from .state import Reply, ServerState
@@ -58,6 +58,7 @@ class ServerNode:
         self.state: ServerState | None = None
         self._elastic = False       # the job's workers may leave and join (--elastic)
         self._epoch = None          # the epoch of the members the state machine holds
+        self._checkpoints: CheckpointOps | None = None   # with KVSTORE_CHECKPOINT_DIR
 
     def run(self) -> int:
         try:
@@ -81,7 +82,14 @@ class ServerNode:
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
-        if self.config.resume and not self._restore():
+        if self.config.checkpoint_dir:
+            self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
+                                              self.state, resume=self.config.resume)
+        elif self.config.resume:
+            reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
+            log.error("%s: %s", self.state.name, reason)
+            self.membership.fail(f"{self.state.name} cannot resume: {reason}")
+            self._close()
             return 1
         log.info("server %d (pid %d) serving on %s, values in %s", reg.rank, os.getpid(),
                  self.address, backend.describe())
@@ -151,9 +159,14 @@ class ServerNode:
             if handled is not None:
                 self._send(peer, *handled)
                 continue
-            if header["op"] == ops.CHECKPOINT and self.config.checkpoint_dir:
-                self._send(peer, *self._checkpoint(header), [])
-                continue
+            if self._checkpoints is not None:
+                if header["op"] in CheckpointOps.HANDLED:
+                    self._send(peer, self._checkpoints.handle(header), [])
+                    continue
+                refusal = self._checkpoints.refusal(header["op"])
+                if refusal is not None:
+                    self._send(peer, error_header(header["id"], "CheckpointError", refusal), [])
+                    continue
             self._apply_members()
             try:
                 replies = self.state.handle(peer, header, arrays)
@@ -190,42 +203,6 @@ class ServerNode:
     def _send_all(self, replies) -> None:
         for reply in replies:
             self._send(reply.peer, reply.header, reply.arrays)
-
-    def _checkpoint(self, header: dict) -> tuple[dict]:
-        """Write this server's checkpoint; the reply header (ok or error)."""
-        meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
-        path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
-        try:
-            checkpoint.save(path, {**self.state.snapshot(meta), "num_servers": self.num_servers})
-        except OSError as e:
-            log.error("%s: could not write the checkpoint %s: %s", self.state.name, path, e)
-            return (error_header(header["id"], "CheckpointError", f"{self.state.name}: {e}"),)
-        log.info("%s: checkpoint written to %s", self.state.name, path)
-        return ({"op": ops.OK, "id": header["id"], "path": path},)
-
-    def _restore(self) -> bool:
-        """Load this server's checkpoint (KVSTORE_RESUME); on failure abort the job."""
-        if not self.config.checkpoint_dir:
-            reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
-        else:
-            path = checkpoint.path_for(self.config.checkpoint_dir, self.rank)
-            try:
-                snap = checkpoint.load(path)
-                if snap.get("num_servers") != self.num_servers:   # keys would be placed elsewhere
-                    raise InvalidArgumentError(
-                        f"{path} was written by a job of {snap.get('num_servers')} servers; this job "
-                        f"has {self.num_servers}: resume with the same number of servers")
-                self.state.restore(snap)
-                log.info("%s: resumed from %s (%d chunks)", self.state.name, path, len(self.state.chunks))
-                return True
-            except InvalidArgumentError as e:
-                reason = str(e)
-            except (KeyError, TypeError, ValueError) as e:   # parses, but is not what we wrote
-                reason = f"{path} is corrupt: {type(e).__name__}: {e}"
-        log.error("%s: %s", self.state.name, reason)
-        self.membership.fail(f"{self.state.name} cannot resume: {reason}")
-        self._close()
-        return False
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         try:

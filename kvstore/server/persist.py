@@ -47,11 +47,16 @@ class Persist:
         return [self._ok(peer, header["id"])]
 
     def _on_get_meta(self, peer, header, arrays):
-        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed)]
+        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed,
+                         checkpoint=self.resumed_from[0], step=self.resumed_from[1])]
 
     def _on_checkpoint(self, peer, header, arrays):
+        # a node with KVSTORE_CHECKPOINT_DIR serves the checkpoint ops itself
+        # (kvstore.server.checkpoint_ops); they reach the state machine only without one
         raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
                                    "directory): set KVSTORE_CHECKPOINT_DIR for the job")
+
+    _on_checkpoint_commit = _on_checkpoint_list = _on_checkpoint_restore = _on_checkpoint
 
     # -- checkpoints -------------------------------------------------------------------
     def snapshot(self, meta: dict) -> dict:
@@ -92,6 +97,7 @@ class Persist:
             self.updater.set_states(states)
         self._restored = set(self.chunks)
         self.meta, self.resumed = dict(snap.get("meta") or {}), True
+        self.resumed_from = (snap.get("checkpoint"), snap.get("step", 0))
 
     def _on_get_states(self, peer, header, arrays):
         if self.updater is None:

@@ -78,6 +78,7 @@ class ServerState(WriteIn, Stalls, Persist):
         self.updater = None
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
+        self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
         self._restored: set = set()        # chunk ids restored and not yet re-initialised
         self._restored_optimizer = None    # the checkpoint's optimizer config
         self._round_seen: dict = {}        # (chunk id, id(round)) -> (first seen, reported, round)
