@@ -111,6 +111,32 @@ class KVStoreBase:
         """Whether this worker joined a running elastic job (docs/elastic.md)."""
         return False
 
+    # MXNet's KVStoreBase declares these and raises NotImplementedError from each:
+    # a plugged-in type that leaves one out answers a clear error, not AttributeError
+    def broadcast(self, key, value, out, priority: int = 0) -> None:
+        """Initialise ``key`` with ``value`` (rank 0's) and pull it into ``out``."""
+        raise self._not_implemented("broadcast")
+
+    def pushpull(self, key, value, out=None, priority: int = 0) -> None:
+        """Push ``value`` and pull the result into ``out`` (or ``value``)."""
+        raise self._not_implemented("pushpull")
+
+    def set_optimizer(self, optimizer) -> None:
+        """Run ``optimizer`` on pushed gradients."""
+        raise self._not_implemented("set_optimizer")
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write the optimizer's state to ``fname``."""
+        raise self._not_implemented("save_optimizer_states")
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Read the optimizer's state from ``fname``."""
+        raise self._not_implemented("load_optimizer_states")
+
+    def _not_implemented(self, method: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__qualname__}.{method}: this store type does not "
+                                   f"implement {method}() (KVStoreBase declares it, as MXNet's does)")
+
     @staticmethod
     def register(klass):
         """Class decorator (MXNet's ``KVStoreBase.register``): ``kvstore.create(name)``

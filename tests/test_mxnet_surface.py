@@ -157,6 +157,24 @@ def test_a_registered_store_may_take_a_name_mxnet_keeps_for_a_wrapper(registered
     assert type(kv) is Horovod and kv.is_capable("optimizer")
 
 
+def test_a_registered_store_without_the_optional_methods_raises_not_implemented(registered):
+    """MXNet's KVStoreBase declares broadcast, pushpull, set_optimizer and the
+    optimizer-state files, each raising NotImplementedError (not AttributeError)."""
+    @kvstore.KVStoreBase.register
+    class Bare(kvstore.KVStoreBase):
+        pass
+    registered.append(Bare)
+    kv = kvstore.create("bare")
+    a = np.ones(2, np.float32)
+    calls = {"broadcast": lambda: kv.broadcast(0, a, out=a), "pushpull": lambda: kv.pushpull(0, a),
+             "set_optimizer": lambda: kv.set_optimizer(None),
+             "save_optimizer_states": lambda: kv.save_optimizer_states("f"),
+             "load_optimizer_states": lambda: kv.load_optimizer_states("f")}
+    for name, call in calls.items():
+        with pytest.raises(NotImplementedError, match=f"Bare.{name}: this store type does not implement"):
+            call()
+
+
 def test_register_refuses_builtin_names_other_classes_and_taken_names(registered):
     class Local(kvstore.KVStoreBase):
         pass
