@@ -39,9 +39,10 @@ def push_parts(values: list, shape: tuple, dtype, what: str) -> tuple[np.ndarray
 
 def per_output(row_ids, outputs: int) -> list:
     """``row_ids`` as one entry per output: a list of arrays is one per output; one
-    array, or a list of ints, serves every output."""
+    array, or a list of numbers (ints, or whole floats), serves every output."""
     if isinstance(row_ids, (list, tuple)) and row_ids and \
-            not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in row_ids):
+            not all(isinstance(i, (int, float, np.integer, np.floating)) and not isinstance(i, bool)
+                    for i in row_ids):
         return list(row_ids)
     return [row_ids] * outputs
 

@@ -95,9 +95,21 @@ def _host(value: RowSparse, what: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_rows(rows: np.ndarray, num_rows: int, what: str) -> np.ndarray:
-    """``rows`` as int64, after checking every id is an integer in [0, num_rows)."""
+    """``rows`` as int64, after checking every id is an integer in [0, num_rows);
+    a float array is taken when every id is a whole number (as MXNet does)."""
     rows = np.asarray(rows)
-    if rows.dtype.kind not in "iu":
+    if rows.dtype.kind == "f":      # MXNet's tests pass mx.nd.array ids (float32): whole numbers only
+        flat = rows.reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.floor(flat)))
+        if len(bad):
+            raise ArgumentTypeError(f"{what}: row ids must be whole numbers; {float(flat[bad[0]])!r} is not "
+                                    f"({len(bad)} such id(s) in a {rows.dtype} array)")
+        out = np.flatnonzero((flat < 0) | (flat >= num_rows))    # before the cast: 1e30 stays 1e30
+        if len(out):
+            raise InvalidArgumentError(f"{what}: row id {float(flat[out[0]])!r} is out of range "
+                                       f"[0, {num_rows}) ({len(out)} bad id(s))")
+        rows = flat.astype(np.int64)
+    elif rows.dtype.kind not in "iu":
         raise ArgumentTypeError(f"{what}: row ids must be integers, got {rows.dtype}")
     rows = rows.astype(np.int64, copy=False).reshape(-1)
     bad = np.flatnonzero((rows < 0) | (rows >= num_rows))

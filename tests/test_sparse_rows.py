@@ -71,11 +71,20 @@ def test_gradient_rows_names_the_key_and_the_first_bad_id(value, match):
         gradient_rows(value, (4, 2), np.float32, "key 'e'")
 
 
-def test_unique_rows_takes_any_shape_and_order_and_rejects_floats():
+def test_unique_rows_takes_any_shape_and_order_and_whole_floats_only():
     assert unique_rows(np.array([[3, 1], [3, 0]]), 4, "ids").tolist() == [0, 1, 3]
     assert unique_rows(torch.tensor([2, 2]), 4, "ids").tolist() == [2]
+    # MXNet's tests pass float32 ids (mx.nd.array): whole numbers are row ids
+    assert unique_rows(np.array([3.0, 1.0, 3.0], np.float32), 4, "ids").tolist() == [1, 3]
+    assert unique_rows(torch.tensor([2.0, 0.0]), 4, "ids").tolist() == [0, 2]
+    for bad in ([1.5], [np.nan], [np.inf]):
+        with pytest.raises(ArgumentTypeError, match=r"ids: row ids must be whole numbers; .* is not"):
+            unique_rows(np.array([0.0] + bad), 4, "ids")
+    for bad in (4.0, -1.0, 1e30):
+        with pytest.raises(InvalidArgumentError, match=r"ids: row id .* is out of range \[0, 4\)"):
+            unique_rows(np.array([bad]), 4, "ids")
     with pytest.raises(ArgumentTypeError, match="integers"):
-        unique_rows(np.array([1.0]), 4, "ids")
+        unique_rows(np.array(["1"]), 4, "ids")
 
 
 def test_row_initializer_is_a_function_of_seed_row_and_column():
