@@ -158,7 +158,7 @@ def test_bad_input_names_the_key_and_changes_nothing(make_cluster):
             lambda: kv.push("e", [RowSparse(np.ones((1, 2), np.float32), np.array([1]), (6, 2)),
                                   RowSparse(np.ones((1, 2), np.float32), np.array([9]), (6, 2))]),
             lambda: kv.row_sparse_pull("e", out=RowSparse.zeros((6, 2)), row_ids=[0, 6]),
-            lambda: kv.row_sparse_pull("e", out=RowSparse.zeros((6, 2)), row_ids=np.array([0.0])),
+            lambda: kv.row_sparse_pull("e", out=RowSparse.zeros((6, 2)), row_ids=np.array([0.5])),  # whole floats pass
             lambda: kv.row_sparse_pull("dense", out=np.zeros(4, np.float32), row_ids=[0]),
             lambda: kv.pull("e", out=np.zeros((6, 2), np.float32)),
             lambda: kv.push("dense", RowSparse(np.ones((1, 4), np.float32), np.array([0]), (1, 4))),
