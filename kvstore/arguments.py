@@ -95,9 +95,9 @@ class Arguments:
         if (type(value) is np.ndarray and value.shape == info.shape and value.dtype == info.dtype
                 and self._dtype_names.get(info.key) != arrays.BFLOAT16):
             return      # the common case, without the general helpers (~10 us a key)
-        if sparse.is_sparse_value(value):
+        if sparse.is_sparse_value(value):   # push and pushpull make them dense first (_densify)
             raise InvalidArgumentError(f"{what}: key {info.key!r} is dense (initialised with an array); "
-                                       "row-sparse values need a key initialised with a RowSparse or RowInit")
+                                       "a row-sparse value cannot be an output of a dense key")
         shape, _ = arrays.shape_dtype(value, what)
         if shape != info.shape:
             raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
@@ -122,6 +122,24 @@ class Arguments:
                 self._check_value(info, v, what)
             groups.setdefault(key, (info, []))[1].extend(vals)
         return list(groups.values())
+
+    def _densify(self, pairs: list[tuple], what: str, written_back: bool = False) -> list[tuple]:
+        """``pairs`` (from :meth:`_pairs`) with each row-sparse value for a dense key
+        made dense, as MXNet sums it (:func:`kvstore.sparse.densified`); the values of
+        row-sparse keys stay as they are. ``written_back``: the values are also the
+        outputs (pushpull without ``out``), which a row-sparse value cannot be."""
+        result = []
+        for key, vals in pairs:
+            info = self._keys.get(key)
+            if info is None or info.sparse or not any(sparse.is_sparse_value(v) for v in vals):
+                result.append((key, vals))
+                continue
+            if written_back:
+                raise InvalidArgumentError(f"{what}: key {key!r} got a row-sparse value and no out=; the "
+                                           "result cannot be written back into it: pass out=")
+            result.append((key, [sparse.densified(v, info.shape, info.dtype, f"{what} of key {key!r}")
+                                 if sparse.is_sparse_value(v) else v for v in vals]))
+        return result
 
     def _check_optimizable(self, groups, what: str) -> None:
         if self._optimizer is None:

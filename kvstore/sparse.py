@@ -193,6 +193,22 @@ def gradient_rows(value, shape: tuple, dtype, what: str) -> tuple[np.ndarray, np
     return check_rows(rows, shape[0], what), data
 
 
+def densified(value, shape: tuple, dtype, what: str):
+    """A row-sparse ``value`` pushed to a dense key, as MXNet sums it: the dense
+    array (zeros outside its rows, duplicate rows summed). A torch sparse tensor
+    becomes a dense tensor on its own device; a :class:`RowSparse` a numpy array,
+    after the checks of :func:`gradient_rows` (shape, dtype, row ids)."""
+    if arrays.is_torch(value):
+        if tuple(value.shape) != tuple(shape):
+            raise InvalidArgumentError(f"{what}: sparse tensor of shape {tuple(value.shape)}, the key has "
+                                       f"{tuple(shape)}")
+        return value.to_dense()
+    rows, data = gradient_rows(value, shape, dtype, what)
+    dense = np.zeros(tuple(shape), dtype)
+    np.add.at(dense, rows, data)
+    return dense
+
+
 def _strided():
     import torch  # only called with a tensor in hand: torch is imported already
     return torch.strided

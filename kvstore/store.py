@@ -92,7 +92,7 @@ class KVStore(Arguments, KVStoreBase):
         what = "push"
         self._check_open(what)
         check_priority(priority, what)
-        pairs = self._pairs(key, value, what)
+        pairs = self._densify(self._pairs(key, value, what), what)   # MXNet: sparse on dense sums densely
         rows = [(self._info(k, what), vals) for k, vals in pairs if self._info(k, what).sparse]
         groups = self._grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
         self._check_optimizable(groups + rows, what)
@@ -136,13 +136,26 @@ class KVStore(Arguments, KVStoreBase):
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
-        including the effect of this worker's earlier pushes."""
+        including the effect of this worker's earlier pushes. A row-sparse key is
+        read with :meth:`row_sparse_pull`; with ``ignore_sparse=False`` this call reads
+        all of its rows (as MXNet does), otherwise it is an error naming
+        row_sparse_pull (MXNet skips such keys silently)."""
         what = "pull"
         self._check_open(what)
         check_priority(priority, what)
         if out is None:
             raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
-        self._do_pull(self._grouped(key, out, what))
+        if not isinstance(ignore_sparse, bool):
+            raise ArgumentTypeError(f"pull: ignore_sparse must be True or False, got {ignore_sparse!r}")
+        pairs = self._pairs(key, out, what, "output")
+        whole = [] if ignore_sparse else [(k, outs) for k, outs in pairs if self._info(k, what).sparse]
+        dense = self._grouped_pairs([(k, outs) for k, outs in pairs if ignore_sparse or not self._info(k, what).sparse],
+                                    what)
+        if whole:     # every row of each table: as big as the table, which the caller asked for
+            self.row_sparse_pull([k for k, _ in whole], out=[outs for _, outs in whole], priority=priority,
+                                 row_ids=[np.arange(self._info(k, what).shape[0]) for k, _ in whole])
+        if dense:
+            self._do_pull(dense)
 
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` when
@@ -181,7 +194,8 @@ class KVStore(Arguments, KVStoreBase):
         what = "pushpull"
         self._check_open(what)
         check_priority(priority, what)
-        pushes = self._grouped(key, value, what)
+        pushes = self._grouped_pairs(self._densify(self._pairs(key, value, what), what,
+                                                   written_back=out is None), what)
         self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
