@@ -23,7 +23,7 @@ from .store import KeyInfo, KVStore, fill_outputs
 from .client import Client
 from .dist_rows import DistRows
 from .config import Config
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 from .dist_host import HostGrouped
 from .hostreduce import Call as HostCall, HostGroup
 from .job import JobMember
@@ -162,6 +162,26 @@ class DistStore(Leaving, HostGrouped, KVStore):
         every worker, before anything is sent."""
         self._check_open("save_checkpoint")
         self._checkpoints.save(meta)
+
+    def _send_command_to_servers(self, head: str, body: str = "") -> list:
+        """MXNet's call: run a command on every server (kvstore.server.commands:
+        ``"profile_start"``, ``"profile_stop"``, ``"profile_dump"`` with a directory on
+        the servers' hosts as ``body``); returns each server's result (for a dump,
+        its file). Not collective: any worker may send one. A bad command raises
+        RemoteError naming the server and changes nothing."""
+        self._check_open("_send_command_to_servers")
+        if not isinstance(head, str) or not isinstance(body, str):
+            raise ArgumentTypeError(f"_send_command_to_servers: head and body must be str, got "
+                                    f"{type(head).__name__} and {type(body).__name__}")
+        results: dict[int, object] = {}
+        what = f"server command {head!r}"
+        ids = []
+        for server in range(len(self._client.links)):
+            def keep(header, values, server=server):
+                results[server] = header.get("result")
+            ids.append(self._client.request(server, ops.COMMAND, what, on_reply=keep, head=head, body=body)[0])
+        self._client.wait(ids, what)
+        return [results[s] for s in range(len(ids))]
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new, uninitialised numpy array for gradients. When this worker reaches

@@ -288,6 +288,12 @@ class KVStore(Arguments, KVStoreBase):
     def barrier(self) -> None:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
 
+    def _send_command_to_servers(self, head: str, body: str = "") -> list:
+        """MXNet's call; a store without servers has nothing to run it (as MXNet's
+        local store, which ignores it): returns [], one result per server."""
+        self._check_open("_send_command_to_servers")
+        return []
+
     def _barrier(self) -> None:
         """MXNet's name of :meth:`barrier` (its scripts and tests call ``kv._barrier()``)."""
         self.barrier()

@@ -29,6 +29,10 @@ REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_
 # requests that contribute to rounds: only members of an elastic job send them
 PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS})
 
+# Answered by the server node, not its state machine (kvstore.server.commands):
+COMMAND = "command"              # {head, body}: MXNet's _send_command_to_servers; reply {result}
+NODE = frozenset({COMMAND})
+
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory
 CHANNEL = "channel"              # reply {port, token}: open a data channel (transport.channel)

@@ -45,7 +45,7 @@ class CheckpointOps:
 
     def refusal(self, op: str) -> str | None:
         """Why ``op`` cannot be served now (a resumed server before its restore), or None."""
-        if self.awaiting_restore and op not in WAITING_ALLOWED and op not in ops.TRANSPORT:
+        if self.awaiting_restore and op not in WAITING_ALLOWED and op not in ops.TRANSPORT | ops.NODE:
             return (f"{self.state.name} was started with --resume and has not restored a checkpoint "
                     f"yet (the leading worker chooses one at kvstore.create): {op!r} cannot be served")
         return None

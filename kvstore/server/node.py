@@ -16,6 +16,7 @@ from ..protocol import error_header, ops
 from ..protocol.codec import parse_header
 from . import backend as _backend
 from .checkpoint_ops import CheckpointOps
+from .commands import ServerCommands
 from .dataplane import DataPlane
 from .sequencer import Sequencer
 from .state import Reply, ServerState
@@ -59,6 +60,7 @@ class ServerNode:
         self._elastic = False       # the job's workers may leave and join (--elastic)
         self._epoch = None          # the epoch of the members the state machine holds
         self._checkpoints: CheckpointOps | None = None   # with KVSTORE_CHECKPOINT_DIR
+        self._commands: ServerCommands | None = None     # _send_command_to_servers
 
     def run(self) -> int:
         try:
@@ -82,6 +84,7 @@ class ServerNode:
         self.sequencer = Sequencer(self.state.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
+        self._commands = ServerCommands(reg.rank)
         if self.config.checkpoint_dir:
             self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
                                               self.state, resume=self.config.resume)
@@ -159,6 +162,9 @@ class ServerNode:
             if handled is not None:
                 self._send(peer, *handled)
                 continue
+            if header["op"] == ops.COMMAND:
+                self._send(peer, self._commands.handle(header), [])
+                continue
             if self._checkpoints is not None:
                 if header["op"] in CheckpointOps.HANDLED:
                     self._send(peer, self._checkpoints.handle(header), [])
@@ -216,6 +222,8 @@ class ServerNode:
             log.warning("%s: could not reply to a worker that went away: %s", self.state.name, e)
 
     def _close(self) -> None:
+        if self._commands is not None:
+            self._commands.close()
         self.membership.close()
         if self._auth is not None:
             self._auth.stop()
