@@ -1,11 +1,20 @@
-"""Chaos: many short jobs, each with one random fault at a random moment.
+"""Chaos: many short jobs, each with one random fault at a random moment of one
+phase of a job's life.
 
-    python -m benchmarks.chaos --runs 200            # ~15-25 minutes on 2 cores
+    python -m benchmarks.chaos --runs 200            # ~25-35 minutes on 2 cores
     python -m benchmarks.chaos --runs 12 --seed 7    # a quick look
     python -m benchmarks.chaos --runs 200 --ssh      # half the jobs through tracker.ssh
+    python -m benchmarks.chaos --phases save,resume  # only faults around checkpoints
     python -m benchmarks.chaos --elastic --runs 40   # elastic jobs (below)
 
-Each run starts ``python -m tracker.local -n W -s S`` (W in 1-4, S in 1-3, sync or
+The runs take turns in the phases of ``--phases`` (default all): ``run`` (mid-run,
+below), and ``startup``, ``save``, ``resume`` and ``teardown``, whose faults, and
+what a run of them must show (after a save or resume fault: the same command
+with ``--resume`` ends with an uninterrupted run's weights bit for bit, or
+refuses clearly), benchmarks/chaos_phases.py describes. One table counts runs,
+passes, wrong values, leftovers and jobs not ended in bound by phase and fault.
+
+A mid-run (``run``) fault: each run starts ``python -m tracker.local -n W -s S`` (W in 1-4, S in 1-3, sync or
 async, chosen at random) on benchmarks/chaos_worker.py, which checks exact sums
 every round, waits until the workers have done a random number of rounds, then
 injects one fault into one random process: SIGKILL, SIGTERM or SIGSTOP (a worker
@@ -17,7 +26,7 @@ or a server), exit(1) or an uncaught exception (a worker). A run passes when:
 - no process of the job is left (looked up by a tag in every process's environment);
 - no worker saw a wrong value.
 
-Prints a table of counts by fault and writes it (markdown and JSON) to
+Prints the table and writes it with every run (markdown and JSON) to
 benchmarks/results/chaos/. With root, a sixth fault is a network partition: the
 job runs on two emulated machines (network namespaces, benchmarks.netns) and one
 machine's link goes down.
@@ -53,18 +62,16 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import chaos_phases
+from benchmarks.chaos_jobs import (DEFAULT_BOUND, ENV, LATE, ROOT, WRONG, Job, end_jobs, ended,
+                                   finish, job_env, kind_of, launcher_argv, marked_root_cause, pid_of)
+
 FAULTS = ("SIGKILL", "SIGTERM", "SIGSTOP", "exit", "raise", "partition")
 BOUND = {"SIGSTOP": 30.0, "partition": 30.0}   # seconds from the fault to the job's end
-DEFAULT_BOUND = 10.0
-ENV = {"KVSTORE_HEARTBEAT_INTERVAL": "0.5", "KVSTORE_HEARTBEAT_TIMEOUT": "10",
-       "KVSTORE_ABORT_GRACE": "3", "KVSTORE_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
 ELASTIC_FAULTS = FAULTS[:-1]
 ELASTIC_BOUND = 60.0   # seconds from a worker's fault to an elastic job's end (status 0)
 EVERY = 10             # elastic: rounds between the workers' barriers (where a replacement joins)
@@ -80,60 +87,6 @@ class Elastic:
     """An elastic job's choices: ``--elastic MINIMUM:W`` and ``--max-restarts RESTARTS``."""
     minimum: int
     restarts: int
-
-
-def tagged(tag: str) -> list[int]:
-    """Live processes whose environment carries CHAOS_TAG=tag."""
-    needle, found = f"CHAOS_TAG={tag}".encode(), []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
-
-
-class Job:
-    """One launcher process; its output is collected by a thread."""
-
-    def __init__(self, argv, env):
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.changed:
-                self.lines.append(line)
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match | None:
-        deadline, regex, seen = time.monotonic() + timeout, re.compile(pattern), 0
-        with self.changed:
-            while True:
-                for line in self.lines[seen:]:
-                    m = regex.search(line)
-                    if m:
-                        return m
-                seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and seen == len(self.lines)):
-                    return None
-                self.changed.wait(min(left, 0.5))
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 def one_run(rng: random.Random, index: int, partitions: bool = True, sshd=None) -> dict:
@@ -168,12 +121,12 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
     ``tracker.ssh`` on 127.0.0.2 and 127.0.0.3. With ``elastic`` the job is elastic,
     and a worker's fault must leave it running to its end (:func:`left_and_joined`)."""
     tag = uuid.uuid4().hex
-    env = {**os.environ, **ENV, "CHAOS_TAG": tag,
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = job_env(tag)
     if fault in ("exit", "raise"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(rank), CHAOS_AFTER=str(after))
-    run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": fault,
-           "target": f"{role} {rank}", "after_rounds": after, "launcher": "ssh" if sshd else "local"}
+    run = {"phase": "run", "run": index, "workers": workers, "servers": servers, "mode": mode,
+           "fault": fault, "target": f"{role} {rank}", "after_rounds": after,
+           "launcher": "ssh" if sshd else "local"}
     script, flags = [os.path.join(ROOT, "benchmarks", "chaos_worker.py"), "--mode", mode], []
     if elastic is not None:
         joins = role == "worker" and elastic.restarts and fault != "SIGSTOP"
@@ -181,16 +134,7 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
         script += ["--rounds", str(after + tail), "--every", str(EVERY)]
         flags = ["--elastic", f"{elastic.minimum}:{workers}", "--max-restarts", str(elastic.restarts)]
         run.update(elastic=f"{elastic.minimum}:{workers}", max_restarts=elastic.restarts)
-    if sshd is None:
-        argv = [sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers), *flags,
-                sys.executable, *script]
-    else:
-        passed = [arg for name in ("CHAOS_TAG", "PYTHONUNBUFFERED", "CHAOS_FAULT", "CHAOS_RANK",
-                                   "CHAOS_AFTER") if name in env for arg in ("--env", name)]
-        hosts = sshd.hostfile("127.0.0.2:{port}", "127.0.0.3:{port}")
-        argv = [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, *passed,
-                "-n", str(workers), "-s", str(servers), *flags, "-H", hosts, "python", *script]
-    job = Job(argv, env)
+    job = Job(launcher_argv(workers, servers, script, env, sshd, flags), env)
     problems = []
     try:
         # signals come once the target's side has done `after` rounds; a worker's own
@@ -210,33 +154,20 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
                 os.kill(pid, getattr(signal, fault))
         survives = elastic is not None and role == "worker"   # the job goes on without it
         bound = ELASTIC_BOUND if survives else BOUND.get(fault, DEFAULT_BOUND)
-        try:
-            code = job.proc.wait(timeout=bound + 5)
-        except subprocess.TimeoutExpired:
-            code = None
-        took = time.monotonic() - fault_at
+        code, took, late = ended(job, fault_at, bound, expect_failure=not survives)
         run.update(exit=code, seconds=round(took, 2))
-        if code is None:
-            problems.append(f"the job did not end within {bound + 5:.0f} s of the fault")
-        elif (code == 0) != survives:
+        problems += late
+        if survives and code not in (None, 0):
             problems.append(f"the job ended with status {code}")
-        elif took > bound:
-            problems.append(f"the job ended {took:.1f} s after the fault (bound {bound:.0f} s)")
         if "WRONG" in job.text:
-            problems.append("a worker saw a wrong value")
+            problems.append(f"a worker saw a {WRONG}")
         if code is not None and survives:
             pid = int(ready.group(2)) if ready else None
             problems += left_and_joined(job, run, rank, pid, fault, elastic.restarts)
-        elif code is not None and not re.search(rf"^{role} {rank}\b.*<- root cause", job.text, re.M):
+        elif code is not None and not marked_root_cause(job, role, rank):
             problems.append(f"{role} {rank} is not marked as the root cause")
     finally:
-        problems += end_jobs([job], tag)
-        if sshd is not None:
-            deadline = time.monotonic() + 5
-            while sshd.sessions() and time.monotonic() < deadline:
-                time.sleep(0.1)    # an ssh session's end sends no event we could wait on
-            if sshd.sessions():
-                problems.append(f"ssh sessions left behind: {sshd.sessions()}")
+        problems += finish([job], tag, sshd)
     run["problems"] = problems
     if problems:
         run["tail"] = job.text[-4000:]
@@ -286,8 +217,8 @@ def partition_case(index: int, workers: int, servers: int, mode: str, after: int
     end, and no worker may have seen a wrong value. Needs root."""
     from benchmarks import netns
     tag = uuid.uuid4().hex
-    run = {"run": index, "workers": workers, "servers": servers, "mode": mode, "fault": "partition",
-           "target": "machine B", "after_rounds": after}
+    run = {"phase": "run", "run": index, "workers": workers, "servers": servers, "mode": mode,
+           "fault": "partition", "target": "machine B", "after_rounds": after}
     link, problems, jobs = netns.Link(), [], []
     try:
         link.up()
@@ -300,27 +231,20 @@ def partition_case(index: int, workers: int, servers: int, mode: str, after: int
             problems.append("the job did not reach the fault's round")
         fault_at = time.monotonic()
         netns._run(["ip", "-n", link.ns["B"], "link", "set", link.dev["B"], "down"], "partition")
-        scheduler = by_label["scheduler"].proc
-        try:
-            code = scheduler.wait(timeout=BOUND["partition"] + 5)
-        except subprocess.TimeoutExpired:
-            code = None
-        took = time.monotonic() - fault_at
+        code, took, late = ended(by_label["scheduler"], fault_at, BOUND["partition"])
         run.update(exit=code, seconds=round(took, 2))
-        if code in (None, 0) or took > BOUND["partition"]:
-            problems.append(f"the scheduler ended with {code} {took:.1f} s after the partition")
+        problems += [f"the scheduler: {p}" for p in late]
         on_b = [label for label, _ in jobs if label != "scheduler" and netns.side_of(int(label.split()[1])) == "B"]
         named = re.search(r"job failed: .*?(server|worker) (\d+)", by_label["scheduler"].text)
         if not named or f"{named.group(1)} {named.group(2)}" not in on_b:
             problems.append(f"the scheduler did not name a process on B ({', '.join(on_b)})")
         deadline = time.monotonic() + BOUND["partition"]
         for label, job in jobs:
-            try:
-                job.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                problems.append(f"{label} did not end within {BOUND['partition']:.0f} s of the scheduler")
+            if job.end(max(0.1, deadline - time.monotonic())) is None:
+                problems.append(f"{label} did not end within {BOUND['partition']:.0f} s of the scheduler "
+                                f"({LATE})")
         if any("WRONG" in job.text for _, job in jobs):
-            problems.append("a worker saw a wrong value")
+            problems.append(f"a worker saw a {WRONG}")
     except netns.SetupFailed as e:
         problems.append(f"no emulated machines: {e}")
     finally:
@@ -330,47 +254,6 @@ def partition_case(index: int, workers: int, servers: int, mode: str, after: int
     if problems:
         run["tail"] = "\n".join(f"--- {label}\n{job.text[-1500:]}" for label, job in jobs)
     return run
-
-
-def end_jobs(jobs: list, tag: str) -> list[str]:
-    """Kill what is still running of ``jobs``; the problem (if any) of processes
-    tagged ``tag`` that outlived them (those are killed too)."""
-    for job in jobs:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait()
-    left = leftovers(tag)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return [f"processes left behind: {left}"] if left else []
-
-
-def pid_of(tag: str, role: str, rank: int) -> int | None:
-    """The pid of this job's ``role`` ``rank`` (its environment says so)."""
-    want = {b"CHAOS_TAG=" + tag.encode(), b"KVSTORE_ROLE=" + role.encode(),
-            b"KVSTORE_RANK=" + str(rank).encode()}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if want <= set(f.read().split(b"\0")):
-                    return int(pid)
-        except OSError:
-            continue
-    return None
-
-
-def leftovers(tag: str, grace: float = 5.0) -> list[int]:
-    """Processes of the job still alive ``grace`` seconds after the launcher ended
-    (polled: a process's end sends no event we could wait on from here)."""
-    deadline = time.monotonic() + grace
-    while True:
-        left = tagged(tag)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def table(runs: list[dict], elastic: bool = False) -> str:
@@ -394,6 +277,55 @@ def table(runs: list[dict], elastic: bool = False) -> str:
     return "\n".join(lines)
 
 
+def phase_table(runs: list[dict]) -> str:
+    """Counts by phase and fault (mid-run faults by fault, the other phases' by fault
+    and target role): runs, passed, failed, and of the problems the wrong values,
+    the runs with processes left and the jobs not ended in bound; after a save or
+    resume fault, how the job started with --resume ended (resumed with the
+    uninterrupted run's weights, or refused clearly)."""
+    lines = ["| phase | fault | runs | passed | failed | wrong values | leftovers | not ended in bound "
+             "| resumed | refused |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def row(phase: str, label: str, mine: list[dict]) -> str:
+        kinds = [{kind_of(p) for p in r["problems"]} for r in mine]
+        count = [sum(1 for k in kinds if kind in k) for kind in ("wrong", "leftover", "late")]
+        bad = sum(1 for r in mine if r["problems"])
+        resumed = "-" if phase in ("run", "startup", "teardown") else \
+            " | ".join(str(sum(1 for r in mine if r.get("resume") == how)) for how in ("resumed", "refused"))
+        return (f"| {phase} | {label} | {len(mine)} | {len(mine) - bad} | {bad} | "
+                f"{' | '.join(map(str, count))} | {resumed if resumed != '-' else '- | -'} |")
+
+    for phase in ("run", *chaos_phases.PHASES):
+        mine = [r for r in runs if r.get("phase", "run") == phase]
+        if not mine:
+            continue
+        if phase == "run":
+            groups = [(fault, [r for r in mine if r["fault"] == fault]) for fault in FAULTS]
+        else:
+            groups = [(f"{fault} -> {role}", [r for r in mine if r["fault"] == fault
+                                              and r["target"].startswith(role)])
+                      for fault in chaos_phases.FAULTS[phase] for role in ("worker", "server")]
+        lines += [row(phase, label, group) for label, group in groups if group]
+        lines.append(row(phase, "all", mine))
+    lines.append(row("all", "all", runs).replace("| all | all |", "| **all** | |"))
+    return "\n".join(lines)
+
+
+def describe(run: dict) -> str:
+    """One line about a run, for the progress output."""
+    status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
+    if run.get("phase", "run") == "run":
+        elastic = f" --elastic {run['elastic']} --max-restarts {run['max_restarts']}" if "elastic" in run else ""
+        return (f"{run['fault']} -> {run['target']} ({run.get('launcher', 'local')}, "
+                f"W={run['workers']} S={run['servers']}{elastic} {run['mode']}): exit {run.get('exit')} "
+                f"after {run.get('seconds')} s ({run['wall_s']} s in all), {status}")
+    resumed = f", --resume: exit {run['resume_exit']} {run.get('resume', '')}" if "resume_exit" in run else ""
+    return (f"[{run['phase']}] {run['fault']} -> {run['target']} at {run['moment']} ({run['launcher']}, "
+            f"W={run['workers']} S={run['servers']}, checkpoints {run['checkpoints']}): exits "
+            f"{run.get('exits')} after {run.get('seconds')} s{resumed} ({run['wall_s']} s in all), {status}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=200)
@@ -404,12 +336,25 @@ def main(argv=None) -> int:
                         "(127.0.0.2-3; needs openssh-server, as the tests)")
     p.add_argument("--elastic", action="store_true",
                    help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them")
+    every = ("run", *chaos_phases.PHASES)
+    p.add_argument("--phases", default=None,
+                   help=f"comma-separated phases the runs take turns in: {', '.join(every)} [default: all; "
+                        "with --elastic: run]")
     args = p.parse_args(argv)
+    phases = tuple(args.phases.split(",")) if args.phases else ("run",) if args.elastic else every
+    if not phases or set(phases) - set(every) or len(set(phases)) != len(phases):
+        p.error(f"--phases: a comma-separated list of distinct phases of {', '.join(every)}")
+    if args.elastic and phases != ("run",):
+        p.error("--elastic strikes mid-run only (--phases run)")
     seed = args.seed if args.seed is not None else int(time.time())
+    print(f"seed {seed}, phases {', '.join(phases)}", flush=True)
     rng = random.Random(seed)
     partitions = os.geteuid() == 0 and shutil.which("ip") is not None
-    if not partitions and not args.elastic:
+    if not partitions and "run" in phases and not args.elastic:
         print("no network partitions: they need root and iproute2 (ip)", flush=True)
+    disks = chaos_phases.can_fill_disks()
+    if not disks and "save" in phases:
+        print("no disk-full faults: they mount a tmpfs, which needs root", flush=True)
     sshd = None
     if args.ssh:
         import tempfile
@@ -418,33 +363,37 @@ def main(argv=None) -> int:
         sshd, why = start_sshd(tempfile.mkdtemp(prefix="chaos-sshd-"))
         if sshd is None:
             p.error(f"--ssh: {why}")
-    runs, t0 = [], time.time()
+    runs, t0, refs = [], time.time(), chaos_phases.References()
     for i in range(args.runs):
-        started = time.monotonic()
-        run = one_elastic_run(rng, i, sshd) if args.elastic else one_run(rng, i, partitions, sshd)
+        started, phase = time.monotonic(), phases[i % len(phases)]   # turns: no draw, same seeds as before
+        if args.elastic:
+            run = one_elastic_run(rng, i, sshd)
+        elif phase == "run":
+            run = one_run(rng, i, partitions, sshd)
+        else:
+            case = chaos_phases.pick(rng, phase, disks)
+            via = sshd if sshd is not None and rng.random() < 0.5 else None
+            run = chaos_phases.run_phase_case(case, i, refs, via)
         run["wall_s"] = round(time.monotonic() - started, 1)
         runs.append(run)
-        status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
-        elastic = f" --elastic {run['elastic']} --max-restarts {run['max_restarts']}" if args.elastic else ""
-        print(f"run {i}: {run['fault']} -> {run['target']} ({run.get('launcher', 'local')}, "
-              f"W={run['workers']} S={run['servers']}{elastic} "
-              f"{run['mode']}): exit {run.get('exit')} after {run.get('seconds')} s ({run['wall_s']} s in all), "
-              f"{status}", flush=True)
+        print(f"run {i}: {describe(run)}", flush=True)
     if sshd is not None:
         sshd.stop()
-    summary = table(runs, args.elastic)
+    summary = table(runs, elastic=True) if args.elastic else phase_table(runs)
     print(summary)
     os.makedirs(args.out_dir, exist_ok=True)
     name = "chaos-elastic" if args.elastic else "chaos"
     with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
-        json.dump({"seed": seed, "runs": runs, "seconds": round(time.time() - t0)}, f, indent=1)
+        json.dump({"seed": seed, "phases": list(phases), "runs": runs, "seconds": round(time.time() - t0)},
+                  f, indent=1)
     with open(os.path.join(args.out_dir, f"{name}.md"), "w") as f:
         f.write(f"# Chaos{' (elastic jobs)' if args.elastic else ''}: {len(runs)} runs (seed {seed}, "
-                f"{time.strftime('%Y-%m-%d')}, "
+                f"phases {', '.join(phases)}, {time.strftime('%Y-%m-%d')}, "
                 f"{round(time.time() - t0)} s)\n\n{summary}\n")
         for r in runs:
             if r["problems"]:
-                f.write(f"\n- run {r['run']}: {r['fault']} -> {r['target']}: {'; '.join(r['problems'])}\n")
+                where = f"[{r['phase']}] " if r.get("phase", "run") != "run" else ""
+                f.write(f"\n- run {r['run']}: {where}{r['fault']} -> {r['target']}: {'; '.join(r['problems'])}\n")
     return 1 if any(r["problems"] for r in runs) else 0
 
 
