@@ -70,7 +70,7 @@ def _builtin(kind: str, config: Config | None, staleness) -> KVStore:
     if kind == "device":
         from .device import DeviceStore
         return DeviceStore(kind)
-    config = config if config is not None else Config.from_env(os.environ)
+    config = config if config is not None else _config_from_env()
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
     if kind == "dist_device_sync":
@@ -80,6 +80,20 @@ def _builtin(kind: str, config: Config | None, staleness) -> KVStore:
     if kind == "dist_ssp":
         return DistStore(kind, config, staleness_bound(staleness, config.staleness))
     return DistStore(kind, config)
+
+
+def _config_from_env() -> Config:
+    """The job's settings from the environment; under torch's launchers (torchrun,
+    PyTorchJob), after forming the job from their variables (tracker/torch_job.py)."""
+    from tracker import torch_job
+    from tracker.control.env import EnvError
+    try:
+        job = torch_job.detect(os.environ)
+    except EnvError as e:
+        raise ConfigError(f"torch's launcher variables: {e}") from None
+    if job is None:
+        return Config.from_env(os.environ)
+    return Config.from_env({**os.environ, **torch_job.join(job, os.environ)})
 
 
 def _run_role(config: Config) -> int:

@@ -230,6 +230,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_SERVER_GPUS", (), None, _gpu_list,
         "GPUs the servers of a host use with KVSTORE_SERVER_DEVICE=gpu, e.g. 0,1: server s "
         "takes entry s mod the list's length [default: every GPU of the host]."),
+    Var("KVSTORE_SERVERS_PER_HOST", (), 1, _POSITIVE_INT,
+        "Under torch's launchers (torchrun, PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
+        "set, no KVSTORE_* job variables), how many servers each host's local rank 0 starts "
+        "(tracker/torch_job.py)."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )
