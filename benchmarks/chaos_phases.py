@@ -374,11 +374,13 @@ def fill_disk(run: Run, job: Job) -> float | None:
     saves: worker 0's ``saved K``; at the start for K = 0) or step (automatic); the
     time; None (a problem noted) if the job never got there."""
     c = run.case
-    if c.at:
-        pattern = rf"saved {c.at}$" if c.save_every else rf"step {c.at} ok$"
-        if job.wait_for(line_of("worker", 0) + pattern, START_TIMEOUT) is None:
-            run.problems.append(f"the job did not reach the fault's moment ({pattern})")
-            return None
+    # K = 0: once the workers run (their first line), so that the bound counts from
+    # there and not from the launcher's start
+    pattern = (r"resumed False at step 0$" if not c.at else
+               rf"saved {c.at}$" if c.save_every else rf"step {c.at} ok$")
+    if job.wait_for(line_of("worker", 0) + pattern, START_TIMEOUT) is None:
+        run.problems.append(f"the job did not reach the fault's moment ({pattern})")
+        return None
     stat = os.statvfs(run.directory)
     used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
     resize_tmpfs(run.directory, used + ROOM)
