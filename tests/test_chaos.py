@@ -78,8 +78,11 @@ def run_phase(case: Case, references) -> dict:
 @pytest.mark.parametrize("case", [
     Case("startup", "SIGKILL", "server", 1, "spawned", workers=2, servers=2, save_every=5, big_rank=1),
     Case("startup", "raise", "worker", 1, "init", workers=2, servers=1, save_every=5, big_rank=0),
-], ids=["server-killed-before-registering", "worker-raises-before-init"])
-def test_a_fault_at_startup_ends_the_job_cleanly(case, references):
+    Case("teardown", "SIGKILL", "server", 0, "last round", workers=2, servers=2, save_every=5, big_rank=1),
+    Case("teardown", "exit", "worker", 1, "teardown", workers=2, servers=1, save_every=5, big_rank=0),
+], ids=["server-killed-before-registering", "worker-raises-before-init", "server-killed-after-the-last-round",
+        "worker-exits-before-close"])
+def test_a_fault_at_startup_or_teardown_ends_the_job_cleanly(case, references):
     run_phase(case, references)
 
 
@@ -120,15 +123,6 @@ def test_a_server_killed_while_the_job_resumes_then_resume_gives_the_uninterrupt
     run = run_phase(Case("resume", "SIGKILL", "server", 0, "restoring", workers=2, servers=2, save_every=5,
                          big_rank=1, at=1, crash_rank=1), references)
     assert run["resume"] == "resumed", run
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("case", [
-    Case("teardown", "SIGKILL", "server", 0, "last round", workers=2, servers=2, save_every=5, big_rank=1),
-    Case("teardown", "exit", "worker", 1, "teardown", workers=2, servers=1, save_every=5, big_rank=0),
-], ids=["server-killed-after-the-last-round", "worker-exits-before-close"])
-def test_a_fault_at_teardown_ends_the_job_cleanly(case, references):
-    run_phase(case, references)
 
 
 @pytest.mark.timeout(120)
