@@ -24,7 +24,8 @@ from optimizer_refs import _data
 # --------------------------------------------------------------------------------------
 
 def test_registered_names():
-    assert opt.registered() == ["adagrad", "adam", "nag", "rmsprop", "sgd", "test"]
+    assert opt.registered() == ["adadelta", "adagrad", "adam", "adamax", "dcasgd", "ftml", "ftrl",
+                                "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test"]
     assert opt.registered_schedulers() == ["cosine", "factor", "multifactor"]
 
 
@@ -88,7 +89,7 @@ def test_config_params_and_scheduler_are_optional():
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"name": "lamb", "params": {}}, "adagrad, adam, nag, rmsprop, sgd"),
+    ({"name": "lamb", "params": {}}, "adadelta, adagrad, adam, adamax, dcasgd, ftml, ftrl, nadam, nag"),
     ({"name": "sgd", "params": {"lr": 0.1}}, "'lr'"),
     ({"name": "nag", "params": {"nesterov": True}}, "nesterov"),
     ({"name": "sgd", "params": {"lr_scheduler": None}}, "lr_scheduler"),

@@ -59,6 +59,20 @@ def real(owner, name, value, *, lo=None, lo_open=False, hi=None, hi_open=False,
     return value
 
 
+def unit(owner, name, value):
+    """Validate a decay or momentum factor: a real in ``[0, 1)`` (1 would never forget,
+    or never move)."""
+    return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
+
+
+def nonzero_lr(owner, lr, t):
+    """Raise ValueError, before anything changes, when update ``t``'s learning rate
+    ``lr`` is 0 in an optimizer that divides by it (a schedule may reach 0)."""
+    if lr <= 0.0:
+        raise ValueError(f"{owner} divides by the learning rate, which is {lr!r} at update {t} "
+                         "(check the lr_scheduler's final value)")
+
+
 def integer(owner, name, value, *, lo=None):
     """Validate an integer hyper-parameter (``>= lo``) and return it as ``int``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -171,14 +171,17 @@ class Optimizer:
             return (master,) + tuple(xp.zeros_like(master) for _ in range(self.num_states))
         return tuple(xp.zeros_like(weight) for _ in range(self.num_states))
 
-    def update(self, weight, grad, state, t):
+    def update(self, weight, grad, state, t, *, slot=None, rows=None):
         """Apply one update to ``weight`` (and ``state``) in place.
 
         ``state`` is what :meth:`create_state` returned; ``t`` is the 1-based number
         of updates this slot has received including this one. ``grad`` is left
-        unchanged; it may have another float dtype (it is converted). Raises
-        TypeError for a non-float weight and ValueError for mismatched shapes,
-        dtypes or state length.
+        unchanged; it may have another float dtype (it is converted). ``slot`` (the
+        :class:`~kvstore.optimizer.Updater`'s slot index) and ``rows`` (the row ids of
+        a lazy update, whose ``weight`` is those rows of a 2-d slot) say where the
+        values are: only an update that depends on position uses them (SGLD's
+        noise, :meth:`_step_at`). Raises TypeError for a non-float weight and
+        ValueError for mismatched shapes, dtypes or state length.
         """
         owner = type(self).__name__
         t = update_count(owner, t)
@@ -196,7 +199,7 @@ class Optimizer:
             if not state or tuple(state[0].shape) != tuple(weight.shape) or state[0].dtype != numpy.float32:
                 raise ValueError(f"{owner}: multi_precision needs a float32 master copy of the "
                                  f"float16 weight as the first state array")
-            self.update(state[0], grad, state[1:], t)
+            self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
             xp.copyto(weight, state[0], casting="same_kind")
             return
         if len(state) != self.num_states:
@@ -210,10 +213,17 @@ class Optimizer:
         # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
         if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr):
             return
-        self._step(weight, grad, state, t, lr, xp)
+        self._step_at(weight, grad, state, t, lr, xp, slot, rows)
 
     def _step(self, weight, grad, state, t, lr, xp):
+        """The update itself, in place on ``weight`` and ``state`` (validated arrays
+        of module ``xp``; ``lr`` is ``learning_rate_at(t)``). Subclasses implement it."""
         raise NotImplementedError
+
+    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
+        """:meth:`_step`, told where the values are (see :meth:`update`). An optimizer
+        whose update depends on position (SGLD's noise) overrides this instead."""
+        self._step(weight, grad, state, t, lr, xp)
 
     def _rescaled_grad(self, weight, grad, xp, *, wd_before_clip):
         """Return a fresh copy of ``rescale_grad * grad`` in the weight's dtype, clipped.

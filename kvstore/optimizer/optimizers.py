@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import math
 
-from ._util import boolean, real
+from ._util import boolean, real, unit
 from .base import Optimizer, register
 
 __all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test"]
-
-
-def _unit(owner, name, value):
-    # Decay/momentum factors live in [0, 1): 1 would never forget (or never move).
-    return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
 
 
 @register
@@ -48,7 +43,7 @@ class SGD(Optimizer):
     def __init__(self, *, momentum=0.0, nesterov=False, **common):
         super().__init__(**common)
         owner = type(self).__name__
-        self.momentum = _unit(owner, "momentum", momentum)
+        self.momentum = unit(owner, "momentum", momentum)
         self.nesterov = boolean(owner, "nesterov", nesterov)
 
     @property
@@ -122,8 +117,8 @@ class Adam(Optimizer):
     def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, **common):
         super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
-        self.beta1 = _unit(owner, "beta1", beta1)
-        self.beta2 = _unit(owner, "beta2", beta2)
+        self.beta1 = unit(owner, "beta1", beta1)
+        self.beta2 = unit(owner, "beta2", beta2)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
 
     def _step(self, weight, grad, state, t, lr, xp):
@@ -212,8 +207,8 @@ class RMSProp(Optimizer):
                  centered=False, clip_weights=None, **common):
         super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
-        self.gamma1 = _unit(owner, "gamma1", gamma1)
-        self.gamma2 = _unit(owner, "gamma2", gamma2)
+        self.gamma1 = unit(owner, "gamma1", gamma1)
+        self.gamma2 = unit(owner, "gamma2", gamma2)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
         self.centered = boolean(owner, "centered", centered)
         self.clip_weights = real(owner, "clip_weights", clip_weights, lo=0.0, lo_open=True,

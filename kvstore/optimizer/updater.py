@@ -66,7 +66,7 @@ class Updater:
             xp = _array_module(weight)
             state = tuple(_to_module(s, xp) for s in state)
         t = self._counts.get(key, 0) + 1
-        self.optimizer.update(weight, grad, state, t)
+        self.optimizer.update(weight, grad, state, t, slot=key)
         self._states[key] = state
         self._counts[key] = t
 
@@ -86,7 +86,7 @@ class Updater:
         views = [s.reshape(weight.shape) for s in state]
         w, row_state = weight[rows], tuple(v[rows] for v in views)   # gathered copies
         t = self._counts.get(key, 0) + 1
-        self.optimizer.update(w, grad, row_state, t)
+        self.optimizer.update(w, grad, row_state, t, slot=key, rows=rows)
         weight[rows] = w
         for view, part in zip(views, row_state):
             view[rows] = part

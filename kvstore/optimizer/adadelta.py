@@ -1,0 +1,59 @@
+"""AdaDelta (MXNet 1.x ``AdaDelta``): per-coordinate steps from running averages of
+squared gradients and squared steps, with no learning rate."""
+
+from __future__ import annotations
+
+from ._util import real, unit
+from .base import Optimizer, register
+
+__all__ = ["AdaDelta"]
+
+
+@register
+class AdaDelta(Optimizer):
+    """AdaDelta (Zeiler 2012; MXNet 1.x ``AdaDelta``; state ``(acc_g, acc_delta)``)::
+
+        g = clip(g, c)
+        acc_g = rho * acc_g + (1 - rho) * g**2
+        delta = sqrt(acc_delta + epsilon) / sqrt(acc_g + epsilon) * g
+        acc_delta = rho * acc_delta + (1 - rho) * delta**2
+        w -= delta + wd * w
+
+    As in MXNet 1.x, the step has no learning rate: ``learning_rate`` and
+    ``lr_scheduler`` are accepted and have no effect, and ``wd`` stays out of the
+    averages. MXNet 1.9 also multiplies the caller's gradient by ``rescale_grad``
+    in place (here it is left alone) and keeps float32 states whatever the
+    weight's dtype (so a float16 or float64 weight fails there; here the states
+    take the weight's dtype). Raises ConfigError unless ``0 <= rho < 1`` and
+    ``epsilon > 0`` (with 0 no coordinate ever moves). MXNet's defaults: ``rho``
+    0.9, ``epsilon`` 1e-5.
+
+    Example: ``AdaDelta(rho=0.95, epsilon=1e-6)``
+    """
+
+    name = "adadelta"
+    hyper_params = ("rho", "epsilon")
+    num_states = 2
+
+    def __init__(self, *, rho: float = 0.9, epsilon: float = 1e-5, **common) -> None:
+        super().__init__(**common)
+        owner = type(self).__name__
+        self.rho = unit(owner, "rho", rho)
+        self.epsilon = real(owner, "epsilon", epsilon, lo=0.0, lo_open=True)
+
+    def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        acc_g, acc_delta = state
+        acc_g *= self.rho
+        acc_g += ((1.0 - self.rho) * g) * g
+        delta = acc_delta + self.epsilon
+        xp.sqrt(delta, out=delta)
+        denom = acc_g + self.epsilon
+        xp.sqrt(denom, out=denom)
+        delta /= denom
+        delta *= g
+        acc_delta *= self.rho
+        acc_delta += ((1.0 - self.rho) * delta) * delta
+        if self.wd:
+            delta += self.wd * weight
+        weight -= delta

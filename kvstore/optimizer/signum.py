@@ -1,0 +1,80 @@
+"""Signum and signSGD: steps of a fixed size along the sign of the momentum, or of
+the gradient (MXNet 1.x ``Signum``)."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ._util import real, unit
+from .base import Optimizer, register
+
+__all__ = ["Signum"]
+
+
+@register
+class Signum(Optimizer):
+    """Signum (Bernstein et al. 2018; MXNet 1.x ``Signum``).
+
+    ``momentum > 0`` (MXNet ``signum_update``; state ``(mom,)``, the negated
+    momentum as MXNet keeps it)::
+
+        mom = momentum * mom - (1 - momentum) * wd * w - (1 - momentum) * clip(g, c)
+        w = (1 - lr * wd_lh) * w + lr * sign(mom)
+
+    ``momentum == 0`` (signSGD, MXNet ``signsgd_update``; stateless)::
+
+        w = (1 - lr * wd) * w - lr * sign(grad)
+
+    so without momentum ``wd`` is decoupled from the gradient (as ``wd_lh`` is with
+    it), and rescaling and clipping change nothing (neither changes a sign).
+    ``wd_lh`` is Loshchilov and Hutter's decoupled weight decay; MXNet's
+    ``signsgd_update`` has no such argument and fails on it, so here ``wd_lh``
+    with ``momentum == 0`` is a ConfigError. Raises ConfigError also unless
+    ``0 <= momentum < 1`` and ``wd_lh >= 0``. MXNet's defaults: ``learning_rate``
+    0.01, ``momentum`` 0.9, ``wd_lh`` 0.
+
+    Example: ``Signum(learning_rate=1e-3, momentum=0.9, wd_lh=1e-4)``
+    """
+
+    name = "signum"
+    hyper_params = ("momentum", "wd_lh")
+
+    def __init__(self, *, momentum: float = 0.9, wd_lh: float = 0.0, **common) -> None:
+        super().__init__(**common)
+        owner = type(self).__name__
+        self.momentum = unit(owner, "momentum", momentum)
+        self.wd_lh = real(owner, "wd_lh", wd_lh, lo=0.0)
+        if self.wd_lh and not self.momentum:
+            raise ConfigError(f"{owner}: wd_lh needs momentum > 0 (MXNet's signsgd_update has no "
+                              "wd_lh); without momentum, wd is the decoupled weight decay")
+
+    @property
+    def num_states(self) -> int:
+        # As MXNet: no momentum buffer (and signsgd_update) when momentum is 0.
+        return 1 if self.momentum > 0.0 else 0
+
+    def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
+        # MXNet's kernels do their scalar math in the weight's dtype; so does this
+        f = weight.dtype.type
+        one, lr_ = f(1), f(lr)
+        if not state:
+            step = grad.astype(weight.dtype, copy=True)   # the caller's grad stays intact
+            xp.sign(step, out=step)
+            step *= lr_
+            if self.wd:
+                weight *= one - lr_ * f(self.wd)
+            weight -= step
+            return
+        (mom,) = state
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        # MXNet's order: momentum * mom - ((1 - momentum) * wd) * w - (1 - momentum) * g
+        momentum = f(self.momentum)
+        mom *= momentum
+        if self.wd:
+            mom -= ((one - momentum) * f(self.wd)) * weight
+        g *= one - momentum
+        mom -= g
+        xp.sign(mom, out=g)
+        g *= lr_
+        if self.wd_lh:
+            weight *= one - lr_ * f(self.wd_lh)
+        weight += g
