@@ -30,6 +30,7 @@ from .protocol import encode, ops
 from .protocol.codec import MAX_HEADER_BYTES
 from .transport import Advert, links, memory
 from .transport.pace import Pace
+from .transport.traffic import Traffic
 from .transport.sockets import Sockets
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,7 @@ class Client:
         self._abandoned: set[int] = set()
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
         self.before_flush: Callable | None = None   # called first by flush (a host group's)
-        self.bytes_sent = 0       # bytes of the messages sent (not what shared memory carried)
-        self.bytes_received = 0
+        self.traffic = Traffic()  # headers + array bytes, by transport (shared memory too)
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
         try:
             links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
@@ -132,6 +132,7 @@ class Client:
             self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
         req_id = next(self._ids)
         link = self.links[server]
+        payload = _nbytes(arrays)         # counted as sent whichever way the link moves them
         try:
             arrays, shared, aside = link.prepare(req_id, arrays, fields, stage=stage, in_place=in_place,
                                                  into=into, shared=shared,
@@ -149,7 +150,7 @@ class Client:
             # taken only now that the request is on its way: one that could not be
             # encoded or sent leaves no gap that would hold back the later ones
             self._seq[server] += 1
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
         self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside)
         if follows in self._abandoned:
             self._abandoned.add(req_id)
@@ -204,8 +205,12 @@ class Client:
         to ``later``; the values after the round go to ``into``. Returns the indices of
         ``arrays`` left to send as a pushpull (all of them when nothing was written)."""
         writer = self.links[server].writer
-        return list(range(len(arrays))) if writer is None else writer.write(what, keys, arrays, into,
-                                                                             ids, later)
+        if writer is None:
+            return list(range(len(arrays)))
+        left = writer.write(what, keys, arrays, into, ids, later)
+        kept = set(left)
+        self.traffic.sent(self.links[server].kind, _nbytes(a for i, a in enumerate(arrays) if i not in kept))
+        return left
 
     def shared_empty(self, size: int, dtype):
         """A 1-D array that co-located servers can read in place (ordinary memory
@@ -337,7 +342,7 @@ class Client:
     def _from_aside(self, server: int) -> None:
         """Handle what ``server``'s link received on its aside path."""
         def complete(header, arrays, nbytes):
-            self.bytes_received += nbytes
+            self.traffic.received("channel", nbytes)
             self._complete(server, header, arrays)
 
         def failed(why):   # every request in flight there fails (its server is most likely gone)
@@ -356,7 +361,9 @@ class Client:
             (req.on_error or self._orphan_errors.append)(
                 ProtocolError(f"{req.what}: malformed reply from server {server}: {e}"))
             return
-        self.bytes_received += sum(f.buffer.nbytes for f in frames)
+        # a write grant's buffers are where to write in the server's memory, not data
+        data = 0 if header.get("write_in") else _nbytes(arrays)
+        self.traffic.received(link.kind, frames[0].buffer.nbytes + data)
         self._complete(server, header, arrays)
 
     def _complete(self, server: int, header: dict, arrays: list) -> None:
@@ -391,6 +398,10 @@ class Client:
         self._socks.close()
         for thing in self._shared.values():
             thing.close()
+
+
+def _nbytes(arrays) -> int:
+    return sum(getattr(a, "nbytes", None) or memoryview(a).nbytes for a in arrays)
 
 
 def _listing(whats: list) -> str:

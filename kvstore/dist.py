@@ -398,9 +398,19 @@ class DistStore(Leaving, HostGrouped, KVStore):
         remote_states.scatter(self._client, self._keys, self._optimizer, states)
 
     def comm_stats(self) -> dict:
-        """Bytes to and from the servers (and a host group's others: ``host_bytes_*``)."""
-        return {"bytes_sent": self._client.bytes_sent, "bytes_received": self._client.bytes_received,
-                **self._host_stats()}
+        """Bytes this worker sent and received: each message's header plus the bytes
+        of its arrays, whichever way they went, so a model reports the same bytes on
+        one host as across hosts. ``bytes_sent``/``bytes_received``: to and from the
+        servers; ``by_transport``: those split by ``tcp``, ``ipc``, ``shm`` (shared
+        memory with co-located servers) and ``channel`` (data-channel replies), plus
+        ``host`` (to and from a host group's others, also ``host_bytes_*``;
+        kvstore/transport/traffic.py)."""
+        traffic = self._client.traffic.by_transport()
+        sent, received = self._client.traffic.totals()
+        host = self._host_stats()
+        if host:
+            traffic["host"] = {"sent": host["host_bytes_sent"], "received": host["host_bytes_received"]}
+        return {"bytes_sent": sent, "bytes_received": received, "by_transport": traffic, **host}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def barrier(self) -> None:

@@ -299,10 +299,9 @@ class KVStore(Arguments, KVStoreBase):
         self.barrier()
 
     def comm_stats(self) -> dict:
-        """Bytes of the messages this worker sent to and received from the servers so
-        far, headers included (array data that went through shared memory instead is
-        not counted): ``{"bytes_sent": int, "bytes_received": int}``; zeros for 'local'."""
-        return {"bytes_sent": 0, "bytes_received": 0}
+        """Bytes this worker sent to and received from the servers so far, headers
+        included, by transport (see DistStore.comm_stats); zeros for 'local'."""
+        return {"bytes_sent": 0, "bytes_received": 0, "by_transport": {}}
 
     def close(self) -> None:
         """Release the store; in dist mode tell the job this worker is done."""
