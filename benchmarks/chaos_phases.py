@@ -80,6 +80,7 @@ IN_PROCESS = ("exit", "raise")
 STEPS, SAVE_EVERY, AUTO_SHARE = 30, 5, 1 / 3
 SAVES = (STEPS - 1) // SAVE_EVERY           # explicit saves after steps 5, 10, ... 25
 INTERVAL = "0.1"                            # seconds between automatic checkpoints
+LAST_AUTO = STEPS - 12                      # automatic: the last step a fault waits for (a save should follow)
 BALLAST_MB = 16.0                           # server R's: ~60 ms to write here, 17 MB on disk
 CHUNK_BYTES = str(32 << 20)                 # above the ballast: it stays on one server
 ROOM = 4 << 20                              # a full disk's free bytes: the others' parts fit, R's not
@@ -129,11 +130,12 @@ def pick(rng: random.Random, phase: str, disk_full: bool) -> Case:
         role = rng.choice(("worker", "server"))
         rank = rng.randrange(workers if role == "worker" else servers)
     moment = rng.choice(moments(phase, fault, role, save_every))
-    if phase == "save":
-        first = 0 if fault == "disk-full" else 1     # a full disk may come before the first save
-        at = rng.randint(first, SAVES) if save_every else rng.randint(2 * first, STEPS - 8)
-    else:
-        at = rng.randint(1, SAVES - 1) if save_every else rng.randint(8, STEPS - 8)
+    if phase == "save" and fault == "disk-full":    # the disk fills after save K (0: at the start)
+        at = rng.randint(0, SAVES - 1) if save_every else rng.randint(0, LAST_AUTO)
+    elif phase == "save":                           # the kill strikes save K
+        at = rng.randint(1, SAVES) if save_every else rng.randint(2, LAST_AUTO)
+    else:                                           # the first job crashes after save K
+        at = rng.randint(1, SAVES - 1) if save_every else rng.randint(8, LAST_AUTO)
     return Case(phase, fault, role, rank, moment, workers, servers, save_every, big_rank, at,
                 crash_rank=rng.randrange(servers))
 
@@ -258,15 +260,14 @@ class Run:
             self.record.update(resume_exit=code, resume_seconds=round(took, 2))
             self.problems += [f"--resume: {p}" for p in late]
             got = digests(job)
-            if code == 0 and (sorted(got) != list(range(self.case.workers)) or set(got.values()) != {self.want}):
-                if not set(got.values()) - {self.want}:     # wrong_values names other digests
-                    self.problems.append(f"--resume ended with status 0 but printed digests of workers "
-                                         f"{sorted(got)} only ({WRONG})")
-            elif code == 0:
+            if code == 0 and sorted(got) == list(range(self.case.workers)) and set(got.values()) == {self.want}:
                 self.record["resume"] = "resumed"
-            elif code is not None and refused_clearly(job.text):
+            elif code == 0 and set(got.values()) <= {self.want}:    # other weights: close() names them
+                self.problems.append(f"--resume ended with status 0 but only workers {sorted(got)} printed "
+                                     f"a digest ({WRONG})")
+            elif code not in (None, 0) and refused_clearly(job.text):
                 self.record["resume"] = "refused"
-            elif code is not None:
+            elif code not in (None, 0):
                 self.problems.append(f"--resume ended with status {code} without a clear refusal "
                                      "(\"cannot resume\", naming a server and a file)")
         finally:
@@ -303,11 +304,12 @@ def in_process(case: Case) -> dict[str, str]:
     return {"CHAOS_FAULT": case.fault, "CHAOS_RANK": str(case.rank), "CHAOS_AT": case.moment}
 
 
-def strike_at(run: Run, job: Job, tag: str, moment_pattern: str | None) -> float | None:
+def strike_at(run: Run, job: Job, tag: str, moment_pattern: str | None, gone_ok: bool = False) -> float | None:
     """Strike the case's target once ``moment_pattern`` shows in the job's output (a
     signal), or wait for its own fault's line (exit, exception); None for
     ``spawned`` means as soon as the process exists. The fault's time; None if the
-    moment never came (the caller judges why)."""
+    moment never came (the caller judges why). With ``gone_ok`` a target that has
+    already ended is noted in the record, not as a problem (at teardown)."""
     c = run.case
     if c.fault in IN_PROCESS:
         found = job.wait_for(line_of("worker", c.rank) + r".*chaos: ", START_TIMEOUT)
@@ -319,9 +321,11 @@ def strike_at(run: Run, job: Job, tag: str, moment_pattern: str | None) -> float
         return None
     fault_at = time.monotonic()
     if c.fault not in IN_PROCESS:
-        missed = strike(tag, c.role, c.rank, c.fault)
-        if missed:
-            run.problems.append(missed)
+        gone = strike(tag, c.role, c.rank, c.fault)
+        if gone and gone_ok:
+            run.record["target_gone"] = gone
+        elif gone:
+            run.problems.append(gone)
     return fault_at
 
 
@@ -349,13 +353,17 @@ def save(run: Run) -> None:
         try:
             fault_at = fill_disk(run, job) if c.fault == "disk-full" else kill_mid_write(run, job, tag)
             if fault_at is not None and c.fault == "disk-full":
-                code, took, late = ended(job, fault_at, BOUND["disk-full"])
+                # no save may come after the disk filled (automatic ones near the end):
+                # then the job ends 0, and must have the right weights
+                code, took, late = ended(job, fault_at, BOUND["disk-full"], expect_failure=False)
                 run.record.update(exits=[code], seconds=[round(took, 2)])
                 run.problems += [f"the job: {p}" for p in late]
                 full = re.search(r"server (\d+)\b[^\n]*No space left", job.text)
-                if code not in (None, 0) and full is None:
-                    run.problems.append("the job: no error names a server whose disk is full")
                 run.record["full"] = f"server {full.group(1)}" if full else None
+                if code == 0:
+                    missed(run, job, "no save came after the disk filled")
+                elif code is not None and full is None:
+                    run.problems.append("the job: no error names a server whose disk is full")
             elif fault_at is not None:
                 run.failed_with_culprit(job, fault_at, DEFAULT_BOUND, c.role, c.rank, "the job")
                 run.record["left_in_directory"] = sorted(writing(run.directory, c.big_rank))
@@ -403,21 +411,34 @@ def kill_mid_write(run: Run, job: Job, tag: str) -> float | None:
         if job.wait_for(me + rf"saving {c.at}$", START_TIMEOUT, since) is None:
             run.problems.append(f"the job did not reach save {c.at}")
             return None
+        since = job.count    # a server's log line about the save before comes before this
     else:
         if job.wait_for(me + rf"step {c.at} ok$", START_TIMEOUT) is None:
             run.problems.append(f"the job did not reach step {c.at}")
             return None
         before, since = writing(run.directory, c.big_rank), job.count
     shown = await_writing(job, run.directory, c.big_rank, before, since, START_TIMEOUT)
+    if shown is None and job.end(0) == 0:
+        missed(run, job, "the job ended before another save (automatic checkpoints)")
+        return None
     if shown is None:
         run.problems.append(f"server {c.big_rank} wrote no checkpoint (no file, no log line)")
         return None
     fault_at = time.monotonic()
-    missed = strike(tag, c.role, c.rank, "SIGKILL")
-    if missed:
-        run.problems.append(missed)
+    gone = strike(tag, c.role, c.rank, "SIGKILL")
+    if gone:
+        run.problems.append(gone)
     run.record["struck_on"] = shown
     return fault_at
+
+
+def missed(run: Run, job: Job, why: str) -> None:
+    """Note a fault that never came because the job ended (status 0) first; every
+    worker must then have printed the uninterrupted run's digest (``close``
+    checks that any printed one is)."""
+    run.record["fault_missed"] = why
+    if sorted(digests(job)) != list(range(run.case.workers)):
+        run.problems.append(f"the job ended with status 0 but not every worker printed its digest ({WRONG})")
 
 
 def writing(directory: str, rank: int) -> set[str]:
@@ -458,9 +479,9 @@ def resume(run: Run) -> None:
             run.problems.append(f"the first job did not reach its crash ({pattern})")
             return
         crash_at = time.monotonic()
-        missed = strike(tag, "server", c.crash_rank, "SIGKILL")
-        if missed:
-            run.problems.append(f"the first job: {missed}")
+        gone = strike(tag, "server", c.crash_rank, "SIGKILL")
+        if gone:
+            run.problems.append(f"the first job: {gone}")
         run.failed_with_culprit(job, crash_at, DEFAULT_BOUND, "server", c.crash_rank, "the first job")
     finally:
         run.close(job, tag, "the first job")
@@ -472,10 +493,11 @@ def resume(run: Run) -> None:
                    "saved": (line_of("worker", 0) + r"saved \d+$" if c.save_every
                              else line_of("server", r"\d+") + r".*checkpoint.*(written|committed)")}.get(c.moment)
         fault_at = strike_at(run, job, tag, pattern)
-        if fault_at is None and job.proc.poll() is not None and (job.proc.returncode == 0 or
-                                                                 refused_clearly(job.text)):
-            # it refused to resume (or finished) before the moment came: no fault to judge
-            run.record["fault_missed"] = f"the resumed job ended (status {job.proc.returncode}) first"
+        status = job.end(0) if fault_at is None else None
+        if status == 0:
+            missed(run, job, "the resumed job ended before the fault's moment")
+        elif status is not None and refused_clearly(job.text):   # nothing to resume from
+            run.record["fault_missed"] = "the resumed job refused to resume before the fault's moment"
         elif fault_at is None:
             run.problems.append(f"the resumed job did not reach the fault's moment ({c.moment})")
         else:
@@ -492,17 +514,16 @@ def teardown(run: Run) -> None:
         pattern = {"last round": line_of("worker", c.rank if c.role == "worker" else 0) + r"digest ",
                    "closed": line_of("worker", c.rank) + r"closed$",
                    "shutdown": r"shutting down the servers"}.get(c.moment)
-        fault_at = strike_at(run, job, tag, pattern)
+        fault_at = strike_at(run, job, tag, pattern, gone_ok=True)
         if fault_at is None:
             run.problems.append(f"the job did not reach the fault's moment ({c.moment})")
             return
         code, took, late = ended(job, fault_at, DEFAULT_BOUND, expect_failure=False)
         run.record.update(exits=[code], seconds=[round(took, 2)])
         run.problems += [f"the job: {p}" for p in late]
-        if code == 0 and sorted(digests(job)) != list(range(c.workers)):
-            run.problems.append(f"the job ended with status 0 but not every worker printed its digest "
-                                f"({WRONG})")
-        elif code not in (None, 0) and not marked_root_cause(job, c.role, c.rank):
+        if code == 0:
+            missed(run, job, "the job ended with status 0: the fault came after the target's work")
+        elif code is not None and not marked_root_cause(job, c.role, c.rank):
             run.problems.append(f"the job: {c.role} {c.rank} is not marked as the root cause")
     finally:
         run.close(job, tag, "the job")
