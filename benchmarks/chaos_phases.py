@@ -87,7 +87,7 @@ ROOM = 4 << 20                              # a full disk's free bytes: the othe
 DISK = 256 << 20                            # the tmpfs before it is full, and after (for the resume)
 # a process stopped before it registers is found at the registration deadline
 # (KVSTORE_TIMEOUT), not by heartbeats: 20 s here (ENV's 60 s would make such runs slow)
-TIMEOUT = "20"
+KV_TIMEOUT = "20"
 BOUND = {"SIGSTOP": 30.0, "disk-full": 15.0}
 RESUME_BOUND = 60.0                         # seconds for a whole job started with --resume
 START_TIMEOUT = 60.0                        # seconds for a job to reach the fault's moment
@@ -129,7 +129,7 @@ def pick(rng: random.Random, phase: str, disk_full: bool) -> Case:
     else:
         role = rng.choice(("worker", "server"))
         rank = rng.randrange(workers if role == "worker" else servers)
-    moment = rng.choice(moments(phase, fault, role, save_every))
+    moment = rng.choice(moments(phase, fault, role))
     if phase == "save" and fault == "disk-full":    # the disk fills after save K (0: at the start)
         at = rng.randint(0, SAVES - 1) if save_every else rng.randint(0, LAST_AUTO)
     elif phase == "save":                           # the kill strikes save K
@@ -140,7 +140,7 @@ def pick(rng: random.Random, phase: str, disk_full: bool) -> Case:
                 crash_rank=rng.randrange(servers))
 
 
-def moments(phase: str, fault: str, role: str, save_every: int) -> tuple[str, ...]:
+def moments(phase: str, fault: str, role: str) -> tuple[str, ...]:
     """When a fault of ``phase`` may strike."""
     if fault in IN_PROCESS:
         return ("teardown",) if phase == "teardown" else ("create", "init")
@@ -204,9 +204,10 @@ def refused_clearly(text: str) -> bool:
 
 
 class Run:
-    """One run's record and the jobs it started: ``start`` a job of the case's
-    command, ``check`` what each must show; ``record`` the dict that goes to the
-    JSON (``problems`` empty when it passed)."""
+    """One run: ``start`` a job of the case's command (plus ``--resume``), judge it
+    (``failed_with_culprit``, ``resumes_right_or_refuses``), ``close`` it (leftovers,
+    wrong values); ``record`` is the dict that goes to the JSON (``problems`` empty
+    when the run passed), ``finished`` returns it and removes the checkpoints."""
 
     def __init__(self, case: Case, index: int, sshd, want: str):
         self.case, self.sshd, self.want = case, sshd, want
@@ -224,7 +225,7 @@ class Run:
         """A job of the case's command (plus ``--resume``); its tag."""
         c, tag = self.case, uuid.uuid4().hex
         extra = {"KVSTORE_CHECKPOINT_DIR": self.directory, "KVSTORE_CHUNK_BYTES": CHUNK_BYTES,
-                 "KVSTORE_TIMEOUT": TIMEOUT, **fault_env}
+                 "KVSTORE_TIMEOUT": KV_TIMEOUT, **fault_env}
         if not c.save_every:
             extra["KVSTORE_CHECKPOINT_INTERVAL"] = INTERVAL
         env = job_env(tag, **extra)
@@ -274,6 +275,7 @@ class Run:
             self.close(job, tag, "--resume")
 
     def finished(self) -> dict:
+        """The record, with the jobs' output tails if the run failed."""
         shutil.rmtree(self.directory, ignore_errors=True)
         if self.problems:
             self.record["tail"] = "\n".join(self.tails)[-8000:]
