@@ -9,7 +9,13 @@ from kvstore import optimizer as opt
 
 OPTIMIZERS = [opt.SGD(learning_rate=1e-3, momentum=0.9, wd=1e-4, multi_precision=True),
               opt.Adam(learning_rate=1e-4, multi_precision=True),
-              opt.NAG(learning_rate=1e-3, momentum=0.9, multi_precision=True)]
+              opt.NAG(learning_rate=1e-3, momentum=0.9, multi_precision=True),
+              # the rest of MXNet 1.9's element-wise optimizers (DCASGD's previous weight
+              # is a copy of the master; SGLD's noise goes into the master)
+              opt.DCASGD(learning_rate=1e-3, momentum=0.9, multi_precision=True),
+              opt.SGLD(learning_rate=1e-4, multi_precision=True),
+              opt.Ftrl(learning_rate=1e-2, multi_precision=True),
+              opt.Nadam(learning_rate=1e-4, multi_precision=True)]
 
 
 @pytest.mark.parametrize("o", OPTIMIZERS, ids=lambda o: o.name)

@@ -58,6 +58,15 @@ CONFIG_CASES = [
              lr_scheduler=opt.CosineScheduler(max_update=5, final_lr=0.001, warmup_steps=2)),
     opt.AdaGrad(learning_rate=0.1, epsilon=1e-5, clip_gradient=1.0),
     opt.RMSProp(learning_rate=0.01, gamma1=0.8, gamma2=0.7, centered=True, clip_weights=2.0),
+    opt.Signum(learning_rate=0.01, momentum=0.8, wd_lh=0.01, clip_gradient=1.0),
+    opt.FTML(learning_rate=0.02, beta1=0.5, epsilon=1e-6,
+             lr_scheduler=opt.FactorScheduler(step=2, factor=0.5)),
+    opt.DCASGD(learning_rate=0.05, momentum=0.9, lamda=0.1, wd=1e-3),
+    opt.SGLD(learning_rate=0.01, wd=1e-3, seed=5),
+    opt.AdaDelta(rho=0.8, epsilon=1e-4, rescale_grad=0.5),
+    opt.Ftrl(learning_rate=0.2, lamda1=0.02, beta=0.5, wd=1e-3),
+    opt.Adamax(learning_rate=0.01, beta1=0.8, beta2=0.99),
+    opt.Nadam(learning_rate=0.01, schedule_decay=0.01, clip_gradient=1.0),
 ]
 
 

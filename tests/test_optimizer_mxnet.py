@@ -7,7 +7,7 @@ every case is an optimizer, its parameters, a weight, a few gradients, the weigh
 MXNet had after each step and its state after the last. Each case is replayed
 here through ``kvstore.optimizer`` on one slot, the row-sparse Ftrl case through
 the Updater's lazy ``update_rows``. SGLD's noise was replaced in MXNet by recorded
-standard normals, and is here too. test_optimizer_new.py tests the rest (what
+standard normals, and is here too. test_optimizer_more.py tests the rest (what
 MXNet cannot run, validation, state save/load, servers).
 """
 
