@@ -451,3 +451,39 @@ def test_dist_optimizer_states_save_and_load_resume_exactly(make_cluster, tmp_pa
         return out
     for out in make_cluster(2, 2, chunk_bytes=4096).run(resumed):
         np.testing.assert_array_equal(out, final)
+
+
+@pytest.mark.parametrize("name", ["ftrl", "dcasgd", "adamax"])
+def test_row_sparse_keys_on_servers_update_lazily_as_the_local_store(make_cluster, name):
+    rows_total, width, steps = 40, 3, 3
+    init = kvstore.RowInit("uniform", 1.0, (rows_total, width), seed=2)
+
+    def push_of(rank, step):
+        rows = np.array([(5 * rank + 3 * step) % rows_total, (11 * rank + step + 17) % rows_total])
+        data = np.stack([np.full(width, 0.5 * (rank + 1) - 0.3 * step + i, np.float32) for i in range(2)])
+        return kvstore.RowSparse(data, rows, (rows_total, width))
+
+    def job(kv):
+        kv.init("emb", init)
+        kv.set_optimizer(opt.create(name, **LIVELY[name]))
+        for step in range(steps):
+            kv.push("emb", push_of(kv.rank, step))
+        out = np.empty((rows_total, width), np.float32)
+        kv.row_sparse_pull("emb", out=out, row_ids=np.arange(rows_total))
+        return out
+    got = make_cluster(2, 2).run(job)
+    with kvstore.create("local") as kv:
+        kv.init("emb", init)
+        kv.set_optimizer(opt.create(name, **LIVELY[name]))
+        for step in range(steps):
+            kv.push("emb", [push_of(r, step) for r in range(2)])
+        want = np.empty((rows_total, width), np.float32)
+        kv.row_sparse_pull("emb", out=want, row_ids=np.arange(rows_total))
+    start = np.zeros((rows_total, width), np.float32)
+    init.fill(start, np.arange(rows_total))
+    pushed = {int(r) for rank in range(2) for step in range(steps) for r in push_of(rank, step).indices}
+    untouched = sorted(set(range(rows_total)) - pushed)
+    np.testing.assert_array_equal(want[untouched], start[untouched])
+    assert not np.allclose(want[sorted(pushed)], start[sorted(pushed)])
+    for out in got:
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
