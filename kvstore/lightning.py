@@ -1,0 +1,449 @@
+"""Lightning integration: :class:`KVStoreStrategy`, a strategy for
+``lightning.Trainer(strategy=...)`` that trains a LightningModule through the
+parameter servers (``pip install 'kvstore[lightning]'``; Lightning 2.x, the
+``lightning`` package).
+
+The gradient exchange is :class:`kvstore.torch.Trainer`'s (buckets of gradients
+pushed by post-accumulate-grad hooks while backward runs), held by the strategy:
+
+- ``update_on_kvstore=False`` (the default): the servers sum; every worker's
+  ``.grad`` gets the average over the workers and the LightningModule's own torch
+  optimizer steps on it, as with DDP.
+- ``update_on_kvstore=True``: the servers run the optimizer, the
+  LightningModule's ``torch.optim.SGD`` translated exactly
+  (:func:`kvstore.torch.optimizer_from_torch`; a torch LR scheduler is followed);
+  the workers push gradients and pull the new weights.
+
+The processes come from our launchers or torch's: ``python -m tracker.local -n 2
+-s 2 python train.py`` or ``torchrun --nproc-per-node 2 train.py``. Ranks, world
+size and the data sampler's shard come from the store; ``barrier`` is the store's.
+Lightning's small collectives (``reduce`` and ``all_gather`` of logged metrics,
+``broadcast`` of paths and decisions) gather a few bytes from every worker: by a
+``pushpull`` on scratch keys of the store when the servers only sum, or, when the
+servers run an optimizer (which would apply it to those keys too), through a torch
+``TCPStore`` that rank 0 hosts (its address reaches the others by ``kv.init``).
+Objects travel as msgpack (no pickle): None, bool, int, float, str, bytes,
+lists, dicts, paths and tensors.
+
+Example::
+
+    import lightning as L
+    from kvstore.lightning import KVStoreStrategy
+
+    trainer = L.Trainer(strategy=KVStoreStrategy("dist_sync"), accelerator="cpu", max_epochs=2)
+    trainer.fit(MyLightningModule(), train_dataloaders=loader)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import pathlib
+from typing import Any, Callable, Iterator
+
+import msgpack
+import numpy as np
+import torch
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.optimizer import _optimizers_to_device
+    from lightning.pytorch.strategies import ParallelStrategy
+    from lightning.pytorch.trainer.states import TrainerFn
+    from lightning.pytorch.utilities import rank_zero as _pl_rank_zero
+    from lightning_utilities.core import rank_zero as _utils_rank_zero
+except ImportError as e:   # the optional extra
+    raise ImportError("kvstore.lightning needs Lightning 2.x: pip install 'kvstore[lightning]' "
+                      "(or pip install lightning)") from e
+
+import kvstore
+from .errors import ArgumentTypeError, InvalidArgumentError
+from .store import KVStore
+from .torch import DEFAULT_BUCKET_BYTES, Trainer
+
+__all__ = ["KVStoreStrategy"]
+
+log = logging.getLogger(__name__)
+
+SCRATCH = "kvstore.lightning/"     # prefix of the strategy's own keys in the store
+_EXT_TENSOR, _EXT_PATH = 1, 2
+_MIN_BYTES = 64                    # smallest scratch payload key; sizes go by powers of two
+
+
+class KVStoreStrategy(ParallelStrategy):
+    """Train a LightningModule through a KVStore.
+
+    ``kvstore``: a store type for :func:`kvstore.create` (``"dist_sync"``,
+    ``"dist_device_sync"``, ``"dist_async"``, ``"local"``...), created when the
+    Lightning Trainer is built, or a store you created. ``update_on_kvstore``:
+    whether the servers run the optimizer (the module's ``torch.optim.SGD``, a
+    single param group) or the workers run the module's torch optimizer on the
+    averaged gradients (any optimizer; the servers only sum, so a synchronous
+    store). ``bucket_bytes``, ``overlap``: as :class:`kvstore.torch.Trainer`
+    (with ``accumulate_grad_batches > 1`` the exchange runs at the optimizer step
+    only, ``overlap=False``). ``timeout``: seconds the TCPStore side channel waits
+    (servers updating only; the store's calls have their own, ``KVSTORE_TIMEOUT``).
+
+    Raises InvalidArgumentError at ``fit`` for what the servers cannot do: more
+    than one optimizer, a gradient scaler (``precision="16-mixed"``) or gradient
+    clipping while the servers update.
+    """
+
+    strategy_name = "kvstore"
+
+    def __init__(self, kvstore: str | KVStore = "dist_sync", *, update_on_kvstore: bool = False,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, timeout: float = 300.0,
+                 accelerator: "pl.accelerators.Accelerator | None" = None,
+                 parallel_devices: list[torch.device] | None = None,
+                 checkpoint_io=None, precision_plugin=None) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
+        if not isinstance(kvstore, (str, KVStore)):
+            raise ArgumentTypeError("KVStoreStrategy: kvstore must be a store type (e.g. 'dist_sync') "
+                                    f"or a kvstore store, got {type(kvstore).__name__}")
+        if not isinstance(update_on_kvstore, bool):
+            raise ArgumentTypeError(f"KVStoreStrategy: update_on_kvstore must be True or False, "
+                                    f"got {update_on_kvstore!r}")
+        self._store_spec = kvstore
+        self._kv: KVStore | None = kvstore if isinstance(kvstore, KVStore) else None
+        self.update_on_kvstore = update_on_kvstore
+        self._bucket_bytes = bucket_bytes
+        self._overlap = overlap
+        self._timeout = timeout
+        self._exchange: Trainer | None = None
+        self._gather: _StoreGather | _TCPStoreGather | None = None
+
+    # -- the store and the job ---------------------------------------------------------
+    @property
+    def kv(self) -> KVStore:
+        """The store (created on first use from the type given)."""
+        if self._kv is None:
+            self._kv = kvstore.create(self._store_spec)
+        return self._kv
+
+    @property
+    def exchange(self) -> Trainer | None:
+        """The :class:`kvstore.torch.Trainer` exchanging the gradients during ``fit``."""
+        return self._exchange
+
+    @property
+    def is_distributed(self) -> bool:   # Lightning then adds a DistributedSampler
+        return True
+
+    @property
+    def global_rank(self) -> int:
+        return self.kv.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.kv.num_workers
+
+    @property
+    def local_rank(self) -> int:
+        # a store that knows the workers of its host says; else the launcher's LOCAL_RANK
+        local = getattr(self.kv, "local_rank", None)
+        return local if isinstance(local, int) else super().local_rank
+
+    @property
+    def root_device(self) -> torch.device:
+        devices = self.parallel_devices or [torch.device("cpu")]
+        return devices[self.local_rank % len(devices)]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        members = list(self.kv.members)        # ranks may have gaps in an elastic job
+        return {"num_replicas": len(members), "rank": members.index(self.kv.rank)}
+
+    def set_world_ranks(self) -> None:
+        """Called while the Lightning Trainer is built: joins the job (creates the
+        store) and makes Lightning's rank-zero utilities follow its rank."""
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.global_rank)
+            self.cluster_environment.set_world_size(self.world_size)
+        _pl_rank_zero.rank_zero_only.rank = _utils_rank_zero.rank_zero_only.rank = self.global_rank
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self.set_world_ranks()
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    # -- training ------------------------------------------------------------------------
+    def setup(self, trainer: "pl.Trainer") -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+            self._start_exchange(trainer)
+
+    def _start_exchange(self, trainer: "pl.Trainer") -> None:
+        if len(self.optimizers) != 1:
+            raise InvalidArgumentError(
+                f"KVStoreStrategy exchanges the gradients of one optimizer per step; "
+                f"configure_optimizers returned {len(self.optimizers)}")
+        if self.update_on_kvstore:
+            if getattr(self.precision_plugin, "scaler", None) is not None:
+                raise InvalidArgumentError(
+                    "a gradient scaler (precision='16-mixed') needs update_on_kvstore=False: it skips "
+                    "a step whose gradients overflowed, which servers updating key by key cannot "
+                    "decide for the whole model; use 'bf16-mixed' or let the workers update")
+            if trainer.gradient_clip_val:
+                raise InvalidArgumentError(
+                    "gradient clipping needs update_on_kvstore=False: the servers' optimizer takes "
+                    "the gradients as they were pushed during backward")
+        if self._exchange is not None:
+            self._exchange.close()
+        module = self.lightning_module
+        assert module is not None
+        overlap = self._overlap and trainer.accumulate_grad_batches == 1
+        self._exchange = Trainer(module.named_parameters(), self.kv, self.optimizers[0],
+                                 update_on_kvstore=self.update_on_kvstore,
+                                 bucket_bytes=self._bucket_bytes, overlap=overlap)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any],
+                       model=None, **kwargs: Any) -> Any:
+        """The closure (forward, backward: the hooks start the exchange) runs inside the
+        optimizer's step, as Lightning does it; the exchange finishes right after it.
+        Workers updating: the module's optimizer then steps on the averaged gradients
+        (after Lightning's clipping and unscaling). Servers updating: the parameters
+        then hold the servers' new weights and the torch optimizer does not step."""
+        exchange = self._exchange
+        if exchange is None:
+            raise InvalidArgumentError("KVStoreStrategy.optimizer_step outside fit()")
+        if self.update_on_kvstore:
+            return super().optimizer_step(_ServersStep(optimizer, exchange), closure, model, **kwargs)
+
+        def then_average():
+            result = closure()
+            exchange.allreduce_grads()
+            return result
+        return super().optimizer_step(optimizer, then_average, model, **kwargs)
+
+    @contextlib.contextmanager
+    def block_backward_sync(self) -> Iterator[None]:
+        # accumulating (accumulate_grad_batches > 1): the exchange was made with
+        # overlap=False, so nothing is sent before the optimizer step
+        yield None
+
+    def teardown(self) -> None:
+        if self._exchange is not None:
+            self._exchange.close()      # the hooks go; the keys stay on the servers
+        super().teardown()
+
+    def close(self) -> None:
+        """Close the store if this strategy created it (otherwise it closes at exit)."""
+        if self._exchange is not None:
+            self._exchange.close()
+        if self._kv is not None and not isinstance(self._store_spec, KVStore):
+            self._kv.close()
+
+    # -- Lightning's collectives --------------------------------------------------------
+    def barrier(self, name: str | None = None) -> None:
+        self.kv.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` of the worker ``src`` (msgpack types, paths, tensors) on every worker."""
+        if self.world_size == 1:
+            return obj
+        place = self._place()
+        sent = _encode(obj) if place == src else b""
+        return _decode(self._gatherer().gather(sent)[src])
+
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        """The sum, mean, max or min of ``tensor`` over the workers (a non-tensor is
+        returned as it is, as DDP does); a tensor of the same dtype and device."""
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        op = _op_name(reduce_op)
+        if self.world_size == 1:
+            return tensor
+        stacked = self._gather_tensors(tensor)
+        if op == "sum":
+            out = stacked.sum(0)
+        elif op == "mean":
+            out = stacked.sum(0) / len(stacked)
+        elif op == "max":
+            out = stacked.amax(0)
+        else:
+            out = stacked.amin(0)
+        return out.to(dtype=tensor.dtype, device=tensor.device)
+
+    def all_gather(self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False) -> torch.Tensor:
+        """Every worker's ``tensor`` stacked: shape ``(world_size, *tensor.shape)``."""
+        if sync_grads:
+            raise InvalidArgumentError("KVStoreStrategy.all_gather: sync_grads=True (gradients "
+                                       "through the gather) is not supported")
+        if self.world_size == 1:
+            return tensor.unsqueeze(0)
+        return self._gather_tensors(tensor).to(tensor.device)
+
+    def _gather_tensors(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [_decode(b) for b in self._gatherer().gather(_encode(tensor.detach()))]
+        if any(p.shape != tensor.shape for p in parts):
+            raise InvalidArgumentError(f"reduce/all_gather: the workers' tensors differ in shape: "
+                                       f"{[tuple(p.shape) for p in parts]}")
+        return torch.stack(parts)
+
+    def _place(self) -> int:
+        return list(self.kv.members).index(self.kv.rank)
+
+    def _gatherer(self) -> "_StoreGather | _TCPStoreGather":
+        if self._gather is None:
+            if self.update_on_kvstore:
+                self._gather = _TCPStoreGather(self.kv, self._place(), self._timeout)
+            else:
+                self._gather = _StoreGather(self.kv, self._place())
+        return self._gather
+
+
+class _ServersStep:
+    """Stands for the module's torch optimizer while the servers update: ``step``
+    runs the closure (forward and backward, whose hooks push the gradients) and
+    waits for the servers' new weights; the torch optimizer itself never steps.
+    Everything else (``param_groups``, read by Lightning's hooks) is the optimizer's."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, exchange: Trainer):
+        self._optimizer = optimizer
+        self._exchange = exchange
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        result = closure() if closure is not None else None
+        self._exchange.allreduce_grads()
+        # what torch's own step records for its LR schedulers (the servers stepped):
+        # without it, the first scheduler step warns it came before optimizer.step()
+        self._optimizer._opt_called = True
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+
+# -- gathering a few bytes from every worker ---------------------------------------------
+class _StoreGather:
+    """Every worker's bytes, by two ``pushpull`` calls on scratch keys of a store whose
+    servers only sum: the lengths (one int64 per worker), then the bytes, each worker
+    writing its own span of a zeroed buffer, so that the sum is the concatenation.
+    A payload key exists per power-of-two size (at least 64 bytes), created (a
+    collective ``init``) the first time a size is needed: the same on every worker,
+    since every worker knows every length. Each call costs two round trips to the
+    servers."""
+
+    def __init__(self, kv: KVStore, place: int):
+        self._kv, self._place = kv, place
+        self._keys: set[str] = set()
+
+    def _sum(self, name: str, values: np.ndarray) -> np.ndarray:
+        key = SCRATCH + name
+        if key not in self._keys:
+            self._kv.init(key, np.zeros_like(values))
+            self._keys.add(key)
+        self._kv.pushpull(key, values)
+        return values
+
+    def gather(self, data: bytes) -> list[bytes]:
+        lengths = np.zeros(self._kv.num_workers, np.int64)
+        lengths[self._place] = len(data)
+        lengths = self._sum("lengths", lengths)
+        ends = np.cumsum(lengths)
+        size = max(_MIN_BYTES, 1 << max(int(ends[-1]) - 1, 0).bit_length())
+        buffer = np.zeros(size, np.uint8)
+        start = int(ends[self._place] - lengths[self._place])
+        buffer[start:start + len(data)] = np.frombuffer(data, np.uint8)
+        buffer = self._sum(f"bytes/{size}", buffer)
+        return [buffer[int(e - n):int(e)].tobytes() for e, n in zip(ends, lengths)]
+
+
+class _TCPStoreGather:
+    """Every worker's bytes through a torch ``TCPStore`` hosted by the first worker,
+    for when the servers run an optimizer (it would update scratch keys too). Its
+    address reaches the others by ``kv.init`` (rank 0's value wins; ``init`` is not
+    given to the optimizer). Each call sets one entry per worker and reads all;
+    the last reader deletes them. The TCPStore is torch's, without the job's
+    authentication: it carries only these small collectives."""
+
+    ADDRESS_BYTES = 256
+
+    def __init__(self, kv: KVStore, place: int, timeout: float):
+        from torch.distributed import TCPStore
+        self._kv, self._place, self._count = kv, place, 0
+        wait = datetime.timedelta(seconds=timeout)
+        config = getattr(kv, "_config", None)
+        host = getattr(config, "node_host", None) or "127.0.0.1"
+        server = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait) if place == 0 else None
+        address = np.zeros(self.ADDRESS_BYTES, np.uint8)
+        if server is not None:
+            text = f"{host} {server.port}".encode()
+            address[:len(text)] = np.frombuffer(text, np.uint8)
+        kv.init(SCRATCH + "tcpstore", address)
+        kv.pull(SCRATCH + "tcpstore", out=address)
+        where, port = address.tobytes().rstrip(b"\0").decode().rsplit(" ", 1)
+        self._store = server if server is not None else TCPStore(where, int(port), is_master=False, timeout=wait)
+        log.info("[worker:%d] Lightning's collectives go through the TCPStore at %s:%s",
+                 kv.rank, where, port)
+
+    def gather(self, data: bytes) -> list[bytes]:
+        call, self._count = self._count, self._count + 1
+        workers = self._kv.num_workers
+        self._store.set(f"{call}/{self._place}", data)
+        parts = [bytes(self._store.get(f"{call}/{w}")) for w in range(workers)]
+        if self._store.add(f"{call}/read", 1) == workers:
+            for w in range(workers):
+                self._store.delete_key(f"{call}/{w}")
+            self._store.delete_key(f"{call}/read")
+        return parts
+
+
+# -- objects as bytes (msgpack, no pickle) ------------------------------------------------
+def _default(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        header = msgpack.packb([str(t.dtype).removeprefix("torch."), list(t.shape)])
+        return msgpack.ExtType(_EXT_TENSOR, header + t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    if isinstance(obj, pathlib.PurePath):
+        return msgpack.ExtType(_EXT_PATH, str(obj).encode())
+    raise ArgumentTypeError(f"KVStoreStrategy.broadcast: cannot send a {type(obj).__name__} "
+                            "(None, bool, int, float, str, bytes, lists, dicts, paths and tensors can)")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_PATH:
+        return pathlib.Path(data.decode())
+    if code == _EXT_TENSOR:
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(data)
+        dtype_name, shape = next(unpacker)
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise InvalidArgumentError(f"a gathered tensor has an unknown dtype {dtype_name!r}")
+        raw = bytearray(data[unpacker.tell():])
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape)
+    return msgpack.ExtType(code, data)
+
+
+def _encode(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True)
+
+
+def _decode(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+
+
+def _op_name(reduce_op: Any) -> str:
+    """'sum', 'mean', 'max' or 'min' from Lightning's reduce_op (a str or a ReduceOp)."""
+    name = reduce_op if isinstance(reduce_op, str) else str(getattr(reduce_op, "name", reduce_op))
+    name = name.lower().rsplit(".", 1)[-1]
+    name = {"avg": "mean", "none": "mean"}.get(name, name)
+    if name not in ("sum", "mean", "max", "min"):
+        raise InvalidArgumentError(f"KVStoreStrategy.reduce: reduce_op {reduce_op!r} is not one of "
+                                   "sum, mean, max, min")
+    return name

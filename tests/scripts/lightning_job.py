@@ -1,0 +1,89 @@
+"""A small LightningModule trained by a real ``lightning.Trainer``, with Lightning's
+DDP strategy (gloo) or kvstore.lightning.KVStoreStrategy, started by torchrun or
+tracker.local (tests/test_lightning.py).
+
+    python tests/scripts/lightning_job.py OUT.pt --strategy ddp|kvstore [--update-on-kvstore]
+        [--store dist_sync]
+
+Every worker starts from other weights (seeded by its rank: the strategy makes them
+rank 0's), the data are fixed and Lightning shards them with a DistributedSampler;
+SGD with momentum, weight decay and a step LR schedule runs 2 epochs of 4 steps.
+Rank 0 writes the final weights and the epoch's loss logged with sync_dist=True to
+OUT.pt; every worker prints what the strategy's collectives returned.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning as L
+
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def data():
+    g = torch.Generator().manual_seed(42)
+    x = torch.randn(32, 6, generator=g)
+    y = torch.randint(0, 3, (32,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--strategy", choices=["ddp", "kvstore"], required=True)
+    ap.add_argument("--update-on-kvstore", action="store_true")
+    ap.add_argument("--store", default="dist_sync")
+    args = ap.parse_args()
+
+    if args.strategy == "ddp":
+        from lightning.pytorch.strategies import DDPStrategy
+        strategy, devices = DDPStrategy(process_group_backend="gloo"), int(os.environ["WORLD_SIZE"])
+    else:
+        from kvstore.lightning import KVStoreStrategy
+        strategy, devices = KVStoreStrategy(args.store, update_on_kvstore=args.update_on_kvstore), "auto"
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_epochs=2,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, deterministic=True)
+    rank = trainer.global_rank
+    L.seed_everything(rank, verbose=False)          # other weights on every worker
+    model = Net()
+    L.seed_everything(0, verbose=False)             # the same data order everywhere
+    trainer.fit(model, train_dataloaders=data())
+    if args.strategy == "kvstore":
+        s = trainer.strategy
+        print(f"rank {rank} of {trainer.world_size}: broadcast {s.broadcast({'from': rank, 'p': [rank]})} "
+              f"max {s.reduce(torch.tensor([rank + 1.0, -rank]), reduce_op='max').tolist()} "
+              f"gather {s.all_gather(torch.tensor(rank)).tolist()} "
+              f"stop {s.reduce_boolean_decision(rank == 1, all=False)}/{s.reduce_boolean_decision(rank == 1)} "
+              f"sampler {trainer.train_dataloader.sampler.num_replicas}:{trainer.train_dataloader.sampler.rank}",
+              flush=True)
+        s.barrier()
+    if rank == 0:
+        torch.save({"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step}, args.out)
+    print(f"rank {rank}: done after {trainer.global_step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
