@@ -133,6 +133,11 @@ def _zombie(pid) -> bool:
         return True
 
 
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    return not _zombie(pid)
+
+
 def descendants(root: int) -> list[int]:
     """Live processes below ``root`` (e.g. ssh sessions under an sshd)."""
     parent = {}

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from services import FAST_FAILURE, Proc, run_with_output_closed, tagged
+from services import FAST_FAILURE, Proc, alive, eventually_empty, run_with_output_closed, tagged
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,6 +225,29 @@ def test_grandchildren_of_processes_that_exited_are_killed_at_the_end(mode, stat
     assert_no_leftovers(p)
 
 
+@pytest.mark.parametrize("status, code", [("ok", 0), ("fail", 3), ("hang", 3)])
+def test_grandchildren_that_leave_the_session_are_killed_too(status, code):
+    """A grandchild that calls setsid() leaves its parent's session and process
+    group. The launcher (a child subreaper) still finds it below itself: after its
+    worker exited (ok, fail: the orphan was re-parented to the launcher) or below a
+    worker the teardown stops (hang). A process outside the launcher's tree, started
+    before and still running after the job, is left alone."""
+    outsider = Proc([sys.executable, "-c", "import signal; print('outsider', flush=True); signal.pause()"])
+    try:
+        outsider.wait_for("outsider")
+        p = launch("-n", "2", "-s", "1", sys.executable, CASES, "grandchild-setsid", status,
+                   env=FAST_FAILURE)
+        assert p.wait(60) == code, p.text
+        grandchildren = [int(pid) for pid in re.findall(r"grandchild (\d+) ready", p.text)]
+        assert len(grandchildren) == 2, p.text
+        assert eventually_empty(lambda: [pid for pid in grandchildren if alive(pid)]) == [], p.text
+        assert_no_leftovers(p)
+        assert outsider.popen.poll() is None, "the launcher killed a process that is not its own"
+    finally:
+        outsider.popen.kill()
+        outsider.wait(10)
+
+
 @pytest.mark.parametrize("mode", ["systemexit", "exception"])
 def test_the_culprit_is_marked_in_every_failure_mode(mode):
     """Worker 1 ends by SystemExit(1) or an uncaught exception while worker 0
@@ -237,6 +260,23 @@ def test_the_culprit_is_marked_in_every_failure_mode(mode):
     assert p.text.count("<- root cause") == 1, p.text
     if mode == "exception":
         assert "RuntimeError: boom in worker 1" in p.text.split("job failed:")[1]
+    assert_no_leftovers(p)
+
+
+def test_the_worker_absent_from_a_timed_out_barrier_is_the_root_cause():
+    """Workers 0 and 2 wait at a barrier that worker 1 (alive, heartbeating) never
+    reaches: their barrier times out naming worker 1, they fail, and the table
+    marks worker 1, not the waiter whose report reached the scheduler first. (Worker 1
+    hears of the abort but would leave only after KVSTORE_ABORT_GRACE: the teardown
+    stops it, so nothing but the barrier's message says it is the cause.)"""
+    p = launch("-n", "3", "-s", "1", sys.executable, CASES, "absent",
+               env={**FAST_FAILURE, "KVSTORE_TIMEOUT": "10", "KVSTORE_ABORT_GRACE": "60"})
+    assert p.wait(90) == 1, p.text
+    cause = p.text.split("job failed:")[1]
+    assert re.search(r"worker 1 \(pid \d+ on [^)]*\) did not arrive", cause), p.text
+    row = re.search(r"^worker 1 +\d+  (.*)$", p.text, re.M)
+    assert row and row.group(1).endswith("<- root cause"), p.text
+    assert p.text.count("<- root cause") == 1, p.text
     assert_no_leftovers(p)
 
 

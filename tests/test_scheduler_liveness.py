@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tracker.control.errors import RendezvousTimeout
+from tracker.control.records import absent_at_barrier
 from tracker.control.membership import Membership
 from tracker.control.rendezvous import Scheduler
 from tracker.scheduler import serve
@@ -65,6 +66,7 @@ def test_a_barrier_that_times_out_names_the_absent_worker_on_every_waiter():
             assert "worker 1 (pid" in text and "did not arrive" in text, text
             assert "workers 0, 2 waited" in text and "'step 7'" in text, text
             assert "KVSTORE_TIMEOUT" in text
+            assert absent_at_barrier(f"worker 0 (pid 1 on h) failed: {text}") == ["worker 1"]
         # the barrier is clean again: with everybody there it completes
         assert run_all([lambda w=w: w.barrier("again", timeout=20.0) for w in workers]) == [(0, (0, 1, 2))] * 3
         assert sched.failure is None

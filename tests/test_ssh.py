@@ -321,13 +321,20 @@ def test_a_closed_output_pipe_does_not_hang_a_remote_job(sshd, tmp_path):
     assert eventually_empty(sshd.sessions) == []
 
 
-@pytest.mark.parametrize("mode", ["grandchild-group", "grandchild-session"])
-def test_grandchildren_left_on_remote_hosts_are_killed(sshd, mode):
-    """In the process's group, or moved to a group of its own in its session."""
+@pytest.mark.parametrize("mode, status, code", [
+    ("grandchild-group", "ok", 0), ("grandchild-session", "ok", 0),
+    ("grandchild-setsid", "ok", 0), ("grandchild-setsid", "hang", 3),
+])
+def test_grandchildren_left_on_remote_hosts_are_killed(sshd, mode, status, code):
+    """In the process's group, moved to a group of its own in its session, or to
+    a session of its own (setsid(); the node wrapper is a subreaper): after the
+    process exited, or below a process the teardown stops (hang)."""
     p = ssh_launch(sshd, "-n", "2", "-s", "1", "-H", two_hosts(sshd), "python", CASES,
-                   mode, "ok", env=FAST_FAILURE)
-    assert p.wait(60) == 0, p.text
+                   mode, status, env=FAST_FAILURE)
+    assert p.wait(60) == code, p.text
     assert p.text.count("ready") == 2, p.text
+    grandchildren = [int(pid) for pid in re.findall(r"grandchild (\d+) ready", p.text)]
+    assert eventually_empty(lambda: [pid for pid in grandchildren if services.alive(pid)]) == [], p.text
     assert_nothing_left(p, sshd)
 
 

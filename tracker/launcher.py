@@ -25,7 +25,7 @@ from .control.records import describe_exit
 from .control.rendezvous import DEFAULT_HOST, Scheduler
 from .control.security import Security, new_secret
 from .outcome import Outcome, conclude, named_nodes, plural, report, row
-from .process import Child, ProcSpec, needs_stopping, terminate_all
+from .process import Child, ProcSpec, Strays, needs_stopping, terminate_all
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,10 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
            start_all: Callable[[list[ProcSpec]], list[Child]] | None = None) -> Outcome:
     """Run a whole job and return its :class:`Outcome`. SIGINT/SIGTERM/SIGHUP to
     this process end every child and return status 128 + signal; a second one
-    during the teardown kills every child at once (SIGKILL).
+    during the teardown kills every child at once (SIGKILL). While the job runs
+    this process is a child subreaper (Linux): whatever the children leave
+    behind, even after setsid(), is re-parented to it and ended by the teardown
+    (:class:`tracker.process.Strays`).
 
     ``spawn`` starts one process (default: a local :class:`Child`); launchers that
     start every process with one command (mpirun, srun) pass ``start_all``
@@ -179,6 +182,7 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     interrupted: int | None = None
     signals = _Signals().install()
     spawn_error = None
+    strays = Strays(lambda: [c.popen.pid for c in children])
     try:
         procs = [dataclasses.replace(p, env={**p.env, "KVSTORE_SECRET": secret})
                  for p in spec.processes(scheduler.port)]
@@ -211,8 +215,10 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
             signals.kill_now = True
         if any(c.poll() is None for c in children):  # tell the survivors why before they are stopped
             scheduler.abort("the launcher stopped the job")
-        terminate_all([c for c in children if needs_stopping(c)], spec.kill_grace,
+        # the strays always take part: a worker the teardown ends leaves its orphans
+        terminate_all([c for c in children if needs_stopping(c)] + [strays], spec.kill_grace,
                       lambda: signals.kill_now)
+        strays.close()
         for c in children:
             c.finish_output()
         scheduler.close()

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from .control.records import describe_exit
+from .control.records import absent_at_barrier, describe_exit
 
 # how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
 _NODE_NAME = re.compile(r"\b(worker|server) (\d+) \(pid \d+ on ")
@@ -78,25 +78,31 @@ def named_nodes(text: str | None) -> list[str]:
     return found
 
 
-def _culprit(failure: str | None, codes: dict, labels: set) -> tuple[str | None, bool]:
-    """Who caused a failure the scheduler found: (label or None, whether it is a
-    worker the report mentions rather than the node it is about). A worker the
+def _culprits(failure: str | None, codes: dict, labels: set) -> tuple[list[str], str]:
+    """Who caused a failure the scheduler found: (labels, how they were found:
+    ``named`` a process the report mentions, ``absent`` the workers a barrier
+    timeout names, ``about`` the node the failure is about). A worker the
     report blames (``barrier cannot complete: worker 1 (...) already finished``,
     ``worker 1 closed its store while ...``) that ended with a non-zero status by
     itself is the real cause, the report only its consequence; the deepest
-    such mention wins; before that, any process the report mentions that died by a
-    signal on its own. Otherwise the node the failure is about."""
+    such mention wins; before that, the workers a barrier that timed out waited
+    for (the waiter that reported it only noticed), and before that any process
+    the report mentions that died by a signal on its own. Otherwise the node the
+    failure is about."""
     # a process that died by a signal on its own (SIGKILL from outside, the OOM
     # killer) and that the report mentions (a worker's "data channel to server 0
     # broke") is the cause, whoever noticed first
     for label in sorted(labels):
         if (codes.get(label) or 0) < 0 and re.search(rf"\b{label}\b", failure or ""):
-            return label, True
+            return [label], "named"
+    absent = [label for label in absent_at_barrier(failure) if label in labels]
+    if absent:
+        return absent, "absent"
     named = [label for label in named_nodes(failure) if label in labels]
     for label in reversed(named[1:]):
         if codes.get(label):
-            return label, True
-    return (named[0] if named else None), False
+            return [label], "named"
+    return named[:1], "about"
 
 
 def _describe(child, code) -> str:
@@ -115,22 +121,26 @@ def _status(code: int) -> int:
 
 def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> Outcome:
     root = None
-    culprit = None
+    culprits: list[str] = []
     returncode = 0
     by_label = {c.spec.label: c for c in children}
     if first_failure is not None:
         label, code = first_failure
         if label == "scheduler":
-            culprit, named_cause = _culprit(scheduler_failure, codes, set(by_label))
-            if named_cause:
-                code = codes[culprit]
-                root = f"{_describe(by_label[culprit], code)}; the scheduler reported: {scheduler_failure}"
+            culprits, found = _culprits(scheduler_failure, codes, set(by_label))
+            if found == "named":
+                code = codes[culprits[0]]
+                root = f"{_describe(by_label[culprits[0]], code)}; the scheduler reported: {scheduler_failure}"
                 returncode = _status(code)
+            elif found == "absent":
+                root = (f"{' and '.join(culprits)} did not arrive at a barrier in time; "
+                        f"the scheduler reported: {scheduler_failure}")
+                returncode = 1
             else:
                 root = f"the scheduler aborted the job: {scheduler_failure}"
                 returncode = 1
         else:
-            culprit = label
+            culprits = [label]
             root = _describe(by_label[label], code)
             returncode = _status(code)
     elif interrupted is not None:
@@ -141,7 +151,7 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
         label = child.spec.label
         code = codes[label] if label in codes else child.poll()
         note = ""
-        if label == culprit:
+        if label in culprits:
             note = "root cause"
             if label not in codes:   # it failed, then the teardown ended it: say the former
                 code = "failed (see above), then stopped by the launcher"

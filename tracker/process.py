@@ -1,5 +1,7 @@
 """Child processes: spawn argv lists (never shell strings), prefix their output
-per rank, and tear them down gracefully, then by force."""
+per rank, and tear them down gracefully, then by force, with every process they
+started: in their sessions, below them, or orphaned and re-parented to the
+launcher (:class:`Strays`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO, Callable, Iterable
+
+# shared with the node wrapper, which runs alone on remote hosts (stdlib only)
+from .wrapper import descendants, processes, session_members, subreaper
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +81,13 @@ class Child:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the child's session: its process group (which may
-        outlive the child) and any member that moved to another group."""
+        outlive the child) and any member that moved to another group; while the
+        child runs, also to every process below it (one may have left the
+        session: setsid()). Once it ended, such orphans are :class:`Strays`."""
         signal_session(self.popen.pid, sig)
+        if self.popen.poll() is None:   # not reaped: its pid still names it
+            for pid in descendants(self.popen.pid):
+                _kill(pid, sig)
 
     def finish_output(self, timeout: float = 2.0) -> None:
         self._pump.join(timeout)
@@ -105,40 +115,87 @@ def write_out(out: IO[str], text: str) -> bool:
         return False
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes whose session id is ``sid`` (Linux /proc;
-    elsewhere an empty list: teardown then reaches the process group only).
-    A session id is not reused while the session has members."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # fields: state ppid pgrp session ...
-        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) == sid:
-            found.append(int(entry))
-    return found
-
-
 def signal_session(sid: int, sig: int) -> None:
-    """``sig`` to process group ``sid`` and to every member of session ``sid``."""
+    """``sig`` to process group ``sid`` and to every member of session ``sid``
+    (without /proc: the process group only)."""
     try:
         os.killpg(sid, sig)
     except (ProcessLookupError, PermissionError):
         pass
     for pid in session_members(sid):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill(pid, sig)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Strays:
+    """The processes below this one that no started child accounts for: orphans
+    re-parented to this process, a child subreaper from :meth:`__init__` to
+    :meth:`close` (a grandchild that called setsid() and outlived its worker; a
+    process a killed mpirun left), and everything below them. For
+    :func:`terminate_all` it is one more child: :meth:`signal` reaches them all,
+    :meth:`running` is true while one lives.
+
+    ``owned()``: the pids of the children the launcher started (each tears its
+    own tree down). The children this process had before are never touched; a
+    process started by other means while the job runs counts as a stray. Without
+    prctl or /proc (not Linux) there are none: teardown reaches the children's
+    sessions and process groups only.
+
+    Example::
+
+        strays = Strays(lambda: [c.popen.pid for c in children])
+        ...   # start and run the children
+        terminate_all(children + [strays], grace=3.0)
+        strays.close()
+    """
+
+    def __init__(self, owned: Callable[[], Iterable[int]]):
+        self._owned = owned
+        self._pid = os.getpid()
+        self._before = {pid for pid, _, ppid, _ in processes() if ppid == self._pid}
+        self._was = subreaper(True)
+
+    def pids(self) -> list[int]:
+        """The live strays, the orphans first, then what is below them."""
+        table = {pid: ppid for pid, state, ppid, _ in processes() if state != "Z"}
+        skip = self._before | set(self._owned())
+        tops = [pid for pid, ppid in table.items() if ppid == self._pid and pid not in skip]
+        return tops + [pid for top in tops for pid in descendants(top, table)]
+
+    def running(self) -> bool:
+        self.reap()
+        return bool(self.pids())
+
+    def signal(self, sig: int) -> None:
+        for pid in self.pids():
+            _kill(pid, sig)
+
+    def reap(self) -> None:
+        """Collect the exit status of strays that ended: they are this process's
+        children now, zombies until then. Only those: waiting for any child would
+        take the status of a child a Popen waits for."""
+        skip = self._before | set(self._owned())
+        for pid, state, ppid, _ in processes():
+            if state == "Z" and ppid == self._pid and pid not in skip:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+    def finish_output(self) -> None:
+        self.reap()
+
+    def close(self) -> None:
+        """Reap what ended and stop being a subreaper (unless this process was one before)."""
+        self.reap()
+        if self._was is False:
+            subreaper(False)
 
 
 def needs_stopping(child) -> bool:

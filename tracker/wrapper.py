@@ -12,7 +12,13 @@ this package. It:
 - tears the process group down (SIGTERM, then SIGKILL after ``grace`` seconds)
   when it gets SIGTERM/SIGINT/SIGHUP, and in ``ssh`` mode also when its stdin
   reaches EOF (the launcher or its ssh connection went away) or the launcher
-  writes ``TERM``, ``KILL`` or ``SIG <n>`` lines to it.
+  writes ``TERM``, ``KILL`` or ``SIG <n>`` lines to it;
+- is a child subreaper (Linux): a descendant that left the session (``setsid()``)
+  and lost its parent is re-parented to the wrapper, not to init, and every
+  process below the wrapper is ended with the process (SIGKILL once it exited).
+
+:func:`processes`, :func:`descendants` and :func:`subreaper` serve the local
+launcher too (``tracker.process``): this file must run alone on remote hosts.
 
 Modes::
 
@@ -37,6 +43,7 @@ import time
 
 STATUS = "@kvstore-node "
 _out_lock = threading.Lock()
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 def emit(text):
@@ -92,6 +99,79 @@ def parent_death_signal(sig=signal.SIGKILL):
         pass
 
 
+def subreaper(on=True):
+    """Make this process a child subreaper, or stop being one (Linux >= 3.4): a
+    descendant whose parent dies is re-parented to it instead of init, so it stays
+    below this process (setsid() cannot take it out of the tree). Returns whether
+    it was one before, or None where this is not possible (not Linux)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int(0)
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+            return None
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, int(bool(on)), 0, 0, 0) != 0:
+            return None
+        return bool(was.value)
+    except (OSError, AttributeError):   # no prctl: teardown reaches groups and sessions only
+        return None
+
+
+def processes():
+    """(pid, state, parent pid, session id) of every process, state 'Z' for a
+    zombie (Linux /proc; [] elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            found.append((int(entry), fields[0].decode(), int(fields[1]), int(fields[3])))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def session_members(sid):
+    """Live (not zombie) processes whose session id is ``sid`` ([] without /proc).
+    A session id is not reused while the session has members."""
+    return [pid for pid, state, _, session in processes() if state != "Z" and session == sid]
+
+
+def descendants(root, table=None):
+    """Live processes below ``root`` (its children, theirs, ...) by their parent
+    links; ``table``: pid -> parent pid of the live processes (default: read now)."""
+    if table is None:
+        table = {pid: ppid for pid, state, ppid, _ in processes() if state != "Z"}
+    children = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, seen, frontier = [], {root}, [root]
+    while frontier:   # ``seen``: /proc is not read atomically; a reused pid must not loop
+        kids = [pid for pid in children.get(frontier.pop(), ()) if pid not in seen]
+        seen.update(kids)
+        found += kids
+        frontier += kids
+    return found
+
+
+def reap_orphans():
+    """Collect the exit status of every child that ended (orphans this subreaper
+    received); only once the wrapped process was waited for."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 class Wrapped:
     def __init__(self, role, rank, label, argv, env, grace):
         self.role, self.rank, self.grace = role, rank, grace
@@ -116,13 +196,20 @@ class Wrapped:
             emit(self.prefix + raw.decode("utf-8", "replace").rstrip("\n"))
 
     def group(self, sig):
-        """``sig`` to the process's group and every member of its session (a
-        grandchild may have moved to a group of its own)."""
-        for kill, target in [(os.killpg, self.proc.pid)] + [(os.kill, p) for p in _session(self.proc.pid)]:
+        """``sig`` to the process's group, every member of its session (a
+        grandchild may have moved to a group of its own) and every process below
+        this wrapper (one may have left the session: setsid())."""
+        for kill, target in ([(os.killpg, self.proc.pid)]
+                             + [(os.kill, p) for p in session_members(self.proc.pid)]
+                             + [(os.kill, p) for p in descendants(os.getpid())]):
             try:
                 kill(target, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def leftovers(self):
+        """What still lives of the process's session or below this wrapper."""
+        return session_members(self.proc.pid) + descendants(os.getpid())
 
     def run(self):
         """Wait for the process, honouring stop/kill requests. Returns its status."""
@@ -143,28 +230,16 @@ class Wrapped:
                     deadline = time.monotonic() + self.grace
                 elif time.monotonic() > deadline:
                     self.group(signal.SIGKILL)
-        self.pump.join(2.0)
         end = time.monotonic() + 2.0
-        while True:      # whatever it left behind in its session, until none is left
+        # whatever it left behind (session, orphans), until none is left; before the
+        # output is drained: a leftover may hold the output pipe open
+        while self.leftovers() and time.monotonic() < end:
             self.group(signal.SIGKILL)
-            if not _session(self.proc.pid) or time.monotonic() > end:
-                return code
-            time.sleep(0.05)
-
-
-def _session(sid):
-    """Live processes of session ``sid`` (Linux /proc; tracker.process has the same
-    for the local launcher: this file runs alone on remote hosts)."""
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if fields[0] != b"Z" and int(fields[3]) == sid:
-                found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
+            reap_orphans()
+            time.sleep(0.05)   # a poll interval while they die, not synchronisation
+        reap_orphans()
+        self.pump.join(2.0)
+        return code
 
 
 def _watch_stdin(w):
@@ -185,6 +260,7 @@ def main(argv):
     parent_death_signal(signal.SIGTERM)   # sshd session / orted / slurmstepd gone: stop
     if os.getppid() != parent:
         return 1
+    subreaper()   # orphans of the process's tree come to us, and end with it
     if mode == "ssh":
         role, rank = argv[2], int(argv[3])
         command = argv[5:]

@@ -1,10 +1,13 @@
 """The records :class:`~.scheduler_state.SchedulerState` keeps and returns:
 a registered :class:`Node`, the workers' :class:`Barrier` (who waits, and how a
 barrier ends for all of them), a message to :class:`Send`; and
-:func:`describe_exit` for the exit statuses launchers report. No I/O."""
+:func:`describe_exit` for the exit statuses launchers report, and
+:func:`absent_at_barrier`, which reads back the absent workers a barrier's
+timeout names. No I/O."""
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -107,6 +110,23 @@ class Barrier:
         self.waiting.clear()
         self.deadlines.clear()
         return sends
+
+
+# what expire() writes, wherever it is quoted (a waiter's failure report):
+# "a barrier ('x') timed out after 10s: worker 1 (pid 42 on h), ... did not arrive ("
+_TIMED_OUT = re.compile(r"a barrier \(.*?\) timed out after \S+s: (.*?) did not arrive \(")
+_WORKER_NAME = re.compile(r"\bworker (\d+) \(pid \d+ on ")
+
+
+def absent_at_barrier(text: str | None) -> list[str]:
+    """The workers (``'worker 1'``) a barrier timeout quoted in ``text`` names as
+    absent, in order; [] if ``text`` quotes none. The launcher marks them as the
+    root cause, not the waiter that reported the timeout."""
+    found: list[str] = []
+    for m in _TIMED_OUT.finditer(text or ""):
+        found += [f"worker {rank}" for rank in _WORKER_NAME.findall(m[1])
+                  if f"worker {rank}" not in found]
+    return found
 
 
 def describe_exit(code: int) -> str:

@@ -1,0 +1,47 @@
+"""Who the launcher's table marks as the root cause (tracker/outcome.py), from
+what the processes and the scheduler reported; no processes are started."""
+
+from dataclasses import dataclass
+
+from tracker.outcome import conclude
+from tracker.process import ProcSpec
+
+
+@dataclass
+class Ended:
+    """A child-like record: its spec, pid and status (None: still running)."""
+    spec: ProcSpec
+    pid: int
+    code: int | None
+
+    def poll(self):
+        return self.code
+
+
+def job(*codes):
+    return [Ended(ProcSpec("worker", rank, ("x",)), 100 + rank, code) for rank, code in enumerate(codes)]
+
+
+def marked(outcome):
+    return [row[0] for row in outcome.rows if row[3] == "root cause"]
+
+
+def test_every_worker_absent_from_a_timed_out_barrier_is_marked_not_the_waiter():
+    children = job(1, None, 1, None)    # 0 and 2 waited and failed; 1 and 3 never came
+    failure = ("worker 2 (pid 102 on h) failed: DeadlineError: worker 2: a barrier ('step 7') timed "
+               "out after 10s: worker 1 (pid 101 on h), worker 3 (pid 103 on h) did not arrive "
+               "(workers 0, 2 waited). A worker missing at a collective call failed before it or "
+               "is stuck; raise KVSTORE_TIMEOUT if it is just slow")
+    outcome = conclude(children, {"worker 0": 1, "worker 2": 1}, ("scheduler", 1), None, failure)
+    assert marked(outcome) == ["worker 1", "worker 3"]
+    assert outcome.returncode == 1
+    assert outcome.root_cause.startswith("worker 1 and worker 3 did not arrive at a barrier in time; "
+                                         "the scheduler reported: worker 2 (pid 102 on h) failed")
+
+
+def test_a_failure_without_a_barrier_timeout_still_marks_the_node_it_is_about():
+    children = job(None, None)
+    failure = "worker 1 (pid 101 on h) sent no heartbeat for 2.0s; it is dead or stuck"
+    outcome = conclude(children, {}, ("scheduler", 1), None, failure)
+    assert marked(outcome) == ["worker 1"]
+    assert outcome.root_cause == f"the scheduler aborted the job: {failure}"
