@@ -16,7 +16,8 @@ Binding sockets get a ZAP handler (one thread per ZeroMQ context) that checks th
 credentials of every connection and logs each rejection with the peer's address;
 the same thread watches the sockets for handshakes that fail before ZAP is asked
 (a CURVE client with the wrong keys, a PLAIN client at a CURVE socket) and logs
-those too.
+those too, with the peer's address read from the connection when ZeroMQ reports
+its accept (the failure event itself names only the local endpoint).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
+import queue
 import secrets
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
-
-import queue
+from typing import Callable
 
 import zmq
 from zmq.utils import z85
@@ -107,6 +111,60 @@ class Security:
             hmac.compare_digest(credentials[1], self.token)
 
 
+class Handshakes:
+    """Who is at the other end of each connection one watched socket accepted, so
+    that a handshake that fails before ZAP is asked is logged with the peer's
+    address: ZeroMQ's failure event names only the local endpoint.
+
+    The address is read from the connection's file descriptor when its accept is
+    reported (tcp: the peer's IP address; ipc: the peer's pid and uid). libzmq
+    emits a failed handshake's event and then the ``DISCONNECTED`` event of the
+    same connection (with its descriptor) from one I/O thread, so the two are
+    paired. Best effort: a peer that fails fast may be gone (its descriptor
+    closed) before the accept is handled; its rejection then says so."""
+
+    EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+
+    def __init__(self, peer_of: Callable[[int, str], str | None] | None = None):
+        self._peer_of = peer_of or peer_address   # tests pass their own
+        self._peers: dict[int, str | None] = {}   # descriptor -> peer, while connected
+        self._failed: str | None = None           # a failure waiting for its DISCONNECTED
+
+    def on_event(self, event: int, value: int, endpoint: str) -> tuple[str, str | None] | None:
+        """Take one monitor event; returns (why, peer address or None) when it
+        completes a failed handshake, else None."""
+        if event == zmq.EVENT_ACCEPTED:
+            self._peers[value] = self._peer_of(value, endpoint)
+        elif event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+            self._failed = zmq.Event(event).name
+        elif event == zmq.EVENT_DISCONNECTED:
+            peer = self._peers.pop(value, None)
+            failed, self._failed = self._failed, None
+            if failed is not None:
+                return failed, peer
+        return None
+
+
+def peer_address(fd: int, endpoint: str) -> str | None:
+    """The address of the peer of connection ``fd``, accepted on ``endpoint``:
+    its IP address (tcp), ``pid P uid U`` (ipc); None if ``fd`` is no longer
+    that connection (closed, or reused by a socket on another local address)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as conn:
+            if conn.family == socket.AF_UNIX:
+                pid, uid, _ = struct.unpack("3i", conn.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+                return f"pid {pid} uid {uid}"
+            local, peer = conn.getsockname(), conn.getpeername()
+    except (OSError, ValueError, AttributeError):   # AttributeError: no SO_PEERCRED here
+        return None
+    # a descriptor closed and reused since the accept: not on the endpoint's port
+    if not endpoint.endswith(f":{local[1]}"):
+        return None
+    return str(peer[0])
+
+
 class Authenticator:
     """ZAP handler thread: answers ZeroMQ's authentication requests for one context."""
 
@@ -119,7 +177,18 @@ class Authenticator:
         self._last_logged: dict = {}   # what -> (time, suppressed count)
         self.rejected = 0
 
-    def _log_rejection(self, what: str, message: str, *args) -> None:
+    def _log_handshake(self, endpoint: str, reason: str, peer: str | None) -> None:
+        if peer is None:   # the connection was gone before its address could be read
+            return self._log_rejection(("handshake", endpoint), "%s rejected a connection on %s "
+                                       "from an address it could not read (the connection closed "
+                                       "first): the handshake failed (%s); the peer does not hold "
+                                       "this job's secret or does not use its security mode",
+                                       endpoint, reason)
+        self._log_rejection(("handshake", peer), "%s rejected a connection from %s on %s: the "
+                            "handshake failed (%s); the peer does not hold this job's secret or "
+                            "does not use its security mode", peer, endpoint, reason)
+
+    def _log_rejection(self, what: tuple, message: str, *args) -> None:
         """Log a rejection; a peer that keeps retrying is logged at most every 10 s."""
         self.rejected += 1
         now = time.monotonic()
@@ -132,9 +201,9 @@ class Authenticator:
         self._last_logged[what] = (now, 0)
 
     def watch(self, sock: zmq.Socket) -> None:
-        """Also log failed handshakes on ``sock`` (a socket configured by serve())."""
-        self._watch.put(sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL))
+        """Also log failed handshakes on ``sock`` (a socket configured by serve()),
+        naming the peer's address."""
+        self._watch.put(sock.get_monitor_socket(Handshakes.EVENTS))
 
     def start(self) -> "Authenticator":
         self._thread.start()
@@ -147,22 +216,22 @@ class Authenticator:
         sock.bind(ZAP_ENDPOINT)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        monitors = []
+        monitors: dict = {}   # monitor socket -> its Handshakes
         self._ready.set()
         try:
             while not self._stop.is_set():
                 while not self._watch.empty():
-                    monitors.append(self._watch.get())
-                    poller.register(monitors[-1], zmq.POLLIN)
+                    monitor = self._watch.get()
+                    monitors[monitor] = Handshakes()
+                    poller.register(monitor, zmq.POLLIN)
                 ready = dict(poller.poll(100))
-                for monitor in monitors:
+                for monitor, handshakes in monitors.items():
                     if monitor in ready:
                         event = recv_monitor_message(monitor)
                         endpoint = event["endpoint"].decode(errors="replace")
-                        self._log_rejection(("handshake", endpoint),
-                                            "%s rejected a connection on %s: the handshake failed (%s); "
-                                            "the peer does not hold this job's secret or does not use "
-                                            "its security mode", endpoint, zmq.Event(event["event"]).name)
+                        failed = handshakes.on_event(event["event"], event["value"], endpoint)
+                        if failed is not None:
+                            self._log_handshake(endpoint, *failed)
                 if sock not in ready:
                     continue
                 frames = sock.recv_multipart()
@@ -182,7 +251,7 @@ class Authenticator:
         finally:
             sock.close(linger=0)
             while not self._watch.empty():   # handed over but never picked up
-                monitors.append(self._watch.get())
+                monitors[self._watch.get()] = None
             for monitor in monitors:
                 monitor.close(linger=0)
 
