@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
 from .protocol import ops
-from .server.checkpoint import Choice, Entry, choose
+from .server.checkpoint import Entry, choose
 
 
 class Checkpoints:
@@ -55,14 +55,17 @@ class Checkpoints:
             return
         if self._leads():
             try:
-                choice = self._choose()
+                inventories, top = self._inventories(verify=True)
+                choice = choose(inventories, self._config.checkpoint_dir or "KVSTORE_CHECKPOINT_DIR")
                 self._client.request_all(ops.CHECKPOINT_RESTORE, f"restoring checkpoint {choice.id}",
                                          checkpoint=choice.id)
             except (CheckpointError, RemoteError) as e:
                 reason = str(e) if isinstance(e, CheckpointError) else f"cannot resume: {e}"
                 self._fail(reason)
                 raise CheckpointError(reason) from None
-            self._last_id = choice.id
+            # the next save's id: above every id any server has seen, including the
+            # parts of a set that never completed (a newer one than the set restored)
+            self._last_id = max(top, choice.id)
         self._collective("resume")
         found = {}
 
@@ -92,10 +95,6 @@ class Checkpoints:
             inventories.append([Entry.from_wire(f) for f in files])
         top = max((r.get("max_id") for r in replies.values() if type(r.get("max_id")) is int), default=0)
         return inventories, top
-
-    def _choose(self) -> Choice:
-        inventories, _ = self._inventories(verify=True)
-        return choose(inventories, self._config.checkpoint_dir or "KVSTORE_CHECKPOINT_DIR")
 
     # -- saving ----------------------------------------------------------------------
     def save(self, meta: dict | None) -> None:

@@ -218,9 +218,12 @@ def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_take
     def resumed(kv):
         first = start(kv)
         assert first == 3 and kv.resume_meta == {"step": 3}
-        return run_steps(kv, first, 8)
+        w = run_steps(kv, first, 8)
+        kv.save_checkpoint({"step": 8})   # a new id: above the failed save's part (found by chaos)
+        return w
     for w in make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True).run(resumed):
         assert tuple(w) == reference
+    assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]
 
 
 def test_a_resume_never_combines_files_of_different_saves(make_cluster, tmp_path):
