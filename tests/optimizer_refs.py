@@ -24,6 +24,22 @@ def _data(seed=0, steps=STEPS, n=N):
     return w0, grads
 
 
+# One lively configuration (clipping, weight decay, states) of each optimizer that
+# MXNet 1.9's own numbers check (test_optimizer_mxnet.py), for the tests of in-place
+# semantics, dtypes, lazy rows and the stores.
+LIVELY = {
+    "signum": {"learning_rate": 0.01, "momentum": 0.9, "wd": 0.01, "wd_lh": 0.01,
+               "clip_gradient": 1.0},
+    "ftml": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
+    "dcasgd": {"learning_rate": 0.05, "momentum": 0.9, "lamda": 0.1, "wd": 0.01},
+    "sgld": {"learning_rate": 0.01, "wd": 0.01, "seed": 3},
+    "adadelta": {"rho": 0.9, "wd": 0.01, "clip_gradient": 1.0},
+    "ftrl": {"learning_rate": 0.1, "lamda1": 0.01, "wd": 0.01},
+    "adamax": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
+    "nadam": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
+}
+
+
 # --------------------------------------------------------------------------------------
 # Independent references: one element at a time, Python floats (float64), written
 # from the MXNet 1.x formulas. step(w, g, state, t, lr, hp) -> (w, state).

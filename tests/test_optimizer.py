@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kvstore import optimizer as opt
-from optimizer_refs import (_data, _halving, ref_adagrad, ref_adam, ref_nag, ref_rmsprop, ref_sgd,
-                            run_reference)
+from optimizer_refs import (LIVELY, _data, _halving, ref_adagrad, ref_adam, ref_nag, ref_rmsprop,
+                            ref_sgd, run_reference)
 
 
 CASES = [
@@ -121,6 +121,16 @@ TORCH_CASES = [
     ("rmsprop", {"learning_rate": 0.01, "gamma1": 0.9, "gamma2": 0.8, "epsilon": 0.0,
                  "centered": True},
      lambda T, p: T.optim.RMSprop(p, lr=0.01, alpha=0.9, eps=0.0, momentum=0.8, centered=True)),
+    # torch's Adadelta multiplies by lr (1.0 here); MXNet's has none
+    ("adadelta", {"rho": 0.9, "epsilon": 1e-5},
+     lambda T, p: T.optim.Adadelta(p, lr=1.0, rho=0.9, eps=1e-5)),
+    # torch's Adamax adds eps to u; with 0 it is MXNet 1.9's
+    ("adamax", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.95, "wd": 1e-2},
+     lambda T, p: T.optim.Adamax(p, lr=0.01, betas=(0.8, 0.95), eps=0.0, weight_decay=1e-2)),
+    # torch's NAdam keeps its momentum product per parameter, as ours per slot
+    ("nadam", {"learning_rate": 0.01, "beta2": 0.99, "epsilon": 1e-7, "wd": 1e-2},
+     lambda T, p: T.optim.NAdam(p, lr=0.01, betas=(0.9, 0.99), eps=1e-7, weight_decay=1e-2,
+                                momentum_decay=0.004)),
 ]
 
 
@@ -145,7 +155,12 @@ def test_update_matches_torch(name, hp, make):
 # In-place semantics, dtypes, argument checks
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,ref,hp", CASES, ids=_ids(CASES))
+# and the optimizers MXNet's own numbers check (test_optimizer_mxnet.py); MXNet's
+# AdaDelta rescales the caller's gradient in place
+IN_PLACE_CASES = CASES + [(name, None, hp) for name, hp in LIVELY.items()]
+
+
+@pytest.mark.parametrize("name,ref,hp", IN_PLACE_CASES, ids=_ids(IN_PLACE_CASES))
 def test_grad_untouched_dtype_kept_state_like_weight(name, ref, hp):
     o = opt.create(name, **hp)
     for dtype in (np.float32, np.float64):

@@ -1,7 +1,7 @@
-"""The optimizers added after MXNet 1.9's (Signum, FTML, DCASGD, SGLD, AdaDelta, Ftrl,
-Adamax, Nadam) beyond MXNet's own numbers (test_optimizer_mxnet.py): what MXNet
-cannot run (DCASGD with momentum), torch.optim where the semantics are the same,
-validation, where we deliberately differ (no NaN from 0 / 0, Nadam's schedule per
+"""MXNet 1.9's Signum, FTML, DCASGD, SGLD, AdaDelta, Ftrl, Adamax and Nadam beyond
+MXNet's own numbers (test_optimizer_mxnet.py) and torch.optim's (AdaDelta, Adamax,
+Nadam: TORCH_CASES in test_optimizer.py): what MXNet cannot run (DCASGD with
+momentum), validation, where we deliberately differ (no NaN from 0 / 0, Nadam's schedule per
 slot, SGLD's noise keyed by position), lazy row updates, and the stores: the
 servers against the local store, optimizer-state save/load. Config round trips
 and the Updater's state round trip run over these optimizers in
@@ -16,23 +16,9 @@ import kvstore
 from kvstore import optimizer as opt
 from kvstore.errors import ConfigError
 from kvstore.optimizer import sgld
-from optimizer_refs import _data
+from optimizer_refs import LIVELY, _data
 
 NEW = ["signum", "ftml", "dcasgd", "sgld", "adadelta", "ftrl", "adamax", "nadam"]
-
-# One lively configuration each (clipping, weight decay, states), used across tests.
-LIVELY = {
-    "signum": {"learning_rate": 0.01, "momentum": 0.9, "wd": 0.01, "wd_lh": 0.01,
-               "clip_gradient": 1.0},
-    "ftml": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
-    "dcasgd": {"learning_rate": 0.05, "momentum": 0.9, "lamda": 0.1, "wd": 0.01},
-    "sgld": {"learning_rate": 0.01, "wd": 0.01, "seed": 3},
-    "adadelta": {"rho": 0.9, "wd": 0.01, "clip_gradient": 1.0},
-    "ftrl": {"learning_rate": 0.1, "lamda1": 0.01, "wd": 0.01},
-    "adamax": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
-    "nadam": {"learning_rate": 0.01, "wd": 0.01, "clip_gradient": 1.0},
-}
-
 
 def test_every_new_optimizer_is_registered_and_lively():
     assert set(NEW) <= set(opt.registered())
@@ -86,41 +72,6 @@ def test_dcasgd_previous_weight_starts_as_the_weight_and_follows_it():
     o.update(w, np.array([1.0, 1.0], np.float32), (prev,), 2)
     np.testing.assert_allclose(w, [0.9 - 0.09, -2.1 - 0.09], rtol=1e-6)
     np.testing.assert_allclose(prev, [0.9, -2.1], rtol=1e-6)
-
-
-# --------------------------------------------------------------------------------------
-# torch.optim, where its update is the same one
-# --------------------------------------------------------------------------------------
-
-TORCH_CASES = [
-    # torch's Adadelta multiplies by lr (1.0 here); MXNet's has none
-    ("adadelta", {"rho": 0.9, "epsilon": 1e-5},
-     lambda T, p: T.optim.Adadelta(p, lr=1.0, rho=0.9, eps=1e-5)),
-    # torch's Adamax adds eps to u; with 0 it is MXNet 1.9's
-    ("adamax", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.95, "wd": 0.01},
-     lambda T, p: T.optim.Adamax(p, lr=0.01, betas=(0.8, 0.95), eps=0.0, weight_decay=0.01)),
-    # torch's NAdam keeps its mu product per parameter, as ours per slot
-    ("nadam", {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-7, "wd": 0.01},
-     lambda T, p: T.optim.NAdam(p, lr=0.01, betas=(0.9, 0.99), eps=1e-7, weight_decay=0.01,
-                                momentum_decay=0.004)),
-]
-
-
-@pytest.mark.parametrize("name,hp,make", TORCH_CASES, ids=[c[0] for c in TORCH_CASES])
-def test_update_matches_torch(name, hp, make):
-    torch = pytest.importorskip("torch")
-    w0, grads = _data(seed=17, steps=8)
-    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
-    topt = make(torch, [p])
-    o = opt.create(name, **hp)
-    w = w0.copy()
-    state = o.create_state(w)
-    for t, g in enumerate(grads, start=1):
-        p.grad = torch.from_numpy(g.copy())
-        topt.step()
-        o.update(w, g, state, t)
-        np.testing.assert_allclose(w, p.detach().numpy(), rtol=1e-5, atol=1e-6,
-                                   err_msg=f"{name} step {t}")
 
 
 # --------------------------------------------------------------------------------------
@@ -178,23 +129,6 @@ def test_mxnet_defaults():
     assert opt.Signum().num_states == 1 and opt.Signum(momentum=0.0).num_states == 0
     assert opt.DCASGD().num_states == 1 and opt.DCASGD(momentum=0.9).num_states == 2
     assert opt.SGLD().num_states == 0 and opt.FTML().num_states == 3
-
-
-@pytest.mark.parametrize("name", NEW)
-def test_grad_untouched_dtype_kept_state_like_weight(name):
-    o = opt.create(name, **LIVELY[name])
-    for dtype in (np.float32, np.float64):
-        w0, grads = _data(seed=1)
-        w = w0.astype(dtype)
-        before = w.copy()
-        state = o.create_state(w)
-        assert len(state) == o.num_states
-        for t, g in enumerate(grads[:3], start=1):
-            g_copy = g.copy()
-            o.update(w, g, state, t)
-            np.testing.assert_array_equal(g, g_copy)    # MXNet's AdaDelta rescales it in place
-        assert w.dtype == dtype and all(s.dtype == dtype and s.shape == w.shape for s in state)
-        assert np.isfinite(w).all() and not np.array_equal(w, before)
 
 
 def test_signsgd_ignores_rescale_and_clip_and_decays_the_weight():
@@ -487,3 +421,32 @@ def test_row_sparse_keys_on_servers_update_lazily_as_the_local_store(make_cluste
     assert not np.allclose(want[sorted(pushed)], start[sorted(pushed)])
     for out in got:
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------------
+# GPU: the generic path on CuPy (there is no fused kernel for these)
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NEW)
+def test_cupy_matches_numpy_for_dense_and_lazy_updates(name):
+    from kvstore import gpu
+    if not gpu.available():
+        pytest.skip(f"needs a usable GPU with CuPy: {gpu.reason()}")
+    import cupy
+    w0, grads = _data(seed=2)
+    results = {}
+    for xp in (np, cupy):
+        u = opt.Updater(opt.create(name, **LIVELY[name]))
+        w, rows_w = xp.array(w0), xp.array(w0.reshape(6, 4))      # copies: w0 stays the start
+        for t, g in enumerate(grads):
+            u("dense", xp.asarray(g), w)
+            u.update_rows("rows", xp.asarray([t % 5, 5]), xp.asarray(g[:8].reshape(2, 4)), rows_w)
+        results[xp.__name__] = [cupy.asnumpy(a) if xp is cupy else a
+                                for a in [w, rows_w, *u.get_states()["dense"]["state"]]]
+    for a, b in zip(results["cupy"], results["numpy"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if name == "sgld":                                   # the same noise on both
+        pos = np.arange(1000)
+        np.testing.assert_allclose(cupy.asnumpy(sgld.standard_normal(1, "k", 2, cupy.asarray(pos), cupy)),
+                                   sgld.standard_normal(1, "k", 2, pos, np), rtol=1e-12, atol=1e-12)
