@@ -96,9 +96,6 @@ def test_a_server_killed_while_writing_its_checkpoint_then_resume_refuses_clearl
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(reason="issue 27: a resumed job's next save reuses the id of the set the crash left "
-                          "incomplete ('checkpoint id 3 is not newer than 3, which server 0 has already "
-                          "seen'), so the resumed job fails at that save", strict=False)
 def test_a_server_killed_while_writing_a_later_checkpoint_then_resume_gives_the_uninterrupted_weights(
         references):
     run = run_phase(Case("save", "SIGKILL", "server", 1, "mid-write", workers=2, servers=2, save_every=5,
