@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tracker.control.errors import RendezvousTimeout
-from tracker.control.records import absent_at_barrier
 from tracker.control.membership import Membership
+from tracker.control.records import absent_at_barrier
 from tracker.control.rendezvous import Scheduler
 from tracker.scheduler import serve
 
