@@ -59,13 +59,13 @@ def real(owner, name, value, *, lo=None, lo_open=False, hi=None, hi_open=False,
     return value
 
 
-def unit(owner, name, value):
+def unit(owner: str, name: str, value) -> float:
     """Validate a decay or momentum factor: a real in ``[0, 1)`` (1 would never forget,
     or never move)."""
     return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
 
 
-def nonzero_lr(owner, lr, t):
+def nonzero_lr(owner: str, lr: float, t: int) -> None:
     """Raise ValueError, before anything changes, when update ``t``'s learning rate
     ``lr`` is 0 in an optimizer that divides by it (a schedule may reach 0)."""
     if lr <= 0.0:
