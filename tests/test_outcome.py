@@ -45,3 +45,16 @@ def test_a_failure_without_a_barrier_timeout_still_marks_the_node_it_is_about():
     outcome = conclude(children, {}, ("scheduler", 1), None, failure)
     assert marked(outcome) == ["worker 1"]
     assert outcome.root_cause == f"the scheduler aborted the job: {failure}"
+
+
+def test_the_processes_that_never_registered_are_marked_when_registration_times_out():
+    children = [Ended(ProcSpec("server", 0, ("x",)), 90, None)] + job(None, None, None)
+    failure = ("registration did not complete within 20s (KVSTORE_TIMEOUT): 1 of 3 workers registered "
+               "(missing ranks 1, 2); 1 of 1 servers registered")
+    outcome = conclude(children, {}, ("scheduler", 1), None, failure)
+    assert marked(outcome) == ["worker 1", "worker 2"]
+    assert outcome.returncode == 1
+    assert outcome.root_cause.startswith("worker 1 and worker 2 did not register with the scheduler in "
+                                         "time; the scheduler reported: registration did not complete")
+    none = failure.replace("1 of 1 servers registered", "0 of 1 servers registered")
+    assert marked(conclude(children, {}, ("scheduler", 1), None, none)) == ["server 0", "worker 1", "worker 2"]

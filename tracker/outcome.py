@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from .control.records import absent_at_barrier, describe_exit
+from .control.records import absent_at_barrier, absent_at_registration, describe_exit
 
 # how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
 _NODE_NAME = re.compile(r"\b(worker|server) (\d+) \(pid \d+ on ")
@@ -98,6 +98,10 @@ def _culprits(failure: str | None, codes: dict, labels: set) -> tuple[list[str],
     absent = [label for label in absent_at_barrier(failure) if label in labels]
     if absent:
         return absent, "absent"
+    # a process that never registered (e.g. stopped before it could): the rest only waited
+    unregistered = [label for label in absent_at_registration(failure) if label in labels]
+    if unregistered:
+        return unregistered, "unregistered"
     named = [label for label in named_nodes(failure) if label in labels]
     for label in reversed(named[1:]):
         if codes.get(label):
@@ -132,8 +136,9 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
                 code = codes[culprits[0]]
                 root = f"{_describe(by_label[culprits[0]], code)}; the scheduler reported: {scheduler_failure}"
                 returncode = _status(code)
-            elif found == "absent":
-                root = (f"{' and '.join(culprits)} did not arrive at a barrier in time; "
+            elif found in ("absent", "unregistered"):
+                what = "arrive at a barrier" if found == "absent" else "register with the scheduler"
+                root = (f"{' and '.join(culprits)} did not {what} in time; "
                         f"the scheduler reported: {scheduler_failure}")
                 returncode = 1
             else:

@@ -139,6 +139,24 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
+_REGISTERED = re.compile(r"(\d+) of (\d+) (worker|server)s registered(?: \(missing ranks ([\d, ]+)\))?")
+
+
+def absent_at_registration(text: str | None) -> list[str]:
+    """The processes (``'server 1'``) a registration timeout quoted in ``text``
+    (written by :func:`missing`) names as never registered; [] if it quotes none.
+    The launcher marks them as the root cause of the timeout."""
+    if not text or "registration did not complete" not in text:
+        return []
+    found: list[str] = []
+    for got, total, role, ranks in _REGISTERED.findall(text):
+        if ranks:
+            found += [f"{role} {r.strip()}" for r in ranks.split(",") if r.strip()]
+        elif int(got) == 0:
+            found += [f"{role} {r}" for r in range(int(total))]
+    return found
+
+
 def missing(nodes, num_workers: int, num_servers: int) -> str:
     """Who registered so far: '1 of 2 workers registered (missing ranks 1); ...'."""
     nodes = list(nodes)
