@@ -201,7 +201,9 @@ class KVStoreStrategy(ParallelStrategy):
                     "gradient clipping needs update_on_kvstore=False: the servers' optimizer takes "
                     "the gradients as they were pushed during backward")
         if self._exchange is not None:
-            self._exchange.close()
+            raise InvalidArgumentError(
+                "KVStoreStrategy runs one fit(): the model's keys are on the servers already; "
+                "use a new strategy and job for another fit (validate/test/predict are fine)")
         module = self.lightning_module
         assert module is not None
         overlap = self._overlap and trainer.accumulate_grad_batches == 1

@@ -86,8 +86,8 @@ def test_two_workers_end_with_the_weights_of_lightning_ddp(ddp, tmp_path, launch
 
 
 # -- one process: the 'local' store --------------------------------------------------------
-def fit(strategy, *, accumulate=1, optimizer="sgd", steps=6):
-    """A tiny regression fitted by a real lightning.Trainer; the final weights."""
+def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6):
+    """A real lightning.Trainer, a tiny regression and its data (before fit)."""
     class Net(L.LightningModule):
         def __init__(self):
             super().__init__()
@@ -114,7 +114,13 @@ def fit(strategy, *, accumulate=1, optimizer="sgd", steps=6):
                         accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)   # Lightning's shuffles training data
-    trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=4))
+    return trainer, model, torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def fit(strategy, **kwargs):
+    """The final weights of :func:`lightning_fit`'s model."""
+    trainer, model, loader = lightning_fit(strategy, **kwargs)
+    trainer.fit(model, train_dataloaders=loader)
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -141,6 +147,14 @@ def test_a_store_given_by_the_user_is_used_and_left_open():
     assert strategy.kv is kv
     strategy.close()
     kv.pull("lin.weight", out=torch.empty(2, 4))   # still open: the user closes it
+
+
+def test_a_second_fit_on_the_same_strategy_is_a_clear_error():
+    trainer, model, loader = lightning_fit(KVStoreStrategy("local"), steps=1)
+    trainer.fit(model, train_dataloaders=loader)
+    trainer.fit_loop.epoch_loop.max_steps = 2
+    with pytest.raises(kvstore.KVStoreError, match="one fit"):
+        trainer.fit(model, train_dataloaders=loader)
 
 
 @pytest.mark.parametrize("optimizer, update_on_kvstore, match", [
