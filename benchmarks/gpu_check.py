@@ -69,12 +69,37 @@ def run_pytest(timeout: float) -> dict:
             "tail": "\n".join(lines[-60:]) if p.returncode else ""}
 
 
+def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
+    """A server state on ``backend`` with ``count`` chunks of ``n`` float32 values
+    (configured for ``workers``, ``optimizer`` set) and a function that runs one
+    sync round on every chunk exactly as the server does once pushes are uploaded:
+    each worker's gradient (``xp`` arrays, worker w's all ``0.5 * (w + 1)``) is
+    contributed, then the complete rounds are applied. CI runs it on the host
+    backend with numpy (tests/test_gpu_check.py); the GPU run times it on CuPy."""
+    import numpy as np
+    from kvstore.server.state import ServerState
+    state = ServerState(name="bench", backend=backend)
+    state.handle(b"w", {"op": "configure", "id": 1, "src": 0, "mode": "sync", "num_workers": workers}, [])
+    ids = [["k", i] for i in range(count)]
+    state.handle(b"w", {"op": "init", "id": 2, "src": 0, "chunks": ids}, [np.zeros(n, np.float32) for _ in ids])
+    if optimizer is not None:
+        state.handle(b"w", {"op": "set_optimizer", "id": 3, "src": 0, "optimizer": optimizer.to_config()}, [])
+    with backend.scope():
+        grads = [xp.full(n, 0.5 * (w + 1), xp.float32) for w in range(workers)]
+    chunks = [(("k", i), state.chunks[("k", i)]) for i in range(count)]
+
+    def one_round() -> None:
+        for cid, chunk in chunks:
+            for w in range(workers):
+                state._contribute(cid, chunk, frozenset({w}), grads[w])
+            state._apply_complete_rounds(cid, chunk)
+    return state, one_round
+
+
 def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, reps: int = 20) -> dict:
     import cupy
-    import numpy as np
     from kvstore import optimizer as opt
     from kvstore.server.backend import GpuBackend
-    from kvstore.server.state import ServerState
     backend = GpuBackend(0)
 
     def gpu_ms(fn) -> float:
@@ -99,24 +124,7 @@ def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, rep
         count = total_mb // chunk_mb
         for name, optimizer in (("sum", None), ("sgd momentum", opt.SGD(learning_rate=0.1, momentum=0.9)),
                                 ("adam", opt.Adam(learning_rate=0.001))):
-            state = ServerState(name="bench", backend=backend)
-            state.handle(b"w", {"op": "configure", "id": 1, "src": 0, "mode": "sync",
-                                "num_workers": workers}, [])
-            ids = [["k", i] for i in range(count)]
-            state.handle(b"w", {"op": "init", "id": 2, "src": 0, "chunks": ids},
-                         [np.zeros(n, np.float32) for _ in ids])
-            if optimizer is not None:
-                state.handle(b"w", {"op": "set_optimizer", "id": 3, "src": 0,
-                                    "optimizer": optimizer.to_config()}, [])
-            with backend.scope():
-                grads = [cupy.full(n, 0.5 * (w + 1), cupy.float32) for w in range(workers)]
-            chunks = [(("k", i), state.chunks[("k", i)]) for i in range(count)]
-
-            def one_round():                      # exactly what _on_push does once uploaded
-                for cid, chunk in chunks:
-                    for w in range(workers):
-                        state._contribute(chunk, w, grads[w])
-                    state._apply_complete_rounds(cid, chunk)
+            _, one_round = server_rounds(backend, cupy, n, count, workers, optimizer)
             ms = gpu_ms(one_round)
             states = 0 if optimizer is None else optimizer.num_states
             least = n_total * 4 * (workers + 2 * (1 + states) - (1 if optimizer is None else 0))

@@ -255,7 +255,7 @@ class DistDeviceStore(DistStore):
         items = self._on_host(items, 1, self._shared_bytes)
         what, sources, targets = self._pushpull_args(items)
         staged, upload = self._staged(targets)
-        self._check_pushpull()
+        self._check_can_push()
         # ``items`` keeps the sums' shared memory alive until the servers answered
         return self._send(ops.PUSHPULL, what, sources, staged), upload, items
 

@@ -390,6 +390,20 @@ def test_device_store_keeps_a_key_on_its_initial_values_gpu(force_cpu, monkeypat
     assert placed == {3.0: 3, 1.0: 0}
 
 
+def test_dist_device_sync_pushpull_async_on_its_gpu_path(make_cluster, force_cpu):
+    """The GPU branch of dist_device_sync's pushpull_async (the Trainer's overlap
+    path) called a method renamed away (issue 29, defect 1); forced here with host
+    values, which that path passes through unchanged."""
+    def job(kv):
+        kv._gpu = True                               # as on a GPU host
+        kv.init("w", np.zeros(6, np.float32))
+        out = np.empty(6, np.float32)
+        kv.pushpull_async("w", np.full(6, kv.rank + 1, np.float32), out=out).wait()
+        return out
+    for out in make_cluster(2, 1).run(job, store_type="dist_device_sync"):
+        np.testing.assert_array_equal(out, 3)
+
+
 # ==== GPU-only checks ===============================================================================
 
 @pytest.fixture
