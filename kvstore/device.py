@@ -182,19 +182,25 @@ class DeviceStore(LocalStore):
         if not isinstance(self._updater, _optimizer.Updater):
             return {}
         what = "save_optimizer_states"
-        return {key: {"t": entry["t"], "state": [np.array(arrays.to_numpy(s, what)) for s in entry["state"]]}
+        # the key's shape, as the local store saves it (a row-sparse key's state is flat in the updater)
+        return {key: {"t": entry["t"], "state": [np.array(arrays.to_numpy(s, what)).reshape(self._keys[key].shape)
+                                                 for s in entry["state"]]}
                 for key, entry in self._updater.get_states().items()}
 
     def _set_states(self, states: dict) -> None:
         if not self._gpu:
             return super()._set_states(states)
-        by_device: dict[int, dict] = {}      # load_optimizer_states validated every entry
+        by_device: dict[int | None, dict] = {}   # load_optimizer_states validated every entry
         for key, entry in states.items():
             stored = self._store[self._check_key(key, "load_optimizer_states")]
-            by_device.setdefault(int(stored.device.id), {})[key] = entry
-        import cupy
+            # row-sparse tables stay in host memory (numpy: no GPU to upload to)
+            device = int(stored.device.id) if arrays.is_gpu(stored) else None
+            by_device.setdefault(device, {})[key] = entry
         for device, group in by_device.items():
-            with cupy.cuda.Device(device):   # restored states are uploaded to their key's GPU
+            if device is None:
+                super()._set_states(group)
+                continue
+            with gpu.cupy_module().cuda.Device(device):   # restored states go to their key's GPU
                 super()._set_states(group)
 
 

@@ -390,6 +390,34 @@ def test_device_store_keeps_a_key_on_its_initial_values_gpu(force_cpu, monkeypat
     assert placed == {3.0: 3, 1.0: 0}
 
 
+def test_device_store_saves_and_loads_row_sparse_states_on_its_gpu_path(force_cpu, tmp_path):
+    """A row-sparse table stays in host memory in the device store; its GPU path saved
+    the table's optimizer state flat (its own load refused it) and asked the numpy
+    table for a CUDA device (issue 29, defect 4). Forced here: the states are host
+    arrays, which that path takes as they are."""
+    def trained(gpu_path: bool):
+        kv = kvstore.create("device")
+        kv.init("emb", kvstore.RowSparse.zeros((6, 2)))
+        kv.set_optimizer(kvstore.optimizer.Adam(learning_rate=0.1))
+        kv.push("emb", kvstore.RowSparse(np.ones((2, 2), np.float32), np.array([1, 4]), (6, 2)))
+        kv._gpu = gpu_path
+        return kv
+    kv = trained(gpu_path=True)
+    path = str(tmp_path / "states")
+    kv.save_optimizer_states(path)
+    cpu = trained(gpu_path=False)
+    cpu.save_optimizer_states(str(tmp_path / "cpu"))
+    assert open(path, "rb").read() == open(str(tmp_path / "cpu"), "rb").read()   # as the local store saves
+    kv.load_optimizer_states(path)
+    kv.push("emb", kvstore.RowSparse(np.ones((1, 2), np.float32), np.array([4]), (6, 2)))
+    cpu.push("emb", kvstore.RowSparse(np.ones((1, 2), np.float32), np.array([4]), (6, 2)))
+    a, b = np.empty((6, 2), np.float32), np.empty((6, 2), np.float32)
+    kv._gpu = False                                  # pull the host table either way
+    kv.row_sparse_pull("emb", out=a, row_ids=np.arange(6))
+    cpu.row_sparse_pull("emb", out=b, row_ids=np.arange(6))
+    np.testing.assert_array_equal(a, b)
+
+
 def test_dist_device_sync_pushpull_async_on_its_gpu_path(make_cluster, force_cpu):
     """The GPU branch of dist_device_sync's pushpull_async (the Trainer's overlap
     path) called a method renamed away (issue 29, defect 1); forced here with host
