@@ -69,3 +69,17 @@ def no_leaked_threads():
         t.join(5)
     leaked = ours()
     assert not leaked, f"leaked threads: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(params=["host", "device-layer"])
+def server_backend(request, monkeypatch):
+    """Run a state-machine test on the host backend and on the GPU server's code
+    path over the device layer's host device (kvstore.devices.HostDevice), which
+    is how CI checks that path without a GPU. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("server_backend")``."""
+    import state_driver
+    if request.param == "device-layer":
+        from kvstore.devices import HostDevice
+        from kvstore.server.backend import DeviceBackend
+        monkeypatch.setattr(state_driver, "BACKEND", lambda: DeviceBackend(HostDevice()))
+    return request.param

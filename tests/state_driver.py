@@ -32,10 +32,17 @@ def vec(*values, dtype=F32):
     return np.array(values, dtype=dtype)
 
 
+# the backend Server() builds when none is given: None = the host backend; tests that
+# run on the device layer's host device too set it (see device_backends() below)
+BACKEND = None
+
+
 class Server:
     """Drives a ServerState the way the I/O loop does: one request at a time."""
 
     def __init__(self, mode="sync", num_workers=3, opt=None, init=None, write_in=False, **state_args):
+        if "backend" not in state_args and BACKEND is not None:
+            state_args["backend"] = BACKEND()
         self.state = ServerState(name="server 0", write_in=write_in, **state_args)
         self._ids = itertools.count(1)
         _, r = self.send(0, ops.CONFIGURE, mode=mode, num_workers=num_workers)

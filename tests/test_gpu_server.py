@@ -214,6 +214,42 @@ def test_gpu_state_replies_and_optimizer_states_are_host_copies():
     assert isinstance(value, np.ndarray) and gpu.is_pinned(value)
 
 
+# -- the same code path on the device layer's host device (runs in CI) -------------------
+def _host_device_backend():
+    from kvstore.devices import HostDevice
+    from kvstore.server.backend import DeviceBackend
+    return DeviceBackend(HostDevice())
+
+
+def test_the_gpu_code_path_replies_with_host_copies_and_keeps_device_memory_apart():
+    backend = _host_device_backend()
+    s = _trained_state(backend, steps=1)
+    assert backend.dev.is_device_array(s.state.chunks[A].value)
+    for op in ("get_states", "pull"):
+        rid, r = s.send(0, op, **({"chunks": [A]} if op == "pull" else {}))
+        arrays = expect_ok(only(r), peer(0), rid).arrays
+        assert arrays and not any(backend.dev.is_device_array(a) for a in arrays)
+        assert not any(np.shares_memory(a, c.value) for a in arrays for c in s.state.chunks.values())
+    g = grad(0, 9, (5000,))
+    assert not np.shares_memory(backend.upload(g), g)     # an upload copies into device memory
+
+
+def test_the_gpu_code_path_gives_what_the_cpu_gives_and_checkpoints_move_between_them():
+    on_device, on_host = _trained_state(_host_device_backend()), _trained_state(HostBackend())
+    for got, want in zip(_step(on_device, 3), _step(on_host, 3)):
+        np.testing.assert_array_equal(got, want)
+    # a checkpoint of the device path restores on either path, optimizer state included
+    snap = on_device.state.snapshot({"step": 4})
+    want = _step(on_host, 4)
+    for backend in (_host_device_backend(), HostBackend()):
+        restored = Server(num_workers=2, backend=backend)
+        restored.state.restore(snap)
+        restored.init({A: np.zeros(5000, np.float32), B: np.zeros(7, np.float32)})   # kept
+        restored.set_optimizer(opt.Adam(learning_rate=0.01, wd=1e-3))              # state kept
+        for got, expected in zip(_step(restored, 4), want):
+            np.testing.assert_array_equal(got, expected)
+
+
 # -- no GPU where one was asked for: a loud, named failure (runs on any machine) --------
 def test_a_gpu_server_without_a_usable_gpu_ends_the_job_naming_the_reason(make_cluster, monkeypatch):
     monkeypatch.setattr(gpu, "_probe_result", gpu.Probe(False, "forced by the test"))

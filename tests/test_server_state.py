@@ -21,6 +21,9 @@ from kvstore.protocol import ops
 from kvstore.server.state import Reply, ServerState
 from state_driver import A, B, C, F32, Server, by_id, expect_error, expect_ok, only, peer, sgd, vec
 
+# every test also runs the GPU server's code path on the device layer's host device
+pytestmark = pytest.mark.usefixtures("server_backend")
+
 
 # -- sync mode ------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ from kvstore.protocol import ops
 
 from state_driver import Server, expect_ok, only, peer
 
-pytestmark = pytest.mark.timeout(60)
+# every test also runs the GPU server's code path on the device layer's host device
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_backend")]
 
 E = ["e", 1]                 # the chunk of key "e" held by server 1 (of 2): odd rows
 I64 = np.int64

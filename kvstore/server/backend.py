@@ -11,7 +11,9 @@ array operation runs on the right device and stream.
 kept as the view on the message it came in), downloads return the values
 themselves, so the CPU path is exactly what it was before GPUs existed.
 
-``GpuBackend`` (``KVSTORE_SERVER_DEVICE=gpu``) keeps everything on one GPU:
+``GpuBackend`` (``KVSTORE_SERVER_DEVICE=gpu``) keeps everything on one GPU. It is
+``DeviceBackend`` on a CUDA device of the device layer (kvstore/devices); CI runs
+the same ``DeviceBackend`` on the layer's host device:
 
 - a request buffer is copied into a pinned host buffer and sent to the device
   by an asynchronous copy on the server's CUDA stream, so the server goes back to
@@ -78,65 +80,55 @@ class HostBackend:
         return "host memory"
 
 
-class GpuBackend:
-    """Values, sums and optimizer state on GPU ``device`` (cupy), one CUDA stream."""
+class DeviceBackend:
+    """Values, sums and optimizer state on one device (kvstore.devices), one stream.
+
+    The GPU server's code path: :class:`GpuBackend` runs it on a CUDA device; CI
+    runs it on :class:`kvstore.devices.HostDevice`, whose "device" memory is
+    distinct from the host's, so shapes, copies and method names are checked there."""
 
     name = "gpu"
 
-    def __init__(self, device: int, host=None):
-        from .. import gpu
-        if not gpu.available():
-            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
-        count = gpu.device_count()
-        if not 0 <= device < count:
-            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu: GPU {device} does not exist "
-                                    f"(this host has {count}; see KVSTORE_SERVER_GPUS)")
-        import cupy
-        self.xp = cupy
-        self._gpu = gpu
-        self.device = cupy.cuda.Device(device)
-        with self.device:
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-            self._label = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
+    def __init__(self, device, host=None):
+        self.dev = device
+        self.xp = device.xp
         self._in_flight: deque = deque()    # (event, pinned buffer) of uploads still reading it
         # host: an allocator of shared memory (the node's shm.Arena) for reply mirrors,
         # which co-located workers read in place
         self._host = host
-        self._mirrors: dict = {}            # (device pointer, bytes) -> host mirror
+        self._mirrors: dict = {}            # (device address, bytes) -> host mirror
 
-    @contextlib.contextmanager
     def scope(self):
-        """Make our device and stream current for every cupy call inside."""
-        with self.device, self.stream:
-            yield
+        """Make our device and stream current for every array call inside."""
+        return self.dev.scope()
 
     def alloc(self, size: int, dtype):
-        with self.device:
-            return self.xp.empty(size, dtype)
+        return self.dev.empty(size, dtype)
 
     def shared(self, a) -> bool:
-        return False      # GPU memory: co-located workers cannot write into it (no write-in)
+        return False      # device memory: co-located workers cannot write into it (no write-in)
 
     def upload(self, host: np.ndarray, out=None):
         """Copy ``host`` to the device through a pinned buffer, asynchronously on our
-        stream; returns the device array (``out`` or a new one). Later work on the
-        stream sees the data; the host buffer may be reused as soon as this returns."""
+        stream; returns the device array (``out``, or a new one of ``host``'s shape).
+        Later work on the stream sees the data; ``host`` may be reused at once."""
         self._release_done()
-        host = host.reshape(-1)
         if out is None:
-            out = self.alloc(host.size, host.dtype)
+            out = self.alloc(host.size, host.dtype).reshape(host.shape)
         if host.size == 0:
             return out
-        pinned = self._gpu.pinned_empty(host.size, host.dtype)
-        np.copyto(pinned, host)
-        out.set(pinned, stream=self.stream)
-        event = self.stream.record()
+        pinned = self.dev.pinned_empty(host.size, host.dtype)
+        np.copyto(pinned, host.reshape(-1))
+        event = self.dev.upload(out, pinned)
         self._in_flight.append((event, pinned))   # keeps the pinned block out of the pool
         return out
 
     def _release_done(self) -> None:
         while self._in_flight and self._in_flight[0][0].done:
             self._in_flight.popleft()
+
+    def _on_host(self, a) -> bool:
+        return isinstance(a, np.ndarray) and not self.dev.is_device_array(a)
 
     def download(self, arrays: list, copy: bool = False) -> list:
         """Host copies of ``arrays``: every device-to-host copy is queued on our
@@ -147,34 +139,49 @@ class GpuBackend:
         place. Host arrays are copied."""
         out = []
         for a in arrays:
-            if isinstance(a, np.ndarray):
+            if self._on_host(a):
                 out.append(np.array(a, order="C", copy=True))
                 continue
-            host = self._gpu.pinned_empty(a.size, a.dtype) if copy else self._mirror(a)
+            host = self.dev.pinned_empty(a.size, a.dtype) if copy else self._mirror(a)
             host = host.reshape(a.shape)
             if a.size:
-                a.get(stream=self.stream, out=host, blocking=False)
+                self.dev.download(a, host)
             out.append(host)
-        self.stream.synchronize()
+        self.dev.synchronize()
         return out
 
     def _mirror(self, a) -> np.ndarray:
-        key = (a.data.ptr, a.nbytes)
+        key = (self.dev.address(a), a.nbytes)
         mirror = self._mirrors.get(key)
         if mirror is None or mirror.dtype != a.dtype:
             # Shared memory is not page-locked: cudaHostRegister on it broke CUDA in a
             # process that also maps it as a worker (cudaErrorAlreadyMapped, seen on an
             # H100), so the copy goes through the driver's staging; pinned without it.
-            mirror = (self._gpu.pinned_empty(a.size, a.dtype) if self._host is None
+            mirror = (self.dev.pinned_empty(a.size, a.dtype) if self._host is None
                       else self._host.alloc(a.size, a.dtype))
             self._mirrors[key] = mirror
         return mirror
 
     def to_numpy(self, a) -> np.ndarray:
-        return a if isinstance(a, np.ndarray) else self.download([a], copy=True)[0]
+        return a if self._on_host(a) else self.download([a], copy=True)[0]
 
     def describe(self) -> str:
-        return f"GPU {self.device.id} ({self._label})"
+        return self.dev.describe()
+
+
+class GpuBackend(DeviceBackend):
+    """:class:`DeviceBackend` on GPU ``device`` (cupy); ServerDeviceError without one."""
+
+    def __init__(self, device: int, host=None):
+        from .. import gpu
+        if not gpu.available():
+            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
+        count = gpu.device_count()
+        if not 0 <= device < count:
+            raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu: GPU {device} does not exist "
+                                    f"(this host has {count}; see KVSTORE_SERVER_GPUS)")
+        from ..devices.cuda import CudaDevice
+        super().__init__(CudaDevice(device), host)
 
 
 def for_config(config, rank: int, alloc=None, shared=None, host=None):
