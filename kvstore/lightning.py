@@ -40,7 +40,8 @@ import contextlib
 import datetime
 import logging
 import pathlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -57,7 +58,7 @@ except ImportError as e:   # the optional extra
     raise ImportError("kvstore.lightning needs Lightning 2.x: pip install 'kvstore[lightning]' "
                       "(or pip install lightning)") from e
 
-import kvstore
+from . import create as _create_store
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .store import KVStore
 from .torch import DEFAULT_BUCKET_BYTES, Trainer
@@ -94,7 +95,7 @@ class KVStoreStrategy(ParallelStrategy):
 
     def __init__(self, kvstore: str | KVStore = "dist_sync", *, update_on_kvstore: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, timeout: float = 300.0,
-                 accelerator: "pl.accelerators.Accelerator | None" = None,
+                 accelerator: pl.accelerators.Accelerator | None = None,
                  parallel_devices: list[torch.device] | None = None,
                  checkpoint_io=None, precision_plugin=None) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -119,7 +120,11 @@ class KVStoreStrategy(ParallelStrategy):
     def kv(self) -> KVStore:
         """The store (created on first use from the type given)."""
         if self._kv is None:
-            self._kv = kvstore.create(self._store_spec)
+            store = _create_store(str(self._store_spec))
+            if not isinstance(store, KVStore):
+                raise ArgumentTypeError(f"KVStoreStrategy needs one of kvstore's own store types, "
+                                        f"not the registered {type(store).__name__}")
+            self._kv = store
         return self._kv
 
     @property
@@ -161,7 +166,8 @@ class KVStoreStrategy(ParallelStrategy):
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(self.global_rank)
             self.cluster_environment.set_world_size(self.world_size)
-        _pl_rank_zero.rank_zero_only.rank = _utils_rank_zero.rank_zero_only.rank = self.global_rank
+        rank = self.global_rank
+        _pl_rank_zero.rank_zero_only.rank = _utils_rank_zero.rank_zero_only.rank = rank  # type: ignore[attr-defined]
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -172,7 +178,7 @@ class KVStoreStrategy(ParallelStrategy):
         self.model.to(self.root_device)
 
     # -- training ------------------------------------------------------------------------
-    def setup(self, trainer: "pl.Trainer") -> None:
+    def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
@@ -185,7 +191,7 @@ class KVStoreStrategy(ParallelStrategy):
             _optimizers_to_device(self.optimizers, self.root_device)
             self._start_exchange(trainer)
 
-    def _start_exchange(self, trainer: "pl.Trainer") -> None:
+    def _start_exchange(self, trainer: pl.Trainer) -> None:
         if len(self.optimizers) != 1:
             raise InvalidArgumentError(
                 f"KVStoreStrategy exchanges the gradients of one optimizer per step; "
@@ -222,7 +228,8 @@ class KVStoreStrategy(ParallelStrategy):
         if exchange is None:
             raise InvalidArgumentError("KVStoreStrategy.optimizer_step outside fit()")
         if self.update_on_kvstore:
-            return super().optimizer_step(_ServersStep(optimizer, exchange), closure, model, **kwargs)
+            stand_in = _ServersStep(optimizer, exchange)
+            return super().optimizer_step(stand_in, closure, model, **kwargs)  # type: ignore[arg-type]
 
         def then_average():
             result = closure()
@@ -298,7 +305,7 @@ class KVStoreStrategy(ParallelStrategy):
     def _place(self) -> int:
         return list(self.kv.members).index(self.kv.rank)
 
-    def _gatherer(self) -> "_StoreGather | _TCPStoreGather":
+    def _gatherer(self) -> _StoreGather | _TCPStoreGather:
         if self._gather is None:
             if self.update_on_kvstore:
                 self._gather = _TCPStoreGather(self.kv, self._place(), self._timeout)
@@ -322,7 +329,7 @@ class _ServersStep:
         self._exchange.allreduce_grads()
         # what torch's own step records for its LR schedulers (the servers stepped):
         # without it, the first scheduler step warns it came before optimizer.step()
-        self._optimizer._opt_called = True
+        self._optimizer._opt_called = True  # type: ignore[attr-defined]
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -395,7 +402,7 @@ class _TCPStoreGather:
     def gather(self, data: bytes) -> list[bytes]:
         call, self._count = self._count, self._count + 1
         workers = self._kv.num_workers
-        self._store.set(f"{call}/{self._place}", data)
+        self._store.set(f"{call}/{self._place}", data)  # type: ignore[arg-type]  # bytes work too
         parts = [bytes(self._store.get(f"{call}/{w}")) for w in range(workers)]
         if self._store.add(f"{call}/read", 1) == workers:
             for w in range(workers):

@@ -44,7 +44,7 @@ def run_job(launcher, tmp_path, *args):
         argv = [TORCHRUN, "--standalone", "--nproc-per-node", "2", *script]
     else:
         argv = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, *script]
-    p = subprocess.run(argv, env=env_for(tag), cwd=tmp_path, stdout=subprocess.PIPE,
+    p = subprocess.run(argv, check=False, env=env_for(tag), cwd=tmp_path, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=DEADLINE)
     assert p.returncode == 0, p.stdout
     assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
@@ -176,6 +176,6 @@ def test_bad_arguments_are_named():
 def test_without_lightning_the_import_error_names_the_extra():
     code = ("import sys; sys.modules['lightning'] = None; sys.modules['lightning.pytorch'] = None\n"
             "import kvstore.lightning")
-    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT},
+    p = subprocess.run([sys.executable, "-c", code], check=False, env={**os.environ, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "pip install 'kvstore[lightning]'" in p.stderr, p.stderr
