@@ -192,6 +192,10 @@ class KVStoreStrategy(ParallelStrategy):
             self._start_exchange(trainer)
 
     def _start_exchange(self, trainer: pl.Trainer) -> None:
+        if self._exchange is not None:
+            raise InvalidArgumentError(
+                "KVStoreStrategy runs one fit(): the model's keys are on the servers already; "
+                "use a new strategy and job for another fit (validate/test/predict are fine)")
         if len(self.optimizers) != 1:
             raise InvalidArgumentError(
                 f"KVStoreStrategy exchanges the gradients of one optimizer per step; "
@@ -206,10 +210,6 @@ class KVStoreStrategy(ParallelStrategy):
                 raise InvalidArgumentError(
                     "gradient clipping needs update_on_kvstore=False: the servers' optimizer takes "
                     "the gradients as they were pushed during backward")
-        if self._exchange is not None:
-            raise InvalidArgumentError(
-                "KVStoreStrategy runs one fit(): the model's keys are on the servers already; "
-                "use a new strategy and job for another fit (validate/test/predict are fine)")
         module = self.lightning_module
         assert module is not None
         overlap = self._overlap and trainer.accumulate_grad_batches == 1

@@ -86,7 +86,7 @@ def test_two_workers_end_with_the_weights_of_lightning_ddp(ddp, tmp_path, launch
 
 
 # -- one process: the 'local' store --------------------------------------------------------
-def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6):
+def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None):
     """A real lightning.Trainer, a tiny regression and its data (before fit)."""
     class Net(L.LightningModule):
         def __init__(self):
@@ -111,8 +111,8 @@ def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6):
     if optimizer == "two":
         model.automatic_optimization = False
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=steps,
-                        accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
+                        accumulate_grad_batches=accumulate, gradient_clip_val=clip, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)   # Lightning's shuffles training data
     return trainer, model, torch.utils.data.DataLoader(data, batch_size=4)
 
@@ -157,13 +157,21 @@ def test_a_second_fit_on_the_same_strategy_is_a_clear_error():
         trainer.fit(model, train_dataloaders=loader)
 
 
-@pytest.mark.parametrize("optimizer, update_on_kvstore, match", [
-    ("adam", True, "torch.optim.SGD only"),
-    ("two", False, "one optimizer per step"),
+def test_gradient_clipping_applies_to_the_averaged_gradients():
+    want = fit("auto", clip=0.05)
+    got = fit(KVStoreStrategy("local"), clip=0.05)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kwargs, update_on_kvstore, match", [
+    ({"optimizer": "adam"}, True, "torch.optim.SGD only"),
+    ({"clip": 1.0}, True, "gradient clipping needs update_on_kvstore=False"),
+    ({"optimizer": "two"}, False, "one optimizer per step"),
 ])
-def test_what_the_servers_cannot_do_is_a_clear_error(optimizer, update_on_kvstore, match):
+def test_what_the_strategy_cannot_do_is_a_clear_error(kwargs, update_on_kvstore, match):
     with pytest.raises(kvstore.KVStoreError, match=match):
-        fit(KVStoreStrategy("local", update_on_kvstore=update_on_kvstore), optimizer=optimizer)
+        fit(KVStoreStrategy("local", update_on_kvstore=update_on_kvstore), **kwargs)
 
 
 def test_bad_arguments_are_named():
