@@ -15,7 +15,10 @@ import click
 from .control import env
 from .cli import (check_elastic, elastic_options, log_level, resume_option, server_device_option,
                   setup_logging)
+from .cli import parse_env
 from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
+from .process import Child
+from .wrapper import bindable
 
 EXAMPLE = """\b
 Example:
@@ -35,6 +38,15 @@ here and passed on to every process; see docs/configuration.md.
               help="Number of server processes [default: the number of workers].")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="Extra environment variable for every process (repeatable).")
+@click.option("--worker-env", "env_worker", multiple=True, metavar="NAME[=VALUE]",
+              help="Variable for workers only: its value here, or VALUE (repeatable).")
+@click.option("--server-env", "env_server", multiple=True, metavar="NAME[=VALUE]",
+              help="Variable for servers only: its value here, or VALUE (repeatable).")
+@click.option("--host-ip", default=None, metavar="ADDR",
+              help="Address of this machine that the scheduler and the nodes bind and advertise "
+                   "[default: 127.0.0.1].")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Also write each process's output to LOG_DIR/ROLE-RANK.log (without the prefix).")
 @click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
 @click.option("--emulate-hosts", type=click.IntRange(min=1), default=None, metavar="K",
@@ -45,7 +57,8 @@ here and passed on to every process; see docs/configuration.md.
 @server_device_option()
 @elastic_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run, max_restarts, command):
+def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, log_dir, kill_grace,
+         emulate_hosts, dry_run, max_restarts, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
@@ -63,14 +76,45 @@ def main(num_workers, num_servers, env_pairs, kill_grace, emulate_hosts, dry_run
         raise click.UsageError(str(e))
     check_elastic(settings, num_workers)
     num_servers = num_servers or num_workers
+    if host_ip is not None and not bindable(host_ip):
+        raise click.BadParameter(f"{host_ip} is not an address of this machine", param_hint="--host-ip")
+    role_env = {"worker": parse_env(env_worker, "--worker-env"), "server": parse_env(env_server, "--server-env")}
+    where = {"scheduler_host": host_ip, "node_host": host_ip} if host_ip else {}
     spec = JobSpec(num_workers=num_workers, num_servers=num_servers,
-                   command=tuple(command), env=extra, kill_grace=kill_grace, settings=settings,
-                   emulate_hosts=emulate_hosts or 0, max_restarts=max_restarts)
+                   command=tuple(command), env=extra, role_env=role_env, kill_grace=kill_grace,
+                   settings=settings, emulate_hosts=emulate_hosts or 0, max_restarts=max_restarts, **where)
     # every process runs on this machine (emulated hosts too)
     total = num_servers + num_workers
     spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},
                                 {**os.environ, **extra})
-    sys.exit(run_cli(spec, dry_run=dry_run))
+    spawn = None
+    if log_dir and not dry_run:
+        os.makedirs(log_dir, exist_ok=True)
+
+        def spawn(proc):
+            return Child(proc, LogTee(sys.stdout, os.path.join(log_dir, f"{proc.role}-{proc.rank}.log"),
+                                      f"[{proc.role}:{proc.rank}] "))
+    sys.exit(run_cli(spec, dry_run=dry_run, spawn=spawn))
+
+
+class LogTee:
+    """A process's output: to this launcher's stdout as it comes (prefixed) and to
+    its log file without the prefix. A log that cannot be written is dropped."""
+
+    def __init__(self, out, path: str, prefix: str):
+        self._out, self._prefix = out, prefix
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        self._out.write(text)
+        try:
+            self._file.write(text[len(self._prefix):] if text.startswith(self._prefix) else text)
+            self._file.flush()
+        except (OSError, ValueError):
+            pass
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 if __name__ == "__main__":
