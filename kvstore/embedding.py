@@ -53,7 +53,7 @@ class ShardedEmbedding(torch.nn.Module):
         rows, inverse = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
         out = RowSparse(torch.empty((0, self.dim), dtype=self.dtype), torch.empty(0, dtype=torch.int64),
                         (self.num_rows, self.dim))
-        self.kv.row_sparse_pull(self.key, out=out, row_ids=rows.cpu())
+        self._store().row_sparse_pull(self.key, out=out, row_ids=rows.cpu())
         weight = out.data.to(ids.device)
         if torch.is_grad_enabled() and self.training:
             weight.requires_grad_(True)
@@ -71,7 +71,20 @@ class ShardedEmbedding(torch.nn.Module):
         grads = [RowSparse(leaf.grad.detach().cpu(), rows, (self.num_rows, self.dim))
                  for rows, leaf in pending if leaf.grad is not None]
         if grads:
-            self.kv.push(self.key, grads if len(grads) > 1 else grads[0])
+            self._store().push(self.key, grads if len(grads) > 1 else grads[0])
+
+    # torch.save(model) pickles the module: the table stays on the servers, and the
+    # store (sockets, threads) cannot travel; attach one after loading (emb.kv = kv)
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["kv"], state["_pending"] = None, []
+        return state
+
+    def _store(self):
+        if self.kv is None:
+            raise RuntimeError(f"ShardedEmbedding {self.key!r} has no store (it was loaded from a file): "
+                               "set emb.kv = kv, the store that holds its table")
+        return self.kv
 
     def extra_repr(self) -> str:
         return f"{self.num_rows}, {self.dim}, key={self.key!r}, mode={self.mode!r}"

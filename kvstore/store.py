@@ -44,6 +44,12 @@ class KVStore(Arguments, KVStoreBase):
         self._closed = False
 
     @property
+    def key_type(self) -> type | None:
+        """``int`` or ``str``: the kind of key this store holds (one kind per store),
+        or None before the first ``init``."""
+        return self._key_kind
+
+    @property
     def type(self) -> str:
         """The name the store was created with, lower-cased, e.g. ``"dist_sync"``
         (an alias stays as given, as in MXNet: ``"dist_sync_device"``)."""

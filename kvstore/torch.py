@@ -63,8 +63,9 @@ def optimizer_from_torch(opt: torch.optim.Optimizer) -> kvopt.Optimizer:
 class Trainer:
     """Synchronises a model's gradients and weights through a KVStore.
 
-    ``params``: ``model.parameters()`` (keys 0..n-1) or ``model.named_parameters()``
-    (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
+    ``params``: ``model.parameters()`` (keys 0..n-1, or ``"param.0"``.. when the
+    store already holds str keys, e.g. a :class:`ShardedEmbedding`'s table) or
+    ``model.named_parameters()`` (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
     torch optimizer over the same parameters. ``bucket_bytes``: gradients smaller
     than this are grouped into one push of about this size.
 
@@ -81,8 +82,10 @@ class Trainer:
         named = list(params)
         if named and isinstance(named[0], tuple):
             self._keys, self._params = [n for n, _ in named], [p for _, p in named]
-        else:
-            self._keys, self._params = list(range(len(named))), named
+        else:   # one kind of key per store: beside str keys (a sharded table) these are str too
+            self._keys = [f"param.{i}" for i in range(len(named))] if kv.key_type is str \
+                else list(range(len(named)))
+            self._params = named
         self._params = [p for p in self._params]
         if not all(isinstance(p, torch.Tensor) for p in self._params):
             raise ArgumentTypeError("params must be torch tensors (model.parameters())")

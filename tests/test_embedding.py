@@ -80,3 +80,40 @@ def test_eval_mode_pushes_nothing_and_a_forward_without_backward_adds_nothing():
     kv.row_sparse_pull("e", out=after, row_ids=torch.arange(ROWS))
     torch.testing.assert_close(after, before)
     assert "40, 5" in repr(emb)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, kv):
+        super().__init__()
+        self.emb = ShardedEmbedding(ROWS, DIM, kv, key="emb", init=("normal", 0.1), seed=3)
+        self.head = torch.nn.Linear(DIM, 1)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids)).sum()
+
+
+def test_a_model_with_a_sharded_table_trains_with_model_parameters_and_pickles():
+    """The Trainer takes model.parameters() beside the table's str key (its keys are
+    then str too), and torch.save(model) works: the table stays on the servers and
+    the loaded module asks for its store by name until one is attached."""
+    import io
+    torch.manual_seed(0)
+    kv = kvstore.create("local")
+    kv.set_optimizer(opt.SGD(learning_rate=LR))          # the table's optimizer (servers update it)
+    model = Model(kv)
+    trainer = kvstore.torch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=LR))
+    assert kv.key_type is str
+    ids = torch.tensor([[1, 2], [2, 7]])
+    for _ in range(2):
+        trainer.zero_grad()
+        model(ids).backward()
+        trainer.step()
+        model.emb.step()
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with pytest.raises(RuntimeError, match="ShardedEmbedding 'emb' has no store .* set emb.kv = kv"):
+        loaded(ids)
+    loaded.emb.kv = kv
+    assert torch.equal(loaded(ids), model(ids))
