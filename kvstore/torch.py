@@ -40,6 +40,12 @@ from .errors import ArgumentTypeError, InvalidArgumentError
 from .fileio import atomic_write
 from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)
 
+__all__ = ["Trainer", "ShardedEmbedding", "shard", "optimizer_from_torch", "DEFAULT_BUCKET_BYTES"]
+
+
+def __dir__() -> list[str]:     # dir(kvstore.torch): the public names, not our imports
+    return sorted(__all__)
+
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 
@@ -363,24 +369,38 @@ class _CommThread:
         self._thread.join()
 
 
-def shard(n_items, kv) -> range:
+def shard(n_items, kv, *, contiguous: bool = False, shuffle: bool = False, epoch: int = 0,
+          seed: int = 0) -> range | list:
     """This worker's indices of ``n_items`` items (an int, or anything with ``len()``,
-    e.g. a dataset): every ``kv.num_workers``-th index from ``kv.rank`` (in an
-    elastic job: from this worker's place in ``kv.members``; call it again after a
-    barrier, as the members change), with the
-    remainder dropped, so that every worker gets exactly ``n_items // num_workers``
-    and takes the same number of steps. In ``dist_sync`` that is required: a round
-    needs a push from every worker, so a worker with more batches than another would
-    wait for one that has already finished (it then fails, naming that worker).
+    e.g. a dataset), the remainder dropped, so that every worker gets exactly
+    ``n_items // num_workers`` and takes the same number of steps. In ``dist_sync``
+    that is required: a round needs a push from every worker, so a worker with more
+    batches than another would wait for one that has already finished (it then
+    fails, naming that worker).
+
+    - default: every ``kv.num_workers``-th index from this worker's place (``kv.rank``;
+      in an elastic job its place in ``kv.members``: call it again after a barrier);
+    - ``contiguous=True``: one block of consecutive indices per worker, for data read
+      in order with state carried from batch to batch (a language model's stream);
+    - ``shuffle=True``: the indices are first permuted by a generator seeded with
+      ``seed`` and ``epoch``, the same on every worker (``DistributedSampler`` with
+      ``set_epoch``): pass the epoch to reshuffle every epoch. Returns a list then.
 
     Example::
 
-        mine = torch.utils.data.Subset(dataset, kvstore.torch.shard(dataset, kv))
-        loader = torch.utils.data.DataLoader(mine, batch_size=64, shuffle=True)
+        for epoch in range(epochs):
+            mine = torch.utils.data.Subset(dataset, kvstore.torch.shard(dataset, kv, shuffle=True, epoch=epoch))
+            for x, y in torch.utils.data.DataLoader(mine, batch_size=64):
+                ...
     """
     n = n_items if isinstance(n_items, int) and not isinstance(n_items, bool) else len(n_items)
     if n < 0:
         raise InvalidArgumentError(f"shard: n_items must be >= 0, got {n}")
     # in an elastic job ranks may have gaps: this worker's place among the members
     workers, place = len(kv.members), kv.members.index(kv.rank)
-    return range(place, n // workers * workers, workers)
+    per = n // workers
+    mine = range(place * per, (place + 1) * per) if contiguous else range(place, per * workers, workers)
+    if not shuffle:
+        return mine
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch)))
+    return order[list(mine)].tolist()

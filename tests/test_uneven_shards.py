@@ -101,3 +101,29 @@ def test_shard_gives_every_worker_as_many_items_and_drops_the_rest(n, workers):
     assert len(set(every)) == len(every) and all(0 <= i < n for i in every)
     assert len(every) == n - n % workers
     assert list(torch_helpers.shard(list(range(n)), FakeStore(0, workers))) == shards[0]   # a sized object
+
+
+@pytest.mark.parametrize("n, workers", [(10, 3), (9, 3), (100, 4)])
+def test_contiguous_and_reshuffled_shards_partition_the_items_alike(n, workers):
+    """contiguous: one block per worker (streams with carried state); shuffle: one
+    permutation per (seed, epoch), the same on every worker, a new one each epoch."""
+    torch_helpers = pytest.importorskip("kvstore.torch")
+    blocks = [list(torch_helpers.shard(n, FakeStore(r, workers), contiguous=True)) for r in range(workers)]
+    assert [b for block in blocks for b in block] == list(range(n // workers * workers))
+    for contiguous in (False, True):
+        epochs = []
+        for epoch in (0, 1):
+            shards = [torch_helpers.shard(n, FakeStore(r, workers), shuffle=True, epoch=epoch,
+                                          contiguous=contiguous) for r in range(workers)]
+            every = [i for s in shards for i in s]
+            assert len(set(every)) == len(every) == n // workers * workers and all(0 <= i < n for i in every)
+            assert shards == [torch_helpers.shard(n, FakeStore(r, workers), shuffle=True, epoch=epoch,
+                                                  contiguous=contiguous) for r in range(workers)]
+            epochs.append(shards)
+        assert epochs[0] != epochs[1]                    # reshuffled each epoch
+
+
+def test_kvstore_torch_lists_only_its_public_names():
+    torch_helpers = pytest.importorskip("kvstore.torch")
+    assert dir(torch_helpers) == ["DEFAULT_BUCKET_BYTES", "ShardedEmbedding", "Trainer",
+                                  "optimizer_from_torch", "shard"]
