@@ -100,6 +100,25 @@ class DistStore(Leaving, HostGrouped, KVStore):
     def members(self) -> tuple:
         return self._members
 
+    def _host_mates(self) -> list[int]:
+        """The member ranks registered from this worker's host (its KVSTORE_NODE_HOST
+        address: emulated hosts on one machine count as one), ascending."""
+        hosts = [str(w).rsplit(":", 1)[0] for w in self._membership.workers]
+        if self._rank >= len(hosts):
+            return [self._rank]
+        return [r for r in self._members if r < len(hosts) and hosts[r] == hosts[self._rank]]
+
+    @property
+    def local_rank(self) -> int:
+        """This worker's place among the job's workers on its host, by rank (torchrun's
+        LOCAL_RANK when torchrun started the job), as of the last collective call."""
+        return self._host_mates().index(self._rank)
+
+    @property
+    def local_size(self) -> int:
+        """The number of the job's workers on this worker's host (LOCAL_WORLD_SIZE)."""
+        return len(self._host_mates())
+
     @property
     def elastic(self) -> tuple | None:
         return self._elastic

@@ -96,6 +96,16 @@ class KVStoreBase:
         return 1
 
     @property
+    def local_rank(self) -> int:
+        """This worker's place among the workers on its host (0 .. local_size - 1)."""
+        return 0
+
+    @property
+    def local_size(self) -> int:
+        """The number of workers on this worker's host."""
+        return 1
+
+    @property
     def members(self) -> tuple:
         """The ranks of the job's workers, ascending: ``0 .. num_workers - 1``, except
         in an elastic job (docs/elastic.md), whose workers leave and join."""

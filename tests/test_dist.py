@@ -463,3 +463,23 @@ def test_messages_are_cut_per_server_limit_and_interleaved():
     # server 0 (say, tcp) cut at 8 bytes; server 1 (say, shared memory) uncut
     assert _pieces(groups, [8, 0]) == [(0, 0, 2), (1, 0, 3), (0, 2, 4), (0, 4, 5)]
     assert _pieces(groups, [100, 4]) == [(0, 0, 5), (1, 0, 1), (1, 1, 2), (1, 2, 3)]
+
+
+def test_local_rank_and_size_group_the_workers_by_their_host(make_cluster):
+    """kv.local_rank / kv.local_size: a worker's place among the workers registered
+    from its host (KVSTORE_NODE_HOST), by rank, as torchrun's LOCAL_RANK."""
+    import threading
+    cluster = make_cluster(4, 1)
+    seen = {}
+
+    def work(rank):
+        config = cluster.config("worker", rank).replace(node_host=f"127.0.0.{2 + rank % 2}")
+        with kvstore.create("dist_sync", config=config) as kv:
+            seen[rank] = (kv.local_rank, kv.local_size)
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
+    assert (kvstore.create("local").local_rank, kvstore.create("local").local_size) == (0, 1)
