@@ -36,3 +36,18 @@ def test_a_host_ip_that_is_not_ours_is_refused():
     p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "1", "--host-ip", "192.0.2.1",
                         sys.executable, "-c", "pass"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "192.0.2.1 is not an address of this machine" in p.stderr, p.stderr
+
+
+def test_output_ranks_shows_only_those_workers_and_logs_keep_everything(tmp_path):
+    (tmp_path / "job.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "3", "-s", "1", "--output-ranks", "1",
+                        "--log-dir", "logs", sys.executable, "job.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [line.split("]")[0] for line in p.stdout.splitlines() if line.startswith("[")] == ["[worker:1"]
+    assert all("ENV" in (tmp_path / "logs" / f"worker-{r}.log").read_text() for r in range(3))
+    bad = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "--output-ranks", "2",
+                          sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "worker ranks are 0..1" in bad.stderr

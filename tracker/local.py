@@ -47,6 +47,9 @@ here and passed on to every process; see docs/configuration.md.
                    "[default: 127.0.0.1].")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Also write each process's output to LOG_DIR/ROLE-RANK.log (without the prefix).")
+@click.option("--output-ranks", default=None, metavar="R[,R...]",
+              help="Show only these workers' output on the console (as torchrun's --local-ranks-filter); "
+                   "servers' and other workers' output still goes to --log-dir.")
 @click.option("--kill-grace", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
 @click.option("--emulate-hosts", type=click.IntRange(min=1), default=None, metavar="K",
@@ -57,8 +60,8 @@ here and passed on to every process; see docs/configuration.md.
 @server_device_option()
 @elastic_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, log_dir, kill_grace,
-         emulate_hosts, dry_run, max_restarts, command):
+def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, log_dir, output_ranks,
+         kill_grace, emulate_hosts, dry_run, max_restarts, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
@@ -87,14 +90,44 @@ def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, l
     total = num_servers + num_workers
     spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},
                                 {**os.environ, **extra})
+    shown = _ranks(output_ranks, num_workers)
     spawn = None
     if log_dir and not dry_run:
         os.makedirs(log_dir, exist_ok=True)
-
+    if (log_dir or shown is not None) and not dry_run:
         def spawn(proc):
-            return Child(proc, LogTee(sys.stdout, os.path.join(log_dir, f"{proc.role}-{proc.rank}.log"),
-                                      f"[{proc.role}:{proc.rank}] "))
+            visible = shown is None or (proc.role == "worker" and proc.rank in shown)
+            out = sys.stdout if visible else _Discard()
+            if log_dir:
+                out = LogTee(out, os.path.join(log_dir, f"{proc.role}-{proc.rank}.log"),
+                             f"[{proc.role}:{proc.rank}] ")
+            return Child(proc, out)
     sys.exit(run_cli(spec, dry_run=dry_run, spawn=spawn))
+
+
+def _ranks(text: str | None, num_workers: int) -> set[int] | None:
+    if text is None:
+        return None
+    try:
+        ranks = {int(r) for r in text.split(",") if r.strip()}
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of worker ranks",
+                                 param_hint="--output-ranks") from None
+    bad = sorted(r for r in ranks if not 0 <= r < num_workers)
+    if bad or not ranks:
+        raise click.BadParameter(f"worker ranks are 0..{num_workers - 1}, got {text!r}",
+                                 param_hint="--output-ranks")
+    return ranks
+
+
+class _Discard:
+    """The console output of a process --output-ranks hides."""
+
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
 
 class LogTee:
