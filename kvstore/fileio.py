@@ -71,9 +71,13 @@ def read_versioned(path: str, fmt: str, version: int, what: str, missing: str | 
         raise InvalidArgumentError(f"cannot read {what} from {path}: {e}") from e
     except (OSError, ValueError, msgpack.UnpackException) as e:
         raise InvalidArgumentError(f"cannot read {what} from {path}: {e}") from e
-    if not isinstance(body, dict) or body.get("format") != fmt:
-        raise InvalidArgumentError(f"{path} is not a kvstore {what}")
-    if body.get("version") != version:
-        raise InvalidArgumentError(f"{path} has {what} version {body.get('version')!r}; "
-                                   f"this kvstore reads version {version}")
+    check_format(body, path, fmt, version, what)
     return body
+
+
+def check_format(body, path: str, fmt: str, version: int, what: str, error: type = InvalidArgumentError) -> None:
+    """Raise ``error`` naming ``path`` unless ``body`` is a map of format ``fmt``, version ``version``."""
+    if not isinstance(body, dict) or body.get("format") != fmt:
+        raise error(f"{path} is not a kvstore {what}")
+    if body.get("version") != version:
+        raise error(f"{path} has {what} version {body.get('version')!r}; this kvstore reads version {version}")

@@ -86,7 +86,7 @@ def test_a_missing_part_of_a_committed_set_is_refused_naming_the_server(tmp_path
     (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "is corrupt: its checksum does not match"),
     (lambda b: b[:3], "cannot be read as a checkpoint"),
     (lambda b: b"", "cannot be read as a checkpoint"),
-    (lambda b: msgpack.packb({"format": "kvstore.server_checkpoint", "version": 1}), "has checkpoint version 1"),
+    (lambda b: msgpack.packb({"format": "kvstore.server_checkpoint", "version": 1}), "has server checkpoint version 1"),
     (lambda b: msgpack.packb([1, 2]), "is not a kvstore server checkpoint"),
 ])
 def test_a_damaged_file_is_refused_naming_it(tmp_path, damage, match):

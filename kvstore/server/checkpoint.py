@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import msgpack
 
 from ..errors import CheckpointError
-from ..fileio import atomic_write, fsync_directory
+from ..fileio import atomic_write, check_format, fsync_directory
 
 FORMAT = "kvstore.server_checkpoint"
 VERSION = 2
@@ -110,11 +110,7 @@ def read_header(path: str) -> tuple[dict, int]:
         raise CheckpointError(f"{path} does not exist") from None
     except (OSError, ValueError, msgpack.UnpackException, msgpack.OutOfData) as e:
         raise CheckpointError(f"{path} cannot be read as a checkpoint: {type(e).__name__}: {e}") from e
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a kvstore server checkpoint")
-    if header.get("version") != VERSION:
-        raise CheckpointError(f"{path} has checkpoint version {header.get('version')!r}; this "
-                              f"kvstore reads version {VERSION}")
+    check_format(header, path, FORMAT, VERSION, "server checkpoint", CheckpointError)
     for field in ("checkpoint", "step", "server", "num_servers", "bytes"):
         if not _is_count(header.get(field)):
             raise CheckpointError(f"{path}: its header's {field!r} is {header.get(field)!r}")
