@@ -79,6 +79,7 @@ class Client:
         self.before_flush: Callable | None = None   # called first by flush (a host group's)
         self.traffic = Traffic()  # headers + array bytes, by transport (shared memory too)
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
+        self.timeline = None      # KVSTORE_TIMELINE: the store's kvstore.timeline.Timeline, closed with us
         try:
             links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
         except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
@@ -152,6 +153,8 @@ class Client:
             self._seq[server] += 1
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
         self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside)
+        if self.timeline is not None:
+            self.timeline.request(req_id, server, op, fields.get("chunks"), payload)
         if follows in self._abandoned:
             self._abandoned.add(req_id)
         return req_id, (tracker if track else None)
@@ -372,6 +375,8 @@ class Client:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
             return
         del self._pending[header["id"]]
+        if self.timeline is not None:
+            self.timeline.reply(header["id"], header["op"] == ops.ERROR)
         link = self.links[server]
         link.release(header["id"])   # e.g. the server has finished with our slots
         abandoned = header["id"] in self._abandoned
@@ -392,6 +397,8 @@ class Client:
             self._abandoned.discard(header["id"])
 
     def close(self) -> None:
+        if self.timeline is not None:
+            self.timeline.close({"comm_stats": self.traffic.by_transport()})
         for link in self.links:
             if link is not None:
                 link.close()

@@ -31,6 +31,7 @@ from .leaving import Leaving
 from .protocol import ops
 from .sharding import Placement, pieces
 from .storetypes import NO_ROWS_IN_SSP, server_mode
+from .timeline import open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
         self._job = JobMember(config, addr=self._host.advert if self._host else "")
         self._membership = self._job.membership
         self._client = None
+        self._timeline = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
         try:
             reg = self._job.register()
             self._rank, self._members = reg.rank, tuple(reg.members)
@@ -60,6 +62,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
             self._client = Client(config, self._membership, reg.servers, reg.rank)
+            self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
             if self._host is not None:
                 self._join_host_group(reg)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
@@ -237,6 +240,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
         ``group``: the workers a host's sum speaks for (kvstore.hostreduce)."""
         if self._host is not None and op == ops.PUSHPULL and sources is not None and group is None:
             return self._host.start(what, sources, targets)   # the host sums it first
+        call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         if sources is not None:
             self._check_compressible([info for info, _ in sources], what)
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
@@ -270,18 +274,26 @@ class DistStore(Leaving, HostGrouped, KVStore):
                                           in_place=stage, into=parts, chunks=wire_ids, **fields)
             flight.sent(server, rid)
             ids.append(rid)
+        if call is not None:
+            self._timeline.sent(call)
         return (ids, later, flight), what, [(outs, flat, direct)
-                                            for (_, outs), (_, flat, direct) in zip(targets, flats)]
+                                            for (_, outs), (_, flat, direct) in zip(targets, flats)], call
 
     def _fill(self, handle) -> None:
         if isinstance(handle, HostCall):
             return self._host.finish(handle)
-        (ids, later, flight), what, fills = handle
+        (ids, later, flight), what, fills, call = handle
+        if call is not None:
+            self._timeline.waiting(call)
         self._client.wait(ids, what)     # the replies, and the grants of writes...
         self._client.wait(later, what)   # ...whose `written` requests they sent
         self._client.pace.done(flight)   # (sizes the next calls' messages)
+        if call is not None:
+            self._timeline.copying(call)
         for outs, flat, direct in fills:
             fill_outputs(outs, flat, direct, what)
+        if call is not None:
+            self._timeline.done(call)
 
     def _compressed(self, wire_ids, parts) -> list:
         """``parts`` as they go on the wire: compressed when compression is on. Called
@@ -300,6 +312,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
 
     # -- hooks ---------------------------------------------------------------------------------
     def _do_init(self, items) -> None:
+        call = self._timeline.begin(ops.INIT, [k for k, *_ in items]) if self._timeline is not None else None
         desc = ", ".join(f"{k!r}:{tuple(shape)}:{dtype.name}" for k, shape, dtype, _ in items)
         self._collective(f"init {desc}")
         infos, flats = [], []
@@ -315,6 +328,8 @@ class DistStore(Leaving, HostGrouped, KVStore):
         for info in infos:
             self._keys[info.key] = info
         self._collective("init done")
+        if call is not None:
+            self._timeline.done(call)
 
     def _do_init_rows(self, items) -> None:
         if self._mode == "ssp":
@@ -341,6 +356,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
 
     def _do_push(self, items, wait_sent: bool = True) -> None:
         self._check_can_push()
+        call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
         what = f"push of {_keys_text(info for info, _ in items)}"
         self._check_compressible([info for info, _ in items], what)
         trackers = []
@@ -357,6 +373,8 @@ class DistStore(Leaving, HostGrouped, KVStore):
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return
         self._client.wait_sent(trackers, what)
+        if call is not None:
+            self._timeline.done(call)
 
     def _do_pull_start(self, items) -> tuple:
         return self._send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)

@@ -123,6 +123,7 @@ class Trainer:
         # starts their exchanges instead
         self._use_comm = overlap and any(p.is_cuda for p in self._params)
         self._comm: _CommThread | None = None
+        self._timeline = getattr(kv, "_timeline", None)   # KVSTORE_TIMELINE (kvstore.timeline)
 
         if kv.joined and not update_on_kvstore:
             raise InvalidArgumentError(
@@ -154,6 +155,8 @@ class Trainer:
                     f"parameter {self._keys[index]!r} got a second gradient before step(): "
                     "call step() after every backward, or create the Trainer with overlap=False "
                     "to accumulate gradients over several backward passes")
+            if self._timeline is not None and not self._seen:
+                self._timeline.instant("trainer", "first gradient")
             with self._lock:
                 self._seen.add(index)
                 self._bucket.append(index)
@@ -171,6 +174,10 @@ class Trainer:
             comm = self._comm
         if not indices:
             return
+        if self._timeline is not None:
+            self._timeline.instant("trainer", "bucket ready", {
+                "keys": [self._keys[i] for i in indices],
+                "bytes": sum(self._params[i].numel() * self._params[i].element_size() for i in indices)})
         if comm is None:
             self._start(indices)
             return
@@ -242,11 +249,14 @@ class Trainer:
         :meth:`allreduce_grads`, then :meth:`update`. ``scaler``: a
         ``torch.amp.GradScaler`` (mixed precision; workers updating only), which
         unscales the averaged gradients and skips the step if they overflowed."""
+        start = self._timeline.now() if self._timeline is not None else 0
         if scaler is not None:
             self._check_scaler(scaler)       # before waiting on the exchange
         self.allreduce_grads()
         if not self.update_on_kvstore:
             self._optimizer_step(scaler)
+        if self._timeline is not None:
+            self._timeline.span("trainer", "step", start)
 
     def allreduce_grads(self) -> None:
         """The first half of :meth:`step`, as in MXNet Gluon: finish the exchange.
@@ -272,8 +282,11 @@ class Trainer:
         handles, self._handles = self._handles, []
         self._pushed.clear()
         self._seen.clear()
+        start = self._timeline.now() if self._timeline is not None else 0
         for handle in handles:
             handle.wait()
+        if self._timeline is not None:
+            self._timeline.span("trainer", "wait for exchanges", start, args={"exchanges": len(handles)})
         if not self.update_on_kvstore and self.kv.num_workers > 1:
             for i in exchanged:
                 self._params[i].grad.div_(self.kv.num_workers)
@@ -292,10 +305,13 @@ class Trainer:
         self._optimizer_step(scaler)
 
     def _optimizer_step(self, scaler) -> None:
+        start = self._timeline.now() if self._timeline is not None else 0
         if scaler is None:
             self.torch_optimizer.step()
         else:
             scaler.step(self.torch_optimizer)
+        if self._timeline is not None:
+            self._timeline.span("trainer", "optimizer step", start)
 
     def _check_scaler(self, scaler) -> None:
         if not callable(getattr(scaler, "step", None)) or not callable(getattr(scaler, "unscale_", None)):

@@ -20,6 +20,7 @@ from .commands import ServerCommands
 from .dataplane import DataPlane
 from .sequencer import Sequencer
 from .state import Reply, ServerState
+from ..timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class ServerNode:
         self._epoch = None          # the epoch of the members the state machine holds
         self._checkpoints: CheckpointOps | None = None   # with KVSTORE_CHECKPOINT_DIR
         self._commands: ServerCommands | None = None     # _send_command_to_servers
+        self._timeline: Timeline | None = None           # KVSTORE_TIMELINE (kvstore.timeline)
 
     def run(self) -> int:
         try:
@@ -99,6 +101,7 @@ class ServerNode:
         next_stall_check = time.monotonic() + 1.0
         finished = frozenset()      # workers the state machine knows have finished
         try:
+            self._timeline = open_timeline(self.config.timeline, "server", reg.rank)
             while True:
                 self._apply_members()
                 if self.membership.finished_workers != finished:
@@ -122,6 +125,8 @@ class ServerNode:
                     return 0
                 if self._sock.poll(POLL_MS):
                     self._serve_ready()
+                elif self._timeline is not None:
+                    self._timeline.idle()
         finally:
             self._close()
 
@@ -156,36 +161,46 @@ class ServerNode:
     def _deliver(self, peer: bytes, deliverable) -> None:
         """Handle requests of ``peer`` that the sequencer released, in order."""
         for header, arrays in deliverable:
-            log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
-                      header["id"], header["src"])
-            handled = self._data.intercept(peer, header, arrays)   # e.g. hello
-            if handled is not None:
-                self._send(peer, *handled)
-                continue
-            if header["op"] == ops.COMMAND:
-                self._send(peer, self._commands.handle(header), [])
-                continue
-            if self._checkpoints is not None:
-                if header["op"] in CheckpointOps.HANDLED:
-                    self._send(peer, self._checkpoints.handle(header), [])
-                    continue
-                refusal = self._checkpoints.refusal(header["op"])
-                if refusal is not None:
-                    self._send(peer, error_header(header["id"], "CheckpointError", refusal), [])
-                    continue
-            self._apply_members()
-            try:
-                replies = self.state.handle(peer, header, arrays)
-            except Exception as e:  # a bug or an input we did not foresee: keep serving
-                log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
-                              header.get("id"))
-                replies = [Reply(peer, error_header(header["id"], "InternalError",
-                                                    f"{self.state.name}: {type(e).__name__}: {e}"))]
-            for reply in replies:
-                if reply.header.get("kind") == "ProtocolError":
-                    log.warning("%s: rejected a malformed %s request: %s", self.state.name,
-                                header.get("op"), reply.header.get("message"))
-                self._send(reply.peer, reply.header, reply.arrays)
+            if self._timeline is None:
+                self._handle(peer, header, arrays)
+            else:
+                start = self._timeline.now()
+                self._timeline.served(start, peer, header, self._handle(peer, header, arrays))
+
+    def _handle(self, peer: bytes, header: dict, arrays) -> list | None:
+        """Handle one request and send its replies: the state machine's, returned
+        (None for a request the node answers itself)."""
+        log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
+                  header["id"], header["src"])
+        handled = self._data.intercept(peer, header, arrays)   # e.g. hello
+        if handled is not None:
+            self._send(peer, *handled)
+            return None
+        if header["op"] == ops.COMMAND:
+            self._send(peer, self._commands.handle(header), [])
+            return None
+        if self._checkpoints is not None:
+            if header["op"] in CheckpointOps.HANDLED:
+                self._send(peer, self._checkpoints.handle(header), [])
+                return None
+            refusal = self._checkpoints.refusal(header["op"])
+            if refusal is not None:
+                self._send(peer, error_header(header["id"], "CheckpointError", refusal), [])
+                return None
+        self._apply_members()
+        try:
+            replies = self.state.handle(peer, header, arrays)
+        except Exception as e:  # a bug or an input we did not foresee: keep serving
+            log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
+                          header.get("id"))
+            replies = [Reply(peer, error_header(header["id"], "InternalError",
+                                                f"{self.state.name}: {type(e).__name__}: {e}"))]
+        for reply in replies:
+            if reply.header.get("kind") == "ProtocolError":
+                log.warning("%s: rejected a malformed %s request: %s", self.state.name,
+                            header.get("op"), reply.header.get("message"))
+            self._send(reply.peer, reply.header, reply.arrays)
+        return replies
 
     def _apply_members(self) -> None:
         """In an elastic job, hand the workers' members to the state machine when their
@@ -211,6 +226,7 @@ class ServerNode:
             self._send(reply.peer, reply.header, reply.arrays)
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
+        start = self._timeline.now() if self._timeline is not None else 0
         try:
             # never block: a peer that does not read its replies must not stall everyone
             self._data.reply(peer, header, arrays, lambda frames: self._sock.send_multipart(
@@ -220,8 +236,12 @@ class ServerNode:
                         self.state.name)
         except zmq.ZMQError as e:  # EHOSTUNREACH: that worker is gone
             log.warning("%s: could not reply to a worker that went away: %s", self.state.name, e)
+        if self._timeline is not None:
+            self._timeline.replied(start, peer, header, arrays)
 
     def _close(self) -> None:
+        if self._timeline is not None:
+            self._timeline.close()
         if self._commands is not None:
             self._commands.close()
         self.membership.close()

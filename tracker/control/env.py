@@ -234,6 +234,10 @@ VARIABLES: tuple[Var, ...] = (
         "Under torch's launchers (torchrun, PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
         "set, no KVSTORE_* job variables), how many servers each host's local rank 0 starts "
         "(tracker/torch_job.py)."),
+    Var("KVSTORE_TIMELINE", (), None, str,
+        "Directory where every worker and server writes a Chrome trace-event file of its "
+        "calls, requests and rounds (worker-R.json, server-R.json; opens in Perfetto; "
+        "`python -m kvstore.tools.timeline DIR` merges them). Unset: nothing is recorded."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )
