@@ -8,7 +8,7 @@ cut short by a crash is read up to its last complete event), writes
 ``DIR/timeline.json`` (every process on one clock, which starts at the job's first
 event; open it in https://ui.perfetto.dev or chrome://tracing) and prints:
 
-- per worker: its window (first to last event), the time its threads spent inside
+- per worker: its window (its first store call to its last event), the time its threads spent inside
   kvstore calls (sending, waiting for replies, copying out), of that the time waiting
   for replies, the rest as compute, and the bytes it moved by transport;
 - the keys whose messages were longest in flight (a message's time is shared evenly
@@ -114,7 +114,9 @@ def summarize(processes: list[Process], top: int = 10) -> dict:
     workers, servers, keys = [], [], defaultdict(lambda: [0.0, 0])
     for p in processes:
         spans = _spans(p)
-        window = (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)) / 1e6 if spans else 0.0
+        # a worker's window opens with its first store call (not kvstore.create's connections)
+        first = [e["ts"] for e in _spans(p, "call")] or [e["ts"] for e in spans]
+        window = (max(e["ts"] + e["dur"] for e in spans) - min(first)) / 1e6 if spans else 0.0
         if p.role == "worker":
             inside = sum(e["dur"] for e in _spans(p, "worker")) / 1e6
             waiting = sum(e["dur"] for e in _spans(p, "worker") if e["name"].startswith("wait ")) / 1e6
