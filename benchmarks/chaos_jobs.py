@@ -133,11 +133,12 @@ def launcher_argv(workers: int, servers: int, script: list[str], env: dict[str, 
     """The launcher's argv for ``script`` (the worker's argv after the interpreter):
     ``tracker.local``, or ``tracker.ssh`` on 127.0.0.2 and 127.0.0.3 of ``sshd``
     (tests/services.py's loopback sshd), which passes the KVSTORE_* settings by
-    itself and the CHAOS_* ones named with ``--env``. ``flags``: launcher options."""
+    itself and the CHAOS_* ones (and PYTHONPATH: the remote processes run this
+    checkout, not another one installed) named with ``--env``. ``flags``: launcher options."""
     if sshd is None:
         return [sys.executable, "-m", "tracker.local", "-n", str(workers), "-s", str(servers), *flags,
                 sys.executable, *script]
-    passed = [arg for name in sorted(env) if name.startswith("CHAOS_") or name == "PYTHONUNBUFFERED"
+    passed = [arg for name in sorted(env) if name.startswith("CHAOS_") or name in ("PYTHONUNBUFFERED", "PYTHONPATH")
               for arg in ("--env", name)]
     hosts = sshd.hostfile("127.0.0.2:{port}", "127.0.0.3:{port}")
     return [sys.executable, "-m", "tracker.ssh", "-F", sshd.client_config, *passed,
