@@ -91,6 +91,11 @@ def launch(tree: str, env: dict, workers: int, servers: int, calls: int, floats:
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
 
 
+def _lines(path: str) -> int:
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-w", "--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("-s", "--servers", type=click.IntRange(min=1), default=1, show_default=True)
@@ -117,7 +122,7 @@ def main(workers, servers, calls, floats, block, launches, before, out) -> None:
             for name in names[i % len(names):] + names[:i % len(names)]:
                 tree, env = variants[name]
                 results[name].append(launch(tree, env, workers, servers, calls, floats, block, work))
-        events = sum(1 for f in os.listdir(trace) for _ in open(os.path.join(trace, f))) if os.path.isdir(trace) else 0
+        events = sum(_lines(os.path.join(trace, f)) for f in os.listdir(trace)) if os.path.isdir(trace) else 0
     base = [statistics.median(v[i] for v in results["off"]) for i in (0, 1)]
     click.echo(f"pushpull of {floats} fp32, W={workers}, S={servers}, {calls} calls x {launches} launches "
                f"(rank 0's median per call over blocks of {block}; median over launches)\n")

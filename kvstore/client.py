@@ -28,6 +28,7 @@ from .config import Config
 from .errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
 from .protocol import encode, ops
 from .protocol.codec import MAX_HEADER_BYTES
+from .timeline import Timeline
 from .transport import Advert, links, memory
 from .transport.pace import Pace
 from .transport.traffic import Traffic
@@ -79,7 +80,7 @@ class Client:
         self.before_flush: Callable | None = None   # called first by flush (a host group's)
         self.traffic = Traffic()  # headers + array bytes, by transport (shared memory too)
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
-        self.timeline = None      # KVSTORE_TIMELINE: the store's kvstore.timeline.Timeline, closed with us
+        self.timeline: Timeline | None = None   # KVSTORE_TIMELINE: the store's, closed with us
         try:
             links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
         except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind

@@ -31,7 +31,7 @@ from .leaving import Leaving
 from .protocol import ops
 from .sharding import Placement, pieces
 from .storetypes import NO_ROWS_IN_SSP, server_mode
-from .timeline import open_timeline
+from .timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
         self._job = JobMember(config, addr=self._host.advert if self._host else "")
         self._membership = self._job.membership
         self._client = None
-        self._timeline = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
+        self._timeline: Timeline | None = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
         try:
             reg = self._job.register()
             self._rank, self._members = reg.rank, tuple(reg.members)
@@ -275,7 +275,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
-            self._timeline.sent(call)
+            call.sent()
         return (ids, later, flight), what, [(outs, flat, direct)
                                             for (_, outs), (_, flat, direct) in zip(targets, flats)], call
 
@@ -284,16 +284,16 @@ class DistStore(Leaving, HostGrouped, KVStore):
             return self._host.finish(handle)
         (ids, later, flight), what, fills, call = handle
         if call is not None:
-            self._timeline.waiting(call)
+            call.waiting()
         self._client.wait(ids, what)     # the replies, and the grants of writes...
         self._client.wait(later, what)   # ...whose `written` requests they sent
         self._client.pace.done(flight)   # (sizes the next calls' messages)
         if call is not None:
-            self._timeline.copying(call)
+            call.copying()
         for outs, flat, direct in fills:
             fill_outputs(outs, flat, direct, what)
         if call is not None:
-            self._timeline.done(call)
+            call.done()
 
     def _compressed(self, wire_ids, parts) -> list:
         """``parts`` as they go on the wire: compressed when compression is on. Called
@@ -329,7 +329,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
             self._keys[info.key] = info
         self._collective("init done")
         if call is not None:
-            self._timeline.done(call)
+            call.done()
 
     def _do_init_rows(self, items) -> None:
         if self._mode == "ssp":
@@ -374,7 +374,7 @@ class DistStore(Leaving, HostGrouped, KVStore):
         # the caller may reuse its gradient buffers once we return
         self._client.wait_sent(trackers, what)
         if call is not None:
-            self._timeline.done(call)
+            call.done()
 
     def _do_pull_start(self, items) -> tuple:
         return self._send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)

@@ -53,12 +53,36 @@ THREADS, CALLS, REQUESTS = 1, 100, 1000   # first lane id of each group (worker)
 
 
 class Call:
-    """One store call being traced (:meth:`Timeline.begin`)."""
-    __slots__ = ("op", "keys", "start", "sent", "waiting", "copying")
+    """One store call being traced (:meth:`Timeline.begin`): its phases, in order
+    (each optional), are :meth:`sent`, :meth:`waiting`, :meth:`copying`, :meth:`done`."""
+    __slots__ = ("copy_start", "keys", "op", "sent_at", "start", "timeline", "wait_start")
 
-    def __init__(self, op: str, keys: list, start: int):
-        self.op, self.keys, self.start = op, keys, start
-        self.sent = self.waiting = self.copying = 0
+    def __init__(self, timeline: Timeline, op: str, keys: list):
+        self.timeline, self.op, self.keys = timeline, op, keys
+        self.start = timeline.call_start = time.perf_counter_ns()
+        self.sent_at = self.wait_start = self.copy_start = 0
+
+    def sent(self) -> None:
+        """Every request of the call is on its way."""
+        self.sent_at = self.timeline.span("worker", f"send {self.op}", self.start)
+        self.timeline.call_start = None
+
+    def waiting(self) -> None:
+        self.wait_start = time.perf_counter_ns()
+
+    def copying(self) -> None:
+        """The replies are in; the outputs are filled next."""
+        self.copy_start = self.timeline.span("worker", f"wait {self.op}", self.wait_start)
+
+    def done(self) -> None:
+        tl, end = self.timeline, time.perf_counter_ns()
+        if self.copy_start:
+            tl.span("worker", f"copy out {self.op}", self.copy_start, end)
+        elif not self.sent_at:
+            tl.span("worker", self.op, self.start, end)
+        tl.call_start = None
+        tl.span("call", self.op, self.start, end, {"keys": self.keys},
+                tl.lane("calls", CALLS, "calls", self.start, end))
 
 
 class Timeline:
@@ -79,7 +103,7 @@ class Timeline:
         self.path = os.path.join(directory, f"{role}-{rank}.json")
         try:
             os.makedirs(directory, exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (open until close())
         except OSError as e:
             raise ConfigError(f"KVSTORE_TIMELINE={directory}: cannot write {self.path}: {e}") from None
         self.role, self.rank = role, rank
@@ -125,7 +149,7 @@ class Timeline:
             self._name_lane(tid, f"thread {threading.current_thread().name}", tid)
         return tid
 
-    def _lane(self, group: object, base: int, label: str, start: int, end: int) -> int:
+    def lane(self, group: object, base: int, label: str, start: int, end: int) -> int:
         """A lane of ``group`` free at ``start`` (spans are recorded in the order they
         end, so a lane whose last span ended by ``start`` takes this one)."""
         ends = self._lanes.setdefault(group, [])
@@ -148,33 +172,8 @@ class Timeline:
 
     # -- a worker's store calls (kvstore.dist) and requests (kvstore.client) ---------------
     def begin(self, op: str, keys: list) -> Call:
-        """A store call starts: the requests sent until :meth:`sent` or :meth:`done` belong to it."""
-        call = Call(op, keys, time.perf_counter_ns())
-        self.call_start = call.start
-        return call
-
-    def sent(self, call: Call) -> None:
-        """Every request of ``call`` is on its way."""
-        call.sent = self.span("worker", f"send {call.op}", call.start)
-        self.call_start = None
-
-    def waiting(self, call: Call) -> None:
-        call.waiting = time.perf_counter_ns()
-
-    def copying(self, call: Call) -> None:
-        """The replies of ``call`` are in; its outputs are filled next."""
-        call.copying = self.span("worker", f"wait {call.op}", call.waiting)
-
-    def done(self, call: Call) -> None:
-        end = time.perf_counter_ns()
-        if call.copying:
-            self.span("worker", f"copy out {call.op}", call.copying, end)
-        elif not call.sent:
-            self.span("worker", call.op, call.start, end)
-        self.call_start = None
-        args = {"keys": call.keys}
-        self._add(("X", "call", call.op, self._lane("calls", CALLS, "calls", call.start, end),
-                   call.start, end - call.start, args))
+        """A store call starts: the requests sent until its ``sent()`` or ``done()`` belong to it."""
+        return Call(self, op, keys)
 
     def request(self, req_id: int, server: int, op: str, chunks, nbytes: int) -> None:
         """A request was handed to ``server``'s link."""
@@ -188,7 +187,7 @@ class Timeline:
         end = time.perf_counter_ns()
         at, server, op, chunks, nbytes, queued = sent
         start = at if queued is None or queued >= at else queued
-        tid = self._lane(server, REQUESTS + LANES * server, f"to server {server}", start, end)
+        tid = self.lane(server, REQUESTS + LANES * server, f"to server {server}", start, end)
         if start < at:
             self._add(("X", "request", "queued", tid, start, at - start, None))
         args = {"server": server, "id": req_id, "bytes": nbytes}

@@ -14,13 +14,13 @@ from ..config import Config
 from ..errors import ProtocolError
 from ..protocol import error_header, ops
 from ..protocol.codec import parse_header
+from ..timeline import Timeline, open_timeline
 from . import backend as _backend
 from .checkpoint_ops import CheckpointOps
 from .commands import ServerCommands
 from .dataplane import DataPlane
 from .sequencer import Sequencer
 from .state import Reply, ServerState
-from ..timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 

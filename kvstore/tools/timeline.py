@@ -111,7 +111,9 @@ def _spans(p: Process, cat: str | None = None):
 
 def summarize(processes: list[Process], top: int = 10) -> dict:
     """The numbers :func:`render` prints (seconds, bytes)."""
-    workers, servers, keys = [], [], defaultdict(lambda: [0.0, 0])
+    workers: list[dict] = []
+    servers: list[dict] = []
+    keys: dict[str, list] = defaultdict(lambda: [0.0, 0])   # key -> [seconds in flight, messages]
     for p in processes:
         spans = _spans(p)
         # a worker's window opens with its first store call (not kvstore.create's connections)
@@ -144,8 +146,8 @@ def summarize(processes: list[Process], top: int = 10) -> dict:
 
 def render(summary: dict) -> str:
     lines = ["workers (seconds; compute = window - in kvstore):",
-             f"{'worker':>6} {'window':>9} {'compute':>9} {'in kvstore':>10} {'waiting':>9} "
-             f"{'calls':>6} {'messages':>8}  MB sent/received by transport"]
+             (f"{'worker':>6} {'window':>9} {'compute':>9} {'in kvstore':>10} {'waiting':>9} "
+              f"{'calls':>6} {'messages':>8}  MB sent/received by transport")]
     for w in summary["workers"]:
         moved = ", ".join(f"{t} {b.get('sent', 0) / 1e6:.2f}/{b.get('received', 0) / 1e6:.2f}"
                           for t, b in sorted(w["bytes"].items())) or "-"
