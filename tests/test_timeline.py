@@ -166,6 +166,12 @@ def test_an_unwritable_directory_is_a_config_error(tmp_path):
         Timeline(str(tmp_path / "file"), "server", 0)
 
 
+def test_help():
+    p = subprocess.run([sys.executable, "-m", "kvstore.tools.timeline", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "Usage: python -m kvstore.tools.timeline" in p.stdout, p.stderr
+
+
 def test_an_empty_directory_is_reported(tmp_path):
     result = CliRunner().invoke(tool.main, [str(tmp_path)])
     assert result.exit_code == 1 and "no worker-R.json or server-R.json" in result.output
