@@ -62,6 +62,7 @@ from . import create as _create_store
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .store import KVStore
 from .torch import DEFAULT_BUCKET_BYTES, Trainer
+from tracker.control.env import default
 
 __all__ = ["KVStoreStrategy"]
 
@@ -83,8 +84,8 @@ class KVStoreStrategy(ParallelStrategy):
     averaged gradients (any optimizer; the servers only sum, so a synchronous
     store). ``bucket_bytes``, ``overlap``: as :class:`kvstore.torch.Trainer`
     (with ``accumulate_grad_batches > 1`` the exchange runs at the optimizer step
-    only, ``overlap=False``). ``timeout``: seconds the TCPStore side channel waits
-    (servers updating only; the store's calls have their own, ``KVSTORE_TIMEOUT``).
+    only, ``overlap=False``). ``timeout``: seconds the TCPStore side channel waits (default:
+    KVSTORE_TIMEOUT's default; servers updating only).
 
     Raises InvalidArgumentError at ``fit`` for what the servers cannot do: more
     than one optimizer, a gradient scaler (``precision="16-mixed"``) or gradient
@@ -94,7 +95,7 @@ class KVStoreStrategy(ParallelStrategy):
     strategy_name = "kvstore"
 
     def __init__(self, kvstore: str | KVStore = "dist_sync", *, update_on_kvstore: bool = False,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, timeout: float = 300.0,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, timeout: float | None = None,
                  accelerator: pl.accelerators.Accelerator | None = None,
                  parallel_devices: list[torch.device] | None = None,
                  checkpoint_io=None, precision_plugin=None) -> None:
@@ -111,7 +112,8 @@ class KVStoreStrategy(ParallelStrategy):
         self.update_on_kvstore = update_on_kvstore
         self._bucket_bytes = bucket_bytes
         self._overlap = overlap
-        self._timeout = timeout
+        # the side channel waits as long as any blocking call does (KVSTORE_TIMEOUT's default)
+        self._timeout = float(timeout if timeout is not None else default("KVSTORE_TIMEOUT"))
         self._exchange: Trainer | None = None
         self._gather: _StoreGather | _TCPStoreGather | None = None
 
