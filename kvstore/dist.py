@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +35,20 @@ from .storetypes import NO_ROWS_IN_SSP, server_mode
 from .timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sent:
+    """A call's requests on their way (:meth:`DistStore._send`), which :meth:`DistStore._fill`
+    completes: the request ids, the ``written`` ones their write grants send
+    (``later``), the pace window, what the call is, the outputs to fill from each
+    flat reply buffer, and the call's timeline record (None when off)."""
+    ids: list
+    later: list
+    flight: object
+    what: str
+    fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
+    call: object = None
 
 
 class DistStore(Leaving, HostGrouped, KVStore):
@@ -276,21 +291,21 @@ class DistStore(Leaving, HostGrouped, KVStore):
             ids.append(rid)
         if call is not None:
             call.sent()
-        return (ids, later, flight), what, [(outs, flat, direct)
-                                            for (_, outs), (_, flat, direct) in zip(targets, flats)], call
+        return Sent(ids, later, flight, what, [(outs, flat, direct)
+                                               for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
 
     def _fill(self, handle) -> None:
         if isinstance(handle, HostCall):
             return self._host.finish(handle)
-        (ids, later, flight), what, fills, call = handle
+        call, what = handle.call, handle.what
         if call is not None:
             call.waiting()
-        self._client.wait(ids, what)     # the replies, and the grants of writes...
-        self._client.wait(later, what)   # ...whose `written` requests they sent
-        self._client.pace.done(flight)   # (sizes the next calls' messages)
+        self._client.wait(handle.ids, what)     # the replies, and the grants of writes...
+        self._client.wait(handle.later, what)   # ...whose `written` requests they sent
+        self._client.pace.done(handle.flight)   # (sizes the next calls' messages)
         if call is not None:
             call.copying()
-        for outs, flat, direct in fills:
+        for outs, flat, direct in handle.fills:
             fill_outputs(outs, flat, direct, what)
         if call is not None:
             call.done()

@@ -28,13 +28,12 @@ class HostGrouped:
     def _push_for_host(self, what, sources, targets, group) -> tuple:
         return self._send(ops.PUSHPULL, what, sources, targets, paced=True, group=group)
 
-    def _fill_for_host(self, handle: tuple) -> list:
+    def _fill_for_host(self, handle) -> list:
         self._fill(handle)
-        return [flat for _, flat, _ in handle[2]]
+        return [flat for _, flat, _ in handle.fills]
 
-    def _replied_for_host(self, handle: tuple) -> bool:
-        (ids, later, _), _, _ = handle      # DistStore._send's handle
-        return self._client.replied(ids + later)
+    def _replied_for_host(self, handle) -> bool:   # handle: DistStore._send's Sent
+        return self._client.replied(handle.ids + handle.later)
 
     def _host_stats(self) -> dict:
         """comm_stats' bytes to and from the group's others (none without a group)."""
