@@ -69,7 +69,7 @@ def assert_like_ddp(got, want):
 
 def assert_collectives(text):
     for rank in (0, 1):
-        line = re.search(rf"rank {rank} of 2: (.*)", text)
+        line = re.search(rf"rank {rank} of 2: (broadcast .*? sampler 2:\d)", text)   # lines may interleave
         assert line, text
         assert line.group(1) == (f"broadcast {{'from': 0, 'p': [0]}} max [2.0, 0.0] gather [0, 1] "
                                  f"stop True/False sampler 2:{rank}"), text

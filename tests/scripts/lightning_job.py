@@ -71,12 +71,14 @@ def main():
     trainer.fit(model, train_dataloaders=data())
     if args.strategy == "kvstore":
         s = trainer.strategy
-        print(f"rank {rank} of {trainer.world_size}: broadcast {s.broadcast({'from': rank, 'p': [rank]})} "
-              f"max {s.reduce(torch.tensor([rank + 1.0, -rank]), reduce_op='max').tolist()} "
-              f"gather {s.all_gather(torch.tensor(rank)).tolist()} "
-              f"stop {s.reduce_boolean_decision(rank == 1, all=False)}/{s.reduce_boolean_decision(rank == 1)} "
-              f"sampler {trainer.train_dataloader.sampler.num_replicas}:{trainer.train_dataloader.sampler.rank}",
-              flush=True)
+        line = (f"rank {rank} of {trainer.world_size}: broadcast {s.broadcast({'from': rank, 'p': [rank]})} "
+                f"max {s.reduce(torch.tensor([rank + 1.0, -rank]), reduce_op='max').tolist()} "
+                f"gather {s.all_gather(torch.tensor(rank)).tolist()} "
+                f"stop {s.reduce_boolean_decision(rank == 1, all=False)}/{s.reduce_boolean_decision(rank == 1)} "
+                f"sampler {trainer.train_dataloader.sampler.num_replicas}:{trainer.train_dataloader.sampler.rank}")
+        # one write with its newline: under torchrun both workers share one pipe
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
         s.barrier()
     if rank == 0:
         torch.save({"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
