@@ -1,6 +1,7 @@
 """One command that proves the GPU path on a machine with an NVIDIA GPU.
 
     python -m benchmarks.gpu_check                 # everything, ~6 minutes on one H100
+    python -m benchmarks.gpu_check --budget 420    # within 7 minutes: GPU tests first, then what fits
     python -m benchmarks.gpu_check --only aggregation,exchange
 
 Sections (each is skipped with its reason where it cannot run, never faked):
@@ -38,6 +39,37 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTIONS = ("pytest", "aggregation", "exchange", "train", "cifar")
+# seconds each section took on an H100 (2026-11-24), plus a margin: a section starts
+# only if this much of the budget is left (--budget)
+EXPECTED = {"pytest": 150, "aggregation": 40, "exchange": 90, "train": 120, "cifar": 120}
+
+
+def run_sections(steps: dict, order: list, budget: float | None, save, clock=time.monotonic,
+                 expected: dict = EXPECTED) -> dict:
+    """Run ``steps[name](seconds_left)`` for each section in ``order``, isolated: a
+    section that raises is recorded (its error and traceback) and the next one runs;
+    with a ``budget`` (seconds), a section whose expected time no longer fits is
+    skipped with the reason. ``save(results)`` after each, so a loan that ends early
+    keeps what was measured. Returns {section: result | {"error"} | {"skipped"}}."""
+    import traceback
+    results: dict = {}
+    start = clock()
+    for name in order:
+        left = None if budget is None else budget - (clock() - start)
+        need = expected.get(name, 60)
+        if left is not None and left < need:
+            results[name] = {"skipped": f"budget: {left:.0f} s left of {budget:.0f} s, {name} needs about {need} s"}
+            save(results)
+            continue
+        t0 = clock()
+        print(f"== {name}" + ("" if left is None else f" ({left:.0f} s of the budget left)"), flush=True)
+        try:
+            results[name] = steps[name](left)
+        except Exception as e:    # one section's failure must not cost the others their measurement
+            results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        print(json.dumps(results[name], indent=1, default=str)[:4000], f"({clock() - t0:.0f} s)", flush=True)
+        save(results)
+    return results
 
 
 def env_of_job() -> dict:
@@ -188,6 +220,14 @@ def report(results: dict) -> str:
     lines = [f"# GPU check: {i['gpu']} ({i['when']}, kvstore {i['commit']})", "",
              f"driver {i['driver']}, CUDA runtime {i['cuda_runtime']}, torch {i['torch']} (CUDA {i['torch_cuda']}), "
              f"cupy {i['cupy']}, numpy {i['numpy']}, Python {i['python']}; {i['gpus']} GPU(s).", ""]
+    results = dict(results)
+    for section in SECTIONS:     # a section that failed or did not fit: say so, and no table
+        r = results.get(section)
+        if isinstance(r, dict) and ("error" in r or "skipped" in r):
+            lines += [f"## {section}: " + (f"failed: {r['error']}" if "error" in r else f"skipped ({r['skipped']})"), ""]
+            if "traceback" in r:
+                lines += ["```", r["traceback"].rstrip(), "```", ""]
+            del results[section]
     if "pytest" in results:
         r = results["pytest"]
         lines += ["## pytest -m gpu -rs", "", f"`{r['summary']}` (exit {r['returncode']})", ""]
@@ -226,6 +266,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="finish within SECONDS: the GPU tests first, then the measurement sections that "
+                        "still fit (each isolated: a failure is recorded and the next one runs)")
     p.add_argument("--commit", default=None, help="the commit measured, where the tree has no git metadata "
                                                   "of its own (a copy sent to a GPU machine)")
     args = p.parse_args(argv)
@@ -248,21 +291,29 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out_dir, "gpu_check.md"), "w") as f:
             f.write(report(results))
 
+    def until(left):             # the section's deadline (monotonic), None without a budget
+        return None if left is None else time.monotonic() + left
+
+    def within(seconds, deadline):   # one job's timeout: never past the section's deadline
+        return seconds if deadline is None else max(30, min(seconds, deadline - time.monotonic()))
+
+    def jobs(task, contenders, seconds, left):
+        deadline = until(left)
+        return [job(task, c, os.path.join(tmp, f"{task[0]}{i}.json"), within(seconds, deadline),
+                    ("--iters", str(args.iters))) for i, c in enumerate(contenders)]
+
     steps = {
-        "pytest": lambda: run_pytest(timeout=300),
-        "aggregation": aggregation,
-        "exchange": lambda: [job("exchange", c, os.path.join(tmp, f"x{i}.json"), 180, ("--iters", str(args.iters)))
-                             for i, c in enumerate(("gloo", "ours gpu servers", "ours cpu servers"))],
-        "train": lambda: [job("train", c, os.path.join(tmp, f"t{i}.json"), 240, ("--iters", str(args.iters)))
-                          for i, c in enumerate(("gloo", "ours gpu servers"))],
-        "cifar": lambda: cifar(timeout=300),
+        "pytest": lambda left: run_pytest(timeout=within(300, until(left))),
+        "aggregation": lambda left: aggregation(),
+        "exchange": lambda left: jobs("exchange", ("gloo", "ours gpu servers", "ours cpu servers"), 180, left),
+        "train": lambda left: jobs("train", ("gloo", "ours gpu servers"), 240, left),
+        "cifar": lambda left: cifar(timeout=within(300, until(left))),
     }
-    for section in only:
-        t0 = time.time()
-        print(f"== {section}", flush=True)
-        results[section] = steps[section]()
-        print(json.dumps(results[section], indent=1)[:4000], f"({time.time() - t0:.0f} s)", flush=True)
+
+    def save_all(sections):
+        results.update(sections)
         save()
+    run_sections(steps, only, args.budget, save_all)
     print(report(results))
     return 0
 

@@ -25,3 +25,35 @@ def test_one_benchmark_round_applies_one_sync_round_on_every_chunk(optimizer):
     for i in range(3):
         np.testing.assert_allclose(state.chunks[("k", i)].value, want, rtol=1e-6)
         assert not state.chunks[("k", i)].rounds            # nothing left waiting
+
+
+def test_sections_are_isolated_and_a_budget_runs_what_fits():
+    """--budget: the sections in order while their expected time fits; a failing one
+    is recorded with its error and the next one runs; every result is saved as it comes."""
+    from benchmarks.gpu_check import report, run_sections
+    now = [0.0]
+    saved = []
+
+    def step(seconds, fail=False):
+        def run(left):
+            now[0] += seconds
+            if fail:
+                raise RuntimeError("kernel launch failed")
+            return {"took": seconds, "left": left}
+        return run
+    steps = {"pytest": step(100), "aggregation": step(10, fail=True), "exchange": step(50), "train": step(50)}
+    results = run_sections(steps, list(steps), budget=200, save=lambda r: saved.append(dict(r)),
+                           clock=lambda: now[0], expected={"pytest": 120, "aggregation": 20, "exchange": 60,
+                                                           "train": 60})
+    assert results["pytest"] == {"took": 100, "left": 200}
+    assert results["aggregation"]["error"] == "RuntimeError: kernel launch failed"
+    assert results["exchange"] == {"took": 50, "left": 90}           # 90 s left >= 60 expected
+    assert results["train"]["skipped"].startswith("budget: 40 s left of 200 s, train needs about 60 s")
+    assert [list(r) for r in saved] == [["pytest"], ["pytest", "aggregation"],
+                                        ["pytest", "aggregation", "exchange"],
+                                        ["pytest", "aggregation", "exchange", "train"]]
+    info = {k: "x" for k in ("gpu", "when", "commit", "driver", "cuda_runtime", "torch", "torch_cuda", "cupy",
+                             "numpy", "python", "gpus")}
+    text = report({"info": info, "aggregation": results["aggregation"], "train": results["train"]})
+    assert "## aggregation: failed: RuntimeError: kernel launch failed" in text
+    assert "## train: skipped (budget: 40 s left" in text
