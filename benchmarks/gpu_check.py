@@ -32,7 +32,6 @@ import json
 import os
 import re
 import socket
-import statistics
 import subprocess
 import sys
 import time

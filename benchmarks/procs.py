@@ -34,14 +34,14 @@ def run_group(procs, log_path: str, timeout: float, wait_for=None) -> None:
                 started.append((label, subprocess.Popen(
                     list(argv), env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True)))
-            waited = [(l, p) for l, p in started if wait_for is None or l in wait_for]
+            waited = [(label, p) for label, p in started if wait_for is None or label in wait_for]
             deadline = time.monotonic() + timeout
             while True:
-                codes = {l: p.poll() for l, p in started}
-                bad = [(l, c) for l, c in codes.items() if c not in (None, 0)]
+                codes = {label: p.poll() for label, p in started}
+                bad = [(label, c) for label, c in codes.items() if c not in (None, 0)]
                 if bad:
                     raise GroupFailed(f"{bad[0][0]} exited with status {bad[0][1]}\n{tail(log_path)}")
-                if all(codes[l] == 0 for l, _ in waited):
+                if all(codes[label] == 0 for label, _ in waited):
                     return
                 if time.monotonic() > deadline:
                     raise GroupFailed(f"timed out after {timeout:.0f}s\n{tail(log_path)}")

@@ -1,7 +1,6 @@
 """ShardedEmbedding trains exactly like torch's own sparse embedding + SGD, on the
 local store and on dist_sync (its table on the servers)."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -120,7 +120,7 @@ def test_row_initializer_rejects_bad_specs(kwargs, match):
 
 def test_layout_is_round_robin_and_balanced():
     layouts = [RowLayout(10, 3, s, 3) for s in range(3)]
-    assert [l.local_rows for l in layouts] == [4, 3, 3]
+    assert [layout.local_rows for layout in layouts] == [4, 3, 3]
     assert layouts[1].local(np.array([1, 7], np.int64), "k").tolist() == [0, 2]
     with pytest.raises(InvalidArgumentError, match="row id 2 is not one of this server's rows"):
         layouts[1].local(np.array([1, 2], np.int64), "k")

@@ -262,7 +262,7 @@ def test_dry_run_prints_what_would_run_where(tmp_path):
     assert re.search(r"node1\s+server 0, worker 1", p.text), p.text
     assert re.search(r"alice@node2:2222\s+worker 0", p.text), p.text
     lines = p.text.splitlines()
-    at = next(i for i, l in enumerate(lines) if l.startswith("worker 0 on alice@node2:2222"))
+    at = next(i for i, line in enumerate(lines) if line.startswith("worker 0 on alice@node2:2222"))
     assert "-p 2222 -- alice@node2 REMOTE" in lines[at]
     assert re.search(rf"REMOTE = cd \S+ && exec {sys.executable} -c <wrapper> ssh \w+ worker 0 -- "
                      rf"{sys.executable} train.py --lr 0.1$", lines[at + 1]), lines[at + 1]

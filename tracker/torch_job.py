@@ -34,7 +34,6 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import logging
-import os
 import subprocess
 import sys
 from dataclasses import dataclass

@@ -70,7 +70,7 @@ class RowTables:
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
-        cid, table = self._cid(header), None
+        cid = self._cid(header)
         if self.state.mode == "ssp":
             raise InvalidArgumentError(NO_ROWS_IN_SSP)
         shape, dtype = header["shape"], header["dtype"]
