@@ -93,7 +93,7 @@ class Checkpoints:
             if not isinstance(files, list):
                 raise CheckpointError(f"server {server} sent a malformed checkpoint inventory")
             inventories.append([Entry.from_wire(f) for f in files])
-        top = max((r.get("max_id") for r in replies.values() if type(r.get("max_id")) is int), default=0)
+        top = max((int(r["max_id"]) for r in replies.values() if type(r.get("max_id")) is int), default=0)
         return inventories, top
 
     # -- saving ----------------------------------------------------------------------

@@ -66,7 +66,8 @@ class CheckpointOps:
 
     def _write_part(self, header: dict) -> dict:
         ckpt_id, step = _count(header, "checkpoint", 1), _count(header, "step", 0)
-        meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+        raw = header.get("meta")
+        meta: dict = raw if isinstance(raw, dict) else {}
         path = self.files.write_part(ckpt_id, step, self.state.snapshot(meta))
         log.info("%s: part of checkpoint %d (step %d) written to %s", self.state.name, ckpt_id, step, path)
         return {"path": path}
