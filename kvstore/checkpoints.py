@@ -43,7 +43,8 @@ class Checkpoints:
         self._pulls = 0
         self._last_id: int | None = None     # the newest checkpoint id (known to the leader)
         self._next = time.monotonic() + self._interval if self._interval > 0 else None
-        self.resumed, self.meta, self.step = False, {}, 0
+        self.resumed, self.step = False, 0
+        self.meta: dict = {}
 
     # -- resume -----------------------------------------------------------------------
     def resume(self) -> None:

@@ -207,7 +207,8 @@ class CheckpointDir:
                     raise CheckpointError(f"{path} was written by a job of {header['num_servers']} "
                                           f"servers; this job has {self.num_servers}: resume with the "
                                           "same number of servers")
-                if not committed and _PART.match(os.path.basename(path)).group(2) != str(ckpt_id):
+                named = _PART.match(os.path.basename(path))
+                if not committed and named is not None and named.group(2) != str(ckpt_id):
                     raise CheckpointError(f"{path} holds checkpoint {ckpt_id}, not the one its name says")
                 entries.append(Entry(path, committed, ckpt_id, step))
             except CheckpointError as e:
