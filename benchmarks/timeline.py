@@ -30,14 +30,19 @@ def _sample_main(argv: list[str]) -> int:
     files = [[open(f"/sys/class/net/{p}/statistics/{d}_bytes", "rb") for d in ("rx", "tx")]
              for p in ports]
     t0 = time.monotonic()
+    ready = False
     with open(out, "w") as f:
-        while not select.select([sys.stdin], [], [], interval)[0]:   # stdin closed: stop
+        while not select.select([sys.stdin], [], [], 0 if not ready else interval)[0]:   # stdin closed: stop
             row = [round(time.monotonic() - t0, 4)]
             for pair in files:
                 for fd in pair:
                     fd.seek(0)
                     row.append(int(fd.read()))
             f.write(json.dumps(row) + "\n")
+            if not ready:     # the first sample is taken: the measured run may start
+                ready = True
+                sys.stdout.write("ready\n")
+                sys.stdout.flush()
     return 0
 
 
@@ -54,7 +59,13 @@ class Sampler:
         self.popen = subprocess.Popen(
             ["ip", "netns", "exec", self.cluster.switch, sys.executable, THIS, "_sample",
              self.path, str(self.interval), *ports],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # wait for its first sample: started late (a loaded machine), it would miss the run
+        ready, _, _ = select.select([self.popen.stdout], [], [], 30)
+        if not ready or self.popen.stdout.readline().strip() != b"ready":
+            self.popen.kill()
+            self.popen.wait()
+            raise RuntimeError(f"the link sampler did not start: {self.popen.stderr.read().decode()[-500:]}")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -65,6 +76,7 @@ class Sampler:
             self.popen.kill()
             self.popen.wait()
         self.popen.stderr.close()
+        self.popen.stdout.close()
 
 
 def windows(path: str, hosts: list[str], bytes_per_s: float, width: float = 0.1) -> list:
