@@ -29,7 +29,7 @@ class Checkpoints:
         checkpoints.resume()                # at create, before configure (no-op unless --resume)
         checkpoints.save({"epoch": 3})      # collective
         checkpoints.pulled()                # after each pull: maybe an automatic one
-        checkpoints.resumed, checkpoints.meta, checkpoints.step
+        checkpoints.resumed, checkpoints.meta
     """
 
     def __init__(self, client, leads: Callable[[], bool], config, collective: Callable[[str], object],
@@ -43,7 +43,7 @@ class Checkpoints:
         self._pulls = 0
         self._last_id: int | None = None     # the newest checkpoint id (known to the leader)
         self._next = time.monotonic() + self._interval if self._interval > 0 else None
-        self.resumed, self.step = False, 0
+        self.resumed = False
         self.meta: dict = {}
 
     # -- resume -----------------------------------------------------------------------
@@ -75,7 +75,7 @@ class Checkpoints:
         what = "reading the checkpoint's metadata"
         self._client.wait([self._client.request(0, ops.GET_META, what, on_reply=keep)[0]], what)
         self.resumed, self.meta = bool(found.get("resumed")), dict(found.get("meta") or {})
-        self.step = self._pulls = int(found.get("step") or 0)
+        self._pulls = int(found.get("step") or 0)
 
     def _inventories(self, verify: bool) -> tuple[list[list[Entry]], int]:
         """Every server's checkpoint files (index = server rank), and the highest id any has seen."""

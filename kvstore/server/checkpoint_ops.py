@@ -54,8 +54,9 @@ class CheckpointOps:
         """Serve one checkpoint op; the reply header (ok, or an error naming this server)."""
         req_id = header["id"]
         try:
-            if self.awaiting_restore and header["op"] not in WAITING_ALLOWED:
-                raise CheckpointError(self.refusal(header["op"]) or "")
+            refusal = self.refusal(header["op"])
+            if refusal is not None:
+                raise CheckpointError(refusal)
             return {"op": ops.OK, "id": req_id, **self._handlers[header["op"]](header)}
         except OSError as e:     # disk full, permissions: the committed set stays as it was
             log.error("%s: checkpoint %s failed: %s", self.state.name, header["op"], e)
@@ -83,8 +84,7 @@ class CheckpointOps:
         if not isinstance(verify, bool):
             raise ProtocolError(f"'verify' must be true or false, got {verify!r}")
         entries = self.files.inventory(verify=verify)
-        return {"files": [e.to_wire() for e in entries], "max_id": self.files.max_id,
-                "expected": self.files.committed()}
+        return {"files": [e.to_wire() for e in entries], "max_id": self.files.max_id}
 
     def _restore(self, header: dict) -> dict:
         ckpt_id = _count(header, "checkpoint", 1)
