@@ -409,7 +409,7 @@ class Client:
 
 
 def _nbytes(arrays) -> int:
-    return sum(getattr(a, "nbytes", None) or memoryview(a).nbytes for a in arrays)
+    return sum(a.nbytes if hasattr(a, "nbytes") else memoryview(a).nbytes for a in arrays)
 
 
 def _listing(whats: list) -> str:

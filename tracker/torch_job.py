@@ -121,13 +121,13 @@ def join(job: TorchJob, environ: Mapping[str, str]) -> dict[str, str]:
     """Start what this process hosts (rank 0: the scheduler; local rank 0: this
     node's servers) and return the variables that make it this job's worker."""
     settings = env.read(environ)
-    secret = settings.secret or _shared_secret(job, environ)
+    secret = settings.secret or _shared_secret(job, environ, settings.timeout)
     node_host = _node_host(job.master_addr, job.scheduler_port)
     if job.rank == 0:
         _host_scheduler(job, settings, secret)
     common = {"KVSTORE_SECRET": secret} if secret else {}
     if job.local_rank == 0:
-        _start_servers(job, environ, node_host, common)
+        _start_servers(job, environ, node_host, common, settings.timeout)
     return env.for_process(role="worker", rank=job.rank, scheduler_host=job.master_addr,
                            scheduler_port=job.scheduler_port, num_workers=job.world_size,
                            num_servers=job.num_servers, node_host=node_host, extra=common)
@@ -164,7 +164,8 @@ def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None) -
     atexit.register(finish)
 
 
-def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, common: dict) -> None:
+def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, common: dict,
+                   timeout: float) -> None:
     torch_only = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"}   # theirs describe the worker
     base = {k: v for k, v in environ.items() if k not in torch_only}
     procs = []
@@ -177,8 +178,6 @@ def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, co
     log.info("node %d: started servers %s (pids %s)", job.node_rank, list(job.server_ranks()),
              ", ".join(str(p.pid) for p in procs))
 
-    timeout = env.read(environ).timeout
-
     def reap() -> None:
         # servers end when every worker has finished; a server that does not is stopped
         for p in procs:
@@ -190,7 +189,7 @@ def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, co
     atexit.register(reap)
 
 
-def _shared_secret(job: TorchJob, environ: Mapping[str, str]) -> str | None:
+def _shared_secret(job: TorchJob, environ: Mapping[str, str], timeout: float) -> str | None:
     """Under torchrun: a secret rank 0 makes, passed through torchrun's store (which
     every worker of the run can reach, as torch.distributed's own rendezvous does).
     None where there is no such store."""
@@ -202,9 +201,8 @@ def _shared_secret(job: TorchJob, environ: Mapping[str, str]) -> str | None:
 
     from torch.distributed import TCPStore    # torchrun runs torch programs: torch is there
 
-    timeout = float(env.read(environ).timeout)
     store = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=timeout))
+                     timeout=datetime.timedelta(seconds=float(timeout)))
     key = (f"kvstore/{environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
            f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/secret")
     if job.rank == 0:
