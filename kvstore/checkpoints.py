@@ -79,22 +79,15 @@ class Checkpoints:
 
     def _inventories(self, verify: bool) -> tuple[list[list[Entry]], int]:
         """Every server's checkpoint files (index = server rank), and the highest id any has seen."""
-        replies: dict[int, dict] = {}
-        what = "listing the servers' checkpoints"
-        ids = []
-        for server in range(len(self._client.links)):
-            def keep(header, values, server=server):
-                replies[server] = header
-            ids.append(self._client.request(server, ops.CHECKPOINT_LIST, what, on_reply=keep,
-                                            verify=verify)[0])
-        self._client.wait(ids, what)
+        replies = self._client.request_all(ops.CHECKPOINT_LIST, "listing the servers' checkpoints",
+                                           verify=verify)
         inventories = []
-        for server in range(len(ids)):
-            files = replies[server].get("files")
+        for server, reply in enumerate(replies):
+            files = reply.get("files")
             if not isinstance(files, list):
                 raise CheckpointError(f"server {server} sent a malformed checkpoint inventory")
             inventories.append([Entry.from_wire(f) for f in files])
-        top = max((int(r["max_id"]) for r in replies.values() if type(r.get("max_id")) is int), default=0)
+        top = max((int(r["max_id"]) for r in replies if type(r.get("max_id")) is int), default=0)
         return inventories, top
 
     # -- saving ----------------------------------------------------------------------

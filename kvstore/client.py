@@ -160,8 +160,21 @@ class Client:
             self._abandoned.add(req_id)
         return req_id, (tracker if track else None)
 
-    def request_all(self, op: str, what: str, **fields) -> None:   # to every server; waits for all
-        self.wait([self.request(s, op, what, **fields)[0] for s in range(len(self.links))], what)
+    def request_all(self, op: str, what: str, on_reply=None, **fields) -> list[dict]:
+        """The same request to every server; waits for all. Returns their reply
+        headers, by server rank (an error reply raises, naming its server);
+        ``on_reply(header, arrays)`` also sees each reply as it comes."""
+        replies: dict[int, dict] = {}
+
+        def keeper(server: int):
+            def keep(header, arrays):
+                replies[server] = header
+                if on_reply is not None:
+                    on_reply(header, arrays)
+            return keep
+        self.wait([self.request(s, op, what, on_reply=keeper(s), **fields)[0] for s in range(len(self.links))],
+                  what)
+        return [replies[s] for s in range(len(self.links))]
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
         """The frames of one request, or InvalidArgumentError (before anything is

@@ -210,15 +210,8 @@ class DistStore(Leaving, HostGrouped, KVStore):
         if not isinstance(head, str) or not isinstance(body, str):
             raise ArgumentTypeError(f"_send_command_to_servers: head and body must be str, got "
                                     f"{type(head).__name__} and {type(body).__name__}")
-        results: dict[int, object] = {}
-        what = f"server command {head!r}"
-        ids = []
-        for server in range(len(self._client.links)):
-            def keep(header, values, server=server):
-                results[server] = header.get("result")
-            ids.append(self._client.request(server, ops.COMMAND, what, on_reply=keep, head=head, body=body)[0])
-        self._client.wait(ids, what)
-        return [results[s] for s in range(len(ids))]
+        replies = self._client.request_all(ops.COMMAND, f"server command {head!r}", head=head, body=body)
+        return [reply.get("result") for reply in replies]
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new, uninitialised numpy array for gradients. When this worker reaches
