@@ -7,8 +7,9 @@ When a worker's environment has torch's variables and none of ours,
 ``kvstore.create("dist_...")`` calls :func:`join`, which forms the job from them:
 
 - workers: ``RANK`` is the worker rank, ``WORLD_SIZE`` the number of workers;
-- the scheduler runs in rank 0's process, on ``MASTER_ADDR:MASTER_PORT + 1``
-  (``KVSTORE_SCHEDULER_PORT`` overrides the port);
+- the scheduler runs in rank 0's process: under torchrun on a free port that the
+  others learn through torchrun's store, elsewhere on ``MASTER_ADDR:MASTER_PORT + 1``
+  (``KVSTORE_SCHEDULER_PORT`` sets the port in both cases);
 - each host's local rank 0 starts ``KVSTORE_SERVERS_PER_HOST`` server processes
   (1 by default), tied to it by ``PR_SET_PDEATHSIG``: when torchrun tears a worker
   group down, its servers go too. Server ranks follow the node rank
@@ -36,6 +37,7 @@ import ipaddress
 import logging
 import subprocess
 import sys
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -119,12 +121,24 @@ def detect(environ: Mapping[str, str]) -> TorchJob | None:
 
 def join(job: TorchJob, environ: Mapping[str, str]) -> dict[str, str]:
     """Start what this process hosts (rank 0: the scheduler; local rank 0: this
-    node's servers) and return the variables that make it this job's worker."""
+    node's servers) and return the variables that make it this job's worker.
+
+    Under torchrun (its store reachable), rank 0's scheduler takes a free port and
+    hands it, with the job's secret, to the others through that store; elsewhere
+    the scheduler is on ``MASTER_PORT + 1`` (or ``KVSTORE_SCHEDULER_PORT``)."""
     settings = env.read(environ)
-    secret = settings.secret or _shared_secret(job, environ, settings.timeout)
-    node_host = _node_host(job.master_addr, job.scheduler_port)
+    store = _RunStore.of(environ, settings.timeout)
+    if store is None and not settings.secret:
+        log.warning("no KVSTORE_SECRET and no torchrun store: this job's connections are not "
+                    "authenticated (set KVSTORE_SECRET for every process to authenticate them)")
+    secret = settings.secret or (store.shared("secret", job.rank == 0, new_secret) if store else None)
+    free_port = store is not None and not settings.scheduler_port
     if job.rank == 0:
-        _host_scheduler(job, settings, secret)
+        port = _host_scheduler(job, settings, secret, 0 if free_port else job.scheduler_port)
+    if free_port:
+        job = dataclasses.replace(job, scheduler_port=int(store.shared("scheduler_port", job.rank == 0,
+                                                                          lambda: str(port))))
+    node_host = _node_host(job.master_addr, job.scheduler_port)
     common = {"KVSTORE_SECRET": secret} if secret else {}
     if job.local_rank == 0:
         _start_servers(job, environ, node_host, common, settings.timeout)
@@ -148,9 +162,10 @@ def _node_host(master_addr: str, port: int) -> str:
     return route_address(master_addr, port) or "127.0.0.1"
 
 
-def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None) -> None:
+def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None, port: int) -> int:
+    """Start the job's scheduler in this process on ``port`` (0: a free one); its port."""
     host = job.master_addr if _is_loopback(job.master_addr) else "0.0.0.0"
-    scheduler = Scheduler(job.world_size, job.num_servers, host=host, port=job.scheduler_port,
+    scheduler = Scheduler(job.world_size, job.num_servers, host=host, port=port,
                           timeout=settings.timeout, heartbeat_interval=settings.heartbeat_interval,
                           heartbeat_timeout=settings.heartbeat_timeout,
                           security=Security(secret, settings.secure)).start()
@@ -162,6 +177,7 @@ def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None) -
         scheduler.wait(settings.timeout)
         scheduler.close()
     atexit.register(finish)
+    return int(scheduler.port)
 
 
 def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, common: dict,
@@ -189,22 +205,29 @@ def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, co
     atexit.register(reap)
 
 
-def _shared_secret(job: TorchJob, environ: Mapping[str, str], timeout: float) -> str | None:
-    """Under torchrun: a secret rank 0 makes, passed through torchrun's store (which
-    every worker of the run can reach, as torch.distributed's own rendezvous does).
-    None where there is no such store."""
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-        log.warning("no KVSTORE_SECRET and no torchrun store: this job's connections are not "
-                    "authenticated (set KVSTORE_SECRET for every process to authenticate them)")
-        return None
-    import datetime
+class _RunStore:
+    """torchrun's own store (``TORCHELASTIC_USE_AGENT_STORE``), which every worker
+    of the run reaches as torch.distributed's rendezvous does: where rank 0 hands
+    the others what it made (keys scoped by the run and its restart)."""
 
-    from torch.distributed import TCPStore    # torchrun runs torch programs: torch is there
+    def __init__(self, store, prefix: str):
+        self._store, self._prefix = store, prefix
 
-    store = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=float(timeout)))
-    key = (f"kvstore/{environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
-           f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/secret")
-    if job.rank == 0:
-        store.set(key, new_secret())
-    return store.get(key).decode()
+    @classmethod
+    def of(cls, environ: Mapping[str, str], timeout: float) -> "_RunStore | None":
+        if environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+            return None
+        import datetime
+
+        from torch.distributed import TCPStore    # torchrun runs torch programs: torch is there
+        store = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=float(timeout)))
+        return cls(store, f"kvstore/{environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+                          f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+
+    def shared(self, name: str, maker: bool, make) -> str:
+        """``make()`` on the one process that is ``maker``; everyone gets its value
+        (waiting for it up to the store's timeout)."""
+        if maker:
+            self._store.set(self._prefix + name, make())
+        return self._store.get(self._prefix + name).decode()
