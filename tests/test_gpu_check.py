@@ -57,3 +57,18 @@ def test_sections_are_isolated_and_a_budget_runs_what_fits():
     text = report({"info": info, "aggregation": results["aggregation"], "train": results["train"]})
     assert "## aggregation: failed: RuntimeError: kernel launch failed" in text
     assert "## train: skipped (budget: 40 s left" in text
+
+
+def test_the_report_shows_pytests_summary_when_some_gpu_tests_were_skipped():
+    """pytest's result carries the list of skipped tests under "skipped": that is a
+    summary to print, not a section that was skipped (the H100 run of 2026-11-27 printed
+    "## pytest: skipped" over 168 passed tests)."""
+    from benchmarks.gpu_check import report
+    info = {k: "x" for k in ("gpu", "when", "commit", "driver", "cuda_runtime", "torch", "torch_cuda", "cupy",
+                             "numpy", "python", "gpus")}
+    pytest = {"returncode": 0, "summary": "168 passed, 5 skipped", "failures": [],
+              "skipped": ["SKIPPED [5] tests/test_device.py:458: needs 2 GPUs, found 1"]}
+    text = report({"info": info, "pytest": pytest})
+    assert "## pytest: skipped" not in text
+    assert "`168 passed, 5 skipped` (exit 0)" in text
+    assert "- SKIPPED [5] tests/test_device.py:458: needs 2 GPUs, found 1" in text
