@@ -72,3 +72,17 @@ def test_the_report_shows_pytests_summary_when_some_gpu_tests_were_skipped():
     assert "## pytest: skipped" not in text
     assert "`168 passed, 5 skipped` (exit 0)" in text
     assert "- SKIPPED [5] tests/test_device.py:458: needs 2 GPUs, found 1" in text
+
+
+def test_the_exchange_phases_run_on_the_host_device():
+    """benchmarks/gpu_phases.py, which the GPU run uses to split an exchange into its
+    copies and the server's round, runs on the device layer's host implementation,
+    so a renamed server method fails here rather than on the next GPU loan."""
+    from benchmarks.gpu_phases import phases, report
+    from kvstore.devices import HostDevice
+    result = phases(HostDevice(), reps=2, chunk_bytes=1024, shapes=[(64, 3, 3), (10,), (1000, 2)])
+    assert result["tensors"] == 3 and result["chunks"] == 3 + 1 + 8     # 576, 10 and 2000 floats in 1 KB chunks
+    names = [r["phase"] for r in result["rows"]]
+    assert names[0] == "worker pack" and names[-1] == "worker spread" and len(names) == 9
+    assert all(r["ms"] > 0 for r in result["rows"])
+    assert "| worker d2h -> shm |" in "\n".join(report(result))
