@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -221,6 +222,22 @@ def join_streams(device: int) -> None:
         theirs_done, ours_done = other.record(), ours.record()
         ours.wait_event(theirs_done)
         other.wait_event(ours_done)
+
+
+@contextlib.contextmanager
+def on_stream(stream, device: int):
+    """Make torch stream ``stream`` current on ``device`` for torch and, where a GPU
+    is usable through CuPy, for cupy too, so that both libraries queue the work
+    inside on it (the Trainer's exchanges during backward: a non-blocking stream
+    does not queue behind the backward kernels on the default stream)."""
+    import torch  # the caller handed us a torch stream: torch is imported already
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        if not available():
+            yield
+            return
+        import cupy
+        with cupy.cuda.Device(device), _cupy_stream_of(cupy, stream, device):
+            yield
 
 
 def _cupy_stream_of(cupy, theirs, device: int):

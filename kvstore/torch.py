@@ -34,6 +34,7 @@ import threading
 
 import torch
 
+from . import gpu
 from . import optimizer as kvopt
 from .store import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
@@ -123,6 +124,7 @@ class Trainer:
         # starts their exchanges instead
         self._use_comm = overlap and any(p.is_cuda for p in self._params)
         self._comm: _CommThread | None = None
+        self._side_streams: dict = {}     # device index -> the communication thread's CUDA stream
         self._timeline = getattr(kv, "_timeline", None)   # KVSTORE_TIMELINE (kvstore.timeline)
 
         if kv.joined and not update_on_kvstore:
@@ -182,15 +184,27 @@ class Trainer:
             self._start(indices)
             return
         # the gradients are being computed on this thread's current CUDA stream: the
-        # communication thread waits for this event (not for the whole device)
+        # communication thread waits for this event (not for the whole device), then
+        # queues its copies on a stream of its own, so that they run beside the rest of
+        # backward instead of behind it on the default stream (issue 29)
         device = self._params[indices[0]].device
-        ready = None
-        if device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(device))
-        comm.submit(lambda: (ready is not None and ready.synchronize(), self._start(indices)))
+        if device.type != "cuda":
+            comm.submit(lambda: self._start(indices))
+            return
+        main = torch.cuda.current_stream(device)
+        ready = torch.cuda.Event()
+        ready.record(main)
+        side = self._side_streams.get(device.index)
+        if side is None:
+            side = self._side_streams[device.index] = torch.cuda.Stream(device)
 
-    def _start(self, indices: list[int]) -> None:
+        def start() -> None:
+            ready.synchronize()
+            with gpu.on_stream(side, device.index):
+                self._start(indices, main)
+        comm.submit(start)
+
+    def _start(self, indices: list[int], main=None) -> None:
         """Start the exchange of these parameters' gradients: one pushpull whose
         results (the summed gradient into ``.grad``, or the servers' new weights into
         the parameter) arrive in the background, while backward goes on. A hook runs
@@ -203,6 +217,8 @@ class Trainer:
             p = self._params[i]
             if p.grad is None:       # no gradient this step: zeros keep the sync rounds aligned
                 zeros = torch.zeros_like(p)
+                if main is not None:     # made on the side stream, used by the training loop's
+                    zeros.record_stream(main)
                 if not self.update_on_kvstore:
                     p.grad = zeros
                 grads.append(zeros)
@@ -285,6 +301,10 @@ class Trainer:
         start = self._timeline.now() if self._timeline is not None else 0
         for handle in handles:
             handle.wait()
+        for index, side in self._side_streams.items():
+            # a store that finished an exchange on the communication thread wrote its
+            # outputs on that thread's stream: the training loop's stream goes after it
+            torch.cuda.current_stream(index).wait_stream(side)
         if self._timeline is not None:
             self._timeline.span("trainer", "wait for exchanges", start, args={"exchanges": len(handles)})
         if not self.update_on_kvstore and self.kv.num_workers > 1:

@@ -674,14 +674,20 @@ def test_gpu_trainer_exchanges_cuda_buckets_on_the_communication_thread(make_clu
         trainer = tt.kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **tt.SGD),
                                      bucket_bytes=1)
         start = trainer._start
-        trainer._start = lambda indices: (threads[kv.rank].add(threading.current_thread().name),
-                                          start(indices))
+
+        def spy(*args):
+            # the exchange's copies go on a stream of its own, not behind backward's
+            # kernels on the default stream (issue 29: the overlap bought nothing)
+            on_default = torch.cuda.current_stream().cuda_stream == torch.cuda.default_stream().cuda_stream
+            threads[kv.rank].add((threading.current_thread().name, on_default))
+            return start(*args)
+        trainer._start = spy
         return _train_cuda(model, trainer, kv.rank, kv.num_workers, tt)
 
     for got in make_cluster(tt.W, 2, chunk_bytes=64).run(job, "dist_device_sync"):
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert threads == [{"kvstore-trainer-comm"}] * tt.W
+    assert threads == [{("kvstore-trainer-comm", False)}] * tt.W
 
 
 @pytest.mark.gpu
