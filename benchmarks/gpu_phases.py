@@ -11,10 +11,12 @@ where the time is:
 2. ``worker d2h -> shm`` (what runs today: shared memory is pageable) and, for
    comparison, ``worker d2h -> pinned``;
 3. ``server stage``: the pushed bytes copied from shared memory into pinned memory
-   (host memcpy) and ``server h2d`` from there to the server's GPU;
+   (host memcpy) and ``server h2d`` from there to the server's GPU (what ran until
+   2026-11-27), against ``server h2d from shm``, the driver staging it (what runs);
 4. ``server round``: the server's sum of W=2 pushes plus an SGD-momentum update over
    the exchange's chunks (ResNet-50's keys cut at the default chunk size);
-5. ``server d2h -> shm``: one download per chunk into its shared-memory mirror;
+5. ``server d2h -> shm``: a reply's values packed on the device and downloaded
+   into one shared-memory block (``DeviceBackend.download``);
 6. ``worker h2d``: the reply block, pinned, to the GPU, then spread to 161 outputs.
 
 Runs on any :class:`kvstore.devices.Device`: CI runs it on the host device
@@ -81,7 +83,9 @@ def phases(device, workers: int = 2, chunk_bytes: int = 2 << 20, reps: int = 10,
                 ("worker d2h -> shm", timed(lambda: device.download(flat, shm)), nbytes),
                 ("worker d2h -> pinned", timed(lambda: device.download(flat, pinned)), nbytes),
                 ("server stage (shm -> pinned)", timed(lambda: np.copyto(pinned, shm)), nbytes * 2),
-                ("server h2d", timed(lambda: device.upload(flat, pinned)), nbytes)]
+                ("server h2d", timed(lambda: device.upload(flat, pinned)), nbytes),
+                ("server h2d from shm (what runs: driver-staged)", timed(lambda: device.copy_in(flat, shm)),
+                 nbytes)]
 
         backend = DeviceBackend(device, host=arena)
         state = ServerState(name="phases", backend=backend)
@@ -107,7 +111,7 @@ def phases(device, workers: int = 2, chunk_bytes: int = 2 << 20, reps: int = 10,
 
         rows.append((f"server round (sum of {workers} + sgd momentum, {len(chunks)} chunks)", timed(server_round),
                      nbytes * (workers + 4)))
-        rows.append((f"server d2h -> shm ({len(chunks)} downloads)",
+        rows.append((f"server d2h -> shm ({len(chunks)} values packed, one download)",
                      timed(lambda: backend.download([c.value for _, c in chunks])), nbytes))
         rows.append(("worker h2d (pinned)", timed(lambda: device.upload(flat, pinned)), nbytes))
         rows.append(("worker spread", timed(spread), nbytes * 2))

@@ -83,6 +83,6 @@ def test_the_exchange_phases_run_on_the_host_device():
     result = phases(HostDevice(), reps=2, chunk_bytes=1024, shapes=[(64, 3, 3), (10,), (1000, 2)])
     assert result["tensors"] == 3 and result["chunks"] == 3 + 1 + 8     # 576, 10 and 2000 floats in 1 KB chunks
     names = [r["phase"] for r in result["rows"]]
-    assert names[0] == "worker pack" and names[-1] == "worker spread" and len(names) == 9
+    assert names[0] == "worker pack" and names[-1] == "worker spread" and len(names) == 10
     assert all(r["ms"] > 0 for r in result["rows"])
     assert "| worker d2h -> shm |" in "\n".join(report(result))

@@ -234,6 +234,49 @@ def test_the_gpu_code_path_replies_with_host_copies_and_keeps_device_memory_apar
     assert not np.shares_memory(backend.upload(g), g)     # an upload copies into device memory
 
 
+def test_a_reply_is_one_download_into_one_shared_block_per_list_of_values():
+    """DeviceBackend.download packs a reply's device values into one buffer and copies
+    it to the host once (190 per-value copies ran at 7 GB/s on an H100): the values
+    land in one block of the node's shared memory, reused by the next download of the
+    same list; copies (copy=True) are fresh; host values in the list are copied."""
+    from kvstore.devices import HostDevice
+    from kvstore.server.backend import DeviceBackend
+    from kvstore.transport.shm import Arena
+    arena = Arena("test-reply")
+    try:
+        dev = HostDevice()
+        downloads = []
+        download = dev.download
+        dev.download = lambda src, dst: (downloads.append(src.nbytes), download(src, dst))
+        backend = DeviceBackend(dev, host=arena)
+        values = [np.arange(10, dtype=np.float32), np.arange(3, dtype=np.int64) - 7, np.zeros(0, np.float16),
+                  np.linspace(0, 1, 33, dtype=np.float64).reshape(3, 11)]
+        on_device = [backend.upload(v) for v in values]
+        host_value = np.ones(4, np.float32)
+        got = backend.download([*on_device, host_value])
+        for a, b in zip(got, [*values, host_value]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+            assert not dev.is_device_array(a)
+        assert not np.shares_memory(got[-1], host_value)
+        assert len(downloads) == 1                                     # one copy off the device
+        shared = [arena.locate(a) for a in got[:4] if a.size]
+        assert all(shared) and len({desc for desc, _ in shared}) == 1   # in one shared segment
+        on_device[0] += 1
+        again = backend.download(on_device)
+        assert all(np.shares_memory(a, b) for a, b in zip(again, got) if a.size)   # the list's block
+        np.testing.assert_array_equal(again[0], values[0] + 1)
+        fresh = backend.download(on_device, copy=True)
+        assert not any(np.shares_memory(a, b) for a, b in zip(fresh, again) if a.size)
+        assert not any(arena.locate(a) for a in fresh if a.size)
+        assert len(downloads) == 3
+        single = backend.download([on_device[3]])[0]                   # one value: no packing
+        assert single.shape == (3, 11) and not np.shares_memory(single, again[3])
+        np.testing.assert_array_equal(single, values[3])
+    finally:
+        arena.close()
+
+
 def test_the_gpu_code_path_gives_what_the_cpu_gives_and_checkpoints_move_between_them():
     on_device, on_host = _trained_state(_host_device_backend()), _trained_state(HostBackend())
     for got, want in zip(_step(on_device, 3), _step(on_host, 3)):

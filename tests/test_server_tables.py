@@ -53,6 +53,19 @@ def test_a_round_merges_the_rows_of_every_worker_and_pulls_wait_for_it():
     assert by[idp].arrays[0].tolist() == [[1, 1], [2, 3], [15, 15]]   # no optimizer: merged rows assigned
 
 
+def test_a_row_pull_reply_is_its_own_and_the_next_pull_leaves_it_alone():
+    """A pull's rows are a fresh gather; on the GPU path the pool hands the same
+    address to the next gather, so its reply must not go to a mirror cached by
+    address, which the next reply would overwrite while a worker reads this one."""
+    s = rows_server()
+    _, r = pull(s, 0, [1, 5])
+    first = only(r).arrays[0]
+    for rows in ([3, 5], [1, 3], [3, 5]) * 4:      # gathers of the same size
+        _, r = pull(s, 1, rows)
+        assert only(r).arrays[0].tolist() == [[rows[0] - 1, rows[0]], [rows[1] - 1, rows[1]]]
+    assert first.tolist() == [[0, 1], [4, 5]]
+
+
 def test_an_empty_push_counts_for_the_round_and_the_optimizer_is_lazy():
     s = rows_server(opt=optimizer.SGD(learning_rate=1.0, momentum=0.5))
     for step in range(2):

@@ -43,6 +43,12 @@ class Device(Protocol):
         the returned event is done once the copy has read ``src``."""
         ...
 
+    def copy_in(self, dst, src: np.ndarray) -> None:
+        """Queue a copy of host ``src`` (any host memory, same size) into device array
+        ``dst``; returns once ``src`` may be reused (pageable memory is staged by the
+        driver), later work on the stream sees the values."""
+        ...
+
     def download(self, src, dst: np.ndarray) -> None:
         """Queue a copy of device array ``src`` into host ``dst`` (same shape); its
         values are there after :meth:`synchronize`."""

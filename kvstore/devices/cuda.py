@@ -44,6 +44,9 @@ class CudaDevice:
         dst.reshape(-1).set(src.reshape(-1), stream=self.stream)
         return self.stream.record()
 
+    def copy_in(self, dst, src: np.ndarray) -> None:
+        dst.reshape(-1).set(src.reshape(-1), stream=self.stream)
+
     def download(self, src, dst: np.ndarray) -> None:
         src.get(stream=self.stream, out=dst, blocking=False)
 

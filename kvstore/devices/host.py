@@ -47,12 +47,17 @@ class HostDevice:
         return np.empty(size, dtype)
 
     def upload(self, dst, src: np.ndarray) -> _Done:
+        self.copy_in(dst, src)
+        return _Done()
+
+    def copy_in(self, dst, src: np.ndarray) -> None:
         if not self.is_device_array(dst):
             raise TypeError("upload: the destination is not device memory")
+        if self.is_device_array(src):
+            raise TypeError("upload: the source is device memory, not the host's")
         if dst.size != src.size:
             raise ValueError(f"upload: {src.size} values into a device array of {dst.size}")
         np.copyto(dst.reshape(-1), src.reshape(-1), casting="no")
-        return _Done()
 
     def download(self, src, dst: np.ndarray) -> None:
         if not self.is_device_array(src):

@@ -178,7 +178,7 @@ class RowTables:
     def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
         weights = chunk.value.reshape(table.layout.local_rows, table.layout.width)
         rows = weights[self.state.backend.upload(local)]   # a gather: a fresh array
-        return self.state._ok(peer, req_id, self.state.backend.download([rows]))
+        return self.state._ok(peer, req_id, self.state.backend.download_own([rows]))
 
     # -- workers that finished -----------------------------------------------------------
     def workers_finished(self, gone: set) -> list[Reply]:
