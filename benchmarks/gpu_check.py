@@ -15,12 +15,14 @@ Sections (each is skipped with its reason where it cannot run, never faked):
    its read and its write).
 3. ``phases``: the steps of one such exchange, each timed alone on the GPU
    (benchmarks/gpu_phases.py): packing, every host copy, the server's round.
-4. ``exchange``: one ResNet-50 gradient exchange (102.2 MB of CUDA tensors), W=2
+4. ``ipc``: two processes sharing device memory through CUDA IPC (memory and
+   event handles), device-to-device against through the host (benchmarks/gpu_ipc.py).
+5. ``exchange``: one ResNet-50 gradient exchange (102.2 MB of CUDA tensors), W=2
    workers sharing the GPU: ours (``dist_device_sync``, 2 GPU servers; and 2 CPU
    servers) against gloo all_reduce of the same CUDA tensors.
-5. ``train``: a ResNet-50 training step (batch 32 per worker, synthetic), W=2:
+6. ``train``: a ResNet-50 training step (batch 32 per worker, synthetic), W=2:
    ``kvstore.torch.Trainer`` with GPU servers against DDP over gloo.
-6. ``cifar``: ``examples/train_cifar10.py --benchmark 1 --gpus 0 --kvstore
+7. ``cifar``: ``examples/train_cifar10.py --benchmark 1 --gpus 0 --kvstore
    dist_device_sync`` with GPU servers for one epoch (195 batches per worker).
 
 Writes ``benchmarks/results/gpu/gpu_check.md`` and ``.json`` with the GPU's name,
@@ -38,13 +40,13 @@ import subprocess
 import sys
 import time
 
-from benchmarks import gpu_phases
+from benchmarks import gpu_ipc, gpu_phases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("pytest", "aggregation", "phases", "exchange", "train", "cifar")
+SECTIONS = ("pytest", "aggregation", "phases", "ipc", "exchange", "train", "cifar")
 # seconds each section took on an H100 (2026-11-24), plus a margin: a section starts
 # only if this much of the budget is left (--budget)
-EXPECTED = {"pytest": 150, "aggregation": 40, "phases": 30, "exchange": 90, "train": 120, "cifar": 120}
+EXPECTED = {"pytest": 150, "aggregation": 40, "phases": 30, "ipc": 20, "exchange": 90, "train": 120, "cifar": 120}
 
 
 def run_sections(steps: dict, order: list, budget: float | None, save, clock=time.monotonic,
@@ -247,6 +249,9 @@ def report(results: dict) -> str:
     if "phases" in results:
         lines += ["## Where a ResNet-50 exchange's time goes (benchmarks/gpu_phases.py)", ""]
         lines += gpu_phases.report(results["phases"])
+    if "ipc" in results:
+        lines += ["## CUDA IPC between two processes on one GPU (benchmarks/gpu_ipc.py)", ""]
+        lines += gpu_ipc.report(results["ipc"])
     for section, title in (("exchange", "ResNet-50 gradient exchange, CUDA tensors, W=2 on one GPU"),
                            ("train", "ResNet-50 training step, batch 32 per worker, W=2 on one GPU")):
         if section in results:
@@ -314,6 +319,7 @@ def main(argv=None) -> int:
         "pytest": lambda left: run_pytest(timeout=within(300, until(left))),
         "aggregation": lambda left: aggregation(),
         "phases": lambda left: gpu_phases.phases(CudaDevice(0)),
+        "ipc": lambda left: gpu_ipc.ipc(env=env_of_job(), timeout=within(120, until(left))),
         "exchange": lambda left: jobs("exchange", ("gloo", "ours gpu servers", "ours cpu servers"), 180, left),
         "train": lambda left: jobs("train", ("gloo", "ours gpu servers"), 240, left),
         "cifar": lambda left: cifar(timeout=within(300, until(left))),
