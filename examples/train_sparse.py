@@ -119,9 +119,9 @@ def main(argv=None):
                         lr_step_epochs="2", lr_factor=0.2, wd=1e-4)
     args = parser.parse_args(argv)
     if args.model_prefix or args.load_epoch is not None:
-        parser.error("--model-prefix/--load-epoch save the model's state_dict, which does not hold "
-                     "the wide table (it lives on the servers): checkpoint the servers instead "
-                     "(KVSTORE_CHECKPOINT_DIR, docs/configuration.md)")
+        parser.error("--model-prefix/--load-epoch save the dense parameters only, not the wide table "
+                     "(it lives on the servers): checkpoint the servers instead (KVSTORE_CHECKPOINT_DIR, "
+                     "docs/configuration.md), or save the table with ShardedEmbedding.save_table")
     if args.levels < 2 or args.wide_rows < 1:
         parser.error(f"--levels must be >= 2 and --wide-rows >= 1, got {args.levels} and {args.wide_rows}")
     setup_logging()

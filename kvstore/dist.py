@@ -348,6 +348,10 @@ class DistStore(Leaving, HostGrouped, KVStore):
         self._check_can_push()
         DistRows(self).push([(info.key, rows, data) for info, rows, data in items])
 
+    def _do_assign_rows(self, info, rows, data) -> None:
+        self._client.flush("assign_rows")      # after this worker's pushes, as a pull is
+        DistRows(self).assign(info.key, rows, data)
+
     def _do_pull_rows(self, info, rows) -> np.ndarray:
         data = DistRows(self).pull(info.key, rows, info.shape[1:], info.dtype)
         self._checkpoints.pulled()

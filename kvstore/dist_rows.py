@@ -63,6 +63,15 @@ class DistRows:
                     client.request(s, ops.PUSH_ROWS, what, [rows[where], np.ascontiguousarray(data[where])],
                                    chunk=[key, s])
 
+    def assign(self, key, rows: np.ndarray, data: np.ndarray) -> None:
+        """Set ``rows`` (unique, sorted) to ``data`` on the servers that own them;
+        returns once every one of them has."""
+        client, what = self.store._client, f"assign_rows of key {key!r}"
+        ids = [client.request(s, ops.SET_ROWS, what, [rows[where], np.ascontiguousarray(data[where])],
+                              chunk=[key, s])[0]
+               for s, where in enumerate(rowshard.split(rows, self.servers)) if len(where)]
+        client.wait(ids, what)
+
     def pull(self, key, rows: np.ndarray, row_shape: tuple, dtype) -> np.ndarray:
         """The current values of ``rows`` (unique, sorted), after this worker's pushes."""
         client, what = self.store._client, f"row_sparse_pull of key {key!r}"

@@ -11,11 +11,18 @@ A worker's memory grows with the rows a batch touches, never with ``num_rows``.
     loss = model(emb(ids)).sum(); loss.backward()
     emb.step()            # push this step's rows; the next forward sees the update
 
+Its table is the module's ``weight`` in ``state_dict()`` and ``load_state_dict()``
+(moved to and from the servers piece by piece; loading is collective: every
+worker calls it, rank 0 sends), and :meth:`~ShardedEmbedding.save_table` /
+:meth:`~ShardedEmbedding.load_table` stream it through a ``.npy`` file for
+tables larger than a worker's memory.
+
 Imported by :mod:`kvstore.torch` (it needs torch).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -72,6 +79,85 @@ class ShardedEmbedding(torch.nn.Module):
                  for rows, leaf in pending if leaf.grad is not None]
         if grads:
             self._store().push(self.key, grads if len(grads) > 1 else grads[0])
+
+    # -- the table in state_dict, torch.save and files ----------------------------------
+    def table_pieces(self, piece_rows: int | None = None):
+        """Yield ``(start, rows)``: the table's rows ``start ...`` as a tensor, pulled
+        from the servers one piece at a time (``piece_rows`` rows, by default about
+        64 MB), so that no more than a piece is in memory at once."""
+        store, step = self._store(), self._piece_rows(piece_rows)
+        for start in range(0, self.num_rows, step):
+            ids = torch.arange(start, min(start + step, self.num_rows), dtype=torch.int64)
+            out = RowSparse(torch.empty((0, self.dim), dtype=self.dtype), torch.empty(0, dtype=torch.int64),
+                            (self.num_rows, self.dim))
+            store.row_sparse_pull(self.key, out=out, row_ids=ids)
+            yield start, out.data
+
+    def save_table(self, path: str, piece_rows: int | None = None) -> None:
+        """Write the table to ``path`` as a ``.npy`` file, piece by piece (a table larger
+        than this worker's memory streams through it); read by :meth:`load_table` or
+        ``numpy.load``. Any one worker may call it."""
+        np_dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
+        table = np.lib.format.open_memmap(path, mode="w+", dtype=np_dtype, shape=(self.num_rows, self.dim))
+        for start, rows in self.table_pieces(piece_rows):
+            table[start:start + len(rows)] = rows.numpy()
+        table.flush()
+        del table
+
+    def load_table(self, path: str, piece_rows: int | None = None) -> None:
+        """Load a table written by :meth:`save_table` (memory-mapped, sent piece by
+        piece). Collective, like :meth:`load_state_dict`: every worker calls it."""
+        self._assign(np.load(path, mmap_mode="r"), path, piece_rows)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        # the whole table as "weight" (nn.Embedding's name): pulled piece by piece, but
+        # a state_dict holds tensors, so it is in memory at once; save_table streams
+        weight = torch.empty((self.num_rows, self.dim), dtype=self.dtype)
+        for start, rows in self.table_pieces():
+            weight[start:start + len(rows)] = rows
+        destination[prefix + "weight"] = weight
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        name = prefix + "weight"
+        if name not in state_dict:
+            if strict:
+                missing_keys.append(name)
+            return
+        weight = state_dict[name]
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (self.num_rows, self.dim):
+            shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            error_msgs.append(f"size mismatch for {name}: copying a param with shape {shape} from checkpoint, "
+                              f"the shape in current model is {(self.num_rows, self.dim)}.")
+            return
+        self._assign(weight, name, None)
+
+    def _assign(self, weight, what: str, piece_rows: int | None) -> None:
+        """Send ``weight`` (the whole table, a tensor or a numpy array; memory-mapped or
+        not) to the servers piece
+        by piece: rank 0 sends, between two barriers, so that every worker reads the
+        loaded table after and no step of anyone's is half applied during."""
+        store, step = self._store(), self._piece_rows(piece_rows)
+        if tuple(weight.shape) != (self.num_rows, self.dim):
+            raise ValueError(f"ShardedEmbedding {self.key!r}: {what} holds a {tuple(weight.shape)} table, "
+                             f"this one is {(self.num_rows, self.dim)}")
+        store.barrier()
+        if store.rank == 0:
+            for start in range(0, self.num_rows, step):
+                ids = torch.arange(start, min(start + step, self.num_rows), dtype=torch.int64)
+                piece = weight[start:start + len(ids)]
+                if not isinstance(piece, torch.Tensor):           # a numpy (memory-mapped) table
+                    piece = torch.from_numpy(np.array(piece))
+                rows = piece.detach().to("cpu", self.dtype).contiguous()
+                store.assign_rows(self.key, RowSparse(rows, ids, (self.num_rows, self.dim)))
+        store.barrier()
+
+    def _piece_rows(self, piece_rows: int | None) -> int:
+        if piece_rows is None:
+            piece_rows = (64 << 20) // max(1, self.dim * torch.empty(0, dtype=self.dtype).element_size())
+        if piece_rows < 1:
+            raise ValueError(f"piece_rows must be at least 1, got {piece_rows}")
+        return int(piece_rows)
 
     # torch.save(model) pickles the module: the table stays on the servers, and the
     # store (sockets, threads) cannot travel; attach one after loading (emb.kv = kv)

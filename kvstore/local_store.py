@@ -67,6 +67,9 @@ class LocalStore(KVStore):
             else:                                       # MXNet's custom updater sees a RowSparse
                 self._updater(info.key, RowSparse(data, rows, info.shape), table)
 
+    def _do_assign_rows(self, info: KeyInfo, rows: np.ndarray, data: np.ndarray) -> None:
+        self._store[info.key][rows] = data
+
     def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray:
         return self._store[info.key][rows]
 

@@ -37,6 +37,19 @@ def push_parts(values: list, shape: tuple, dtype, what: str) -> tuple[np.ndarray
     return sparse.merge(parts, shape[1:], dtype)
 
 
+def assign_parts(value, shape: tuple, dtype, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """New values for some rows (a :class:`RowSparse`) as unique sorted ``(rows, data)``;
+    a row named twice is an error (which value would win?)."""
+    if not isinstance(value, RowSparse):
+        raise ArgumentTypeError(f"{what}: expected a RowSparse (the rows and their new values), "
+                                f"got {type(value).__name__}")
+    rows, data = sparse.gradient_rows(value, shape, dtype, what)
+    if len(np.unique(rows)) != len(rows):
+        raise InvalidArgumentError(f"{what}: the row ids name a row twice")
+    order = np.argsort(rows)
+    return rows[order], np.ascontiguousarray(data[order]).reshape((len(rows),) + tuple(shape[1:]))
+
+
 def per_output(row_ids, outputs: int) -> list:
     """``row_ids`` as one entry per output: a list of arrays is one per output; one
     array, or a list of numbers (ints, or whole floats), serves every output."""

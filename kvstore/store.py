@@ -140,6 +140,24 @@ class KVStore(Arguments, KVStoreBase):
                 rowkeys.fill(target, rows, rowkeys.select(union, data, rows))
         return out
 
+    def assign_rows(self, key, value) -> None:
+        """Set some rows of a row-sparse key: ``value`` is a :class:`~kvstore.RowSparse`
+        holding the row ids (unique) and their new values. Not in MXNet: it is how a
+        table is loaded from a file (``ShardedEmbedding.load_state_dict``). Ordered
+        after this worker's pushes; the optimizer's state of those rows is kept (as a
+        module's ``load_state_dict`` leaves the optimizer alone). In a sync job, call it
+        between steps, from one worker, then ``barrier()``: a server refuses it while a
+        round of pushes is open on the table. Everything is checked before anything
+        changes."""
+        what = "assign_rows"
+        self._check_open(what)
+        info = self._info(key, what)
+        if not info.sparse:
+            raise InvalidArgumentError(f"{what}: key {key!r} is dense: set it with init, or push "
+                                       "without an optimizer")
+        rows, data = rowkeys.assign_parts(value, info.shape, info.dtype, f"{what} of key {key!r}")
+        self._do_assign_rows(info, rows, data)
+
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
         including the effect of this worker's earlier pushes. A row-sparse key is
@@ -333,6 +351,7 @@ class KVStore(Arguments, KVStoreBase):
     def _do_init_rows(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_push_rows(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray: raise NotImplementedError
+    def _do_assign_rows(self, info: KeyInfo, rows: np.ndarray, data: np.ndarray) -> None: raise NotImplementedError
 
     # stores whose pushpull cannot run in the background complete it at the start
     def _do_pushpull_start(self, items: list[tuple]):

@@ -116,3 +116,99 @@ def test_a_model_with_a_sharded_table_trains_with_model_parameters_and_pickles()
         loaded(ids)
     loaded.emb.kv = kv
     assert torch.equal(loaded(ids), model(ids))
+
+
+def pulled(kv, key="emb"):
+    table = torch.zeros(ROWS, DIM)
+    kv.row_sparse_pull(key, out=table, row_ids=torch.arange(ROWS))
+    return table
+
+
+def test_the_table_is_the_modules_weight_in_state_dict_and_load_state_dict():
+    """state_dict() holds the table as "weight" (nn.Embedding's name) beside the
+    other modules' tensors; load_state_dict() sends it to the store that holds the
+    table; a table of another shape is refused naming it, and nothing changes."""
+    kv = kvstore.create("local")
+    model = Model(kv)
+    state = model.state_dict()
+    assert list(state) == ["emb.weight", "head.weight", "head.bias"]
+    torch.testing.assert_close(state["emb.weight"], pulled(kv))
+    other_kv = kvstore.create("local")
+    torch.manual_seed(1)
+    other = Model(other_kv)
+    other_kv.assign_rows("emb", kvstore.RowSparse(torch.zeros(ROWS, DIM), torch.arange(ROWS), (ROWS, DIM)))
+    assert not torch.equal(pulled(other_kv), pulled(kv))
+    other.load_state_dict(state)
+    ids = torch.tensor([[0, 39], [5, 5]])
+    assert torch.equal(other(ids), model(ids))
+    before = pulled(other_kv)
+    with pytest.raises(RuntimeError, match=r"size mismatch for emb.weight: copying a param with shape \(41, 5\)"):
+        other.load_state_dict({**state, "emb.weight": torch.zeros(ROWS + 1, DIM)})
+    with pytest.raises(RuntimeError, match='Missing key.*"emb.weight"'):
+        other.load_state_dict({k: v for k, v in state.items() if k != "emb.weight"})
+    assert torch.equal(pulled(other_kv), before)
+
+
+def test_a_dist_job_resumes_from_a_state_dict_on_fresh_servers(make_cluster, tmp_path):
+    """Two steps, torch.save(model.state_dict()) on rank 0; a new job on fresh servers
+    (a zero table) loads it on every worker (torch.load with mmap) and takes two more
+    steps: the table is the one four uninterrupted steps give (plain SGD: no state)."""
+    path = str(tmp_path / "model.pt")
+
+    def steps(kv, emb, n, skip=0):
+        kv.set_optimizer(opt.SGD(learning_rate=LR))
+        for ids, target in batches(skip + n, kv.rank)[skip:]:
+            (emb(ids).sum(1) - target).pow(2).sum().backward()
+            emb.step()
+
+    def uninterrupted(kv):
+        emb = ShardedEmbedding(ROWS, DIM, kv, key="emb", init=("uniform", 0.5), seed=4)
+        steps(kv, emb, 4)
+        return pulled(kv)
+
+    def first(kv):
+        emb = ShardedEmbedding(ROWS, DIM, kv, key="emb", init=("uniform", 0.5), seed=4)
+        steps(kv, emb, 2)
+        kv.barrier()
+        if kv.rank == 0:
+            torch.save(emb.state_dict(), path)
+
+    def resumed(kv):
+        emb = ShardedEmbedding(ROWS, DIM, kv, key="emb", init=("zeros", 0.0))
+        emb.load_state_dict(torch.load(path, mmap=True))
+        steps(kv, emb, 2, skip=2)
+        return pulled(kv)
+
+    want = make_cluster(2, 3).run(uninterrupted)
+    make_cluster(2, 3).run(first)
+    got = make_cluster(2, 3).run(resumed)
+    for table in got:
+        torch.testing.assert_close(table, want[0], rtol=1e-6, atol=1e-6)
+
+
+def test_save_table_and_load_table_stream_the_table_in_pieces(make_cluster, tmp_path):
+    path = str(tmp_path / "table.npy")
+    calls = {"assign": [], "pull": []}
+
+    def job(kv):
+        emb = ShardedEmbedding(ROWS, DIM, kv, key="emb", init=("normal", 0.3), seed=1)
+        if kv.rank == 0:
+            pull, assign = kv.row_sparse_pull, kv.assign_rows
+            kv.row_sparse_pull = lambda *a, **k: (calls["pull"].append(len(k["row_ids"])), pull(*a, **k))[1]
+            kv.assign_rows = lambda key, value: (calls["assign"].append(len(value.indices)), assign(key, value))[1]
+            emb.save_table(path, piece_rows=7)
+            kv.row_sparse_pull, kv.assign_rows = pull, assign
+            fresh = ShardedEmbedding(ROWS, DIM, kv, key="spied", init=("zeros", 0.0))
+            kv.assign_rows = lambda key, value: (calls["assign"].append(len(value.indices)), assign(key, value))[1]
+        else:
+            fresh = ShardedEmbedding(ROWS, DIM, kv, key="spied", init=("zeros", 0.0))
+        fresh.load_table(path, piece_rows=6)
+        kv.barrier()
+        return pulled(kv), pulled(kv, "spied")
+
+    import numpy as np
+    for want, got in make_cluster(2, 2).run(job):
+        assert torch.equal(got, want)
+        assert np.array_equal(np.load(path), want.numpy())
+    # rank 0 pulled and sent the table 7 and 6 rows at a time; the others sent nothing
+    assert calls["pull"] == [7] * 5 + [5] and calls["assign"] == [6] * 6 + [4]

@@ -94,6 +94,33 @@ def test_bad_rows_are_refused_and_change_nothing(rows, values, match):
     assert only(r).arrays[0].tolist() == [[0, 1], [2, 3], [4, 5]]
 
 
+def set_rows(s, src, rows, values):
+    return s.send(src, ops.SET_ROWS, arrays=[np.array(rows, I64), np.array(values, np.float32)], chunk=E)
+
+
+def test_set_rows_assigns_between_rounds_keeps_the_optimizer_state_and_refuses_during_one():
+    """kv.assign_rows (a table loaded from a file): the rows take the values, other
+    rows and the optimizer's state stay; while a round is open it is refused naming
+    who pushed, and changes nothing; bad rows are refused as pushes are."""
+    s = rows_server(opt=optimizer.SGD(learning_rate=1.0, momentum=0.5))
+    push(s, 0, [3], [[1, 1]])
+    push(s, 1, [], np.zeros((0, 2)))                     # row 3: m = -1, w = [1, 2]
+    _, r = set_rows(s, 0, [1, 3], [[10, 10], [20, 20]])
+    expect_ok(only(r), peer(0))
+    push(s, 0, [3], [[1, 1]])                             # a round is open: worker 0 pushed
+    _, r = set_rows(s, 1, [5], [[9, 9]])
+    refused(only(r), "a round of pushes is still open (from worker(s) 0)")
+    for rows, values, match in (([2], [[1, 1]], "not one of this server's rows"),
+                                ([3, 1], [[1, 1], [1, 1]], "unique and sorted"),
+                                ([1], [[1, 1, 1]], "each row holds 2 x float32")):
+        refused(only(set_rows(s, 1, rows, values)[1]), match)
+    _, r = push(s, 1, [], np.zeros((0, 2)))
+    assert len(r) == 2
+    _, r = pull(s, 0, [1, 3, 5])
+    # row 3: m = 0.5 * -1 - 1 = -1.5 (the momentum kept), w = 20 - 1.5; row 5 never set
+    np.testing.assert_allclose(only(r).arrays[0], [[10, 10], [18.5, 18.5], [4, 5]])
+
+
 def test_dense_and_row_operations_do_not_mix():
     s = rows_server()
     _, r = s.send(0, ops.PULL, chunks=[tuple(E)])

@@ -21,11 +21,12 @@ WRITTEN = "written"              # {grant: the write's id}: done; replied to as 
 INIT_ROWS = "init_rows"          # {chunk, shape, dtype, servers, init: RowInit wire|None} + row ids, rows
 PUSH_ROWS = "push_rows"          # {chunk} + row ids (int64, unique, sorted) + their gradient rows
 PULL_ROWS = "pull_rows"          # {chunk} + row ids; reply carries their rows
+SET_ROWS = "set_rows"            # {chunk} + row ids (int64, unique, sorted) + their new values
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
                       GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
-                      PULL_ROWS})
+                      PULL_ROWS, SET_ROWS})
 # requests that contribute to rounds: only members of an elastic job send them
 PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS})
 

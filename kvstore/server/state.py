@@ -177,6 +177,9 @@ class ServerState(WriteIn, Stalls, Persist):
     def _on_pull_rows(self, peer, header, arrays):
         return self.rows.on_pull(peer, header, arrays)
 
+    def _on_set_rows(self, peer, header, arrays):
+        return self.rows.on_set(peer, header, arrays)
+
     def _on_configure(self, peer, header, arrays):
         mode, workers, bound = header["mode"], header["num_workers"], header.get("staleness")
         if mode not in ("sync", "async", "ssp") or not is_int(workers) or workers < 1 \

@@ -143,6 +143,25 @@ class RowTables:
             return []
         return [self._rows_reply(peer, header["id"], table, chunk, local)]
 
+    def on_set(self, peer, header, arrays) -> list[Reply]:
+        """Assign rows their values (a table loaded from a file: kv.assign_rows), the
+        optimizer's state of those rows untouched. Refused while a sync round is open
+        on the table: the assignment and a pending update would meet in an order
+        nobody chose (assign between steps, after a barrier)."""
+        cid = self._cid(header)
+        table, chunk = self._table(cid)
+        rows, data = self._rows_data(cid, table.layout, arrays, chunk.value.dtype)
+        if table.rounds:
+            waiting = sorted(table.rounds[0].parts)
+            raise InvalidArgumentError(
+                f"set_rows on {chunk_label(cid)}: a round of pushes is still open (from worker(s) "
+                f"{', '.join(map(str, waiting))}); assign rows between steps, after a barrier")
+        backend, width = self.state.backend, table.layout.width
+        local = backend.upload(table.layout.local(rows, chunk_label(cid)))
+        weights = chunk.value.reshape(table.layout.local_rows, width)
+        weights[local] = backend.upload(np.ascontiguousarray(data).reshape(len(rows), width))
+        return [self.state._ok(peer, header["id"])]
+
     # -- rounds ------------------------------------------------------------------------
     def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
         replies = []
@@ -284,4 +303,5 @@ class RowTables:
         return rows, data
 
 
-REQUESTS = {ops.INIT_ROWS: RowTables.on_init, ops.PUSH_ROWS: RowTables.on_push, ops.PULL_ROWS: RowTables.on_pull}
+REQUESTS = {ops.INIT_ROWS: RowTables.on_init, ops.PUSH_ROWS: RowTables.on_push, ops.PULL_ROWS: RowTables.on_pull,
+            ops.SET_ROWS: RowTables.on_set}
