@@ -192,6 +192,34 @@ class KVStoreStrategy(ParallelStrategy):
         if fitting:
             _optimizers_to_device(self.optimizers, self.root_device)
             self._start_exchange(trainer)
+        self._connect_metrics()
+
+    def _connect_metrics(self) -> None:
+        """Make the module's torchmetrics metrics synchronise through the store: they
+        gather their states with torch.distributed, which this strategy does not start,
+        and would otherwise compute each worker's own value without a word. Metrics
+        given their own ``dist_sync_fn`` or ``distributed_available_fn`` are left alone."""
+        try:
+            from torchmetrics import Metric
+            from torchmetrics.metric import jit_distributed_available
+        except ImportError:       # no torchmetrics: nothing to connect
+            return
+        if self.model is None:
+            return
+        for module in self.model.modules():
+            if isinstance(module, Metric) and module.dist_sync_fn is None \
+                    and module.distributed_available_fn is jit_distributed_available:
+                module.dist_sync_fn = self._metric_gather
+                module.distributed_available_fn = self._metrics_distributed
+
+    def _metrics_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def _metric_gather(self, tensor: torch.Tensor, group: Any | None = None) -> list[torch.Tensor]:
+        """torchmetrics' ``dist_sync_fn``: every worker's ``tensor`` (their shapes may
+        differ, as a ``CatMetric``'s do), in rank order, on ``tensor``'s device."""
+        parts = [_decode(b) for b in self._gatherer().gather(_encode(tensor.detach()))]
+        return [p.to(tensor.device) for p in parts]
 
     def _start_exchange(self, trainer: pl.Trainer) -> None:
         if self._exchange is not None:

@@ -65,6 +65,8 @@ def assert_like_ddp(got, want):
     for name, w in want["weights"].items():
         torch.testing.assert_close(got["weights"][name], w, rtol=1e-5, atol=1e-7)
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)     # logged with sync_dist=True
+    # torchmetrics computed over both workers: 2 epochs x 32 samples; 8 steps x (1 + 2) labels
+    assert got["seen"] == want["seen"] == 64.0 and got["labels"] == want["labels"] == 24
 
 
 def assert_collectives(text):

@@ -8,7 +8,8 @@ tracker.local (tests/test_lightning.py).
 Every worker starts from other weights (seeded by its rank: the strategy makes them
 rank 0's), the data are fixed and Lightning shards them with a DistributedSampler;
 SGD with momentum, weight decay and a step LR schedule runs 2 epochs of 4 steps.
-Rank 0 writes the final weights and the epoch's loss logged with sync_dist=True to
+Rank 0 writes the final weights, the epoch's loss logged with sync_dist=True and two
+torchmetrics (samples seen, labels gathered unevenly) computed over the workers to
 OUT.pt; every worker prints what the strategy's collectives returned.
 """
 
@@ -21,15 +22,22 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
+import torchmetrics
 
 
 class Net(L.LightningModule):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        # torchmetrics sync their states at compute(): over torch.distributed under DDP,
+        # through the store under KVStoreStrategy (a worker's own count without it)
+        self.seen = torchmetrics.SumMetric()
+        self.labels = torchmetrics.CatMetric()
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        self.seen.update(torch.tensor(float(len(y))))
+        self.labels.update(y[: 1 + self.global_rank])         # 1 label on rank 0, 2 on rank 1: uneven
         loss = F.cross_entropy(self.net(x), y)
         self.log("loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
@@ -80,8 +88,10 @@ def main():
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         s.barrier()
+    seen, labels = float(model.seen.compute()), len(model.labels.compute())   # collective: every rank
     if rank == 0:
-        torch.save({"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        torch.save({"seen": seen, "labels": labels,
+                    "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
                     "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step}, args.out)
     print(f"rank {rank}: done after {trainer.global_step} steps", flush=True)
     return 0
