@@ -12,7 +12,6 @@ states on the servers :mod:`kvstore.remote_states`, finishing or failing
 
 from __future__ import annotations
 
-import atexit
 import logging
 from dataclasses import dataclass
 
@@ -25,10 +24,9 @@ from .client import Client
 from .dist_rows import DistRows
 from .config import Config
 from .errors import ArgumentTypeError, InvalidArgumentError
-from .dist_host import HostGrouped
 from .hostreduce import Call as HostCall, HostGroup
 from .job import JobMember
-from .leaving import Leaving
+from .leaving import Departure
 from .protocol import ops
 from .sharding import Placement, pieces
 from .storetypes import NO_ROWS_IN_SSP, server_mode
@@ -51,7 +49,7 @@ class Sent:
     call: object = None
 
 
-class DistStore(Leaving, HostGrouped, KVStore):
+class DistStore(KVStore):
     """A worker's handle on the distributed store. Created by
     ``kvstore.create("dist_sync")`` inside a process started by a launcher;
     ``staleness``: dist_ssp's bound (kvstore.server.staleness; None otherwise)."""
@@ -66,7 +64,9 @@ class DistStore(Leaving, HostGrouped, KVStore):
         self._host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
         self._job = JobMember(config, addr=self._host.advert if self._host else "")
         self._membership = self._job.membership
+        self._departure = Departure(self._job)     # close, fail, the exit handlers
         self._client = None
+        self._rank = -1
         self._timeline: Timeline | None = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
         try:
             reg = self._job.register()
@@ -80,6 +80,8 @@ class DistStore(Leaving, HostGrouped, KVStore):
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
             if self._host is not None:
                 self._join_host_group(reg)
+            self._departure.attach(self._client, self._host, self._rank)
+            self._rows = DistRows(self._client, self._mode, self._collective, self._leads)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else ""))
@@ -93,12 +95,10 @@ class DistStore(Leaving, HostGrouped, KVStore):
                                          num_workers=reg.slots,
                                          **({"staleness": staleness} if self._mode == "ssp" else {}))
         except BaseException:
-            self._release()
+            self._departure.attach(self._client, self._host, self._rank)
+            self._departure.release()
             raise
-        self._crash: str | None = None
-        if config.exit_on_abort:
-            self._watch_for_crash()
-        atexit.register(self._close_at_exit)
+        self._departure.watch(config.exit_on_abort)
         log.info("[worker:%d] %s %s with %d workers and %d servers%s",
                  self._rank, "joined the running job" if self._joined else "joined", name,
                  len(self._members), reg.num_servers,
@@ -117,6 +117,38 @@ class DistStore(Leaving, HostGrouped, KVStore):
     @property
     def members(self) -> tuple:
         return self._members
+
+    # -- summing on the host first (KVSTORE_HOST_REDUCE=1, kvstore.hostreduce) ---------------
+    def _join_host_group(self, registration) -> None:
+        host, self._host = self._host, None
+        if host.form(registration, self._membership):
+            host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host,
+                        self._client.progress)
+            self._client.before_flush = host.flush
+            self._host = host
+
+    @property
+    def host_group(self) -> tuple:
+        """The ranks of the workers whose pushpulls this host sums before pushing
+        (``KVSTORE_HOST_REDUCE=1``; the lowest pushes for all), or () when none."""
+        return self._host.ranks if self._host is not None else ()
+
+    def _push_for_host(self, what, sources, targets, group) -> Sent:
+        """The leader's push of its host's sum, for every worker of the group."""
+        return self._send(ops.PUSHPULL, what, sources, targets, paced=True, group=group)
+
+    def _fill_for_host(self, handle: Sent) -> list:
+        self._fill(handle)
+        return [flat for _, flat, _ in handle.fills]
+
+    def _replied_for_host(self, handle: Sent) -> bool:
+        return self._client.replied(handle.ids + handle.later)
+
+    def _host_stats(self) -> dict:
+        """comm_stats' bytes to and from the group's others (none without a group)."""
+        if self._host is None:
+            return {}
+        return {"host_bytes_sent": self._host.bytes_sent, "host_bytes_received": self._host.bytes_received}
 
     def _host_mates(self) -> list[int]:
         """The member ranks registered from this worker's host (its KVSTORE_NODE_HOST
@@ -342,18 +374,18 @@ class DistStore(Leaving, HostGrouped, KVStore):
     def _do_init_rows(self, items) -> None:
         if self._mode == "ssp":
             raise InvalidArgumentError(f"init: {NO_ROWS_IN_SSP}")
-        self._keys.update(DistRows(self).init(items))
+        self._keys.update(self._rows.init(items))
 
     def _do_push_rows(self, items) -> None:
         self._check_can_push()
-        DistRows(self).push([(info.key, rows, data) for info, rows, data in items])
+        self._rows.push([(info.key, rows, data) for info, rows, data in items])
 
     def _do_assign_rows(self, info, rows, data) -> None:
         self._client.flush("assign_rows")      # after this worker's pushes, as a pull is
-        DistRows(self).assign(info.key, rows, data)
+        self._rows.assign(info.key, rows, data)
 
     def _do_pull_rows(self, info, rows) -> np.ndarray:
-        data = DistRows(self).pull(info.key, rows, info.shape[1:], info.dtype)
+        data = self._rows.pull(info.key, rows, info.shape[1:], info.dtype)
         self._checkpoints.pulled()
         return data
 
@@ -462,6 +494,21 @@ class DistStore(Leaving, HostGrouped, KVStore):
         return {"bytes_sent": sent, "bytes_received": received, "by_transport": traffic, **host}
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for pushes in flight, tell the scheduler this worker is done, release
+        sockets (kvstore.leaving.Departure)."""
+        try:
+            self._departure.close()
+        finally:
+            self._closed = self._departure.left
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Leaving a ``with`` block: close, or on an exception report the failure."""
+        try:
+            self._departure.exit_block(exc_type, exc)
+        finally:
+            self._closed = self._departure.left
+
     def barrier(self) -> None:
         """Wait until every worker called barrier(); pushes sent before are applied.
         In an elastic job: every member, and the members (``kv.members``,

@@ -10,6 +10,8 @@ send empty pushes to the servers whose ranges hold none of their rows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import rowshard
@@ -18,14 +20,17 @@ from .protocol import ops
 
 
 class DistRows:
-    """The row-sparse requests of ``store`` (a DistStore: its client, rank and mode)."""
+    """The row-sparse requests of a DistStore: sent through ``client`` (a
+    :class:`kvstore.client.Client`) to servers in ``mode`` ("sync", "async"); init is
+    collective through ``collective(token)``, and ``leads()`` says whether this worker
+    sends for all."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self, client, mode: str, collective: Callable[[str], None], leads: Callable[[], bool]):
+        self._client, self._mode, self._collective, self._leads = client, mode, collective, leads
 
     @property
     def servers(self) -> int:
-        return len(self.store._client.servers)
+        return len(self._client.servers)
 
     def chunks(self, key) -> list:
         return [[key, s] for s in range(self.servers)]
@@ -34,16 +39,15 @@ class DistRows:
         """``items``: (key, shape, dtype, RowInit or None, rows, data). Collective, as a
         dense init: rank 0 sends, nobody returns before the servers hold the rows.
         Returns the keys' KeyInfo records."""
-        store = self.store
-        store._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
-                                                   for k, shape, dtype, *_ in items))
-        if store._leads():
+        self._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
+                                                  for k, shape, dtype, *_ in items))
+        if self._leads():
             self._send_init(items)
-        store._collective("init rows done")
+        self._collective("init rows done")
         return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True) for k, shape, dtype, *_ in items}
 
     def _send_init(self, items: list) -> None:
-        client = self.store._client
+        client = self._client
         ids = []
         for key, shape, dtype, spec, rows, data in items:
             for s, where in enumerate(rowshard.split(rows, self.servers)):
@@ -55,7 +59,7 @@ class DistRows:
 
     def push(self, items: list) -> None:
         """``items``: (key, rows, data) with unique sorted rows, one merged push per key."""
-        client, sync = self.store._client, self.store._mode == "sync"
+        client, sync = self._client, self._mode == "sync"
         for key, rows, data in items:
             what = f"push of row-sparse key {key!r}"
             for s, where in enumerate(rowshard.split(rows, self.servers)):
@@ -66,7 +70,7 @@ class DistRows:
     def assign(self, key, rows: np.ndarray, data: np.ndarray) -> None:
         """Set ``rows`` (unique, sorted) to ``data`` on the servers that own them;
         returns once every one of them has."""
-        client, what = self.store._client, f"assign_rows of key {key!r}"
+        client, what = self._client, f"assign_rows of key {key!r}"
         ids = [client.request(s, ops.SET_ROWS, what, [rows[where], np.ascontiguousarray(data[where])],
                               chunk=[key, s])[0]
                for s, where in enumerate(rowshard.split(rows, self.servers)) if len(where)]
@@ -74,7 +78,7 @@ class DistRows:
 
     def pull(self, key, rows: np.ndarray, row_shape: tuple, dtype) -> np.ndarray:
         """The current values of ``rows`` (unique, sorted), after this worker's pushes."""
-        client, what = self.store._client, f"row_sparse_pull of key {key!r}"
+        client, what = self._client, f"row_sparse_pull of key {key!r}"
         data = np.empty((len(rows),) + tuple(row_shape), dtype)
         ids = []
         for s, where in enumerate(rowshard.split(rows, self.servers)):

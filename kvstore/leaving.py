@@ -2,11 +2,20 @@
 scheduler aborts the job at once), and the exit handlers that pick one of the two
 when the script never called ``close``.
 
-:class:`Leaving` is the part of :class:`kvstore.dist.DistStore` that ends its
-membership; it uses the store's client, job member, membership and rank. Leaving
-by an exception, after a call gave up on a deadline, or with an uncaught
-exception reports a failure instead of a clean finish: the other workers would
-otherwise wait for this one until their deadline.
+:class:`Departure` is the collaborator of :class:`kvstore.dist.DistStore` that
+ends its membership. It owns whether the worker has left and the uncaught
+exception it saw; the store hands it the job member at once and the client and
+host group once registration made them. Leaving by an exception, after a call
+gave up on a deadline, or with an uncaught exception reports a failure instead of
+a clean finish: the other workers would otherwise wait for this one until their
+deadline.
+
+Example::
+
+    departure = Departure(job)               # before registration
+    departure.attach(client, host, rank)     # after it
+    departure.watch(exit_on_abort=True)      # exit handlers
+    departure.close()                        # or departure.fail("why")
 """
 
 from __future__ import annotations
@@ -14,26 +23,52 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+from typing import Any
 
 log = logging.getLogger("kvstore.dist")
 
 
-class Leaving:
-    """A mixin of DistStore (``_client``, ``_job``, ``_membership``, ``_rank``,
-    ``_closed``, ``_crash``)."""
+class Departure:
+    """Leaving the job of ``job`` (a :class:`kvstore.job.JobMember`)."""
+
+    def __init__(self, job: Any):
+        self._job = job
+        self._membership = job.membership
+        self._client: Any = None
+        self._host: Any = None
+        self._rank = -1
+        self.left = False                 # closed or failed: the store takes no more calls
+        self._crash: str | None = None    # an uncaught exception, reported at exit
+
+    def attach(self, client: Any, host: Any, rank: int) -> None:
+        """The store's client and host group (None without one), once registered."""
+        self._client, self._host, self._rank = client, host, rank
+
+    def watch(self, exit_on_abort: bool) -> None:
+        """Leave at interpreter exit if the script did not; with ``exit_on_abort``,
+        remember an uncaught exception so that the exit reports a failure (the
+        scheduler then aborts the job at once) instead of a clean finish."""
+        if exit_on_abort:
+            previous = sys.excepthook
+
+            def hook(exc_type, exc, tb):
+                self._crash = f"{exc_type.__name__}: {exc}"
+                previous(exc_type, exc, tb)
+            sys.excepthook = hook
+        atexit.register(self._close_at_exit)
 
     def close(self) -> None:
         """Wait for pushes in flight, tell the scheduler this worker is done, release sockets."""
-        if self._closed:
+        if self.left:
             return
         if self._client.failure is not None:   # an earlier call gave up: do not wait again
-            return self._fail(self._client.failure)
-        self._closed = True
+            return self.fail(self._client.failure)
+        self.left = True
         atexit.unregister(self._close_at_exit)
         try:
             if not self._membership.aborted.is_set():
                 self._client.flush("close")
-                if getattr(self, "_host", None) is not None:
+                if self._host is not None:
                     self._host.leave("close")   # the leader waits until its members have all
                 self._job.finish()
         except BaseException as e:      # e.g. a push that failed: the job must learn it now
@@ -43,45 +78,36 @@ class Leaving:
                 log.warning("[worker:%d] could not report the failure of close(): %s", self._rank, report)
             raise
         finally:
-            self._release()
+            self.release()
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def exit_block(self, exc_type, exc) -> None:
+        """Leaving a ``with`` block: finish, or on an exception report a failure."""
         if exc_type is None:
             self.close()
-        elif not self._closed:   # leaving on an error: tell the job instead of finishing
-            self._fail(f"{exc_type.__name__}: {exc}")
+        elif not self.left:
+            self.fail(f"{exc_type.__name__}: {exc}")
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
         """Report this worker's failure (the scheduler aborts the job) and release."""
-        self._closed = True
+        self.left = True
         atexit.unregister(self._close_at_exit)
         try:
             self._membership.fail(reason)
         finally:
-            self._release()
+            self.release()
 
-    def _release(self) -> None:
-        if getattr(self, "_host", None) is not None:
+    def release(self) -> None:
+        """Close the host group, the client and the membership (what exists of them)."""
+        if self._host is not None:
             self._host.close()
         if self._client is not None:
             self._client.close()
         self._membership.close()
 
-    def _watch_for_crash(self) -> None:
-        """Remember an uncaught exception so that the exit handler reports a failure
-        (the scheduler then aborts the job at once) instead of a clean finish."""
-        previous = sys.excepthook
-
-        def hook(exc_type, exc, tb):
-            self._crash = f"{exc_type.__name__}: {exc}"
-            previous(exc_type, exc, tb)
-        sys.excepthook = hook
-
     def _close_at_exit(self) -> None:
-        if self._crash is not None and not self._closed:
-            return self._fail(self._crash)
+        if self._crash is not None and not self.left:
+            return self.fail(self._crash)
         try:
             self.close()
         except Exception as e:  # at interpreter exit there is no caller left to raise to
             log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)
-
