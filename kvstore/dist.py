@@ -361,6 +361,7 @@ class DistStore(KVStore):
             info = KeyInfo(key, tuple(shape), dtype, self._placement.place(key, size, dtype.itemsize))
             infos.append(info)
             flats.append((info, np.ascontiguousarray(value, dtype=dtype).reshape(-1)))
+        self._check_whole_keys(self._optimizer, infos, "init")    # every worker alike, before sending
         if self._leads():
             ids = [self._client.request(server, ops.INIT, "init", parts, chunks=wire_ids)[0]
                    for server, (wire_ids, parts) in self._by_server(flats).items()]

@@ -83,6 +83,8 @@ class KVStore(Arguments, KVStoreBase):
         if items or not rows_items:
             self._do_init(items)
         if rows_items:
+            self._check_whole_keys(self._optimizer, [KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True)
+                                                     for k, shape, dtype, *_ in rows_items], what)
             self._do_init_rows(rows_items)
         self._dtype_names.update(names)
 
@@ -251,8 +253,28 @@ class KVStore(Arguments, KVStoreBase):
             raise ArgumentTypeError("set_optimizer: expected a kvstore.optimizer.Optimizer "
                                     f"(e.g. kvstore.optimizer.SGD(...)), got {type(optimizer).__name__}")
         optimizer = _optimizer.from_config(optimizer.to_config())  # validated, and our own copy
+        self._check_whole_keys(optimizer, list(self._keys.values()), "set_optimizer")
         self._do_set_optimizer(optimizer)
         self._optimizer = optimizer
+
+    def _check_whole_keys(self, optimizer, infos: list, what: str) -> None:
+        """Refuse keys that ``optimizer`` would see only part of, where it needs a key's
+        every value at once (LARS, LAMB: norms over the layer; kvstore.optimizer.layerwise):
+        row-sparse keys (updated row by row) and keys cut into chunks over servers."""
+        if optimizer is None or not optimizer.needs_whole_keys():
+            return
+        name = type(optimizer).__name__
+        for info in infos:
+            if info.sparse:
+                raise InvalidArgumentError(
+                    f"{what}: {name} scales each key's step by norms over the whole key, but row-sparse "
+                    f"key {info.key!r} is updated row by row; use another optimizer in this store")
+            if len(info.chunks) > 1:
+                nbytes = info.size * np.dtype(info.dtype).itemsize
+                raise InvalidArgumentError(
+                    f"{what}: {name} needs each key whole on one server, but key {info.key!r} ({nbytes} bytes) "
+                    f"is cut into {len(info.chunks)} chunks over the servers: set KVSTORE_CHUNK_BYTES above "
+                    "the largest key's size (norms across servers are not built yet)")
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Change the learning rate of the optimizer set by :meth:`set_optimizer`,

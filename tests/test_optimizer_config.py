@@ -24,8 +24,8 @@ from optimizer_refs import _data
 # --------------------------------------------------------------------------------------
 
 def test_registered_names():
-    assert opt.registered() == ["adadelta", "adagrad", "adam", "adamax", "dcasgd", "ftml", "ftrl",
-                                "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test"]
+    assert opt.registered() == ["adadelta", "adagrad", "adam", "adamax", "dcasgd", "ftml", "ftrl", "lamb",
+                                "lars", "lbsgd", "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test"]
     assert opt.registered_schedulers() == ["cosine", "factor", "multifactor"]
 
 
@@ -34,7 +34,7 @@ def test_create_is_case_insensitive_and_rejects_unknown():
     assert type(opt.create("Adam")) is opt.Adam
     assert opt.create("sgd", learning_rate=0.1).learning_rate == 0.1
     with pytest.raises(ConfigError) as e:
-        opt.create("lamb")
+        opt.create("adamw")
     for n in opt.registered():
         assert n in str(e.value)
     with pytest.raises(ConfigError, match="momentun"):
@@ -98,7 +98,7 @@ def test_config_params_and_scheduler_are_optional():
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"name": "lamb", "params": {}}, "adadelta, adagrad, adam, adamax, dcasgd, ftml, ftrl, nadam, nag"),
+    ({"name": "adamw", "params": {}}, "adadelta, adagrad, adam, adamax, dcasgd, ftml, ftrl, lamb, lars, lbsgd, nadam"),
     ({"name": "sgd", "params": {"lr": 0.1}}, "'lr'"),
     ({"name": "nag", "params": {"nesterov": True}}, "nesterov"),
     ({"name": "sgd", "params": {"lr_scheduler": None}}, "lr_scheduler"),

@@ -1,5 +1,6 @@
 """The optimizers MXNet 1.9 has beyond SGD, NAG, Adam, AdaGrad and RMSProp (Signum,
-FTML, DCASGD, SGLD, AdaDelta, Ftrl, Adamax, Nadam) against MXNet 1.9.1's own numbers.
+FTML, DCASGD, SGLD, AdaDelta, Ftrl, Adamax, Nadam, and the layer-wise LARS, LAMB and
+LBSGD) against MXNet 1.9.1's own numbers.
 
 tests/data/mxnet_optimizers.json was written by MXNet itself
 (benchmarks/peers/mxnet_optimizer_fixture.py, which says how to regenerate it):
@@ -52,7 +53,8 @@ def _recorded_noise(monkeypatch, case):
 def test_the_fixture_is_mxnets_and_covers_every_new_optimizer():
     assert DATA["mxnet"] == "1.9.1"
     names = {c["optimizer"] for c in CASES}
-    assert names == {"signum", "ftml", "dcasgd", "sgld", "adadelta", "ftrl", "adamax", "nadam"}
+    assert names == {"signum", "ftml", "dcasgd", "sgld", "adadelta", "ftrl", "adamax", "nadam",
+                     "lars", "lamb", "lbsgd"}
     assert names <= set(opt.registered())
 
 
@@ -65,9 +67,12 @@ def test_dense_updates_match_mxnet(case, monkeypatch):
     w = np.array(case["w0"], dtype)
     state = o.create_state(w)
     for t, (g, want) in enumerate(zip(case["grads"], case["weights"]), start=1):
-        o.update(w, np.array(g, dtype), state, t)
+        # the slot names the weight (LARS leaves biases alone); MXNet's is its index, 0
+        o.update(w, np.array(g, dtype), state, t, slot=case.get("slot") or 0)
         assert w.dtype == dtype
         np.testing.assert_allclose(w, np.array(want, dtype), err_msg=f"step {t}", **tol)
+    if case["optimizer"] == "lbsgd":
+        state = state[1:]     # our first state array is the summed gradients, kept outside MXNet's state
     assert len(state) == len(case["states"])
     for k, (ours, theirs) in enumerate(zip(state, case["states"])):
         np.testing.assert_allclose(ours, np.array(theirs, ours.dtype), err_msg=f"state {k}",

@@ -31,7 +31,8 @@ import numpy as np
 
 N, STEPS = 10, 5
 
-# (optimizer, params, extras); extras: dtype, scheduler (FactorScheduler kwargs), seed.
+# (optimizer, params, extras); extras: dtype, scheduler (FactorScheduler kwargs), slot (the
+# weight's name). A case's data are seeded by its position: add new cases at the end.
 CASES = [
     ("signum", {}, {}),
     ("signum", {"learning_rate": 0.05, "momentum": 0.8, "wd": 0.01, "wd_lh": 0.02,
@@ -65,6 +66,33 @@ CASES = [
      {"dtype": "float16"}),
     ("nadam", {"learning_rate": 0.01, "wd": 0.01, "multi_precision": True}, {"dtype": "float16"}),
     ("dcasgd", {"learning_rate": 0.05, "multi_precision": True}, {"dtype": "float16"}),
+    # layer-wise: LARS and LAMB scale each key's step by its norms; LBSGD accumulates
+    # batch_scale pushes and warms its learning rate up (or scales it by norms: "lars")
+    ("lars", {"learning_rate": 0.1}, {}),
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.01, "eps": 1e-6, "wd": 0.01,
+              "rescale_grad": 0.5, "clip_gradient": 0.8}, {}),
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.02},
+     {"scheduler": {"step": 2, "factor": 0.5, "base_lr": 0.1}}),
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.02, "momentum_correction": False},
+     {"scheduler": {"step": 2, "factor": 0.5, "base_lr": 0.1}}),
+    # named as a bias: no layer-wise scaling (MXNet would also zero wd for every name not
+    # ending in "_weight", a symbol-naming rule torch's names do not follow: so no wd here)
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9}, {"slot": "fc_bias"}),
+    ("lamb", {}, {}),
+    ("lamb", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-4, "wd": 0.01,
+              "rescale_grad": 0.5, "clip_gradient": 0.9}, {}),
+    ("lamb", {"learning_rate": 0.01, "lower_bound": 3.5, "upper_bound": 5.0}, {}),
+    ("lamb", {"learning_rate": 0.01, "lower_bound": 0.1, "upper_bound": 0.5}, {}),
+    ("lamb", {"learning_rate": 0.01, "bias_correction": False, "wd": 0.1}, {}),
+    ("lamb", {"learning_rate": 0.01}, {"scheduler": {"step": 2, "factor": 0.5, "base_lr": 0.01}}),
+    ("lbsgd", {"learning_rate": 0.1, "momentum": 0.9, "batch_scale": 2, "warmup_epochs": 1,
+               "updates_per_epoch": 4, "warmup_strategy": "linear"}, {}),
+    ("lbsgd", {"learning_rate": 0.1, "batch_scale": 1, "warmup_epochs": 1, "updates_per_epoch": 4,
+               "warmup_strategy": "power2", "wd": 0.01, "rescale_grad": 0.5, "clip_gradient": 0.9}, {}),
+    ("lbsgd", {"learning_rate": 0.1, "momentum": 0.5, "batch_scale": 3, "warmup_epochs": 1,
+               "updates_per_epoch": 2, "warmup_strategy": "sqrt", "begin_epoch": 1}, {}),
+    ("lbsgd", {"learning_rate": 0.1, "momentum": 0.9, "batch_scale": 2, "warmup_strategy": "lars",
+               "wd": 0.01}, {}),
 ]
 
 
@@ -89,6 +117,8 @@ def run_dense(index: int, name: str, params: dict, extras: dict) -> dict:
     kwargs = dict(params)
     if "scheduler" in extras:
         kwargs["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(**extras["scheduler"])
+    if "slot" in extras:         # the weight's name (LARS leaves gamma, beta and bias alone)
+        kwargs["param_idx2name"] = {0: extras["slot"]}
     o = mx.optimizer.create(name, **kwargs)
     noise = []
     if name == "sgld":
@@ -105,7 +135,7 @@ def run_dense(index: int, name: str, params: dict, extras: dict) -> dict:
         weights.append(w.asnumpy().tolist())
     return {"optimizer": name, "params": params, "scheduler": extras.get("scheduler"),
             "dtype": dtype, "w0": w0.tolist(), "grads": grads.tolist(), "rows": None,
-            "weights": weights, "states": flat_state(state), "noise": noise}
+            "weights": weights, "states": flat_state(state), "noise": noise, "slot": extras.get("slot")}
 
 
 def run_ftrl_row_sparse() -> dict:
@@ -127,7 +157,7 @@ def run_ftrl_row_sparse() -> dict:
         weights.append(w.tostype("default").asnumpy().tolist())
     return {"optimizer": "ftrl", "params": params, "scheduler": None, "dtype": "float32",
             "w0": w0.tolist(), "grads": grads, "rows": rows_per_step, "weights": weights,
-            "states": [s.tostype("default").asnumpy().tolist() for s in state], "noise": []}
+            "states": [s.tostype("default").asnumpy().tolist() for s in state], "noise": [], "slot": None}
 
 
 def main(path: str) -> None:

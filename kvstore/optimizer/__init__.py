@@ -21,12 +21,16 @@ from .base import Optimizer, create, from_config, register, registered
 from .lr_scheduler import (CosineScheduler, FactorScheduler, LRScheduler, MultiFactorScheduler,
                            register_scheduler, registered_schedulers, scheduler_from_config)
 from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp, Test
-# MXNet 1.x's other element-wise optimizers, one module each: importing registers them.
+# MXNet 1.x's other optimizers, one module each: importing registers them (LARS, LAMB
+# and LBSGD's "lars" scale each key's step by its norms: kvstore.optimizer.layerwise).
 from .adadelta import AdaDelta
 from .adamax import Adamax
 from .dcasgd import DCASGD
 from .ftml import FTML
 from .ftrl import Ftrl
+from .lamb import LAMB
+from .lars import LARS
+from .lbsgd import LBSGD
 from .nadam import Nadam
 from .sgld import SGLD
 from .signum import Signum
@@ -35,7 +39,7 @@ from .updater import Updater
 __all__ = [
     "Optimizer", "create", "from_config", "register", "registered", "Updater",
     "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test",
-    "Signum", "FTML", "DCASGD", "SGLD", "AdaDelta", "Ftrl", "Adamax", "Nadam",
+    "Signum", "FTML", "DCASGD", "SGLD", "AdaDelta", "Ftrl", "Adamax", "Nadam", "LARS", "LAMB", "LBSGD",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
     "register_scheduler", "registered_schedulers", "scheduler_from_config",
 ]

@@ -142,6 +142,12 @@ class Optimizer:
                 "params": {p: getattr(self, p) for p in self.param_names()},
                 "lr_scheduler": sched}
 
+    def needs_whole_keys(self) -> bool:
+        """Whether an update needs the key's every value at once (norms over a layer:
+        LARS, LAMB; kvstore.optimizer.layerwise): the stores then refuse keys cut into
+        chunks over several servers and row-sparse keys."""
+        return False
+
     def learning_rate_at(self, t):
         """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""
         t = update_count(type(self).__name__, t)

@@ -1,0 +1,83 @@
+"""LAMB: Adam whose step is scaled per layer by the ratio of the weight's norm to the
+update's (You et al. 2019; MXNet 1.x ``LAMB``)."""
+
+from __future__ import annotations
+
+from ._util import boolean, real, unit
+from .base import Optimizer, register
+from .layerwise import check_whole, norm
+
+__all__ = ["LAMB"]
+
+
+@register
+class LAMB(Optimizer):
+    """Layer-wise adaptive moments (MXNet 1.x ``LAMB``: ``lamb_update_phase1`` and
+    ``phase2``; state ``(mean, var)``)::
+
+        g = clip(g, c)
+        mean = beta1 * mean + (1 - beta1) * g;  var = beta2 * var + (1 - beta2) * g**2
+        d = mean_hat / (sqrt(var_hat) + epsilon) + wd * w
+            (mean_hat = mean / (1 - beta1**t), var_hat = var / (1 - beta2**t); the
+            moments themselves without bias_correction)
+        r1 = min(max(|w|, lower_bound), upper_bound);  r2 = |d|
+        w -= lr * (r1 / r2 if r1 and r2 else 1) * d
+
+    The norms are over the whole key: a key must reach its optimizer whole
+    (kvstore.optimizer.layerwise). A bound of None (or 0) is not applied, as in MXNet.
+    Raises ConfigError unless ``0 <= beta1, beta2 < 1``, ``epsilon >= 0`` and the
+    bounds are None or >= 0. MXNet's defaults: ``learning_rate`` 0.001, ``beta1``
+    0.9, ``beta2`` 0.999, ``epsilon`` 1e-6, no bounds, ``bias_correction`` True.
+
+    Example: ``LAMB(learning_rate=0.01, wd=0.01, upper_bound=10.0)``
+    """
+
+    name = "lamb"
+    hyper_params = ("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")
+    num_states = 2
+
+    def __init__(self, *, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-6, lower_bound: float | None = None, upper_bound: float | None = None,
+                 bias_correction: bool = True, **common) -> None:
+        super().__init__(learning_rate=learning_rate, **common)
+        owner = type(self).__name__
+        self.beta1 = unit(owner, "beta1", beta1)
+        self.beta2 = unit(owner, "beta2", beta2)
+        self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
+        self.lower_bound = None if lower_bound is None else real(owner, "lower_bound", lower_bound, lo=0.0)
+        self.upper_bound = None if upper_bound is None else real(owner, "upper_bound", upper_bound, lo=0.0)
+        self.bias_correction = boolean(owner, "bias_correction", bias_correction)
+
+    def needs_whole_keys(self) -> bool:
+        return True
+
+    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
+        check_whole("LAMB", slot, rows)
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        # the constants in the weight's dtype, as MXNet's kernels compute them: in
+        # float32, 1 - 0.999 is 1.3e-5 away from 0.001 (the moments show it)
+        dt = weight.dtype.type
+        beta1, beta2, one = dt(self.beta1), dt(self.beta2), dt(1)
+        mean, var = state
+        mean *= beta1
+        mean += (one - beta1) * g
+        var *= beta2
+        var += ((one - beta2) * g) * g
+        if self.bias_correction:
+            d = mean / (one - beta1 ** dt(t))
+            denom = xp.sqrt(var / (one - beta2 ** dt(t)))
+        else:
+            d = mean.copy()
+            denom = xp.sqrt(var)
+        denom += self.epsilon
+        d /= denom
+        if self.wd:
+            d += self.wd * weight
+        r1 = norm(weight, xp)
+        if self.lower_bound:
+            r1 = max(r1, self.lower_bound)
+        if self.upper_bound:
+            r1 = min(r1, self.upper_bound)
+        r2 = norm(d, xp)
+        d *= lr * (r1 / r2) if r1 != 0.0 and r2 != 0.0 else lr
+        weight -= d

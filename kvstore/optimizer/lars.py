@@ -1,0 +1,73 @@
+"""LARS: SGD whose step is scaled per layer by the ratio of the weight's norm to the
+gradient's (You et al. 2017; MXNet 1.x ``LARS``)."""
+
+from __future__ import annotations
+
+from ._util import boolean, real, unit
+from .base import Optimizer, register
+from .layerwise import EXCLUDED_SUFFIXES, check_whole, key_name, norm
+
+__all__ = ["LARS"]
+
+
+@register
+class LARS(Optimizer):
+    """Layer-wise adaptive rate scaling (MXNet 1.x ``LARS``; state ``(mom,)`` with
+    momentum, none without)::
+
+        lr_key = lr * eta * |w| / (rescale_grad * |grad| + wd * |w| + eps)
+                 (lr where |w| or |grad| is 0, and for keys named ...gamma, ...beta, ...bias)
+        momentum_t = momentum * lr_t / lr_{t-1}     (momentum_correction, with a scheduler)
+        mom = momentum_t * mom - lr_key * (clip(g, c) + wd * w);  w += mom
+
+    (``w -= lr_key * (clip(g, c) + wd * w)`` without momentum.) The norms are over
+    the whole key: a key must reach its optimizer whole (kvstore.optimizer.layerwise).
+    Raises ConfigError unless ``0 <= momentum < 1``, ``eta > 0`` and ``eps >= 0``.
+    MXNet's defaults: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0,
+    ``momentum_correction`` True.
+
+    Example: ``LARS(learning_rate=3.2, momentum=0.9, eta=0.001, wd=5e-4)``
+    """
+
+    name = "lars"
+    hyper_params = ("momentum", "eta", "eps", "momentum_correction")
+
+    def __init__(self, *, momentum: float = 0.0, eta: float = 0.001, eps: float = 0.0,
+                 momentum_correction: bool = True, **common) -> None:
+        super().__init__(**common)
+        owner = type(self).__name__
+        self.momentum = unit(owner, "momentum", momentum)
+        self.eta = real(owner, "eta", eta, lo=0.0, lo_open=True)
+        self.eps = real(owner, "eps", eps, lo=0.0)
+        self.momentum_correction = boolean(owner, "momentum_correction", momentum_correction)
+
+    @property
+    def num_states(self):
+        return 1 if self.momentum > 0.0 else 0
+
+    def needs_whole_keys(self) -> bool:
+        return True
+
+    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
+        check_whole("LARS", slot, rows)
+        lr_key = lr
+        if not key_name(slot).endswith(EXCLUDED_SUFFIXES):
+            w_norm, g_norm = norm(weight, xp), norm(grad, xp)
+            if w_norm > 0.0 and g_norm > 0.0:
+                lr_key = lr * self.eta * w_norm / (g_norm * self.rescale_grad + self.wd * w_norm + self.eps)
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        if self.wd:
+            g += self.wd * weight
+        g *= lr_key
+        if not state:
+            weight -= g
+            return
+        momentum = self.momentum
+        if self.momentum_correction and t > 1:
+            last = self.learning_rate_at(t - 1)     # the previous update's (global) rate
+            if last != 0:
+                momentum *= lr / last
+        (mom,) = state
+        mom *= momentum
+        mom -= g
+        weight += mom

@@ -1,0 +1,47 @@
+"""What LARS, LAMB and LBSGD share: their step depends on norms over the whole key
+(a layer), not over the values at hand.
+
+An :class:`~kvstore.optimizer.Optimizer` whose class sets ``whole_key = True``
+must see a key's every value in one update: the stores refuse what would show it
+part of a key (a dist key cut into chunks over the servers, a row-sparse key's
+lazy row updates), and :func:`check_whole` refuses it here too, naming the key,
+where a server is handed a chunk other than a key's first. MXNet's own LARS on a
+dist kvstore takes the norms of each server's slice; here the update is the
+one-process formula or an error.
+"""
+
+from __future__ import annotations
+
+import numpy
+
+__all__ = ["check_whole", "key_name", "norm", "sum_sq"]
+
+# MXNet's LARS leaves parameters named so alone (batch norm's gamma and beta, biases)
+EXCLUDED_SUFFIXES = ("gamma", "beta", "bias")
+
+
+def key_name(slot) -> str:
+    """The name MXNet gives the weight of updater slot ``slot``: ``str(key)``; a
+    server's slot is ``(key, chunk)``."""
+    key = slot[0] if isinstance(slot, tuple) else slot
+    return "" if key is None else str(key)
+
+
+def check_whole(owner: str, slot, rows) -> None:
+    """Raise ValueError where the update would see only part of a key."""
+    if rows is not None:
+        raise ValueError(f"{owner} scales each key's step by norms over the whole key; a lazy "
+                         f"update of some rows (row-sparse key {key_name(slot)!r}) cannot")
+    if isinstance(slot, tuple) and len(slot) == 2 and slot[1] != 0:
+        raise ValueError(f"{owner} needs key {key_name(slot)!r} whole, but it is cut into chunks on "
+                         "several servers: raise KVSTORE_CHUNK_BYTES above its size")
+
+
+def sum_sq(a, xp) -> float:
+    """The sum of squares of ``a``, accumulated in float64 (a float, on the host)."""
+    flat = a.reshape(-1).astype(xp.float64)
+    return float(xp.dot(flat, flat)) if flat.size else 0.0
+
+
+def norm(a, xp) -> float:
+    return float(numpy.sqrt(sum_sq(a, xp)))
