@@ -41,7 +41,9 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--lr-factor", type=float, default=0.1, help="the ratio to reduce lr on each step")
     add("--lr-step-epochs", type=str, default="", help="epochs to reduce the lr, e.g. 30,60")
     add("--optimizer", type=str, default="sgd", help=f"one of {', '.join(kvopt.registered())}")
-    add("--mom", type=float, default=0.9, help="momentum for sgd/nag")
+    add("--mom", type=float, default=0.9, help="momentum for sgd, nag, lars and lbsgd")
+    add("--opt-param", action="append", default=[], metavar="NAME=VALUE",
+        help="another hyper-parameter of --optimizer, e.g. eta=0.02 for lars (repeatable)")
     add("--wd", type=float, default=0.0001, help="weight decay")
     add("--batch-size", type=int, default=128, help="batch size of each worker")
     add("--disp-batches", type=int, default=20, help="show progress every n batches")
@@ -75,8 +77,29 @@ def make_optimizer(args, batches_per_epoch: int, kv=None) -> kvopt.Optimizer:
         sched = kvopt.MultiFactorScheduler(step=[e * batches_per_epoch * updates_per_batch for e in steps],
                                            factor=args.lr_factor)
     name = args.optimizer.lower()
-    extra = {"momentum": args.mom} if name in ("sgd", "nag") else {}
+    extra = {"momentum": args.mom} if name in ("sgd", "nag", "lars", "lbsgd") else {}
+    extra.update(opt_params(args.opt_param))
     return kvopt.create(name, learning_rate=lr, wd=args.wd, lr_scheduler=sched, **extra)
+
+
+def opt_params(pairs: list) -> dict:
+    """``NAME=VALUE`` strings as hyper-parameters: numbers, true/false, none, or text."""
+    params = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--opt-param: expected NAME=VALUE, got {pair!r}")
+        low = text.strip().lower()
+        if low in ("true", "false"):
+            params[name] = low == "true"
+        elif low == "none":
+            params[name] = None
+        else:
+            try:
+                params[name] = int(text) if low.lstrip("-").isdigit() else float(text)
+            except ValueError:
+                params[name] = text
+    return params
 
 
 def _atomic_save(obj, path: str) -> None:

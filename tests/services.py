@@ -204,6 +204,20 @@ def free_port(host="127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair(host="127.0.0.1", tries: int = 50) -> int:
+    """A port ``p`` with ``p + 1`` free too (a PyTorchJob's scheduler takes
+    MASTER_PORT + 1); as racy as :func:`free_port`, not more."""
+    for _ in range(tries):
+        port = free_port(host)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no two consecutive free ports on {host} in {tries} tries")
+
+
 def _wait_lines(popen, pattern, count, timeout, what, text=None):
     """Read ``popen``'s stderr until ``count`` lines match; raise with the text if
     not. Every line read, now and later, is appended to ``text``."""

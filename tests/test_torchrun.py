@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from services import eventually_empty, free_port, tagged
+from services import eventually_empty, free_port, free_port_pair, tagged
 from tracker import torch_job
 from tracker.control.env import EnvError
 
@@ -50,16 +50,38 @@ def test_pytorchjob_style_one_process_per_pod(tmp_path, secret):
     """What Kubernetes' PyTorchJob sets for `python script.py` in each pod: RANK,
     WORLD_SIZE, MASTER_ADDR, MASTER_PORT only (no torchrun, no store). Each process
     is its host's local rank 0 and starts one server."""
-    tag, port = uuid.uuid4().hex, free_port()
+    # the scheduler takes MASTER_PORT + 1: once, in the full suite, it was taken
+    tag, port = uuid.uuid4().hex, free_port_pair()
     extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
              **({"KVSTORE_SECRET": secret} if secret else {})}
     pods = [subprocess.Popen([sys.executable, SCRIPT], env=env_for(tag, RANK=str(r), **extra), cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in pods]
+    print(*(f"--- pod {r}:\n{o}" for r, o in enumerate(outs)), sep="\n")   # shown whole on a failure
     assert [p.returncode for p in pods] == [0, 0], outs
     text = "".join(outs)
     assert sorted(re.findall(r"rank (\d) of 2: pulled 3 3", text)) == ["0", "1"], text
     assert ("not authenticated" in text) == (secret is None), text
+    assert not eventually_empty(lambda: tagged(tag))
+
+
+def test_a_pytorchjob_whose_scheduler_port_is_taken_fails_at_once_saying_so(tmp_path):
+    """Rank 0 hosts the scheduler on MASTER_PORT + 1: taken, it ends in seconds naming
+    the port and what to change (it was a ZMQError's traceback)."""
+    import socket
+    import time
+    tag = uuid.uuid4().hex
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        env = env_for(tag, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken - 1))
+        start = time.monotonic()
+        p = subprocess.run([sys.executable, SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert p.returncode != 0 and time.monotonic() - start < 20, p.stdout + p.stderr
+    assert (f"rank 0 cannot host the job's scheduler on 127.0.0.1:{taken}" in p.stderr
+            and f"that port is MASTER_PORT + 1 (MASTER_PORT={taken - 1})" in p.stderr), p.stderr
     assert not eventually_empty(lambda: tagged(tag))
 
 

@@ -41,6 +41,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
+import zmq
+
 from .control import env
 from .control.rendezvous import Scheduler
 from .control.security import Security, new_secret
@@ -165,10 +167,17 @@ def _node_host(master_addr: str, port: int) -> str:
 def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None, port: int) -> int:
     """Start the job's scheduler in this process on ``port`` (0: a free one); its port."""
     host = job.master_addr if _is_loopback(job.master_addr) else "0.0.0.0"
-    scheduler = Scheduler(job.world_size, job.num_servers, host=host, port=port,
-                          timeout=settings.timeout, heartbeat_interval=settings.heartbeat_interval,
-                          heartbeat_timeout=settings.heartbeat_timeout,
-                          security=Security(secret, settings.secure)).start()
+    try:
+        scheduler = Scheduler(job.world_size, job.num_servers, host=host, port=port,
+                              timeout=settings.timeout, heartbeat_interval=settings.heartbeat_interval,
+                              heartbeat_timeout=settings.heartbeat_timeout,
+                              security=Security(secret, settings.secure)).start()
+    except zmq.ZMQError as e:
+        which = ("KVSTORE_SCHEDULER_PORT" if settings.scheduler_port else
+                 f"MASTER_PORT + 1 (MASTER_PORT={port - 1}); choose a MASTER_PORT whose next port is free, "
+                 "or set KVSTORE_SCHEDULER_PORT")
+        raise env.EnvError(f"rank 0 cannot host the job's scheduler on {host}:{port} ({e.strerror}): "
+                           f"that port is {which}") from None
     log.info("scheduler for %d workers and %d servers on %s:%d (torch's launcher)", job.world_size,
              job.num_servers, host, scheduler.port)
 
