@@ -103,15 +103,15 @@ def gather_states(info, found: dict, servers: int, fresh) -> dict | None:
     entries = [found.get((info.key, s)) for s in range(servers)]
     if all(e is None for e in entries):
         return None
-    entries = [e if e is not None else (0, fresh(s)) for s, e in enumerate(entries)]
+    shards = [e if e is not None else (0, fresh(s)) for s, e in enumerate(entries)]
     width = info.size // info.shape[0] if info.shape[0] else 0
     joined = []
-    for i in range(len(entries[0][1])):
-        full = np.empty((info.shape[0], width), entries[0][1][i].dtype)
-        for s, (_, arrays) in enumerate(entries):
+    for i in range(len(shards[0][1])):
+        full = np.empty((info.shape[0], width), shards[0][1][i].dtype)
+        for s, (_, arrays) in enumerate(shards):
             full[s::servers] = arrays[i].reshape(-1, width)
         joined.append(full.reshape(info.shape))
-    return {"t": max(t for t, _ in entries), "state": joined}
+    return {"t": max(t for t, _ in shards), "state": joined}
 
 
 def split_states(info, t: int, flats: list, servers: int) -> dict:

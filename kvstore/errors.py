@@ -29,6 +29,8 @@ class ArgumentTypeError(KVStoreError, TypeError):
 class ProtocolError(KVStoreError):
     """A message on the wire is malformed, truncated, oversized or of another version."""
 
+    request_id: int | None = None     # the request's id, where its header had a usable one
+
 
 class RemoteError(KVStoreError):
     """A server rejected a request; ``node`` names it, ``kind`` is its error class."""

@@ -12,6 +12,7 @@ those every :class:`~kvstore.optimizer.Optimizer` has (``learning_rate``, ``wd``
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from ._util import boolean, real, unit
 from .base import Optimizer, register
@@ -38,7 +39,7 @@ class SGD(Optimizer):
     """
 
     name = "sgd"
-    hyper_params = ("momentum", "nesterov")
+    hyper_params: ClassVar[tuple[str, ...]] = ("momentum", "nesterov")
 
     def __init__(self, *, momentum=0.0, nesterov=False, **common):
         super().__init__(**common)

@@ -40,7 +40,8 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     if not shared or not any(place is not None for place in shared):
         return [msgpack.packb(header, use_bin_type=True), *arrays]
     segments: dict = {}
-    refs, frames = [], []
+    refs: list[list[int] | None] = []
+    frames: list = []
     for a, place in zip(arrays, shared):
         if place is None:
             refs.append(None)
