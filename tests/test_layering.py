@@ -55,7 +55,8 @@ def test_control_plane_never_imports_a_launcher(path):
 PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
     files("kvstore", "server", "writein.py") + files("kvstore", "optimizer") + \
-    files("kvstore", "server", "persist.py") + files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
+    files("kvstore", "server", "optimizer_slot.py") + files("kvstore", "server", "snapshot.py") + \
+    files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
     files("kvstore", "server", "tables.py") + files("kvstore", "server", "staleness.py") + \
     files("kvstore", "rowshard.py") + files("kvstore", "rowinit.py") + \
     files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py")

@@ -349,9 +349,9 @@ def test_optimizer_failure_fails_every_push_of_the_round(op):
         raise FloatingPointError("boom")
 
     id0, r0 = srv.push(0, {A: vec(1, 1)}, op=op)
-    srv.state.updater = broken
+    srv.state.optimizer.updater = broken
     id1, r1 = srv.push(1, {A: vec(2, 2)}, op=op)
-    srv.state.updater = working
+    srv.state.optimizer.updater = working
     replies = by_id(r0 + r1)
     assert set(replies) == {id0, id1}
     np.testing.assert_array_equal(srv.value(A), vec(1, 1))
@@ -373,9 +373,9 @@ def test_optimizer_failure_only_fails_requests_of_the_failed_round():
     srv = Server(num_workers=2, opt=sgd(), init={A: vec(10, 10)})
     first, _ = srv.push(0, {A: vec(1, 1)})
     second, _ = srv.push(0, {A: vec(2, 2)})   # queued into round 2
-    working, srv.state.updater = srv.state.updater, _broken
+    working, srv.state.optimizer.updater = srv.state.updater, _broken
     other, r = srv.push(1, {A: vec(3, 3)})     # completes round 1, which fails
-    srv.state.updater = working
+    srv.state.optimizer.updater = working
     replies = by_id(r)
     assert replies[first].header["op"] == ops.ERROR and replies[other].header["op"] == ops.ERROR
     assert second not in replies, "answered before its round was applied"

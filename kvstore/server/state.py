@@ -27,8 +27,8 @@ reader on each chunk: kvstore.server.staleness.
 
 Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
 Workers that finished, elastic members that leave or join (kvstore.server.members)
-and the stall inspector: kvstore.server.stalls. The
-optimizer, its state and checkpoints: kvstore.server.persist.
+and the stall inspector: kvstore.server.stalls. The optimizer and its state:
+kvstore.server.optimizer_slot; checkpoints as data: kvstore.server.snapshot.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
 from .members import Members
-from .persist import Persist
+from . import snapshot as _snapshot
+from .optimizer_slot import ServerOptimizer
 from .rounds import Chunk, Pending, Reply, Round, is_int, speaks_for
 from .stalls import Stalls
 from .staleness import Staleness
@@ -48,7 +49,7 @@ from .tables import RowTables
 from .writein import Grant, WriteIn
 
 
-class ServerState(WriteIn, Stalls, Persist):
+class ServerState(WriteIn, Stalls):
     """State of one server: its chunks, the mode, the optimizer.
 
     Example::
@@ -75,12 +76,11 @@ class ServerState(WriteIn, Stalls, Persist):
         self.num_workers: int | None = None
         self.ssp: Staleness | None = None  # ssp mode: clocks and waiting reads (from configure)
         self.chunks: dict[tuple, Chunk] = {}
-        self.updater = None
+        self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.optimizer_slot)
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
         self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
         self._restored: set = set()        # chunk ids restored and not yet re-initialised
-        self._restored_optimizer = None    # the checkpoint's optimizer config
         self._round_seen: dict = {}        # (chunk id, id(round)) -> (first seen, reported, round)
         self._applied: dict = {}           # chunk id -> rounds applied (to name a round by number)
         self._gone: set = set()            # workers that finished: they push no more
@@ -118,6 +118,54 @@ class ServerState(WriteIn, Stalls, Persist):
             # a structurally valid message whose fields are wrong
             return [Reply(peer, error_header(req_id, "ProtocolError", f"malformed {header.get('op')!r} "
                                              f"request: {type(e).__name__}: {e}"))]
+
+    @property
+    def updater(self):
+        """The optimizer's :class:`~kvstore.optimizer.Updater`, None until set_optimizer."""
+        return self.optimizer.updater
+
+    # -- the optimizer, its state, checkpoints ------------------------------------
+    def _on_set_optimizer(self, peer, header, arrays):
+        self.optimizer.set(header)
+        return [self._ok(peer, header["id"])]
+
+    def _on_get_states(self, peer, header, arrays):
+        meta, out = self.optimizer.get_states(lambda states: self.backend.download(states, copy=True))
+        return [self._ok(peer, header["id"], out, states=meta)]
+
+    def _on_set_states(self, peer, header, arrays):
+        self.optimizer.set_states(header, arrays, lambda cid: self._existing([cid], rows_too=True)[0])
+        return [self._ok(peer, header["id"])]
+
+    def _on_get_meta(self, peer, header, arrays):
+        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed,
+                         checkpoint=self.resumed_from[0], step=self.resumed_from[1])]
+
+    def _on_checkpoint(self, peer, header, arrays):
+        # a node with KVSTORE_CHECKPOINT_DIR serves the checkpoint ops itself
+        # (kvstore.server.checkpoint_ops); they reach the state machine only without one
+        raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
+                                   "directory): set KVSTORE_CHECKPOINT_DIR for the job")
+
+    _on_checkpoint_commit = _on_checkpoint_list = _on_checkpoint_restore = _on_checkpoint
+
+    def snapshot(self, meta: dict) -> dict:
+        """Everything acknowledged so far (kvstore.server.snapshot): values after
+        their last applied round, the optimizer and its state."""
+        return _snapshot.take(self.name, self.mode, self.num_workers, self.chunks, self.optimizer,
+                              self.backend.to_numpy, meta)
+
+    def restore(self, snap: dict) -> None:
+        """Start from a checkpoint: the next init of a restored chunk keeps the
+        restored value, and a set_optimizer with the same optimizer keeps its state."""
+        def upload(host, out):
+            with self.backend.scope():
+                self.backend.upload(host, out=out)
+        restored = _snapshot.load(snap, self.optimizer, self._alloc, upload)
+        self.mode, self.num_workers = restored.mode, restored.num_workers
+        self.chunks = restored.chunks
+        self._restored = set(self.chunks)
+        self.meta, self.resumed, self.resumed_from = restored.meta, True, restored.checkpoint
 
     # -- helpers ------------------------------------------------------------------
     def _ok(self, peer, req_id, arrays=(), **fields) -> Reply:

@@ -1,0 +1,62 @@
+"""A server's checkpoint as data: what :meth:`ServerState.snapshot` writes and
+:meth:`ServerState.restore` reads (the files around it: kvstore.server.checkpoint).
+
+Everything acknowledged so far goes in: each chunk's value after its last applied
+round, the optimizer and each chunk's state; pushes of an incomplete round (not yet
+acknowledged to anyone) do not. Pure functions: no sockets, threads or clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .optimizer_slot import ServerOptimizer
+from .rounds import Chunk
+
+
+def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
+         to_numpy: Callable, meta: dict) -> dict:
+    """The snapshot of a server ``name`` (its mode, slots, chunks and optimizer)."""
+    states = optimizer.updater.get_states() if optimizer.updater is not None else {}
+    entries = []
+    for cid, chunk in chunks.items():
+        entry = states.get(cid)
+        entries.append([cid[0], cid[1], chunk.value.dtype.str, to_numpy(chunk.value).tobytes(),
+                        None if entry is None else int(entry["t"]),
+                        [] if entry is None else [to_numpy(x).tobytes() for x in entry["state"]]])
+    return {"server": name, "mode": mode, "num_workers": num_workers, "optimizer": optimizer.config(),
+            "meta": dict(meta), "chunks": entries}
+
+
+@dataclass
+class Restored:
+    """What a snapshot gives back: the server's mode and slots, its chunks, the
+    checkpoint's meta and (id, step)."""
+    mode: str | None
+    num_workers: int | None
+    chunks: dict
+    meta: dict
+    checkpoint: tuple
+
+
+def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callable) -> Restored:
+    """Chunks of ``snap`` in fresh memory (``alloc(size, dtype)``, filled by
+    ``upload(host, out=...)``), and ``optimizer`` set to its optimizer and states."""
+    chunks, states = {}, {}
+    config = snap["optimizer"]
+    kind = ServerOptimizer()
+    kind.restore(config, {})     # to read the states' dtypes (multi_precision: float32)
+    for key, index, dtype, data, t, state in snap["chunks"]:
+        saved = np.frombuffer(data, dtype=np.dtype(dtype))
+        value = alloc(saved.size, saved.dtype)     # shared memory, as init's
+        upload(saved, out=value)
+        chunks[(key, index)] = Chunk(value)
+        if t is not None and config is not None:
+            dt = kind.state_kind(value.dtype)
+            states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=dt).copy() for b in state]}
+    optimizer.restore(config, states)
+    return Restored(snap["mode"], snap["num_workers"], chunks, dict(snap.get("meta") or {}),
+                    (snap.get("checkpoint"), snap.get("step", 0)))
