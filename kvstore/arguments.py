@@ -1,6 +1,6 @@
 """Argument handling every store type shares: keys, values, MXNet's call forms.
 
-:class:`Arguments` turns what a user passes to ``init``/``push``/``pull``/...
+:class:`Keys` turns what a user passes to ``init``/``push``/``pull``/...
 (a key or a list of keys; an array, a list of arrays per key) into validated
 ``(KeyInfo, [values])`` groups, and raises the typed errors that name the call
 and the key. The stores' ``_do_*`` hooks see only what came through here.
@@ -42,12 +42,26 @@ def check_priority(priority, what: str) -> None:
         raise ArgumentTypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
 
 
-class Arguments:
-    """Validation and normalisation of call arguments; a mixin of KVStore, whose
-    ``_keys`` (key -> KeyInfo), ``_dtype_names``, ``_key_kind`` and ``_optimizer``
-    it reads."""
+class Keys:
+    """The keys a store holds and the checks of call arguments against them; a
+    collaborator of :class:`kvstore.store.KVStore`, which owns its state: ``infos``
+    (key -> KeyInfo, filled by the store's init), ``dtype_names`` (what values must
+    be: "bfloat16" keys hold float32) and ``kind`` (int or str, fixed by the first
+    init).
 
-    def _check_key(self, key, what: str):
+    Example::
+
+        keys = Keys()
+        pairs = keys.pairs(["w", "b"], [w, b], "push")       # [(key, [values]), ...]
+        groups = keys.grouped_pairs(pairs, "push")             # [(KeyInfo, [values]), ...]
+    """
+
+    def __init__(self) -> None:
+        self.infos: dict[object, KeyInfo] = {}
+        self.dtype_names: dict[object, str] = {}
+        self.kind: type | None = None
+
+    def check_key(self, key, what: str):
         if isinstance(key, (bool, np.bool_)):
             raise ArgumentTypeError(f"{what}: a key must be an int or a str, not a bool")
         if isinstance(key, np.integer):
@@ -61,12 +75,12 @@ class Arguments:
         else:
             raise ArgumentTypeError(f"{what}: a key must be an int or a str, got "
                                     f"{type(key).__name__} {key!r}")
-        if self._key_kind is not None and kind is not self._key_kind:
+        if self.kind is not None and kind is not self.kind:
             raise ArgumentTypeError(f"{what}: key {key!r} is a {kind.__name__} but this store uses "
-                                    f"{self._key_kind.__name__} keys; do not mix int and str keys")
+                                    f"{self.kind.__name__} keys; do not mix int and str keys")
         return key
 
-    def _pairs(self, keys, values, what: str, values_name: str = "value") -> list[tuple]:
+    def pairs(self, keys, values, what: str, values_name: str = "value") -> list[tuple]:
         """[(key, [values...])] from MXNet's forms: key + value, key + [values],
         [keys] + [values], [keys] + [[values], ...]."""
         if isinstance(keys, (list, tuple)):
@@ -74,9 +88,9 @@ class Arguments:
                 got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
                 raise InvalidArgumentError(f"{what}: {len(keys)} keys need a list of {len(keys)} "
                                            f"{values_name}s, got {got}")
-            pairs = [(self._check_key(k, what), _as_list(v)) for k, v in zip(keys, values)]
+            pairs = [(self.check_key(k, what), _as_list(v)) for k, v in zip(keys, values)]
         else:
-            pairs = [(self._check_key(keys, what), _as_list(values))]
+            pairs = [(self.check_key(keys, what), _as_list(values))]
         kinds = {type(k) for k, _ in pairs}
         if len(kinds) > 1:
             raise ArgumentTypeError(f"{what}: do not mix int and str keys in one call")
@@ -85,15 +99,15 @@ class Arguments:
                 raise InvalidArgumentError(f"{what}: key {key!r} got an empty list of {values_name}s")
         return pairs
 
-    def _info(self, key, what: str) -> KeyInfo:
-        info = self._keys.get(key)
+    def info(self, key, what: str) -> KeyInfo:
+        info = self.infos.get(key)
         if info is None:
             raise InvalidArgumentError(f"{what}: key {key!r} has not been initialised; call init() first")
         return info
 
-    def _check_value(self, info: KeyInfo, value, what: str) -> None:
+    def check_value(self, info: KeyInfo, value, what: str) -> None:
         if (type(value) is np.ndarray and value.shape == info.shape and value.dtype == info.dtype
-                and self._dtype_names.get(info.key) != arrays.BFLOAT16):
+                and self.dtype_names.get(info.key) != arrays.BFLOAT16):
             return      # the common case, without the general helpers (~10 us a key)
         if sparse.is_sparse_value(value):   # push and pushpull make them dense first (_densify)
             raise InvalidArgumentError(f"{what}: key {info.key!r} is dense (initialised with an array); "
@@ -102,35 +116,35 @@ class Arguments:
         if shape != info.shape:
             raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
                                        f"got an array of shape {shape}")
-        want, got = self._dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
+        want, got = self.dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
         if got != want:
             raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}")
 
-    def _grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
+    def grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
         """Validated (info, values) per distinct key; a key listed twice gets both lists."""
-        return self._grouped_pairs(self._pairs(keys, values, what), what)
+        return self.grouped_pairs(self.pairs(keys, values, what), what)
 
-    def _grouped_pairs(self, pairs, what: str) -> list[tuple[KeyInfo, list]]:
-        """:meth:`_grouped` of (key, [values]) pairs from :meth:`_pairs`."""
+    def grouped_pairs(self, pairs, what: str) -> list[tuple[KeyInfo, list]]:
+        """:meth:`grouped` of (key, [values]) pairs from :meth:`pairs`."""
         groups: dict = {}
         for key, vals in pairs:
-            info = self._info(key, what)
+            info = self.info(key, what)
             if info.sparse:
                 raise InvalidArgumentError(f"{what}: key {key!r} is row-sparse: push rows to it and read "
                                            "it with row_sparse_pull")
             for v in vals:
-                self._check_value(info, v, what)
+                self.check_value(info, v, what)
             groups.setdefault(key, (info, []))[1].extend(vals)
         return list(groups.values())
 
-    def _densify(self, pairs: list[tuple], what: str, written_back: bool = False) -> list[tuple]:
-        """``pairs`` (from :meth:`_pairs`) with each row-sparse value for a dense key
+    def densify(self, pairs: list[tuple], what: str, written_back: bool = False) -> list[tuple]:
+        """``pairs`` (from :meth:`pairs`) with each row-sparse value for a dense key
         made dense, as MXNet sums it (:func:`kvstore.sparse.densified`); the values of
         row-sparse keys stay as they are. ``written_back``: the values are also the
         outputs (pushpull without ``out``), which a row-sparse value cannot be."""
         result = []
         for key, vals in pairs:
-            info = self._keys.get(key)
+            info = self.infos.get(key)
             if info is None or info.sparse or not any(sparse.is_sparse_value(v) for v in vals):
                 result.append((key, vals))
                 continue
@@ -140,21 +154,3 @@ class Arguments:
             result.append((key, [sparse.densified(v, info.shape, info.dtype, f"{what} of key {key!r}")
                                  if sparse.is_sparse_value(v) else v for v in vals]))
         return result
-
-    def _check_optimizable(self, groups, what: str) -> None:
-        if self._optimizer is None:
-            return
-        for info, _ in groups:
-            if info.dtype.kind != "f":
-                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
-                                           "optimizers update floating-point values only")
-
-    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
-        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
-        first = arrays.to_numpy(vals[0], what)
-        if len(vals) == 1:
-            return np.ascontiguousarray(first).reshape(-1)
-        acc = np.array(first, dtype=info.dtype, order="C", copy=True).reshape(-1)
-        for v in vals[1:]:
-            acc += arrays.to_numpy(v, what).reshape(-1)
-        return acc

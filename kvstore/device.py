@@ -121,7 +121,7 @@ class DeviceStore(LocalStore):
     def _gpu_devices(self, keys, values) -> dict:
         """{key: device} for the keys whose (first) value is on a GPU."""
         try:
-            pairs = self._pairs(keys, values, "init")
+            pairs = self._args.pairs(keys, values, "init")
         except KVStoreError:
             return {}            # base.init raises the same error
         return {k: arrays.device_of(vals[0]) for k, vals in pairs if arrays.is_gpu(vals[0])}
@@ -192,7 +192,7 @@ class DeviceStore(LocalStore):
             return super()._set_states(states)
         by_device: dict[int | None, dict] = {}   # load_optimizer_states validated every entry
         for key, entry in states.items():
-            stored = self._store[self._check_key(key, "load_optimizer_states")]
+            stored = self._store[self._args.check_key(key, "load_optimizer_states")]
             # row-sparse tables stay in host memory (numpy: no GPU to upload to)
             device = int(stored.device.id) if arrays.is_gpu(stored) else None
             by_device.setdefault(device, {})[key] = entry

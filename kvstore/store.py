@@ -11,7 +11,7 @@ import logging
 import numpy as np
 
 from . import arrays, rowkeys, states_file
-from .arguments import Arguments, KeyInfo, check_priority
+from .arguments import KeyInfo, Keys, check_priority
 from .compression import Compressor
 from . import optimizer as _optimizer
 from .errors import ArgumentTypeError, InvalidArgumentError
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 __all__ = ["KVStore", "KeyInfo", "Handle", "fill_outputs"]
 
 
-class KVStore(Arguments, KVStoreBase):
+class KVStore(KVStoreBase):
     """A key-value store for gradients and weights, with MXNet's KVStore API.
 
     Keys are ``int`` (64-bit) or ``str``, one kind per store. Values are numpy
@@ -36,9 +36,8 @@ class KVStore(Arguments, KVStoreBase):
 
     def __init__(self, name: str):
         self._type = name
-        self._keys: dict[object, KeyInfo] = {}
-        self._dtype_names: dict[object, str] = {}   # what values must be: "bfloat16" keys hold float32
-        self._key_kind: type | None = None
+        self._args = Keys()          # the keys held, and the checks of call arguments (kvstore.arguments)
+        self._keys = self._args.infos     # key -> KeyInfo, filled by the stores' init hooks
         self._optimizer = None
         self._compressor: Compressor | None = None
         self._closed = False
@@ -47,7 +46,7 @@ class KVStore(Arguments, KVStoreBase):
     def key_type(self) -> type | None:
         """``int`` or ``str``: the kind of key this store holds (one kind per store),
         or None before the first ``init``."""
-        return self._key_kind
+        return self._args.kind
 
     @property
     def type(self) -> str:
@@ -63,7 +62,7 @@ class KVStore(Arguments, KVStoreBase):
         what = "init"
         self._check_open(what)
         items, rows_items, seen, names = [], [], set(), {}
-        for k, vals in self._pairs(key, value, what):
+        for k, vals in self._args.pairs(key, value, what):
             if len(vals) != 1:
                 raise InvalidArgumentError(f"{what}: key {k!r} needs one initial value, got {len(vals)}")
             if k in self._keys or k in seen:
@@ -78,15 +77,15 @@ class KVStore(Arguments, KVStoreBase):
                 raise InvalidArgumentError(f"{what}: key {k!r} has unsupported dtype {dtype.name}")
             items.append((k, shape, dtype, arrays.to_numpy(vals[0], what)))
             names[k] = arrays.dtype_name(vals[0])
-        if self._key_kind is None and seen:
-            self._key_kind = type(next(iter(seen)))
+        if self._args.kind is None and seen:
+            self._args.kind = type(next(iter(seen)))
         if items or not rows_items:
             self._do_init(items)
         if rows_items:
             self._check_whole_keys(self._optimizer, [KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True)
                                                      for k, shape, dtype, *_ in rows_items], what)
             self._do_init_rows(rows_items)
-        self._dtype_names.update(names)
+        self._args.dtype_names.update(names)
 
     def push(self, key, value, priority: int = 0) -> None:
         """Push values (gradients) for keys. A list of values for one key is summed.
@@ -100,9 +99,9 @@ class KVStore(Arguments, KVStoreBase):
         what = "push"
         self._check_open(what)
         check_priority(priority, what)
-        pairs = self._densify(self._pairs(key, value, what), what)   # MXNet: sparse on dense sums densely
-        rows = [(self._info(k, what), vals) for k, vals in pairs if self._info(k, what).sparse]
-        groups = self._grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
+        pairs = self._args.densify(self._args.pairs(key, value, what), what)   # MXNet: sparse on dense sums densely
+        rows = [(self._args.info(k, what), vals) for k, vals in pairs if self._args.info(k, what).sparse]
+        groups = self._args.grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
         self._check_optimizable(groups + rows, what)
         rows = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
                 for info, vals in rows]                  # everything is checked before anything is sent
@@ -125,12 +124,12 @@ class KVStore(Arguments, KVStoreBase):
             raise InvalidArgumentError(f"{what}: out= and row_ids= are required")
         keyed = isinstance(key, (list, tuple))
         ids = list(row_ids) if keyed and isinstance(row_ids, (list, tuple)) else [row_ids]
-        pairs = self._pairs(key, out, what, "output")
+        pairs = self._args.pairs(key, out, what, "output")
         if len(ids) != len(pairs):
             raise InvalidArgumentError(f"{what}: {len(pairs)} keys need {len(pairs)} row_ids, got {len(ids)}")
         requests = []
         for (k, outs), key_ids in zip(pairs, ids):
-            info = self._info(k, what)
+            info = self._args.info(k, what)
             if not info.sparse:
                 raise InvalidArgumentError(f"{what}: key {k!r} is dense: read it with pull")
             per_out = rowkeys.per_output(key_ids, len(outs))
@@ -153,7 +152,7 @@ class KVStore(Arguments, KVStoreBase):
         changes."""
         what = "assign_rows"
         self._check_open(what)
-        info = self._info(key, what)
+        info = self._args.info(key, what)
         if not info.sparse:
             raise InvalidArgumentError(f"{what}: key {key!r} is dense: set it with init, or push "
                                        "without an optimizer")
@@ -173,13 +172,13 @@ class KVStore(Arguments, KVStoreBase):
             raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
         if not isinstance(ignore_sparse, bool):
             raise ArgumentTypeError(f"pull: ignore_sparse must be True or False, got {ignore_sparse!r}")
-        pairs = self._pairs(key, out, what, "output")
-        whole = [] if ignore_sparse else [(k, outs) for k, outs in pairs if self._info(k, what).sparse]
-        dense = self._grouped_pairs([(k, outs) for k, outs in pairs if ignore_sparse or not self._info(k, what).sparse],
+        pairs = self._args.pairs(key, out, what, "output")
+        whole = [] if ignore_sparse else [(k, outs) for k, outs in pairs if self._args.info(k, what).sparse]
+        dense = self._args.grouped_pairs([(k, outs) for k, outs in pairs if ignore_sparse or not self._args.info(k, what).sparse],
                                     what)
         if whole:     # every row of each table: as big as the table, which the caller asked for
             self.row_sparse_pull([k for k, _ in whole], out=[outs for _, outs in whole], priority=priority,
-                                 row_ids=[np.arange(self._info(k, what).shape[0]) for k, _ in whole])
+                                 row_ids=[np.arange(self._args.info(k, what).shape[0]) for k, _ in whole])
         if dense:
             self._do_pull(dense)
 
@@ -213,17 +212,17 @@ class KVStore(Arguments, KVStoreBase):
         check_priority(priority, what)
         if out is None:
             raise InvalidArgumentError("pull: out= is required (the arrays to fill)")
-        handle = self._do_pull_start(self._grouped(key, out, what))
+        handle = self._do_pull_start(self._args.grouped(key, out, what))
         return Handle(lambda: self._do_pull_finish(handle))
 
     def _pushpull_items(self, key, value, out, priority: int) -> list[tuple]:
         what = "pushpull"
         self._check_open(what)
         check_priority(priority, what)
-        pushes = self._grouped_pairs(self._densify(self._pairs(key, value, what), what,
+        pushes = self._args.grouped_pairs(self._args.densify(self._args.pairs(key, value, what), what,
                                                    written_back=out is None), what)
         self._check_optimizable(pushes, what)
-        outs = pushes if out is None else self._grouped(key, out, what)
+        outs = pushes if out is None else self._args.grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
         return [(info, merged[info.key], targets) for info, targets in outs]
 
@@ -256,6 +255,24 @@ class KVStore(Arguments, KVStoreBase):
         self._check_whole_keys(optimizer, list(self._keys.values()), "set_optimizer")
         self._do_set_optimizer(optimizer)
         self._optimizer = optimizer
+
+    def _check_optimizable(self, groups, what: str) -> None:
+        if self._optimizer is None:
+            return
+        for info, _ in groups:
+            if info.dtype.kind != "f":
+                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}; "
+                                           "optimizers update floating-point values only")
+
+    def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
+        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
+        first = arrays.to_numpy(vals[0], what)
+        if len(vals) == 1:
+            return np.ascontiguousarray(first).reshape(-1)
+        acc = np.array(first, dtype=info.dtype, order="C", copy=True).reshape(-1)
+        for v in vals[1:]:
+            acc += arrays.to_numpy(v, what).reshape(-1)
+        return acc
 
     def _check_whole_keys(self, optimizer, infos: list, what: str) -> None:
         """Refuse keys that ``optimizer`` would see only part of, where it needs a key's
@@ -317,7 +334,7 @@ class KVStore(Arguments, KVStoreBase):
         if optimizer is None:
             raise InvalidArgumentError(f"{what}: call set_optimizer() first (the file holds no optimizer)")
         for key, entry in states.items():   # validate everything before changing anything
-            info = self._info(self._check_key(key, what), what)
+            info = self._args.info(self._args.check_key(key, what), what)
             count, dtype = optimizer.state_spec(info.dtype)   # multi_precision: + a float32 master
             if len(entry["state"]) != count:
                 raise InvalidArgumentError(f"{what}: key {key!r} has {len(entry['state'])} state arrays; "
