@@ -78,7 +78,10 @@ def pull_requests(outs: list, row_ids: list, shape: tuple, dtype, what: str):
         if ids is None:
             raise ArgumentTypeError(f"{what}: row_ids is required")
         wanted.append(sparse.unique_rows(ids, shape[0], f"{what} row_ids"))
-    union = np.unique(np.concatenate(wanted)) if wanted else np.zeros(0, np.int64)
+    if len(wanted) == 1:
+        union = wanted[0]                   # unique and sorted already
+    else:
+        union = np.unique(np.concatenate(wanted)) if wanted else np.zeros(0, np.int64)
     return union, wanted
 
 

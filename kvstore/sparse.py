@@ -125,7 +125,14 @@ def unique_rows(row_ids, num_rows: int, what: str) -> np.ndarray:
     ids = np.asarray(row_ids) if isinstance(row_ids, (list, tuple, range)) else arrays.to_numpy(row_ids, what)
     if ids.size == 0:
         ids = ids.astype(np.int64)          # np.asarray([]) is float64
-    return np.unique(check_rows(ids, num_rows, what))
+    rows = check_rows(ids, num_rows, what)
+    # already unique and sorted (a batch's torch.unique, a pull of a range): as they are;
+    # np.unique would sort them again (9 ms for 58,000 ids here, twice a pull)
+    return rows if _strictly_increasing(rows) else np.unique(rows)
+
+
+def _strictly_increasing(rows: np.ndarray) -> bool:
+    return rows.size < 2 or bool(np.all(rows[1:] > rows[:-1]))
 
 
 _LAYERS = 8        # runs of up to this many contributions are summed in layers (see merge)
@@ -141,6 +148,8 @@ def merge(parts: list[tuple[np.ndarray, np.ndarray]], row_shape: tuple, dtype) -
     data = np.concatenate([d for _, d in parts]) if len(parts) > 1 else parts[0][1]
     if len(rows) == 0:
         return rows, data.astype(dtype, copy=False)
+    if len(parts) == 1 and _strictly_increasing(rows):     # one push of unique sorted rows: itself
+        return rows, np.ascontiguousarray(data, dtype=dtype)
     order = np.argsort(rows, kind="stable")
     rows = rows[order]
     starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
