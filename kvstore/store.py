@@ -174,8 +174,8 @@ class KVStore(KVStoreBase):
             raise ArgumentTypeError(f"pull: ignore_sparse must be True or False, got {ignore_sparse!r}")
         pairs = self._args.pairs(key, out, what, "output")
         whole = [] if ignore_sparse else [(k, outs) for k, outs in pairs if self._args.info(k, what).sparse]
-        dense = self._args.grouped_pairs([(k, outs) for k, outs in pairs if ignore_sparse or not self._args.info(k, what).sparse],
-                                    what)
+        dense = self._args.grouped_pairs(
+            [(k, outs) for k, outs in pairs if ignore_sparse or not self._args.info(k, what).sparse], what)
         if whole:     # every row of each table: as big as the table, which the caller asked for
             self.row_sparse_pull([k for k, _ in whole], out=[outs for _, outs in whole], priority=priority,
                                  row_ids=[np.arange(self._args.info(k, what).shape[0]) for k, _ in whole])
