@@ -66,6 +66,7 @@ class Keys:
             raise ArgumentTypeError(f"{what}: a key must be an int or a str, not a bool")
         if isinstance(key, np.integer):
             key = int(key)
+        kind: type
         if isinstance(key, int):
             if not INT64_MIN <= key <= INT64_MAX:
                 raise InvalidArgumentError(f"{what}: int key {key} does not fit in 64 bits")

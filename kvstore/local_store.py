@@ -8,6 +8,8 @@ list ends in the same state as ``dist_sync``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import optimizer as _optimizer
@@ -30,7 +32,8 @@ class LocalStore(KVStore):
     def __init__(self, name: str = "local"):
         super().__init__(name)
         self._store: dict[object, np.ndarray] = {}
-        self._updater = None
+        # an Updater (set_optimizer), MXNet's custom updater function (_set_updater), or None
+        self._updater: Any = None
 
     def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
         if self._compressor is not None:  # each device's value is compressed on its own

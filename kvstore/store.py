@@ -103,12 +103,12 @@ class KVStore(KVStoreBase):
         rows = [(self._args.info(k, what), vals) for k, vals in pairs if self._args.info(k, what).sparse]
         groups = self._args.grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
         self._check_optimizable(groups + rows, what)
-        rows = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
-                for info, vals in rows]                  # everything is checked before anything is sent
+        row_parts = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
+                     for info, vals in rows]             # everything is checked before anything is sent
         if groups:
             self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent)
-        if rows:
-            self._do_push_rows(rows)
+        if row_parts:
+            self._do_push_rows(row_parts)
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None):
         """Pull rows ``row_ids`` of row-sparse keys into ``out`` (MXNet's signature):

@@ -37,6 +37,7 @@ import selectors
 import socket
 import struct
 import threading
+from typing import cast
 import time
 from typing import Callable
 
@@ -59,7 +60,7 @@ def _tune(sock: socket.socket) -> None:
 
 
 def _raw(a: np.ndarray) -> memoryview:
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 def send_message(sock: socket.socket, frames) -> int:
@@ -310,7 +311,7 @@ class Listener:
                         pending[conn] = (addr, time.monotonic() + self.TOKEN_TIMEOUT, b"")
                         sel.register(conn, selectors.EVENT_READ)
                         continue
-                    conn = key.fileobj
+                    conn = cast(socket.socket, key.fileobj)
                     addr, deadline, got = pending[conn]
                     try:
                         data = conn.recv(TOKEN_BYTES - len(got))
