@@ -371,7 +371,7 @@ class Client:
         try:
             header, arrays = link.decode(frames)
         except ProtocolError as e:
-            req = self._pending.pop(getattr(e, "request_id", None), None)
+            req = self._pending.pop(e.request_id, None) if e.request_id is not None else None
             if req is None:
                 raise ProtocolError(f"malformed reply from server {server}: {e}") from e
             link.release(e.request_id)      # that request failed; what it held is free

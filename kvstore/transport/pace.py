@@ -86,7 +86,8 @@ class Pace:
         if nbytes < MIN_SAMPLE_BYTES or seconds <= 0:
             return
         self._rates.append(nbytes / seconds)
-        self.bytes = int(min(MAX_BYTES, max(MIN_BYTES, self.rate * PACE_SECONDS)))
+        rate = max(self._rates)             # self.rate, which has a sample now
+        self.bytes = int(min(MAX_BYTES, max(MIN_BYTES, rate * PACE_SECONDS)))
 
 
 class Flight:

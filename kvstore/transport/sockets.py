@@ -3,6 +3,8 @@ over the file descriptors that links' own reader threads wake it through."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import zmq
 
 
@@ -54,11 +56,11 @@ class Sockets:
         self._poller.register(fd, zmq.POLLIN)
         self._index[fd] = server
 
-    def poll(self, timeout: float) -> list[tuple[int, object]]:
+    def poll(self, timeout: float) -> list[tuple[int, Any]]:
         """(server, its socket, or None for a watched descriptor) for each that is
         readable within ``timeout`` seconds."""
         return [(self._index[what], what if what is self._socks[self._index[what]] else None)
-                for what, _ in self._poller.poll(timeout * 1000)]
+                for what, _ in self._poller.poll(int(timeout * 1000))]   # (pyzmq truncates too)
 
     def close(self) -> None:
         for sock in self._socks:
