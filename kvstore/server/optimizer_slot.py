@@ -73,11 +73,6 @@ class ServerOptimizer:
         if states:
             self.updater.set_states(states)
 
-    def state_kind(self, dtype) -> np.dtype:
-        """The dtype of the state arrays of a chunk of ``dtype`` (multi_precision: float32)."""
-        assert self.updater is not None
-        return self.updater.optimizer.state_spec(dtype)[1]
-
     def get_states(self, download: Callable[[list], list]) -> tuple[list, list]:
         """The ``get_states`` op: ``([key, index, t, count] per chunk, the arrays)``,
         the arrays host copies (``download``: in async mode pushes may change the live

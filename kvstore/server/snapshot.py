@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import optimizer as _optimizer
 from .optimizer_slot import ServerOptimizer
 from .rounds import Chunk
 
@@ -47,15 +48,15 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
     ``upload(host, out=...)``), and ``optimizer`` set to its optimizer and states."""
     chunks, states = {}, {}
     config = snap["optimizer"]
-    kind = ServerOptimizer()
-    kind.restore(config, {})     # to read the states' dtypes (multi_precision: float32)
+    # the states' dtype per chunk dtype (multi_precision: float32)
+    spec = None if config is None else _optimizer.from_config(config).state_spec
     for key, index, dtype, data, t, state in snap["chunks"]:
         saved = np.frombuffer(data, dtype=np.dtype(dtype))
         value = alloc(saved.size, saved.dtype)     # shared memory, as init's
         upload(saved, out=value)
         chunks[(key, index)] = Chunk(value)
-        if t is not None and config is not None:
-            dt = kind.state_kind(value.dtype)
+        if t is not None and spec is not None:
+            dt = spec(value.dtype)[1]
             states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=dt).copy() for b in state]}
     optimizer.restore(config, states)
     return Restored(snap["mode"], snap["num_workers"], chunks, dict(snap.get("meta") or {}),
