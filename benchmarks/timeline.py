@@ -100,8 +100,9 @@ def render(path: str, hosts: list[str], shown: list[str], workers: list[str],
     """The last exchange as a text table, 100 ms a row (at most ``most`` rows):
     each of the ``shown`` hosts' link use in % of the rate, sent/received. The
     last exchange starts where the ``workers`` (on average over them) began to
-    send after a pause (the barrier between exchanges), and ends with the last
-    traffic."""
+    send after a pause (the barrier between exchanges), or, where they never sent
+    hard enough to tell, where the last stretch of traffic began; it ends with the
+    last traffic."""
     rows = windows(path, hosts, bytes_per_s)
     busy = [max(max(v) for v in u.values()) > 5 for _, u in rows]
     # an exchange starts when the workers, together, go from silent to sending
@@ -110,7 +111,14 @@ def render(path: str, hosts: list[str], shown: list[str], workers: list[str],
     if end < 0:
         return "(no traffic sampled)\n"
     start = max((i for i in range(end + 1) if sending[i] and (i == 0 or not sending[i - 1])),
-                default=end)
+                default=None)
+    if start is None:
+        # no window where the workers sent hard (a short exchange split over two windows,
+        # or samples spaced out on a loaded machine): the last exchange is the busy
+        # stretch that ends at ``end``, whose first windows hold the workers' sending
+        start = end
+        while start > 0 and busy[start - 1]:
+            start -= 1
     start = max(start, end + 1 - most)
     lines = ["   t s  " + "  ".join(f"{h:>9}" for h in shown)]
     for t, u in rows[start:end + 1]:
