@@ -129,8 +129,8 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
     def one_round() -> None:
         for cid, chunk in chunks:
             for w in range(workers):
-                state._contribute(cid, chunk, frozenset({w}), grads[w])
-            state._apply_complete_rounds(cid, chunk)
+                state.consistency.contribute(cid, chunk, frozenset({w}), grads[w])
+            state.consistency.apply_complete(cid, chunk)
     return state, one_round
 
 

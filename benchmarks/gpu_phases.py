@@ -106,8 +106,8 @@ def phases(device, workers: int = 2, chunk_bytes: int = 2 << 20, reps: int = 10,
         def server_round():
             for j, (cid, chunk) in enumerate(chunks):
                 for w in range(workers):
-                    state._contribute(cid, chunk, frozenset({w}), pushes[w][j])
-                state._apply_complete_rounds(cid, chunk)
+                    state.consistency.contribute(cid, chunk, frozenset({w}), pushes[w][j])
+                state.consistency.apply_complete(cid, chunk)
 
         rows.append((f"server round (sum of {workers} + sgd momentum, {len(chunks)} chunks)", timed(server_round),
                      nbytes * (workers + 4)))

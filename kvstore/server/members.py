@@ -27,7 +27,7 @@ from __future__ import annotations
 from ..errors import InvalidArgumentError
 from .rounds import is_int
 
-NOTHING = frozenset()
+NOTHING: frozenset = frozenset()
 
 
 class Members:
@@ -41,7 +41,7 @@ class Members:
         m.absent(slots=3)                 # -> frozenset(): every slot is a member
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.epoch: int | None = None
         self.ranks: frozenset | None = None   # None: every slot (not elastic)
         self.pending: tuple | None = None     # (epoch, ranks) given before configure
@@ -76,7 +76,7 @@ class Members:
         pushes there (:meth:`start`)."""
         self.check(ranks, slots)
         first = self.ranks is None
-        before = frozenset(range(slots)) if first else self.ranks
+        before = frozenset(range(slots)) if self.ranks is None else self.ranks
         self.epoch, self.ranks = epoch, frozenset(ranks)
         for w in ranks - before:
             self._joiners[w] = set()

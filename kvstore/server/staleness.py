@@ -1,10 +1,10 @@
 """Bounded staleness (``dist_ssp``, Stale Synchronous Parallel; Ho et al., 2013).
 
-A collaborator of :class:`~kvstore.server.state.ServerState` in ``ssp`` mode,
-pure like it (no sockets, threads or clocks). Pushes are applied on arrival, as
-in async mode (the state does that); this file keeps, per chunk, each worker's
-**clock** (how many of its pushes to the chunk were applied) and the reads
-(pulls, and pushpulls' replies) that must wait.
+The consistency strategy of a server in ``ssp`` mode, pure like the rest of the
+state machine (no sockets, threads or clocks). Pushes are applied on arrival, as
+in async mode (kvstore.server.asyncmode, which it extends); this file keeps, per
+chunk, each worker's **clock** (how many of its pushes to the chunk were applied)
+and the reads (pulls, and pushpulls' replies) that must wait.
 
 The rule, per chunk, with staleness bound ``s`` (1 <= s < inf; 0 is sync mode
 and inf async mode, chosen by the worker): a read from a worker whose clock is
@@ -39,6 +39,11 @@ from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 from ..protocol import chunk_label, error_header, ops
+from .asyncmode import Async
+from .chunks import ChunkTable
+from .members import Members
+from .optimizer_slot import ServerOptimizer
+from .requests import ok, reply_values
 from .rounds import Reply
 
 
@@ -55,18 +60,42 @@ class Read:
     reported: bool = False
 
 
-class Staleness:
-    """The clocks and waiting reads of ``state`` (a ServerState in ssp mode, whose
-    ``num_workers``, ``members``, ``chunks``, ``_gone``, ``_reply_now`` and backend it uses)."""
+class Staleness(Async):
+    """Pushes applied on arrival to the chunks of ``table``; the clocks and waiting
+    reads of bound ``bound`` (the ``staleness`` of configure, 1 <= bound < inf)."""
 
-    def __init__(self, state, bound: int):
-        self.state = state
-        self.bound = bound
+    name = "ssp"
+    takes_rows = False            # row-sparse keys are refused at init (NO_ROWS_IN_SSP)
+    bounded = True
+
+    def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
+                 bound: int | None = None):
+        if bound is None:
+            raise ValueError("dist_ssp needs a staleness bound")
+        super().__init__(table, num_workers, members, optimizer, bound)
+        self.bound: int = bound
         self.clocks: dict[tuple, list[int]] = {}   # chunk id -> pushes applied, by worker
         self.reads: list[Read] = []
 
     def clock(self, cid) -> list[int]:
-        return self.clocks.setdefault(cid, [0] * self.state.num_workers)
+        return self.clocks.setdefault(cid, [0] * self.num_workers)
+
+    # -- the strategy ----------------------------------------------------------------------
+    def admit(self, worker: int, ids, want_values: bool) -> None:
+        super().admit(worker, ids, want_values)
+        if want_values:          # its reply would wait for a finished worker
+            self.refuse_if_gone(worker, ids, ahead=1)
+
+    def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
+             group: frozenset | None) -> list[Reply]:
+        for cid in ids:          # a new member's clocks start at its first push
+            if self.members.start(worker, cid):
+                self.joined(worker, cid)
+        self.apply(ids, chunks, arrays)
+        return self.pushed(peer, req_id, worker, ids, want_values)
+
+    def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
+        return self.read(peer, req_id, worker, ids)
 
     # -- requests ------------------------------------------------------------------------
     def refuse_if_gone(self, worker: int, ids, ahead: int = 0) -> None:
@@ -74,7 +103,7 @@ class Staleness:
         that would wait for a worker that finished can never be answered."""
         for cid in ids:
             need = self.clock(cid)[worker] + ahead - self.bound
-            gone = self._lagging(cid, need, self.state._gone)
+            gone = self._lagging(cid, need, self.table.gone)
             if gone:
                 raise InvalidArgumentError(self._gone_message(worker, cid, need, gone))
 
@@ -87,7 +116,7 @@ class Staleness:
         replies = self._release(ids)
         if want_values:
             return self.read(peer, req_id, worker, ids, ops.PUSHPULL) + replies
-        return [self.state._ok(peer, req_id)] + replies
+        return [ok(peer, req_id)] + replies
 
     def read(self, peer, req_id: int, worker: int, ids, op: str = ops.PULL) -> list[Reply]:
         """A read of ``ids`` by ``worker``: answered now, or parked until the slowest
@@ -97,7 +126,7 @@ class Staleness:
         for cid in ids:
             need = self.clock(cid)[worker] - self.bound
             # (a joiner that has not pushed to cid yet has no clock there: it reads now)
-            if self._slowest(cid) < need and self.state.members.active(worker, cid):
+            if self._slowest(cid) < need and self.members.active(worker, cid):
                 needs[cid] = need
         pending = Read(peer, req_id, worker, list(ids), needs, op)
         if needs:
@@ -121,15 +150,15 @@ class Staleness:
         return replies
 
     def _answer(self, pending: Read) -> Reply:
-        chunks = [self.state.chunks[cid] for cid in pending.chunks]
-        return self.state._reply_now(pending.peer, pending.req_id, chunks, True, copy=True)
+        chunks = [self.table.chunks[cid] for cid in pending.chunks]
+        return reply_values(pending.peer, pending.req_id, self.table.backend, chunks, True, copy=True)
 
     def workers_finished(self) -> list[Reply]:
         """The parked reads that wait for a worker that finished fail, naming it."""
         replies, still = [], []
         for pending in self.reads:
             failed = next(((cid, need, gone) for cid, need in pending.needs.items()
-                           if (gone := self._lagging(cid, need, self.state._gone))), None)
+                           if (gone := self._lagging(cid, need, self.table.gone))), None)
             if failed is None:
                 still.append(pending)
                 continue
@@ -140,7 +169,7 @@ class Staleness:
 
     def _slowest(self, cid) -> float:
         """The lowest clock on ``cid`` of the members active there (inf if none is)."""
-        clock, members = self.clock(cid), self.state.members
+        clock, members = self.clock(cid), self.members
         if members.everyone(len(clock)):
             return min(clock)
         return min((c for w, c in enumerate(clock) if members.active(w, cid)), default=float("inf"))
@@ -149,7 +178,7 @@ class Staleness:
     def joined(self, worker: int, cid) -> None:
         """A joiner's first push to ``cid`` (before it is counted): its clock there
         starts at the slowest other active member's."""
-        clock, members = self.clock(cid), self.state.members
+        clock, members = self.clock(cid), self.members
         others = [c for w, c in enumerate(clock) if w != worker and members.active(w, cid)]
         clock[worker] = min(others, default=clock[worker])
 
@@ -189,8 +218,8 @@ class Staleness:
                 continue
             pending.reported = True
             cid, need = next(iter(pending.needs.items()))
-            slow = self._lagging(cid, need, [w for w in range(self.state.num_workers)
-                                             if self.state.members.active(w, cid)])
+            slow = self._lagging(cid, need, [w for w in range(self.num_workers)
+                                             if self.members.active(w, cid)])
             lines.append(f"a {pending.op} of worker {pending.worker} has waited {now - pending.seen:.0f}s "
                          f"for worker(s) {', '.join(map(str, slow))} to push {chunk_label(cid)} "
                          f"{need} times ({self._rule()}; they pushed it "

@@ -4,52 +4,46 @@ No sockets, threads or clocks: :meth:`ServerState.handle` takes one decoded
 request and returns the replies it makes ready (to this sender or to others
 whose requests were waiting). The I/O loop in :mod:`kvstore.server.node` feeds it.
 
-Synchronous mode (BSP), per chunk: pushes are merged into a round until every
-worker contributed once (in an elastic job, a slot that is not a member
-counts with nothing: kvstore.server.members); then the round is applied once
-(assigned, or given to the optimizer) and every push that joined it is
-acknowledged. A worker that
-pushes again before its round completed starts the next round. A pull is
-answered once the sender has no push pending on the chunk (a pushpull once its
-own round is applied), so a worker always reads the result of its own last
-push's round (a write it was granted, or asked for, counts as a push). If the
-optimizer fails on a round, exactly the requests that depended on that round get
-the error; later rounds proceed. When the scheduler reports that a worker
-finished (:meth:`ServerState.workers_finished`), every round still waiting for
-it fails at once naming it, and so does every later push: such a round can
-never complete.
+The state validates each request and hands it to the collaborator that owns what
+it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
 
-Asynchronous mode: every push is applied on arrival with the optimizer.
-
-Bounded staleness (``ssp``, dist_ssp): pushes are applied as in async mode, and a
-read waits until the slowest worker is at most ``staleness`` pushes behind the
-reader on each chunk: kvstore.server.staleness.
-
-Writing in (co-located workers adding into our sums themselves): kvstore.server.writein.
-Workers that finished, elastic members that leave or join (kvstore.server.members)
-and the stall inspector: kvstore.server.stalls. The optimizer and its state:
-kvstore.server.optimizer_slot; checkpoints as data: kvstore.server.snapshot.
+- the chunks, where their values live and which workers finished:
+  :class:`~kvstore.server.chunks.ChunkTable`;
+- the consistency mode, a strategy chosen by name at ``configure``
+  (kvstore.server.modes): ``sync`` merges pushes into rounds applied once
+  (kvstore.server.sync, with co-located workers writing into the sums:
+  kvstore.server.writein), ``async`` applies each push on arrival
+  (kvstore.server.asyncmode), ``ssp`` too, holding reads within a staleness bound
+  (kvstore.server.staleness);
+- row-sparse tables: kvstore.server.tables;
+- the optimizer and its state: kvstore.server.optimizer_slot; checkpoints as
+  data: kvstore.server.snapshot;
+- an elastic job's members: kvstore.server.members; rounds that wait long:
+  kvstore.server.stalls.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
 
 from .. import compression as _compression
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
+from .chunks import ChunkTable
 from .members import Members
+from .modes import MODES, Consistency
 from . import snapshot as _snapshot
 from .optimizer_slot import ServerOptimizer
-from .rounds import Chunk, Pending, Reply, Round, is_int, speaks_for
-from .stalls import Stalls
+from .requests import chunk_ids, ok, worker_of
+from .rounds import Chunk, Reply, is_int, speaks_for
+from .stalls import StallInspector
 from .staleness import Staleness
+from .sync import Sync
 from .tables import RowTables
-from .writein import Grant, WriteIn
 
 
-class ServerState(WriteIn, Stalls):
+class ServerState:
     """State of one server: its chunks, the mode, the optimizer.
 
     Example::
@@ -66,32 +60,44 @@ class ServerState(WriteIn, Stalls):
         # memory from alloc(size, dtype) (the node passes shared memory) and
         # shared(array) -> whether co-located workers can map it; or one GPU
         self.backend = backend or HostBackend(alloc, shared)
-        self.xp = self.backend.xp
-        self._alloc = self.backend.alloc
-        self._shared = self.backend.shared
         self.write_in = write_in           # sums lie in memory co-located workers can map
-        self._queue: list[Grant] = []     # write requests waiting for a round's writer
-        self._grants: dict = {}            # (worker, write id) -> granted _Grant
-        self.mode: str | None = None
+        self.table = ChunkTable(name, self.backend)
+        self.mode: str | None = None       # as configured (or restored): sync, async or ssp
         self.num_workers: int | None = None
-        self.ssp: Staleness | None = None  # ssp mode: clocks and waiting reads (from configure)
-        self.chunks: dict[tuple, Chunk] = {}
+        self.consistency: Consistency | None = None   # the mode's strategy (kvstore.server.modes)
         self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.optimizer_slot)
+        self.members = Members()           # an elastic job's members (set_members)
+        self.rows = RowTables(self.table, self)   # row-sparse keys (kvstore.server.tables)
+        self.stalls = StallInspector()
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
         self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
-        self._restored: set = set()        # chunk ids restored and not yet re-initialised
-        self._round_seen: dict = {}        # (chunk id, id(round)) -> (first seen, reported, round)
-        self._applied: dict = {}           # chunk id -> rounds applied (to name a round by number)
-        self._gone: set = set()            # workers that finished: they push no more
-        # requests answered with values once their other chunks are done: a chunk
-        # whose round of theirs was applied keeps that value for them if a later
-        # round changes it first (possible when a worker pushes again before its
-        # reply, e.g. _pushpull_start then push)
-        self._partial: dict = {}           # chunk id -> [Pending] done with it, not yet answered
-        self._captured: dict = {}          # id(Pending) -> {chunk id: its value for it}
-        self.rows = RowTables(self)        # row-sparse keys (kvstore.server.tables)
-        self.members = Members()           # an elastic job's members (set_members: kvstore.server.stalls)
+        self._handle_op = self._handlers()
+
+    def _handlers(self) -> dict[str, Callable[[object, dict, list], list[Reply]]]:
+        handlers = {
+            ops.CONFIGURE: self._on_configure,
+            ops.INIT: self._on_init,
+            ops.PUSH: self._on_push,
+            ops.PUSHPULL: self._on_pushpull,
+            ops.PULL: self._on_pull,
+            ops.WRITE: self._on_write,
+            ops.WRITTEN: self._on_written,
+            ops.INIT_ROWS: self.rows.on_init,
+            ops.PUSH_ROWS: self.rows.on_push,
+            ops.PULL_ROWS: self.rows.on_pull,
+            ops.SET_ROWS: self.rows.on_set,
+            ops.SET_OPTIMIZER: self._on_set_optimizer,
+            ops.GET_STATES: self._on_get_states,
+            ops.SET_STATES: self._on_set_states,
+            ops.GET_META: self._on_get_meta,
+            ops.CHECKPOINT: self._on_checkpoint,
+            ops.CHECKPOINT_COMMIT: self._on_checkpoint,
+            ops.CHECKPOINT_LIST: self._on_checkpoint,
+            ops.CHECKPOINT_RESTORE: self._on_checkpoint,
+        }
+        assert set(handlers) == ops.REQUESTS, set(handlers) ^ ops.REQUESTS
+        return handlers
 
     # -- entry point -----------------------------------------------------------
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
@@ -102,16 +108,17 @@ class ServerState(WriteIn, Stalls):
             if not is_int(req_id):
                 raise ProtocolError("request has no integer 'id'")
             op = header["op"]
-            if op not in ops.REQUESTS:
+            handler = self._handle_op.get(op) if isinstance(op, str) else None
+            if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
             # (a checkpoint carries the mode, not dist_ssp's bound: that comes with configure)
             if (op != ops.CONFIGURE and self.mode is None) or \
-                    (self.mode == "ssp" and self.ssp is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
+                    (self.consistency is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
             if op in ops.PUSHING:            # a worker that left, or joined and is no member yet
                 self.members.refuse(header.get("src"))
             with self.backend.scope():
-                return getattr(self, f"_on_{op}")(peer, header, arrays)
+                return handler(peer, header, arrays)
         except KVStoreError as e:
             return [Reply(peer, error_header(req_id, type(e).__name__, str(e)))]
         except (KeyError, TypeError, ValueError, IndexError, ArithmeticError, RecursionError) as e:
@@ -120,26 +127,130 @@ class ServerState(WriteIn, Stalls):
                                              f"request: {type(e).__name__}: {e}"))]
 
     @property
+    def chunks(self) -> dict[tuple, Chunk]:
+        return self.table.chunks
+
+    @property
     def updater(self):
         """The optimizer's :class:`~kvstore.optimizer.Updater`, None until set_optimizer."""
         return self.optimizer.updater
 
+    @property
+    def ssp(self) -> Staleness | None:
+        """The ssp strategy (its clocks and waiting reads), None in other modes."""
+        return self.consistency if isinstance(self.consistency, Staleness) else None
+
+    def worker(self, header: dict) -> int:
+        """The sender's worker rank, checked against the configured slots."""
+        assert self.num_workers is not None
+        return worker_of(header, self.num_workers)
+
+    # -- the job's shape ----------------------------------------------------------------
+    def _on_configure(self, peer, header, arrays):
+        mode, workers, bound = header["mode"], header["num_workers"], header.get("staleness")
+        strategy = MODES.get(mode) if isinstance(mode, str) else None
+        if strategy is None or not is_int(workers) or workers < 1 \
+                or strategy.bounded != (is_int(bound) and bound >= 1):   # ssp: 1 <= staleness < inf
+            raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}"
+                                       + (f" staleness={bound!r}" if "staleness" in header else ""))
+        now = self.consistency
+        if (self.mode is not None and (self.mode, self.num_workers) != (mode, workers)) or \
+                (now is not None and now.bound != (bound if strategy.bounded else None)):
+            was = f" (staleness {now.bound})" if now is not None and now.bound is not None else ""
+            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{was} for "
+                                       f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
+                                       + (f" (staleness {bound})" if strategy.bounded else ""))
+        pending = self.members.pending     # given by set_members before this configure
+        if pending is not None:
+            self.members.check(pending[1], workers)
+            self.members.pending = None
+        if now is None:                    # also after a resume: ssp clocks start at 0
+            self._configure(mode, workers, bound if strategy.bounded else None)
+        return [ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
+
+    def _configure(self, mode: str, workers: int, bound: int | None) -> None:
+        self.mode, self.num_workers = mode, workers
+        self.consistency = MODES[mode](self.table, workers, self.members, self.optimizer, bound)
+
+    # -- dense chunks ---------------------------------------------------------------------
+    def _on_init(self, peer, header, arrays):
+        self.table.init(chunk_ids(header, arrays), arrays)
+        return [ok(peer, header["id"])]
+
+    def _on_push(self, peer, header, arrays, want_values=False):
+        mode = self.consistency
+        assert mode is not None and self.num_workers is not None
+        worker = self.worker(header)
+        group = speaks_for(header, worker, self.num_workers, mode.name)   # a host's sum (hostreduce)
+        for rank in group or ():
+            self.members.refuse(rank)
+        ids = chunk_ids(header, arrays)
+        if header.get("compression") is not None:
+            config = _compression.validate(header["compression"])
+            for cid in ids:
+                if self.table.existing([cid])[0].value.dtype.kind != "f":
+                    raise InvalidArgumentError(f"{chunk_label(cid)} is not floating-point: "
+                                               "gradient compression applies to float values only")
+            arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
+                      for a, c in zip(arrays, self.table.existing(ids))]
+        chunks = self.table.existing(ids, arrays)
+        mode.admit(worker, ids, want_values)
+        if self.updater is not None:
+            for cid, chunk in zip(ids, chunks):
+                if chunk.value.dtype.kind != "f":
+                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
+                                               "optimizers update floating-point values only")
+        # validated: now the buffers may move to where the values are (a no-op on the host)
+        arrays = [self.backend.upload(a) for a in arrays]
+        return mode.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
+
+    def _on_pushpull(self, peer, header, arrays):
+        return self._on_push(peer, header, arrays, want_values=True)
+
+    def _on_pull(self, peer, header, arrays):
+        assert self.consistency is not None
+        if arrays:
+            raise ProtocolError("a pull carries no buffers")
+        worker = self.worker(header)
+        ids = chunk_ids(header, None)
+        return self.consistency.pull(peer, header["id"], worker, ids, self.table.existing(ids))
+
+    # -- writing in (kvstore.server.writein) -----------------------------------------------
+    def _write_in(self, header, arrays, what: str) -> Sync:
+        if arrays:
+            raise ProtocolError(f"a {what} request carries no buffers")
+        if what == "write":
+            if not self.write_in:
+                raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
+                                           "cannot write into them (push instead)")
+            if not isinstance(self.consistency, Sync) or header.get("compression") is not None:
+                raise InvalidArgumentError("writing in is for uncompressed dist_sync pushes only")
+        if not isinstance(self.consistency, Sync):
+            raise ProtocolError(f"'{what}' names no write granted: {self.name} runs dist_{self.mode}")
+        return self.consistency
+
+    def _on_write(self, peer, header, arrays):
+        return self._write_in(header, arrays, "write").writes.on_write(peer, header)
+
+    def _on_written(self, peer, header, arrays):
+        return self._write_in(header, arrays, "written").writes.on_written(peer, header)
+
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
         self.optimizer.set(header)
-        return [self._ok(peer, header["id"])]
+        return [ok(peer, header["id"])]
 
     def _on_get_states(self, peer, header, arrays):
         meta, out = self.optimizer.get_states(lambda states: self.backend.download(states, copy=True))
-        return [self._ok(peer, header["id"], out, states=meta)]
+        return [ok(peer, header["id"], out, states=meta)]
 
     def _on_set_states(self, peer, header, arrays):
-        self.optimizer.set_states(header, arrays, lambda cid: self._existing([cid], rows_too=True)[0])
-        return [self._ok(peer, header["id"])]
+        self.optimizer.set_states(header, arrays, lambda cid: self.table.existing([cid], rows_too=True)[0])
+        return [ok(peer, header["id"])]
 
     def _on_get_meta(self, peer, header, arrays):
-        return [self._ok(peer, header["id"], meta=self.meta, resumed=self.resumed,
-                         checkpoint=self.resumed_from[0], step=self.resumed_from[1])]
+        return [ok(peer, header["id"], meta=self.meta, resumed=self.resumed,
+                   checkpoint=self.resumed_from[0], step=self.resumed_from[1])]
 
     def _on_checkpoint(self, peer, header, arrays):
         # a node with KVSTORE_CHECKPOINT_DIR serves the checkpoint ops itself
@@ -147,12 +258,10 @@ class ServerState(WriteIn, Stalls):
         raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
                                    "directory): set KVSTORE_CHECKPOINT_DIR for the job")
 
-    _on_checkpoint_commit = _on_checkpoint_list = _on_checkpoint_restore = _on_checkpoint
-
     def snapshot(self, meta: dict) -> dict:
         """Everything acknowledged so far (kvstore.server.snapshot): values after
         their last applied round, the optimizer and its state."""
-        return _snapshot.take(self.name, self.mode, self.num_workers, self.chunks, self.optimizer,
+        return _snapshot.take(self.name, self.mode, self.num_workers, self.table.chunks, self.optimizer,
                               self.backend.to_numpy, meta)
 
     def restore(self, snap: dict) -> None:
@@ -161,290 +270,69 @@ class ServerState(WriteIn, Stalls):
         def upload(host, out):
             with self.backend.scope():
                 self.backend.upload(host, out=out)
-        restored = _snapshot.load(snap, self.optimizer, self._alloc, upload)
+        restored = _snapshot.load(snap, self.optimizer, self.table.alloc, upload)
+        self.table.restore(restored.chunks)
         self.mode, self.num_workers = restored.mode, restored.num_workers
-        self.chunks = restored.chunks
-        self._restored = set(self.chunks)
+        if restored.mode is not None and restored.num_workers is not None \
+                and not MODES[restored.mode].bounded:   # dist_ssp's bound comes with the next configure
+            self._configure(restored.mode, restored.num_workers, None)
         self.meta, self.resumed, self.resumed_from = restored.meta, True, restored.checkpoint
 
-    # -- helpers ------------------------------------------------------------------
-    def _ok(self, peer, req_id, arrays=(), **fields) -> Reply:
-        return Reply(peer, {"op": ops.OK, "id": req_id, **fields}, list(arrays))
+    # -- what the scheduler reports ------------------------------------------------------
+    def workers_finished(self, ranks) -> list[Reply]:
+        """The scheduler says these workers finished (closed their stores). In sync
+        mode every round still waiting for one of them can never complete: the
+        requests that depend on such a round fail now, naming that worker, and so
+        does every later push (in ssp mode: every read that waits for one of them).
+        Returns the replies."""
+        new = set(ranks) - self.table.gone
+        if not new:
+            return []
+        self.table.gone |= new
+        if self.consistency is None:
+            return []
+        with self.backend.scope():
+            return self.consistency.workers_finished() + self.rows.workers_finished()
 
-    @staticmethod
-    def _chunk_ids(header: dict, arrays: list | None) -> list[tuple]:
-        raw = header["chunks"]
-        if not isinstance(raw, list):
-            raise ProtocolError("'chunks' must be a list")
-        ids = []
-        for item in raw:
-            if not (isinstance(item, list) and len(item) == 2 and is_int(item[1])
-                    and (is_int(item[0]) or isinstance(item[0], str))):
-                raise ProtocolError(f"bad chunk id {item!r}: expected [key, index]")
-            ids.append((item[0], item[1]))
-        if len(set(ids)) != len(ids):
-            raise ProtocolError("a chunk appears twice in one request")
-        if arrays is not None and len(arrays) != len(ids):
-            raise ProtocolError(f"{len(ids)} chunks but {len(arrays)} buffers")
-        return ids
+    def set_members(self, epoch: int, ranks) -> list[Reply]:
+        """The elastic job's members as of ``epoch`` (the scheduler's count of changes;
+        an epoch not newer than the last is ignored). Returns the replies now ready.
 
-    def _existing(self, ids: list[tuple], arrays: list | None = None, rows_too: bool = False) -> list[Chunk]:
-        """The chunks ``ids`` (checked against ``arrays``' sizes and dtypes); dense
-        chunks only, unless ``rows_too`` (optimizer states cover row-sparse tables)."""
-        chunks = []
-        for i, cid in enumerate(ids):
-            chunk = self.chunks.get(cid)
-            if chunk is None:
-                raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.name}; "
-                                           "call init() first")
-            if not rows_too:
-                self.rows.refuse_dense(cid)
-            if arrays is not None:
-                a = arrays[i]
-                if a.dtype != chunk.value.dtype or a.size != chunk.value.size:
-                    raise InvalidArgumentError(
-                        f"{chunk_label(cid)}: got {a.size} x {a.dtype.name}, stored is "
-                        f"{chunk.value.size} x {chunk.value.dtype.name}")
-            chunks.append(chunk)
-        return chunks
+        A worker that left is counted, contributing nothing, in every queued round it
+        has not pushed to, of every chunk and table; the rounds that complete so are
+        applied and answered. Its pushes already in rounds count; its requests still
+        parked are answered with an error naming it. A worker that became a member
+        (the scheduler does it at a barrier, when no round is in flight) is waited for
+        by every round opened from now on. Before configure (which says how many
+        slots there are) the members are kept and applied by it.
 
-    def _worker(self, header: dict) -> int:
-        src = header["src"]
-        if not is_int(src) or not 0 <= src < self.num_workers:
-            raise ProtocolError(f"'src' must be the sender's worker rank (0..{self.num_workers - 1}), "
-                                f"got {src!r}")
-        return src
-
-    # -- ops -------------------------------------------------------------------------
-    def _on_init_rows(self, peer, header, arrays):
-        return self.rows.on_init(peer, header, arrays)
-
-    def _on_push_rows(self, peer, header, arrays):
-        return self.rows.on_push(peer, header, arrays)
-
-    def _on_pull_rows(self, peer, header, arrays):
-        return self.rows.on_pull(peer, header, arrays)
-
-    def _on_set_rows(self, peer, header, arrays):
-        return self.rows.on_set(peer, header, arrays)
-
-    def _on_configure(self, peer, header, arrays):
-        mode, workers, bound = header["mode"], header["num_workers"], header.get("staleness")
-        if mode not in ("sync", "async", "ssp") or not is_int(workers) or workers < 1 \
-                or (mode == "ssp") != (is_int(bound) and bound >= 1):   # ssp: 1 <= staleness < inf
-            raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}"
-                                       + (f" staleness={bound!r}" if "staleness" in header else ""))
-        if (self.mode is not None and (self.mode, self.num_workers) != (mode, workers)) or \
-                (self.ssp is not None and self.ssp.bound != bound):
-            now = f" (staleness {self.ssp.bound})" if self.ssp is not None else ""
-            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{now} for "
-                                       f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
-                                       + (f" (staleness {bound})" if mode == "ssp" else ""))
-        pending = self.members.pending     # given by set_members before this configure
-        if pending is not None:
-            self.members.check(pending[1], workers)
-            self.members.pending = None
-        self.mode, self.num_workers = mode, workers
-        if mode == "ssp" and self.ssp is None:   # also after a resume: clocks start at 0
-            self.ssp = Staleness(self, bound)
-        return [self._ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
-
-    def _on_init(self, peer, header, arrays):
-        ids = self._chunk_ids(header, arrays)
-        for cid, a in zip(ids, arrays):
-            if cid in self._restored:     # resumed: the checkpoint's value wins over init's
-                self._existing([cid], [a])
-            elif cid in self.chunks:
-                raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
-        for cid, a in zip(ids, arrays):
-            if cid in self._restored:
-                self._restored.discard(cid)
-            else:
-                value = self._alloc(a.size, a.dtype)
-                self.backend.upload(a.reshape(-1), out=value)
-                self.chunks[cid] = Chunk(value)
-        return [self._ok(peer, header["id"])]
-
-    def _on_push(self, peer, header, arrays, want_values=False):
-        worker = self._worker(header)
-        group = speaks_for(header, worker, self.num_workers, self.mode)   # a host's sum (hostreduce)
-        for rank in group or ():
-            self.members.refuse(rank)
-        ids = self._chunk_ids(header, arrays)
-        self._refuse_if_gone(worker, ids)
-        if header.get("compression") is not None:
-            config = _compression.validate(header["compression"])
-            for cid in ids:
-                if self._existing([cid])[0].value.dtype.kind != "f":
-                    raise InvalidArgumentError(f"{chunk_label(cid)} is not floating-point: "
-                                               "gradient compression applies to float values only")
-            arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
-                      for a, c in zip(arrays, self._existing(ids))]
-        chunks = self._existing(ids, arrays)
-        if self.mode != "sync" and self.updater is None:
-            raise InvalidArgumentError(f"dist_{self.mode} applies every push with an optimizer: "
-                                       "call set_optimizer() before push")
-        if self.updater is not None:
-            for cid, chunk in zip(ids, chunks):
-                if chunk.value.dtype.kind != "f":
-                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
-                                               "optimizers update floating-point values only")
-        if self.mode == "ssp" and want_values:   # its reply would wait for a finished worker
-            self.ssp.refuse_if_gone(worker, ids, ahead=1)
-        # validated: now the buffers may move to where the values are (a no-op on the host)
-        arrays = [self.backend.upload(a) for a in arrays]
-        if self.mode == "ssp":          # a new member's clocks start at its first push
-            self._started(ids, worker)
-        if self.mode != "sync":
-            for cid, chunk, grad in zip(ids, chunks, arrays):
-                self.updater(cid, grad.reshape(-1), chunk.value)
-            if self.mode == "ssp":
-                return self.ssp.pushed(peer, header["id"], worker, ids, want_values)
-            return [self._reply_now(peer, header["id"], chunks, want_values, copy=True)]
-        if self._writes_ahead(worker, ids):
-            if group is not None:    # a host's leader does not write in (kvstore.hostreduce)
-                raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
-            # a write of this worker asked for earlier is not granted yet: it takes
-            # its round first (kvstore.server.writein), then this push the next one
-            return self._hold_push(peer, header["id"], worker, ids, chunks, arrays, want_values)
-        return self._join_rounds(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
-
-    def _join_rounds(self, peer, req_id, worker, ids, chunks, arrays, want_values,
-                     group: frozenset | None = None) -> list[Reply]:
-        """A validated sync push (for ``group``, a host's sum) joins the rounds; the replies now ready."""
-        # Park the request first: completing (or failing) the rounds below answers
-        # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
-        for chunk in chunks:
-            chunk.waiting.append(pending)
-        ready, ranks = [], group or frozenset((worker,))
-        for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self._contribute(cid, chunk, ranks, grad.reshape(-1))
-            ready += self._apply_complete_rounds(cid, chunk)
-        return ready
-
-    def _on_pushpull(self, peer, header, arrays):
-        return self._on_push(peer, header, arrays, want_values=True)
-
-    def _on_pull(self, peer, header, arrays):
-        if arrays:
-            raise ProtocolError("a pull carries no buffers")
-        worker = self._worker(header)
-        ids = self._chunk_ids(header, None)
-        chunks = self._existing(ids)
-        if self.mode == "async":
-            return [self._reply_now(peer, header["id"], chunks, True, copy=True)]
-        if self.mode == "ssp":
-            return self.ssp.read(peer, header["id"], worker, ids)
-        pending = Pending(peer, header["id"], worker, ids, True,
-                           {cid for cid, c in zip(ids, chunks)
-                            if c.pending_from(worker) or self._writing(worker, cid, c)})
-        if not pending.blocked:
-            return [self._finish(pending)]
-        for cid in pending.blocked:
-            self.chunks[cid].waiting.append(pending)
-        return []
-
-    def _reply_now(self, peer, req_id, chunks, want_values, copy):
-        values = self.backend.download([c.value for c in chunks], copy) if want_values else []
-        return self._ok(peer, req_id, values)
-
-    def _contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray) -> Round:
-        """Add one worker's push (``ranks``: it, or the workers a host's sum speaks
-        for) to the first round none of them has contributed to.
-
-        A round's first push is kept as it came (a view on the message, or on the
-        worker's shared memory, which the worker leaves alone until the round is
-        acknowledged); the second is added to it in one pass into the accumulator
-        (2 reads + 1 write of the chunk instead of copy + add's 3 + 2)."""
-        for rnd in chunk.rounds:
-            if rnd.open_to_all(ranks):
-                if rnd.writer is not None:     # a worker is writing into acc: add after it
-                    rnd.deferred.append(grad)
-                elif rnd.acc is None:
-                    rnd.acc = self._take_spare(chunk)
-                    self.xp.add(rnd.first, grad, out=rnd.acc)
-                    rnd.first = None
-                else:
-                    rnd.acc += grad
-                rnd.workers.update(ranks)
-                return rnd
-        rnd = self._opened(cid, chunk, None, first=grad)
-        rnd.workers.update(ranks)
-        return rnd
-
-    def _take_spare(self, chunk: Chunk) -> np.ndarray:
-        if chunk.spare is not None:
-            acc, chunk.spare = chunk.spare, None
-            return acc
-        return self._alloc(chunk.value.size, chunk.value.dtype)
-
-    def _apply_complete_rounds(self, cid, chunk: Chunk) -> list[Reply]:
+        Raises InvalidArgumentError for members that are not worker slots or two sets
+        of members for one epoch."""
+        ranks = frozenset(ranks)
+        if not self.members.newer(epoch, ranks):
+            return []
+        if self.num_workers is None:
+            self.members.pending = (epoch, ranks)
+            return []
         replies = []
-        while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
-            rnd = chunk.rounds.pop(0)
-            self._applied[cid] = self._applied.get(cid, 0) + 1
-            for waiting in self._partial.pop(cid, ()):    # the value is about to change
-                if waiting.blocked:                          # (not answered yet)
-                    self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
-            if rnd.acc is None:   # one worker: its push is the sum
-                rnd.acc = self._take_spare(chunk)
-                self.xp.copyto(rnd.acc, rnd.first)
-                rnd.first = None
-            acc = rnd.acc
-            if self.updater is None:
-                # no optimizer: the merged sum becomes the value; the old value
-                # buffer is recycled as the next round's accumulator
-                chunk.value, acc = acc, chunk.value
-            else:
-                try:
-                    self.updater(cid, acc, chunk.value)
-                except Exception as e:  # an optimizer failure must not leave workers waiting
-                    message = (f"applying the optimizer to {chunk_label(cid)} failed: "
-                               f"{type(e).__name__}: {e}")
-                    for pending in chunk.waiting:
-                        joined = pending.rounds.get(cid)
-                        if joined is rnd or (joined is None and pending.worker in rnd.workers):
-                            pending.error = message   # answered with it when it completes
-            chunk.spare = acc
-            replies += self._release(cid, chunk)
+        with self.backend.scope():
+            for worker in self.members.change(epoch, ranks, self.num_workers):
+                message = f"worker {worker} left the job"
+                mode = self.consistency
+                if isinstance(mode, Sync):
+                    replies += mode.left(worker, message)
+                replies += self.rows.leave(worker, message)
+                if mode is not None and not isinstance(mode, Sync):
+                    replies += mode.left(worker, message)
         return replies
 
-    def _release(self, cid, chunk: Chunk) -> list[Reply]:
-        """Answer the requests parked on ``chunk`` that no longer wait for it (and for
-        no other chunk)."""
-        replies, still = [], []
-        for pending in chunk.waiting:
-            if self._waits(pending, cid, chunk):
-                still.append(pending)
-                continue
-            pending.blocked.discard(cid)
-            if not pending.blocked:
-                replies.append(self._finish(pending))
-            elif pending.want_values:
-                self._partial.setdefault(cid, []).append(pending)
-        chunk.waiting = still
-        return replies
-
-    def _waits(self, pending: Pending, cid, chunk: Chunk) -> bool:
-        """A push waits for its own round; a pull for every round of its worker,
-        including the one a write of that worker (granted, or still queued) goes to."""
-        if pending.waits_on(cid, chunk):
-            return True
-        return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
-
-    def _finish(self, pending: Pending) -> Reply:
-        captured = self._captured.pop(id(pending), {})
-        if pending.error is not None:
-            return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
-        # Values are sent without a copy: in sync mode a chunk cannot change again
-        # before this worker, who is blocked on this reply, pushes to it. Unless it
-        # has pushed (or asked to write) again already, which a worker that did not
-        # wait for this reply can (_pushpull_start, then a push): then its next round
-        # may complete before the reply is read, so it gets a copy.
-        values = [captured.get(cid, self.chunks[cid].value) for cid in pending.chunks] \
-            if pending.want_values else []
-        ahead = bool(values) and any(
-            self.chunks[cid].pending_from(pending.worker) or self._writing(pending.worker, cid, self.chunks[cid])
-            for cid in pending.chunks)
-        return self._ok(pending.peer, pending.req_id, self.backend.download(values, copy=ahead))
+    def stalled(self, now: float, after: float) -> list[str]:
+        """Rounds waiting longer than ``after`` seconds for some workers (each
+        reported once), as readable lines naming the key and the missing workers,
+        then the reads that waited as long (ssp). ``now`` comes from the caller's
+        clock; a round's age counts from the first call that saw it."""
+        mode = self.consistency
+        if mode is None or self.num_workers is None:
+            return []
+        rounds = list(mode.queued_rounds()) + list(self.rows.queued_rounds())
+        return self.stalls.stalled(now, after, rounds, self.num_workers) + mode.stalled(now, after)

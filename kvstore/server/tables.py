@@ -2,9 +2,10 @@
 sync rounds and lazy updates. A collaborator of :class:`~kvstore.server.state.ServerState`
 (pure as well: no sockets, threads or clocks).
 
-A table's rows are one flat chunk ``(key, server)`` in ``state.chunks`` (so
-checkpoints, resume and optimizer states cover it as any chunk) plus the
-:class:`Table` record here, which dense ops refuse to touch.
+A table's rows are one flat chunk ``(key, server)`` in the server's
+:class:`~kvstore.server.chunks.ChunkTable` (so checkpoints, resume and optimizer
+states cover it as any chunk), marked there as a row table so that dense ops
+refuse to touch it, plus the :class:`Table` record here.
 
 Sync: the pushes of one round (one from every worker; an empty one from a worker
 with no rows here, and from a slot of an elastic job that is not a member:
@@ -25,10 +26,13 @@ import numpy as np
 
 from .. import sparse
 from ..errors import InvalidArgumentError, ProtocolError
-from ..protocol import chunk_label, error_header, ops
+from ..protocol import chunk_label, error_header
 from ..rowinit import RowInit
 from ..rowshard import RowLayout
 from ..storetypes import NO_ROWS_IN_SSP
+from .modes import MODES
+from .chunks import ChunkTable
+from .requests import ok
 from .rounds import Chunk, Reply, is_int
 
 
@@ -56,22 +60,19 @@ class Table:
 
 
 class RowTables:
-    """The row-sparse tables of ``state`` (a ServerState: its backend, chunks,
-    mode, workers and updater are read from it when needed)."""
+    """The row-sparse tables among the chunks of ``table``, for the job that ``job``
+    (the ServerState) is configured for: its public ``mode``, ``consistency``,
+    ``num_workers``, ``members`` and ``updater`` are read when needed."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, table: ChunkTable, job):
+        self.table = table
+        self.state = job
         self.tables: dict[tuple, Table] = {}
-
-    def refuse_dense(self, cid) -> None:
-        if cid in self.tables:
-            raise InvalidArgumentError(f"{chunk_label(cid)} belongs to a row-sparse key: use "
-                                       "push with rows and row_sparse_pull")
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
         cid = self._cid(header)
-        if self.state.mode == "ssp":
+        if not self._mode().takes_rows:
             raise InvalidArgumentError(NO_ROWS_IN_SSP)
         shape, dtype = header["shape"], header["dtype"]
         servers, server = header["servers"], cid[1]
@@ -83,30 +84,31 @@ class RowTables:
         layout = RowLayout(shape[0], width, server, servers)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
-        restored = cid in self.state._restored
-        if not restored and cid in self.state.chunks:
+        restored = cid in self.table.restored
+        if not restored and cid in self.table.chunks:
             raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
         size = layout.local_rows * width
         if restored:             # resumed: the checkpoint's rows win over init's
-            value = self.state.chunks[cid].value
+            value = self.table.chunks[cid].value
             if value.size != size or value.dtype != dtype:
                 raise InvalidArgumentError(f"{chunk_label(cid)}: the checkpoint holds {value.size} x "
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
-            self.state._restored.discard(cid)
+            self.table.restored.discard(cid)
         else:
             host = np.zeros((layout.local_rows, width), dtype)
             if spec is not None:
                 spec.fill(host, np.arange(server, shape[0], servers, dtype=np.int64))
             host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
-            value = self.state._alloc(size, dtype)
-            self.state.backend.upload(host.reshape(-1), out=value)
-            self.state.chunks[cid] = Chunk(value)
+            value = self.table.alloc(size, dtype)
+            self.table.backend.upload(host.reshape(-1), out=value)
+            self.table.chunks[cid] = Chunk(value)
         self.tables[cid] = Table(layout, tuple(shape[1:]))
-        return [self.state._ok(peer, header["id"])]
+        self.table.row_tables.add(cid)
+        return [ok(peer, header["id"])]
 
     def on_push(self, peer, header, arrays) -> list[Reply]:
         st = self.state
-        worker = st._worker(header)
+        worker = st.worker(header)
         cid = self._cid(header)
         table, chunk = self._table(cid)
         rows, data = self._rows_data(cid, table.layout, arrays, chunk.value.dtype)
@@ -114,12 +116,12 @@ class RowTables:
         if st.updater is not None and chunk.value.dtype.kind != "f":
             raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                        "optimizers update floating-point values only")
-        if st.mode == "async":
+        if self._mode().applies_on_arrival:
             if st.updater is None:
-                raise InvalidArgumentError("dist_async applies every push with an optimizer: "
+                raise InvalidArgumentError(f"dist_{st.mode} applies every push with an optimizer: "
                                            "call set_optimizer() before push")
             self._apply(cid, table, chunk, local, data)
-            return [st._ok(peer, header["id"])]
+            return [ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
@@ -132,13 +134,13 @@ class RowTables:
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
         st = self.state
-        worker = st._worker(header)
+        worker = st.worker(header)
         cid = self._cid(header)
         table, chunk = self._table(cid)
         if len(arrays) != 1:
             raise ProtocolError("pull_rows carries one buffer: the row ids")
         local = table.layout.local(self._ids(arrays[0], cid), chunk_label(cid))
-        if st.mode == "sync" and table.pending_from(worker):
+        if not self._mode().applies_on_arrival and table.pending_from(worker):
             table.pulls.append((peer, header["id"], worker, local))
             return []
         return [self._rows_reply(peer, header["id"], table, chunk, local)]
@@ -156,11 +158,11 @@ class RowTables:
             raise InvalidArgumentError(
                 f"set_rows on {chunk_label(cid)}: a round of pushes is still open (from worker(s) "
                 f"{', '.join(map(str, waiting))}); assign rows between steps, after a barrier")
-        backend, width = self.state.backend, table.layout.width
+        backend, width = self.table.backend, table.layout.width
         local = backend.upload(table.layout.local(rows, chunk_label(cid)))
         weights = chunk.value.reshape(table.layout.local_rows, width)
         weights[local] = backend.upload(np.ascontiguousarray(data).reshape(len(rows), width))
-        return [self.state._ok(peer, header["id"])]
+        return [ok(peer, header["id"])]
 
     # -- rounds ------------------------------------------------------------------------
     def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
@@ -175,12 +177,12 @@ class RowTables:
             except Exception as e:   # an optimizer failure must not leave workers waiting
                 error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
             replies += [Reply(peer, error_header(rid, "RemoteError", error)) if error
-                        else self.state._ok(peer, rid) for peer, rid, _ in rnd.acks]
+                        else ok(peer, rid) for peer, rid, _ in rnd.acks]
             replies += self._release_pulls(table, chunk)
         return replies
 
     def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
-        backend, width = self.state.backend, table.layout.width
+        backend, width = self.table.backend, table.layout.width
         weights = chunk.value.reshape(table.layout.local_rows, width)
         local = backend.upload(local)
         grad = backend.upload(np.ascontiguousarray(data).reshape(len(data), width))
@@ -196,14 +198,14 @@ class RowTables:
 
     def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
         weights = chunk.value.reshape(table.layout.local_rows, table.layout.width)
-        rows = weights[self.state.backend.upload(local)]   # a gather: a fresh array
-        return self.state._ok(peer, req_id, self.state.backend.download_own([rows]))
+        rows = weights[self.table.backend.upload(local)]   # a gather: a fresh array
+        return ok(peer, req_id, self.table.backend.download_own([rows]))
 
     # -- workers that finished -----------------------------------------------------------
-    def workers_finished(self, gone: set) -> list[Reply]:
-        """Fail every queued round a finished worker will never push to, and the pulls
-        waiting on them (in sync mode)."""
-        replies = []
+    def workers_finished(self) -> list[Reply]:
+        """Fail every queued round a finished worker (the table's ``gone``) will never
+        push to, and the pulls waiting on them (in sync mode)."""
+        replies, gone = [], self.table.gone
         for cid, table in self.tables.items():
             first = next((i for i, r in enumerate(table.rounds) if not gone <= set(r.parts)), None)
             if first is None:
@@ -227,7 +229,7 @@ class RowTables:
         still parked get ``message``; the rounds that complete are applied."""
         replies = []
         for cid, table in self.tables.items():
-            chunk = self.state.chunks[cid]
+            chunk = self.table.chunks[cid]
             for rnd in table.rounds:
                 replies += [Reply(peer, error_header(rid, "RemoteError", message))
                             for peer, rid, w in rnd.acks if w == worker]
@@ -247,7 +249,7 @@ class RowTables:
         return np.zeros(0, np.int64), np.zeros((0,) + table.row_shape, chunk.value.dtype)
 
     def _refuse_if_gone(self, cid, table: Table, worker: int) -> None:
-        gone = self.state._gone
+        gone = self.table.gone
         if not gone:
             return
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
@@ -267,6 +269,11 @@ class RowTables:
                 yield cid, rnd
 
     # -- checks ------------------------------------------------------------------------
+    def _mode(self):
+        """The job's consistency strategy class (configured, or restored and waiting
+        for configure: dist_ssp's bound comes with it)."""
+        return MODES[self.state.mode]
+
     def _cid(self, header) -> tuple:
         item = header["chunk"]
         if not (isinstance(item, list) and len(item) == 2 and is_int(item[1])
@@ -277,12 +284,12 @@ class RowTables:
     def _table(self, cid) -> tuple[Table, Chunk]:
         table = self.tables.get(cid)
         if table is None:
-            if cid in self.state.chunks:
+            if cid in self.table.chunks:
                 raise InvalidArgumentError(f"{chunk_label(cid)} belongs to a dense key: "
                                            "row-sparse operations need a key initialised with rows")
-            raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.state.name}; "
+            raise InvalidArgumentError(f"{chunk_label(cid)} is not initialised on {self.table.name}; "
                                        "call init() first")
-        return table, self.state.chunks[cid]
+        return table, self.table.chunks[cid]
 
     @staticmethod
     def _ids(ids: np.ndarray, cid) -> np.ndarray:
@@ -302,6 +309,3 @@ class RowTables:
         layout.local(rows, chunk_label(cid))
         return rows, data
 
-
-REQUESTS = {ops.INIT_ROWS: RowTables.on_init, ops.PUSH_ROWS: RowTables.on_push, ops.PULL_ROWS: RowTables.on_pull,
-            ops.SET_ROWS: RowTables.on_set}

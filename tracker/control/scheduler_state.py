@@ -27,6 +27,7 @@ the rules are in :mod:`tracker.control.elastic`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from . import wire
 from .elastic import FINISH_GRACE, Slots  # noqa: F401 (FINISH_GRACE: for the tests)
@@ -81,6 +82,10 @@ class SchedulerState:
         self._abort_until: float | None = None
         self._deadline = now + timeout
         self._hb_idents: dict[str, bytes] = {}
+        self._handlers: dict[str, Callable[[bytes, dict], None]] = {
+            "heartbeat": self._op_heartbeat, "register": self._op_register, "barrier": self._op_barrier,
+            "finish": self._op_finish, "fail": self._op_fail, "progress": self._op_progress}
+        assert tuple(self._handlers) == self.OPS
 
     @property
     def members(self) -> list[int]:
@@ -101,7 +106,7 @@ class SchedulerState:
             op = msg["op"]
             if op not in self.OPS:
                 raise RendezvousError(f"unknown control op {op!r}")
-            getattr(self, f"_op_{op}")(ident, msg)
+            self._handlers[op](ident, msg)
         except _JobAborted as e:   # a node that has not heard of the abort yet
             log.debug("request after the abort: %s", e)
             self._send(ident, "error", id=_req_id(frame), kind="aborted", message=str(e))
