@@ -21,6 +21,7 @@ from .store import KVStore
 from .storetypes import FROM_CONFIG, STORE_TYPES, KVStoreBase, resolve, staleness_bound
 from .config import Config
 from .rowinit import RowInit
+from .dynrows import DynamicRows
 from .sparse import RowSparse
 from .errors import (ArgumentTypeError, CheckpointError, ConfigError, DeadlineError,
                      InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError, RemoteError)
@@ -104,6 +105,6 @@ def _run_role(config: Config) -> int:
     return scheduler.serve(os.environ)
 
 
-__all__ = ["create", "KVStore", "KVStoreBase", "Config", "RowSparse", "RowInit", "optimizer", "STORE_TYPES", "KVStoreError",
+__all__ = ["create", "KVStore", "KVStoreBase", "Config", "RowSparse", "RowInit", "DynamicRows", "optimizer", "STORE_TYPES", "KVStoreError",
            "ConfigError", "InvalidArgumentError", "ArgumentTypeError", "ProtocolError",
            "RemoteError", "DeadlineError", "NodeFailedError", "CheckpointError"]

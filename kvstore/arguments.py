@@ -21,12 +21,15 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 @dataclass(frozen=True)
 class KeyInfo:
     """What init() fixed for a key: its shape and dtype (and, in dist mode, chunks);
-    ``sparse``: a row-sparse key (kvstore.sparse), pushed as rows, read by row_sparse_pull."""
+    ``sparse``: a row-sparse key (kvstore.sparse), pushed as rows, read by row_sparse_pull;
+    ``dynamic``: its :class:`~kvstore.DynamicRows` spec when its rows are made by pushes
+    and evicted (kvstore.dynrows; shape ``(2**63,) + row_shape``), else None."""
     key: object
     shape: tuple
     dtype: np.dtype
     chunks: tuple = ()
     sparse: bool = False
+    dynamic: object = None
 
     @property
     def size(self) -> int:

@@ -390,6 +390,9 @@ class DistStore(KVStore):
         self._checkpoints.pulled()
         return data
 
+    def _do_row_stats(self, info) -> list:
+        return self._rows.stats(info.key)      # dynamic rows (kvstore.dist_rows)
+
     def _check_can_push(self) -> None:
         if self._joining:
             raise InvalidArgumentError(

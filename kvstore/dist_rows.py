@@ -6,6 +6,10 @@ the rows it names, and carries only those rows. An async push does the same; a
 sync push also sends a header with no rows to every other server, because a
 server's round closes when every worker has pushed to it (as MXNet's workers
 send empty pushes to the servers whose ranges hold none of their rows).
+
+A key of dynamic rows (:class:`~kvstore.DynamicRows`) goes the same way with its
+own ops (``init_dyn``, ``push_dyn``, ``pull_dyn``, ``dyn_stats``), its ids placed
+by hash: id ``i`` on server ``splitmix64(i) % S`` (:mod:`kvstore.dynrows`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import rowshard
+from . import dynrows, rowshard
 from .arguments import KeyInfo
+from .dynrows import DynamicRows
 from .protocol import ops
 
 
@@ -27,6 +32,13 @@ class DistRows:
 
     def __init__(self, client, mode: str, collective: Callable[[str], None], leads: Callable[[], bool]):
         self._client, self._mode, self._collective, self._leads = client, mode, collective, leads
+        self._dynamic: set = set()          # keys of dynamic rows
+
+    def _placed(self, key, rows: np.ndarray) -> tuple[list[np.ndarray], str, str]:
+        """Each server's positions in ``rows``, and the push and pull ops of ``key``."""
+        if key in self._dynamic:
+            return dynrows.split(rows, self.servers), ops.PUSH_DYN, ops.PULL_DYN
+        return rowshard.split(rows, self.servers), ops.PUSH_ROWS, ops.PULL_ROWS
 
     @property
     def servers(self) -> int:
@@ -44,12 +56,19 @@ class DistRows:
         if self._leads():
             self._send_init(items)
         self._collective("init rows done")
-        return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True) for k, shape, dtype, *_ in items}
+        self._dynamic |= {k for k, _, _, spec, *_ in items if isinstance(spec, DynamicRows)}
+        return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
+                           dynamic=spec if isinstance(spec, DynamicRows) else None)
+                for k, shape, dtype, spec, *_ in items}
 
     def _send_init(self, items: list) -> None:
         client = self._client
         ids = []
         for key, shape, dtype, spec, rows, data in items:
+            if isinstance(spec, DynamicRows):   # no rows: pushes make them
+                ids += [client.request(s, ops.INIT_DYN, f"init of dynamic rows key {key!r}", [], chunk=[key, s],
+                                       servers=self.servers, spec=spec.to_wire())[0] for s in range(self.servers)]
+                continue
             for s, where in enumerate(rowshard.split(rows, self.servers)):
                 ids.append(client.request(s, ops.INIT_ROWS, f"init of row-sparse key {key!r}",
                                           [rows[where], np.ascontiguousarray(data[where])], chunk=[key, s],
@@ -62,9 +81,10 @@ class DistRows:
         client, sync = self._client, self._mode == "sync"
         for key, rows, data in items:
             what = f"push of row-sparse key {key!r}"
-            for s, where in enumerate(rowshard.split(rows, self.servers)):
+            placed, push, _ = self._placed(key, rows)
+            for s, where in enumerate(placed):
                 if len(where) or sync:
-                    client.request(s, ops.PUSH_ROWS, what, [rows[where], np.ascontiguousarray(data[where])],
+                    client.request(s, push, what, [rows[where], np.ascontiguousarray(data[where])],
                                    chunk=[key, s])
 
     def assign(self, key, rows: np.ndarray, data: np.ndarray) -> None:
@@ -81,12 +101,27 @@ class DistRows:
         client, what = self._client, f"row_sparse_pull of key {key!r}"
         data = np.empty((len(rows),) + tuple(row_shape), dtype)
         ids = []
-        for s, where in enumerate(rowshard.split(rows, self.servers)):
+        placed, _, pull = self._placed(key, rows)
+        for s, where in enumerate(placed):
             if len(where):
-                ids.append(client.request(s, ops.PULL_ROWS, what, [rows[where]], on_reply=_into(data, where, what),
+                ids.append(client.request(s, pull, what, [rows[where]], on_reply=_into(data, where, what),
                                           chunk=[key, s])[0])
         client.wait(ids, what)
         return data
+
+    def stats(self, key) -> list[dict]:
+        """Each server's counters of a dynamic rows ``key``, after this worker's pushes."""
+        client, what = self._client, f"row_stats of key {key!r}"
+        found: dict[int, dict] = {}
+
+        def keep(server: int):
+            def got(header, values):
+                found[server] = dict(header["stats"])
+            return got
+        ids = [client.request(s, ops.DYN_STATS, what, [], on_reply=keep(s), chunk=[key, s])[0]
+               for s in range(self.servers)]
+        client.wait(ids, what)
+        return [found[s] for s in range(self.servers)]
 
 
 def _into(data: np.ndarray, where: np.ndarray, what: str):

@@ -16,6 +16,9 @@ from . import optimizer as _optimizer
 from .store import KeyInfo, KVStore, fill_outputs
 from . import arrays
 from .sparse import RowSparse
+from .dynrows import DynamicRows
+from .dyntable import DynTable
+from .errors import InvalidArgumentError
 
 
 class LocalStore(KVStore):
@@ -32,6 +35,7 @@ class LocalStore(KVStore):
     def __init__(self, name: str = "local"):
         super().__init__(name)
         self._store: dict[object, np.ndarray] = {}
+        self._dyn: dict[object, DynTable] = {}    # keys of dynamic rows (kvstore.dynrows): one table each
         # an Updater (set_optimizer), MXNet's custom updater function (_set_updater), or None
         self._updater: Any = None
 
@@ -52,6 +56,10 @@ class LocalStore(KVStore):
 
     def _do_init_rows(self, items) -> None:
         for key, shape, dtype, spec, rows, data in items:
+            if isinstance(spec, DynamicRows):     # one table, as one server holding every row
+                self._keys[key] = KeyInfo(key, tuple(shape), dtype, sparse=True, dynamic=spec)
+                self._dyn[key] = DynTable(spec, f"key {key!r} in the local store")
+                continue
             table = np.zeros(shape, dtype)
             if spec is not None:
                 spec.fill(table, np.arange(shape[0], dtype=np.int64))
@@ -61,6 +69,13 @@ class LocalStore(KVStore):
 
     def _do_push_rows(self, items) -> None:
         for info, rows, data in items:
+            if info.dynamic is not None:
+                if self._updater is not None and not isinstance(self._updater, _optimizer.Updater):
+                    raise InvalidArgumentError(f"push of key {info.key!r}: a custom updater function cannot "
+                                               "update dynamic rows; use set_optimizer")
+                optimizer = None if self._updater is None else self._updater.optimizer
+                self._dyn[info.key].apply(rows, data, optimizer, slot=info.key)
+                continue
             table = self._store[info.key]
             if self._updater is None:
                 table[rows] = data                      # the pushed rows only; others keep theirs
@@ -74,7 +89,12 @@ class LocalStore(KVStore):
         self._store[info.key][rows] = data
 
     def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray:
+        if info.dynamic is not None:
+            return self._dyn[info.key].read(rows).reshape((len(rows),) + info.shape[1:])
         return self._store[info.key][rows]
+
+    def _do_row_stats(self, info: KeyInfo) -> list[dict]:
+        return [self._dyn[info.key].stats()]
 
     def _apply(self, info: KeyInfo, merged: np.ndarray) -> None:
         stored = self._store[info.key]
@@ -102,8 +122,12 @@ class LocalStore(KVStore):
                           state_scale: float = 1.0) -> None:
         if keep_state and isinstance(self._updater, _optimizer.Updater):
             self._updater.replace_optimizer(optimizer, state_scale)
+            for table in self._dyn.values():
+                table.scale_state(state_scale)
         else:
             self._updater = _optimizer.Updater(optimizer)
+            for table in self._dyn.values():
+                table.reset_state()
 
     def _get_states(self) -> dict:
         if not isinstance(self._updater, _optimizer.Updater):

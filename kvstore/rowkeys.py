@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import arrays, sparse
+from .dynrows import DynamicRows
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .rowinit import RowInit
 from .sparse import RowSparse
@@ -15,11 +16,15 @@ from .sparse import RowSparse
 
 def is_rows_init(value) -> bool:
     """Does ``init`` with this value make a row-sparse key?"""
-    return isinstance(value, (RowSparse, RowInit))
+    return isinstance(value, (RowSparse, RowInit, DynamicRows))
 
 
 def init_parts(value, what: str):
-    """``(shape, dtype, initializer or None, rows, data)`` for ``init``."""
+    """``(shape, dtype, initializer or None, rows, data)`` for ``init``; a
+    :class:`DynamicRows` is its own initializer (no rows: pushes make them)."""
+    if isinstance(value, DynamicRows):
+        return (value.shape, np.dtype(value.dtype), value, np.zeros(0, np.int64),
+                np.zeros((0,) + value.row_shape, value.dtype))
     if isinstance(value, RowInit):
         width = value.shape[1:]
         return value.shape, np.dtype(value.dtype), value, np.zeros(0, np.int64), np.zeros((0,) + width, value.dtype)

@@ -90,7 +90,9 @@ def is_sparse_value(value) -> bool:
 
 
 def _host(value: RowSparse, what: str) -> tuple[np.ndarray, np.ndarray]:
-    rows = arrays.to_numpy(value.indices, f"{what} indices").astype(np.int64, copy=False)
+    rows = arrays.to_numpy(value.indices, f"{what} indices")
+    if rows.dtype != np.uint64:      # uint64 stays: check_rows names an id >= 2**63 as it is
+        rows = rows.astype(np.int64, copy=False)
     return rows, arrays.to_numpy(value.data, f"{what} data")
 
 
@@ -98,6 +100,9 @@ def check_rows(rows: np.ndarray, num_rows: int, what: str) -> np.ndarray:
     """``rows`` as int64, after checking every id is an integer in [0, num_rows);
     a float array is taken when every id is a whole number (as MXNet does)."""
     rows = np.asarray(rows)
+    if rows.dtype.kind == "f" and num_rows > 1 << 53:   # a dynamic table (kvstore.dynrows): ids up to 2**63
+        raise ArgumentTypeError(f"{what}: row ids must be integers, got {rows.dtype} (a float cannot hold "
+                                f"every id below {num_rows} exactly)")
     if rows.dtype.kind == "f":      # MXNet's tests pass mx.nd.array ids (float32): whole numbers only
         flat = rows.reshape(-1)
         bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.floor(flat)))
@@ -111,6 +116,11 @@ def check_rows(rows: np.ndarray, num_rows: int, what: str) -> np.ndarray:
         rows = flat.astype(np.int64)
     elif rows.dtype.kind not in "iu":
         raise ArgumentTypeError(f"{what}: row ids must be integers, got {rows.dtype}")
+    if rows.dtype == np.uint64:     # above 2**63 - 1 an int64 cast would wrap to a negative id
+        big = np.flatnonzero(rows.reshape(-1) >= np.uint64(min(num_rows, 1 << 63)))
+        if len(big):
+            raise InvalidArgumentError(f"{what}: row id {int(rows.reshape(-1)[big[0]])} is out of range "
+                                       f"[0, {num_rows}) ({len(big)} bad id(s))")
     rows = rows.astype(np.int64, copy=False).reshape(-1)
     bad = np.flatnonzero((rows < 0) | (rows >= num_rows))
     if len(bad):

@@ -156,8 +156,33 @@ class KVStore(KVStoreBase):
         if not info.sparse:
             raise InvalidArgumentError(f"{what}: key {key!r} is dense: set it with init, or push "
                                        "without an optimizer")
+        if info.dynamic is not None:
+            raise InvalidArgumentError(f"{what}: key {key!r} holds dynamic rows (kvstore.DynamicRows): "
+                                       "pushes make its rows; they are not assigned")
         rows, data = rowkeys.assign_parts(value, info.shape, info.dtype, f"{what} of key {key!r}")
         self._do_assign_rows(info, rows, data)
+
+    def row_stats(self, key) -> dict:
+        """The counters of a key made with :class:`~kvstore.DynamicRows` (not in MXNet),
+        after this worker's pushes: summed over the servers, ``rows`` (held now),
+        ``created``, ``evicted`` (``evicted_by_age`` + ``evicted_by_budget``), ``hits`` and
+        ``misses`` (ids pulled that had a row or not), ``hit_rate`` (hits / ids pulled,
+        None before any pull), ``max_rows`` (the most rows one server holds: what the
+        budget bounds), ``rounds`` and ``updates`` (the largest of any server), and
+        ``servers``: each server's own counters (``rows``, ``capacity``, ...)."""
+        what = "row_stats"
+        self._check_open(what)
+        info = self._args.info(key, what)
+        if info.dynamic is None:
+            raise InvalidArgumentError(f"{what}: key {key!r} has no dynamic rows: only keys initialised with "
+                                       "kvstore.DynamicRows count rows")
+        per = self._do_row_stats(info)
+        total = {k: sum(int(p[k]) for p in per) for k in
+                 ("rows", "capacity", "created", "evicted", "evicted_by_age", "evicted_by_budget", "hits", "misses")}
+        looked = total["hits"] + total["misses"]
+        return {**total, "hit_rate": total["hits"] / looked if looked else None,
+                "max_rows": max(int(p["rows"]) for p in per), "rounds": max(int(p["rounds"]) for p in per),
+                "updates": max(int(p["updates"]) for p in per), "servers": per}
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Fill ``out`` (an array, or every array of a list) with the stored value,
@@ -176,6 +201,10 @@ class KVStore(KVStoreBase):
         whole = [] if ignore_sparse else [(k, outs) for k, outs in pairs if self._args.info(k, what).sparse]
         dense = self._args.grouped_pairs(
             [(k, outs) for k, outs in pairs if ignore_sparse or not self._args.info(k, what).sparse], what)
+        for k, _ in whole:
+            if self._args.info(k, what).dynamic is not None:
+                raise InvalidArgumentError(f"{what}: key {k!r} holds dynamic rows (ids up to 2**63): read the "
+                                           "ids you want with row_sparse_pull")
         if whole:     # every row of each table: as big as the table, which the caller asked for
             self.row_sparse_pull([k for k, _ in whole], out=[outs for _, outs in whole], priority=priority,
                                  row_ids=[np.arange(self._args.info(k, what).shape[0]) for k, _ in whole])
@@ -321,6 +350,7 @@ class KVStore(KVStoreBase):
         self._check_open("save_optimizer_states")
         if self._optimizer is None:
             raise InvalidArgumentError("save_optimizer_states: no optimizer is set")
+        self._refuse_dynamic("save_optimizer_states", self._keys.values())
         config = self._optimizer.to_config() if dump_optimizer else None
         states_file.dump(fname, config, self._get_states())
 
@@ -333,6 +363,7 @@ class KVStore(KVStoreBase):
         optimizer = _optimizer.from_config(config) if config is not None else self._optimizer
         if optimizer is None:
             raise InvalidArgumentError(f"{what}: call set_optimizer() first (the file holds no optimizer)")
+        self._refuse_dynamic(what, self._keys.values())
         for key, entry in states.items():   # validate everything before changing anything
             info = self._args.info(self._args.check_key(key, what), what)
             count, dtype = optimizer.state_spec(info.dtype)   # multi_precision: + a float32 master
@@ -347,6 +378,16 @@ class KVStore(KVStoreBase):
         if config is not None:
             self._set_optimizer_only(optimizer)
         self._set_states(states)
+
+    @staticmethod
+    def _refuse_dynamic(what: str, infos) -> None:
+        """The optimizer-state file holds whole keys; a dynamic key's state is per row,
+        kept (with its rows) by the servers' checkpoints."""
+        for info in infos:
+            if info.dynamic is not None:
+                raise InvalidArgumentError(
+                    f"{what}: key {info.key!r} holds dynamic rows, whose optimizer state lives with each row "
+                    "and is saved by the servers' checkpoints (KVSTORE_CHECKPOINT_DIR), not in this file")
 
     def barrier(self) -> None:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
@@ -391,6 +432,8 @@ class KVStore(KVStoreBase):
     def _do_push_rows(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray: raise NotImplementedError
     def _do_assign_rows(self, info: KeyInfo, rows: np.ndarray, data: np.ndarray) -> None: raise NotImplementedError
+    # dynamic rows (kvstore.dynrows): each server's counters (DynTable.stats), in server order
+    def _do_row_stats(self, info: KeyInfo) -> list[dict]: raise NotImplementedError
 
     # stores whose pushpull cannot run in the background complete it at the start
     def _do_pushpull_start(self, items: list[tuple]):

@@ -22,13 +22,18 @@ INIT_ROWS = "init_rows"          # {chunk, shape, dtype, servers, init: RowInit 
 PUSH_ROWS = "push_rows"          # {chunk} + row ids (int64, unique, sorted) + their gradient rows
 PULL_ROWS = "pull_rows"          # {chunk} + row ids; reply carries their rows
 SET_ROWS = "set_rows"            # {chunk} + row ids (int64, unique, sorted) + their new values
+# Dynamic rows (kvstore.server.dyntables): ids in [0, 2**63) on server splitmix64(id) % S
+INIT_DYN = "init_dyn"            # {chunk, servers, spec: DynamicRows wire}, no buffers
+PUSH_DYN = "push_dyn"            # {chunk} + ids (int64, unique, sorted) + their gradient rows
+PULL_DYN = "pull_dyn"            # {chunk} + ids; reply carries their rows (initial values for ids with none)
+DYN_STATS = "dyn_stats"          # {chunk}; reply {stats: {rows, created, evicted, hits, misses, ...}}
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
                       GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
-                      PULL_ROWS, SET_ROWS})
+                      PULL_ROWS, SET_ROWS, INIT_DYN, PUSH_DYN, PULL_DYN, DYN_STATS})
 # requests that contribute to rounds: only members of an elastic job send them
-PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS})
+PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS, PUSH_DYN})
 
 # Answered by the server node, not its state machine (kvstore.server.commands):
 COMMAND = "command"              # {head, body}: MXNet's _send_command_to_servers; reply {result}

@@ -19,8 +19,9 @@ from .rounds import Chunk
 
 
 def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
-         to_numpy: Callable, meta: dict) -> dict:
-    """The snapshot of a server ``name`` (its mode, slots, chunks and optimizer)."""
+         to_numpy: Callable, meta: dict, dyn_tables: list | None = None) -> dict:
+    """The snapshot of a server ``name`` (its mode, slots, chunks and optimizer, and
+    its dynamic row tables: kvstore.server.dyntables' snapshot)."""
     states = optimizer.updater.get_states() if optimizer.updater is not None else {}
     entries = []
     for cid, chunk in chunks.items():
@@ -29,18 +30,19 @@ def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
                         None if entry is None else int(entry["t"]),
                         [] if entry is None else [to_numpy(x).tobytes() for x in entry["state"]]])
     return {"server": name, "mode": mode, "num_workers": num_workers, "optimizer": optimizer.config(),
-            "meta": dict(meta), "chunks": entries}
+            "meta": dict(meta), "chunks": entries, "dyn_tables": list(dyn_tables or [])}
 
 
 @dataclass
 class Restored:
     """What a snapshot gives back: the server's mode and slots, its chunks, the
-    checkpoint's meta and (id, step)."""
+    checkpoint's meta and (id, step), and its dynamic row tables (as taken)."""
     mode: str | None
     num_workers: int | None
     chunks: dict
     meta: dict
     checkpoint: tuple
+    dyn_tables: list
 
 
 def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callable) -> Restored:
@@ -60,4 +62,4 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
             states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=dt).copy() for b in state]}
     optimizer.restore(config, states)
     return Restored(snap["mode"], snap["num_workers"], chunks, dict(snap.get("meta") or {}),
-                    (snap.get("checkpoint"), snap.get("step", 0)))
+                    (snap.get("checkpoint"), snap.get("step", 0)), list(snap.get("dyn_tables") or []))

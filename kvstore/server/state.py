@@ -15,7 +15,8 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
   kvstore.server.writein), ``async`` applies each push on arrival
   (kvstore.server.asyncmode), ``ssp`` too, holding reads within a staleness bound
   (kvstore.server.staleness);
-- row-sparse tables: kvstore.server.tables;
+- row-sparse tables: kvstore.server.tables; dynamic rows (created on first push,
+  evicted): kvstore.server.dyntables;
 - the optimizer and its state: kvstore.server.optimizer_slot; checkpoints as
   data: kvstore.server.snapshot;
 - an elastic job's members: kvstore.server.members; rounds that wait long:
@@ -41,6 +42,7 @@ from .stalls import StallInspector
 from .staleness import Staleness
 from .sync import Sync
 from .tables import RowTables
+from .dyntables import DynTables
 
 
 class ServerState:
@@ -68,6 +70,7 @@ class ServerState:
         self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.optimizer_slot)
         self.members = Members()           # an elastic job's members (set_members)
         self.rows = RowTables(self.table, self)   # row-sparse keys (kvstore.server.tables)
+        self.dyn = DynTables(self.table, self)    # dynamic rows (kvstore.server.dyntables)
         self.stalls = StallInspector()
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
@@ -87,6 +90,10 @@ class ServerState:
             ops.PUSH_ROWS: self.rows.on_push,
             ops.PULL_ROWS: self.rows.on_pull,
             ops.SET_ROWS: self.rows.on_set,
+            ops.INIT_DYN: self.dyn.on_init,
+            ops.PUSH_DYN: self.dyn.on_push,
+            ops.PULL_DYN: self.dyn.on_pull,
+            ops.DYN_STATS: self.dyn.on_stats,
             ops.SET_OPTIMIZER: self._on_set_optimizer,
             ops.GET_STATES: self._on_get_states,
             ops.SET_STATES: self._on_set_states,
@@ -237,7 +244,12 @@ class ServerState:
 
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
+        before = self.updater
         self.optimizer.set(header)
+        if self.updater is not before:          # a new optimizer: fresh state
+            self.dyn.optimizer_changed(True, 1.0)
+        elif header.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
+            self.dyn.optimizer_changed(False, float(header.get("state_scale", 1.0)))
         return [ok(peer, header["id"])]
 
     def _on_get_states(self, peer, header, arrays):
@@ -262,7 +274,7 @@ class ServerState:
         """Everything acknowledged so far (kvstore.server.snapshot): values after
         their last applied round, the optimizer and its state."""
         return _snapshot.take(self.name, self.mode, self.num_workers, self.table.chunks, self.optimizer,
-                              self.backend.to_numpy, meta)
+                              self.backend.to_numpy, meta, self.dyn.snapshot())
 
     def restore(self, snap: dict) -> None:
         """Start from a checkpoint: the next init of a restored chunk keeps the
@@ -272,6 +284,7 @@ class ServerState:
                 self.backend.upload(host, out=out)
         restored = _snapshot.load(snap, self.optimizer, self.table.alloc, upload)
         self.table.restore(restored.chunks)
+        self.dyn.restore(restored.dyn_tables)
         self.mode, self.num_workers = restored.mode, restored.num_workers
         if restored.mode is not None and restored.num_workers is not None \
                 and not MODES[restored.mode].bounded:   # dist_ssp's bound comes with the next configure
@@ -292,7 +305,8 @@ class ServerState:
         if self.consistency is None:
             return []
         with self.backend.scope():
-            return self.consistency.workers_finished() + self.rows.workers_finished()
+            return self.consistency.workers_finished() + self.rows.workers_finished() + \
+                self.dyn.workers_finished()
 
     def set_members(self, epoch: int, ranks) -> list[Reply]:
         """The elastic job's members as of ``epoch`` (the scheduler's count of changes;
@@ -322,6 +336,7 @@ class ServerState:
                 if isinstance(mode, Sync):
                     replies += mode.left(worker, message)
                 replies += self.rows.leave(worker, message)
+                replies += self.dyn.leave(worker, message)
                 if mode is not None and not isinstance(mode, Sync):
                     replies += mode.left(worker, message)
         return replies
@@ -334,5 +349,5 @@ class ServerState:
         mode = self.consistency
         if mode is None or self.num_workers is None:
             return []
-        rounds = list(mode.queued_rounds()) + list(self.rows.queued_rounds())
+        rounds = list(mode.queued_rounds()) + list(self.rows.queued_rounds()) + list(self.dyn.queued_rounds())
         return self.stalls.stalled(now, after, rounds, self.num_workers) + mode.stalled(now, after)

@@ -229,7 +229,7 @@ class RowTables:
         still parked get ``message``; the rounds that complete are applied."""
         replies = []
         for cid, table in self.tables.items():
-            chunk = self.table.chunks[cid]
+            _, chunk = self._table(cid)
             for rnd in table.rounds:
                 replies += [Reply(peer, error_header(rid, "RemoteError", message))
                             for peer, rid, w in rnd.acks if w == worker]

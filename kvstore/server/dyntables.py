@@ -1,0 +1,199 @@
+"""Dynamic row tables on one server (kvstore.dynrows): the rows it holds of each
+:class:`~kvstore.DynamicRows` key, created on first push and evicted by age or
+budget. A collaborator of :class:`~kvstore.server.state.ServerState`, pure as well.
+
+It is :class:`~kvstore.server.tables.RowTables` with another store under the
+rounds: the same sync rounds (one push from every worker, merged in rank order),
+parked pulls, failed rounds of finished workers, elastic leaves and stall lines,
+and async pushes applied on arrival; but a table's rows live in a
+:class:`~kvstore.dyntable.DynTable` (an id -> slot map over a growable slab),
+not in a chunk of the :class:`~kvstore.server.chunks.ChunkTable`, and a row id is
+any int64 in [0, 2**63) that hashes to this server (:func:`kvstore.dynrows.owner`).
+
+A round that would pass the budget with eviction off fails with an
+InvalidArgumentError naming the key, the server, the budget and the count, and
+changes nothing (each worker of the round gets it); so does an optimizer error.
+Checkpoints carry the tables (:meth:`DynTables.snapshot`, :meth:`DynTables.restore`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import sparse
+from ..dynrows import DynamicRows, owner
+from ..dyntable import DynTable
+from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
+from ..protocol import chunk_label, error_header
+from ..storetypes import NO_ROWS_IN_SSP
+from .requests import ok
+from .rounds import Chunk, Reply, is_int
+from .tables import RowTables, Table
+
+
+@dataclass(frozen=True)
+class HashLayout:
+    """What the rounds read of a table's layout: ``width``, and ``local(ids)``, which
+    checks that each id is in [0, 2**63) and hashes to this server, and returns them
+    (a dynamic table is addressed by id)."""
+    width: int
+    server: int
+    servers: int
+
+    def local(self, rows: np.ndarray, what: str) -> np.ndarray:
+        rows = np.asarray(rows)
+        if rows.dtype != np.int64 or rows.ndim != 1:
+            raise InvalidArgumentError(f"{what}: row ids must be a 1-d int64 array, got {rows.dtype}{rows.shape}")
+        bad = np.flatnonzero(rows < 0)
+        if not len(bad):
+            bad = np.flatnonzero(owner(rows, self.servers) != self.server)
+        if len(bad):
+            raise InvalidArgumentError(f"{what}: row id {int(rows[bad[0]])} is not one of this server's rows "
+                                       f"(server {self.server} of {self.servers}, dynamic rows: ids in "
+                                       "[0, 2**63) placed by splitmix64(id) % servers)")
+        return rows
+
+
+@dataclass
+class DynRecord(Table):
+    """A table's rounds (as :class:`~kvstore.server.tables.Table`) and its rows."""
+    rows: DynTable | None = None
+    spec: DynamicRows | None = None
+    dtype_of: Chunk = field(default_factory=lambda: Chunk(np.zeros(0, np.float32)))   # its dtype, for the rounds
+
+
+class DynTables(RowTables):
+    """The dynamic tables of this server (``tables``: chunk id -> DynRecord), and
+    those restored from a checkpoint that wait for their init (``restored``)."""
+
+    def __init__(self, table, job):
+        super().__init__(table, job)
+        self.restored: dict[tuple, dict] = {}     # chunk id -> [spec wire, DynTable snapshot]
+
+    # -- requests ----------------------------------------------------------------------
+    def on_init(self, peer, header, arrays) -> list[Reply]:
+        cid = self._cid(header)
+        if not self._mode().takes_rows:
+            raise InvalidArgumentError(NO_ROWS_IN_SSP)
+        servers, server = header["servers"], cid[1]
+        if not (is_int(servers) and 0 <= server < servers) or arrays:
+            raise ProtocolError("init_dyn needs servers (the job's count) and a spec, and carries no buffers")
+        spec = DynamicRows.from_wire(header["spec"])
+        if cid in self.tables or cid in self.table.chunks:
+            raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
+        label = f"key {cid[0]!r} on {self.table.name}"
+        if cid in self.restored:       # resumed: the checkpoint's rows, for the same spec
+            saved, snap = self.restored[cid]
+            if saved != spec.to_wire():
+                raise InvalidArgumentError(f"{chunk_label(cid)}: the checkpoint holds {DynamicRows.from_wire(saved).describe()}"
+                                           f", init asks for {spec.describe()}")
+            rows = DynTable.restore(spec, label, snap)
+            del self.restored[cid]
+        else:
+            rows = DynTable(spec, label)
+        self.tables[cid] = DynRecord(HashLayout(spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
+                                     dtype_of=Chunk(np.zeros(0, spec.dtype)))
+        return [ok(peer, header["id"])]
+
+    def on_set(self, peer, header, arrays) -> list[Reply]:
+        raise InvalidArgumentError(f"{chunk_label(self._cid(header))} holds dynamic rows: they are made by "
+                                   "pushes, not assigned")
+
+    def on_stats(self, peer, header, arrays) -> list[Reply]:
+        """The table's counters, after the sender's pushes (parked as a pull is)."""
+        worker = self.state.worker(header)
+        cid = self._cid(header)
+        table, _ = self._table(cid)
+        if arrays:
+            raise ProtocolError("dyn_stats carries no buffers")
+        if not self._mode().applies_on_arrival and table.pending_from(worker):
+            table.pulls.append((peer, header["id"], worker, None))
+            return []
+        return [self._stats_reply(peer, header["id"], table)]
+
+    # -- what RowTables' rounds call ----------------------------------------------------
+    def _table(self, cid) -> tuple[Table, Chunk]:
+        table = self.tables.get(cid)
+        if not isinstance(table, DynRecord):
+            raise InvalidArgumentError(f"{chunk_label(cid)} holds no dynamic rows on {self.table.name}: "
+                                       "init the key with kvstore.DynamicRows first")
+        return table, table.dtype_of
+
+    def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
+        assert isinstance(table, DynRecord) and table.rows is not None
+        updater = self.state.updater
+        table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
+
+    def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
+        # RowTables' loop, with a refused round answered as what it is (InvalidArgumentError)
+        replies = []
+        while table.rounds and len(table.rounds[0].parts) == self.state.num_workers:
+            rnd = table.rounds.pop(0)
+            parts = [rnd.parts[w] for w in sorted(rnd.parts)]
+            rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
+            kind = error = None
+            try:
+                self._apply(cid, table, chunk, rows, data)
+            except KVStoreError as e:
+                kind, error = type(e).__name__, str(e)
+            except Exception as e:   # an optimizer failure must not leave workers waiting
+                kind = "RemoteError"
+                error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
+            replies += [Reply(peer, error_header(rid, kind, error)) if error
+                        else ok(peer, rid) for peer, rid, _ in rnd.acks]
+            replies += self._release_pulls(table, chunk)
+        return replies
+
+    def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
+        assert isinstance(table, DynRecord) and table.rows is not None
+        if local is None:                   # a parked dyn_stats
+            return self._stats_reply(peer, req_id, table)
+        return ok(peer, req_id, [table.rows.read(local)])
+
+    @staticmethod
+    def _stats_reply(peer, req_id, table: Table) -> Reply:
+        assert isinstance(table, DynRecord) and table.rows is not None
+        return ok(peer, req_id, stats=table.rows.stats())
+
+    # -- the optimizer changed ------------------------------------------------------------
+    def optimizer_changed(self, fresh: bool, scale: float) -> None:
+        """``fresh``: a new optimizer (state made again); else ``scale`` multiplies the state."""
+        for record in self._records():
+            if fresh:
+                record.reset_state()
+            else:
+                record.scale_state(scale)
+
+    def _records(self) -> list[DynTable]:
+        return [t.rows for t in self.tables.values() if isinstance(t, DynRecord) and t.rows is not None]
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def snapshot(self) -> list:
+        """``[[key, server, spec, table], ...]``: every table after its last applied round
+        (and the restored ones not initialised again yet)."""
+        out = []
+        for cid, record in self.tables.items():
+            assert isinstance(record, DynRecord) and record.spec is not None and record.rows is not None
+            out.append([cid[0], cid[1], record.spec.to_wire(), record.rows.snapshot()])
+        out += [[cid[0], cid[1], spec, snap] for cid, (spec, snap) in self.restored.items()]
+        return out
+
+    def restore(self, entries: list) -> None:
+        """Start from a checkpoint's tables: each waits for its key's init (same spec)."""
+        self.tables.clear()
+        self.restored = {(key, index): (spec, snap) for key, index, spec, snap in entries}
+
+    def summary(self) -> list[str]:
+        """One line per table for the server's log."""
+        lines = []
+        for cid, record in self.tables.items():
+            if isinstance(record, DynRecord) and record.rows is not None:
+                s = record.rows.stats()
+                looked = s["hits"] + s["misses"]
+                rate = f"{s['hits'] / looked:.4f}" if looked else "n/a"
+                lines.append(f"dynamic rows of {chunk_label(cid)}: {s['rows']} rows, {s['created']} created, "
+                             f"{s['evicted']} evicted ({s['evicted_by_age']} by age, {s['evicted_by_budget']} "
+                             f"by budget), hit rate {rate} over {looked} ids pulled, {s['rounds']} rounds")
+        return lines
