@@ -22,6 +22,13 @@ part share one learning rate, and the wide logit sums hundreds of rows, so its
 effective step is the learning rate times the feature value squared times the
 crosses an image has.
 
+--dynamic makes the wide part a table of dynamic rows (kvstore.DynamicRows): a
+cross's row id is the cross itself, exact (no hashing, no collisions: the id space
+is 2**63), its row is created by the first push that names it and evicted when
+not updated for --evict-after rounds or when a server passes --row-budget rows
+(the least recently updated go first). The table's counters (rows, created,
+evicted, hit rate) are logged after training.
+
 --batch-size is per worker, and each worker's batch is its slice of a global batch
 (datasets.global_batches), so `--kvstore local --batch-size 128` takes exactly the
 steps of 2 workers with --batch-size 64. --save-params writes the deep parameters
@@ -29,6 +36,7 @@ and the table's nonzero rows after training (torch.save of tensors only).
 """
 
 import argparse
+import logging
 import os
 import sys
 
@@ -49,20 +57,23 @@ WIDE_KEY = "wide"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)   # 2**64 / golden ratio: Knuth's multiplicative hash
 
 
-def hashed_crosses(images: np.ndarray, levels: int, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def hashed_crosses(images: np.ndarray, levels: int, num_rows: int | None) -> tuple[np.ndarray, np.ndarray]:
     """The crosses of ``images`` (N, 1, H, W) in [0, 1] as EmbeddingBag input: table
     rows ``ids`` (int64) and ``offsets`` (image i's rows are ids[offsets[i]:offsets[i+1]]).
     A cross is (pair of adjacent pixels, level of each); the two-background crosses
-    are left out; the rest are hashed into [0, num_rows)."""
+    are left out; the rest are hashed into [0, num_rows), or with ``num_rows`` None
+    (a table of dynamic rows) each is its own exact id."""
     q = np.minimum((images[:, 0] * levels).astype(np.int64), levels - 1)
     crosses = np.concatenate([(q[:, :, :-1] * levels + q[:, :, 1:]).reshape(len(q), -1),     # horizontal
                               (q[:, :-1, :] * levels + q[:, 1:, :]).reshape(len(q), -1)],    # vertical
                              axis=1)
     keep = crosses != 0
     features = (np.arange(crosses.shape[1]) * levels * levels + crosses)[keep].astype(np.uint64)
+    offsets = np.concatenate(([0], np.cumsum(keep.sum(axis=1))[:-1]))
+    if num_rows is None:
+        return features.astype(np.int64), offsets.astype(np.int64)
     with np.errstate(over="ignore"):          # the hash multiplies modulo 2**64
         ids = ((features * _GOLDEN) >> np.uint64(16)) % np.uint64(num_rows)
-    offsets = np.concatenate(([0], np.cumsum(keep.sum(axis=1))[:-1]))
     return ids.astype(np.int64), offsets.astype(np.int64)
 
 
@@ -76,7 +87,8 @@ class WideDeep(torch.nn.Module):
         self.wide, self.deep, self.levels, self.cross_value = wide, deep, levels, cross_value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ids, offsets = hashed_crosses(x.detach().cpu().numpy(), self.levels, self.wide.num_rows)
+        num_rows = None if self.wide.dynamic else self.wide.num_rows
+        ids, offsets = hashed_crosses(x.detach().cpu().numpy(), self.levels, num_rows)
         ids, offsets = torch.from_numpy(ids).to(x.device), torch.from_numpy(offsets).to(x.device)
         values = torch.full(ids.shape, self.cross_value, dtype=x.dtype, device=x.device)
         return self.wide(ids, offsets, per_sample_weights=values) + self.deep(x)
@@ -115,6 +127,11 @@ def main(argv=None):
     add("--wide-rows", type=int, default=1 << 22, help="rows of the hashed wide table")
     add("--cross-value", type=float, default=0.3, help="the feature value of each cross")
     add("--save-params", default=None, help="after training, save the parameters to this file")
+    add("--dynamic", action="store_true", help="the wide part: dynamic rows keyed by the exact cross "
+        "(created on first push, evicted), not a hashed table of --wide-rows")
+    add("--row-budget", type=int, default=None, help="with --dynamic: the most rows a server holds")
+    add("--evict-after", type=int, default=None, help="with --dynamic: evict rows not updated for this "
+        "many rounds")
     parser.set_defaults(network="lenet", num_epochs=3, lr=0.05, batch_size=64, disp_batches=100,
                         lr_step_epochs="2", lr_factor=0.2, wd=1e-4)
     args = parser.parse_args(argv)
@@ -122,6 +139,11 @@ def main(argv=None):
         parser.error("--model-prefix/--load-epoch save the dense parameters only, not the wide table "
                      "(it lives on the servers): checkpoint the servers instead (KVSTORE_CHECKPOINT_DIR, "
                      "docs/configuration.md), or save the table with ShardedEmbedding.save_table")
+    if not args.dynamic and (args.row_budget is not None or args.evict_after is not None):
+        parser.error("--row-budget and --evict-after are for --dynamic")
+    if args.dynamic and args.save_params:
+        parser.error("--save-params lists the table's nonzero rows by id: a table of dynamic rows (ids up to "
+                     "2**63) cannot; checkpoint the servers instead (KVSTORE_CHECKPOINT_DIR)")
     if args.levels < 2 or args.wide_rows < 1:
         parser.error(f"--levels must be >= 2 and --wide-rows >= 1, got {args.levels} and {args.wide_rows}")
     setup_logging()
@@ -133,13 +155,23 @@ def main(argv=None):
                                                           args.num_examples, sampler=global_batches)
     device = get_device(args)
     kv = kvstore.create(args.kvstore)
-    wide = kvtorch.ShardedEmbedding(args.wide_rows, NUM_CLASSES, kv, key=WIDE_KEY, init=("zeros", 0.0),
-                                    mode="sum", seed=args.seed)
+    if args.dynamic:
+        rows = kvstore.DynamicRows(NUM_CLASSES, init=("zeros", 0.0), seed=args.seed, budget=args.row_budget,
+                                   evict_after=args.evict_after)
+        wide = kvtorch.ShardedEmbedding(None, NUM_CLASSES, kv, key=WIDE_KEY, init=rows, mode="sum")
+    else:
+        wide = kvtorch.ShardedEmbedding(args.wide_rows, NUM_CLASSES, kv, key=WIDE_KEY, init=("zeros", 0.0),
+                                        mode="sum", seed=args.seed)
     deep = get_network(args.network, NUM_CLASSES, args.num_layers, image_shape=(1, 28, 28))
     model = WideDeep(wide, deep, args.levels, args.cross_value).to(device)
     steps = batches_per_epoch(num_train, args.batch_size, kv.num_workers)
     trainer = kvtorch.Trainer(model.named_parameters(), kv, make_optimizer(args, steps, kv))   # str keys, as "wide"
     val_acc = train_epochs(args, kv, model, trainer, train_batches, val_batches, device, after_step=wide.step)
+    if args.dynamic:
+        s = kv.row_stats(WIDE_KEY)
+        logging.info("Wide-rows=%d Max-rows-per-server=%d Created=%d Evicted=%d (age %d, budget %d) "
+                     "Hit-rate=%s", s["rows"], s["max_rows"], s["created"], s["evicted"], s["evicted_by_age"],
+                     s["evicted_by_budget"], "n/a" if s["hit_rate"] is None else f"{s['hit_rate']:.4f}")
     if args.save_params:
         save_params(args.save_params, kv, model)
     trainer.close()

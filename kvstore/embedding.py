@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .dynrows import ID_LIMIT, DynamicRows
 from .rowinit import RowInit
 from .sparse import RowSparse
 
@@ -38,7 +39,12 @@ class ShardedEmbedding(torch.nn.Module):
 
     ``init`` is ``(kind, scale)`` for a :class:`~kvstore.RowInit` made on the
     servers ("zeros", "normal" or "uniform"; ``seed`` picks the stream), or
-    ``None`` when the key is already initialised. Call :meth:`step` once per
+    ``None`` when the key is already initialised. ``init`` a
+    :class:`~kvstore.DynamicRows` (whose row shape is ``(dim,)``) makes a table of
+    dynamic rows: ids are any int64 in [0, 2**63), rows are made by the first push
+    and evicted (``num_rows`` None; also ``num_rows=None`` with ``init=None`` for such
+    a key made already); its state_dict and save_table are refused (its rows
+    travel in the servers' checkpoints). Call :meth:`step` once per
     training step, after ``backward``: it pushes every forward's gradient rows
     since the last step as one push (MXNet's sparse push)."""
 
@@ -47,10 +53,18 @@ class ShardedEmbedding(torch.nn.Module):
         super().__init__()
         if mode not in (None, "sum", "mean", "max"):
             raise ValueError(f"ShardedEmbedding: mode must be None, 'sum', 'mean' or 'max', got {mode!r}")
+        self.dynamic = num_rows is None or isinstance(init, DynamicRows)
+        if self.dynamic:
+            if num_rows not in (None, ID_LIMIT) or (isinstance(init, DynamicRows) and init.row_shape != (int(dim),)):
+                raise ValueError(f"ShardedEmbedding {key!r}: a table of dynamic rows has num_rows None and "
+                                 f"rows of ({dim},), got num_rows {num_rows} and {init!r}")
+            num_rows = ID_LIMIT
         self.num_rows, self.dim, self.kv, self.key, self.mode = int(num_rows), int(dim), kv, key, mode
         self.dtype = dtype
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # (rows, leaf) since step()
-        if init is not None:
+        if isinstance(init, DynamicRows):
+            kv.init(key, init)
+        elif init is not None:
             kind, scale = init
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype.name
             kv.init(key, RowInit(kind, scale, (self.num_rows, self.dim), np_dtype, seed))
@@ -85,6 +99,7 @@ class ShardedEmbedding(torch.nn.Module):
         """Yield ``(start, rows)``: the table's rows ``start ...`` as a tensor, pulled
         from the servers one piece at a time (``piece_rows`` rows, by default about
         64 MB), so that no more than a piece is in memory at once."""
+        self._refuse_dynamic("its rows")
         store, step = self._store(), self._piece_rows(piece_rows)
         for start in range(0, self.num_rows, step):
             ids = torch.arange(start, min(start + step, self.num_rows), dtype=torch.int64)
@@ -109,7 +124,14 @@ class ShardedEmbedding(torch.nn.Module):
         piece). Collective, like :meth:`load_state_dict`: every worker calls it."""
         self._assign(np.load(path, mmap_mode="r"), path, piece_rows)
 
+    def _refuse_dynamic(self, what: str) -> None:
+        if self.dynamic:
+            raise RuntimeError(f"ShardedEmbedding {self.key!r} holds dynamic rows (ids up to 2**63, made by "
+                               f"pushes): {what} cannot be listed or loaded as a table; the servers' "
+                               "checkpoints (KVSTORE_CHECKPOINT_DIR) carry them")
+
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        self._refuse_dynamic("state_dict")
         # the whole table as "weight" (nn.Embedding's name): pulled piece by piece, but
         # a state_dict holds tensors, so it is in memory at once; save_table streams
         weight = torch.empty((self.num_rows, self.dim), dtype=self.dtype)
@@ -119,6 +141,7 @@ class ShardedEmbedding(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
+        self._refuse_dynamic("load_state_dict")
         name = prefix + "weight"
         if name not in state_dict:
             if strict:
@@ -137,6 +160,7 @@ class ShardedEmbedding(torch.nn.Module):
         not) to the servers piece
         by piece: rank 0 sends, between two barriers, so that every worker reads the
         loaded table after and no step of anyone's is half applied during."""
+        self._refuse_dynamic(what)
         store, step = self._store(), self._piece_rows(piece_rows)
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"ShardedEmbedding {self.key!r}: {what} holds a {tuple(weight.shape)} table, "
