@@ -14,6 +14,7 @@ from tracker.control import env as _env
 from tracker.control.security import Security
 
 from .errors import ConfigError
+from .transport import registry
 
 
 @dataclass(frozen=True, repr=False)   # Settings' repr: it never prints the secret
@@ -27,6 +28,10 @@ class Config(_env.Settings):
     # by pushpull, 1.6 ms written in); tests lower it
     write_in_bytes: int = 1 << 20
     exit_on_abort: bool = True   # not from the environment: in-process tests turn it off
+
+    def __post_init__(self):
+        # tracker checks only KVSTORE_TRANSPORT's syntax: the names are kvstore's registry's
+        registry.check(self.transport)
 
     def security(self) -> Security:
         """How this process's sockets authenticate (see tracker.control.security)."""

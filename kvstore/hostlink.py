@@ -69,7 +69,7 @@ class HostLink:
         self._sock.close(linger=0)
         self._sock = self._socket(zmq.DEALER)
         self._security.connect(self._sock)
-        self._sock.connect(advert.ipc or advert.tcp)
+        self._sock.connect(advert.url("ipc") or advert.url("tcp"))
 
     def ready(self, timeout: float) -> bool:
         """Whether a message is waiting (after up to ``timeout`` seconds)."""

@@ -227,7 +227,7 @@ def test_channels_carry_large_messages_over_tcp_unless_off_or_encrypted(make_clu
         assert channels == [used, used]
         assert stats["bytes_sent"] >= 2 * N * 4 and stats["bytes_received"] >= 2 * N * 4
     for node in cluster.nodes:
-        assert (len(node._data._channels) == 2) == used
+        assert (len(node._data.endpoints["tcp"]._channels) == 2) == used
 
 
 def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
@@ -240,7 +240,7 @@ def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
 
     def break_on_pushpull(peer, header, arrays):
         if header["op"] == "pushpull" and header["src"] == 0:
-            data._channels[peer]._break(ConnectionError("cut by the test"))
+            data.endpoints["tcp"]._channels[peer]._break(ConnectionError("cut by the test"))
         return intercept(peer, header, arrays)
     data.intercept = break_on_pushpull
 
@@ -263,10 +263,10 @@ def test_a_worker_that_cannot_open_a_channel_stays_on_zeromq(make_cluster, caplo
     refuses the connection makes the worker log why: either way the job runs on
     ZeroMQ alone, with the same sums."""
     cluster = make_cluster(2, 2, transport="tcp", chunk_bytes=16384, channel_bytes=16384)
-    data = cluster.nodes[1]._data
-    data._listener.close()                  # the port stops accepting connections
+    tcp = cluster.nodes[1]._data.endpoints["tcp"]
+    tcp._listener.close()                   # the port stops accepting connections
     if how == "no listener":
-        data._listener = None
+        tcp._listener = None
     with caplog.at_level(logging.WARNING, logger="kvstore.transport.links.tcp_link"):
         for out, channels, _ in cluster.run(pushpull_twice):
             np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))

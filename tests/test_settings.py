@@ -139,7 +139,7 @@ def copied_defaults(tree: ast.AST) -> list[str]:
 def test_no_default_of_the_table_is_written_again(path):
     found = copied_defaults(ast.parse(path.read_text(), filename=str(path)))
     assert not found, ("read these from tracker/control/env.py (env.default(NAME), Settings, "
-                       f"env.TRANSPORTS): {found}")
+                       f"env.SERVER_DEVICES): {found}")
 
 
 def test_the_copy_finder_finds_copies():
@@ -148,6 +148,6 @@ def test_the_copy_finder_finds_copies():
                      "class C:\n    transport: str = 'auto'\n"
                      "x = environ.get('KVSTORE_LOG_LEVEL') or 'INFO'\n"
                      "y = environ.get('KVSTORE_HEARTBEAT_TIMEOUT', 10.0)\n"
-                     "MODES = ('tcp', 'ipc', 'shm', 'auto')\n"
+                     "DEVICES = ('gpu', 'cpu')\n"
                      "ok = environ.get('KVSTORE_TIMEOUT', 30.0), f(timeout=1.0)\n")
     assert len(copied_defaults(tree)) == 6, copied_defaults(tree)

@@ -26,9 +26,11 @@ needs_memfd = pytest.mark.skipif(not shm.available(), reason="no memfd_create on
 
 # -- adverts and the choice of endpoint -------------------------------------------------------
 def test_advert_round_trip_and_bare_urls():
-    a = Advert("tcp://127.0.0.1:5000", "ipc://@kvstore-ab", "h1", 42)
+    a = Advert({"tcp": {"url": "tcp://127.0.0.1:5000"}, "ipc": {"url": "ipc://@kvstore-ab"}, "shm": {}},
+               "h1", 42)
+    assert a.format() == "tcp://127.0.0.1:5000 ipc://@kvstore-ab shm host=h1 pid=42"
     assert Advert.parse(a.format()) == a
-    assert Advert.parse("tcp://10.0.0.1:7") == Advert("tcp://10.0.0.1:7")
+    assert Advert.parse("tcp://10.0.0.1:7") == Advert({"tcp": {"url": "tcp://10.0.0.1:7"}})
     assert Advert.parse("tcp://h:1 future=word pid=x host=h2").host == "h2"   # unknown words ignored
 
 
@@ -45,14 +47,14 @@ def choose(advert, mode, local):
     ("auto", "h2", ("tcp://a:1", "tcp")), ("ipc", "h2", ("tcp://a:1", "tcp")),
 ])
 def test_choice_follows_mode_and_host(mode, local, expected):
-    assert choose(Advert("tcp://a:1", "ipc://@x", "h1", 1), mode, local) == expected
+    assert choose(Advert.parse("tcp://a:1 ipc://@x shm host=h1 pid=1"), mode, local) == expected
 
 
 def test_a_server_without_ipc_or_host_is_reached_over_tcp():
-    assert choose(Advert("tcp://a:1", None, "h1"), "ipc", "h1") == ("tcp://a:1", "tcp")
-    assert choose(Advert("tcp://a:1"), "auto", HOST) == ("tcp://a:1", "tcp")
+    assert choose(Advert.parse("tcp://a:1 shm host=h1"), "ipc", "h1") == ("tcp://a:1", "tcp")
+    assert choose(Advert.parse("tcp://a:1"), "auto", HOST) == ("tcp://a:1", "tcp")
     with pytest.raises(ValueError):      # ConfigError, a ValueError
-        choose(Advert("tcp://a:1"), "udp", HOST)
+        choose(Advert.parse("tcp://a:1"), "udp", HOST)
 
 
 # -- codec: buffers by reference ------------------------------------------------------------
@@ -338,7 +340,7 @@ def test_a_tcp_only_server_and_an_auto_worker_agree_on_tcp(make_cluster):
 def test_host_labels_split_one_machine_into_hosts():
     ids = {endpoints.host_identity(label) for label in ("", "host0", "host1")}
     assert len(ids) == 3 and endpoints.host_identity("host0") == endpoints.host_identity("host0")
-    advert = Advert("tcp://a:1", "ipc://@x", endpoints.host_identity("host0"), 1)
+    advert = Advert.parse(f"tcp://a:1 ipc://@x shm host={endpoints.host_identity('host0')} pid=1")
     assert choose(advert, "auto", endpoints.host_identity("host0")) == ("tcp://a:1", "shm")
     assert choose(advert, "ipc", endpoints.host_identity("host1")) == ("tcp://a:1", "tcp")
 

@@ -1,28 +1,36 @@
-"""The server's side of the transports, kept out of the I/O loop.
+"""The server's side of the transports: the registered endpoints, composed.
 
-:class:`~kvstore.server.node.ServerNode` calls it at five points: to bind its
-socket (:meth:`DataPlane.bind`), to allocate values and sums (:meth:`alloc`: in
-shared memory, so that co-located workers can read results in place), to decode
-a request (:meth:`decode`: buffers a co-located worker left in its own shared
-memory become views on it), to answer transport requests (:meth:`intercept`:
-``hello``, ``channel``), and to send a reply (:meth:`reply`: values in shared
-memory are sent as references when the request asked for that; replies a worker
-asked for on its data channel go there). Over ZeroMQ on tcp and ipc buffers
-travel as frames.
+:class:`~kvstore.server.node.ServerNode` calls it at five points, and it hands each
+to the endpoints of the transports this server serves
+(:mod:`kvstore.transport.registry`, from ``KVSTORE_TRANSPORT`` on; one
+:class:`~kvstore.transport.endpoints.Endpoint` per transport): to bind its socket
+and make the advert (:meth:`DataPlane.bind`: each endpoint binds what it needs and
+adds its fields under its name), to allocate values and sums (:meth:`alloc`: in
+the memory an endpoint shares with co-located workers, if one does), to decode a
+request (:meth:`decode`: references resolved by the endpoint that reads them), to
+answer the transports' own handshake requests (:meth:`intercept`: each op to the
+endpoint that :attr:`~kvstore.transport.endpoints.Endpoint.answers` it; every
+request is first noted by each endpoint), and to send a reply (:meth:`reply`:
+encoded by the first endpoint that encodes it its own way, sent by the first
+that sends it its own way, else plain frames on the ROUTER socket).
 """
 
 from __future__ import annotations
 
-import logging
 import os
+from typing import Callable
 
 import numpy as np
 
 from ..config import Config
-from ..protocol import decode, encode, error_header, ops
-from ..transport import channel, endpoints, memory, shm
+from ..errors import ConfigError
+from ..protocol import decode, encode
+from ..transport import memory, registry
+from ..transport.endpoints import Advert, Endpoint, host_identity
 
-log = logging.getLogger(__name__)
+
+def _overrides(endpoint: Endpoint, method: str) -> bool:
+    return getattr(type(endpoint), method) is not getattr(Endpoint, method)
 
 
 class DataPlane:
@@ -31,37 +39,43 @@ class DataPlane:
         data = DataPlane(config)
         address = data.bind(router_socket)       # the advert to register
         data.joined(registration.workers)        # the job's workers may share memory
-        state = ServerState(alloc=data.alloc)
+        data.serving(backend)                    # where the values live
+        state = ServerState(alloc=data.alloc, write_in=data.write_in)
     """
 
     def __init__(self, config: Config):
         self.config = config
         if config.malloc_tuning:
             memory.tune(single_arena=True)
-        use_shm = config.transport in ("auto", "shm") and shm.available()
-        self.arena = shm.Arena(f"s{config.rank}") if use_shm else None
-        self._mapper = shm.Mapper()
-        self._shm_replies: set = set()   # (peer, request id) whose reply may point into our memory
-        self._probe = None
-        if self.arena is not None:
-            # kept for the server's lifetime: a worker reads it after our hello reply
-            self._probe = self.arena.alloc(16, np.uint8)
-            self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
-        # data channels (transport.channel): large replies to workers over tcp
-        self._listener = None
-        if config.data_channel and not config.secure:
-            self._listener = channel.Listener(config.node_host, self._accepted,
-                                              name=f"server{config.rank}-channels")
-        self._channels: dict = {}          # peer -> channel.Sender
-        self._channel_replies: dict = {}   # peer -> ids of requests to answer on its channel
-        # whether workers may write into our sums (False when they live on a GPU)
-        self.write_in = self.arena is not None
+        # name -> endpoint, in the registry's order
+        self.endpoints: dict[str, Endpoint] = {
+            name: registry.endpoint(name)(config) for name in registry.chosen(config.transport)}
+        ends = list(self.endpoints.values())
+        self._answers: dict[str, Endpoint] = {}
+        for end in ends:
+            for op in end.answers:
+                self._answers.setdefault(op, end)     # the first in the order answers
+        # only the endpoints that do something at each point are called there
+        self._noting = [e for e in ends if _overrides(e, "note")]
+        self._encoding = [e for e in ends if _overrides(e, "encode")]
+        self._sending = [e for e in ends if _overrides(e, "send")]
+        self.memory = None    # the allocator co-located workers read in place (after bind)
+        self._resolve: Callable[..., np.ndarray] | None = None
 
     def bind(self, sock) -> str:
-        """Bind ``sock`` (tcp, and ipc unless KVSTORE_TRANSPORT=tcp); the advert."""
-        advert = endpoints.bind(sock, self.config.node_host, ipc=self.config.transport != "tcp",
-                                label=self.config.host_label)
-        return advert.format()
+        """Bind ``sock`` for every served transport; the advert of those offered here."""
+        offered = {}
+        for name, end in self.endpoints.items():
+            fields = end.bind(sock)
+            if fields is not None:
+                offered[name] = fields
+        ends = list(self.endpoints.values())
+        self.memory = next((e.memory for e in ends if e.memory is not None), None)
+        resolvers = [e.resolve for e in ends if e.resolve is not None]
+        if len(resolvers) > 1:
+            raise ConfigError("at most one served transport may resolve references in requests")
+        self._resolve = resolvers[0] if resolvers else None
+        return Advert(offered, host_identity(self.config.host_label), os.getpid()).format()
 
     def joined(self, workers) -> None:
         """Accept shared memory from the job's worker processes only: ``workers`` is
@@ -71,92 +85,54 @@ class DataPlane:
             tail = str(worker).rsplit(":", 1)[-1]
             if tail.isdigit():
                 pids.append(int(tail))
-        self._mapper.allow(pids)
+        for end in self.endpoints.values():
+            end.joined(pids)
+
+    def serving(self, backend) -> None:
+        """The server's values live in ``backend``."""
+        for end in self.endpoints.values():
+            end.serving(backend)
+
+    @property
+    def write_in(self) -> bool:
+        """Whether co-located workers may write into the server's sums."""
+        return any(end.write_in for end in self.endpoints.values())
 
     def alloc(self, size: int, dtype) -> np.ndarray:
-        return self.arena.alloc(size, dtype) if self.arena is not None else np.empty(size, dtype)
+        return self.memory.alloc(size, dtype) if self.memory is not None else np.empty(size, dtype)
 
     def in_shared_memory(self, a: np.ndarray) -> bool:
-        return self.arena is not None and self.arena.locate(a) is not None
+        return self.memory is not None and self.memory.locate(a) is not None
 
     def decode(self, body) -> tuple[dict, list]:
-        return decode(body, self.config.max_message_bytes, resolve=self._mapper.view)
-
-    def _accepted(self, peer, sock) -> None:
-        """(Listener thread) ``peer``'s data channel is connected; we only write to it."""
-        def failed(error):
-            # a worker closing its store ends its channel (EOFError); replies still
-            # due to it go through ZeroMQ (reply() checks `broken`)
-            self._channel_replies.pop(peer, None)
-            log.log(logging.DEBUG if isinstance(error, EOFError) else logging.WARNING,
-                    "data channel of worker %s ended: %s", peer.hex(), error)
-        old = self._channels.pop(peer, None)
-        self._channels[peer] = channel.Sender(sock, f"channel-{peer.hex()}", failed)
-        if old is not None:
-            old.close()
+        return decode(body, self.config.max_message_bytes, resolve=self._resolve)
 
     def intercept(self, peer, header: dict, arrays: list):
-        """Note what a request asks of the transport; answer ``hello`` and
-        ``channel`` (returns the reply's (header, arrays)), or None for requests the
-        state machine handles."""
-        if header.get("shm_reply") is True and self.arena is not None:
-            self._shm_replies.add((peer, header["id"]))
-        if header.get("channel") is True and peer in self._channels:
-            self._channel_replies.setdefault(peer, set()).add(header["id"])
-        if header["op"] == ops.CHANNEL:
-            if self._listener is None:
-                return {"op": ops.OK, "id": header["id"], "port": None}, []
-            return {"op": ops.OK, "id": header["id"], "port": self._listener.port,
-                    "token": self._listener.offer(peer)}, []
-        if header["op"] != ops.HELLO:
-            return None
-        nonce = header.get("nonce")
-        # the worker's probe must have come through shared memory and read back right
-        ok = (self.arena is not None and isinstance(header.get("shm"), dict) and len(arrays) == 1
-              and isinstance(nonce, bytes) and arrays[0].tobytes() == nonce)
-        if not ok:
-            return {"op": ops.OK, "id": header["id"], "shm_ok": False}, []
-        return {"op": ops.OK, "id": header["id"], "shm_ok": True, "nonce": self._probe.tobytes(),
-                "sums_writable": self.write_in}, [self._probe]
+        """Let every endpoint note what a request asks of its transport; answer the
+        transports' handshake requests (returns the reply's (header, arrays)), or
+        None for requests the state machine handles."""
+        for end in self._noting:
+            end.note(peer, header)
+        op = header.get("op")
+        owner = self._answers.get(op) if isinstance(op, str) else None
+        return None if owner is None else owner.answer(peer, header, arrays)
 
     def reply(self, peer, header: dict, arrays: list, zmq_send) -> None:
-        """Send a reply: on ``peer``'s data channel when its request asked for that
-        and the channel works, else ``zmq_send(frames)``."""
+        """Send a reply: the way of the first endpoint that takes it, else
+        ``zmq_send(frames)``."""
         frames = self.encode(peer, header, arrays)
-        ids = self._channel_replies.get(peer)
-        if ids is not None and header.get("id") in ids:
-            ids.discard(header["id"])
-            via = self._channels.get(peer)
-            if via is not None and via.broken is None:
-                via.send(frames)
+        for end in self._sending:
+            if end.send(peer, header, frames):
                 return
         zmq_send(frames)
 
     def encode(self, peer, header: dict, arrays: list) -> list:
-        key = (peer, header.get("id"))
-        shared = None
-        if header.get("write_in") is True:
-            # a grant must point into our memory: a copy would swallow the worker's writes
-            self._shm_replies.discard(key)
-            shared = [self.arena.locate(a) if self.arena is not None else None for a in arrays]
-            if any(place is None for place in shared):
-                return encode(error_header(header.get("id"), "InternalError",
-                                           "cannot grant a write: the sum is not in shared memory"))
-            return encode(header, arrays, shared)
-        if key in self._shm_replies:
-            self._shm_replies.discard(key)
-            if arrays:
-                # small values travel in the message (cheaper than a reference), except
-                # the hello reply's probe, which must prove the shared memory works
-                least = 0 if header.get("shm_ok") is True else self.config.zero_copy_bytes
-                shared = [self.arena.locate(a) if a.nbytes >= least else None for a in arrays]
-        return encode(header, arrays, shared)
+        for end in self._encoding:
+            frames = end.encode(peer, header, arrays)
+            if frames is not None:
+                return frames
+        return encode(header, arrays)
 
     def close(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        for via in list(self._channels.values()):
-            via.close()
-        if self.arena is not None:
-            self.arena.close()
-        self._mapper.close()
+        for end in self.endpoints.values():
+            end.close()

@@ -50,7 +50,7 @@ class ServerNode:
         self._sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.copy_threshold = config.zero_copy_bytes
-        self._data = DataPlane(config)             # transports: tcp, ipc, shared memory
+        self._data = DataPlane(config)             # the registered transports' endpoints
         self.address = self._data.bind(self._sock)
         self.membership = Membership(
             role="server", rank=config.rank, addr=self.address, host=config.node_host,
@@ -73,14 +73,14 @@ class ServerNode:
             return 1
         try:
             backend = _backend.for_config(self.config, reg.rank, alloc=self._data.alloc,
-                                          shared=self._data.in_shared_memory, host=self._data.arena)
+                                          shared=self._data.in_shared_memory, host=self._data.memory)
         except _backend.ServerDeviceError as e:
             # the user asked for a GPU: no silent CPU fallback, the job ends naming us
             log.error("server %d cannot start: %s", reg.rank, e)
             self.membership.fail(f"server {reg.rank} cannot start: {e}")
             self._close()
             return 1
-        self._data.write_in = self._data.arena is not None and backend.name == "cpu"
+        self._data.serving(backend)
         self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in)
         self._data.joined(reg.workers)
         self.sequencer = Sequencer(self.state.name)

@@ -1,7 +1,11 @@
 """How bytes move between workers and servers (frames and memory, no keys).
 
-- :mod:`.endpoints`: what a server binds (tcp, and an ipc endpoint for its own
-  host), the advert it registers, the host identity.
+- :mod:`.registry`: THE table of transports, each a pair: the worker's link and
+  the server's endpoint, by name, most preferred first; the valid values of
+  ``KVSTORE_TRANSPORT``.
+- :mod:`.endpoints`: the server's side, one class per transport (what it binds and
+  advertises, the handshakes it answers, how its replies go), the advert (each
+  transport's fields by name), the host identity.
 - :mod:`.shm`: shared memory for co-located peers: anonymous memory files
   (memfd) owned by one process and mapped by its peers, an allocator for them,
   and per-chunk staging slots.
@@ -9,14 +13,15 @@
   being page-faulted in afresh for every message.
 - :mod:`.channel`: data channels, plain TCP connections for large replies.
 - :mod:`.links`: the worker's side, one class per transport (shared memory, ipc,
-  tcp) behind a registry; :mod:`.sockets`: the worker's DEALER per server.
+  tcp); :mod:`.sockets`: the worker's DEALER per server.
 
 The client (:mod:`kvstore.client`, through its links) and the server node
-(:mod:`kvstore.server`, through ``server/dataplane.py``) combine these with the
-wire codec; docs/architecture.md ("Transports") explains the choice and how to
-add a transport, docs/protocol.md the header fields they add.
+(:mod:`kvstore.server`, through ``server/dataplane.py``, which composes the
+endpoints) combine these with the wire codec; docs/architecture.md ("Transports")
+explains the choice and how to add a transport, docs/protocol.md the header fields
+they add.
 """
 
-from .endpoints import MODES, Advert, bind, host_identity
+from .endpoints import Advert, bind, host_identity
 
-__all__ = ["MODES", "Advert", "bind", "host_identity"]
+__all__ = ["Advert", "bind", "host_identity"]

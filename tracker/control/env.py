@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-TRANSPORTS = ("auto", "shm", "ipc", "tcp")
 SERVER_DEVICES = ("cpu", "gpu")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -62,6 +62,16 @@ def _choice(*values: str) -> Callable[[str], str]:
         return value
     parse.type, parse.choices = str, values
     return parse
+
+
+def _name(text: str) -> str:
+    """A lower-cased name (letters, digits, _): the syntax of a value whose valid
+    values a registry above this layer holds (KVSTORE_TRANSPORT: kvstore's
+    transports, checked by kvstore.Config)."""
+    value = text.strip().lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+        raise ValueError("must be a name (letters, digits, _)")
+    return value
 
 
 def _port(text: str) -> int:
@@ -115,7 +125,7 @@ def _staleness(text: str) -> int | float:
 
 
 # what they return (str: str)
-_port.type, _gpu_list.type, _bool.type, _elastic.type = int, tuple, bool, tuple
+_port.type, _gpu_list.type, _bool.type, _elastic.type, _name.type = int, tuple, bool, tuple, str
 _staleness.type = int | float   # an int, or math.inf
 _pipeline.type = int | str      # bytes, or "auto"
 
@@ -160,10 +170,12 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _POSITIVE_INT,
         "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
         "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
-    Var("KVSTORE_TRANSPORT", (), "auto", _choice(*TRANSPORTS),
+    Var("KVSTORE_TRANSPORT", (), "auto", _name,
         "How workers reach servers on their own host: auto (shared memory for array data, "
         "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
-        "(always). Set it for the whole job (servers then skip what is not needed)."),
+        "(always): auto or a name in kvstore's transport registry "
+        "(kvstore/transport/registry.py), whose order is the fall-back order. Set it for the "
+        "whole job (servers then skip what is not needed)."),
     Var("KVSTORE_HOST_LABEL", (), "", str,
         "Emulates several machines on one: processes whose labels differ treat each other "
         "as on different hosts (tcp between them, shared memory only within a label). Set "

@@ -1,57 +1,43 @@
-"""The worker's transports: one :class:`~.base.Link` class per file, and their registry.
+"""The worker's side of the transports: one :class:`~.base.Link` class per file.
 
-:data:`LINKS` maps a name to ``"module:Class"`` in this package, most preferred
-first. For each server the client tries, in that order, every link whose
-``reach`` accepts the server's advert, starting at the one ``KVSTORE_TRANSPORT``
-names (``auto``: the first); a link whose handshake fails falls back to the next
-(:func:`candidates`). Modules are imported when first chosen, so a transport's
-optional dependencies (e.g. CuPy) cost nothing where it is not used.
+Each is registered, with the server's endpoint of the same transport, in
+:data:`kvstore.transport.registry.TRANSPORTS`, most preferred first. For each
+server the client tries, in that order, every link whose ``reach`` accepts the
+server's advert, starting at the one ``KVSTORE_TRANSPORT`` names (``auto``: the
+first); a link whose handshake fails falls back to the next (:func:`candidates`).
+Modules are imported when first chosen, so a transport's optional dependencies
+(e.g. CuPy) cost nothing where it is not used.
 
-A new transport is one new file here (a ``Link`` subclass: ``kind``, ``reach``,
-and whichever of ``hello``/``ready``/``prepare``/``release``/``decode``/``deliver``/
-``close`` it changes) plus one line in :data:`LINKS`, at its place in the order.
+A new transport's worker side is one new file here (a ``Link`` subclass: ``kind``
+= its registered name, ``reach``, and whichever of ``hello``/``ready``/``prepare``/
+``release``/``decode``/``deliver``/``close`` it changes); the registry's line names
+it (docs/architecture.md §4.1).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 
-from ...errors import ConfigError, ProtocolError
+from ...errors import ProtocolError
+from .. import registry
 from ..endpoints import host_identity
 from .base import Link, LinkUnavailable
 
 log = logging.getLogger(__name__)
 
-LINKS = {
-    "shm": "shm_link:ShmLink",        # co-located: shared memory, control on tcp
-    "ipc": "ipc_link:IpcLink",        # co-located: ZeroMQ ipc frames
-    "tcp": "tcp_link:TcpLink",        # anywhere: ZeroMQ tcp frames (+ a data channel)
-}
 
-
-@functools.cache
 def factory(name: str) -> type[Link]:
     """The Link class registered as ``name``; ConfigError for an unknown name."""
-    if name not in LINKS:
-        raise ConfigError(f"unknown transport {name!r} (KVSTORE_TRANSPORT); choose from auto, "
-                          f"{', '.join(LINKS)}")
-    module, _, cls = LINKS[name].partition(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+    return registry.link(name)
 
 
 def candidates(advert, config, colocated: bool) -> list[tuple[type[Link], str]]:
     """(Link class, URL) for each link that may reach the server of ``advert``, in the
     order the client tries them: from the one ``config.transport`` names on (``auto``:
     from the first). Never empty while the last link (tcp) reaches every advert."""
-    names = list(LINKS)
-    if config.transport != "auto":
-        factory(config.transport)           # ConfigError for a name not registered
-    start = 0 if config.transport == "auto" else names.index(config.transport)
     found = []
-    for name in names[start:]:
-        cls = factory(name)
+    for name in registry.chosen(config.transport):     # ConfigError for a name not registered
+        cls = registry.link(name)
         url = cls.reach(advert, config, colocated)
         if url:
             found.append((cls, url))
@@ -97,4 +83,4 @@ def _fall_back(link: Link, error: LinkUnavailable, rest: list) -> None:
                 rest[0][0].kind if rest else "nothing else")
 
 
-__all__ = ["LINKS", "Link", "LinkUnavailable", "candidates", "factory", "open_links"]
+__all__ = ["Link", "LinkUnavailable", "candidates", "factory", "open_links"]

@@ -8,7 +8,8 @@ memory, sent by reference, or left as frames), how a reply is read
 (:meth:`~Link.decode`) and delivered into the caller's arrays
 (:meth:`~Link.deliver`), what it can write straight into the server's sums
 (:attr:`~Link.writer`), and what it holds (:meth:`~Link.close`). It mirrors
-:class:`kvstore.server.dataplane.DataPlane`, the server's side.
+:class:`kvstore.transport.endpoints.Endpoint` of the same transport, the
+server's side (both registered in :mod:`kvstore.transport.registry`).
 
 The :class:`kvstore.client.Client` owns the sockets, request ids, the pending
 table, deadlines and back-pressure; a link never sends by itself but through
@@ -20,11 +21,15 @@ unchanged); see :mod:`kvstore.transport.links` for the registry.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import InvalidArgumentError
 from ...protocol import decode
+
+if TYPE_CHECKING:
+    from .write_in import Writer
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +49,20 @@ class Link:
     :class:`LinkUnavailable` from either is closed, and the next one is tried.
     """
 
-    kind = "tcp"          # what Client.transports reports for this server
-    aside = None          # name of a path that replies take besides the socket (its
+    kind = "tcp"          # its registered name (kvstore.transport.registry): the advert's key
+    #                       for its server's endpoint, and what Client.transports reports
+    aside: str | None = None   # name of a path that replies take besides the socket (its
     #                       own reader thread), e.g. "data channel"; None: only the socket
     frames = True         # large replies arrive as ZeroMQ frames (the client tunes malloc)
-    writer = None         # a Writer (links/write_in.py) when the server's sums can be written
-    fd = None             # a file descriptor the client polls; readable: call drain()
+    writer: Writer | None = None   # (links/write_in.py) when the server's sums can be written
+    fd: int | None = None  # a file descriptor the client polls; readable: call drain()
 
     @classmethod
     def reach(cls, advert, config, colocated: bool) -> str | None:
         """The URL to connect to for ``advert`` (a transport.Advert), or None when
-        this transport cannot reach that server. ``colocated``: same host identity."""
-        return advert.tcp
+        this transport cannot reach that server. ``colocated``: same host identity.
+        Here: the URL the server's endpoint of this transport advertises."""
+        return advert.url(cls.kind)
 
     def __init__(self, client, server: int, url: str, advert):
         self.client = client

@@ -12,4 +12,4 @@ class IpcLink(Link):
 
     @classmethod
     def reach(cls, advert, config, colocated: bool) -> str | None:
-        return advert.ipc if colocated and advert.ipc else None
+        return advert.url(cls.kind) if colocated else None

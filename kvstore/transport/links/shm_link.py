@@ -34,7 +34,8 @@ class ShmLink(Link):
 
     @classmethod
     def reach(cls, advert, config, colocated: bool) -> str | None:
-        return advert.tcp if colocated else None
+        # control messages go to the tcp endpoint; the server says it serves shm
+        return advert.url("tcp") if colocated and advert.offers(cls.kind) else None
 
     def __init__(self, client, server: int, url: str, advert):
         super().__init__(client, server, url, advert)
@@ -45,16 +46,15 @@ class ShmLink(Link):
         self.arena = client.shared("shm arena", lambda: shm.Arena(f"w{client.rank}"))
         self._slots = shm.Slots(self.arena)
         self._mapper = shm.Mapper(writable=self.config.write_in)   # sums it may write into
-        self._probe = None
+        self._probe: np.ndarray | None = None
         self._answer: dict | None = None
 
     def hello(self) -> list[int]:
+        place = None
         if shm.available():
-            self._probe = self.arena.alloc(16, np.uint8)
-            self._probe[:] = np.frombuffer(os.urandom(16), np.uint8)
-            place = self.arena.locate(self._probe)
-        else:
-            place = None
+            self._probe = probe = self.arena.alloc(16, np.uint8)
+            probe[:] = np.frombuffer(os.urandom(16), np.uint8)
+            place = self.arena.locate(probe)
         if place is None:
             raise LinkUnavailable(self._failed("no shared memory in this process"))
         if self.advert.pid is not None:
@@ -67,15 +67,16 @@ class ShmLink(Link):
         # unsequenced: if the server cannot map our probe, the error must not hold
         # back the requests that follow on this connection
         return [self.client.request(self.server, ops.HELLO, f"shared-memory handshake with server "
-                                    f"{self.server}", [self._probe], keep, shared=[place],
+                                    f"{self.server}", [probe], keep, shared=[place],
                                     sequenced=False, on_error=self.refused,
-                                    nonce=self._probe.tobytes())[0]]
+                                    nonce=probe.tobytes())[0]]
 
     def ready(self) -> None:
-        if not (self._answer or {}).get("ok"):
+        answer = self._answer or {}
+        if not answer.get("ok"):
             raise LinkUnavailable(self._failed("the probe did not read back"))
         # a GPU server's sums are not in its shared memory: it says so
-        if self.config.write_in and self._answer["sums_writable"]:
+        if self.config.write_in and answer["sums_writable"]:
             self.writer = Writer(self)
 
     def _failed(self, why: str) -> str:

@@ -72,7 +72,8 @@ class TcpLink(Link):
         """(The reader thread) hand (header, arrays, nbytes), or (None, error, 0) when
         the channel ended, to the thread that waits (:meth:`drain`)."""
         self._inbox.put(item)
-        self._wakeup.set()
+        if self._wakeup is not None:          # (closed only after the reader was joined)
+            self._wakeup.set()
 
     def prepare(self, req_id, arrays, fields, stage=None, in_place=False, into=None, shared=None,
                 replied=False):
@@ -88,7 +89,8 @@ class TcpLink(Link):
         self._into.pop(req_id, None)
 
     def drain(self, complete, failed) -> None:
-        self._wakeup.clear()
+        if self._wakeup is not None:
+            self._wakeup.clear()
         try:
             while True:
                 try:
@@ -104,7 +106,8 @@ class TcpLink(Link):
                 else:
                     complete(header, arrays, nbytes)
         finally:
-            if not self._inbox.empty():       # a handler raised: the rest waits for the next call
+            # a handler raised: what is left waits for the next call
+            if not self._inbox.empty() and self._wakeup is not None:
                 self._wakeup.set()
 
     def abandon(self) -> None:
