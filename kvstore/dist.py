@@ -23,7 +23,7 @@ from .store import KeyInfo, KVStore, fill_outputs
 from .client import Client
 from .dist_rows import DistRows
 from .config import Config
-from .errors import ArgumentTypeError, InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError, ProtocolError
 from .hostreduce import Call as HostCall, HostGroup
 from .job import JobMember
 from .leaving import Departure
@@ -280,6 +280,14 @@ class DistStore(KVStore):
         ``group``: the workers a host's sum speaks for (kvstore.hostreduce)."""
         if self._host is not None and op == ops.PUSHPULL and sources is not None and group is None:
             return self._host.start(what, sources, targets)   # the host sums it first
+        if op == ops.PUSHPULL and sources is not None and any(self._layerwise(info) for info, _ in sources):
+            # keys cut over servers under LARS/LAMB: two phases, done before this returns
+            self._check_compressible([info for info, _ in sources], what)
+            layered = [self._layerwise(info) for info, _ in sources]
+            self._push_layerwise(what, [s for s, lw in zip(sources, layered) if lw],
+                                 [t for t, lw in zip(targets, layered) if lw])
+            sources = [s for s, lw in zip(sources, layered) if not lw]
+            targets = [t for t, lw in zip(targets, layered) if not lw]
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         if sources is not None:
             self._check_compressible([info for info, _ in sources], what)
@@ -404,9 +412,15 @@ class DistStore(KVStore):
 
     def _do_push(self, items, wait_sent: bool = True) -> None:
         self._check_can_push()
-        call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
         what = f"push of {_keys_text(info for info, _ in items)}"
         self._check_compressible([info for info, _ in items], what)
+        layered = [item for item in items if self._layerwise(item[0])]
+        if layered:                     # keys cut over servers under LARS/LAMB: two phases
+            self._push_layerwise(what, layered, None)
+            items = [item for item in items if not self._layerwise(item[0])]
+            if not items:
+                return
+        call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
         trackers = []
         fields = self._compression_fields()
         stage = self._compressor is None
@@ -423,6 +437,74 @@ class DistStore(KVStore):
         self._client.wait_sent(trackers, what)
         if call is not None:
             call.done()
+
+    # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
+    def _norms_across_servers(self, optimizer) -> bool:
+        return optimizer.splits_norms and self._mode == "sync" and self._elastic is None and self._host is None
+
+    def _why_no_norms_across_servers(self, optimizer) -> str:
+        if not optimizer.splits_norms:
+            return f"{type(optimizer).__name__}'s step cannot be split by norms across servers"
+        if self._mode != "sync":
+            return f"norms across servers are added up in dist_sync only, not in {self._type}"
+        return ("norms across servers need a fixed set of workers, without --elastic or "
+                "KVSTORE_HOST_REDUCE")
+
+    def _layerwise(self, info) -> bool:
+        """Whether pushes of ``info`` run in two phases: a key cut into chunks over the
+        servers, updated there by an optimizer whose step needs the whole key's norms
+        (the stores refuse what this path cannot serve: KVStore._check_whole_keys)."""
+        opt = self._optimizer
+        return opt is not None and opt.splits_norms and len(info.chunks) > 1
+
+    def _push_layerwise(self, what: str, sources: list, targets: list | None) -> None:
+        """Push ``sources`` [(info, flat)] of layer-wise keys: every worker pushes with
+        ``norms`` and is answered, once each chunk's round is complete, with that
+        chunk's sums of squares; the leader adds them up per key (in chunk order) and
+        sends the sums (``apply_norms``), the other workers pull. Returns once the
+        values are in ``targets`` [(info, outputs)] (None: a push; the leader returns
+        once the servers stepped)."""
+        terms: dict = {}
+
+        def keep(wire_ids):
+            def on_reply(header, values):
+                rounds = header.get("rounds")
+                if not isinstance(rounds, list) or len(rounds) != len(wire_ids) or len(values) != len(wire_ids):
+                    raise ProtocolError(f"{what}: a layer-wise push's reply carries no terms for its chunks")
+                for wid, number, a in zip(wire_ids, rounds, values):
+                    terms[tuple(wid)] = (number, np.asarray(a, np.float64).reshape(-1).tolist())
+            return on_reply
+        groups, fields = self._by_server(sources), self._compression_fields()
+        ids = []
+        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
+            wire_ids = groups[server][0][lo:hi]
+            parts = self._compressed(wire_ids, groups[server][1][lo:hi])
+            ids.append(self._client.request(server, ops.PUSH, what, parts, on_reply=keep(wire_ids),
+                                            chunks=wire_ids, norms=True, **fields)[0])
+        self._client.wait(ids, what)
+        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets or ()]
+        if not self._leads():
+            if targets:
+                self._fill(self._send(ops.PULL, what, None, targets))
+            return
+        sums = {}
+        for info, _ in sources:
+            total: list = []
+            for chunk in info.chunks:
+                part = terms[tuple(chunk.wire_id)][1]
+                total = list(part) if not total else [a + b for a, b in zip(total, part)]
+            sums[info.key] = total
+        dests = self._by_server([(info, flat) for info, flat, _ in flats]) if targets else {}
+        keys = {tuple(c.wire_id): info.key for info, _ in sources for c in info.chunks}
+        ids = []
+        for server, (wire_ids, _) in groups.items():
+            ids.append(self._client.request(
+                server, ops.APPLY_NORMS, what, [], into=dests[server][1] if targets else None,
+                chunks=wire_ids, sums=[sums[keys[tuple(w)]] for w in wire_ids],
+                rounds=[terms[tuple(w)][0] for w in wire_ids], values=bool(targets))[0])
+        self._client.wait(ids, what)
+        for (_, outs), (_, flat, direct) in zip(targets or (), flats):
+            fill_outputs(outs, flat, direct, what)
 
     def _do_pull_start(self, items) -> tuple:
         return self._send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)

@@ -306,7 +306,8 @@ class KVStore(KVStoreBase):
     def _check_whole_keys(self, optimizer, infos: list, what: str) -> None:
         """Refuse keys that ``optimizer`` would see only part of, where it needs a key's
         every value at once (LARS, LAMB: norms over the layer; kvstore.optimizer.layerwise):
-        row-sparse keys (updated row by row) and keys cut into chunks over servers."""
+        row-sparse keys (updated row by row), and keys cut into chunks over servers
+        unless this store adds up their norms across servers (:meth:`_norms_across_servers`)."""
         if optimizer is None or not optimizer.needs_whole_keys():
             return
         name = type(optimizer).__name__
@@ -315,12 +316,20 @@ class KVStore(KVStoreBase):
                 raise InvalidArgumentError(
                     f"{what}: {name} scales each key's step by norms over the whole key, but row-sparse "
                     f"key {info.key!r} is updated row by row; use another optimizer in this store")
-            if len(info.chunks) > 1:
+            if len(info.chunks) > 1 and not self._norms_across_servers(optimizer):
                 nbytes = info.size * np.dtype(info.dtype).itemsize
                 raise InvalidArgumentError(
                     f"{what}: {name} needs each key whole on one server, but key {info.key!r} ({nbytes} bytes) "
                     f"is cut into {len(info.chunks)} chunks over the servers: set KVSTORE_CHUNK_BYTES above "
-                    "the largest key's size (norms across servers are not built yet)")
+                    f"the largest key's size ({self._why_no_norms_across_servers(optimizer)})")
+
+    def _norms_across_servers(self, optimizer) -> bool:
+        """Whether this store runs ``optimizer``'s two-phase update for keys cut into
+        chunks over servers (dist_sync: kvstore.dist)."""
+        return False
+
+    def _why_no_norms_across_servers(self, optimizer) -> str:
+        return "this store type does not add up norms across servers"
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Change the learning rate of the optimizer set by :meth:`set_optimizer`,

@@ -57,25 +57,94 @@ def test_keys_whole_on_different_servers_give_the_one_process_result(make_cluste
             np.testing.assert_allclose(got[key], want[key], rtol=2e-6, atol=1e-7, err_msg=key)
 
 
-def test_a_key_cut_into_chunks_over_servers_is_refused_naming_it(make_cluster):
+SPLITS = {"lars": LAYERWISE["lars"], "lamb": LAYERWISE["lamb"],
+          "lamb-fp16": opt.LAMB(learning_rate=0.05, wd=0.01, multi_precision=True)}
+
+
+def train_pushpull(kv, optimizer, dtype=np.float32):
+    """As :func:`train`, with pushpull (every worker gets the values of every step)."""
+    keys = list(SHAPES)
+    kv.init(keys, [np.linspace(-1, 1, int(np.prod(s)), dtype=dtype).reshape(s) for s in SHAPES.values()])
+    kv.set_optimizer(optimizer)
+    outs = [np.empty(s, dtype) for s in SHAPES.values()]
+    for step in range(STEPS):
+        kv.pushpull(keys, [grad(k, kv.rank, step).astype(dtype) for k in keys], out=outs)
+    return dict(zip(keys, outs))
+
+
+@pytest.mark.parametrize("name, call", [("lars", "push-pull"), ("lamb", "push-pull"), ("lars", "pushpull"),
+                                        ("lamb", "pushpull"), ("lamb-fp16", "pushpull")])
+def test_keys_cut_into_chunks_over_servers_give_the_one_process_result(make_cluster, name, call):
+    """Norms across servers: every key larger than a chunk lies in pieces on 3 servers;
+    the leader adds up their sums of squares, so the step is the whole key's."""
+    dtype = np.float16 if name.endswith("fp16") else np.float32
+    local = kvstore.create("local")
+    if call == "push-pull" and dtype == np.float32:
+        want = train(local, SPLITS[name], workers=1)
+    else:                   # one process pushes every worker's sum, as the servers sum them
+        keys = list(SHAPES)
+        local.init(keys, [np.linspace(-1, 1, int(np.prod(s)), dtype=dtype).reshape(s) for s in SHAPES.values()])
+        local.set_optimizer(SPLITS[name])
+        outs = [np.empty(s, dtype) for s in SHAPES.values()]
+        for step in range(STEPS):
+            local.pushpull(keys, [sum(grad(k, r, step).astype(dtype) for r in range(W)) for k in keys], out=outs)
+        want = dict(zip(keys, outs))
+    run = train if call == "push-pull" else (lambda kv, o: train_pushpull(kv, o, dtype))
+    cluster = make_cluster(W, 3, chunk_bytes=1024)
+    results = cluster.run(lambda kv: (run(kv, SPLITS[name]), {c.server for c in kv._keys["conv.weight"].chunks}))
+    tol = dict(rtol=2e-6, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-3, atol=1e-3)
+    for got, servers in results:
+        assert servers == {0, 1, 2}                           # conv.weight: 5 chunks on 3 servers
+        for key in SHAPES:
+            np.testing.assert_allclose(got[key].astype(np.float64), want[key].astype(np.float64), err_msg=key, **tol)
+
+
+def test_the_two_phases_equal_one_update():
+    """Phase 1 + phase 2 with the chunk's own sums is the one-process update, bit for bit,
+    and phase 1 changes nothing."""
+    for name, o in SPLITS.items():
+        dtype = np.float16 if name.endswith("fp16") else np.float32
+        one, two = opt.Updater(o), opt.Updater(o)
+        w1 = np.linspace(-1, 1, 50, dtype=dtype)
+        w2 = w1.copy()
+        for step in range(3):
+            g = np.cos(np.arange(50) + step).astype(dtype)
+            one(("conv.weight", 0), g, w1)
+            before = w2.copy()
+            terms, carry = two.norm_terms(("conv.weight", 0), g, w2)
+            assert (w2 == before).all() and len(terms) == 2
+            two.apply_norms(("conv.weight", 0), g, w2, terms, carry)
+            assert np.array_equal(w1, w2), name
+        assert one.get_states().keys() == two.get_states().keys()
+
+
+@pytest.mark.parametrize("kind", ["dist_async", "lbsgd"])
+def test_a_key_cut_into_chunks_over_servers_is_refused_naming_it(make_cluster, kind):
+    """Where norms across servers are not added up (dist_async; LBSGD's lars warm-up,
+    whose step is not split in two), a key cut into chunks is refused."""
+    optimizer, name = (opt.LAMB(), "LAMB") if kind == "dist_async" else (LAYERWISE["lbsgd-lars"], "LBSGD")
+
     def job(kv):
         kv.init("small", np.zeros(10, np.float32))
         kv.init("big", np.zeros(1000, np.float32))              # 4000 bytes: 4 chunks of 1 KB
-        with pytest.raises(InvalidArgumentError, match=r"set_optimizer: LAMB needs each key whole on one server, "
+        with pytest.raises(InvalidArgumentError, match=rf"set_optimizer: {name} needs each key whole on one server, "
                                                         r"but key 'big' \(4000 bytes\) is cut into 4 chunks"):
-            kv.set_optimizer(opt.LAMB())
+            kv.set_optimizer(optimizer)
+        if kind == "dist_async":
+            return np.full(1000, 2, np.float32)                 # (async pushes need an optimizer)
         kv.push("big", np.ones(1000, np.float32))               # no optimizer was set: assigned
         out = np.empty(1000, np.float32)
         kv.pull("big", out=out)
         return out
-    for out in make_cluster(2, 2, chunk_bytes=1024).run(job):
+    for out in make_cluster(2, 2, chunk_bytes=1024).run(job, store_type="dist_async" if kind == "dist_async"
+                                                        else "dist_sync"):
         assert (out == 2).all()
 
 
 def test_init_of_a_cut_key_after_a_layerwise_optimizer_is_refused_and_others_are_not(make_cluster):
     def job(kv):
-        kv.set_optimizer(opt.LARS(learning_rate=0.1, momentum=0.9))
-        with pytest.raises(InvalidArgumentError, match=r"init: LARS needs each key whole .* key 'big'"):
+        kv.set_optimizer(opt.LBSGD(learning_rate=0.1, momentum=0.9, warmup_strategy="lars"))
+        with pytest.raises(InvalidArgumentError, match=r"init: LBSGD needs each key whole .* key 'big'"):
             kv.init("big", np.zeros(1000, np.float32))
         kv.init("small", np.ones(10, np.float32))
         kv.push("small", np.ones(10, np.float32))

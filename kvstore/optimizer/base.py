@@ -144,9 +144,15 @@ class Optimizer:
 
     def needs_whole_keys(self) -> bool:
         """Whether an update needs the key's every value at once (norms over a layer:
-        LARS, LAMB; kvstore.optimizer.layerwise): the stores then refuse keys cut into
-        chunks over several servers and row-sparse keys."""
+        LARS, LAMB; kvstore.optimizer.layerwise): the stores then refuse row-sparse
+        keys, and keys cut into chunks over several servers unless the update splits
+        in two phases (:attr:`splits_norms`) and the store can run them."""
         return False
+
+    #: The update splits into :meth:`norm_terms` (a chunk's partial sums of squares)
+    #: and :meth:`apply_norms` (the step with the whole key's sums), so a key cut into
+    #: chunks over several servers gets the one-process formula (LARS, LAMB; dist_sync).
+    splits_norms: ClassVar[bool] = False
 
     def learning_rate_at(self, t):
         """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""
@@ -189,8 +195,54 @@ class Optimizer:
         noise, :meth:`_step_at`). Raises TypeError for a non-float weight and
         ValueError for mismatched shapes, dtypes or state length.
         """
+        state, xp = self._checked(weight, grad, state, t)
+        t = update_count(type(self).__name__, t)
+        if self.keeps_master(weight.dtype):
+            # MXNet's multi_precision: the update runs on the float32 master copy
+            # (state[0]) with the float32 state; the float16 weight is its rounding
+            self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
+            xp.copyto(weight, state[0], casting="same_kind")
+            return
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
+        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr):
+            return
+        self._step_at(weight, grad, state, t, lr, xp, slot, rows)
+
+    def norm_terms(self, weight, grad, state, t, *, slot=None):
+        """Phase 1 of a :attr:`splits_norms` update of one chunk of a key (arguments as
+        :meth:`update`): returns ``(terms, carry)``, the chunk's partial sums of squares
+        (floats; summed over every chunk of the key, they are the key's) and what
+        phase 2 needs. Changes nothing: ``weight`` and ``state`` are left as they are
+        until :meth:`apply_norms`."""
+        state, xp = self._checked(weight, grad, state, t)
+        t = update_count(type(self).__name__, t)
+        if self.keeps_master(weight.dtype):
+            return self.norm_terms(state[0], grad, state[1:], t, slot=slot)
+        return self._terms(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp, slot)
+
+    def apply_norms(self, weight, grad, state, t, sums, carry, *, slot=None):
+        """Phase 2: the update of this chunk with ``sums``, the key's sums of the terms
+        that :meth:`norm_terms` gave for each chunk, and that call's ``carry``."""
+        state, xp = self._checked(weight, grad, state, t)
+        t = update_count(type(self).__name__, t)
+        if self.keeps_master(weight.dtype):
+            self.apply_norms(state[0], grad, state[1:], t, sums, carry, slot=slot)
+            xp.copyto(weight, state[0], casting="same_kind")
+            return
+        self._apply(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp, slot, list(sums), carry)
+
+    def _terms(self, weight, grad, state, t, lr, xp, slot):
+        raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")
+
+    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry):
+        raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")
+
+    def _checked(self, weight, grad, state, t):
+        """``(state as a tuple, array module)`` after checking the arguments of an
+        update (see :meth:`update`); raises TypeError or ValueError."""
         owner = type(self).__name__
-        t = update_count(owner, t)
+        update_count(owner, t)
         xp = _array_module(weight)
         if getattr(weight, "dtype", None) is None or weight.dtype.kind != "f":
             raise TypeError(f"{owner}: weight must be a floating-point array, got "
@@ -200,14 +252,10 @@ class Optimizer:
                              f"shape {tuple(weight.shape)}")
         state = tuple(state) if state is not None else ()
         if self.keeps_master(weight.dtype):
-            # MXNet's multi_precision: the update runs on the float32 master copy
-            # (state[0]) with the float32 state; the float16 weight is its rounding
             if not state or tuple(state[0].shape) != tuple(weight.shape) or state[0].dtype != numpy.float32:
                 raise ValueError(f"{owner}: multi_precision needs a float32 master copy of the "
                                  f"float16 weight as the first state array")
-            self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
-            xp.copyto(weight, state[0], casting="same_kind")
-            return
+            return state, xp
         if len(state) != self.num_states:
             raise ValueError(f"{owner}: expected {self.num_states} state array(s), got "
                              f"{len(state)}")
@@ -215,11 +263,7 @@ class Optimizer:
             if tuple(s.shape) != tuple(weight.shape) or s.dtype != weight.dtype:
                 raise ValueError(f"{owner}: state array {s.dtype}{tuple(s.shape)} does not "
                                  f"match weight {weight.dtype}{tuple(weight.shape)}")
-        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
-        # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
-        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr):
-            return
-        self._step_at(weight, grad, state, t, lr, xp, slot, rows)
+        return state, xp
 
     def _step(self, weight, grad, state, t, lr, xp):
         """The update itself, in place on ``weight`` and ``state`` (validated arrays

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._util import boolean, real, unit
 from .base import Optimizer, register
-from .layerwise import check_whole, norm
+from .layerwise import check_whole, root, sum_sq
 
 __all__ = ["LAMB"]
 
@@ -23,7 +23,8 @@ class LAMB(Optimizer):
         r1 = min(max(|w|, lower_bound), upper_bound);  r2 = |d|
         w -= lr * (r1 / r2 if r1 and r2 else 1) * d
 
-    The norms are over the whole key: a key must reach its optimizer whole
+    The norms are over the whole key: a key reaches the optimizer whole, or
+    (dist_sync) in chunks whose sums of squares the servers add up first
     (kvstore.optimizer.layerwise). A bound of None (or 0) is not applied, as in MXNet.
     Raises ConfigError unless ``0 <= beta1, beta2 < 1``, ``epsilon >= 0`` and the
     bounds are None or >= 0. MXNet's defaults: ``learning_rate`` 0.001, ``beta1``
@@ -51,17 +52,25 @@ class LAMB(Optimizer):
     def needs_whole_keys(self) -> bool:
         return True
 
+    splits_norms = True
+
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
         check_whole("LAMB", slot, rows)
+        terms, carry = self._terms(weight, grad, state, t, lr, xp, slot)
+        self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
+
+    def _terms(self, weight, grad, state, t, lr, xp, slot):
+        """|w|^2 and |d|^2 of these values; the new moments and ``d`` are carried to
+        phase 2, the state keeps the old ones until then."""
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
         # the constants in the weight's dtype, as MXNet's kernels compute them: in
         # float32, 1 - 0.999 is 1.3e-5 away from 0.001 (the moments show it)
         dt = weight.dtype.type
         beta1, beta2, one = dt(self.beta1), dt(self.beta2), dt(1)
         mean, var = state
-        mean *= beta1
+        mean = mean * beta1
         mean += (one - beta1) * g
-        var *= beta2
+        var = var * beta2
         var += ((one - beta2) * g) * g
         if self.bias_correction:
             d = mean / (one - beta1 ** dt(t))
@@ -73,11 +82,17 @@ class LAMB(Optimizer):
         d /= denom
         if self.wd:
             d += self.wd * weight
-        r1 = norm(weight, xp)
+        return [sum_sq(weight, xp), sum_sq(d, xp)], (mean, var, d)
+
+    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
+        mean, var, d = carry
+        xp.copyto(state[0], mean)
+        xp.copyto(state[1], var)
+        r1 = root(sums[0])
         if self.lower_bound:
             r1 = max(r1, self.lower_bound)
         if self.upper_bound:
             r1 = min(r1, self.upper_bound)
-        r2 = norm(d, xp)
+        r2 = root(sums[1])
         d *= lr * (r1 / r2) if r1 != 0.0 and r2 != 0.0 else lr
         weight -= d

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._util import boolean, real, unit
 from .base import Optimizer, register
-from .layerwise import EXCLUDED_SUFFIXES, check_whole, key_name, norm
+from .layerwise import EXCLUDED_SUFFIXES, check_whole, key_name, root, sum_sq
 
 __all__ = ["LARS"]
 
@@ -21,7 +21,8 @@ class LARS(Optimizer):
         mom = momentum_t * mom - lr_key * (clip(g, c) + wd * w);  w += mom
 
     (``w -= lr_key * (clip(g, c) + wd * w)`` without momentum.) The norms are over
-    the whole key: a key must reach its optimizer whole (kvstore.optimizer.layerwise).
+    the whole key: a key reaches the optimizer whole, or (dist_sync) in chunks whose
+    sums of squares the servers add up first (kvstore.optimizer.layerwise).
     Raises ConfigError unless ``0 <= momentum < 1``, ``eta > 0`` and ``eps >= 0``.
     MXNet's defaults: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0,
     ``momentum_correction`` True.
@@ -48,11 +49,23 @@ class LARS(Optimizer):
     def needs_whole_keys(self) -> bool:
         return True
 
+    splits_norms = True
+
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
         check_whole("LARS", slot, rows)
+        terms, carry = self._terms(weight, grad, state, t, lr, xp, slot)
+        self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
+
+    def _terms(self, weight, grad, state, t, lr, xp, slot):
+        """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
+        if key_name(slot).endswith(EXCLUDED_SUFFIXES):
+            return [], None
+        return [sum_sq(weight, xp), sum_sq(grad, xp)], None
+
+    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
         lr_key = lr
-        if not key_name(slot).endswith(EXCLUDED_SUFFIXES):
-            w_norm, g_norm = norm(weight, xp), norm(grad, xp)
+        if sums:
+            w_norm, g_norm = root(sums[0]), root(sums[1])
             if w_norm > 0.0 and g_norm > 0.0:
                 lr_key = lr * self.eta * w_norm / (g_norm * self.rescale_grad + self.wd * w_norm + self.eps)
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)

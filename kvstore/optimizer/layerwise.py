@@ -3,18 +3,22 @@
 
 An :class:`~kvstore.optimizer.Optimizer` whose class sets ``whole_key = True``
 must see a key's every value in one update: the stores refuse what would show it
-part of a key (a dist key cut into chunks over the servers, a row-sparse key's
-lazy row updates), and :func:`check_whole` refuses it here too, naming the key,
-where a server is handed a chunk other than a key's first. MXNet's own LARS on a
-dist kvstore takes the norms of each server's slice; here the update is the
-one-process formula or an error.
+part of a key (a row-sparse key's lazy row updates; a dist key cut into chunks
+over the servers, unless the optimizer ``splits_norms`` and the job is
+dist_sync), and :func:`check_whole` refuses it here too, naming the key, where a
+server is handed a chunk other than a key's first in one update. LARS and LAMB
+split their update in two: each server computes its chunks' sums of squares
+(``Optimizer.norm_terms``), the job's leading worker adds them up per key and
+sends the sums back, and each server steps with them (``Optimizer.apply_norms``;
+docs/architecture.md §9). MXNet's own LARS on a dist kvstore takes the norms of
+each server's slice; here the update is the one-process formula or an error.
 """
 
 from __future__ import annotations
 
 import numpy
 
-__all__ = ["check_whole", "key_name", "norm", "sum_sq"]
+__all__ = ["check_whole", "key_name", "norm", "root", "sum_sq"]
 
 # MXNet's LARS leaves parameters named so alone (batch norm's gamma and beta, biases)
 EXCLUDED_SUFFIXES = ("gamma", "beta", "bias")
@@ -43,5 +47,10 @@ def sum_sq(a, xp) -> float:
     return float(xp.dot(flat, flat)) if flat.size else 0.0
 
 
+def root(total: float) -> float:
+    """The norm from a sum of squares (of one array, or added up over a key's chunks)."""
+    return float(numpy.sqrt(total))
+
+
 def norm(a, xp) -> float:
-    return float(numpy.sqrt(sum_sq(a, xp)))
+    return root(sum_sq(a, xp))

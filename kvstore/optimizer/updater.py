@@ -57,18 +57,41 @@ class Updater:
     def __call__(self, index, grad, weight):
         """Update ``weight`` in place from ``grad`` for slot ``index``."""
         key = _key(index)
-        state = self._states.get(key)
-        if state is None:
-            state = self.optimizer.create_state(weight)
-        else:
-            # State restored by set_states may live in another array module than
-            # the weight (e.g. a host checkpoint for a GPU weight): move it once.
-            xp = _array_module(weight)
-            state = tuple(_to_module(s, xp) for s in state)
+        state = self._state_of(key, weight)
         t = self._counts.get(key, 0) + 1
         self.optimizer.update(weight, grad, state, t, slot=key)
         self._states[key] = state
         self._counts[key] = t
+
+    def norm_terms(self, index, grad, weight):
+        """Phase 1 of slot ``index``'s next update when its key is cut into chunks and
+        the optimizer :attr:`~kvstore.optimizer.Optimizer.splits_norms`: returns
+        ``(terms, carry)`` (see ``Optimizer.norm_terms``). Changes nothing: the slot's
+        state and count move at :meth:`apply_norms`."""
+        key = _key(index)
+        state = self._state_of(key, weight)
+        t = self._counts.get(key, 0) + 1
+        terms, carry = self.optimizer.norm_terms(weight, grad, state, t, slot=key)
+        return terms, (state, carry)
+
+    def apply_norms(self, index, grad, weight, sums, carry):
+        """Phase 2: the update of slot ``index`` with ``sums`` (the key's sums of the
+        terms over its chunks) and the ``carry`` that :meth:`norm_terms` returned."""
+        key = _key(index)
+        state, inner = carry
+        t = self._counts.get(key, 0) + 1
+        self.optimizer.apply_norms(weight, grad, state, t, sums, inner, slot=key)
+        self._states[key] = state
+        self._counts[key] = t
+
+    def _state_of(self, key, weight):
+        state = self._states.get(key)
+        if state is None:
+            return self.optimizer.create_state(weight)
+        # State restored by set_states may live in another array module than the
+        # weight (e.g. a host checkpoint for a GPU weight): move it once.
+        xp = _array_module(weight)
+        return tuple(_to_module(s, xp) for s in state)
 
     def update_rows(self, index, rows, grad, weight):
         """Lazy update (MXNet's default for row-sparse gradients): only ``weight[rows]``

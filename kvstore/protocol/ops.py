@@ -2,12 +2,14 @@
 
 CONFIGURE = "configure"          # {mode: "sync"|"async", num_workers}
 INIT = "init"                    # chunks + one buffer each: initial values
-PUSH = "push"                    # chunks + one buffer each: gradients
+PUSH = "push"                    # chunks + one buffer each: gradients ({norms: true}: layer-wise,
+                                 # replied to with each chunk's terms once its round is complete)
 PULL = "pull"                    # chunks; reply carries one buffer each
 PUSHPULL = "pushpull"            # push, then reply with the values after the round
 SET_OPTIMIZER = "set_optimizer"  # {optimizer: {name, params, lr_scheduler}}
 GET_STATES = "get_states"        # reply: optimizer state of every chunk
 SET_STATES = "set_states"        # optimizer state of some chunks
+APPLY_NORMS = "apply_norms"      # {chunks, sums, rounds, values}: a key's summed terms (norms across servers)
 # Checkpoints (kvstore/server/checkpoint.py): a job-wide set in two phases, and the resume
 CHECKPOINT = "checkpoint"        # {checkpoint, step, meta}: phase 1, write this server's part
 CHECKPOINT_COMMIT = "checkpoint_commit"    # {checkpoint}: phase 2, every part is durable
@@ -31,7 +33,7 @@ DYN_STATS = "dyn_stats"          # {chunk}; reply {stats: {rows, created, evicte
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
                       GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
-                      PULL_ROWS, SET_ROWS, INIT_DYN, PUSH_DYN, PULL_DYN, DYN_STATS})
+                      PULL_ROWS, SET_ROWS, INIT_DYN, PUSH_DYN, PULL_DYN, DYN_STATS, APPLY_NORMS})
 # requests that contribute to rounds: only members of an elastic job send them
 PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS, PUSH_DYN})
 

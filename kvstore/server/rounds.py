@@ -26,6 +26,13 @@ class Round:
     writer: int | None = None         # the worker granted `acc` to write into, until `written`
     deferred: list = field(default_factory=list)   # pushes to add once the writer is done
     filled: frozenset = frozenset()   # of `workers`: slots counted without a push (kvstore.server.members)
+    # a layer-wise round (kvstore.server.sync, norms across servers): phase 1's sums of
+    # squares of this chunk, once it ran, and what phase 2 needs; the round then
+    # waits at the head of the queue for the key's sums (apply_norms)
+    layerwise: bool = False           # its pushes asked for two phases (a key cut over servers, LARS/LAMB)
+    terms: list | None = None
+    carry: object = None
+    number: int = 0                   # the chunk's round number, from phase 1 on
 
     def open_to(self, worker: int) -> bool:
         return worker not in self.workers and self.writer != worker
@@ -56,11 +63,15 @@ class Pending:
     blocked: set          # chunk ids still waiting for the sender's rounds
     error: str | None = None  # a round it depended on failed: answer with this
     rounds: dict = field(default_factory=dict)  # chunk id -> the Round a push joined
+    norms: bool = False       # a layer-wise push: answered with its rounds' terms (phase 1)
 
     def waits_on(self, cid, chunk: "Chunk") -> bool:
-        """A push waits for its own round; a pull for every round of its worker."""
+        """A push waits for its own round (a layer-wise push only for its phase 1); a
+        pull for every round of its worker."""
         joined = self.rounds.get(cid)
         if joined is not None:
+            if self.norms and joined.terms is not None:
+                return False
             return any(r is joined for r in chunk.rounds)
         return chunk.pending_from(self.worker)
 

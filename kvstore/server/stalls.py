@@ -31,9 +31,13 @@ class StallInspector:
                 missing = sorted(set(range(num_workers)) - rnd.workers)
                 writing = "" if rnd.writer is None else \
                     f"; worker {rnd.writer} was granted its sum to write into and has not said 'written'"
-                lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for worker(s) "
-                             f"{', '.join(map(str, missing))} to push (worker(s) "
-                             f"{', '.join(map(str, sorted(rnd.workers - rnd.filled)))} did{writing})")
+                if rnd.terms is not None:
+                    lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for the key's norms: "
+                                 "every worker pushed, and worker 0 (the leader) has not sent apply_norms")
+                else:
+                    lines.append(f"{chunk_label(cid)} has waited {now - first:.0f}s for worker(s) "
+                                 f"{', '.join(map(str, missing))} to push (worker(s) "
+                                 f"{', '.join(map(str, sorted(rnd.workers - rnd.filled)))} did{writing})")
                 reported = True
             seen[(cid, id(rnd))] = (first, reported, rnd)
         self._round_seen = seen

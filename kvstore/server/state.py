@@ -94,6 +94,7 @@ class ServerState:
             ops.PUSH_DYN: self.dyn.on_push,
             ops.PULL_DYN: self.dyn.on_pull,
             ops.DYN_STATS: self.dyn.on_stats,
+            ops.APPLY_NORMS: self._on_apply_norms,
             ops.SET_OPTIMIZER: self._on_set_optimizer,
             ops.GET_STATES: self._on_get_states,
             ops.SET_STATES: self._on_set_states,
@@ -192,6 +193,7 @@ class ServerState:
         for rank in group or ():
             self.members.refuse(rank)
         ids = chunk_ids(header, arrays)
+        norms = self._layerwise(header, want_values, group)
         if header.get("compression") is not None:
             config = _compression.validate(header["compression"])
             for cid in ids:
@@ -209,7 +211,43 @@ class ServerState:
                                                "optimizers update floating-point values only")
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
+        if norms:
+            assert isinstance(mode, Sync)
+            return mode.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms=True)
         return mode.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
+
+    def _layerwise(self, header, want_values: bool, group) -> bool:
+        """Whether a push asks for two-phase rounds (``norms``: its chunks are of keys cut
+        over servers, under an optimizer whose step needs the whole key's norms)."""
+        norms = header.get("norms", False)
+        if not isinstance(norms, bool):
+            raise ProtocolError("'norms' must be true or false")
+        if not norms:
+            return False
+        if want_values or group is not None:
+            raise ProtocolError("a layer-wise push (norms) is a plain push from one worker: its reply "
+                                "carries its chunks' terms; pull (or apply_norms) for the values")
+        if not isinstance(self.consistency, Sync):
+            raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
+                                       f"dist_{self.mode}")
+        if self.updater is None or not self.updater.optimizer.splits_norms:
+            raise InvalidArgumentError("a layer-wise push (norms) needs an optimizer that splits its update "
+                                       "by norms (LARS, LAMB): call set_optimizer() first")
+        return True
+
+    def _on_apply_norms(self, peer, header, arrays):
+        if arrays:
+            raise ProtocolError("apply_norms carries no buffers: its sums are in the header")
+        if not isinstance(self.consistency, Sync):
+            raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
+                                       f"dist_{self.mode}")
+        self.worker(header)
+        ids = chunk_ids(header, None)
+        values = header.get("values", False)
+        if not isinstance(values, bool):
+            raise ProtocolError("'values' must be true or false")
+        return self.consistency.apply_norms(peer, header["id"], ids, self.table.existing(ids), header.get("sums"),
+                                            header.get("rounds"), values)
 
     def _on_pushpull(self, peer, header, arrays):
         return self._on_push(peer, header, arrays, want_values=True)

@@ -12,6 +12,16 @@ write it was granted, or asked for, counts as a push: kvstore.server.writein). I
 the optimizer fails on a round, exactly the requests that depended on that round
 get the error; later rounds proceed.
 
+**Layer-wise rounds** (norms across servers, docs/architecture.md §9): a key cut
+into chunks over several servers, updated by an optimizer whose step needs norms
+over the whole key (LARS, LAMB: ``Optimizer.splits_norms``), is pushed with
+``norms``. Its round then completes in two phases: when every worker has pushed,
+phase 1 computes the chunk's sums of squares (``Updater.norm_terms``; nothing
+changes yet) and answers every push with them; the round stays at the head of the
+queue until the leading worker (rank 0) has added up every chunk's terms per key
+and sent the sums (``apply_norms``); phase 2 then steps with them and the round is
+applied as any other (pulls parked on it are answered).
+
 When the scheduler reports that a worker finished (:meth:`Sync.workers_finished`),
 every round still waiting for it fails at once naming it, and so does every later
 push: such a round can never complete. A worker that left an elastic job
@@ -26,16 +36,21 @@ clocks.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, error_header
-from ..errors import InvalidArgumentError
 from .chunks import ChunkTable
 from .members import Members
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
 from .rounds import Chunk, Pending, Reply, Round
 from .writein import WriteIn
+
+
+LEADER = 0          # the worker that adds up layer-wise terms and sends apply_norms
 
 
 class Sync:
@@ -77,15 +92,23 @@ class Sync:
                 raise InvalidArgumentError(self.gone_message(cid, pos, workers))
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None) -> list[Reply]:
-        """A validated push (for ``group``, a host's sum) joins the rounds, or waits
-        behind an earlier write of its worker that is not granted yet."""
+             group: frozenset | None, norms: bool = False) -> list[Reply]:
+        """A validated push (for ``group``, a host's sum; ``norms``: a layer-wise one)
+        joins the rounds, or waits behind an earlier write of its worker that is not
+        granted yet."""
+        for cid, chunk in zip(ids, chunks):
+            pos = self.round_to_join(chunk, worker)
+            if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise != norms:
+                raise InvalidArgumentError(
+                    f"{chunk_label(cid)}: worker {worker}'s push {'asks' if norms else 'does not ask'} for "
+                    f"norms across servers, but round {self._applied.get(cid, 0) + pos + 1} was opened by pushes "
+                    f"that {'do not' if norms else 'do'}: the workers disagree on the optimizer or the key's chunks")
         if self.writes.ahead(worker, ids):
             if group is not None:    # a host's leader does not write in (kvstore.hostreduce)
                 raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
             # that write takes its round first (kvstore.server.writein), then this push the next one
             return self.writes.hold(peer, req_id, worker, ids, chunks, arrays, want_values)
-        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group)
+        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms)
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = Pending(peer, req_id, worker, ids, True,
@@ -105,11 +128,17 @@ class Sync:
         for cid, chunk in self.table.chunks.items():
             # a worker joins rounds in order: those it is missing from are a suffix
             first = next((i for i, rnd in enumerate(chunk.rounds) if not gone <= rnd.workers), None)
+            leaderless = LEADER in gone and bool(chunk.rounds) and chunk.rounds[0].terms is not None
+            if leaderless:
+                first = 0                 # its norms will never come: nor can the rounds after it
             if first is None:
                 continue
             for pos in range(first, len(chunk.rounds)):
                 rnd = chunk.rounds[pos]
-                self.fail_round(cid, chunk, rnd, self.gone_message(cid, pos, rnd.workers))
+                message = self.gone_message(cid, pos, rnd.workers) if not leaderless else (
+                    f"worker {LEADER}, the leader that adds up a key's norms across servers, closed its store "
+                    f"while round {self._applied.get(cid, 0) + 1} of {chunk_label(cid)} awaits them")
+                self.fail_round(cid, chunk, rnd, message)
             del chunk.rounds[first:]
             replies += self.release(cid, chunk)
         return replies + self.writes.fail_queued()
@@ -153,20 +182,20 @@ class Sync:
 
     # -- rounds ---------------------------------------------------------------------------
     def join(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None = None) -> list[Reply]:
+             group: frozenset | None = None, norms: bool = False) -> list[Reply]:
         """A validated push (for ``group``, a host's sum) joins the rounds; the replies now ready."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, req_id, worker, ids, want_values, set(ids))
+        pending = Pending(peer, req_id, worker, ids, want_values, set(ids), norms=norms)
         for chunk in chunks:
             chunk.waiting.append(pending)
         ready, ranks = [], group or frozenset((worker,))
         for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1))
+            pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms)
             ready += self.apply_complete(cid, chunk)
         return ready
 
-    def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray) -> Round:
+    def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False) -> Round:
         """Add one worker's push (``ranks``: it, or the workers a host's sum speaks
         for) to the first round none of them has contributed to.
 
@@ -187,6 +216,7 @@ class Sync:
                 rnd.workers.update(ranks)
                 return rnd
         rnd = self.opened(chunk, None, first=grad)
+        rnd.layerwise = layerwise
         rnd.workers.update(ranks)
         return rnd
 
@@ -205,37 +235,109 @@ class Sync:
         return self.table.alloc(chunk.value.size, chunk.value.dtype)
 
     def apply_complete(self, cid, chunk: Chunk) -> list[Reply]:
-        """Apply every round at the head of ``chunk``'s queue that every slot is in."""
+        """Apply every round at the head of ``chunk``'s queue that every slot is in (a
+        layer-wise round: run its phase 1 and stop, until its norms come)."""
         replies = []
         while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:
-            rnd = chunk.rounds.pop(0)
-            self._applied[cid] = self._applied.get(cid, 0) + 1
-            for waiting in self._partial.pop(cid, ()):    # the value is about to change
-                if waiting.blocked:                          # (not answered yet)
-                    self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
-            if rnd.acc is None:   # one worker: its push is the sum
-                rnd.acc = self.take_spare(chunk)
-                self.xp.copyto(rnd.acc, rnd.first)
-                rnd.first = None
-            acc = rnd.acc
+            rnd = chunk.rounds[0]
+            if rnd.layerwise:
+                if rnd.terms is None:
+                    replies += self._phase1(cid, chunk, rnd)
+                if rnd.terms is not None:
+                    break                 # awaits apply_norms
+                continue                  # phase 1 failed: the round was dropped
+            chunk.rounds.pop(0)
             updater = self.optimizer.updater
-            if updater is None:
-                # no optimizer: the merged sum becomes the value; the old value
-                # buffer is recycled as the next round's accumulator
-                chunk.value, acc = acc, chunk.value
-            else:
-                try:
-                    updater(cid, acc, chunk.value)
-                except Exception as e:  # an optimizer failure must not leave workers waiting
-                    message = (f"applying the optimizer to {chunk_label(cid)} failed: "
-                               f"{type(e).__name__}: {e}")
-                    for pending in chunk.waiting:
-                        joined = pending.rounds.get(cid)
-                        if joined is rnd or (joined is None and pending.worker in rnd.workers):
-                            pending.error = message   # answered with it when it completes
-            chunk.spare = acc
-            replies += self.release(cid, chunk)
+            replies += self._commit(cid, chunk, rnd, None if updater is None else
+                                    (lambda acc, value: updater(cid, acc, value)))
         return replies
+
+    def _summed(self, chunk: Chunk, rnd: Round) -> np.ndarray:
+        """The round's sum in its accumulator (one worker: its push copied there)."""
+        if rnd.acc is None:
+            rnd.acc = self.take_spare(chunk)
+            self.xp.copyto(rnd.acc, rnd.first)
+            rnd.first = None
+        return rnd.acc
+
+    def _commit(self, cid, chunk: Chunk, rnd: Round, update) -> list[Reply]:
+        """Apply ``rnd`` (popped from the queue): ``update(sum, value)`` in place, or
+        (None: no optimizer) the sum becomes the value; then answer what waited."""
+        self._applied[cid] = self._applied.get(cid, 0) + 1
+        for waiting in self._partial.pop(cid, ()):    # the value is about to change
+            if waiting.blocked:                          # (not answered yet)
+                self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
+        acc = self._summed(chunk, rnd)
+        if update is None:
+            # no optimizer: the merged sum becomes the value; the old value
+            # buffer is recycled as the next round's accumulator
+            chunk.value, acc = acc, chunk.value
+        else:
+            try:
+                update(acc, chunk.value)
+            except Exception as e:  # an optimizer failure must not leave workers waiting
+                self._fail_depending(cid, chunk, rnd, f"applying the optimizer to {chunk_label(cid)} failed: "
+                                                      f"{type(e).__name__}: {e}")
+        chunk.spare = acc
+        return self.release(cid, chunk)
+
+    def _fail_depending(self, cid, chunk: Chunk, rnd: Round, message: str) -> None:
+        for pending in chunk.waiting:
+            joined = pending.rounds.get(cid)
+            if joined is rnd or (joined is None and pending.worker in rnd.workers):
+                pending.error = message   # answered with it when it completes
+
+    # -- layer-wise rounds (norms across servers) --------------------------------------------
+    def _phase1(self, cid, chunk: Chunk, rnd: Round) -> list[Reply]:
+        """The complete layer-wise round at the head of ``chunk``: its chunk's terms
+        (nothing changes); the pushes that joined it are answered with them. If that
+        fails the round is dropped as a failed update is, naming the error."""
+        updater = self.optimizer.updater
+        try:
+            if updater is None or not updater.optimizer.splits_norms:
+                raise InvalidArgumentError("no optimizer that splits its update by norms is set")
+            rnd.terms, rnd.carry = updater.norm_terms(cid, self._summed(chunk, rnd), chunk.value)
+            rnd.number = self._applied.get(cid, 0) + 1
+        except Exception as e:
+            rnd.terms = rnd.carry = None
+            chunk.rounds.pop(0)
+            self._applied[cid] = self._applied.get(cid, 0) + 1
+            self._fail_depending(cid, chunk, rnd, f"the norms of {chunk_label(cid)} failed: {type(e).__name__}: {e}")
+            if rnd.acc is not None:
+                chunk.spare = rnd.acc
+        return self.release(cid, chunk)
+
+    def apply_norms(self, peer, req_id, ids, chunks, sums, numbers, want_values: bool) -> list[Reply]:
+        """``apply_norms``: the leader's sums of every chunk's terms per key, for the
+        layer-wise rounds awaiting them at the head of ``chunks``' queues (round
+        ``numbers``). All are checked first: a wrong request changes nothing."""
+        updater = self.optimizer.updater
+        if not (isinstance(sums, list) and isinstance(numbers, list) and len(sums) == len(numbers) == len(ids)):
+            raise ProtocolError("apply_norms needs 'sums' and 'rounds', one per chunk")
+        heads = []
+        for cid, chunk, total, number in zip(ids, chunks, sums, numbers):
+            head = chunk.rounds[0] if chunk.rounds else None
+            if head is None or head.terms is None:
+                raise InvalidArgumentError(f"apply_norms: no round of {chunk_label(cid)} awaits its key's norms "
+                                           f"on {self.table.name}")
+            if number != head.number:
+                raise InvalidArgumentError(f"apply_norms names round {number!r} of {chunk_label(cid)}, but round "
+                                           f"{head.number} awaits its key's norms")
+            if not (isinstance(total, list) and len(total) == len(head.terms)
+                    and all(isinstance(x, float) and math.isfinite(x) and x >= 0 for x in total)):
+                raise InvalidArgumentError(f"apply_norms: {chunk_label(cid)} needs {len(head.terms)} finite sums "
+                                           f">= 0, got {total!r}")
+            heads.append(head)
+        assert updater is not None          # phase 1 ran with it
+        replies = []
+        for cid, chunk, total, rnd in zip(ids, chunks, sums, heads):
+            chunk.rounds.pop(0)
+            carry, rnd.carry = rnd.carry, None
+            replies += self._commit(cid, chunk, rnd, lambda acc, value: updater.apply_norms(
+                cid, acc, value, total, carry))
+            replies += self.apply_complete(cid, chunk)   # the next round's phase 1, if it is complete
+        values = [c.value for c in chunks] if want_values else []
+        return [ok(peer, req_id, self.table.backend.download(values, copy=True))] + replies
 
     def release(self, cid, chunk: Chunk) -> list[Reply]:
         """Answer the requests parked on ``chunk`` that no longer wait for it (and for
@@ -264,6 +366,10 @@ class Sync:
         captured = self._captured.pop(id(pending), {})
         if pending.error is not None:
             return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
+        if pending.norms:        # phase 1 of its rounds ran: their terms, for the leader to add up
+            rounds = [pending.rounds[cid] for cid in pending.chunks]
+            return ok(pending.peer, pending.req_id, [np.asarray(r.terms, np.float64) for r in rounds],
+                      rounds=[r.number for r in rounds])
         chunks = self.table.chunks
         # Values are sent without a copy: in sync mode a chunk cannot change again
         # before this worker, who is blocked on this reply, pushes to it. Unless it

@@ -42,6 +42,7 @@ class RowRound:
     acks: list = field(default_factory=list)     # (peer, request id, worker) to answer when applied
     filled: frozenset = frozenset()              # of parts: slots counted without a push (empty)
     writer = None                                # (no write-in for rows: read by the stall inspector)
+    terms = None                                 # (no layer-wise rounds for rows: likewise)
 
     @property
     def workers(self) -> set:

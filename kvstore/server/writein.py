@@ -82,6 +82,11 @@ class WriteIn:
             raise ProtocolError("'values' must be true or false")
         chunks = self.table.existing(ids)
         self.rounds.admit(worker, ids, want_values)
+        for cid, chunk in zip(ids, chunks):
+            pos = self.rounds.round_to_join(chunk, worker)
+            if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise:
+                raise InvalidArgumentError(f"{chunk_label(cid)}: its round takes layer-wise pushes (norms "
+                                           "across servers); a write cannot join it")
         if self.rounds.optimizer.updater is not None:
             for cid, chunk in zip(ids, chunks):
                 if chunk.value.dtype.kind != "f":
