@@ -47,6 +47,9 @@ def test_dynamic_wide_table_trains_in_dist_sync_as_in_one_process(mnist_dir):  #
     assert got["created"] > 100 and got["age"] > 0           # rows were made and aged out
     for k in ("rows", "created", "evicted", "age"):
         assert got[k] == want[k], (k, got, want)
+    # each server logs its table's counters as it shuts down
+    assert re.search(r"\[server:1\] .*server 1: dynamic rows of key 'wide' \(chunk 1\): \d+ rows, \d+ created, "
+                     r"\d+ evicted \(\d+ by age, 0 by budget\), hit rate [\d.]+ over \d+ ids pulled", dist)
 
 
 def test_a_row_budget_keeps_every_server_under_it(mnist_dir):  # noqa: F811

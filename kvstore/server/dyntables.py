@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import sparse
-from ..dynrows import DynamicRows, owner
+from ..dynrows import ID_LIMIT, DynamicRows, owner
 from ..dyntable import DynTable
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header
+from ..rowshard import RowLayout
 from ..storetypes import NO_ROWS_IN_SSP
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
@@ -34,13 +35,10 @@ from .tables import RowTables, Table
 
 
 @dataclass(frozen=True)
-class HashLayout:
+class HashLayout(RowLayout):
     """What the rounds read of a table's layout: ``width``, and ``local(ids)``, which
     checks that each id is in [0, 2**63) and hashes to this server, and returns them
-    (a dynamic table is addressed by id)."""
-    width: int
-    server: int
-    servers: int
+    (a dynamic table is addressed by id; ``num_rows`` is 2**63)."""
 
     def local(self, rows: np.ndarray, what: str) -> np.ndarray:
         rows = np.asarray(rows)
@@ -70,7 +68,7 @@ class DynTables(RowTables):
 
     def __init__(self, table, job):
         super().__init__(table, job)
-        self.restored: dict[tuple, dict] = {}     # chunk id -> [spec wire, DynTable snapshot]
+        self.restored: dict[tuple, tuple] = {}    # chunk id -> (spec wire, DynTable snapshot)
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
@@ -93,7 +91,7 @@ class DynTables(RowTables):
             del self.restored[cid]
         else:
             rows = DynTable(spec, label)
-        self.tables[cid] = DynRecord(HashLayout(spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
+        self.tables[cid] = DynRecord(HashLayout(ID_LIMIT, spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
                                      dtype_of=Chunk(np.zeros(0, spec.dtype)))
         return [ok(peer, header["id"])]
 
@@ -133,13 +131,12 @@ class DynTables(RowTables):
             rnd = table.rounds.pop(0)
             parts = [rnd.parts[w] for w in sorted(rnd.parts)]
             rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
-            kind = error = None
+            kind, error = "RemoteError", ""
             try:
                 self._apply(cid, table, chunk, rows, data)
             except KVStoreError as e:
                 kind, error = type(e).__name__, str(e)
             except Exception as e:   # an optimizer failure must not leave workers waiting
-                kind = "RemoteError"
                 error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
             replies += [Reply(peer, error_header(rid, kind, error)) if error
                         else ok(peer, rid) for peer, rid, _ in rnd.acks]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import cast
 
 import zmq
 
@@ -59,10 +60,16 @@ class ServerNode:
             heartbeat_timeout=config.heartbeat_timeout, security=security)
         self.state: ServerState | None = None
         self._elastic = False       # the job's workers may leave and join (--elastic)
-        self._epoch = None          # the epoch of the members the state machine holds
+        self._epoch: int | None = None   # the epoch of the members the state machine holds
         self._checkpoints: CheckpointOps | None = None   # with KVSTORE_CHECKPOINT_DIR
         self._commands: ServerCommands | None = None     # _send_command_to_servers
         self._timeline: Timeline | None = None           # KVSTORE_TIMELINE (kvstore.timeline)
+
+    @property
+    def _live(self) -> ServerState:
+        """The state machine, which :meth:`run` makes once this server registered."""
+        assert self.state is not None, "the server has not registered yet"
+        return self.state
 
     def run(self) -> int:
         try:
@@ -83,7 +90,7 @@ class ServerNode:
         self._data.serving(backend)
         self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in)
         self._data.joined(reg.workers)
-        self.sequencer = Sequencer(self.state.name)
+        self.sequencer = Sequencer(self._live.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
         self._commands = ServerCommands(reg.rank)
@@ -92,14 +99,14 @@ class ServerNode:
                                               self.state, resume=self.config.resume)
         elif self.config.resume:
             reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
-            log.error("%s: %s", self.state.name, reason)
-            self.membership.fail(f"{self.state.name} cannot resume: {reason}")
+            log.error("%s: %s", self._live.name, reason)
+            self.membership.fail(f"{self._live.name} cannot resume: {reason}")
             self._close()
             return 1
         log.info("server %d (pid %d) serving on %s, values in %s", reg.rank, os.getpid(),
                  self.address, backend.describe())
         next_stall_check = time.monotonic() + 1.0
-        finished = frozenset()      # workers the state machine knows have finished
+        finished: frozenset = frozenset()   # workers the state machine knows have finished
         try:
             self._timeline = open_timeline(self.config.timeline, "server", reg.rank)
             while True:
@@ -108,13 +115,13 @@ class ServerNode:
                     # rounds that wait for a worker that finished fail now, naming it
                     finished = self.membership.finished_workers
                     try:
-                        self._send_all(self.state.workers_finished(finished))
+                        self._send_all(self._live.workers_finished(finished))
                     except Exception:   # a bug must not end the server: the rounds then time out
-                        log.exception("%s: failed to end the rounds of finished workers", self.state.name)
+                        log.exception("%s: failed to end the rounds of finished workers", self._live.name)
                 if self.config.stall_warning > 0 and time.monotonic() >= next_stall_check:
                     next_stall_check = time.monotonic() + 1.0
-                    for line in self.state.stalled(time.monotonic(), self.config.stall_warning):
-                        log.warning("%s: %s (KVSTORE_STALL_WARNING=%gs)", self.state.name, line,
+                    for line in self._live.stalled(time.monotonic(), self.config.stall_warning):
+                        log.warning("%s: %s (KVSTORE_STALL_WARNING=%gs)", self._live.name, line,
                                     self.config.stall_warning)
                 if self.membership.aborted.is_set():
                     log.error("server %d stopping: %s", reg.rank, self.membership.abort_reason)
@@ -128,6 +135,8 @@ class ServerNode:
                 elif self._timeline is not None:
                     self._timeline.idle()
         finally:
+            for line in self._live.dyn.summary():      # dynamic rows' counters (kvstore.server.dyntables)
+                log.info("%s: %s", self._live.name, line)
             self._close()
 
     def _serve_ready(self) -> None:
@@ -144,7 +153,7 @@ class ServerNode:
                     error.request_id = header["id"] if type(header.get("id")) is int else None
                     raise error
             except ProtocolError as e:
-                log.warning("%s: rejected a malformed message: %s", self.state.name, e)
+                log.warning("%s: rejected a malformed message: %s", self._live.name, e)
                 self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
                 # its sequence number is used up, or the requests after it would wait
                 # for it forever (a readable header tells which one it was)
@@ -153,7 +162,7 @@ class ServerNode:
             try:
                 deliverable = self.sequencer.accept(peer, header, arrays)
             except ValueError as e:
-                log.error("%s: %s", self.state.name, e)
+                log.error("%s: %s", self._live.name, e)
                 self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
                 continue
             self._deliver(peer, deliverable)
@@ -170,13 +179,14 @@ class ServerNode:
     def _handle(self, peer: bytes, header: dict, arrays) -> list | None:
         """Handle one request and send its replies: the state machine's, returned
         (None for a request the node answers itself)."""
-        log.debug("%s: %s id=%s from worker %s", self.state.name, header["op"],
+        log.debug("%s: %s id=%s from worker %s", self._live.name, header["op"],
                   header["id"], header["src"])
         handled = self._data.intercept(peer, header, arrays)   # e.g. hello
         if handled is not None:
             self._send(peer, *handled)
             return None
         if header["op"] == ops.COMMAND:
+            assert self._commands is not None          # made with the state, at registration
             self._send(peer, self._commands.handle(header), [])
             return None
         if self._checkpoints is not None:
@@ -189,17 +199,17 @@ class ServerNode:
                 return None
         self._apply_members()
         try:
-            replies = self.state.handle(peer, header, arrays)
+            replies = self._live.handle(peer, header, arrays)
         except Exception as e:  # a bug or an input we did not foresee: keep serving
-            log.exception("%s: failed on %s request %s", self.state.name, header.get("op"),
+            log.exception("%s: failed on %s request %s", self._live.name, header.get("op"),
                           header.get("id"))
             replies = [Reply(peer, error_header(header["id"], "InternalError",
-                                                f"{self.state.name}: {type(e).__name__}: {e}"))]
+                                                f"{self._live.name}: {type(e).__name__}: {e}"))]
         for reply in replies:
             if reply.header.get("kind") == "ProtocolError":
-                log.warning("%s: rejected a malformed %s request: %s", self.state.name,
+                log.warning("%s: rejected a malformed %s request: %s", self._live.name,
                             header.get("op"), reply.header.get("message"))
-            self._send(reply.peer, reply.header, reply.arrays)
+            self._send(cast(bytes, reply.peer), reply.header, reply.arrays)   # the ROUTER's identity
         return replies
 
     def _apply_members(self) -> None:
@@ -213,13 +223,13 @@ class ServerNode:
         epoch, ranks = self.membership.members
         if epoch == self._epoch:
             return
-        log.info("%s: worker members %s (epoch %d)", self.state.name, ", ".join(map(str, sorted(ranks))), epoch)
+        log.info("%s: worker members %s (epoch %d)", self._live.name, ", ".join(map(str, sorted(ranks))), epoch)
         self._epoch = epoch
         self._data.joined(self.membership.workers)   # a joiner's shared memory (as new as ranks)
         try:
-            self._send_all(self.state.set_members(epoch, ranks))
+            self._send_all(self._live.set_members(epoch, ranks))
         except Exception:   # a bug must not end the server: its rounds then stall, and are reported
-            log.exception("%s: failed to apply the members of epoch %s", self.state.name, epoch)
+            log.exception("%s: failed to apply the members of epoch %s", self._live.name, epoch)
 
     def _send_all(self, replies) -> None:
         for reply in replies:
@@ -233,9 +243,9 @@ class ServerNode:
                 [peer, *frames], zmq.NOBLOCK, copy=False))
         except zmq.Again:
             log.warning("%s: dropped a reply to a peer whose queue is full (it does not read)",
-                        self.state.name)
+                        self._live.name)
         except zmq.ZMQError as e:  # EHOSTUNREACH: that worker is gone
-            log.warning("%s: could not reply to a worker that went away: %s", self.state.name, e)
+            log.warning("%s: could not reply to a worker that went away: %s", self._live.name, e)
         if self._timeline is not None:
             self._timeline.replied(start, peer, header, arrays)
 
