@@ -59,6 +59,7 @@ PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("k
     files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
     files("kvstore", "server", "tables.py") + files("kvstore", "server", "staleness.py") + \
     files("kvstore", "rowshard.py") + files("kvstore", "rowinit.py") + \
+    files("kvstore", "dynrows.py") + files("kvstore", "dyntable.py") + files("kvstore", "server", "dyntables.py") + \
     files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py")
 
 
