@@ -224,6 +224,7 @@ def push(s, src, ids, scale=1.0):
     return s.send(src, ops.PUSH_DYN, arrays=[np.asarray(ids, I64), g.data], chunk=["e", 1])
 
 
+@pytest.mark.usefixtures("server_backend")   # also the GPU server's code path (host device)
 def test_the_server_merges_a_round_and_makes_its_rows_once():
     s = dyn_server()
     mine = ids_of(1, 2, 3)
@@ -241,6 +242,7 @@ def test_the_server_merges_a_round_and_makes_its_rows_once():
     assert got[st].header["stats"]["rows"] == 3 and got[st].header["stats"]["rounds"] == 1
 
 
+@pytest.mark.usefixtures("server_backend")   # also the GPU server's code path (host device)
 def test_the_server_refuses_ids_that_are_not_its_own_or_not_unique_and_sorted():
     s = dyn_server()
     theirs, mine = ids_of(0, 2, 1), ids_of(1, 2, 2)
@@ -257,6 +259,7 @@ def test_the_server_refuses_ids_that_are_not_its_own_or_not_unique_and_sorted():
     expect_error(only(r), peer(0), rid, "InvalidArgumentError", "already initialised")
 
 
+@pytest.mark.usefixtures("server_backend")   # also the GPU server's code path (host device)
 def test_a_round_past_the_budget_fails_for_every_worker_in_it_and_changes_nothing():
     s = dyn_server(budget=2, evict=False, optimizer=opt.SGD(learning_rate=0.1))
     mine = ids_of(1, 2, 3)
@@ -273,6 +276,7 @@ def test_a_round_past_the_budget_fails_for_every_worker_in_it_and_changes_nothin
     assert (stats["rows"], stats["rounds"], stats["updates"]) == (1, 1, 1)
 
 
+@pytest.mark.usefixtures("server_backend")   # also the GPU server's code path (host device)
 def test_a_server_checkpoint_carries_the_rows_their_state_and_counters():
     s = dyn_server(workers=1, budget=4, optimizer=opt.Adam(learning_rate=0.1))
     mine = ids_of(1, 2, 8)
