@@ -73,6 +73,7 @@ def compress(config: dict, grad: np.ndarray, residual: np.ndarray | None) -> np.
     kind, t = config["type"], config["threshold"]
     if kind == "fp16":
         return _to_fp16(grad)
+    assert residual is not None, "2bit and 1bit compression keep a residual"
     t = _threshold(t, residual.dtype)
     if kind == "2bit":
         return _compress_2bit(grad, residual, t)

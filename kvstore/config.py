@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping, cast
 
 from tracker.control import env as _env
 from tracker.control.security import Security
@@ -47,7 +47,7 @@ class Config(_env.Settings):
             settings = _env.read(environ)
         except _env.EnvError as e:
             raise ConfigError(str(e)) from None
-        return cls(**_env.fields(settings))
+        return cls(**cast(dict[str, Any], _env.fields(settings)))
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)

@@ -20,6 +20,8 @@ line: ``no GPU found: the 'device' store aggregates on the CPU (<reason>)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import arrays, gpu
@@ -137,6 +139,7 @@ class DeviceStore(LocalStore):
             return super()._do_init(items)
         for key, shape, dtype, value in items:
             device = self._init_devices.get(key, self._home)
+            assert device is not None                 # a GPU store has a home device
             self._keys[key] = KeyInfo(key, shape, dtype)
             self._store[key] = gpu.to_device(np.ascontiguousarray(value, dtype=dtype), device)
 
@@ -144,7 +147,7 @@ class DeviceStore(LocalStore):
         if not self._gpu:
             return super()._apply(info, merged)
         import cupy
-        stored = self._store[info.key]
+        stored: Any = self._store[info.key]         # a CuPy array
         # on the key's device: the optimizer allocates its state on the current one
         with stored.device:
             if isinstance(merged, np.ndarray):
@@ -192,7 +195,7 @@ class DeviceStore(LocalStore):
             return super()._set_states(states)
         by_device: dict[int | None, dict] = {}   # load_optimizer_states validated every entry
         for key, entry in states.items():
-            stored = self._store[self._args.check_key(key, "load_optimizer_states")]
+            stored: Any = self._store[self._args.check_key(key, "load_optimizer_states")]
             # row-sparse tables stay in host memory (numpy: no GPU to upload to)
             device = int(stored.device.id) if arrays.is_gpu(stored) else None
             by_device.setdefault(device, {})[key] = entry
@@ -296,6 +299,7 @@ class DistDeviceStore(DistStore):
             if not gpu_keys:
                 return
             device = next(arrays.device_of(o) for _, outs in gpu_keys for o in outs if arrays.is_gpu(o))
+            assert device is not None                 # of a GPU output
             for (info, outs), on_gpu in zip(gpu_keys, _upload_views(block, views, device)):
                 for out in outs:
                     arrays.write(out, on_gpu)

@@ -65,7 +65,8 @@ class DistStore(KVStore):
         self._job = JobMember(config, addr=self._host.advert if self._host else "")
         self._membership = self._job.membership
         self._departure = Departure(self._job)     # close, fail, the exit handlers
-        self._client = None
+        self._client: Client     # once registered (below); a failed registration has none
+        client: Client | None = None
         self._rank = -1
         self._timeline: Timeline | None = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
         try:
@@ -76,7 +77,7 @@ class DistStore(KVStore):
             # collective calls (create, init, set_optimizer), which it makes alone
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
-            self._client = Client(config, self._membership, reg.servers, reg.rank)
+            client = self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
             if self._host is not None:
                 self._join_host_group(reg)
@@ -95,7 +96,7 @@ class DistStore(KVStore):
                                          num_workers=reg.slots,
                                          **({"staleness": staleness} if self._mode == "ssp" else {}))
         except BaseException:
-            self._departure.attach(self._client, self._host, self._rank)
+            self._departure.attach(client, self._host, self._rank)
             self._departure.release()
             raise
         self._departure.watch(config.exit_on_abort)
@@ -121,6 +122,7 @@ class DistStore(KVStore):
     # -- summing on the host first (KVSTORE_HOST_REDUCE=1, kvstore.hostreduce) ---------------
     def _join_host_group(self, registration) -> None:
         host, self._host = self._host, None
+        assert host is not None                 # made in __init__ when KVSTORE_HOST_REDUCE=1
         if host.form(registration, self._membership):
             host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host,
                         self._client.progress)
@@ -299,7 +301,8 @@ class DistStore(KVStore):
         write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and group is None
         if group is not None:
             fields["group"] = group
-        ids, later = [], []
+        ids: list[int] = []
+        later: list[int] = []
         flight = self._client.pace.start(dests, what, self._client if paced else None)
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
@@ -329,7 +332,9 @@ class DistStore(KVStore):
 
     def _fill(self, handle) -> None:
         if isinstance(handle, HostCall):
-            return self._host.finish(handle)
+            assert self._host is not None           # it made the call
+            self._host.finish(handle)
+            return
         call, what = handle.call, handle.what
         if call is not None:
             call.waiting()

@@ -325,7 +325,7 @@ class HostGroup:
 
 def _signature(sources, targets) -> tuple[str, str]:
     """(digest, readable) of what a call pushes and pulls: keys, sizes, dtypes."""
-    parts = [(repr(info.key), int(flat.size), flat.dtype.str) for info, flat in sources]
+    parts: list[tuple] = [(repr(info.key), int(flat.size), flat.dtype.str) for info, flat in sources]
     parts += [("out", repr(info.key), int(info.size), info.dtype.str) for info, _ in targets]
     keys = [f"{k} ({n} x {np.dtype(d).name})" for k, n, d in parts[:len(sources)]]
     text = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")

@@ -41,7 +41,7 @@ import datetime
 import logging
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -113,7 +113,7 @@ class KVStoreStrategy(ParallelStrategy):
         self._bucket_bytes = bucket_bytes
         self._overlap = overlap
         # the side channel waits as long as any blocking call does (KVSTORE_TIMEOUT's default)
-        self._timeout = float(timeout if timeout is not None else default("KVSTORE_TIMEOUT"))
+        self._timeout = float(timeout if timeout is not None else cast(float, default("KVSTORE_TIMEOUT")))
         self._exchange: Trainer | None = None
         self._gather: _StoreGather | _TCPStoreGather | None = None
 

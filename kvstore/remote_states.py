@@ -28,10 +28,10 @@ def gather(client, keys: dict, optimizer, pull) -> dict:
     states = {}
     for key, info in keys.items():
         if info.sparse:                       # one shard per server, rows interleaved
-            entry = rows.gather_states(info, found, len(client.servers),
+            whole = rows.gather_states(info, found, len(client.servers),
                                        lambda s: _fresh_rows(info, s, len(client.servers), optimizer, pull))
-            if entry is not None:
-                states[key] = entry
+            if whole is not None:
+                states[key] = whole
             continue
         per_chunk = [found.get((key, c.index)) for c in info.chunks]
         if all(p is None for p in per_chunk):

@@ -326,6 +326,7 @@ class Trainer:
 
     def _optimizer_step(self, scaler) -> None:
         start = self._timeline.now() if self._timeline is not None else 0
+        assert self.torch_optimizer is not None      # update_on_kvstore=False has one
         if scaler is None:
             self.torch_optimizer.step()
         else:
@@ -349,6 +350,7 @@ class Trainer:
         if self.update_on_kvstore:
             self.kv.save_optimizer_states(path, dump_optimizer=True)
             return
+        assert self.torch_optimizer is not None      # update_on_kvstore=False has one
         with atomic_write(path) as f:
             torch.save(self.torch_optimizer.state_dict(), f)
 
@@ -357,6 +359,7 @@ class Trainer:
         if self.update_on_kvstore:
             self.kv.load_optimizer_states(path)
         else:
+            assert self.torch_optimizer is not None  # update_on_kvstore=False has one
             self.torch_optimizer.load_state_dict(torch.load(path, weights_only=True))
 
     def close(self) -> None:
