@@ -31,6 +31,7 @@ from ..rowinit import RowInit
 from ..rowshard import RowLayout
 from ..storetypes import NO_ROWS_IN_SSP
 from .modes import MODES
+from .backend import HostBackend
 from .chunks import ChunkTable
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
@@ -96,12 +97,18 @@ class RowTables:
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
             self.table.restored.discard(cid)
         else:
-            host = np.zeros((layout.local_rows, width), dtype)
+            value = self.table.alloc(size, dtype)
+            # values in host memory are filled where they lie: a table as big as this
+            # server's memory allows is not built twice (a staging copy, then the value)
+            in_place = isinstance(self.table.backend, HostBackend)
+            host = value.reshape(layout.local_rows, width) if in_place else np.empty((layout.local_rows, width), dtype)
             if spec is not None:
                 spec.fill(host, np.arange(server, shape[0], servers, dtype=np.int64))
+            else:
+                host[...] = 0
             host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
-            value = self.table.alloc(size, dtype)
-            self.table.backend.upload(host.reshape(-1), out=value)
+            if not in_place:
+                self.table.backend.upload(host.reshape(-1), out=value)
             self.table.chunks[cid] = Chunk(value)
         self.tables[cid] = Table(layout, tuple(shape[1:]))
         self.table.row_tables.add(cid)
