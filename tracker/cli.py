@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import click
 
@@ -223,7 +224,7 @@ def default_threads(spec: JobSpec, hosts, cores: dict, uniform: bool = False) ->
     return with_default_threads(spec, hosts, cores, {**os.environ, **spec.env}, uniform)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """A problem found before anything started: print it and exit."""
     click.echo(f"error: {message}", err=True)
     sys.exit(code)

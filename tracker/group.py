@@ -42,7 +42,9 @@ def split_env(procs: list[ProcSpec]) -> tuple[dict, dict, dict]:
     (roles, counts, scheduler address) goes on the command line: settings and
     the user's variables, secrets included, travel in the environment.
     Raises ValueError if one name has different values for the two roles."""
-    plan_env, values, present = {}, {}, {}
+    plan_env: dict[str, dict[str, str]] = {}
+    values: dict[str, str] = {}
+    present: dict[str, set[str]] = {}
     for proc in procs:
         plan_env.setdefault(proc.role, {k: v for k, v in proc.env.items()
                                         if k in env.PER_PROCESS and k != "KVSTORE_RANK"})
@@ -89,7 +91,9 @@ class Group:
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         self.children = [GroupChild(self, p) for p in procs]
-        self._by_key = {(c.spec.role, c.spec.rank): c for c in self.children}
+        # (role, rank) -> child, looked up with what a status line says (any JSON values)
+        self._by_key: dict[tuple[object, object], GroupChild] = {
+            (c.spec.role, c.spec.rank): c for c in self.children}
         self._signalled: set[int] = set()
         self.stopping = False   # the launcher began tearing the job down
         self._lock = threading.Lock()
@@ -99,18 +103,21 @@ class Group:
     def _read(self) -> None:
         # read to the end whatever happens to one line (the sink drops output it
         # cannot write): a command blocked on a full pipe would hang the job
-        for raw in iter(self.popen.stdout.readline, b""):
+        stdout = self.popen.stdout
+        assert stdout is not None   # a pipe (stdout=PIPE)
+        for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             msg = parse_status(line)
-            child = self._by_key.get((msg.get("role"), msg.get("rank"))) if msg else None
+            if msg is None:
+                self.sink.write(line if PREFIXED.match(line) else f"[{self.name}] {line}")
+                continue
+            child = self._by_key.get((msg.get("role"), msg.get("rank")))
             if child is not None:
                 try:
                     child.on_status(msg)
                 except (TypeError, ValueError):   # a malformed status line: show it
                     self.sink.write(f"[{self.name}] {line}")
-            elif msg is None:
-                self.sink.write(line if PREFIXED.match(line) else f"[{self.name}] {line}")
-        self.popen.stdout.close()
+        stdout.close()
 
     def drain(self) -> None:
         self._pump.join(2.0)

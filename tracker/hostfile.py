@@ -129,16 +129,22 @@ def read(path: str, option: str | None = None) -> list[Host]:
         raise HostfileError(f"{option}: {e}") from None
 
 
+def capacity(hosts: list[Host]) -> int | None:
+    """The slots of ``hosts`` in all; None when one of them has no limit."""
+    slots = [h.slots for h in hosts if h.slots is not None]
+    return sum(slots) if len(slots) == len(hosts) else None
+
+
 def place(hosts: list[Host], num_servers: int, num_workers: int,
           oversubscribe: bool = False, source: str = "the host file") -> list[Host]:
     """The host of every process: servers 0..S-1, then workers 0..W-1 (the
     launch order). Round-robin over ``hosts``, skipping full ones. ``source``
     names the file in the error raised when the processes do not fit."""
     total = num_servers + num_workers
-    capacity = None if any(h.slots is None for h in hosts) else sum(h.slots for h in hosts)
-    if capacity is not None and total > capacity and not oversubscribe:
+    slots = capacity(hosts)
+    if slots is not None and total > slots and not oversubscribe:
         raise HostfileError(
-            f"{_processes(num_servers, num_workers)} do not fit in the {capacity} slots of "
+            f"{_processes(num_servers, num_workers)} do not fit in the {slots} slots of "
             f"{source}; add hosts or slots, or allow --oversubscribe")
     used = [0] * len(hosts)
     placed = []
@@ -146,7 +152,8 @@ def place(hosts: list[Host], num_servers: int, num_workers: int,
     for _ in range(total):
         for step in range(len(hosts)):
             i = (turn + step) % len(hosts)
-            if hosts[i].slots is None or used[i] < hosts[i].slots:
+            limit = hosts[i].slots
+            if limit is None or used[i] < limit:
                 break
         else:  # every host is full: oversubscribe, round-robin
             i = turn % len(hosts)

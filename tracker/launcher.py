@@ -60,7 +60,7 @@ class JobSpec:
         """Servers first, then workers, each with its rank in launch order. With
         ``emulate_hosts`` = K, server and worker of rank r are on emulated host r % K
         (``KVSTORE_HOST_LABEL``), as a launcher over K machines would place them."""
-        specs = []
+        specs: list[ProcSpec] = []
         for role, count, argv in (("server", self.num_servers, self.server_command),
                                   ("worker", self.num_workers, self.command)):
             for rank in range(count):
@@ -125,7 +125,7 @@ class _Signals:
 
     HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.received: list[int] = []
         self.tearing_down = False
         self.kill_now = False

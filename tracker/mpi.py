@@ -122,9 +122,10 @@ def check_slots(kind: str, hostfile_path: str | None, count: int, oversubscribe:
         capacity, where = os.cpu_count() or 1, f"the {os.cpu_count()} cores of this machine"
     else:
         hosts = hostfile.read(hostfile_path)
-        if any(h.slots is None for h in hosts):
+        slots = hostfile.capacity(hosts)
+        if slots is None:
             return  # Open MPI decides (cores of each host)
-        capacity, where = sum(h.slots for h in hosts), f"the {sum(h.slots for h in hosts)} slots of {hostfile_path}"
+        capacity, where = slots, f"the {slots} slots of {hostfile_path}"
     if count > capacity:
         raise hostfile.HostfileError(
             f"{count} processes do not fit in {where}; add slots or allow --oversubscribe")

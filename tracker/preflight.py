@@ -91,4 +91,4 @@ def on_each(hosts: list[Host], check) -> list[str]:
         t.start()
     for t in threads:
         t.join()
-    return [results[i] for i in range(len(hosts)) if results.get(i)]
+    return [error for i in range(len(hosts)) if (error := results.get(i))]

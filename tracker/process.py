@@ -73,11 +73,13 @@ class Child:
         prefix = f"[{self.spec.role}:{self.spec.rank}] "
         # keep reading to the end even when our output is gone (``| head``):
         # a child blocked on a full pipe would hang the job
-        for raw in iter(self.popen.stdout.readline, b""):
+        stdout = self.popen.stdout
+        assert stdout is not None   # a pipe (stdout=PIPE)
+        for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._out_lock:
                 write_out(self._out, prefix + line + "\n")
-        self.popen.stdout.close()
+        stdout.close()
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the child's session: its process group (which may

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
 
 from . import wrapper
 from .hostfile import Host
@@ -62,8 +62,7 @@ class Sink:
         processes' output, so no process blocks on a full pipe."""
         with self._lock:
             write_out(self.out, line + "\n")
-            m = PREFIXED.match(line) if self.log_dir else None
-            if m:
+            if self.log_dir and (m := PREFIXED.match(line)):
                 key = (m[1], int(m[2]))
                 try:
                     f = self._logs.get(key)
@@ -169,17 +168,21 @@ class RemoteChild:
 
     def _send(self, line: str, close: bool = False) -> None:
         with self._stdin_lock:
+            stdin = self.popen.stdin
+            assert stdin is not None   # a pipe (stdin=PIPE)
             try:
-                if not self.popen.stdin.closed:
-                    self.popen.stdin.write(line.encode() + b"\n")
-                    self.popen.stdin.flush()
+                if not stdin.closed:
+                    stdin.write(line.encode() + b"\n")
+                    stdin.flush()
                     if close:
-                        self.popen.stdin.close()
+                        stdin.close()
             except (BrokenPipeError, OSError):
                 pass
 
     def _read_stdout(self) -> None:
-        for raw in iter(self.popen.stdout.readline, b""):
+        stdout = self.popen.stdout
+        assert stdout is not None   # a pipe (stdout=PIPE)
+        for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             msg = parse_status(line)
             if msg is None:
@@ -194,15 +197,17 @@ class RemoteChild:
                     self._code = int(msg.get("code", 1))
                 except (TypeError, ValueError):
                     self._code = 1
-        self.popen.stdout.close()
+        stdout.close()
 
     def _read_stderr(self) -> None:
         prefix = f"[{self.spec.role}:{self.spec.rank}@{self.host}] "
-        for raw in iter(self.popen.stderr.readline, b""):
+        stderr = self.popen.stderr
+        assert stderr is not None   # a pipe (stderr=PIPE)
+        for raw in iter(stderr.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             self._ssh_errors = (self._ssh_errors + [line])[-5:]
             self._sink.write(prefix + line)
-        self.popen.stderr.close()
+        stderr.close()
 
     def running(self) -> bool:
         """True until ssh ended, i.e. the wrapper confirmed its process group ended."""
@@ -259,7 +264,8 @@ def resolve(host: Host) -> str | None:
     except OSError:
         return None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    return infos[0][4][0] if infos else None
+    # an IPv4 or IPv6 address (its sockaddr's host), the only families a host name resolves to
+    return cast(str, infos[0][4][0]) if infos else None
 
 
 def interface_address(name: str) -> str | None:

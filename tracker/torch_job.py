@@ -134,12 +134,14 @@ def join(job: TorchJob, environ: Mapping[str, str]) -> dict[str, str]:
         log.warning("no KVSTORE_SECRET and no torchrun store: this job's connections are not "
                     "authenticated (set KVSTORE_SECRET for every process to authenticate them)")
     secret = settings.secret or (store.shared("secret", job.rank == 0, new_secret) if store else None)
-    free_port = store is not None and not settings.scheduler_port
+    # the store through which rank 0 hands its scheduler's free port to the others
+    # (None: the port is known, MASTER_PORT + 1 or KVSTORE_SCHEDULER_PORT)
+    port_store = store if not settings.scheduler_port else None
     if job.rank == 0:
-        port = _host_scheduler(job, settings, secret, 0 if free_port else job.scheduler_port)
-    if free_port:
-        job = dataclasses.replace(job, scheduler_port=int(store.shared("scheduler_port", job.rank == 0,
-                                                                          lambda: str(port))))
+        port = _host_scheduler(job, settings, secret, 0 if port_store is not None else job.scheduler_port)
+    if port_store is not None:
+        job = dataclasses.replace(job, scheduler_port=int(port_store.shared("scheduler_port", job.rank == 0,
+                                                                               lambda: str(port))))
     node_host = _node_host(job.master_addr, job.scheduler_port)
     common = {"KVSTORE_SECRET": secret} if secret else {}
     if job.local_rank == 0:
@@ -186,7 +188,7 @@ def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None, p
         scheduler.wait(settings.timeout)
         scheduler.close()
     atexit.register(finish)
-    return int(scheduler.port)
+    return scheduler.port
 
 
 def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, common: dict,

@@ -76,16 +76,23 @@ class Slots:
         return sorted(self.holders)
 
     @property
+    def _elastic(self) -> tuple[int, int]:
+        """(MIN, MAX): the bounds, which only the slots of an elastic job ask for."""
+        assert self.bounds is not None, "not an elastic job"
+        return self.bounds
+
+    @property
     def flag(self) -> str:
-        return f"--elastic {self.bounds[0]}:{self.bounds[1]}"
+        return f"--elastic {self._elastic[0]}:{self._elastic[1]}"
 
     def fill(self, workers: list[Node]) -> None:
         """The job formed with ``workers`` (ranked): they are the members of epoch 0."""
-        self.holders = {n.rank: n for n in workers}
+        self.holders = {n.ranked: n for n in workers}
 
     def holds(self, node: Node) -> bool:
         """Whether ``node`` holds its slot (a member, or a joiner not yet one)."""
-        return self.holders.get(node.rank) is node or self.pending.get(node.rank) is node
+        return node.rank is not None and (self.holders.get(node.rank) is node
+                                          or self.pending.get(node.rank) is node)
 
     def registered(self, node: Node, book: dict, joined: bool = False) -> dict:
         """The fields of ``registered`` for ``node``: ``book`` (servers) and the slots."""
@@ -124,7 +131,7 @@ class Slots:
         later = {n.node_id: (waiting.pop(n.node_id), self.barrier.deadlines.pop(n.node_id, None))
                  for n in self.pending.values() if n.node_id in waiting and n not in joining}
         for node in joining:
-            self.holders[node.rank] = self.pending.pop(node.rank)
+            self.holders[node.ranked] = self.pending.pop(node.ranked)
         if joining:
             self.epoch += 1
             log.info("%s met the others at a barrier: member%s from epoch %d (members %s)",
@@ -162,7 +169,7 @@ class Slots:
         whose process ended with status 0). A worker whose script fails after closing
         its store (``sys.exit(1)`` closes it at exit) is reported by its launcher
         within that time, so it is the root cause, not the others' rounds it left waiting."""
-        return sorted(n.rank for n in self.holders.values() if n.finished
+        return sorted(n.ranked for n in self.holders.values() if n.finished
                       and (n.finished_at is None or n.finished_at <= now - FINISH_GRACE))
 
     def save(self, progress) -> None:
@@ -215,21 +222,22 @@ class Slots:
         if not self.holds(node):
             log.info("%s %s after it left the job", node.name(), why)
             return [], None
+        rank = node.ranked   # it holds a slot
         self.barrier.leave(node.node_id)
-        if self.pending.get(node.rank) is node:      # a joiner that never became a member
-            del self.pending[node.rank]
+        if self.pending.get(rank) is node:      # a joiner that never became a member
+            del self.pending[rank]
             self.joiners.pop(node.node_id, None)
             log.warning("%s left before it became a member: %s; the members stay %s", node.name(),
                         why, ", ".join(map(str, self.members)) or "none")
             return self.release(nodes, servers, now), None
-        del self.holders[node.rank]
+        del self.holders[rank]
         self.joiners.pop(node.node_id, None)
         self.epoch += 1
         n = len(self.holders)
         remain = f"{n} worker{' remains' if n == 1 else 's remain'}"
-        if failure and n < self.bounds[0]:
+        if failure and n < self._elastic[0]:
             return [], (f"{node.name()} {why}; {remain}, fewer than the elastic minimum "
-                        f"{self.bounds[0]} ({self.flag})")
+                        f"{self._elastic[0]} ({self.flag})")
         if n:   # a failure is a warning; a worker that finished (close()) is news only
             log.log(logging.WARNING if failure else logging.INFO,
                     "%s left the job: %s; %s (members %s, epoch %d): sync rounds now complete "

@@ -16,7 +16,8 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 SERVER_DEVICES = ("cpu", "gpu")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -27,13 +28,13 @@ class Var:
     name: str
     aliases: tuple[str, ...]
     default: object
-    parse: Callable[[str], object]   # raises ValueError; ``parse.type``: what it returns
+    parse: _Parser | type   # raises ValueError; a :class:`_Parser`, or a type that parses (str)
     help: str
 
     @property
     def type(self) -> object:
         """The type of its :class:`Settings` field (``| None`` when it has no default)."""
-        kind = getattr(self.parse, "type", self.parse)
+        kind = self.parse.type if isinstance(self.parse, _Parser) else self.parse
         return kind if self.default is not None else kind | None
 
     @property
@@ -42,28 +43,48 @@ class Var:
         return self.name.removeprefix("KVSTORE_").lower()
 
 
-def _number(kind: type, minimum: float, inclusive: bool = True) -> Callable[[str], object]:
+class _Parser:
+    """A variable's parser: called with its text, it returns the value (or raises
+    ValueError); ``type`` is the type of that value (:attr:`Var.type`)."""
+
+    def __init__(self, parse: Callable[[str], object], kind: type | UnionType) -> None:
+        self._parse = parse
+        self.type = kind
+
+    def __call__(self, text: str) -> object:
+        return self._parse(text)
+
+
+class _Choice(_Parser):
+    """A parser of one of ``choices`` (case-insensitive)."""
+
+    def __init__(self, *choices: str) -> None:
+        super().__init__(self._one_of, str)
+        self.choices = choices
+
+    def _one_of(self, text: str) -> str:
+        value = text.strip().lower()
+        if value not in self.choices:
+            raise ValueError(f"must be one of {', '.join(self.choices)}")
+        return value
+
+
+def _returns(kind: type | UnionType) -> Callable[[Callable[[str], object]], _Parser]:
+    """Decorates a parser function with the type of what it returns."""
+    return lambda parse: _Parser(parse, kind)
+
+
+def _number(kind: type[int] | type[float], minimum: float, inclusive: bool = True) -> _Parser:
     """A parser of ``kind`` values >= ``minimum`` (> when not ``inclusive``)."""
-    def parse(text: str):
+    def parse(text: str) -> int | float:
         value = kind(text)
         if not (value >= minimum if inclusive else value > minimum):  # NaN fails too
             raise ValueError(f"must be {'>=' if inclusive else '>'} {minimum}")
         return value
-    parse.type = kind
-    return parse
+    return _Parser(parse, kind)
 
 
-def _choice(*values: str) -> Callable[[str], str]:
-    """A parser of one of ``values`` (case-insensitive)."""
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in values:
-            raise ValueError(f"must be one of {', '.join(values)}")
-        return value
-    parse.type, parse.choices = str, values
-    return parse
-
-
+@_returns(str)
 def _name(text: str) -> str:
     """A lower-cased name (letters, digits, _): the syntax of a value whose valid
     values a registry above this layer holds (KVSTORE_TRANSPORT: kvstore's
@@ -74,6 +95,7 @@ def _name(text: str) -> str:
     return value
 
 
+@_returns(int)
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -81,6 +103,7 @@ def _port(text: str) -> int:
     return value
 
 
+@_returns(tuple)
 def _gpu_list(text: str) -> tuple[int, ...]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items or not all(item.isdigit() for item in items):
@@ -88,6 +111,7 @@ def _gpu_list(text: str) -> tuple[int, ...]:
     return tuple(int(item) for item in items)
 
 
+@_returns(bool)
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -97,6 +121,7 @@ def _bool(text: str) -> bool:
     raise ValueError("must be 0/1, true/false, yes/no or on/off")
 
 
+@_returns(tuple)
 def _elastic(text: str) -> tuple[int, int]:
     low, sep, high = text.strip().partition(":")
     if not (sep and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()):
@@ -106,6 +131,7 @@ def _elastic(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+@_returns(int | str)      # bytes, or "auto"
 def _pipeline(text: str) -> int | str:
     value = text.strip().lower()
     if value == "auto":
@@ -115,6 +141,7 @@ def _pipeline(text: str) -> int | str:
     return int(value)
 
 
+@_returns(int | float)    # an int, or math.inf
 def _staleness(text: str) -> int | float:
     value = text.strip().lower()
     if value in ("inf", "infinity"):
@@ -124,18 +151,13 @@ def _staleness(text: str) -> int | float:
     return int(value)
 
 
-# what they return (str: str)
-_port.type, _gpu_list.type, _bool.type, _elastic.type, _name.type = int, tuple, bool, tuple, str
-_staleness.type = int | float   # an int, or math.inf
-_pipeline.type = int | str      # bytes, or "auto"
-
 _POSITIVE_FLOAT = _number(float, 0, inclusive=False)
 _NON_NEGATIVE_FLOAT = _number(float, 0)
 _POSITIVE_INT = _number(int, 1)
 _NON_NEGATIVE_INT = _number(int, 0)
 
 VARIABLES: tuple[Var, ...] = (
-    Var("KVSTORE_ROLE", ("DMLC_ROLE",), None, _choice("worker", "server", "scheduler"),
+    Var("KVSTORE_ROLE", ("DMLC_ROLE",), None, _Choice("worker", "server", "scheduler"),
         "Role of this process: worker, server or scheduler."),
     Var("KVSTORE_SCHEDULER_HOST", ("DMLC_PS_ROOT_URI",), None, str,
         "Address of the scheduler (rendezvous) that every process connects to."),
@@ -234,7 +256,7 @@ VARIABLES: tuple[Var, ...] = (
         "chunks at least (its own pushes - s) times, so no worker runs more than s steps ahead "
         "of the slowest (0: exactly dist_sync; inf: dist_async). kvstore.create(\"dist_ssp\", "
         "staleness=s) overrides it. Read by workers; the same on every worker (checked)."),
-    Var("KVSTORE_SERVER_DEVICE", (), "cpu", _choice(*SERVER_DEVICES),
+    Var("KVSTORE_SERVER_DEVICE", (), "cpu", _Choice(*SERVER_DEVICES),
         "Where servers keep values, sums and optimizer state: cpu, or gpu (server s uses GPU "
         "s mod the host's GPU count, or KVSTORE_SERVER_GPUS; sums and optimizer updates run "
         "as CuPy kernels). A GPU server on a host without a usable GPU fails at start with "
@@ -257,9 +279,11 @@ VARIABLES: tuple[Var, ...] = (
 BY_NAME = {var.name: var for var in VARIABLES}
 
 
-def default(name: str) -> object:
+def default(name: str) -> Any:
     """The default of variable ``name`` (``default("KVSTORE_TIMEOUT")`` -> 300.0):
-    how code outside this table spells a default, so that it is written once."""
+    how code outside this table spells a default, so that it is written once. Its
+    type is the variable's (:attr:`Var.type`), which the table does not give type
+    checkers: Any, so that it defaults a parameter or field of that type."""
     return BY_NAME[name].default
 
 
@@ -269,12 +293,19 @@ def _repr(self) -> str:  # never print the secret
     return f"{type(self).__name__}({shown})"
 
 
-Settings = dataclasses.make_dataclass(
-    "Settings", [(var.field, var.type, dataclasses.field(default=var.default)) for var in VARIABLES],
-    frozen=True, repr=False, namespace={"__module__": __name__, "__repr__": _repr, "__doc__": (
-        "Every variable of the table, parsed: one field per variable, named after it "
-        "(``KVSTORE_CHUNK_BYTES`` -> ``chunk_bytes``), with its default. Frozen; build one "
-        "with :func:`read`, or directly (not validated) in tests.")})
+if TYPE_CHECKING:
+    class Settings(Any):
+        """What type checkers see of the class below, which the table makes: its
+        fields (one per variable) are not spelled out again, so they read as Any."""
+
+        def __init__(self, **fields: object) -> None: ...
+else:
+    Settings = dataclasses.make_dataclass(
+        "Settings", [(var.field, var.type, dataclasses.field(default=var.default)) for var in VARIABLES],
+        frozen=True, repr=False, namespace={"__module__": __name__, "__repr__": _repr, "__doc__": (
+            "Every variable of the table, parsed: one field per variable, named after it "
+            "(``KVSTORE_CHUNK_BYTES`` -> ``chunk_bytes``), with its default. Frozen; build one "
+            "with :func:`read`, or directly (not validated) in tests.")})
 
 
 class EnvError(ValueError):

@@ -160,8 +160,8 @@ class Membership:
                     self._ctl.send(message, zmq.NOBLOCK)
                     sent = True
                 except zmq.Again:
-                    self._ctl_events.poll(SLICE * 1000)   # wait a slice for the connection
-            elif self._ctl.poll(SLICE * 1000):
+                    self._ctl_events.poll(int(SLICE * 1000))   # wait a slice for the connection
+            elif self._ctl.poll(int(SLICE * 1000)):
                 msg = wire.decode(self._ctl.recv())
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
@@ -271,7 +271,7 @@ class Membership:
                     except zmq.Again:
                         pass   # no connection right now: the silence is noticed by both sides
                     next_beat = now + self.heartbeat_interval
-                if sock.poll(min(SLICE, self.heartbeat_interval) * 1000):
+                if sock.poll(int(min(SLICE, self.heartbeat_interval) * 1000)):
                     msg = wire.decode(sock.recv())
                     last_contact, contacted = time.monotonic(), True
                     if msg["op"] == "abort":

@@ -49,6 +49,14 @@ class Node:
             raise RendezvousError("register needs string 'node', 'host', 'addr' and an integer 'pid'")
         return cls(node_id, role, rank, host, addr, pid, ident, now, hb_ident=hb_idents.get(node_id))
 
+    @property
+    def ranked(self) -> int:
+        """Its rank, which every node has once the job formed (a worker that joins a
+        running job: once it took a slot); before that, one registered without a
+        rank (registration order) has none."""
+        assert self.rank is not None, f"{self.name()} has no rank yet"
+        return self.rank
+
     def name(self) -> str:
         rank = "?" if self.rank is None else self.rank
         return f"{self.role} {rank} (pid {self.pid} on {self.host})"
@@ -96,7 +104,7 @@ class Barrier:
             return []
         limit, token = self.deadlines[late[0]][1], self.waiting[late[0]][2]
         waiters = sorted(self.waiting, key=lambda nid: nodes[nid].rank)
-        absent = sorted((n for n in members if n.node_id not in self.waiting), key=lambda n: n.rank)
+        absent = sorted((n for n in members if n.node_id not in self.waiting), key=lambda n: n.ranked)
         names = ", ".join(n.name() for n in absent) or "no worker"
         return self.end("error", kind="timeout", message=(
             f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "

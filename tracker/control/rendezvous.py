@@ -18,7 +18,7 @@ import zmq
 
 from . import env, wire
 from .scheduler_state import SchedulerState
-from .security import Security
+from .security import Authenticator, Security
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,14 @@ class Scheduler:
                                      heartbeat_timeout=heartbeat_timeout, elastic=elastic)
         self._crash: str | None = None
         self._requested_port = port
-        self.port: int | None = None
+        self._port: int | None = None   # start() binds it
         self._events: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket | None = None
         self._security = security
-        self._auth = None
+        self._auth: Authenticator | None = None
 
     @classmethod
     def for_job(cls, settings: env.Settings, num_workers: int, num_servers: int, **kwargs) -> "Scheduler":
@@ -72,23 +72,35 @@ class Scheduler:
 
     # -- public, thread-safe -------------------------------------------------
     @property
+    def port(self) -> int:
+        """The port it listens on (once started)."""
+        assert self._port is not None, "the scheduler has not started"
+        return self._port
+
+    @property
+    def _socket(self) -> zmq.Socket:
+        """Its ROUTER socket, which :meth:`start` makes before the loop runs."""
+        assert self._sock is not None, "the scheduler has not started"
+        return self._sock
+
+    @property
     def failure(self) -> str | None:
         """Why the job was aborted (names the culprit), or None."""
         return self._state.failure or self._crash
 
     def start(self) -> "Scheduler":
         self._auth = self._security.authenticator(self._ctx, "scheduler")
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._security.serve(self._sock)
+        self._sock = sock = self._ctx.socket(zmq.ROUTER)
+        self._security.serve(sock)
         if self._auth is not None:
-            self._auth.watch(self._sock)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BYTES)
+            self._auth.watch(sock)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BYTES)
         if self._requested_port:
-            self._sock.bind(f"tcp://{self.host}:{self._requested_port}")
-            self.port = self._requested_port
+            sock.bind(f"tcp://{self.host}:{self._requested_port}")
+            self._port = self._requested_port
         else:
-            self.port = self._sock.bind_to_random_port(f"tcp://{self.host}")
+            self._port = sock.bind_to_random_port(f"tcp://{self.host}")
         self._thread = threading.Thread(target=self._run, name="kvstore-scheduler", daemon=True)
         self._thread.start()
         log.info("scheduler listening on %s:%d for %d worker%s and %d server%s%s",
@@ -127,14 +139,15 @@ class Scheduler:
     # -- the loop (scheduler thread only) -----------------------------------
     def _run(self) -> None:
         state = self._state
+        sock = self._socket
         poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        poller.register(sock, zmq.POLLIN)
         try:
             while True:
-                if dict(poller.poll(TICK * 1000)):
+                if dict(poller.poll(int(TICK * 1000))):
                     while True:
                         try:
-                            ident, frame = self._sock.recv_multipart(zmq.NOBLOCK)
+                            ident, frame = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         except ValueError:  # a message with other than two frames
@@ -163,11 +176,12 @@ class Scheduler:
             if event[0] == "abort":
                 self._send(state.abort(event[1], time.monotonic()))
             elif event[0] == "exited":
-                self._send(state.node_exited(*event[1:], now=time.monotonic()))
+                _, role, rank, code = event
+                self._send(state.node_exited(role, rank, code, now=time.monotonic()))
 
     def _send(self, sends) -> None:
         for send in sends:
             try:
-                self._sock.send_multipart([send.ident, wire.encode(send.op, **send.fields)], zmq.NOBLOCK)
+                self._socket.send_multipart([send.ident, wire.encode(send.op, **send.fields)], zmq.NOBLOCK)
             except zmq.Again:
                 log.warning("dropped %s to an unresponsive node", send.op)

@@ -268,7 +268,7 @@ class SchedulerState:
                 for i, node in enumerate(members):
                     node.rank = i
         by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),
-                                      key=lambda n: n.rank)
+                                      key=lambda n: n.ranked)
         self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
         self._slots.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
@@ -369,7 +369,8 @@ class SchedulerState:
 
     def _known(self, msg: dict, aborted_ok: bool = False, worker: str = "") -> Node:
         """The registered node of ``msg`` (``worker``: what only workers may do)."""
-        node = self._nodes.get(msg.get("node")) if isinstance(msg.get("node"), str) else None
+        node_id = msg.get("node")
+        node = self._nodes.get(node_id) if isinstance(node_id, str) else None
         if node is None:
             raise RendezvousError("request from a node that has not registered")
         if self.failure is not None and not aborted_ok:

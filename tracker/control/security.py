@@ -66,6 +66,7 @@ class Security:
         return bool(self.secret)
 
     def _derive(self, purpose: str) -> bytes:
+        assert self.secret is not None, "an open Security derives no keys"
         return hmac.new(self.secret.encode(), purpose.encode(), hashlib.sha256).digest()
 
     def _keypair(self, role: str) -> tuple[bytes, bytes]:
