@@ -125,14 +125,13 @@ class DynTable:
             self.state = [s.reshape(len(self.values), self.width)
                           for s in optimizer.create_state(self.values.reshape(-1))]
         self._evict(victims, "evicted_by_budget")
-        pos, found = self.find(ids)                           # the evictions moved positions
+        pos = pos - np.searchsorted(victims, pos)             # less the evicted rows before each (none is a round's)
         slots = np.empty(len(ids), np.int64)
         slots[found] = self.slots[pos[found]]
         slots[new] = self._take_slots(len(new))
-        if len(new):
-            at = np.searchsorted(self.ids, ids[new])
-            self.ids = np.insert(self.ids, at, ids[new])
-            self.slots = np.insert(self.slots, at, slots[new])
+        if len(new):                                          # pos[new]: where each new id goes, in order
+            self.ids = np.insert(self.ids, pos[new], ids[new])
+            self.slots = np.insert(self.slots, pos[new], slots[new])
         self.values[slots] = w
         if row_state is not None:
             assert self.state is not None

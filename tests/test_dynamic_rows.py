@@ -436,3 +436,37 @@ def test_resume_from_a_checkpoint_continues_bit_for_bit(make_cluster, tmp_path):
         same(got, want)
         assert {k: stats[k] for k in DET} == {k: want_stats[k] for k in DET}
     assert finals[0][1]["evicted"] > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_table_matches_a_plain_python_model_of_lru_and_age_eviction(seed):
+    """Random rounds against a dict: which rows live, their values, the counters."""
+    rng = np.random.default_rng(seed)
+    budget, evict_after = int(rng.integers(5, 15)), int(rng.integers(2, 6))
+    s = DynamicRows(D, init=("uniform", 1.0), seed=7, budget=budget, evict_after=evict_after)
+    table, model, clock, evicted = DynTable(s, "t", capacity=2), {}, 0, [0, 0]
+    for _ in range(60):
+        ids = np.unique(rng.integers(0, 40, int(rng.integers(0, budget + 1))))
+        values = rng.standard_normal((len(ids), D)).astype(np.float32)
+        table.apply(ids, values)
+        new = [i for i in ids.tolist() if i not in model]
+        over = len(model) + len(new) - budget
+        if over > 0:           # least recently updated first, ties to the smaller id, never this round's
+            order = sorted((last, i) for i, (_, last) in model.items() if i not in set(ids.tolist()))
+            for _, i in order[:over]:
+                del model[i]
+            evicted[1] += over
+        clock += 1
+        for i, v in zip(ids.tolist(), values):
+            model[i] = (v, clock)
+        for i in [i for i, (_, last) in model.items() if clock - last >= evict_after]:
+            del model[i]
+            evicted[0] += 1
+        assert table.ids.tolist() == sorted(model)
+        probe = np.arange(40)
+        got = table.read(probe)
+        for i in range(40):
+            want = model[i][0] if i in model else initial([i])[0]
+            np.testing.assert_array_equal(got[i], want)
+        stats = table.stats()
+        assert (stats["evicted_by_age"], stats["evicted_by_budget"], stats["rows"]) == (*evicted, len(model))
