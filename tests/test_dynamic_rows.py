@@ -470,3 +470,14 @@ def test_a_table_matches_a_plain_python_model_of_lru_and_age_eviction(seed):
             np.testing.assert_array_equal(got[i], want)
         stats = table.stats()
         assert (stats["evicted_by_age"], stats["evicted_by_budget"], stats["rows"]) == (*evicted, len(model))
+
+
+def test_a_worker_that_leaves_an_elastic_job_counts_with_no_rows_in_the_open_round():
+    s = dyn_server(workers=3)
+    mine = ids_of(1, 2, 2)
+    p0, _ = push(s, 0, mine[:1])
+    p1, _ = push(s, 1, mine[1:])
+    replies = by_id(s.state.set_members(1, {0, 1}))       # worker 2 left: the round completes without it
+    assert set(replies) == {p0, p1}
+    _, r = s.send(0, ops.DYN_STATS, chunk=["e", 1])
+    assert only(r).header["stats"]["rows"] == 2
