@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -166,3 +167,18 @@ def kvstore_version() -> str:
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", ""
     return f"kvstore {commit or '?'}{' + uncommitted changes' if dirty else ''}"
+
+
+_SS_FIELD = re.compile(r"\b(bytes_sent|bytes_received):(\d+)")
+
+
+def tcp_bytes(pid: int) -> int:
+    """TCP payload bytes sent plus received so far by every socket of ``pid`` (``ss``)."""
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30, check=True).stdout
+    total, mine = 0, False
+    for line in out.splitlines():
+        if not line.startswith(("\t", " ")):        # a socket's line; its details follow
+            mine = f"pid={pid}," in line
+        elif mine:
+            total += sum(int(v) for _, v in _SS_FIELD.findall(line))
+    return total

@@ -27,46 +27,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
-import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
+from benchmarks.common import tcp_bytes  # noqa: E402
+from benchmarks.zipf import scatter, zipf_ids  # noqa: E402
 
 GRAD = 2.0 ** -10              # a count times GRAD is exact in fp32, and so are their sums
-SCATTER = 2_654_435_761        # odd multiplier of the rank -> row bijection (Knuth)
 KEY = "table"
-_SS_FIELD = re.compile(r"\b(bytes_sent|bytes_received):(\d+)")
 
 
 # ---------------------------------------------------------------- the batches
-
-def zipf_ids(rng: np.random.Generator, n: int, exponent: float, rows: int) -> np.ndarray:
-    """``n`` row ids whose popularity ranks follow a power law with ``exponent`` (a
-    continuous Zipf law cut at ``rows``, sampled by inverting its CDF: no table of
-    ``rows`` probabilities), spread over the table by a bijection of the ranks."""
-    u = rng.random(n)
-    if abs(exponent - 1.0) < 1e-9:
-        ranks = np.power(rows + 1.0, u)
-    else:
-        a = 1.0 - exponent
-        ranks = np.power((np.power(rows + 1.0, a) - 1.0) * u + 1.0, 1.0 / a)
-    return scatter(np.minimum(ranks.astype(np.int64) - 1, rows - 1), rows)
-
-
-def scatter(ranks: np.ndarray, rows: int) -> np.ndarray:
-    """Popularity rank -> row: ``(rank * m + 7) mod rows`` with m the first odd number
-    from SCATTER coprime to ``rows``, a bijection (hot rows land all over the table,
-    on every server). Exact in int64 for ``rows`` < 2**31."""
-    mult = SCATTER
-    while np.gcd(mult, rows) != 1:
-        mult += 2
-    return (ranks * mult + 7) % rows
-
 
 class Batches:
     """The rows and counts of worker ``rank`` at ``step``, for any rank (the checks
@@ -99,18 +74,6 @@ class Batches:
 
 
 # ---------------------------------------------------------------- measuring
-
-def tcp_bytes(pid: int) -> int:
-    """TCP payload bytes sent plus received so far by every socket of ``pid`` (``ss``)."""
-    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30, check=True).stdout
-    total, mine = 0, False
-    for line in out.splitlines():
-        if not line.startswith(("\t", " ")):        # a socket's line; its details follow
-            mine = f"pid={pid}," in line
-        elif mine:
-            total += sum(int(v) for _, v in _SS_FIELD.findall(line))
-    return total
-
 
 def rss_mb() -> float:
     with open("/proc/self/status") as f:

@@ -13,27 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import time
 
+from benchmarks.common import tcp_bytes
 from benchmarks.dlrm.data import Config, parse_tables
-
-_SS_FIELD = re.compile(r"\b(bytes_sent|bytes_received):(\d+)")
-
-
-def tcp_bytes(pid: int) -> int:
-    """TCP payload bytes sent plus received so far by every socket of ``pid`` (``ss``;
-    as benchmarks/sparse_worker.py counts)."""
-    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30, check=True).stdout
-    total, mine = 0, False
-    for line in out.splitlines():
-        if not line.startswith(("\t", " ")):        # a socket's line; its details follow
-            mine = f"pid={pid}," in line
-        elif mine:
-            total += sum(int(v) for _, v in _SS_FIELD.findall(line))
-    return total
-
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.zipf import zipf_ids
+
 _TWO_53 = float(1 << 53)
 TEACHER_SEED = 20261128
-SCATTER = 2_654_435_761
 
 
 @dataclass(frozen=True)
@@ -54,25 +55,6 @@ class Config:
     def to_dict(self) -> dict:
         return {"tables": list(self.tables), "dim": self.dim, "batch": self.batch, "pooling": self.pooling,
                 "n_dense": self.n_dense, "zipf": self.zipf, "seed": self.seed, "init_scale": self.init_scale}
-
-
-def zipf_ids(rng: np.random.Generator, n: int, exponent: float, rows: int) -> np.ndarray:
-    """``n`` ids whose popularity ranks follow a Zipf law with ``exponent`` cut at
-    ``rows`` (inverse CDF of the continuous law), spread over the table by the
-    bijection ``(rank * m + 7) mod rows`` (m odd, coprime to ``rows``). The same
-    function as benchmarks/sparse_worker.py's, which cannot be imported here (it
-    puts the repository first on sys.path, over a chosen kvstore)."""
-    u = rng.random(n)
-    if abs(exponent - 1.0) < 1e-9:
-        ranks = np.power(rows + 1.0, u)
-    else:
-        a = 1.0 - exponent
-        ranks = np.power((np.power(rows + 1.0, a) - 1.0) * u + 1.0, 1.0 / a)
-    ranks = np.minimum(ranks.astype(np.int64) - 1, rows - 1)
-    mult = SCATTER
-    while np.gcd(mult, rows) != 1:
-        mult += 2
-    return (ranks * mult + 7) % rows
 
 
 def parse_tables(text: str) -> tuple[int, ...]:
