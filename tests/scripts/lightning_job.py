@@ -94,6 +94,12 @@ def main():
                     "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
                     "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step}, args.out)
     print(f"rank {rank}: done after {trainer.global_step} steps", flush=True)
+    if args.strategy == "ddp" and torch.distributed.is_initialized():
+        # end gloo's process group before the interpreter does: left to exit, its
+        # threads can meet a torn-down runtime ("terminate called without an active
+        # exception", SIGABRT after the work was done: seen once in a full run)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
