@@ -162,6 +162,7 @@ def run_case(index: int, workers: int, servers: int, mode: str, fault: str, role
         if "WRONG" in job.text:
             problems.append(f"a worker saw a {WRONG}")
         if code is not None and survives:
+            assert elastic is not None   # only a worker of an elastic job survives
             pid = int(ready.group(2)) if ready else None
             problems += left_and_joined(job, run, rank, pid, fault, elastic.restarts)
         elif code is not None and not marked_root_cause(job, role, rank):

@@ -74,6 +74,7 @@ class Job:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None   # stdout=PIPE
         for line in self.proc.stdout:
             with self.changed:
                 self.lines.append(line)

@@ -67,6 +67,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from typing import Any
 
 from benchmarks.chaos_jobs import (DEFAULT_BOUND, ROOT, WRONG, Job, await_pid, ended, finish,
                                    job_env, launcher_argv, line_of, marked_root_cause, strike)
@@ -211,7 +212,7 @@ class Run:
 
     def __init__(self, case: Case, index: int, sshd, want: str):
         self.case, self.sshd, self.want = case, sshd, want
-        self.record = {"phase": case.phase, "run": index, "fault": case.fault,
+        self.record: dict[str, Any] = {"phase": case.phase, "run": index, "fault": case.fault,
                        "target": f"{case.role} {case.rank}", "moment": case.moment,
                        "workers": case.workers, "servers": case.servers,
                        "checkpoints": f"every {case.save_every} steps" if case.save_every else
@@ -313,11 +314,13 @@ def strike_at(run: Run, job: Job, tag: str, moment_pattern: str | None, gone_ok:
     moment never came (the caller judges why). With ``gone_ok`` a target that has
     already ended is noted in the record, not as a problem (at teardown)."""
     c = run.case
+    found: re.Match[str] | int | None
     if c.fault in IN_PROCESS:
         found = job.wait_for(line_of("worker", c.rank) + r".*chaos: ", START_TIMEOUT)
     elif c.moment == "spawned":
         found = await_pid(job, tag, c.role, c.rank, START_TIMEOUT)
     else:
+        assert moment_pattern is not None, f"no pattern for the moment {c.moment!r}"
         found = job.wait_for(moment_pattern, START_TIMEOUT)
     if found is None:
         return None
@@ -333,7 +336,7 @@ def strike_at(run: Run, job: Job, tag: str, moment_pattern: str | None, gone_ok:
 
 def startup(run: Run) -> None:
     c = run.case
-    job, tag = run.start(**in_process(c))
+    job, tag = run.start(resume=False, **in_process(c))
     try:
         registered = (line_of("server", c.rank) + r".*serving on" if c.role == "server"
                       else line_of("worker", c.rank) + r"resumed (True|False) at step")
@@ -490,11 +493,12 @@ def resume(run: Run) -> None:
     # the resumed job, with the fault
     job, tag = run.start(resume=True, **in_process(c))
     try:
-        pattern = {"restoring": line_of("server", r"\d+") + r".*serving on",
-                   "resumed": line_of("worker", 0) + r"resumed True at step",
-                   "saved": (line_of("worker", 0) + r"saved \d+$" if c.save_every
-                             else line_of("server", r"\d+") + r".*checkpoint.*(written|committed)")}.get(c.moment)
-        fault_at = strike_at(run, job, tag, pattern)
+        moment_pattern = {
+            "restoring": line_of("server", r"\d+") + r".*serving on",
+            "resumed": line_of("worker", 0) + r"resumed True at step",
+            "saved": (line_of("worker", 0) + r"saved \d+$" if c.save_every
+                      else line_of("server", r"\d+") + r".*checkpoint.*(written|committed)")}.get(c.moment)
+        fault_at = strike_at(run, job, tag, moment_pattern)
         status = job.end(0) if fault_at is None else None
         if status == 0:
             missed(run, job, "the resumed job ended before the fault's moment")
@@ -511,7 +515,7 @@ def resume(run: Run) -> None:
 
 def teardown(run: Run) -> None:
     c = run.case
-    job, tag = run.start(**in_process(c))
+    job, tag = run.start(resume=False, **in_process(c))
     try:
         pattern = {"last round": line_of("worker", c.rank if c.role == "worker" else 0) + r"digest ",
                    "closed": line_of("worker", c.rank) + r"closed$",

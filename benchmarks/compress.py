@@ -43,6 +43,7 @@ def _module_at(ref: str):
     with open(path, "w") as f:
         f.write(source)
     spec = importlib.util.spec_from_file_location("kvstore._compression_before", path)
+    assert spec is not None and spec.loader is not None   # a .py file: a source loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)     # its relative imports resolve in kvstore
     return module

@@ -49,6 +49,7 @@ def worker(args: dict) -> None:
     from kvstore import DynamicRows, RowSparse
 
     kv = kvstore.create("dist_sync")
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
     spec = DynamicRows(args["dim"], init=("normal", 0.01), budget=args["budget"],
                        evict_after=args["evict_after"])
     kv.init("emb", spec)

@@ -116,6 +116,7 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
     backend with numpy (tests/test_gpu_check.py); the GPU run times it on CuPy."""
     import numpy as np
     from kvstore.server.state import ServerState
+    from kvstore.server.sync import Sync
     state = ServerState(name="bench", backend=backend)
     state.handle(b"w", {"op": "configure", "id": 1, "src": 0, "mode": "sync", "num_workers": workers}, [])
     ids = [["k", i] for i in range(count)]
@@ -125,12 +126,14 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
     with backend.scope():
         grads = [xp.full(n, 0.5 * (w + 1), xp.float32) for w in range(workers)]
     chunks = [(("k", i), state.chunks[("k", i)]) for i in range(count)]
+    sync = state.consistency
+    assert isinstance(sync, Sync)   # configured "sync" above
 
     def one_round() -> None:
         for cid, chunk in chunks:
             for w in range(workers):
-                state.consistency.contribute(cid, chunk, frozenset({w}), grads[w])
-            state.consistency.apply_complete(cid, chunk)
+                sync.contribute(cid, chunk, frozenset({w}), grads[w])
+            sync.apply_complete(cid, chunk)
     return state, one_round
 
 

@@ -24,6 +24,7 @@ Runs on any :class:`kvstore.devices.Device`: CI runs it on the host device
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 
@@ -33,8 +34,9 @@ from kvstore.sharding import split
 
 try:
     from .resnet50_shapes import resnet50_shapes, size
-except ImportError:             # run as a script
-    from resnet50_shapes import resnet50_shapes, size
+except ImportError:             # run as a script: the module beside this file
+    _shapes = importlib.import_module("resnet50_shapes")
+    resnet50_shapes, size = _shapes.resnet50_shapes, _shapes.size
 
 
 def phases(device, workers: int = 2, chunk_bytes: int = 2 << 20, reps: int = 10, shapes=None) -> dict:

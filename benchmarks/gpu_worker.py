@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,6 +84,8 @@ def train(args, rank: int, world: int, kv=None) -> list[float]:
     gen = torch.Generator(device="cuda").manual_seed(rank)
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", generator=gen)
     y = torch.randint(0, 1000, (args.batch,), device="cuda", generator=gen)
+    zero: Callable[[], object]      # the Trainer's or torch's optimizer's
+    finish: Callable[[], object]
     if kv is not None:
         trainer = kvtorch.Trainer(model.parameters(), kv, kvopt.SGD(learning_rate=0.01, momentum=0.9))
         zero, finish = trainer.zero_grad, trainer.step
@@ -122,7 +125,9 @@ def main() -> int:
         torch.distributed.destroy_process_group()
     else:
         import kvstore
-        with kvstore.create("dist_device_sync") as kv:
+        kv = kvstore.create("dist_device_sync")
+        assert isinstance(kv, kvstore.KVStore)   # a built-in store type
+        with kv:
             rank, world = kv.rank, kv.num_workers
             if args.profile and rank == 0:
                 import cProfile

@@ -44,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import click
 
@@ -78,11 +80,27 @@ GLOO_MODES = ("flat", "buckets")
 
 # -- one launch of a layout --------------------------------------------------------------------
 
-def modes_of(layout: Layout, cfg: dict) -> tuple[str, ...]:
+class JobLayout(Protocol):
+    """What :func:`run_ours` reads of a layout: a :class:`Layout`, or
+    benchmarks.host_reduce's ``Job`` (several workers on one host)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def servers(self) -> int: ...
+    @property
+    def worker_hosts(self) -> Sequence[str]: ...
+    @property
+    def server_hosts(self) -> Sequence[str]: ...
+
+
+def modes_of(layout: JobLayout, cfg: dict) -> tuple[str, ...]:
     return cfg["modes"][layout.kind]
 
 
-def run_ours(cluster: Cluster, layout: Layout, cfg: dict, tag: str) -> dict:
+def run_ours(cluster: Cluster, layout: JobLayout, cfg: dict, tag: str) -> dict:
     work = cfg["work"]
     out = os.path.join(work, f"{tag}.json")
     stats_dir = os.path.join(work, f"{tag}-servers")
@@ -278,9 +296,9 @@ def main(rates, layout_text, half_text, timeline_text, model, iters, warmup, lau
         click.echo("interrupted: cleaning up", err=True)
     finally:
         errors = cluster.down()
-        for e in errors:
-            click.echo(f"cleanup: {e}", err=True)
-        data["failures"] += [f"cleanup: {e}" for e in errors]
+        for problem in errors:
+            click.echo(f"cleanup: {problem}", err=True)
+        data["failures"] += [f"cleanup: {problem}" for problem in errors]
     if interrupted:   # leave the results of an earlier, complete run in place
         click.echo("interrupted: no results written", err=True)
         sys.exit(130)
@@ -308,7 +326,7 @@ def run_rate(cluster: Cluster, rate: str, check_seconds: float, chosen: list[Lay
     """One rate: the tbf limit on every link, the raw TCP check, then
     ``cfg["launches"]`` interleaved launches of every layout; samples, launches and
     failures go into ``data``."""
-    info = {"qdisc": cluster.set_rate(rate), "layouts": [layout.key for layout in chosen]}
+    info: dict[str, Any] = {"qdisc": cluster.set_rate(rate), "layouts": [layout.key for layout in chosen]}
     data["rates"][rate] = info
     nbits = parse_rate(rate)
     try:

@@ -37,9 +37,9 @@ def summarise(rows, rates_info, nbytes) -> dict:
     for rate, info in rates_info.items():
         b_nominal = info["qdisc"]["bits_per_s"] / 8
         raw = info.get("raw") or {}
-        gbits = [raw.get("a_to_b_gbit"), raw.get("b_to_a_gbit")]
-        b_raw = (sum(gbits) / 2 * 1e9 / 8) if all(gbits) else None
-        groups = {}
+        a_to_b, b_to_a = raw.get("a_to_b_gbit"), raw.get("b_to_a_gbit")
+        b_raw = ((a_to_b + b_to_a) / 2 * 1e9 / 8) if a_to_b and b_to_a else None
+        groups: dict[tuple[str, str], list[dict]] = {}    # (layout, mode) -> its rows
         for r in rows:
             if r["rate"] == rate:
                 groups.setdefault((r["layout"], r["mode"]), []).append(r)
@@ -204,14 +204,14 @@ def markdown(data: dict) -> str:
     for L in data["launches"]:
         got = [v for c in (L.get("link_bytes") or {}).values() for v in c.values() if v is not None]
         want = [v for c in L["model_link_bytes"].values() for v in c.values()]
-        sent = [c["tx"] for c in (L.get("link_bytes") or {}).values() if c["tx"] is not None]
+        sent_bytes = [c["tx"] for c in (L.get("link_bytes") or {}).values() if c["tx"] is not None]
         servers = L.get("servers_usage") or {}
         cpu = sum(u.get("cpu_s", 0) for u in servers.values()) if servers else None
         busiest, model = (max(got) if got else None), max(want)
         lines.append(
             f"| {L['rate']} | {L['layout']} | {L['launch'] + 1} | {_f(busiest and busiest / 1e6)} | "
             f"{model / 1e6:.1f} | {_f(busiest and busiest / model, '{:.3f}')} | "
-            f"{sum(sent) / 1e6:.1f} | "
+            f"{sum(sent_bytes) / 1e6:.1f} | "
             f"{sum(c['tx'] for c in L['model_link_bytes'].values()) / 1e6:.1f} | "
             f"{L['seconds']:.1f} | {_f(cpu)} | {L['load_before']:.2f} |")
     if data["failures"]:

@@ -132,8 +132,8 @@ def predict(layout, mode: str, nbytes: float, rate: float, limit, chunk: int,
 def raw_rate(info: dict) -> float | None:
     """Bytes/s of the run's raw TCP check, the two directions averaged (None: none)."""
     raw = info.get("raw") or {}
-    gbits = [raw.get("a_to_b_gbit"), raw.get("b_to_a_gbit")]
-    return sum(gbits) / 2 * 1e9 / 8 if all(gbits) else None
+    a_to_b, b_to_a = raw.get("a_to_b_gbit"), raw.get("b_to_a_gbit")
+    return (a_to_b + b_to_a) / 2 * 1e9 / 8 if a_to_b and b_to_a else None
 
 
 def run_settings(data: dict) -> tuple:
@@ -153,7 +153,7 @@ def points(data: dict, costs: Costs) -> list[dict]:
     """One row per (rate, layout, variant) median of a link.json: the prediction and
     its parts (ms), the measured median (ms) and the error (measured / predicted - 1)."""
     limit, chunk = run_settings(data)
-    groups = {}
+    groups: dict[tuple[str, str, str], list[float]] = {}    # (rate, layout, mode) -> samples
     for r in data["rows"]:
         groups.setdefault((r["rate"], r["layout"], r["mode"]), []).extend(r["samples"])
     rows = []
@@ -188,7 +188,7 @@ def report(paths, costs: Costs) -> str:
     lines = [f"Link model (benchmarks/model_link.py): k_w = {costs.k_w * 1e9:.2f}, k_s = "
              f"{costs.k_s * 1e9:.2f} ns/byte (section 6's sweep), L = {costs.latency * 1e3:.1f} ms; "
              f"error = measured / predicted - 1.", ""]
-    worst = None
+    worst: tuple[dict, str] | None = None     # (row, its file) of the largest |error|
     count = inside = 0
     for path in paths:
         with open(path) as f:
@@ -217,6 +217,8 @@ def report(paths, costs: Costs) -> str:
             if worst is None or abs(r["error"]) > abs(worst[0]["error"]):
                 worst = (r, path)
         lines.append("")
+    if worst is None:
+        raise ValueError(f"no measured rows in {', '.join(paths)}")
     r, path = worst
     lines.append(f"Largest |error|: {r['error'] * 100:+.1f}% ({r['layout']}, {VARIANTS[r['mode']]}, "
                  f"{r['rate']}, {os.path.relpath(path)}); {inside} of {count} points within "

@@ -149,7 +149,7 @@ class Cluster:
     def host_counters(self) -> dict:
         """{host: {"tx": bytes the host sent, "rx": bytes it received}} so far (its
         interface's counters; None where one could not be read)."""
-        out = {}
+        out: dict[str, dict[str, int | None]] = {}
         for h in self.hosts:
             try:
                 info = json.loads(_run(["ip", "-n", self.ns[h], "-s", "-j", "link", "show", "dev",
@@ -286,6 +286,7 @@ class _Lines:
         self.p, self.what, self.buf = p, what, b""
 
     def next(self, deadline: float) -> str:
+        assert self.p.stdout is not None   # a pipe
         fd = self.p.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -335,6 +336,7 @@ def measure_raw(link: Cluster, nbytes: int, timeout: float) -> dict:
             got[name] = json.loads(receivers[side].next(deadline))
         for s in senders:
             if s.wait(max(0.1, deadline - time.monotonic())) != 0:
+                assert s.stderr is not None   # stderr=PIPE
                 raise Failed(f"bulk sender failed: {s.stderr.read().decode('utf-8', 'replace')}")
     except subprocess.TimeoutExpired:
         raise Failed("bulk transfer timed out") from None

@@ -308,15 +308,16 @@ def chart(data: dict, path: str) -> str | None:
 def _top(path: str, n: int = 18) -> tuple[list[tuple], float, dict]:
     st = pstats.Stats(path)
     rows = []
-    counts = {}
-    for (fname, line, func), (cc, nc, tt, ct, _) in st.stats.items():
+    counts: dict[str, int] = {}     # calls of the socket functions
+    # the type: ignores: typeshed's pstats.Stats leaves out stats and total_tt (set by load_stats)
+    for (fname, line, func), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
         where = f"{os.path.basename(fname)}:{line}" if line else fname
         rows.append((tt, ct, nc, f"{func} ({where})"))
         if func in ("send_multipart", "recv_multipart", "<method 'send' of 'zmq.backend.cython."
                     "_zmq.Socket' objects>", "poll"):
             counts[func] = counts.get(func, 0) + nc
     rows.sort(reverse=True)
-    return rows[:n], st.total_tt, counts
+    return rows[:n], st.total_tt, counts  # type: ignore[attr-defined]
 
 
 def profile_ours(cfg, transport: str = "tcp") -> tuple[str, dict]:

@@ -198,8 +198,8 @@ def main(rows, dim, workers, servers, rate, batch, zipf, steps, warmup, out_dir,
                    f"{dim}; logs in {work}", err=True)
         res = run(cluster, cfg, work)
     finally:
-        for e in cluster.down():
-            click.echo(f"cleanup: {e}", err=True)
+        for problem in cluster.down():
+            click.echo(f"cleanup: {problem}", err=True)
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     data["raw"] = res
     data["model"] = model_bytes(cfg)

@@ -29,6 +29,7 @@ import argparse
 import os
 import resource
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,10 @@ class Steps:
 
     def __init__(self, args, batches: Batches, sync):
         self.args, self.batches, self.sync = args, batches, sync
-        self.bytes, self.unique, self.union, self._mark = [], [], [], 0
+        self.bytes: list[int] = []      # per timed step: TCP bytes
+        self.unique: list[int] = []     # this worker's rows
+        self.union: list[int] = []      # every worker's rows together
+        self._mark = 0
         self.base_rss = rss_mb()
 
     def run(self, prepare, step, check, extra=None) -> dict:
@@ -129,13 +133,16 @@ def run_ours(args) -> dict:
     from kvstore import RowInit, RowSparse
     from kvstore import optimizer as kvopt
     kv = kvstore.create("dist_sync")
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
     batches = Batches(args, kv.num_workers)
     steps = Steps(args, batches, kv.barrier)
     kv.init(KEY, RowInit("zeros", 0.0, (args.rows, args.dim)))
     opt = kvopt.SGD(learning_rate=args.lr) if args.optimizer == "sgd" else kvopt.Adam(learning_rate=args.lr)
     kv.set_optimizer(opt)
-    shape, cur, last = (args.rows, args.dim), {}, {}
-    cumulative = {}                        # SGD: row -> every worker's count so far
+    shape = (args.rows, args.dim)
+    cur: dict[str, Any] = {}               # this step's gradient, output, rows and stats
+    last: dict[int, float] = {}            # Adam: row -> its value after the last step
+    cumulative: dict[int, int] = {}        # SGD: row -> every worker's count so far
 
     def prepare(i):
         rows, counts = batches.of(kv.rank, i)
@@ -146,7 +153,7 @@ def run_ours(args) -> dict:
         kv.push(KEY, cur["grad"])
         kv.row_sparse_pull(KEY, out=cur["out"], row_ids=cur["rows"])
 
-    comm = {"comm_sent": [], "comm_received": []}
+    comm: dict[str, list[int]] = {"comm_sent": [], "comm_received": []}
 
     def check(i):
         stats = kv.comm_stats()

@@ -51,7 +51,9 @@ def main() -> int:
     a = p.parse_args()
     extra = {"staleness": a.staleness} if a.store == "dist_ssp" else {}
     bound = {"dist_sync": 0, "dist_async": math.inf}.get(a.store, a.staleness)
-    with kvstore.create(a.store, **extra) as kv:
+    kv = kvstore.create(a.store, **extra)
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
+    with kv:
         slow = a.slow_rank % kv.num_workers
         kv.init(KEY, np.zeros(a.size, np.float32))
         kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=1.0))

@@ -119,9 +119,11 @@ def run_config(name: str, cfg: dict, work: str) -> dict:
         done = throttle.finish() if throttle is not None else None
     wall = time.monotonic() - started
     (busy, mine), (busy0, mine0) = cpu_seconds(), cpu_before
-    if throttle is not None and (throttle.error is not None or not done["stops"]):
-        raise click.ClickException(f"{name}: the throttle of worker {cfg['workers'] - 1} did not work "
-                                   f"({throttle.error or 'it never stopped it'}); log: {log_path}")
+    if throttle is not None:
+        assert done is not None   # the throttle's finish()
+        if throttle.error is not None or not done["stops"]:
+            raise click.ClickException(f"{name}: the throttle of worker {cfg['workers'] - 1} did not work "
+                                       f"({throttle.error or 'it never stopped it'}); log: {log_path}")
     with open(log_path, encoding="utf-8", errors="replace") as f:
         workers = epochs_by_worker(f, started_at)
     counts = {r: len(workers.get(r, [])) for r in range(cfg["workers"])}

@@ -50,7 +50,7 @@ def summarize(data: dict) -> dict:
     slow = str(cfg["workers"] - 1)
     done = {r["config"]: r["workers"]["0"][-1]["t"] for r in rows}
     pool = [r["config"] for r in rows if r["slowed"]] or [r["config"] for r in rows]
-    first = min(pool, key=done.get)
+    first = min(pool, key=done.__getitem__)
     horizon = done[first]
     out = []
     for r in rows:

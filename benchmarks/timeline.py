@@ -52,31 +52,35 @@ class Sampler:
 
     def __init__(self, cluster, path: str, interval: float = 0.02):
         self.cluster, self.path, self.interval = cluster, path, interval
-        self.popen = None
+        self.popen: subprocess.Popen[bytes] | None = None    # the sampler, in the with block
 
     def __enter__(self) -> "Sampler":
         ports = [self.cluster.port[h] for h in self.cluster.hosts]
-        self.popen = subprocess.Popen(
+        popen = self.popen = subprocess.Popen(
             ["ip", "netns", "exec", self.cluster.switch, sys.executable, THIS, "_sample",
              self.path, str(self.interval), *ports],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert popen.stdout is not None and popen.stderr is not None   # PIPE
         # wait for its first sample: started late (a loaded machine), it would miss the run
-        ready, _, _ = select.select([self.popen.stdout], [], [], 30)
-        if not ready or self.popen.stdout.readline().strip() != b"ready":
-            self.popen.kill()
-            self.popen.wait()
-            raise RuntimeError(f"the link sampler did not start: {self.popen.stderr.read().decode()[-500:]}")
+        ready, _, _ = select.select([popen.stdout], [], [], 30)
+        if not ready or popen.stdout.readline().strip() != b"ready":
+            popen.kill()
+            popen.wait()
+            raise RuntimeError(f"the link sampler did not start: {popen.stderr.read().decode()[-500:]}")
         return self
 
     def __exit__(self, *exc) -> None:
-        self.popen.stdin.close()
+        popen = self.popen
+        assert popen is not None, "__exit__ without __enter__"
+        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None   # PIPE
+        popen.stdin.close()
         try:
-            self.popen.wait(10)
+            popen.wait(10)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self.popen.stderr.close()
-        self.popen.stdout.close()
+            popen.kill()
+            popen.wait()
+        popen.stderr.close()
+        popen.stdout.close()
 
 
 def windows(path: str, hosts: list[str], bytes_per_s: float, width: float = 0.1) -> list:

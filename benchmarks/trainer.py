@@ -313,9 +313,9 @@ def main(argv=None) -> int:
     finally:
         if emulated is not None:
             errors = emulated.cluster.down()
-            failures += [f"cleanup: {e}" for e in errors]
-            for e in errors:
-                say(f"cleanup: {e}")
+            failures += [f"cleanup: {problem}" for problem in errors]
+            for problem in errors:
+                say(f"cleanup: {problem}")
             signal.signal(signal.SIGTERM, restore_term)
     correctness = verdict(checks, failures, per_slice, args.rtol, args.atol)
     data = {**info, "failures": failures, "correctness": correctness,

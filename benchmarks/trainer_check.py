@@ -4,6 +4,8 @@ round), and the per-contender verdict the report shows."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from benchmarks.trainer_run import CONTENDERS
@@ -81,7 +83,7 @@ def verdict(checks: list[dict], failures: list[str], per_slice: bool, rtol: floa
     False when anything at all failed (``failures`` includes the run's other failures)."""
     if not checks and not failures:
         failures.append("nothing was checked")
-    by = {}
+    by: dict[str, dict[str, Any]] = {}     # contender -> its verdict
     for c in checks:
         b = by.setdefault(c["contender"], {"checks": 0, "ok": True, "max_abs": {}, "checked": {}})
         b["checks"] += c["checked"]

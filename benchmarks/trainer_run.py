@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks import netns
 from benchmarks.layouts import Layout, hosts_for
@@ -74,7 +75,7 @@ class Emulated:
 
     def roles(self) -> dict[str, str]:
         """{host: what runs there}, for the report."""
-        out = {h: [] for h in self.cluster.hosts}
+        out: dict[str, list[str]] = {h: [] for h in self.cluster.hosts}
         out[self.home].append("the scheduler")
         for what, hosts in (("server", self.server_hosts), ("worker", self.worker_hosts),
                             ("DDP rank", self.worker_hosts)):
@@ -123,6 +124,7 @@ def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, cor
     if there is none yet."""
     kind, overlap, ukv, _ = CONTENDERS[name]
     if kind == "ours":
+        assert overlap is not None and ukv is not None   # set for every "ours" contender
         return run_ours(cfg, work, tag, overlap, ukv, corrupt, timeout, emulated)
     if kind == "ddp":
         return run_plain(cfg, work, tag, "ddp", cfg["workers"], timeout, emulated=emulated)
@@ -213,7 +215,7 @@ def link_ready(cluster: netns.Cluster, rate: str, check_seconds: float, say) -> 
     """--link: the rate limit on every host's link (both ends), then benchmarks/netns.py's
     raw TCP check between A and B (a bulk transfer both ways at once). A failed check is
     reported, not fatal."""
-    out = {"qdisc": cluster.set_rate(rate)}
+    out: dict[str, Any] = {"qdisc": cluster.set_rate(rate)}
     try:
         out["raw"] = raw = netns.raw_check(cluster, rate, check_seconds)
         say(f"link: {cluster.ns['A']} ({cluster.addr['A']}) <-> {cluster.ns['B']} "

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 if __package__ in (None, ""):  # run as a file (the workers): make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,6 +26,10 @@ if __package__ in (None, ""):  # run as a file (the workers): make `benchmarks` 
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
+
+if TYPE_CHECKING:
+    from kvstore import KVStore
+    from kvstore.torch import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS = os.path.abspath(__file__)
@@ -100,7 +105,7 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
                                                  torch.cat([y for _, y in parts]))]
             batch["seeds"] = [dropout_seed(cfg, r, i) for r in range(w)]
 
-    parts = {"forward": [], "backward": [], "step": []}   # where each timed step's time went
+    parts: dict[str, list[float]] = {"forward": [], "backward": [], "step": []}   # where each timed step's time went
 
     def step(i):
         t0 = time.perf_counter()
@@ -155,7 +160,9 @@ def train_references(cfg: dict, prefix: str) -> None:
     ref = train(cfg, "reference", 0, model, opt, timed=False)
     ref["num_params"] = _save(f"{prefix}-rank0", model, False)
     model, opt = build(cfg)
-    with kvstore.create("local") as kv:
+    kv = kvstore.create("local")
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
+    with kv:
         trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True, overlap=False)
         ref["kvsgd_losses"] = train(cfg, "reference", 0, model, trainer, timed=False)["losses"]
         trainer.close()
@@ -183,11 +190,14 @@ def worker_main(argv: list[str]) -> int:
     model, opt = build(cfg)
     stamps["imported"] = time.time()
     w = cfg["workers"]
-    kv = trainer = None
+    kv: KVStore | None = None
+    trainer: Trainer | None = None
     if args.role == "ours":
         import kvstore
         import kvstore.torch as kvtorch
-        kv = kvstore.create("dist_sync")
+        created = kvstore.create("dist_sync")
+        assert isinstance(created, kvstore.KVStore)   # a built-in store type
+        kv = created
         rank = kv.rank
         if kv.num_workers != w:
             raise SystemExit(f"expected {w} workers, the job has {kv.num_workers}")
@@ -221,6 +231,7 @@ def worker_main(argv: list[str]) -> int:
         urls = getattr(client, "servers", None)
         result["transports"] = list(kinds) if kinds else None
         result["server_urls"] = list(urls) if urls else None
+        assert trainer is not None   # built with kv
         trainer.close()
         kv.close()
     if args.role == "ddp":

@@ -244,7 +244,7 @@ def augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         raise ValueError(f"expected images of shape (N, 3, H, W), got {images.shape}")
     n, _, height, width = images.shape
     offsets = rng.integers(0, 2 * PAD + 1, size=(n, 2))
-    flips = rng.random(n) < 0.5
+    flips = rng.random((n,)) < 0.5                               # (N,); the same draws as rng.random(N)
     padded = np.pad(images, ((0, 0), (0, 0), (PAD, PAD), (PAD, PAD)))
     rows = offsets[:, :1] + np.arange(height)                    # (N, H)
     cols = offsets[:, 1:] + np.arange(width)                     # (N, W)

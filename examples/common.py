@@ -132,6 +132,7 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
     the validation set. Returns the last validation accuracy."""
     device = get_device(args)
     kv = kvstore.create(args.kvstore)
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
     model.to(device)
     begin = 0
     if args.load_epoch is not None:

@@ -10,11 +10,13 @@ import gzip
 import os
 
 import numpy as np
+import numpy.typing as npt
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_DTYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
+                                        0x0E: ">f8"}
 
 
 def read_idx(path: str) -> np.ndarray:

@@ -33,6 +33,7 @@ args = parser.parse_args()
 torch.set_num_threads(1)            # workers and servers share the machine's cores
 torch.manual_seed(0)
 kv = kvstore.create(args.kvstore)
+assert isinstance(kv, kvstore.KVStore)   # a built-in store type
 rank, workers = kv.rank, kv.num_workers
 
 model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -44,8 +45,8 @@ kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=1
                                        rescale_grad=1.0 / (args.batch_size * workers)))
 
 train_x, train_y = load_mnist(args.data_dir, "train")
-test_x, test_y = load_mnist(args.data_dir, "test")
-test_x = torch.from_numpy(test_x)
+test_images, test_y = load_mnist(args.data_dir, "test")
+test_x = torch.from_numpy(test_images)
 for epoch in range(args.num_epochs):
     tic, correct, seen = time.time(), 0, 0
     for idx in shard_batches(len(train_x), args.batch_size, rank, workers, epoch):

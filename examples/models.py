@@ -70,9 +70,11 @@ def get_network(name: str, num_classes: int = 10, num_layers: int | None = None,
     if name == "lenet":
         return lenet(image_shape, num_classes)
     if name == "resnet":
+        assert num_layers is not None   # one of DEPTHS["resnet"] (checked above)
         return ResNet(num_layers, num_classes, channels)
     if name == "inception-bn":
         return inception_bn_small(num_classes, channels)
+    assert num_layers is not None   # one of DEPTHS["vgg"] (checked above)
     return vgg(num_layers, num_classes, channels)
 
 
@@ -118,7 +120,7 @@ class ResNet(nn.Module):
         super().__init__()
         units = (num_layers - 2) // 6
         widths = (16, 32, 64)
-        layers = [nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)]
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)]
         previous = 16
         for stage, width in enumerate(widths):
             layers.append(ResidualUnit(previous, width, 1 if stage == 0 else 2, dim_match=False))
@@ -170,10 +172,10 @@ class DownsampleFactory(nn.Module):
 
 def inception_bn_small(num_classes: int = 10, in_channels: int = 3) -> nn.Sequential:
     """inception-bn-28-small: conv 96, in3a-c, in4a-e, in5a-b, global avg pool, fc."""
-    layers = [conv_factory(in_channels, 96, 3, pad=1)]
+    layers: list[nn.Module] = [conv_factory(in_channels, 96, 3, pad=1)]
     channels = 96
     # (kind, ch_1x1, ch_3x3) or ("down", ch_3x3): in3a, in3b, in3c, in4a..in4e, in5a, in5b
-    plan = [("simple", 32, 32), ("simple", 32, 48), ("down", 80),
+    plan: list[tuple[str, int, int] | tuple[str, int]] = [("simple", 32, 32), ("simple", 32, 48), ("down", 80),
             ("simple", 112, 48), ("simple", 96, 64), ("simple", 80, 80), ("simple", 48, 96),
             ("down", 96), ("simple", 176, 160), ("simple", 176, 160)]
     for kind, *widths in plan:

@@ -88,8 +88,8 @@ class WideDeep(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = None if self.wide.dynamic else self.wide.num_rows
-        ids, offsets = hashed_crosses(x.detach().cpu().numpy(), self.levels, num_rows)
-        ids, offsets = torch.from_numpy(ids).to(x.device), torch.from_numpy(offsets).to(x.device)
+        crosses, starts = hashed_crosses(x.detach().cpu().numpy(), self.levels, num_rows)
+        ids, offsets = torch.from_numpy(crosses).to(x.device), torch.from_numpy(starts).to(x.device)
         values = torch.full(ids.shape, self.cross_value, dtype=x.dtype, device=x.device)
         return self.wide(ids, offsets, per_sample_weights=values) + self.deep(x)
 

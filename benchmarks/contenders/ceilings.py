@@ -71,7 +71,7 @@ def zmq_one_way(transport: str, nbytes: int, frame_bytes: int, iters: int, warmu
         buf = np.ones(nbytes, np.uint8)
         views, pos = [], 0
         for s in sizes:
-            views.append(memoryview(buf[pos:pos + s]))
+            views.append(buf[pos:pos + s].data)   # a memoryview of the slice
             pos += s
         times, sent = [], 0
         for r in range(rounds):

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -32,7 +33,9 @@ FIRST_BUCKET_BYTES = 1 << 20
 def buckets_for(shapes) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(bucket buffers, one view per tensor in the original order)."""
     order = list(range(len(shapes)))[::-1]
-    groups, cur, cur_bytes, cap = [], [], 0, FIRST_BUCKET_BYTES
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    cur_bytes, cap = 0, FIRST_BUCKET_BYTES
     for k in order:
         nbytes = 4 * int(torch.Size(shapes[k]).numel())
         if cur and cur_bytes + nbytes > cap:
@@ -42,7 +45,8 @@ def buckets_for(shapes) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         cur_bytes += nbytes
     if cur:
         groups.append(cur)
-    buffers, views = [], [None] * len(shapes)
+    buffers: list[torch.Tensor] = []
+    views: dict[int, torch.Tensor] = {}
     for g in groups:
         buf = torch.zeros(sum(int(torch.Size(shapes[k]).numel()) for k in g), dtype=torch.float32)
         pos = 0
@@ -51,7 +55,7 @@ def buckets_for(shapes) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             views[k] = buf[pos:pos + n].view(shapes[k])
             pos += n
         buffers.append(buf)
-    return buffers, views
+    return buffers, [views[k] for k in range(len(shapes))]   # every tensor is in a group
 
 
 def main() -> int:
@@ -69,7 +73,7 @@ def main() -> int:
                             world_size=w)
     shapes = model_shapes(args.model)
     total = sum(int(torch.Size(s).numel()) for s in shapes)
-    result = {"modes": {}, "num_workers": w, "torch_version": torch.__version__,
+    result: dict[str, Any] = {"modes": {}, "num_workers": w, "torch_version": torch.__version__,
               "torch_threads": torch.get_num_threads()}
     usage = common.Usage()
     base = 0

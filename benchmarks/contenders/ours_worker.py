@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -45,7 +46,7 @@ def sync_task(kv, args) -> dict:
     grads = [np.zeros(s, np.float32) for s in shapes]
     outs = [np.zeros(s, np.float32) for s in shapes]
     kv.init(keys, grads)
-    result = {"modes": {}}
+    result: dict[str, Any] = {"modes": {}}   # the JSON result
     base = 0
     for mode in args.modes.split(","):
         if mode == "pushpull_shared":   # gradients in kv.empty() memory (read in place over shm)
@@ -149,7 +150,9 @@ def main() -> int:
                    help="write a cProfile dump of rank 0's timed exchanges here")
     args = p.parse_args()
     store = "dist_sync" if args.task == "sync" else "dist_async"
-    with kvstore.create(store) as kv:
+    kv = kvstore.create(store)
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
+    with kv:
         args.profiler = None
         if args.profile and kv.rank == 0:
             import cProfile

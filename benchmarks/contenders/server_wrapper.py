@@ -28,6 +28,7 @@ def run() -> int:
         return main()
     finally:
         if prof is not None:
+            assert where is not None   # a profile is taken only with a directory to write it to
             prof.disable()
             prof.dump_stats(os.path.join(where, f"server-{rank}.prof"))
         if where:

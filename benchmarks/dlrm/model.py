@@ -29,6 +29,9 @@ def mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
+    li: torch.Tensor    # the pairs (i < j) of the interaction's dot products (buffers)
+    lj: torch.Tensor
+
     def __init__(self, embedding: nn.Module, num_tables: int, dim: int, n_dense: int,
                  bottom: list[int], top: list[int]):
         super().__init__()

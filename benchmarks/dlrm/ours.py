@@ -71,6 +71,7 @@ def main() -> int:
     rss_start = common.status_kb("VmRSS") / 1024
     cfg = common.config(args)
     kv = kvstore.create("dist_sync")
+    assert isinstance(kv, kvstore.KVStore)   # a built-in store type
     emb = ShardedEmbedding(cfg.total_rows, cfg.dim, kv, key="dlrm.tables", init=("uniform", cfg.init_scale),
                            mode="sum", seed=cfg.seed)
     model = DLRM(Tables(emb, torch.from_numpy(cfg.offsets[:-1])), len(cfg.tables), cfg.dim, cfg.n_dense,

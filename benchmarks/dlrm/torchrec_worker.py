@@ -56,7 +56,8 @@ def write_initial_tables(dmp, cfg) -> dict:
     returns {table: [(row offset, rows, column offset, columns), ...]} (the plan as
     placed on this rank)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
-    placed, offsets = {}, cfg.offsets
+    placed: dict[str, list[tuple[int, int, int, int]]] = {}
+    offsets = cfg.offsets
     with torch.no_grad():
         for name, value in dmp.state_dict().items():
             if ".embedding_bags." not in name:
@@ -99,7 +100,7 @@ def main() -> int:
     from torchrec.distributed.comm_ops import get_gradient_division
     if not get_gradient_division():      # the table's lr below assumes the averaged gradient
         raise SystemExit("torchrec's gradient division is off: the fused SGD's lr would not match ours")
-    apply_optimizer_in_backward(torch.optim.SGD, model.embedding.ebc.parameters(), {"lr": args.lr})
+    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": args.lr})   # model.embedding.ebc
     dmp = DistributedModelParallel(model, device=torch.device("cpu"))   # the default planner and sharders
     placed = write_initial_tables(dmp, cfg)
     plan = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import mxnet as mx
 import mxnet.optimizer.optimizer as mx_opt
@@ -33,7 +34,7 @@ N, STEPS = 10, 5
 
 # (optimizer, params, extras); extras: dtype, scheduler (FactorScheduler kwargs), slot (the
 # weight's name). A case's data are seeded by its position: add new cases at the end.
-CASES = [
+CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [   # (optimizer, its parameters, extras)
     ("signum", {}, {}),
     ("signum", {"learning_rate": 0.05, "momentum": 0.8, "wd": 0.01, "wd_lh": 0.02,
                 "rescale_grad": 0.5, "clip_gradient": 0.4}, {}),

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -33,7 +34,7 @@ def sync_task(kv, args) -> dict:
     outs = [mx.nd.zeros(s, dtype="float32") for s in shapes]
     kv.init(keys, grads)
     mx.nd.waitall()
-    result = {"modes": {}}
+    result: dict[str, Any] = {"modes": {}}   # the JSON result
     base = 0
     for mode in args.modes.split(","):
         def prepare(i, base=base):

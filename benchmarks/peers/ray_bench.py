@@ -84,8 +84,9 @@ def main() -> int:
     ray.init(num_cpus=w + 1, include_dashboard=False, log_to_driver=True,
              configure_logging=False, _temp_dir=os.environ.get("BENCH_RAY_TMP"))
     try:
-        ps = ParameterServer.remote(shapes)
-        workers = [Worker.remote(r, w, shapes) for r in range(w)]
+        # the type: ignores: @ray.remote gives the classes .remote, a class decorator mypy does not apply
+        ps = ParameterServer.remote(shapes)  # type: ignore[attr-defined]
+        workers = [Worker.remote(r, w, shapes) for r in range(w)]  # type: ignore[attr-defined]
         ray.get([ps.ping.remote()] + [x.prepare.remote(0) for x in workers])
 
         def prepare(i):
@@ -103,8 +104,8 @@ def main() -> int:
         if args.latency_iters:
             result["latency"] = {}
             for n in (int(x) for x in args.latency_sizes.split(",")):
-                lps = ParameterServer.remote([(n,)])
-                lws = [Worker.remote(r, w, [(n,)]) for r in range(w)]
+                lps = ParameterServer.remote([(n,)])  # type: ignore[attr-defined]
+                lws = [Worker.remote(r, w, [(n,)]) for r in range(w)]  # type: ignore[attr-defined]
                 times = []
                 for i in range(args.latency_iters + 20):
                     ray.get([x.prepare.remote(i) for x in lws])
