@@ -15,7 +15,11 @@ from tracker.control.security import Security
 
 
 class Cluster:
-    def __init__(self, num_workers: int, num_servers: int, server_socket_wrapper=None, **settings):
+    def __init__(self, num_workers: int, num_servers: int, server_socket_wrapper=None, per_server=None,
+                 **settings):
+        """``settings``: Config fields of every node; ``per_server``: {rank: fields} of
+        one server only (e.g. its own checkpoint directory, as on a host of its own)."""
+        self.per_server = per_server or {}
         self.num_workers = num_workers
         self.num_servers = num_servers
         settings.setdefault("timeout", 30.0)
@@ -42,9 +46,10 @@ class Cluster:
             self._threads.append(t)
 
     def config(self, role: str, rank: int | None) -> Config:
+        own = self.per_server.get(rank, {}) if role == "server" else {}
         return Config(role=role, rank=rank, scheduler_host="127.0.0.1",
                       scheduler_port=self.scheduler.port, num_workers=self.num_workers,
-                      num_servers=self.num_servers, exit_on_abort=False, **self.settings)
+                      num_servers=self.num_servers, exit_on_abort=False, **{**self.settings, **own})
 
     def _serve(self, rank, node):
         self.server_codes[rank] = node.run()

@@ -186,12 +186,17 @@ def fill(directory, leave: int) -> None:
         f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
 
 
-def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_takes_it(make_cluster, small_disk):
+def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_takes_it(make_cluster, small_disk,
+                                                                                     tmp_path):
     """The issue's defect 1: one server's save failed (disk full), the job went on,
     and the resume combined server 0's new file with server 1's old one. Now a set
     counts only once every server's part is written: the resume takes the previous
-    set, on every server, and ends with the uninterrupted run's weights."""
-    ckpt = str(small_disk)
+    set, on every server, and ends with the uninterrupted run's weights. Each server
+    keeps its checkpoints on its own disk, as on hosts of their own: server 1's is a
+    small tmpfs that fills up (one shared disk with room for one part would let two
+    parts written at once both fail)."""
+    ckpt, own = str(small_disk), str(tmp_path / "server-0-disk")
+    disks = {"checkpoint_dir": own, "per_server": {1: {"checkpoint_dir": ckpt}}}
     reference, = {tuple(w) for w in make_cluster(2, 2, chunk_bytes=4096).run(
         lambda kv: (start(kv), run_steps(kv, 0, 8))[1])}
 
@@ -200,20 +205,21 @@ def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_take
         run_steps(kv, 0, 3)
         kv.save_checkpoint({"step": 3})
         run_steps(kv, 3, 5)
-        if kv.rank == 0:   # room for one server's part of the next checkpoint, not for both
-            fill(ckpt, os.path.getsize(os.path.join(ckpt, "server-0.ckpt")) * 3 // 2)
+        if kv.rank == 0:   # server 1's disk: no room for its part of the next checkpoint
+            fill(ckpt, os.path.getsize(os.path.join(ckpt, "server-1.ckpt")) // 2)
         # the leader gets the server's error, the others a CheckpointError quoting it
         with pytest.raises(kvstore.RemoteError if kv.rank == 0 else CheckpointError,
-                           match=r"save_checkpoint .*server \d: \[Errno 28\] No space left"):
+                           match=r"save_checkpoint .*server 1: \[Errno 28\] No space left"):
             kv.save_checkpoint({"step": 5})
         kv.barrier()
         if kv.rank == 0:
             os.unlink(os.path.join(ckpt, "filler"))
         return run_steps(kv, 5, 6)       # the job goes on after a failed save
 
-    make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(original)
-    parts = [n for n in os.listdir(ckpt) if n.endswith(".part")]
-    assert len(parts) == 1, os.listdir(ckpt)          # one server wrote its part, one could not
+    os.mkdir(own)
+    make_cluster(2, 2, chunk_bytes=4096, **disks).run(original)
+    parts = [n for d in (own, ckpt) for n in os.listdir(d) if n.endswith(".part")]
+    assert [p.split(".")[0] for p in parts] == ["server-0"], parts   # server 0 wrote its part, 1 could not
 
     def resumed(kv):
         first = start(kv)
@@ -221,9 +227,9 @@ def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_take
         w = run_steps(kv, first, 8)
         kv.save_checkpoint({"step": 8})   # a new id: above the failed save's part (found by chaos)
         return w
-    for w in make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True).run(resumed):
+    for w in make_cluster(2, 2, chunk_bytes=4096, resume=True, **disks).run(resumed):
         assert tuple(w) == reference
-    assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]
+    assert (os.listdir(own), os.listdir(ckpt)) == (["server-0.ckpt"], ["server-1.ckpt"])
 
 
 def test_a_resume_never_combines_files_of_different_saves(make_cluster, tmp_path):
