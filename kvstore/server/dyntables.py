@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import sparse
 from ..dynrows import ID_LIMIT, DynamicRows, owner
 from ..dyntable import DynTable
-from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
-from ..protocol import chunk_label, error_header
+from ..errors import InvalidArgumentError, ProtocolError
+from ..protocol import chunk_label
 from ..rowshard import RowLayout
 from ..storetypes import NO_ROWS_IN_SSP
 from .requests import ok
@@ -124,24 +123,8 @@ class DynTables(RowTables):
         updater = self.state.updater
         table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
 
-    def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
-        # RowTables' loop, with a refused round answered as what it is (InvalidArgumentError)
-        replies = []
-        while table.rounds and len(table.rounds[0].parts) == self.state.num_workers:
-            rnd = table.rounds.pop(0)
-            parts = [rnd.parts[w] for w in sorted(rnd.parts)]
-            rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
-            kind, error = "RemoteError", ""
-            try:
-                self._apply(cid, table, chunk, rows, data)
-            except KVStoreError as e:
-                kind, error = type(e).__name__, str(e)
-            except Exception as e:   # an optimizer failure must not leave workers waiting
-                error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
-            replies += [Reply(peer, error_header(rid, kind, error)) if error
-                        else ok(peer, rid) for peer, rid, _ in rnd.acks]
-            replies += self._release_pulls(table, chunk)
-        return replies
+    def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
+        return rows                         # the ids themselves: DynTable finds their slots
 
     def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
         assert isinstance(table, DynRecord) and table.rows is not None

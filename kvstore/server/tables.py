@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import sparse
-from ..errors import InvalidArgumentError, ProtocolError
+from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header
 from ..rowinit import RowInit
 from ..rowshard import RowLayout
@@ -179,15 +179,21 @@ class RowTables:
             rnd = table.rounds.pop(0)
             parts = [rnd.parts[w] for w in sorted(rnd.parts)]
             rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
-            error = None
+            kind, error = "RemoteError", ""
             try:
-                self._apply(cid, table, chunk, table.layout.local(rows, chunk_label(cid)), data)
+                self._apply(cid, table, chunk, self._rows_at(cid, table, rows), data)
+            except KVStoreError as e:    # a round the table refuses (a dynamic table's budget)
+                kind, error = type(e).__name__, str(e)
             except Exception as e:   # an optimizer failure must not leave workers waiting
                 error = f"applying the optimizer to {chunk_label(cid)} failed: {type(e).__name__}: {e}"
-            replies += [Reply(peer, error_header(rid, "RemoteError", error)) if error
+            replies += [Reply(peer, error_header(rid, kind, error)) if error
                         else ok(peer, rid) for peer, rid, _ in rnd.acks]
             replies += self._release_pulls(table, chunk)
         return replies
+
+    def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
+        """Where a round's merged ``rows`` lie in the chunk (global ids -> local rows)."""
+        return table.layout.local(rows, chunk_label(cid))
 
     def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
         backend, width = self.table.backend, table.layout.width
