@@ -80,7 +80,7 @@ def _expect(frames, meta: dict) -> Expect:
     except ProtocolError:
         return Expect(undecodable=True)
     src = header.get("src")
-    if not isinstance(src, int) or header.get("id") is None:   # the node rejects these itself
+    if not _is_int(src) or not _is_int(header.get("id")):   # the node rejects these itself (a bool is no int)
         return Expect(undecodable=True)
     op = header["op"]
     seq = header.get("seq")
