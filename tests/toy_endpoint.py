@@ -1,5 +1,5 @@
 """A toy transport's server side (the worker's is tests/toy_link.py), registered by
-tests/test_links.py with one line: ZeroMQ frames on a tcp port of its own, which
+tests/transport/test_links.py with one line: ZeroMQ frames on a tcp port of its own, which
 it advertises as ``toy.url=tcp://...``, and a handshake of its own (``toy_hello``:
 it echoes the worker's token and names its port). It counts what it saw."""
 

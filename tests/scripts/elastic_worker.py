@@ -1,4 +1,4 @@
-"""A worker of an elastic job, for tests/test_elastic.py.
+"""A worker of an elastic job, for tests/scheduler/test_elastic.py.
 
     python elastic_worker.py sums  --steps N --die RANK --die-at STEP
     python elastic_worker.py train --steps N --every M [--die RANK --die-at STEP]

@@ -1,4 +1,4 @@
-"""Worker scripts for the launcher's own tests (tests/test_launcher.py).
+"""Worker scripts for the launcher's own tests (tests/launchers/test_launcher.py).
 
     python launcher_cases.py MODE
 chatty: print 20,000 lines after init (more than any pipe holds), then close.

@@ -1,6 +1,6 @@
 """A small LightningModule trained by a real ``lightning.Trainer``, with Lightning's
 DDP strategy (gloo) or kvstore.lightning.KVStoreStrategy, started by torchrun or
-tracker.local (tests/test_lightning.py).
+tracker.local (tests/torch_integration/test_lightning.py).
 
     python tests/scripts/lightning_job.py OUT.pt --strategy ddp|kvstore [--update-on-kvstore]
         [--store dist_sync]

@@ -5,7 +5,7 @@ Launchers (``tracker.local`` and friends) set these for every process they start
 ``kvstore.config.Config`` extends. MXNet's ``DMLC_*`` names are accepted as
 aliases so that processes started by another launcher also work. Every default
 lives here, in :data:`VARIABLES`, and nowhere else: code that needs one reads it
-with :func:`default` (``tests/test_settings.py`` checks this, and that
+with :func:`default` (``tests/project/test_settings.py`` checks this, and that
 docs/configuration.md shows :func:`markdown_table` as it is).
 """
 

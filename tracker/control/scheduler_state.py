@@ -4,7 +4,7 @@ barriers, liveness, finish, fail and abort, as a pure state machine.
 No sockets, threads or clocks: the loop in :mod:`tracker.control.rendezvous`
 hands every event in with the time it happened (``now``, monotonic seconds) and
 sends the :class:`Send` messages each call returns, in order. Tests drive it the
-same way, with made-up times (tests/test_scheduler_state.py).
+same way, with made-up times (tests/scheduler/test_scheduler_state.py).
 
 Life of a job::
 

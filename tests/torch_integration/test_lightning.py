@@ -1,0 +1,191 @@
+"""kvstore.lightning.KVStoreStrategy with a real lightning.Trainer: 2 workers under
+tracker.local and under torchrun end with the weights of Lightning's own DDP
+strategy (gloo, CPU, under torchrun) after the same steps, in both update modes,
+and Lightning's collectives (broadcast, reduce, all_gather, barrier, the data
+sampler's shard) go through the store. In one process, the 'local' store trains
+as Lightning's single-device strategy does."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+L = pytest.importorskip("lightning")
+
+import kvstore  # noqa: E402
+from kvstore.lightning import KVStoreStrategy  # noqa: E402
+from services import eventually_empty, tagged  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "lightning_job.py")
+TORCHRUN = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+DEADLINE = 100     # seconds for one job (2 workers importing Lightning on 2 cores)
+MODES = [pytest.param(False, id="workers-update"), pytest.param(True, id="servers-update")]
+
+
+def env_for(tag):
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    drop = {k for k in os.environ if k.startswith(("KVSTORE_", "DMLC_"))}
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONPATH": path,
+            "KVSTORE_TEST_TAG": tag, "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
+            "KVSTORE_HEARTBEAT_TIMEOUT": "3", "KVSTORE_TIMEOUT": "30", "PYTHONUNBUFFERED": "1"}
+
+
+def run_job(launcher, tmp_path, *args):
+    """Run tests/scripts/lightning_job.py with 2 workers; rank 0's results and the output."""
+    out, tag = tmp_path / f"result-{uuid.uuid4().hex}.pt", uuid.uuid4().hex
+    script = [SCRIPT, str(out), *args]
+    if launcher == "torchrun":
+        argv = [TORCHRUN, "--standalone", "--nproc-per-node", "2", *script]
+    else:
+        argv = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, *script]
+    p = subprocess.run(argv, check=False, env=env_for(tag), cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=DEADLINE)
+    assert p.returncode == 0, p.stdout
+    assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
+    return torch.load(out, weights_only=True), p.stdout
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """Lightning's DDP strategy (gloo, CPU) with 2 processes under torchrun: the reference."""
+    if not os.path.exists(TORCHRUN):
+        pytest.skip("torchrun is not installed")
+    result, _ = run_job("torchrun", tmp_path_factory.mktemp("ddp"), "--strategy", "ddp")
+    return result
+
+
+def assert_like_ddp(got, want):
+    assert got["steps"] == want["steps"] == 8
+    for name, w in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], w, rtol=1e-5, atol=1e-7)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)     # logged with sync_dist=True
+    # torchmetrics computed over both workers: 2 epochs x 32 samples; 8 steps x (1 + 2) labels
+    assert got["seen"] == want["seen"] == 64.0 and got["labels"] == want["labels"] == 24
+
+
+def assert_collectives(text):
+    for rank in (0, 1):
+        line = re.search(rf"rank {rank} of 2: (broadcast .*? sampler 2:\d)", text)   # lines may interleave
+        assert line, text
+        assert line.group(1) == (f"broadcast {{'from': 0, 'p': [0]}} max [2.0, 0.0] gather [0, 1] "
+                                 f"stop True/False sampler 2:{rank}"), text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("update_on_kvstore", MODES)
+@pytest.mark.parametrize("launcher", ["tracker.local", "torchrun"])
+def test_two_workers_end_with_the_weights_of_lightning_ddp(ddp, tmp_path, launcher, update_on_kvstore):
+    got, text = run_job(launcher, tmp_path, "--strategy", "kvstore",
+                        *(["--update-on-kvstore"] if update_on_kvstore else []))
+    assert_like_ddp(got, ddp)
+    assert_collectives(text)
+
+
+# -- one process: the 'local' store --------------------------------------------------------
+def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None):
+    """A real lightning.Trainer, a tiny regression and its data (before fit)."""
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self):
+            if optimizer == "adam":
+                return torch.optim.Adam(self.parameters(), lr=0.01)
+            if optimizer == "two":
+                return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=g), torch.randn(24, 2, generator=g))
+    torch.manual_seed(0)
+    model = Net()
+    if optimizer == "two":
+        model.automatic_optimization = False
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=steps,
+                        accumulate_grad_batches=accumulate, gradient_clip_val=clip, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False)   # Lightning's shuffles training data
+    return trainer, model, torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def fit(strategy, **kwargs):
+    """The final weights of :func:`lightning_fit`'s model."""
+    trainer, model, loader = lightning_fit(strategy, **kwargs)
+    trainer.fit(model, train_dataloaders=loader)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("update_on_kvstore", MODES)
+def test_the_local_store_trains_like_a_single_device(update_on_kvstore, accumulate):
+    if update_on_kvstore and accumulate > 1:
+        pytest.skip("servers updating: the gradients are summed on the servers, accumulation included")
+    want = fit("auto", accumulate=accumulate)
+    strategy = KVStoreStrategy("local", update_on_kvstore=update_on_kvstore)
+    got = fit(strategy, accumulate=accumulate)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert (strategy.world_size, strategy.global_rank, strategy.distributed_sampler_kwargs) == \
+        (1, 0, {"num_replicas": 1, "rank": 0})
+    assert strategy.broadcast({"a": 1}) == {"a": 1}
+    assert strategy.reduce(torch.tensor(2.0)).item() == 2.0
+
+
+def test_a_store_given_by_the_user_is_used_and_left_open():
+    kv = kvstore.create("local")
+    strategy = KVStoreStrategy(kv)
+    fit(strategy, steps=2)
+    assert strategy.kv is kv
+    strategy.close()
+    kv.pull("lin.weight", out=torch.empty(2, 4))   # still open: the user closes it
+
+
+def test_a_second_fit_on_the_same_strategy_is_a_clear_error():
+    trainer, model, loader = lightning_fit(KVStoreStrategy("local"), steps=1)
+    trainer.fit(model, train_dataloaders=loader)
+    trainer.fit_loop.epoch_loop.max_steps = 2
+    with pytest.raises(kvstore.KVStoreError, match="one fit"):
+        trainer.fit(model, train_dataloaders=loader)
+
+
+def test_gradient_clipping_applies_to_the_averaged_gradients():
+    want = fit("auto", clip=0.05)
+    got = fit(KVStoreStrategy("local"), clip=0.05)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kwargs, update_on_kvstore, match", [
+    ({"optimizer": "adam"}, True, "torch.optim.SGD only"),
+    ({"clip": 1.0}, True, "gradient clipping needs update_on_kvstore=False"),
+    ({"optimizer": "two"}, False, "one optimizer per step"),
+])
+def test_what_the_strategy_cannot_do_is_a_clear_error(kwargs, update_on_kvstore, match):
+    with pytest.raises(kvstore.KVStoreError, match=match):
+        fit(KVStoreStrategy("local", update_on_kvstore=update_on_kvstore), **kwargs)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(kvstore.ArgumentTypeError, match="store type"):
+        KVStoreStrategy(3)
+    with pytest.raises(kvstore.ArgumentTypeError, match="update_on_kvstore"):
+        KVStoreStrategy("local", update_on_kvstore="yes")
+
+
+def test_without_lightning_the_import_error_names_the_extra():
+    code = ("import sys; sys.modules['lightning'] = None; sys.modules['lightning.pytorch'] = None\n"
+            "import kvstore.lightning")
+    p = subprocess.run([sys.executable, "-c", code], check=False, env={**os.environ, "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "pip install 'kvstore[lightning]'" in p.stderr, p.stderr
