@@ -25,7 +25,7 @@ from .server.checkpoint import Entry, choose
 class Checkpoints:
     """Example (what DistStore does)::
 
-        checkpoints = Checkpoints(client, leads, config, collective, fail)
+        checkpoints = Checkpoints(client, leads, config, collective, fail, flush)
         checkpoints.resume()                # at create, before configure (no-op unless --resume)
         checkpoints.save({"epoch": 3})      # collective
         checkpoints.pulled()                # after each pull: maybe an automatic one
@@ -33,10 +33,12 @@ class Checkpoints:
     """
 
     def __init__(self, client, leads: Callable[[], bool], config, collective: Callable[[str], object],
-                 fail: Callable[[str], None]):
+                 fail: Callable[[str], None], flush: Callable[[str], None]):
         # leads(): whether this worker acts for all (rank 0; in an elastic job the
         # lowest member rank, the same on every worker between two collective calls)
+        # flush(what): every call of this worker in flight completed (its exchange's)
         self._client, self._leads, self._collective, self._fail = client, leads, collective, fail
+        self._flush = flush
         self._config = config
         self._interval = config.checkpoint_interval
         # rank 0's pulls: the automatic checkpoints' step, carried across resumes
@@ -95,7 +97,7 @@ class Checkpoints:
         """Every server writes its checkpoint, with ``meta``, once every worker's
         pushes so far are applied (see DistStore.save_checkpoint)."""
         meta = checkpoint_meta(meta)
-        self._client.flush("save_checkpoint")
+        self._flush("save_checkpoint")
         self._collective("save_checkpoint")
         if not self._leads():
             try:

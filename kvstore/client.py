@@ -77,7 +77,6 @@ class Client:
         # or the other workers' rounds would wait for us forever)
         self._abandoned: set[int] = set()
         self.failure: str | None = None   # set once a wait gave up: the connection state is unknown
-        self.before_flush: Callable | None = None   # called first by flush (a host group's)
         self.traffic = Traffic()  # headers + array bytes, by transport (shared memory too)
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
         self.timeline: Timeline | None = None   # KVSTORE_TIMELINE: the store's, closed with us
@@ -304,9 +303,8 @@ class Client:
         return not any(i in self._pending for i in ids)
 
     def flush(self, what: str) -> None:
-        """Wait for every request in flight (e.g. pushes; first a host group's calls) and raise their errors."""
-        if self.before_flush is not None:
-            self.before_flush(what)
+        """Wait for every request in flight (e.g. pushes) and raise their errors; a host
+        group's calls are the exchange's (kvstore.exchange.Exchange.flush)."""
         self.wait(list(self._pending), what)
 
     def raise_errors(self) -> None:

@@ -13,40 +13,28 @@ states on the servers :mod:`kvstore.remote_states`, finishing or failing
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, remote_states
+from . import remote_states
 from .checkpoints import Checkpoints
-from .store import KeyInfo, KVStore, fill_outputs
+from .store import KeyInfo, KVStore
 from .client import Client
+from .devices.base import Accelerators
+from .devices.staging import Staging
 from .dist_rows import DistRows
 from .config import Config
-from .errors import ArgumentTypeError, InvalidArgumentError, ProtocolError
-from .hostreduce import Call as HostCall, HostGroup
+from .errors import ArgumentTypeError, InvalidArgumentError
+from .exchange import Exchange, Pending, Wire
+from .hostreduce import HostGroup
 from .job import JobMember
 from .leaving import Departure
 from .protocol import ops
-from .sharding import Placement, pieces
+from .sharding import Placement
 from .storetypes import NO_ROWS_IN_SSP, server_mode
 from .timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Sent:
-    """A call's requests on their way (:meth:`DistStore._send`), which :meth:`DistStore._fill`
-    completes: the request ids, the ``written`` ones their write grants send
-    (``later``), the pace window, what the call is, the outputs to fill from each
-    flat reply buffer, and the call's timeline record (None when off)."""
-    ids: list
-    later: list
-    flight: object
-    what: str
-    fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
-    call: object = None
 
 
 class DistStore(KVStore):
@@ -54,18 +42,20 @@ class DistStore(KVStore):
     ``kvstore.create("dist_sync")`` inside a process started by a launcher;
     ``staleness``: dist_ssp's bound (kvstore.server.staleness; None otherwise)."""
 
-    def __init__(self, name: str, config: Config, staleness: int | float | None = None):
+    def __init__(self, name: str, config: Config, staleness: int | float | None = None,
+                 accelerators: Accelerators | None = None):
         super().__init__(name)
         config.require_cluster(f"kvstore.create({name!r})")
         self._config = config
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
         self._staleness = staleness
         # summing on the host first (kvstore.hostreduce): its endpoint is registered
-        self._host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
-        self._job = JobMember(config, addr=self._host.advert if self._host else "")
+        host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
+        self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
         self._departure = Departure(self._job)     # close, fail, the exit handlers
         self._client: Client     # once registered (below); a failed registration has none
+        self._exchange: Exchange
         client: Client | None = None
         self._rank = -1
         self._timeline: Timeline | None = None     # KVSTORE_TIMELINE (kvstore.timeline): None when off
@@ -79,16 +69,20 @@ class DistStore(KVStore):
             self._joining = self._joined = bool(reg.joined)
             client = self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
-            if self._host is not None:
-                self._join_host_group(reg)
-            self._departure.attach(self._client, self._host, self._rank)
+            # sending and filling (kvstore.exchange); device values cross to the host by staging
+            self._exchange = Exchange(client, config, self._mode, self._leads, self._wire, self._timeline,
+                                      Staging(accelerators) if accelerators is not None else None)
+            if host is not None and host.form(reg, self._membership):
+                self._exchange.join_host(host)
+            host = self._exchange.host         # form() closed a group that did not form
+            self._departure.attach(client, host, self._rank)
             self._rows = DistRows(self._client, self._mode, self._collective, self._leads)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else ""))
             # --resume: every server restores the same checkpoint set before anything else
             self._checkpoints = Checkpoints(self._client, self._leads, config, self._collective,
-                                            self._membership.fail)
+                                            self._membership.fail, self._exchange.flush)
             self._checkpoints.resume()
             if self._leads():
                 # the servers count a round complete when every worker slot is in it
@@ -96,7 +90,7 @@ class DistStore(KVStore):
                                          num_workers=reg.slots,
                                          **({"staleness": staleness} if self._mode == "ssp" else {}))
         except BaseException:
-            self._departure.attach(client, self._host, self._rank)
+            self._departure.attach(client, host, self._rank)
             self._departure.release()
             raise
         self._departure.watch(config.exit_on_abort)
@@ -119,38 +113,19 @@ class DistStore(KVStore):
     def members(self) -> tuple:
         return self._members
 
-    # -- summing on the host first (KVSTORE_HOST_REDUCE=1, kvstore.hostreduce) ---------------
-    def _join_host_group(self, registration) -> None:
-        host, self._host = self._host, None
-        assert host is not None                 # made in __init__ when KVSTORE_HOST_REDUCE=1
-        if host.form(registration, self._membership):
-            host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host,
-                        self._client.progress)
-            self._client.before_flush = host.flush
-            self._host = host
-
     @property
     def host_group(self) -> tuple:
         """The ranks of the workers whose pushpulls this host sums before pushing
         (``KVSTORE_HOST_REDUCE=1``; the lowest pushes for all), or () when none."""
-        return self._host.ranks if self._host is not None else ()
-
-    def _push_for_host(self, what, sources, targets, group) -> Sent:
-        """The leader's push of its host's sum, for every worker of the group."""
-        return self._send(ops.PUSHPULL, what, sources, targets, paced=True, group=group)
-
-    def _fill_for_host(self, handle: Sent) -> list:
-        self._fill(handle)
-        return [flat for _, flat, _ in handle.fills]
-
-    def _replied_for_host(self, handle: Sent) -> bool:
-        return self._client.replied(handle.ids + handle.later)
+        host = self._exchange.host
+        return host.ranks if host is not None else ()
 
     def _host_stats(self) -> dict:
         """comm_stats' bytes to and from the group's others (none without a group)."""
-        if self._host is None:
+        host = self._exchange.host
+        if host is None:
             return {}
-        return {"host_bytes_sent": self._host.bytes_sent, "host_bytes_received": self._host.bytes_received}
+        return {"host_bytes_sent": host.bytes_sent, "host_bytes_received": host.bytes_received}
 
     def _host_mates(self) -> list[int]:
         """The member ranks registered from this worker's host (its KVSTORE_NODE_HOST
@@ -258,110 +233,10 @@ class DistStore(KVStore):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         return self._client.shared_empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
-    # -- requests grouped by server ---------------------------------------------------------
-    def _by_server(self, infos_and_flats):
-        """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
-        groups: dict[int, tuple[list, list]] = {}
-        for info, flat in infos_and_flats:
-            for chunk in info.chunks:
-                ids, parts = groups.setdefault(chunk.server, ([], []))
-                ids.append(chunk.wire_id)
-                parts.append(flat[chunk.start:chunk.stop])
-        return groups
-
-    def _send_and_fill(self, op: str, what: str, sources, targets) -> None:
-        """Send ``op`` with ``sources`` [(info, flat)] (None: no data) and copy the
-        reply values into ``targets`` [(info, [outs])]."""
-        self._fill(self._send(op, what, sources, targets, paced=True))
-
-    def _send(self, op: str, what: str, sources, targets, paced: bool = False, group=None):
-        """The sending half of :meth:`_send_and_fill`: returns the handle that
-        :meth:`_fill` completes. Replies that arrive in between are copied into the
-        outputs' buffers whenever this worker next waits for anything. ``paced``: it
-        may wait for replies to keep a window in flight (transport/pace.py).
-        ``group``: the workers a host's sum speaks for (kvstore.hostreduce)."""
-        if self._host is not None and op == ops.PUSHPULL and sources is not None and group is None:
-            return self._host.start(what, sources, targets)   # the host sums it first
-        if op == ops.PUSHPULL and sources is not None and any(self._layerwise(info) for info, _ in sources):
-            # keys cut over servers under LARS/LAMB: two phases, done before this returns
-            self._check_compressible([info for info, _ in sources], what)
-            layered = [self._layerwise(info) for info, _ in sources]
-            self._push_layerwise(what, [s for s, lw in zip(sources, layered) if lw],
-                                 [t for t, lw in zip(targets, layered) if lw])
-            sources = [s for s, lw in zip(sources, layered) if not lw]
-            targets = [t for t, lw in zip(targets, layered) if not lw]
-        call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
-        if sources is not None:
-            self._check_compressible([info for info, _ in sources], what)
-        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
-        dests = self._by_server([(info, flat) for info, flat, _ in flats])
-        datas = self._by_server(sources) if sources is not None else {}
-        fields = self._compression_fields() if sources is not None else {}
-        stage = sources is not None and self._compressor is None
-        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and group is None
-        if group is not None:
-            fields["group"] = group
-        ids: list[int] = []
-        later: list[int] = []
-        flight = self._client.pace.start(dests, what, self._client if paced else None)
-        # every worker goes in the same order: a round's second writer adds while the
-        # first copies the next message, and replies start early (starting at
-        # different places was slower: the first rounds complete only half-way)
-        for server, lo, hi in pieces(dests, self._client.pipeline_limits()):
-            wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
-            payload = self._compressed(wire_ids, datas.get(server, ([], []))[1][lo:hi])
-            if write_in:
-                # what the server's link can write straight into its sums (no staging
-                # copy); the rest (small chunks, gradients from empty()) goes as a pushpull
-                rest = self._client.write_in(server, what, wire_ids, payload, parts, ids, later)
-                if len(rest) < len(parts):
-                    wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
-                    if not parts:
-                        continue
-            # pushpull waits for its replies, so gradients in our shared memory
-            # (empty()) may be read by the servers in place
-            flight.admit(server)
-            rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
-                                          in_place=stage, into=parts, chunks=wire_ids, **fields)
-            flight.sent(server, rid)
-            ids.append(rid)
-        if call is not None:
-            call.sent()
-        return Sent(ids, later, flight, what, [(outs, flat, direct)
-                                               for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
-
-    def _fill(self, handle) -> None:
-        if isinstance(handle, HostCall):
-            assert self._host is not None           # it made the call
-            self._host.finish(handle)
-            return
-        call, what = handle.call, handle.what
-        if call is not None:
-            call.waiting()
-        self._client.wait(handle.ids, what)     # the replies, and the grants of writes...
-        self._client.wait(handle.later, what)   # ...whose `written` requests they sent
-        self._client.pace.done(handle.flight)   # (sizes the next calls' messages)
-        if call is not None:
-            call.copying()
-        for outs, flat, direct in handle.fills:
-            fill_outputs(outs, flat, direct, what)
-        if call is not None:
-            call.done()
-
-    def _compressed(self, wire_ids, parts) -> list:
-        """``parts`` as they go on the wire: compressed when compression is on. Called
-        per message, just before it is sent, so that compressing the next message
-        overlaps sending this one (and the servers summing it)."""
-        if self._compressor is None:
-            return parts
-        return [self._compressor.compress(tuple(wid), part) for wid, part in zip(wire_ids, parts)]
-
-    def _check_compressible(self, infos, what: str) -> None:
-        if self._compressor is not None:   # before the first message of a call is sent
-            self._compressor.check(infos, what)
-
-    def _compression_fields(self) -> dict:
-        return {} if self._compressor is None else {"compression": self._compressor.config}
+    def _wire(self) -> Wire:
+        """How this call's values go on the wire (kvstore.exchange): the compression
+        and whether the servers' optimizer needs whole keys' norms."""
+        return Wire(self._compressor, self._optimizer is not None and self._optimizer.splits_norms)
 
     # -- hooks ---------------------------------------------------------------------------------
     def _do_init(self, items) -> None:
@@ -376,9 +251,7 @@ class DistStore(KVStore):
             flats.append((info, np.ascontiguousarray(value, dtype=dtype).reshape(-1)))
         self._check_whole_keys(self._optimizer, infos, "init")    # every worker alike, before sending
         if self._leads():
-            ids = [self._client.request(server, ops.INIT, "init", parts, chunks=wire_ids)[0]
-                   for server, (wire_ids, parts) in self._by_server(flats).items()]
-            self._client.wait(ids, f"init of {len(items)} key(s)")
+            self._exchange.init(f"init of {len(items)} key(s)", flats)
         for info in infos:
             self._keys[info.key] = info
         self._collective("init done")
@@ -395,7 +268,7 @@ class DistStore(KVStore):
         self._rows.push([(info.key, rows, data) for info, rows, data in items])
 
     def _do_assign_rows(self, info, rows, data) -> None:
-        self._client.flush("assign_rows")      # after this worker's pushes, as a pull is
+        self._exchange.flush("assign_rows")      # after this worker's pushes, as a pull is
         self._rows.assign(info.key, rows, data)
 
     def _do_pull_rows(self, info, rows) -> np.ndarray:
@@ -417,35 +290,11 @@ class DistStore(KVStore):
 
     def _do_push(self, items, wait_sent: bool = True) -> None:
         self._check_can_push()
-        what = f"push of {_keys_text(info for info, _ in items)}"
-        self._check_compressible([info for info, _ in items], what)
-        layered = [item for item in items if self._layerwise(item[0])]
-        if layered:                     # keys cut over servers under LARS/LAMB: two phases
-            self._push_layerwise(what, layered, None)
-            items = [item for item in items if not self._layerwise(item[0])]
-            if not items:
-                return
-        call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
-        trackers = []
-        fields = self._compression_fields()
-        stage = self._compressor is None
-        groups = self._by_server(items)
-        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
-            wire_ids = groups[server][0][lo:hi]
-            parts = self._compressed(wire_ids, groups[server][1][lo:hi])
-            big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
-            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
-                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields)
-            if tracker is not None:
-                trackers.append(tracker)
-        # the caller may reuse its gradient buffers once we return
-        self._client.wait_sent(trackers, what)
-        if call is not None:
-            call.done()
+        self._exchange.push(f"push of {_keys_text(info for info, _ in items)}", items, wait_sent)
 
     # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
     def _norms_across_servers(self, optimizer) -> bool:
-        return optimizer.splits_norms and self._mode == "sync" and self._elastic is None and self._host is None
+        return optimizer.splits_norms and self._mode == "sync" and self._elastic is None and self._exchange.host is None
 
     def _why_no_norms_across_servers(self, optimizer) -> str:
         if not optimizer.splits_norms:
@@ -455,90 +304,29 @@ class DistStore(KVStore):
         return ("norms across servers need a fixed set of workers, without --elastic or "
                 "KVSTORE_HOST_REDUCE")
 
-    def _layerwise(self, info) -> bool:
-        """Whether pushes of ``info`` run in two phases: a key cut into chunks over the
-        servers, updated there by an optimizer whose step needs the whole key's norms
-        (the stores refuse what this path cannot serve: KVStore._check_whole_keys)."""
-        opt = self._optimizer
-        return opt is not None and opt.splits_norms and len(info.chunks) > 1
+    # a call's start returns at once (paced=False: it never waits for replies to keep
+    # a window in flight); a whole call may (transport/pace.py)
+    def _do_pull_start(self, items, paced: bool = False) -> Pending:
+        return self._exchange.send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items, paced)
 
-    def _push_layerwise(self, what: str, sources: list, targets: list | None) -> None:
-        """Push ``sources`` [(info, flat)] of layer-wise keys: every worker pushes with
-        ``norms`` and is answered, once each chunk's round is complete, with that
-        chunk's sums of squares; the leader adds them up per key (in chunk order) and
-        sends the sums (``apply_norms``), the other workers pull. Returns once the
-        values are in ``targets`` [(info, outputs)] (None: a push; the leader returns
-        once the servers stepped)."""
-        terms: dict = {}
-
-        def keep(wire_ids):
-            def on_reply(header, values):
-                rounds = header.get("rounds")
-                if not isinstance(rounds, list) or len(rounds) != len(wire_ids) or len(values) != len(wire_ids):
-                    raise ProtocolError(f"{what}: a layer-wise push's reply carries no terms for its chunks")
-                for wid, number, a in zip(wire_ids, rounds, values):
-                    terms[tuple(wid)] = (number, np.asarray(a, np.float64).reshape(-1).tolist())
-            return on_reply
-        groups, fields = self._by_server(sources), self._compression_fields()
-        ids = []
-        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
-            wire_ids = groups[server][0][lo:hi]
-            parts = self._compressed(wire_ids, groups[server][1][lo:hi])
-            ids.append(self._client.request(server, ops.PUSH, what, parts, on_reply=keep(wire_ids),
-                                            chunks=wire_ids, norms=True, **fields)[0])
-        self._client.wait(ids, what)
-        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets or ()]
-        if not self._leads():
-            if targets:
-                self._fill(self._send(ops.PULL, what, None, targets))
-            return
-        sums = {}
-        for info, _ in sources:
-            total: list = []
-            for chunk in info.chunks:
-                part = terms[tuple(chunk.wire_id)][1]
-                total = list(part) if not total else [a + b for a, b in zip(total, part)]
-            sums[info.key] = total
-        dests = self._by_server([(info, flat) for info, flat, _ in flats]) if targets else {}
-        keys = {tuple(c.wire_id): info.key for info, _ in sources for c in info.chunks}
-        ids = []
-        for server, (wire_ids, _) in groups.items():
-            ids.append(self._client.request(
-                server, ops.APPLY_NORMS, what, [], into=dests[server][1] if targets else None,
-                chunks=wire_ids, sums=[sums[keys[tuple(w)]] for w in wire_ids],
-                rounds=[terms[tuple(w)][0] for w in wire_ids], values=bool(targets))[0])
-        self._client.wait(ids, what)
-        for (_, outs), (_, flat, direct) in zip(targets or (), flats):
-            fill_outputs(outs, flat, direct, what)
-
-    def _do_pull_start(self, items) -> tuple:
-        return self._send(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
-
-    def _do_pull_finish(self, handle) -> None:
-        self._fill(handle)
+    def _do_pull_finish(self, handle: Pending) -> None:
+        self._exchange.fill(handle)
         self._checkpoints.pulled()
 
     def _do_pull(self, items) -> None:
-        self._send_and_fill(ops.PULL, f"pull of {_keys_text(i for i, _ in items)}", None, items)
-        self._checkpoints.pulled()
+        self._do_pull_finish(self._do_pull_start(items, paced=True))
 
     def _do_pushpull(self, items) -> None:
+        self._do_pushpull_finish(self._do_pushpull_start(items, paced=True))
+
+    def _do_pushpull_start(self, items, paced: bool = False) -> Pending:
         self._check_can_push()
-        self._send_and_fill(ops.PUSHPULL, *self._pushpull_args(items))
-        self._checkpoints.pulled()
+        what = f"pushpull of {_keys_text(i for i, _, _ in items)}"
+        return self._exchange.send(ops.PUSHPULL, what, [(info, merged) for info, merged, _ in items],
+                                   [(info, targets) for info, _, targets in items], paced)
 
-    def _do_pushpull_start(self, items) -> tuple:
-        self._check_can_push()
-        return self._send(ops.PUSHPULL, *self._pushpull_args(items))
-
-    @staticmethod
-    def _pushpull_args(items) -> tuple:
-        return (f"pushpull of {_keys_text(i for i, _, _ in items)}",
-                [(info, merged) for info, merged, _ in items],
-                [(info, targets) for info, _, targets in items])
-
-    def _do_pushpull_finish(self, handle) -> None:
-        self._fill(handle)
+    def _do_pushpull_finish(self, handle: Pending) -> None:
+        self._exchange.fill(handle)
         self._checkpoints.pulled()
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
@@ -550,13 +338,14 @@ class DistStore(KVStore):
         if not collective:
             self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
             return
-        self._client.flush("set_optimizer")
+        self._exchange.flush("set_optimizer")
         self._collective(f"set_optimizer {config['name']}")
         if self._leads():
             self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
         self._collective("set_optimizer done")
 
     def _get_states(self) -> dict:
+        self._exchange.flush("save_optimizer_states")
         return remote_states.gather(self._client, self._keys, self._optimizer, self._pulled)
 
     def _pulled(self, info, rows=None) -> np.ndarray:
@@ -606,7 +395,7 @@ class DistStore(KVStore):
         ``kv.num_workers``) and ``kv.progress`` are updated here; a worker that
         joined a running job meets the others at its first barrier."""
         self._check_open("barrier")
-        self._client.flush("barrier")
+        self._exchange.flush("barrier")
         joining, self._joining = self._joining, False
         # a joiner's first: the others come at their next barrier (an epoch's end, maybe)
         self._collective("barrier", deadline=not joining)

@@ -67,6 +67,8 @@ class Departure:
         atexit.unregister(self._close_at_exit)
         try:
             if not self._membership.aborted.is_set():
+                if self._host is not None:
+                    self._host.flush("close")   # its calls first: the leader's are the client's
                 self._client.flush("close")
                 if self._host is not None:
                     self._host.leave("close")   # the leader waits until its members have all

@@ -15,8 +15,8 @@ def gather(client, keys: dict, optimizer, pull) -> dict:
     """``{key: {"t": updates, "state": [arrays shaped like the key]}}`` for every key
     of ``keys`` ({key: KeyInfo}) that has a state. A chunk not updated yet (async)
     gets a fresh state, made from ``pull(info)`` (the key's current value) when the
-    optimizer keeps a float32 master copy of a float16 weight, else from zeros."""
-    client.flush("save_optimizer_states")
+    optimizer keeps a float32 master copy of a float16 weight, else from zeros.
+    The caller first completes every call of its own in flight (its exchange's flush)."""
     found: dict[tuple, tuple[int, list]] = {}
 
     def collect(header, values):

@@ -10,7 +10,7 @@ import contextlib
 
 import numpy as np
 
-from .. import gpu
+from .. import arrays, gpu
 
 
 class CudaDevice:
@@ -58,3 +58,85 @@ class CudaDevice:
 
     def address(self, a) -> int:
         return int(a.data.ptr)
+
+
+class CudaAccelerators:
+    """The process's GPUs as the worker stores use them: torch CUDA tensors (viewed
+    through DLPack) and cupy arrays; copies on each device's current stream (the
+    callers' own streams, so DLPack orders them after the callers' work)."""
+
+    def __init__(self):
+        import cupy
+        self._cupy = cupy
+
+    def holds(self, value) -> bool:
+        return arrays.is_gpu(value)
+
+    def index_of(self, value) -> int:
+        index = arrays.device_of(value)
+        assert index is not None                  # of a GPU value (holds)
+        return index
+
+    def current(self) -> int:
+        return int(self._cupy.cuda.Device().id)
+
+    def view(self, value, what: str):
+        return arrays.as_cupy(value, what)
+
+    def on(self, index: int):
+        return self._cupy.cuda.Device(index)
+
+    def empty(self, index: int, size: int, dtype):
+        with self._cupy.cuda.Device(index):
+            return self._cupy.empty(size, dtype)
+
+    def contiguous(self, a):
+        with a.device:
+            return self._cupy.ascontiguousarray(a)
+
+    def to_device(self, host: np.ndarray, index: int):
+        return gpu.to_device(host, index)
+
+    def copy(self, dst, src) -> None:
+        with dst.device:
+            self._cupy.copyto(dst, src)
+
+    def peer_copy(self, dst, src) -> None:
+        gpu.copy_between_devices(dst, src)
+
+    def add(self, a, b):
+        with a.device:
+            return self._cupy.add(a, b)
+
+    def add_into(self, total, term) -> None:
+        with total.device:
+            total += term
+
+    def pinned_empty(self, size: int, dtype) -> np.ndarray:
+        return gpu.pinned_empty(size, dtype)
+
+    def download(self, src, dst: np.ndarray):
+        with src.device:
+            stream = self._cupy.cuda.get_current_stream()
+            if src.size:
+                src.get(stream=stream, out=dst, blocking=False)
+            return int(src.device.id), stream
+
+    def wait(self, tokens: list) -> None:
+        # under its device: the legacy default stream is resolved against the current one
+        for (device, _), stream in {(device, s.ptr): s for device, s in tokens}.items():
+            with self._cupy.cuda.Device(device):
+                stream.synchronize()
+
+    def upload(self, dst, host: np.ndarray) -> None:
+        gpu.copy_from_host(dst, host)       # returns once a pinned ``host`` may be reused
+
+    def write(self, out, src) -> None:
+        arrays.write(out, src)
+
+    def settle(self, values: list) -> None:
+        # torch and cupy may queue on different streams: join them where torch's
+        # tensors were read (DLPack ordered the other direction)
+        for index in {arrays.device_of(v) for v in values if arrays.is_torch(v) and arrays.is_gpu(v)}:
+            assert index is not None
+            gpu.join_streams(index)

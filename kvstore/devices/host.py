@@ -20,7 +20,13 @@ class _Done:
 
 
 class _DeviceArray(np.ndarray):
-    """A numpy array that stands for device memory (a tag; it computes as numpy)."""
+    """A numpy array that stands for device memory (a tag; it computes as numpy) on
+    emulated device ``device_index``; views and results keep their operand's."""
+
+    device_index = 0
+
+    def __array_finalize__(self, obj) -> None:
+        self.device_index = getattr(obj, "device_index", 0)
 
 
 class HostDevice:
@@ -75,3 +81,130 @@ class HostDevice:
 
     def address(self, a) -> int:
         return int(a.__array_interface__["data"][0])
+
+
+class HostAccelerators:
+    """The worker stores' accelerators emulated on numpy (:class:`~kvstore.devices.base.Accelerators`):
+    ``count`` devices whose arrays are tagged numpy arrays (:meth:`empty`,
+    :meth:`to_device`); a value "on a GPU" is such an array. Every copy checks that
+    it goes where it says (host to device, device to host, within one device,
+    across two), so that CI runs the GPU stores' code path and a missing or
+    misdirected copy fails there. Example::
+
+        acc = HostAccelerators(2)
+        g = acc.to_device(np.ones(3, np.float32), 1)     # "on GPU 1"
+        acc.holds(g), acc.index_of(g)                    # True, 1
+    """
+
+    def __init__(self, count: int = 1):
+        self.count = count
+        self.uploads = 0          # host-to-device copies made (tests count them)
+        self.downloads = 0        # device-to-host copies queued
+
+    def holds(self, value) -> bool:
+        return isinstance(value, _DeviceArray)
+
+    def index_of(self, value) -> int:
+        if not self.holds(value):
+            raise TypeError(f"{type(value).__name__} is not on an emulated device")
+        return int(value.device_index)
+
+    def current(self) -> int:
+        return 0
+
+    def view(self, value, what: str):
+        if not self.holds(value):
+            raise TypeError(f"{what}: a {type(value).__name__} on the host is not a device value")
+        return value
+
+    def on(self, index: int):
+        self._check_index(index)
+        return contextlib.nullcontext()
+
+    def empty(self, index: int, size: int, dtype):
+        self._check_index(index)
+        a = np.empty(size, dtype).view(_DeviceArray)
+        a.device_index = index
+        return a
+
+    def contiguous(self, a):
+        self.index_of(a)
+        return a if a.flags.c_contiguous else np.array(a, order="C", subok=True)
+
+    def to_device(self, host: np.ndarray, index: int):
+        self._check_host(host, "to_device")
+        self.uploads += 1
+        dst = self.empty(index, host.size, host.dtype).reshape(host.shape)
+        np.copyto(dst, host, casting="no")
+        return dst
+
+    def copy(self, dst, src) -> None:
+        if self.index_of(dst) != self.index_of(src):
+            raise ValueError(f"copy: from device {src.device_index} to device {dst.device_index} "
+                             "needs a peer copy")
+        np.copyto(dst, src, casting="no")
+
+    def peer_copy(self, dst, src) -> None:
+        if self.index_of(dst) == self.index_of(src):
+            raise ValueError(f"peer_copy: both arrays are on device {dst.device_index}")
+        np.copyto(dst, src, casting="no")
+
+    def add(self, a, b):
+        self._same_device(a, b)
+        return np.add(a, b)
+
+    def add_into(self, total, term) -> None:
+        self._same_device(total, term)
+        total += term
+
+    def pinned_empty(self, size: int, dtype) -> np.ndarray:
+        return np.empty(size, dtype)
+
+    def download(self, src, dst: np.ndarray):
+        self.index_of(src)
+        self._check_host(dst, "download")
+        if dst.size != src.size:
+            raise ValueError(f"download: {src.size} values into a host array of {dst.size}")
+        self.downloads += 1
+        np.copyto(dst.reshape(-1), src.reshape(-1), casting="no")
+        return None
+
+    def wait(self, tokens: list) -> None:
+        pass
+
+    def upload(self, dst, host: np.ndarray) -> None:
+        self.index_of(dst)
+        self._check_host(host, "upload")
+        if dst.size != host.size:
+            raise ValueError(f"upload: {host.size} values into a device array of {dst.size}")
+        self.uploads += 1
+        np.copyto(dst.reshape(-1), host.reshape(-1), casting="no")
+
+    def settle(self, values: list) -> None:
+        for v in values:          # what the store read must be the caller's device values
+            if self.holds(v):
+                self.index_of(v)
+
+    def write(self, out, src) -> None:
+        self.index_of(src)
+        if not self.holds(out):
+            # to a host output (numpy, torch): a download
+            from .. import arrays
+            arrays.write(out, np.asarray(src).view(np.ndarray))
+            self.downloads += 1
+        elif out.device_index != src.device_index:
+            self.peer_copy(out, src.reshape(out.shape))
+        else:
+            self.copy(out, src.reshape(out.shape))
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.count:
+            raise ValueError(f"no emulated device {index} (there are {self.count})")
+
+    def _check_host(self, a, what: str) -> None:
+        if self.holds(a):
+            raise TypeError(f"{what}: device memory where host memory was expected")
+
+    def _same_device(self, a, b) -> None:
+        if self.index_of(a) != self.index_of(b):
+            raise ValueError(f"arrays on devices {a.device_index} and {b.device_index} in one kernel")

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import kvstore
-from kvstore import arrays, gpu
+from kvstore import arrays, devices, gpu
+from kvstore.devices import HostAccelerators
 from kvstore import optimizer as opt
 from kvstore.errors import ConfigError
 
@@ -54,11 +55,21 @@ def force_cpu(monkeypatch):
     monkeypatch.setattr(gpu, "_fallbacks_logged", set())
 
 
-@pytest.fixture(params=["auto", "cpu"])
+@pytest.fixture
+def emulated(monkeypatch):
+    """The GPU stores' code path on two emulated GPUs (kvstore.devices.HostAccelerators:
+    numpy arrays tagged as device memory, every copy checked): returns them."""
+    acc = HostAccelerators(2)
+    monkeypatch.setattr(devices, "worker_accelerators", lambda: acc)
+    return acc
+
+
+@pytest.fixture(params=["auto", "cpu", "emulated"])
 def device_kv(request):
-    """A 'device' store: on the GPU when one is usable ('auto'), and forced onto the CPU."""
-    if request.param == "cpu":
-        request.getfixturevalue("force_cpu")
+    """A 'device' store: on the GPU when one is usable ('auto'), forced onto the CPU,
+    and on its GPU code path over emulated GPUs (values kept on emulated device 0)."""
+    if request.param != "auto":
+        request.getfixturevalue("force_cpu" if request.param == "cpu" else "emulated")
     with kvstore.create("device") as store:
         yield store
 
@@ -358,78 +369,163 @@ def test_bfloat16_keys_check_dtypes_by_name(device_kv):
     assert torch.equal(out, torch.full((3,), -1.0, dtype=bf))
 
 
-# ---- where the 'device' store keeps a key ------------------------------------------------------
+# ---- the GPU stores' code path on emulated GPUs (kvstore.devices.HostAccelerators) --------------
 
-class StandInCupyArray:
-    """Looks like a cupy array to kvstore.arrays (its type's module is cupy's): lets the
-    'device' store's placement run without a GPU."""
-    __module__ = "cupy._stand_in"
-
-    def __init__(self, host, device):
-        self._host, self.shape, self.dtype = host, host.shape, host.dtype
-        self.device = types.SimpleNamespace(id=device)
-
-    def get(self):
-        return self._host.copy()
-
-
-def test_device_store_keeps_a_key_on_its_initial_values_gpu(force_cpu, monkeypatch):
+def test_device_store_keeps_a_key_on_its_initial_values_gpu(emulated):
+    """A key lives on the device of its initial value, else on the default device;
+    pushes from either device are summed there (a peer copy for the other one) and
+    pulls reach outputs on both devices and on the host."""
     kv = kvstore.create("device")
-    kv._gpu, kv._home = True, 0                  # as if created while GPU 0 was current
-    placed = {}
-
-    def to_device(host, device):
-        placed[float(host.reshape(-1)[0])] = device
-        return np.array(host)
-    monkeypatch.setattr(gpu, "to_device", to_device)
-    kv.init(["on 3", "host"], [StandInCupyArray(f32(2, fill=3), device=3), f32(2, fill=1)])
-    assert placed == {3.0: 3, 1.0: 0}            # the GPU value's device; else the default
+    on_1 = emulated.to_device(f32(2, fill=3), 1)
+    kv.init(["on 1", "host"], [on_1, f32(2, fill=1)])
     assert kv.device_id == 0 and kv._init_devices == {}
+    assert [emulated.index_of(kv._store[k]) for k in ("on 1", "host")] == [1, 0]
     with pytest.raises(kvstore.InvalidArgumentError, match="already initialised"):
-        kv.init("host", StandInCupyArray(f32(2), device=1))
-    assert placed == {3.0: 3, 1.0: 0}
+        kv.init("host", emulated.to_device(f32(2), 1))
+    assert emulated.index_of(kv._store["host"]) == 0
+    kv.push("on 1", [emulated.to_device(f32(2, fill=2), 0), emulated.to_device(f32(2, fill=5), 1), f32(2, fill=1)])
+    outs = [emulated.empty(0, 2, np.float32), emulated.empty(1, 2, np.float32), f32(2)]
+    kv.pull("on 1", out=outs)
+    for out in outs:
+        np.testing.assert_array_equal(out, 8)
+    assert [emulated.index_of(o) for o in outs[:2]] == [0, 1]        # still on their devices
+    assert not emulated.holds(outs[2])
+    np.testing.assert_array_equal(on_1, 3)                           # the caller's value intact
 
 
-def test_device_store_saves_and_loads_row_sparse_states_on_its_gpu_path(force_cpu, tmp_path):
+def test_device_store_saves_and_loads_row_sparse_states_on_its_gpu_path(emulated, tmp_path):
     """A row-sparse table stays in host memory in the device store; its GPU path saved
     the table's optimizer state flat (its own load refused it) and asked the numpy
-    table for a CUDA device (issue 29, defect 4). Forced here: the states are host
-    arrays, which that path takes as they are."""
-    def trained(gpu_path: bool):
-        kv = kvstore.create("device")
+    table for a CUDA device (issue 29, defect 4). Dense keys' states come from the
+    device. Saved as the local store saves them; loaded back, both resume alike."""
+    def trained(kind: str):
+        kv = kvstore.create(kind)
         kv.init("emb", kvstore.RowSparse.zeros((6, 2)))
+        kv.init("w", f32(3, fill=1))
         kv.set_optimizer(kvstore.optimizer.Adam(learning_rate=0.1))
         kv.push("emb", kvstore.RowSparse(np.ones((2, 2), np.float32), np.array([1, 4]), (6, 2)))
-        kv._gpu = gpu_path
+        kv.push("w", f32(3, fill=2))
         return kv
-    kv = trained(gpu_path=True)
+    kv, local = trained("device"), trained("local")
+    assert emulated.holds(kv._store["w"]) and not emulated.holds(kv._store["emb"])
     path = str(tmp_path / "states")
     kv.save_optimizer_states(path)
-    cpu = trained(gpu_path=False)
-    cpu.save_optimizer_states(str(tmp_path / "cpu"))
-    assert open(path, "rb").read() == open(str(tmp_path / "cpu"), "rb").read()   # as the local store saves
+    local.save_optimizer_states(str(tmp_path / "local"))
+    assert open(path, "rb").read() == open(str(tmp_path / "local"), "rb").read()
     kv.load_optimizer_states(path)
-    kv.push("emb", kvstore.RowSparse(np.ones((1, 2), np.float32), np.array([4]), (6, 2)))
-    cpu.push("emb", kvstore.RowSparse(np.ones((1, 2), np.float32), np.array([4]), (6, 2)))
+    for store in (kv, local):
+        store.push("emb", kvstore.RowSparse(np.ones((1, 2), np.float32), np.array([4]), (6, 2)))
+        store.push("w", f32(3, fill=1))
     a, b = np.empty((6, 2), np.float32), np.empty((6, 2), np.float32)
-    kv._gpu = False                                  # pull the host table either way
     kv.row_sparse_pull("emb", out=a, row_ids=np.arange(6))
-    cpu.row_sparse_pull("emb", out=b, row_ids=np.arange(6))
+    local.row_sparse_pull("emb", out=b, row_ids=np.arange(6))
     np.testing.assert_array_equal(a, b)
+    w, v = f32(3), f32(3)
+    kv.pull("w", out=w)
+    local.pull("w", out=v)
+    np.testing.assert_allclose(w, v, rtol=1e-6)
 
 
-def test_dist_device_sync_pushpull_async_on_its_gpu_path(make_cluster, force_cpu):
-    """The GPU branch of dist_device_sync's pushpull_async (the Trainer's overlap
-    path) called a method renamed away (issue 29, defect 1); forced here with host
-    values, which that path passes through unchanged."""
+class SpiedRequests:
+    """Wraps every worker's Client.request: what goes out and where replies land
+    must be host memory, never an emulated device's."""
+
+    def __init__(self, monkeypatch, acc):
+        from kvstore.client import Client
+        original, self.calls = Client.request, 0
+
+        def request(client, server, op, what, arrays=(), *args, **kwargs):
+            self.calls += 1
+            for a in list(arrays or ()) + list(kwargs.get("into") or ()):
+                assert not acc.holds(a), f"{what}: device memory handed to the client"
+            return original(client, server, op, what, arrays, *args, **kwargs)
+        monkeypatch.setattr(Client, "request", request)
+
+
+@pytest.mark.parametrize("workers, servers", [(1, 1), (2, 2)])
+def test_dist_device_sync_on_emulated_gpus(make_cluster, emulated, monkeypatch, workers, servers):
+    """dist_device_sync's GPU path (issue 29 item 2), in CI: per-device lists on two
+    emulated GPUs summed on the first's, a call's sums downloaded in one copy, the
+    replies uploaded in one copy and spread to outputs on both devices and the host;
+    pushpull, its async form (the Trainer's overlap path; issue 29 defect 1) and an
+    optimizer on the servers. The client sees host memory only."""
+    shapes = [(10,), (3000,), (40, 50)]
+    keys = [3, -5, 1 << 40]
+    spied = SpiedRequests(monkeypatch, emulated)
+    cluster = make_cluster(workers, servers, chunk_bytes=SMALL_CHUNKS)
+
+    def on(x, d):
+        return emulated.to_device(x, d)
+
     def job(kv):
-        kv._gpu = True                               # as on a GPU host
-        kv.init("w", np.zeros(6, np.float32))
-        out = np.empty(6, np.float32)
-        kv.pushpull_async("w", np.full(6, kv.rank + 1, np.float32), out=out).wait()
-        return out
-    for out in make_cluster(2, 1).run(job, store_type="dist_device_sync"):
-        np.testing.assert_array_equal(out, 3)
+        kv.init(keys, [on(np.zeros(s, np.float32), 0) for s in shapes])
+        seen = []
+        for step in range(2):
+            kv.push(keys, [[on(grad(kv.rank, step, s, d), d) for d in range(2)] for s in shapes])
+            outs = [[emulated.empty(0, int(np.prod(s)), np.float32).reshape(s),
+                     emulated.empty(1, int(np.prod(s)), np.float32).reshape(s), np.empty(s, np.float32)]
+                    for s in shapes]
+            kv.pull(keys, out=outs)
+            seen.append(outs)
+        g = [on(grad(kv.rank, 5, (10,), d), d) for d in range(2)]
+        kv.pushpull(keys[0], g)      # out=None: written back into every device's value
+        out = emulated.empty(1, 3000, np.float32)
+        downloads = emulated.downloads
+        kv.pushpull_async(keys[1], [on(grad(kv.rank, 6, (3000,), d), d) for d in range(2)], out=out).wait()
+        one_call = emulated.downloads - downloads
+        kv.init(100, np.ones((40, 50), np.float32))
+        kv.set_optimizer(opt.SGD(learning_rate=1.0))
+        for step in range(3):
+            kv.pushpull(100, [on(grad(kv.rank, step, (40, 50), d), d) for d in range(2)])
+        w = on(np.empty((40, 50), np.float32), 1)
+        kv.pull(100, out=w)
+        return seen, g, out, one_call, w
+
+    for seen, g, out, one_call, w in cluster.run(job, "dist_device_sync"):
+        for step, outs in enumerate(seen):
+            for per_device, s in zip(outs, shapes):
+                assert [emulated.holds(o) for o in per_device] == [True, True, False]
+                for o in per_device:
+                    np.testing.assert_array_equal(o, total(workers, 2, step, s))
+        for d, value in enumerate(g):
+            assert emulated.index_of(value) == d
+            np.testing.assert_array_equal(value, total(workers, 2, 5, (10,)))
+        np.testing.assert_array_equal(out, total(workers, 2, 6, (3000,)))
+        if workers == 1:                 # (the workers share the emulation's counters)
+            assert one_call == 1         # the sum went to the host in one copy
+        expected = 1 - sum(total(workers, 2, step, (40, 50)).astype(np.float64) for step in range(3))
+        np.testing.assert_allclose(w, expected.astype(np.float32), rtol=1e-6)
+        assert emulated.index_of(w) == 1
+    assert spied.calls > 0
+
+
+def test_staging_packs_and_spreads_by_device():
+    """kvstore.devices.staging on its own: sums on one device go down in one packed
+    copy, sums on two devices in one copy each; replies for outputs on a device come
+    up in one copy and reach every output, host outputs are answered directly."""
+    from kvstore.devices.staging import Staging
+    from kvstore.store import KeyInfo
+    acc = HostAccelerators(2)
+    infos = [KeyInfo(k, (n,), np.dtype(np.float32)) for k, n in (("a", 3), ("b", 5))]
+    staging = Staging(acc)
+    one = [(infos[0], acc.to_device(f32(3, fill=1), 0)), (infos[1], acc.to_device(f32(5, fill=2), 0))]
+    items, keep = staging.to_host(one, None)
+    assert acc.downloads == 1 and len(keep) == 2
+    assert [acc.holds(flat) for _, flat in items] == [False, False]
+    np.testing.assert_array_equal(items[1][1], 2)
+    two = [(infos[0], acc.to_device(f32(3, fill=1), 0)), (infos[1], acc.to_device(f32(5, fill=2), 1))]
+    staging.to_host(two, None)
+    assert acc.downloads == 3
+    host_out = f32(3)
+    outs = [acc.empty(1, 5, np.float32), acc.empty(0, 5, np.float32)]
+    targets, staged = staging.outputs([(infos[0], [host_out]), (infos[1], outs)])
+    assert targets[0][1] == [host_out] and not acc.holds(targets[1][1][0])
+    targets[1][1][0][:] = 7                        # the reply lands in host memory
+    uploads = acc.uploads
+    staged.deliver()
+    assert acc.uploads == uploads + 1
+    for o in outs:
+        np.testing.assert_array_equal(o, 7)
 
 
 # ==== GPU-only checks ===============================================================================

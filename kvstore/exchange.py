@@ -1,0 +1,349 @@
+"""A worker's exchange of values with the servers: the sending and filling half of
+the dist stores (:class:`kvstore.dist.DistStore` composes one).
+
+A call's values are cut into their keys' chunks, grouped by server and sent in
+messages of about the size each link prefers (:func:`kvstore.sharding.pieces`)
+through the :class:`~kvstore.client.Client`; the call's outputs are filled from
+the replies by :meth:`Exchange.fill`. Between the two the call is a
+:class:`Pending` (a small dataclass), so a pushpull can overlap other work (the
+Trainer's buckets during backward).
+
+Its collaborators, each owning its own state:
+
+- a :class:`~kvstore.hostreduce.HostGroup` (``KVSTORE_HOST_REDUCE=1``): a
+  pushpull goes to the host's leader, which sums and pushes for the group
+  (through this exchange, :meth:`Exchange.join_host`);
+- a :class:`~kvstore.devices.staging.Staging` (the GPU stores): device sums are
+  brought to host memory before they go out, and replies for device outputs land
+  in host memory that is copied to the device once they are in;
+- the store's :class:`Wire`, asked for at every call: how values go on the wire
+  (gradient compression) and whether the servers' optimizer needs a whole key's
+  norms (LARS, LAMB: keys cut over servers take two phases, docs/protocol.md 4).
+
+Example (what DistStore does)::
+
+    exchange = Exchange(client, config, mode="sync", leads=lambda: rank == 0, wire=store_wire)
+    pending = exchange.send(ops.PUSHPULL, "pushpull of key 3", [(info, grad)], [(info, [out])])
+    exchange.fill(pending)          # out holds the sum (or the updated weight)
+    exchange.flush("barrier")       # every call in flight completed, errors raised
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from . import arrays
+from .errors import ProtocolError
+from .protocol import ops
+from .sharding import pieces
+from .store import fill_outputs
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .compression import Compressor
+    from .config import Config
+    from .devices.staging import Staging, Staged
+    from .hostreduce import Call as HostCall, HostGroup
+    from .timeline import Call as TimelineCall, Timeline
+    from .transport.pace import Flight
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How a call's values go on the wire, as the store is set up at the call:
+    ``compressor`` (None: values as they are) and ``splits_norms`` (the servers'
+    optimizer needs each key's norms over all its chunks: LARS, LAMB)."""
+    compressor: Compressor | None = None
+    splits_norms: bool = False
+
+    def check(self, infos, what: str) -> None:
+        """Refuse what compression cannot carry, before the first message is sent."""
+        if self.compressor is not None:
+            self.compressor.check(infos, what)
+
+    def compress(self, wire_ids, parts) -> list:
+        """``parts`` as they go on the wire. Called per message just before it is sent,
+        so compressing the next one overlaps sending this one."""
+        if self.compressor is None:
+            return parts
+        return [self.compressor.compress(tuple(wid), part) for wid, part in zip(wire_ids, parts)]
+
+    def fields(self) -> dict:
+        return {} if self.compressor is None else {"compression": self.compressor.config}
+
+    def layerwise(self, info) -> bool:
+        """Whether pushes of ``info`` run in two phases: a key cut into chunks over
+        the servers under an optimizer whose step needs the whole key's norms."""
+        return self.splits_norms and len(info.chunks) > 1
+
+
+@dataclass
+class Sent:
+    """Requests on their way, which :meth:`Exchange.fill` completes: the request ids,
+    the ``written`` ones their write grants send (``later``), the pace window, what
+    the call is, the outputs to fill from each flat reply buffer, and the call's
+    timeline record (None when off)."""
+    ids: list
+    later: list
+    flight: Flight
+    what: str
+    fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
+    call: TimelineCall | None = None
+
+
+@dataclass
+class Pending:
+    """A call in flight: its requests (``sent``) or its host group's call (``host``),
+    and, for device outputs, the host buffers to copy to them once filled
+    (``staged``). ``keep`` holds host copies of device sums the servers may read
+    in place until they answered."""
+    what: str
+    sent: Sent | None = None
+    host: HostCall | None = None
+    staged: Staged | None = None
+    keep: list = field(default_factory=list)
+
+
+def by_server(infos_and_flats) -> dict[int, tuple[list, list]]:
+    """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
+    groups: dict[int, tuple[list, list]] = {}
+    for info, flat in infos_and_flats:
+        for chunk in info.chunks:
+            ids, parts = groups.setdefault(chunk.server, ([], []))
+            ids.append(chunk.wire_id)
+            parts.append(flat[chunk.start:chunk.stop])
+    return groups
+
+
+class Exchange:
+    """Sends a worker's calls to the servers and fills their outputs. ``mode``: the
+    servers' (sync, async, ssp); ``leads()``: whether this worker acts for all at
+    collective steps; ``wire()``: the store's :class:`Wire` at each call;
+    ``staging``: how device values cross to the host (None: host values only)."""
+
+    def __init__(self, client: Client, config: Config, mode: str, leads: Callable[[], bool],
+                 wire: Callable[[], Wire], timeline: Timeline | None = None,
+                 staging: Staging | None = None):
+        self._client, self._config, self._mode = client, config, mode
+        self._leads, self._wire, self._timeline, self._staging = leads, wire, timeline, staging
+        self.host: HostGroup | None = None
+
+    # -- collaborators ---------------------------------------------------------------------
+    def join_host(self, host: HostGroup) -> None:
+        """Hand pushpulls to ``host``'s group (formed); its leader pushes through here."""
+        host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host, self._client.progress)
+        self.host = host
+
+    def _push_for_host(self, what, sources, targets, group) -> Sent:
+        """The leader's push of its host's sum, for every worker of the group."""
+        return self._send(ops.PUSHPULL, what, sources, targets, self._wire(), paced=True, group=group)
+
+    def _fill_for_host(self, sent: Sent) -> list:
+        self._fill_sent(sent)
+        return [flat for _, flat, _ in sent.fills]
+
+    def _replied_for_host(self, sent: Sent) -> bool:
+        return self._client.replied(sent.ids + sent.later)
+
+    def flush(self, what: str) -> None:
+        """Complete every call in flight (the host group's first) and raise their errors."""
+        if self.host is not None:
+            self.host.flush(what)
+        self._client.flush(what)
+
+    # -- calls -----------------------------------------------------------------------------
+    def send(self, op: str, what: str, sources, targets, paced: bool = False) -> Pending:
+        """Send ``op`` with ``sources`` [(info, flat)] (None: no data) for ``targets``
+        [(info, [outs])]; :meth:`fill` completes it. Replies that arrive in between
+        are copied into the outputs' buffers whenever this worker next waits for
+        anything. ``paced``: it may wait for replies to keep a window in flight
+        (transport/pace.py)."""
+        pending = Pending(what)
+        if self._staging is not None:
+            if sources is not None:
+                # a pushpull's sums may go to shared memory that co-located servers
+                # read in place: it stays alive (``keep``) until they answered
+                alloc = self._shared_bytes if op == ops.PUSHPULL else None
+                sources, pending.keep = self._staging.to_host(sources, alloc)
+            targets, pending.staged = self._staging.outputs(targets)
+        wire = self._wire()
+        if self.host is not None and op == ops.PUSHPULL and sources is not None:
+            pending.host = self.host.start(what, sources, targets)    # the host sums it first
+            return pending
+        if op == ops.PUSHPULL and sources is not None and any(wire.layerwise(info) for info, _ in sources):
+            # keys cut over servers under LARS/LAMB: two phases, done before this returns
+            wire.check([info for info, _ in sources], what)
+            layered = [wire.layerwise(info) for info, _ in sources]
+            self._push_layerwise(what, [s for s, lw in zip(sources, layered) if lw],
+                                 [t for t, lw in zip(targets, layered) if lw], wire)
+            sources = [s for s, lw in zip(sources, layered) if not lw]
+            targets = [t for t, lw in zip(targets, layered) if not lw]
+        pending.sent = self._send(op, what, sources, targets, wire, paced)
+        return pending
+
+    def fill(self, pending: Pending) -> None:
+        """Wait for ``pending``'s replies and fill its outputs."""
+        if pending.host is not None:
+            assert self.host is not None            # it made the call
+            self.host.finish(pending.host)
+        else:
+            assert pending.sent is not None
+            self._fill_sent(pending.sent)
+        if pending.staged is not None:
+            pending.staged.deliver()
+        pending.keep.clear()
+
+    def _shared_bytes(self, nbytes: int) -> np.ndarray:
+        return self._client.shared_empty(nbytes, np.uint8)
+
+    def send_and_fill(self, op: str, what: str, sources, targets) -> None:
+        self.fill(self.send(op, what, sources, targets, paced=True))
+
+    def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
+              group=None) -> Sent:
+        """The requests of one call; ``group``: the workers a host's sum speaks for."""
+        call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
+        if sources is not None:
+            wire.check([info for info, _ in sources], what)
+        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
+        dests = by_server([(info, flat) for info, flat, _ in flats])
+        datas = by_server(sources) if sources is not None else {}
+        fields = wire.fields() if sources is not None else {}
+        stage = sources is not None and wire.compressor is None
+        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and group is None
+        if group is not None:
+            fields["group"] = group
+        ids: list[int] = []
+        later: list[int] = []
+        flight = self._client.pace.start(dests, what, self._client if paced else None)
+        # every worker goes in the same order: a round's second writer adds while the
+        # first copies the next message, and replies start early (starting at
+        # different places was slower: the first rounds complete only half-way)
+        for server, lo, hi in pieces(dests, self._client.pipeline_limits()):
+            wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
+            payload = wire.compress(wire_ids, datas.get(server, ([], []))[1][lo:hi])
+            if write_in:
+                # what the server's link can write straight into its sums (no staging
+                # copy); the rest (small chunks, gradients from empty()) goes as a pushpull
+                rest = self._client.write_in(server, what, wire_ids, payload, parts, ids, later)
+                if len(rest) < len(parts):
+                    wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
+                    if not parts:
+                        continue
+            # pushpull waits for its replies, so gradients in our shared memory
+            # (empty()) may be read by the servers in place
+            flight.admit(server)
+            rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
+                                          in_place=stage, into=parts, chunks=wire_ids, **fields)
+            flight.sent(server, rid)
+            ids.append(rid)
+        if call is not None:
+            call.sent()
+        return Sent(ids, later, flight, what, [(outs, flat, direct)
+                                               for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
+
+    def _fill_sent(self, sent: Sent) -> None:
+        call, what = sent.call, sent.what
+        if call is not None:
+            call.waiting()
+        self._client.wait(sent.ids, what)     # the replies, and the grants of writes...
+        self._client.wait(sent.later, what)   # ...whose `written` requests they sent
+        self._client.pace.done(sent.flight)   # (sizes the next calls' messages)
+        if call is not None:
+            call.copying()
+        for outs, flat, direct in sent.fills:
+            fill_outputs(outs, flat, direct, what)
+        if call is not None:
+            call.done()
+
+    def push(self, what: str, items, wait_sent: bool = True) -> None:
+        """Push ``items`` [(info, flat)]; returns once the caller may reuse its buffers
+        (large values are sent without a copy and waited for; ``wait_sent=False``:
+        the caller keeps them)."""
+        keep: list = []
+        if self._staging is not None:
+            items, keep = self._staging.to_host(items, None)
+        wire = self._wire()
+        wire.check([info for info, _ in items], what)
+        layered = [item for item in items if wire.layerwise(item[0])]
+        if layered:                     # keys cut over servers under LARS/LAMB: two phases
+            self._push_layerwise(what, layered, None, wire)
+            items = [item for item in items if not wire.layerwise(item[0])]
+            if not items:
+                return
+        call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
+        trackers = []
+        fields = wire.fields()
+        stage = wire.compressor is None
+        groups = by_server(items)
+        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
+            wire_ids = groups[server][0][lo:hi]
+            parts = wire.compress(wire_ids, groups[server][1][lo:hi])
+            big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
+            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
+                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields)
+            if tracker is not None:
+                trackers.append(tracker)
+        # the caller may reuse its gradient buffers once we return
+        self._client.wait_sent(trackers, what)
+        if call is not None:
+            call.done()
+
+    def init(self, what: str, flats) -> None:
+        """The leader's part of a collective init: ``flats`` [(info, flat)] to their servers."""
+        ids = [self._client.request(server, ops.INIT, "init", parts, chunks=wire_ids)[0]
+               for server, (wire_ids, parts) in by_server(flats).items()]
+        self._client.wait(ids, what)
+
+    # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
+    def _push_layerwise(self, what: str, sources: list, targets: list | None, wire: Wire) -> None:
+        """Push ``sources`` [(info, flat)] of layer-wise keys: every worker pushes with
+        ``norms`` and is answered, once each chunk's round is complete, with that
+        chunk's sums of squares; the leader adds them up per key (in chunk order) and
+        sends the sums (``apply_norms``), the other workers pull. Returns once the
+        values are in ``targets`` [(info, outputs)] (None: a push; the leader returns
+        once the servers stepped)."""
+        terms: dict = {}
+
+        def keep(wire_ids):
+            def on_reply(header, values):
+                rounds = header.get("rounds")
+                if not isinstance(rounds, list) or len(rounds) != len(wire_ids) or len(values) != len(wire_ids):
+                    raise ProtocolError(f"{what}: a layer-wise push's reply carries no terms for its chunks")
+                for wid, number, a in zip(wire_ids, rounds, values):
+                    terms[tuple(wid)] = (number, np.asarray(a, np.float64).reshape(-1).tolist())
+            return on_reply
+        groups, fields = by_server(sources), wire.fields()
+        ids = []
+        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
+            wire_ids = groups[server][0][lo:hi]
+            parts = wire.compress(wire_ids, groups[server][1][lo:hi])
+            ids.append(self._client.request(server, ops.PUSH, what, parts, on_reply=keep(wire_ids),
+                                            chunks=wire_ids, norms=True, **fields)[0])
+        self._client.wait(ids, what)
+        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets or ()]
+        if not self._leads():
+            if targets:
+                self._fill_sent(self._send(ops.PULL, what, None, targets, wire))
+            return
+        sums: dict[Any, list] = {}
+        for info, _ in sources:
+            total: list = []
+            for chunk in info.chunks:
+                part = terms[tuple(chunk.wire_id)][1]
+                total = list(part) if not total else [a + b for a, b in zip(total, part)]
+            sums[info.key] = total
+        dests = by_server([(info, flat) for info, flat, _ in flats]) if targets else {}
+        keys = {tuple(c.wire_id): info.key for info, _ in sources for c in info.chunks}
+        ids = []
+        for server, (wire_ids, _) in groups.items():
+            ids.append(self._client.request(
+                server, ops.APPLY_NORMS, what, [], into=dests[server][1] if targets else None,
+                chunks=wire_ids, sums=[sums[keys[tuple(w)]] for w in wire_ids],
+                rounds=[terms[tuple(w)][0] for w in wire_ids], values=bool(targets))[0])
+        self._client.wait(ids, what)
+        for (_, outs), (_, flat, direct) in zip(targets or (), flats):
+            fill_outputs(outs, flat, direct, what)
