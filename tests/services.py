@@ -436,7 +436,7 @@ def python_launcher(module: str, *args, env=None, cwd=ROOT) -> Proc:
     return Proc([sys.executable, "-m", module, *args], env=env, cwd=cwd)
 
 
-NETNS_PREFIX = "kvlink-"   # the emulated-link benchmarks' namespaces (benchmarks/netns.py)
+NETNS_PREFIX = "kvlink-"   # the emulated-link benchmarks' namespaces (benchmarks/harness/netns.py)
 
 
 def namespaces() -> set[str]:

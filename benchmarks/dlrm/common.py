@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from benchmarks.common import tcp_bytes
+from benchmarks.harness.common import tcp_bytes
 from benchmarks.dlrm.data import Config, parse_tables
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ draws its own from ``default_rng((seed, r, i))``:
 
 - ``dense``: (B, n_dense) float32, standard normal;
 - ``ids``: (T, B, L) int64, table ``t``'s ids drawn from a Zipf law over its rows
-  (the law and the spreading of ``benchmarks/sparse_worker.py``: the hot rows
+  (the law and the spreading of ``benchmarks/sparse/worker.py``: the hot rows
   land all over the table);
 - ``labels``: (B,) float32, 1 where a fixed random teacher's logit is > 0. The
   teacher is ``dense @ a`` plus, per table, the mean over the bag of a value in
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.zipf import zipf_ids
+from benchmarks.harness.zipf import zipf_ids
 
 _TWO_53 = float(1 << 53)
 TEACHER_SEED = 20261128

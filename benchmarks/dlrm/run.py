@@ -37,9 +37,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "benchmarks.dlrm"
 
-from benchmarks import common as bcommon  # noqa: E402
+from benchmarks.harness import common as bcommon  # noqa: E402
 from benchmarks.dlrm.data import parse_tables  # noqa: E402
-from benchmarks.procs import GroupFailed, free_port, run_group  # noqa: E402
+from benchmarks.harness.procs import GroupFailed, free_port, run_group  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV = os.path.join(ROOT, "benchmarks", ".venv-torchrec")

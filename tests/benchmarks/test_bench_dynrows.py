@@ -1,4 +1,4 @@
-"""benchmarks/dynrows.py at a small size: a dist_sync job (2 workers, 2 servers) streams
+"""benchmarks/dynrows/run.py at a small size: a dist_sync job (2 workers, 2 servers) streams
 Zipf ids over [0, 2**63) into a table of dynamic rows; every report keeps each server
 under the budget, counts evictions and a hit rate, and the files are written."""
 

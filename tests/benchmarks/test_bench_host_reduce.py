@@ -1,4 +1,4 @@
-"""benchmarks/host_reduce.py at tiny size: 2 emulated worker hosts of 2 workers each
+"""benchmarks/host_reduce/run.py at tiny size: 2 emulated worker hosts of 2 workers each
 and 2 server hosts, pushpull with and without KVSTORE_HOST_REDUCE. Needs root and
 network namespaces (skipped otherwise). Never asserts on speed: timings are only
 checked to exist; the bytes each worker host's link sent show that with it on the

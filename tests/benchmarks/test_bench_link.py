@@ -1,4 +1,4 @@
-"""benchmarks/link.py at tiny size: emulated hosts (network namespaces, each with its
+"""benchmarks/link/run.py at tiny size: emulated hosts (network namespaces, each with its
 own rate-limited link to one bridge); gloo's ring over A and B, ours co-located on A
 and B (tcp between them; uncompressed, 2bit, fp16) and ours on a dedicated server
 host S0. Needs root and network namespaces (skipped otherwise). Never asserts on
@@ -84,7 +84,7 @@ def test_namespaces_of_a_run_that_died_are_reaped(netns_ok):
     """A run killed before it could clean up leaves kvlink-PID-... namespaces: the
     next run deletes them (their process is gone, nothing runs inside), and never
     one whose process is alive."""
-    from benchmarks import netns
+    from benchmarks.harness import netns
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale, alive = f"{PREFIX}{dead.pid}-test-a", f"{PREFIX}{os.getpid()}-test-a"

@@ -1,4 +1,4 @@
-"""benchmarks/sparse.py at a small size (every contender runs, is verified, and is in
+"""benchmarks/sparse/run.py at a small size (every contender runs, is verified, and is in
 the table; the byte counts are the ones the algorithms imply), and the point of a
 row-sparse table: a worker's memory does not grow with the table the servers hold.
 Never asserts on speed."""

@@ -1,4 +1,4 @@
-"""benchmarks/sparse_link.py at small size: a row-sparse table on two dedicated
+"""benchmarks/sparse_link/run.py at small size: a row-sparse table on two dedicated
 server hosts, two worker hosts, every host its own emulated link (network
 namespaces; skipped without root). Never asserts on speed: the bytes every host's
 link carried must match the wire model (payload) within the framing and control

@@ -1,4 +1,4 @@
-"""benchmarks/staleness.py at a small size: every store and delay pattern runs, each
+"""benchmarks/staleness/run.py at a small size: every store and delay pattern runs, each
 read of every step is checked against the store's bound by the workers, and the
 table shows what the bounds imply (dist_sync misses nothing; a dist_ssp read misses
 at most s steps of each other worker). Never asserts on speed."""

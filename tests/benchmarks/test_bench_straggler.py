@@ -1,4 +1,4 @@
-"""benchmarks/straggler.py at a small size, and the throttle that slows its worker.
+"""benchmarks/straggler/run.py at a small size, and the throttle that slows its worker.
 
 The benchmark runs the real example (examples/train_mnist.py, an MLP on 512
 Fashion-MNIST images, 2 workers) unslowed and under dist_ssp with worker 1
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from benchmarks.throttle import DutyCycle, ThrottleError, open_process
+from benchmarks.harness.throttle import DutyCycle, ThrottleError, open_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

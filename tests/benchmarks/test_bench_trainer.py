@@ -1,4 +1,4 @@
-"""benchmarks/trainer.py at tiny size: a real run of every contender (ours through
+"""benchmarks/trainer/run.py at tiny size: a real run of every contender (ours through
 the launcher, DDP over gloo, the single process) whose JSON must be complete and
 whose correctness check must pass, and a deliberately wrong worker that the check
 must catch. Never asserts on speed: timings are only checked to exist."""
@@ -16,7 +16,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks import trainer  # noqa: E402
+from benchmarks.trainer import run as trainer  # noqa: E402
 
 pytest.importorskip("torch")
 

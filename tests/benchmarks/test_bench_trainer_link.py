@@ -1,4 +1,4 @@
-"""benchmarks/trainer.py --link at tiny size: every contender split over two network
+"""benchmarks/trainer/run.py --link at tiny size: every contender split over two network
 namespaces joined by a rate-limited veth pair (ours over tcp, DDP over gloo across
 the veth, the floor on A), every worker's weights checked; and over a --layout's
 hosts (dedicated: worker hosts A, B and a server host S0). Needs root and network
@@ -18,7 +18,8 @@ from services import NETNS_PREFIX as PREFIX, namespaces
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks import layouts, trainer  # noqa: E402
+from benchmarks.harness import layouts  # noqa: E402
+from benchmarks.trainer import run as trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

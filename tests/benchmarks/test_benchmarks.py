@@ -1,4 +1,4 @@
-"""The benchmark's own pieces at tiny size (benchmarks/pushpull.py). Never asserts
+"""The benchmark's own pieces at tiny size (benchmarks/pushpull/run.py). Never asserts
 on speed: timings are only checked to exist."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from click.testing import CliRunner
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks import common, report  # noqa: E402
-from benchmarks.contenders import ours  # noqa: E402
-from benchmarks.contenders.base import RunConfig  # noqa: E402
-from benchmarks.resnet50_shapes import (RESNET50_TENSORS, RESNET50_VALUES, model_shapes,  # noqa: E402
+from benchmarks.harness import common  # noqa: E402
+from benchmarks.pushpull import report  # noqa: E402
+from benchmarks.harness.contenders import ours  # noqa: E402
+from benchmarks.harness.contenders.base import RunConfig  # noqa: E402
+from benchmarks.harness.resnet50_shapes import (RESNET50_TENSORS, RESNET50_VALUES, model_shapes,  # noqa: E402
                                         resnet50_shapes)
 
 
@@ -72,7 +73,7 @@ def test_verify_accepts_the_sum_and_rejects_stale_or_partial_results():
     with pytest.raises(common.WrongResult, match="total sum"):
         common.verify(outs, 2, 5)
     # a compressed exchange has its own expected value (2bit with t = 0.5: W * t)
-    from benchmarks.contenders.ours_worker import COMPRESSION
+    from benchmarks.harness.contenders.ours_worker import COMPRESSION
     _, expected = COMPRESSION["pushpull_2bit"]
     halves = [np.full(s, 1.0, np.float32) for s in shapes]
     common.verify(halves, 2, 5, expected=expected)
@@ -133,7 +134,7 @@ def test_unavailable_transports_are_skipped_with_a_reason(tmp_path):
 
 
 def test_cli_help_lists_the_contenders():
-    from benchmarks.pushpull import main
+    from benchmarks.pushpull.run import main
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0, result.output
     for word in ("--workers", "--servers", "--setup-peers", "--launches", "--profile"):
@@ -141,13 +142,13 @@ def test_cli_help_lists_the_contenders():
 
 
 def test_cli_rejects_an_unknown_contender():
-    from benchmarks.pushpull import main
+    from benchmarks.pushpull.run import main
     result = CliRunner().invoke(main, ["--contenders", "ours,horovod"])
     assert result.exit_code != 0 and "horovod" in result.output
 
 
 def test_compress_benchmark_checks_every_type_against_a_git_version():
-    from benchmarks import compress
+    from benchmarks.compress import run as compress
     result = CliRunner().invoke(compress.main, ["--size", "1001", "--repeats", "1", "--before", "HEAD"])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "ms" not in line]

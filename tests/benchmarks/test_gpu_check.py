@@ -1,11 +1,11 @@
-"""The GPU benchmark's server rounds (benchmarks/gpu_check.py) run in CI on the host
+"""The GPU benchmark's server rounds (benchmarks/gpu_check/run.py) run in CI on the host
 backend, so a renamed method or a changed signature of the server state fails
 here, not on the next GPU loan (issue 29, defect 2)."""
 
 import numpy as np
 import pytest
 
-from benchmarks.gpu_check import server_rounds
+from benchmarks.gpu_check.run import server_rounds
 from kvstore import optimizer as opt
 from kvstore.server.backend import HostBackend
 
@@ -30,7 +30,7 @@ def test_one_benchmark_round_applies_one_sync_round_on_every_chunk(optimizer):
 def test_sections_are_isolated_and_a_budget_runs_what_fits():
     """--budget: the sections in order while their expected time fits; a failing one
     is recorded with its error and the next one runs; every result is saved as it comes."""
-    from benchmarks.gpu_check import report, run_sections
+    from benchmarks.gpu_check.run import report, run_sections
     now = [0.0]
     saved = []
 
@@ -63,7 +63,7 @@ def test_the_report_shows_pytests_summary_when_some_gpu_tests_were_skipped():
     """pytest's result carries the list of skipped tests under "skipped": that is a
     summary to print, not a section that was skipped (the H100 run of 2026-11-27 printed
     "## pytest: skipped" over 168 passed tests)."""
-    from benchmarks.gpu_check import report
+    from benchmarks.gpu_check.run import report
     info = {k: "x" for k in ("gpu", "when", "commit", "driver", "cuda_runtime", "torch", "torch_cuda", "cupy",
                              "numpy", "python", "gpus")}
     pytest = {"returncode": 0, "summary": "168 passed, 5 skipped", "failures": [],
@@ -75,10 +75,10 @@ def test_the_report_shows_pytests_summary_when_some_gpu_tests_were_skipped():
 
 
 def test_the_exchange_phases_run_on_the_host_device():
-    """benchmarks/gpu_phases.py, which the GPU run uses to split an exchange into its
+    """benchmarks/gpu_check/phases.py, which the GPU run uses to split an exchange into its
     copies and the server's round, runs on the device layer's host implementation,
     so a renamed server method fails here rather than on the next GPU loan."""
-    from benchmarks.gpu_phases import phases, report
+    from benchmarks.gpu_check.phases import phases, report
     from kvstore.devices import HostDevice
     result = phases(HostDevice(), reps=2, chunk_bytes=1024, shapes=[(64, 3, 3), (10,), (1000, 2)])
     assert result["tensors"] == 3 and result["chunks"] == 3 + 1 + 8     # 576, 10 and 2000 floats in 1 KB chunks

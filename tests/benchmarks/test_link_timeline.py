@@ -1,4 +1,4 @@
-"""benchmarks/timeline.py's table of the last exchange, from samples written by hand:
+"""benchmarks/link/timeline.py's table of the last exchange, from samples written by hand:
 the windows where the workers sent must be in it even when they never sent hard
 enough to mark the exchange's start (a short exchange on a loaded machine; CI's
 test_link_benchmark_tiny once got only the last window, where host A sent 0)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.timeline import render
+from benchmarks.link.timeline import render
 
 RATE = 125e6          # 1 Gbit/s in bytes per second
 HOSTS = ["A", "B", "S0"]

@@ -1,4 +1,4 @@
-"""benchmarks.model and benchmarks.model_link: the link model on link.json-shaped data
+"""benchmarks.model and benchmarks.model.link: the link model on link.json-shaped data
 checked by hand, the dedicated-server table's arithmetic, and the command on the
 runs of record (JSON only: no processes, no links)."""
 
@@ -8,9 +8,10 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from benchmarks import link, model, model_link
-from benchmarks.model_link import Costs, message_bytes, paced, points, predict, run_settings
-from benchmarks.layouts import parse
+from benchmarks.harness.exchange import effective_settings
+from benchmarks.model import run as model, link as model_link
+from benchmarks.model.link import Costs, message_bytes, paced, points, predict, run_settings
+from benchmarks.harness.layouts import parse
 from kvstore.transport import pace
 
 MIB = 1 << 20
@@ -94,9 +95,9 @@ def test_auto_messages_follow_the_pace_and_older_runs_had_8_mib():
     assert run_settings(link_json([], started="2026-11-25 01:13:07"))[0] == pace.MAX_BYTES
     # what a run recorded it ran with wins over the guess from its --env and date
     recorded = link_json([], started="2026-11-25 01:13:07")
-    recorded["config"]["effective"] = link.effective_settings(FIXED)
+    recorded["config"]["effective"] = effective_settings(FIXED)
     assert run_settings(recorded) == (4 * MIB, MIB)
-    assert link.effective_settings({}) == {"pipeline_bytes": "auto", "chunk_bytes": 2 * MIB}
+    assert effective_settings({}) == {"pipeline_bytes": "auto", "chunk_bytes": 2 * MIB}
     layout = parse("dedicated:2x2")
     auto = predict(layout, "pushpull", N, RATE, "auto", MIB, NO_CPU, cores=2)
     # the worker sends N per call: 10 ms of N / T, as whole 1 MiB chunks
@@ -131,7 +132,7 @@ def test_dedicated_arithmetic_by_hand():
 
 def test_worth_buying_is_the_fewest_server_machines_near_the_best():
     options = [{"t": 3.0}, {"t": 1.04}, {"t": 1.0}, {"t": 0.999}]
-    assert model._fewest(options, "t") == 1
+    assert model.fewest(options, "t") == 1
     lines = model.dedicated_table(N, 0.0, 0.0, 1, 0.0)
     row = next(line for line in lines if line.startswith("| 2 | 10 Gbit/s |"))
     cells = [c.strip() for c in row.strip("|").split("|")]

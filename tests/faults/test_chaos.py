@@ -1,7 +1,7 @@
-"""A small fixed subset of benchmarks/chaos.py: one run per fault type, each must
+"""A small fixed subset of benchmarks/chaos/run.py: one run per fault type, each must
 end fast, non-zero, with the culprit marked, nothing left behind and no wrong value;
 a short elastic run (``--elastic``), where a worker's fault must not end the job;
-and one run per phase of benchmarks/chaos_phases.py (start-up, a checkpoint save,
+and one run per phase of benchmarks/chaos/phases.py (start-up, a checkpoint save,
 a resume, teardown), where a save or resume fault must be followed by a
 ``--resume`` that ends with the uninterrupted run's weights or refuses clearly."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from benchmarks import chaos, chaos_phases
-from benchmarks.chaos_phases import Case
+from benchmarks.chaos import run as chaos, phases as chaos_phases
+from benchmarks.chaos.phases import Case
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_elastic_jobs_go_on_without_the_faulty_worker(tmp_path):
     """``--elastic --runs 3 --seed 738``: a server's SIGTERM still ends its job
     naming it; a worker killed with SIGKILL (``--max-restarts 1``, sync) leaves and
     its replacement joins the running job; a worker's exit(1) (no restarts) leaves.
-    Each run must pass chaos.py's elastic criteria, and the table lands in
+    Each run must pass chaos's elastic criteria, and the table lands in
     chaos-elastic.md and .json."""
     code = chaos.main(["--elastic", "--runs", "3", "--seed", "738", "--out-dir", str(tmp_path)])
     runs = json.loads((tmp_path / "chaos-elastic.json").read_text())["runs"]

@@ -3,7 +3,7 @@ FTML, DCASGD, SGLD, AdaDelta, Ftrl, Adamax, Nadam, and the layer-wise LARS, LAMB
 LBSGD) against MXNet 1.9.1's own numbers.
 
 tests/data/mxnet_optimizers.json was written by MXNet itself
-(benchmarks/peers/mxnet_optimizer_fixture.py, which says how to regenerate it):
+(benchmarks/harness/peers/mxnet_optimizer_fixture.py, which says how to regenerate it):
 every case is an optimizer, its parameters, a weight, a few gradients, the weight
 MXNet had after each step and its state after the last. Each case is replayed
 here through ``kvstore.optimizer`` on one slot, the row-sparse Ftrl case through
