@@ -119,7 +119,7 @@ class DeviceBackend:
         to the device: the driver stages it in pieces while the DMA runs. On an H100,
         for ResNet-50's 102 MB of gradients, that took 15.0-15.6 ms against 17.0 ms to
         copy the buffer into pinned memory first and 2.0 ms to send that
-        (benchmarks/gpu_phases.py)."""
+        (benchmarks/gpu_check/phases.py)."""
         if out is None:
             out = self.alloc(host.size, host.dtype).reshape(host.shape)
         if host.size:

@@ -9,7 +9,7 @@ arrived. Two costs pull the size ``p`` in opposite directions:
 - filling and draining the pipeline: no reply can start before each server has a
   whole message from every worker, and the last replies travel after the last push.
   With W workers and S servers that costs about ``max(W, S) * p / B`` per call (B
-  the link rate; one round of messages: benchmarks/model_link.py), whatever the call's size: 8 MiB messages at 500 Mbit/s keep one
+  the link rate; one round of messages: benchmarks/model/link.py), whatever the call's size: 8 MiB messages at 500 Mbit/s keep one
   direction of every link idle for ~1 s of a 2.5 s ResNet-50 exchange
   (docs/performance.md 2.6);
 - every message costs the worker and the server some CPU (~0.3-0.7 ms here), which
