@@ -17,12 +17,12 @@ import os
 import sys
 
 from . import optimizer
-from .store import KVStore
-from .storetypes import FROM_CONFIG, STORE_TYPES, KVStoreBase, resolve, staleness_bound
+from .worker.store import KVStore
+from .worker.types import FROM_CONFIG, STORE_TYPES, KVStoreBase, resolve, staleness_bound
 from .config import Config
-from .rowinit import RowInit
-from .dynrows import DynamicRows
-from .sparse import RowSparse
+from .rows.rowinit import RowInit
+from .rows.dynamic import DynamicRows
+from .rows.sparse import RowSparse
 from .errors import (ArgumentTypeError, CheckpointError, ConfigError, DeadlineError,
                      InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError, RemoteError)
 
@@ -42,7 +42,7 @@ def create(name: str = "local", *, config: Config | None = None, staleness=FROM_
     ``"local_update_cpu"``, ``"local_allreduce_cpu"`` and ``"local_allreduce_device"`` work, and
     ``kv.type`` is the name given, lower-cased. A class registered with
     :meth:`KVStoreBase.register` is built, with no arguments, under its class
-    name (kvstore.storetypes).
+    name (kvstore.worker.types).
 
     Distributed stores read their settings from the environment a launcher sets
     (``config`` overrides it, e.g. in tests). As in MXNet, a process whose role
@@ -66,18 +66,18 @@ def create(name: str = "local", *, config: Config | None = None, staleness=FROM_
 
 def _builtin(kind: str, config: Config | None, staleness) -> KVStore:
     if kind == "local":
-        from .local_store import LocalStore
+        from .worker.local import LocalStore
         return LocalStore(kind)
     if kind == "device":
-        from .device import DeviceStore
+        from .worker.device import DeviceStore
         return DeviceStore(kind)
     config = config if config is not None else _config_from_env()
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
     if kind == "dist_device_sync":
-        from .device import DistDeviceStore
+        from .worker.device import DistDeviceStore
         return DistDeviceStore(kind, config)
-    from .dist import DistStore
+    from .worker.dist import DistStore
     if kind == "dist_ssp":
         return DistStore(kind, config, staleness_bound(staleness, config.staleness))
     return DistStore(kind, config)

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .dynrows import ID_LIMIT, DynamicRows
-from .rowinit import RowInit
-from .sparse import RowSparse
+from .rows.dynamic import ID_LIMIT, DynamicRows
+from .rows.rowinit import RowInit
+from .rows.sparse import RowSparse
 
 __all__ = ["ShardedEmbedding"]
 

@@ -60,7 +60,7 @@ except ImportError as e:   # the optional extra
 
 from . import create as _create_store
 from .errors import ArgumentTypeError, InvalidArgumentError
-from .store import KVStore
+from .worker.store import KVStore
 from .torch import DEFAULT_BUCKET_BYTES, Trainer
 from tracker.control.env import default
 

@@ -170,7 +170,7 @@ class Timeline:
         self._names.append(("thread_name", tid, {"name": name}))
         self._names.append(("thread_sort_index", tid, {"sort_index": order}))
 
-    # -- a worker's store calls (kvstore.dist) and requests (kvstore.client) ---------------
+    # -- a worker's store calls (kvstore.worker.dist) and requests (kvstore.worker.client) ---------------
     def begin(self, op: str, keys: list) -> Call:
         """A store call starts: the requests sent until its ``sent()`` or ``done()`` belong to it."""
         return Call(self, op, keys)

@@ -34,9 +34,9 @@ import threading
 
 import torch
 
-from . import gpu
+from .devices import gpu
 from . import optimizer as kvopt
-from .store import KVStore
+from .worker.store import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .fileio import atomic_write
 from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)

@@ -97,7 +97,7 @@ def main() -> int:
     args = p.parse_args()
     maybe_fault(None, "create")
     kv = kvstore.create("dist_sync")
-    from kvstore.dist import DistStore   # imported by create already (a server never gets here)
+    from kvstore.worker.dist import DistStore   # imported by create already (a server never gets here)
     assert isinstance(kv, DistStore)   # what dist_sync builds
     maybe_fault(kv.rank, "init")
     start = int(kv.resume_meta.get("step", 0))

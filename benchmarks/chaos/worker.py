@@ -120,7 +120,7 @@ def main() -> int:
     fault, fault_rank = os.environ.get("CHAOS_FAULT"), int(os.environ.get("CHAOS_RANK", "-1"))
     after = int(os.environ.get("CHAOS_AFTER", "0"))
     kv = kvstore.create("dist_sync" if args.mode == "sync" else "dist_async")
-    from kvstore.dist import DistStore   # imported by create already (a server never gets here)
+    from kvstore.worker.dist import DistStore   # imported by create already (a server never gets here)
     assert isinstance(kv, DistStore)   # what dist_sync and dist_async build
     keys = list(range(len(SHAPES)))
     kv.init(keys, [np.zeros(s, np.float32) for s in SHAPES])

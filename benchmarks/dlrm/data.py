@@ -80,7 +80,7 @@ def _splitmix64(x):
 
 
 def uniform01(index: np.ndarray, seed: int) -> np.ndarray:
-    """kvstore.rowinit's stream: one float64 in [0, 1) per uint64 index."""
+    """kvstore.rows.rowinit's stream: one float64 in [0, 1) per uint64 index."""
     return (_splitmix64(index ^ _splitmix64(np.uint64(seed))) >> np.uint64(11)).astype(np.float64) / _TWO_53
 
 

@@ -3,7 +3,7 @@ sum that one ``dist_device_sync`` pushpull to a co-located GPU server makes, eac
 timed on its own on one device (``python -m benchmarks.gpu_check --only phases``).
 
 The ``exchange`` section times the whole pushpull; this one splits it into the
-steps the data takes (kvstore/device.py on the worker, kvstore/server/backend.py
+steps the data takes (kvstore/worker/device.py on the worker, kvstore/server/backend.py
 and state.py on the server), in the order they run, so that the next change goes
 where the time is:
 

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     unknown = set(only) - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s) {', '.join(sorted(unknown))}")
-    from kvstore import gpu
+    from kvstore.devices import gpu
     from kvstore.devices.cuda import CudaDevice
     if not gpu.available():
         print(f"gpu_check needs a usable NVIDIA GPU with CuPy: {gpu.reason()}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""What summing on the host (``KVSTORE_HOST_REDUCE=1``, kvstore/hostreduce.py) saves
+"""What summing on the host (``KVSTORE_HOST_REDUCE=1``, kvstore/hostgroup/group.py) saves
 on the wire: ResNet-50's pushpull over emulated machines, with and without it.
 
     sudo python -m benchmarks.host_reduce                       # 500mbit, 2 launches

@@ -19,7 +19,7 @@ The wire model (:func:`model_bytes`) counts what the protocol carries for the
 steps run (warm-up included), from the same seeded batches the workers draw: a
 worker with ``n`` unique rows on server s sends it ``n`` row ids (8 bytes) and
 ``n`` rows (4 * dim bytes) in the push, ``n`` row ids in the pull, and receives
-``n`` rows. Row r lives on server r % S (kvstore/rowshard.py). Headers, the
+``n`` rows. Row r lives on server r % S (kvstore/rows/layout.py). Headers, the
 control plane (registration, barriers) and TCP/IP framing are not modelled: the
 ratio measured / model says how much they add. The bound of a step is the busiest
 link direction's modelled bytes of one step over the link rate.

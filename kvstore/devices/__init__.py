@@ -24,9 +24,9 @@ from .host import HostAccelerators, HostDevice
 
 def worker_accelerators() -> Accelerators | None:
     """The GPUs the worker stores (``device``, ``dist_device_sync``) use: CUDA
-    through CuPy when the probe finds a usable GPU (kvstore.gpu), else None (they
+    through CuPy when the probe finds a usable GPU (kvstore.devices.gpu), else None (they
     work on the host). Tests replace it with a :class:`HostAccelerators`."""
-    from .. import gpu
+    from . import gpu
     if not gpu.available():
         return None
     from .cuda import CudaAccelerators

@@ -10,7 +10,7 @@ import contextlib
 
 import numpy as np
 
-from .. import arrays, gpu
+from . import arrays, gpu
 
 
 class CudaDevice:

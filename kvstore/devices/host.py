@@ -189,7 +189,7 @@ class HostAccelerators:
         self.index_of(src)
         if not self.holds(out):
             # to a host output (numpy, torch): a download
-            from .. import arrays
+            from . import arrays
             arrays.write(out, np.asarray(src).view(np.ndarray))
             self.downloads += 1
         elif out.device_index != src.device_index:

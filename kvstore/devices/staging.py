@@ -5,7 +5,7 @@ emulation in CI):
 - :func:`device_sum`: a key's list of values summed on the device of the first
   device value (host values uploaded, values on other devices peer-copied);
 - :class:`Staging`: how a call's device values cross to the host and back for the
-  dist stores' :class:`~kvstore.exchange.Exchange`: the sums of a call packed on
+  dist stores' :class:`~kvstore.worker.exchange.Exchange`: the sums of a call packed on
   the device and downloaded in one copy into one host block, and the replies for
   device outputs received into one host block that goes to the device in one
   copy and is spread to the outputs from there (:class:`Staged`).

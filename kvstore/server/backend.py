@@ -204,7 +204,7 @@ class GpuBackend(DeviceBackend):
     """:class:`DeviceBackend` on GPU ``device`` (cupy); ServerDeviceError without one."""
 
     def __init__(self, device: int, host=None):
-        from .. import gpu
+        from ..devices import gpu
         if not gpu.available():
             raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")
         count = gpu.device_count()
@@ -221,7 +221,7 @@ def for_config(config, rank: int, alloc=None, shared=None, host=None):
     order). Raises ServerDeviceError when a GPU was asked for and none is usable."""
     if config.server_device != "gpu":
         return HostBackend(alloc, shared)
-    from .. import gpu
+    from ..devices import gpu
     gpus = list(config.server_gpus) if config.server_gpus else list(range(gpu.device_count()))
     if not gpus:
         raise ServerDeviceError(f"KVSTORE_SERVER_DEVICE=gpu, but no GPU is usable: {gpu.reason()}")

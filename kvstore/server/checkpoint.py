@@ -3,7 +3,7 @@ job-wide checkpoint that cannot resume wrong.
 
 A checkpoint is a *set*: one part per server, all with the same checkpoint id
 and step. It is taken in two phases, driven by the leading worker
-(kvstore/checkpoints.py):
+(kvstore/worker/checkpoints.py):
 
 1. ``write_part(id, ...)``: every server writes ``server-R.ckpt-ID.part``
    (temporary file, fsync, rename, fsync of the directory) and acknowledges.

@@ -1,4 +1,4 @@
-"""Dynamic row tables on one server (kvstore.dynrows): the rows it holds of each
+"""Dynamic row tables on one server (kvstore.rows.dynamic): the rows it holds of each
 :class:`~kvstore.DynamicRows` key, created on first push and evicted by age or
 budget. A collaborator of :class:`~kvstore.server.state.ServerState`, pure as well.
 
@@ -6,9 +6,9 @@ It is :class:`~kvstore.server.tables.RowTables` with another store under the
 rounds: the same sync rounds (one push from every worker, merged in rank order),
 parked pulls, failed rounds of finished workers, elastic leaves and stall lines,
 and async pushes applied on arrival; but a table's rows live in a
-:class:`~kvstore.dyntable.DynTable` (an id -> slot map over a growable slab),
+:class:`~kvstore.rows.dyntable.DynTable` (an id -> slot map over a growable slab),
 not in a chunk of the :class:`~kvstore.server.chunks.ChunkTable`, and a row id is
-any int64 in [0, 2**63) that hashes to this server (:func:`kvstore.dynrows.owner`).
+any int64 in [0, 2**63) that hashes to this server (:func:`kvstore.rows.dynamic.owner`).
 
 A round that would pass the budget with eviction off fails with an
 InvalidArgumentError naming the key, the server, the budget and the count, and
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dynrows import ID_LIMIT, DynamicRows, owner
-from ..dyntable import DynTable
+from ..rows.dynamic import ID_LIMIT, DynamicRows, owner
+from ..rows.dyntable import DynTable
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label
-from ..rowshard import RowLayout
-from ..storetypes import NO_ROWS_IN_SSP
+from ..rows.layout import RowLayout
+from ..worker.types import NO_ROWS_IN_SSP
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
 from .tables import RowTables, Table

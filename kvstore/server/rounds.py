@@ -38,7 +38,7 @@ class Round:
         return worker not in self.workers and self.writer != worker
 
     def open_to_all(self, ranks: frozenset) -> bool:
-        """For a host's sum that speaks for ``ranks`` (kvstore.hostreduce)."""
+        """For a host's sum that speaks for ``ranks`` (kvstore.hostgroup.group)."""
         return self.workers.isdisjoint(ranks) and self.writer not in ranks
 
 
@@ -83,7 +83,7 @@ def is_int(value) -> bool:
 
 def speaks_for(header: dict, worker: int, num_workers: int, mode: str) -> frozenset | None:
     """The workers a host's summed push speaks for (header ``group``: sorted,
-    distinct ranks including the sender; dist_sync only), or None (kvstore.hostreduce)."""
+    distinct ranks including the sender; dist_sync only), or None (kvstore.hostgroup.group)."""
     group = header.get("group")
     if group is None:
         return None

@@ -104,7 +104,7 @@ class Sync:
                     f"norms across servers, but round {self._applied.get(cid, 0) + pos + 1} was opened by pushes "
                     f"that {'do not' if norms else 'do'}: the workers disagree on the optimizer or the key's chunks")
         if self.writes.ahead(worker, ids):
-            if group is not None:    # a host's leader does not write in (kvstore.hostreduce)
+            if group is not None:    # a host's leader does not write in (kvstore.hostgroup.group)
                 raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
             # that write takes its round first (kvstore.server.writein), then this push the next one
             return self.writes.hold(peer, req_id, worker, ids, chunks, arrays, want_values)

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import sparse
+from ..rows import sparse
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header
-from ..rowinit import RowInit
-from ..rowshard import RowLayout
-from ..storetypes import NO_ROWS_IN_SSP
+from ..rows.rowinit import RowInit
+from ..rows.layout import RowLayout
+from ..worker.types import NO_ROWS_IN_SSP
 from .modes import MODES
 from .backend import HostBackend
 from .chunks import ChunkTable

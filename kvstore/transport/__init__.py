@@ -15,7 +15,7 @@
 - :mod:`.links`: the worker's side, one class per transport (shared memory, ipc,
   tcp); :mod:`.sockets`: the worker's DEALER per server.
 
-The client (:mod:`kvstore.client`, through its links) and the server node
+The client (:mod:`kvstore.worker.client`, through its links) and the server node
 (:mod:`kvstore.server`, through ``server/dataplane.py``, which composes the
 endpoints) combine these with the wire codec; docs/architecture.md ("Transports")
 explains the choice and how to add a transport, docs/protocol.md the header fields

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import kvstore
-from kvstore import arrays, devices, gpu
+from kvstore.devices import arrays, gpu
+from kvstore import devices
 from kvstore.devices import HostAccelerators
 from kvstore import optimizer as opt
 from kvstore.errors import ConfigError
@@ -85,8 +86,8 @@ def test_probe_is_cached_and_explains_itself():
 
 
 def test_importing_kvstore_probes_nothing():
-    code = ("import sys, kvstore, kvstore.gpu, kvstore.device, kvstore.arrays\n"
-            "assert kvstore.gpu._probe_result is None\n"
+    code = ("import sys, kvstore, kvstore.devices.gpu, kvstore.worker.device, kvstore.devices.arrays\n"
+            "assert kvstore.devices.gpu._probe_result is None\n"
             "assert 'cupy' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n")
     root = pathlib.Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=root)
@@ -135,7 +136,7 @@ def test_without_gpu_helpers_fall_back_to_numpy(force_cpu):
 
 
 def test_cpu_fallback_logs_one_line_per_process(force_cpu, caplog):
-    caplog.set_level(logging.INFO, logger="kvstore.gpu")
+    caplog.set_level(logging.INFO, logger="kvstore.devices.gpu")
     for _ in range(3):
         with kvstore.create("device") as kv:
             assert kv.type == "device" and kv.device_id is None
@@ -262,7 +263,7 @@ def test_dist_device_sync_matches_formulas(make_cluster, workers, servers):
 
 
 def test_dist_device_sync_without_gpu_logs_once(make_cluster, force_cpu, caplog):
-    caplog.set_level(logging.INFO, logger="kvstore.gpu")
+    caplog.set_level(logging.INFO, logger="kvstore.devices.gpu")
     cluster = make_cluster(3, 1)
     cluster.run(lambda kv: kv.barrier(), "dist_device_sync")
     lines = [r.getMessage() for r in caplog.records if "no GPU found" in r.getMessage()]
@@ -431,7 +432,7 @@ class SpiedRequests:
     must be host memory, never an emulated device's."""
 
     def __init__(self, monkeypatch, acc):
-        from kvstore.client import Client
+        from kvstore.worker.client import Client
         original, self.calls = Client.request, 0
 
         def request(client, server, op, what, arrays=(), *args, **kwargs):
@@ -504,7 +505,7 @@ def test_staging_packs_and_spreads_by_device():
     copy, sums on two devices in one copy each; replies for outputs on a device come
     up in one copy and reach every output, host outputs are answered directly."""
     from kvstore.devices.staging import Staging
-    from kvstore.store import KeyInfo
+    from kvstore.worker.store import KeyInfo
     acc = HostAccelerators(2)
     infos = [KeyInfo(k, (n,), np.dtype(np.float32)) for k, n in (("a", 3), ("b", 5))]
     staging = Staging(acc)
@@ -574,7 +575,7 @@ def as_np(value):
 @pytest.mark.gpu
 def test_gpu_probe_finds_the_gpu_and_does_not_log_a_fallback(cp, caplog, monkeypatch):
     monkeypatch.setattr(gpu, "_fallbacks_logged", set())
-    caplog.set_level(logging.INFO, logger="kvstore.gpu")
+    caplog.set_level(logging.INFO, logger="kvstore.devices.gpu")
     with kvstore.create("device") as kv:
         assert kv.device_id == cp.cuda.Device().id
     assert not [r for r in caplog.records if "no GPU found" in r.getMessage()]

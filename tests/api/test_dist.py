@@ -258,7 +258,7 @@ def test_dist_sync_equals_local_store_fed_all_pushes(make_cluster, optimizer, tm
     for outs in results:
         for got, want in zip(outs, expected):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    from kvstore import states_file
+    from kvstore.worker import states_file
     _, dist_states = states_file.load(str(states_path))
     _, local_states = states_file.load(str(oracle_states))
     assert dist_states.keys() == local_states.keys()

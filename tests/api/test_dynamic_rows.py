@@ -9,8 +9,8 @@ import pytest
 import kvstore
 from kvstore import DynamicRows, RowInit, RowSparse
 from kvstore import optimizer as opt
-from kvstore.dynrows import ID_LIMIT, owner, split
-from kvstore.dyntable import DynTable
+from kvstore.rows.dynamic import ID_LIMIT, owner, split
+from kvstore.rows.dyntable import DynTable
 from kvstore.errors import ArgumentTypeError, InvalidArgumentError
 from kvstore.protocol import ops
 

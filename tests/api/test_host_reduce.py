@@ -1,4 +1,4 @@
-"""Summing on the host before pushing (KVSTORE_HOST_REDUCE=1, kvstore.hostreduce):
+"""Summing on the host before pushing (KVSTORE_HOST_REDUCE=1, kvstore.hostgroup.group):
 the server's rounds for a push that speaks for several workers, the scheduler's
 address book of workers, and whole jobs on emulated hosts (tracker.local
 --emulate-hosts: one machine split into K hosts by KVSTORE_HOST_LABEL)."""
@@ -300,7 +300,7 @@ GPU_SUMS = textwrap.dedent("""
 @pytest.mark.slow
 def test_host_groups_with_cuda_tensors_and_gpu_servers(tmp_path):
     """Processes sharing one GPU stand for one process per GPU (torchrun's layout)."""
-    from kvstore import gpu
+    from kvstore.devices import gpu
     if not gpu.available():
         pytest.skip(f"needs a usable GPU with CuPy: {gpu.reason()}")
     torch = pytest.importorskip("torch")

@@ -9,9 +9,9 @@ import pytest
 import kvstore
 from kvstore import optimizer as opt
 from kvstore.errors import ArgumentTypeError, ConfigError, InvalidArgumentError
-from kvstore.local_store import LocalStore
-from kvstore.device import DeviceStore
-from kvstore.storetypes import _REGISTERED
+from kvstore.worker.local import LocalStore
+from kvstore.worker.device import DeviceStore
+from kvstore.worker.types import _REGISTERED
 
 SHAPE = (4, 4)
 RATE = 2.0     # rescale_grad of MXNet's dist_sync_kvstore.py

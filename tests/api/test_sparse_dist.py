@@ -214,7 +214,7 @@ def test_optimizer_states_of_a_row_sparse_key_save_and_load_across_store_types(m
         kv.row_sparse_pull("emb", out=out, row_ids=np.arange(R))
         return path, out
 
-    from kvstore import states_file
+    from kvstore.worker import states_file
     _, want = states_file.load(str(tmp_path / "local.states"))
     local.push("emb", [push_of(r, steps, workers) for r in range(workers)])
     expected = np.empty((R, D), np.float32)

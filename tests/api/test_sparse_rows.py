@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore import rowkeys
+from kvstore.rows import keys as rowkeys
 from kvstore.errors import ArgumentTypeError, InvalidArgumentError
-from kvstore.rowinit import RowInit
-from kvstore.rowshard import RowLayout, split
-from kvstore.sparse import RowSparse, gradient_rows, merge, unique_rows
+from kvstore.rows.rowinit import RowInit
+from kvstore.rows.layout import RowLayout, split
+from kvstore.rows.sparse import RowSparse, gradient_rows, merge, unique_rows
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -190,7 +190,7 @@ def test_staleness_argument_overrides_the_setting_and_workers_must_agree(make_cl
 @pytest.mark.parametrize("given, bound", [(0, 0), (3, 3), (None, math.inf), ("inf", math.inf),
                                           (math.inf, math.inf), (np.int64(2), 2)])
 def test_staleness_values(given, bound):
-    from kvstore.storetypes import FROM_CONFIG, server_mode, staleness_bound
+    from kvstore.worker.types import FROM_CONFIG, server_mode, staleness_bound
     assert staleness_bound(given, 1) == bound
     assert staleness_bound(FROM_CONFIG, bound) == bound
     assert server_mode("dist_ssp", bound) == {0: "sync", math.inf: "async"}.get(bound, "ssp")
@@ -198,7 +198,7 @@ def test_staleness_values(given, bound):
 
 
 def test_bad_staleness_arguments_fail_before_anything_starts():
-    from kvstore.storetypes import staleness_bound
+    from kvstore.worker.types import staleness_bound
     for bad, error in [(-1, InvalidArgumentError), (1.5, ArgumentTypeError), (True, ArgumentTypeError),
                        ("fast", ArgumentTypeError)]:
         with pytest.raises(error, match="staleness"):

@@ -264,7 +264,7 @@ def test_more_than_512_keys_pushed_in_different_orders_do_not_deadlock(make_clus
     """Worker 0 pushes keys 0..n-1, worker 1 n-1..0, one call per key, before either
     waits: no round completes until the other worker reaches that key, so a limit
     on requests in flight that waited for replies would hold both for ever."""
-    from kvstore.client import MAX_IN_FLIGHT
+    from kvstore.worker.client import MAX_IN_FLIGHT
     n = 2 * MAX_IN_FLIGHT + 100
     cluster = make_cluster(2, 1, timeout=20.0)
 

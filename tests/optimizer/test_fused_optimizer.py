@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore import gpu
+from kvstore.devices import gpu
 from kvstore import optimizer as opt
 from kvstore.optimizer import fused
 

@@ -430,7 +430,7 @@ def test_row_sparse_keys_on_servers_update_lazily_as_the_local_store(make_cluste
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NEW)
 def test_cupy_matches_numpy_for_dense_and_lazy_updates(name):
-    from kvstore import gpu
+    from kvstore.devices import gpu
     if not gpu.available():
         pytest.skip(f"needs a usable GPU with CuPy: {gpu.reason()}")
     import cupy

@@ -90,7 +90,7 @@ def test_registration_answers_everyone_at_once_with_ranks_and_the_address_book()
     assert reply["rank"] == 1 and (reply["num_workers"], reply["num_servers"]) == (2, 2)
     assert reply["servers"] == ["tcp://server-0", "tcp://server-1"]      # by rank, not arrival
     assert reply["workers"] == ["h:100", "h:101"]
-    # the workers' own endpoints, by rank (host groups: kvstore.hostreduce)
+    # the workers' own endpoints, by rank (host groups: kvstore.hostgroup.group)
     assert reply["worker_addrs"] == ["tcp://worker-0", "tcp://worker-1"]
     assert only(to(sends, b"server-0")).fields["id"] == req_id
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore import gpu
+from kvstore.devices import gpu
 from kvstore import optimizer as opt
 from kvstore.errors import NodeFailedError
 from kvstore.server.backend import GpuBackend, HostBackend, ServerDeviceError, for_config

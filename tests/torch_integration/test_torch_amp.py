@@ -162,7 +162,7 @@ def test_on_a_gpu_float16_autocast_and_an_overflow_on_one_worker(make_cluster):
     """CUDA model, float16 autocast, torch.amp.GradScaler("cuda"), W=2 dist_sync:
     the step where rank 1's gradient overflowed leaves every worker's weights as they
     were, both scalers keep the same scale, and the workers end identical and finite."""
-    from kvstore import gpu
+    from kvstore.devices import gpu
     if not torch.cuda.is_available() or not gpu.available():
         pytest.skip(f"needs torch with CUDA and a usable GPU with CuPy: {gpu.reason()}")
 

@@ -11,7 +11,7 @@ memory, sent by reference, or left as frames), how a reply is read
 :class:`kvstore.transport.endpoints.Endpoint` of the same transport, the
 server's side (both registered in :mod:`kvstore.transport.registry`).
 
-The :class:`kvstore.client.Client` owns the sockets, request ids, the pending
+The :class:`kvstore.worker.client.Client` owns the sockets, request ids, the pending
 table, deadlines and back-pressure; a link never sends by itself but through
 ``client.request``, so that its handshake and write-in requests are tracked
 like any other. This base class is ZeroMQ frames as they are (ipc uses it

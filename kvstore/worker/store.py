@@ -1,7 +1,7 @@
 """The API every built-in store type implements.
 
 Subclasses implement the ``_do_*`` hooks on already validated, normalised
-arguments (kvstore.arguments): numpy arrays and :class:`KeyInfo` records.
+arguments (kvstore.worker.arguments): numpy arrays and :class:`KeyInfo` records.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import logging
 
 import numpy as np
 
-from . import arrays, rowkeys, states_file
+from ..devices import arrays
+from ..rows import keys as rowkeys
+from . import states_file
 from .arguments import KeyInfo, Keys, check_priority
-from .compression import Compressor
-from . import optimizer as _optimizer
-from .errors import ArgumentTypeError, InvalidArgumentError
-from .protocol.codec import ALLOWED_DTYPES
-from .storetypes import KVStoreBase
+from ..compression import Compressor
+from .. import optimizer as _optimizer
+from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..protocol.codec import ALLOWED_DTYPES
+from .types import KVStoreBase
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class KVStore(KVStoreBase):
 
     def __init__(self, name: str):
         self._type = name
-        self._args = Keys()          # the keys held, and the checks of call arguments (kvstore.arguments)
+        self._args = Keys()          # the keys held, and the checks of call arguments (kvstore.worker.arguments)
         self._keys = self._args.infos     # key -> KeyInfo, filled by the stores' init hooks
         self._optimizer = None
         self._compressor: Compressor | None = None
@@ -68,7 +70,7 @@ class KVStore(KVStoreBase):
             if k in self._keys or k in seen:
                 raise InvalidArgumentError(f"{what}: key {k!r} is already initialised")
             seen.add(k)
-            if rowkeys.is_rows_init(vals[0]):          # a row-sparse key (kvstore.sparse)
+            if rowkeys.is_rows_init(vals[0]):          # a row-sparse key (kvstore.rows.sparse)
                 rows_items.append((k, *rowkeys.init_parts(vals[0], f"{what} of key {k!r}")))
                 names[k] = rows_items[-1][2].name
                 continue
@@ -325,7 +327,7 @@ class KVStore(KVStoreBase):
 
     def _norms_across_servers(self, optimizer) -> bool:
         """Whether this store runs ``optimizer``'s two-phase update for keys cut into
-        chunks over servers (dist_sync: kvstore.dist)."""
+        chunks over servers (dist_sync: kvstore.worker.dist)."""
         return False
 
     def _why_no_norms_across_servers(self, optimizer) -> str:
@@ -441,7 +443,7 @@ class KVStore(KVStoreBase):
     def _do_push_rows(self, items: list[tuple]) -> None: raise NotImplementedError
     def _do_pull_rows(self, info: KeyInfo, rows: np.ndarray) -> np.ndarray: raise NotImplementedError
     def _do_assign_rows(self, info: KeyInfo, rows: np.ndarray, data: np.ndarray) -> None: raise NotImplementedError
-    # dynamic rows (kvstore.dynrows): each server's counters (DynTable.stats), in server order
+    # dynamic rows (kvstore.rows.dynamic): each server's counters (DynTable.stats), in server order
     def _do_row_stats(self, info: KeyInfo) -> list[dict]: raise NotImplementedError
 
     # stores whose pushpull cannot run in the background complete it at the start

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays
-from .errors import ArgumentTypeError, InvalidArgumentError
+from ..devices import arrays
+from ..errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["RowSparse"]
 
@@ -100,7 +100,7 @@ def check_rows(rows: np.ndarray, num_rows: int, what: str) -> np.ndarray:
     """``rows`` as int64, after checking every id is an integer in [0, num_rows);
     a float array is taken when every id is a whole number (as MXNet does)."""
     rows = np.asarray(rows)
-    if rows.dtype.kind == "f" and num_rows > 1 << 53:   # a dynamic table (kvstore.dynrows): ids up to 2**63
+    if rows.dtype.kind == "f" and num_rows > 1 << 53:   # a dynamic table (kvstore.rows.dynamic): ids up to 2**63
         raise ArgumentTypeError(f"{what}: row ids must be integers, got {rows.dtype} (a float cannot hold "
                                 f"every id below {num_rows} exactly)")
     if rows.dtype.kind == "f":      # MXNet's tests pass mx.nd.array ids (float32): whole numbers only

@@ -1,4 +1,4 @@
-"""The socket between the workers of one host group (kvstore.hostreduce).
+"""The socket between the workers of one host group (kvstore.hostgroup.group).
 
 Every worker that sums on its host binds a ROUTER before it registers (abstract
 ipc, and tcp on 127.0.0.1 where ipc is missing; with the job's authentication,
@@ -20,9 +20,9 @@ import time
 import numpy as np
 import zmq
 
-from .errors import DeadlineError, NodeFailedError, ProtocolError
-from .protocol.codec import decode, encode
-from .transport import endpoints
+from ..errors import DeadlineError, NodeFailedError, ProtocolError
+from ..protocol.codec import decode, encode
+from ..transport import endpoints
 
 SLICE = 0.05          # seconds between checks of the abort flag and of peers' pids
 

@@ -19,7 +19,7 @@ import threading
 from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout
 from tracker.control.membership import Membership
 
-from .errors import DeadlineError, InvalidArgumentError, NodeFailedError
+from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError
 
 log = logging.getLogger(__name__)
 

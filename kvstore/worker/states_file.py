@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidArgumentError
-from .fileio import read_versioned, write_versioned
-from .protocol.codec import ALLOWED_DTYPES
+from ..errors import InvalidArgumentError
+from ..fileio import read_versioned, write_versioned
+from ..protocol.codec import ALLOWED_DTYPES
 
 FORMAT = "kvstore.optimizer_states"
 VERSION = 1

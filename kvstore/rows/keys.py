@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays, sparse
-from .dynrows import DynamicRows
-from .errors import ArgumentTypeError, InvalidArgumentError
+from ..devices import arrays
+from . import sparse
+from .dynamic import DynamicRows
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .rowinit import RowInit
 from .sparse import RowSparse
 

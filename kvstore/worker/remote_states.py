@@ -1,14 +1,14 @@
 """Optimizer states that live on the servers, chunk by chunk: gathered into one
 array per key and state for ``save_optimizer_states``, cut into chunks again and
 sent back for ``load_optimizer_states`` (the dist stores' ``_get_states`` and
-``_set_states``; kvstore/states_file.py writes and reads the file)."""
+``_set_states``; kvstore/worker/states_file.py writes and reads the file)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import dist_rows as rows
-from .protocol import ops
+from ..rows import dist as rows
+from ..protocol import ops
 
 
 def gather(client, keys: dict, optimizer, pull) -> dict:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, sparse
-from .errors import ArgumentTypeError, InvalidArgumentError
+from ..devices import arrays
+from ..rows import sparse
+from ..errors import ArgumentTypeError, InvalidArgumentError
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -21,9 +22,9 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 @dataclass(frozen=True)
 class KeyInfo:
     """What init() fixed for a key: its shape and dtype (and, in dist mode, chunks);
-    ``sparse``: a row-sparse key (kvstore.sparse), pushed as rows, read by row_sparse_pull;
+    ``sparse``: a row-sparse key (kvstore.rows.sparse), pushed as rows, read by row_sparse_pull;
     ``dynamic``: its :class:`~kvstore.DynamicRows` spec when its rows are made by pushes
-    and evicted (kvstore.dynrows; shape ``(2**63,) + row_shape``), else None."""
+    and evicted (kvstore.rows.dynamic; shape ``(2**63,) + row_shape``), else None."""
     key: object
     shape: tuple
     dtype: np.dtype
@@ -47,7 +48,7 @@ def check_priority(priority, what: str) -> None:
 
 class Keys:
     """The keys a store holds and the checks of call arguments against them; a
-    collaborator of :class:`kvstore.store.KVStore`, which owns its state: ``infos``
+    collaborator of :class:`kvstore.worker.store.KVStore`, which owns its state: ``infos``
     (key -> KeyInfo, filled by the store's init), ``dtype_names`` (what values must
     be: "bfloat16" keys hold float32) and ``kind`` (int or str, fixed by the first
     init).
@@ -143,7 +144,7 @@ class Keys:
 
     def densify(self, pairs: list[tuple], what: str, written_back: bool = False) -> list[tuple]:
         """``pairs`` (from :meth:`pairs`) with each row-sparse value for a dense key
-        made dense, as MXNet sums it (:func:`kvstore.sparse.densified`); the values of
+        made dense, as MXNet sums it (:func:`kvstore.rows.sparse.densified`); the values of
         row-sparse keys stay as they are. ``written_back``: the values are also the
         outputs (pushpull without ``out``), which a row-sparse value cannot be."""
         result = []

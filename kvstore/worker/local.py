@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from . import optimizer as _optimizer
+from .. import optimizer as _optimizer
 from .store import KeyInfo, KVStore, fill_outputs
-from . import arrays
-from .sparse import RowSparse
-from .dynrows import DynamicRows
-from .dyntable import DynTable
-from .errors import InvalidArgumentError
+from ..devices import arrays
+from ..rows.sparse import RowSparse
+from ..rows.dynamic import DynamicRows
+from ..rows.dyntable import DynTable
+from ..errors import InvalidArgumentError
 
 
 class LocalStore(KVStore):
@@ -35,7 +35,7 @@ class LocalStore(KVStore):
     def __init__(self, name: str = "local"):
         super().__init__(name)
         self._store: dict[object, np.ndarray] = {}
-        self._dyn: dict[object, DynTable] = {}    # keys of dynamic rows (kvstore.dynrows): one table each
+        self._dyn: dict[object, DynTable] = {}    # keys of dynamic rows (kvstore.rows.dynamic): one table each
         # an Updater (set_optimizer), MXNet's custom updater function (_set_updater), or None
         self._updater: Any = None
 

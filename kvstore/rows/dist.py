@@ -1,6 +1,6 @@
 """Row-sparse keys of a distributed store: which server gets which rows.
 
-Row ``r`` of a table lives on server ``r % S`` (:mod:`kvstore.rowshard`), as the
+Row ``r`` of a table lives on server ``r % S`` (:mod:`kvstore.rows.layout`), as the
 one chunk ``(key, s)`` of that server. A pull asks only the servers that own
 the rows it names, and carries only those rows. An async push does the same; a
 sync push also sends a header with no rows to every other server, because a
@@ -9,7 +9,7 @@ send empty pushes to the servers whose ranges hold none of their rows).
 
 A key of dynamic rows (:class:`~kvstore.DynamicRows`) goes the same way with its
 own ops (``init_dyn``, ``push_dyn``, ``pull_dyn``, ``dyn_stats``), its ids placed
-by hash: id ``i`` on server ``splitmix64(i) % S`` (:mod:`kvstore.dynrows`).
+by hash: id ``i`` on server ``splitmix64(i) % S`` (:mod:`kvstore.rows.dynamic`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import dynrows, rowshard
-from .arguments import KeyInfo
-from .dynrows import DynamicRows
-from .protocol import ops
+from . import dynamic as dynrows, layout as rowshard
+from ..worker.arguments import KeyInfo
+from .dynamic import DynamicRows
+from ..protocol import ops
 
 
 class DistRows:
     """The row-sparse requests of a DistStore: sent through ``client`` (a
-    :class:`kvstore.client.Client`) to servers in ``mode`` ("sync", "async"); init is
+    :class:`kvstore.worker.client.Client`) to servers in ``mode`` ("sync", "async"); init is
     collective through ``collective(token)``, and ``leads()`` says whether this worker
     sends for all."""
 

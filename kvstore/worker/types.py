@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import numbers
 
-from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
-from .registry import Registry
+from ..errors import ArgumentTypeError, ConfigError, InvalidArgumentError
+from ..registry import Registry
 
 STORE_TYPES = ("local", "dist_sync", "dist_async", "dist_ssp", "device", "dist_device_sync")
 

@@ -1,16 +1,16 @@
 """A worker's exchange of values with the servers: the sending and filling half of
-the dist stores (:class:`kvstore.dist.DistStore` composes one).
+the dist stores (:class:`kvstore.worker.dist.DistStore` composes one).
 
 A call's values are cut into their keys' chunks, grouped by server and sent in
 messages of about the size each link prefers (:func:`kvstore.sharding.pieces`)
-through the :class:`~kvstore.client.Client`; the call's outputs are filled from
+through the :class:`~kvstore.worker.client.Client`; the call's outputs are filled from
 the replies by :meth:`Exchange.fill`. Between the two the call is a
 :class:`Pending` (a small dataclass), so a pushpull can overlap other work (the
 Trainer's buckets during backward).
 
 Its collaborators, each owning its own state:
 
-- a :class:`~kvstore.hostreduce.HostGroup` (``KVSTORE_HOST_REDUCE=1``): a
+- a :class:`~kvstore.hostgroup.group.HostGroup` (``KVSTORE_HOST_REDUCE=1``): a
   pushpull goes to the host's leader, which sums and pushes for the group
   (through this exchange, :meth:`Exchange.join_host`);
 - a :class:`~kvstore.devices.staging.Staging` (the GPU stores): device sums are
@@ -35,20 +35,20 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from . import arrays
-from .errors import ProtocolError
-from .protocol import ops
-from .sharding import pieces
+from ..devices import arrays
+from ..errors import ProtocolError
+from ..protocol import ops
+from ..sharding import pieces
 from .store import fill_outputs
 
 if TYPE_CHECKING:
     from .client import Client
-    from .compression import Compressor
-    from .config import Config
-    from .devices.staging import Staging, Staged
-    from .hostreduce import Call as HostCall, HostGroup
-    from .timeline import Call as TimelineCall, Timeline
-    from .transport.pace import Flight
+    from ..compression import Compressor
+    from ..config import Config
+    from ..devices.staging import Staging, Staged
+    from ..hostgroup.group import Call as HostCall, HostGroup
+    from ..timeline import Call as TimelineCall, Timeline
+    from ..transport.pace import Flight
 
 
 @dataclass(frozen=True)

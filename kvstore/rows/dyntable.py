@@ -1,4 +1,4 @@
-"""One table of dynamic rows (kvstore.dynrows): the rows one server holds of a
+"""One table of dynamic rows (kvstore.rows.dynamic): the rows one server holds of a
 :class:`~kvstore.DynamicRows` key, or the whole key in the ``local`` store. The
 servers and the local store run this same code, so that a distributed job can be
 checked against one process. Pure numpy: no sockets, threads or clocks.
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dynrows import DynamicRows
-from .errors import InvalidArgumentError
+from .dynamic import DynamicRows
+from ..errors import InvalidArgumentError
 
 _NEVER = np.iinfo(np.int64).max
 COUNTERS = ("created", "evicted_by_age", "evicted_by_budget", "hits", "misses")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 from .rowinit import KINDS, RowInit, _splitmix64
 
 __all__ = ["DynamicRows", "ID_LIMIT", "owner", "split"]
@@ -128,7 +128,7 @@ def owner(ids: np.ndarray, servers: int) -> np.ndarray:
 
 
 def split(ids: np.ndarray, servers: int) -> list[np.ndarray]:
-    """Positions in ``ids`` of each server's ids, in order (as :func:`kvstore.rowshard.split`;
+    """Positions in ``ids`` of each server's ids, in order (as :func:`kvstore.rows.layout.split`;
     sorted ids stay sorted within each server)."""
     who = owner(ids, servers)
     order = np.argsort(who, kind="stable")

@@ -2,11 +2,11 @@
 
 Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); every
 call groups the chunks bound for one server into messages of about the size its
-link prefers, sent through the :class:`~kvstore.client.Client`. Collective calls
+link prefers, sent through the :class:`~kvstore.worker.client.Client`. Collective calls
 (create, init, set_optimizer, barrier) pass through the scheduler's barrier
-(:mod:`kvstore.job`); checkpoints are :mod:`kvstore.checkpoints`, optimizer
-states on the servers :mod:`kvstore.remote_states`, finishing or failing
-:mod:`kvstore.leaving`. ``dist_ssp`` runs the servers in ``ssp`` mode
+(:mod:`kvstore.worker.job`); checkpoints are :mod:`kvstore.worker.checkpoints`, optimizer
+states on the servers :mod:`kvstore.worker.remote_states`, finishing or failing
+:mod:`kvstore.worker.leaving`. ``dist_ssp`` runs the servers in ``ssp`` mode
 (kvstore.server.staleness), or in sync (staleness 0) or async (inf) mode.
 """
 
@@ -20,19 +20,19 @@ from . import remote_states
 from .checkpoints import Checkpoints
 from .store import KeyInfo, KVStore
 from .client import Client
-from .devices.base import Accelerators
-from .devices.staging import Staging
-from .dist_rows import DistRows
-from .config import Config
-from .errors import ArgumentTypeError, InvalidArgumentError
+from ..devices.base import Accelerators
+from ..devices.staging import Staging
+from ..rows.dist import DistRows
+from ..config import Config
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .exchange import Exchange, Pending, Wire
-from .hostreduce import HostGroup
+from ..hostgroup.group import HostGroup
 from .job import JobMember
 from .leaving import Departure
-from .protocol import ops
-from .sharding import Placement
-from .storetypes import NO_ROWS_IN_SSP, server_mode
-from .timeline import Timeline, open_timeline
+from ..protocol import ops
+from ..sharding import Placement
+from .types import NO_ROWS_IN_SSP, server_mode
+from ..timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class DistStore(KVStore):
         self._config = config
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
         self._staleness = staleness
-        # summing on the host first (kvstore.hostreduce): its endpoint is registered
+        # summing on the host first (kvstore.hostgroup.group): its endpoint is registered
         host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
         self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
@@ -69,7 +69,7 @@ class DistStore(KVStore):
             self._joining = self._joined = bool(reg.joined)
             client = self._client = Client(config, self._membership, reg.servers, reg.rank)
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
-            # sending and filling (kvstore.exchange); device values cross to the host by staging
+            # sending and filling (kvstore.worker.exchange); device values cross to the host by staging
             self._exchange = Exchange(client, config, self._mode, self._leads, self._wire, self._timeline,
                                       Staging(accelerators) if accelerators is not None else None)
             if host is not None and host.form(reg, self._membership):
@@ -234,7 +234,7 @@ class DistStore(KVStore):
         return self._client.shared_empty(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
 
     def _wire(self) -> Wire:
-        """How this call's values go on the wire (kvstore.exchange): the compression
+        """How this call's values go on the wire (kvstore.worker.exchange): the compression
         and whether the servers' optimizer needs whole keys' norms."""
         return Wire(self._compressor, self._optimizer is not None and self._optimizer.splits_norms)
 
@@ -277,7 +277,7 @@ class DistStore(KVStore):
         return data
 
     def _do_row_stats(self, info) -> list:
-        return self._rows.stats(info.key)      # dynamic rows (kvstore.dist_rows)
+        return self._rows.stats(info.key)      # dynamic rows (kvstore.rows.dist)
 
     def _check_can_push(self) -> None:
         if self._joining:
@@ -376,7 +376,7 @@ class DistStore(KVStore):
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for pushes in flight, tell the scheduler this worker is done, release
-        sockets (kvstore.leaving.Departure)."""
+        sockets (kvstore.worker.leaving.Departure)."""
         try:
             self._departure.close()
         finally:

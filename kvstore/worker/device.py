@@ -13,7 +13,7 @@ values on other GPUs arrive by peer copy. Then:
   to the servers as ``dist_sync`` does; a pull lands in pinned memory and is
   copied to every listed device.
 
-Without a usable GPU (see :mod:`kvstore.gpu`) both behave exactly like ``local``
+Without a usable GPU (see :mod:`kvstore.devices.gpu`) both behave exactly like ``local``
 and ``dist_sync`` on the CPU, and the first store of each type logs one INFO
 line: ``no GPU found: the 'device' store aggregates on the CPU (<reason>)``.
 """
@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from . import arrays, devices, gpu
-from . import optimizer as _optimizer
+from ..devices import arrays, gpu
+from .. import devices
+from .. import optimizer as _optimizer
 from .store import KeyInfo
-from .devices.staging import device_sum
+from ..devices.staging import device_sum
 from .dist import DistStore
-from .errors import KVStoreError
-from .local_store import LocalStore
+from ..errors import KVStoreError
+from .local import LocalStore
 
 
 class DeviceStore(LocalStore):

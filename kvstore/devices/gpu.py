@@ -123,7 +123,7 @@ def xp_for(value):
     CUDA tensors when a GPU is usable, numpy otherwise (a host copy is needed).
 
     The value's DLPack device says where it lives, so this module needs no
-    knowledge of array families (that is kvstore.arrays, which builds on this one)."""
+    knowledge of array families (that is kvstore.devices.arrays, which builds on this one)."""
     where = getattr(value, "__dlpack_device__", None)
     if where is not None and int(where()[0]) in _DLPACK_CUDA and available():
         import cupy

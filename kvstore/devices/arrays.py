@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from . import gpu
-from .errors import ArgumentTypeError
+from ..errors import ArgumentTypeError
 
 
 def _family(value) -> str | None:

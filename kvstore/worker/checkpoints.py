@@ -17,9 +17,9 @@ from typing import Callable
 import msgpack
 import numpy as np
 
-from .errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
-from .protocol import ops
-from .server.checkpoint import Entry, choose
+from ..errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
+from ..protocol import ops
+from ..server.checkpoint import Entry, choose
 
 
 class Checkpoints:

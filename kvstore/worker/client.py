@@ -24,15 +24,15 @@ import zmq
 
 from tracker.control.membership import Membership
 
-from .config import Config
-from .errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
-from .protocol import encode, ops
-from .protocol.codec import MAX_HEADER_BYTES
-from .timeline import Timeline
-from .transport import Advert, links, memory
-from .transport.pace import Pace
-from .transport.traffic import Traffic
-from .transport.sockets import Sockets
+from ..config import Config
+from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
+from ..protocol import encode, ops
+from ..protocol.codec import MAX_HEADER_BYTES
+from ..timeline import Timeline
+from ..transport import Advert, links, memory
+from ..transport.pace import Pace
+from ..transport.traffic import Traffic
+from ..transport.sockets import Sockets
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ class Client:
 
     def flush(self, what: str) -> None:
         """Wait for every request in flight (e.g. pushes) and raise their errors; a host
-        group's calls are the exchange's (kvstore.exchange.Exchange.flush)."""
+        group's calls are the exchange's (kvstore.worker.exchange.Exchange.flush)."""
         self.wait(list(self._pending), what)
 
     def raise_errors(self) -> None:

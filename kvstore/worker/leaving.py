@@ -2,7 +2,7 @@
 scheduler aborts the job at once), and the exit handlers that pick one of the two
 when the script never called ``close``.
 
-:class:`Departure` is the collaborator of :class:`kvstore.dist.DistStore` that
+:class:`Departure` is the collaborator of :class:`kvstore.worker.dist.DistStore` that
 ends its membership. It owns whether the worker has left and the uncaught
 exception it saw; the store hands it the job member at once and the client and
 host group once registration made them. Leaving by an exception, after a call
@@ -25,11 +25,11 @@ import logging
 import sys
 from typing import Any
 
-log = logging.getLogger("kvstore.dist")
+log = logging.getLogger("kvstore.worker.dist")
 
 
 class Departure:
-    """Leaving the job of ``job`` (a :class:`kvstore.job.JobMember`)."""
+    """Leaving the job of ``job`` (a :class:`kvstore.worker.job.JobMember`)."""
 
     def __init__(self, job: Any):
         self._job = job

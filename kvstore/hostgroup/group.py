@@ -28,7 +28,7 @@ The leader never blocks at a call's start (a member may wait for an earlier
 result first): whenever it waits for anything host-related it *pumps*: takes in
 members' gradients, pushes every call whose gradients are all in (in call
 order), and hands out the results of calls whose replies are in. Every wait is
-bounded and watches the peers (kvstore.hostlink). Members whose calls differ
+bounded and watches the peers (kvstore.hostgroup.link). Members whose calls differ
 from the leader's (keys, shapes, dtypes) all get an InvalidArgumentError and
 nothing is pushed.
 """
@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import arrays as _arrays, errors
-from .errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
-from .hostlink import SLICE, HostLink, names, pid_of
-from .store import fill_outputs
-from .transport import endpoints
+from ..devices import arrays as _arrays
+from .. import errors
+from ..errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
+from .link import SLICE, HostLink, names, pid_of
+from ..worker.store import fill_outputs
+from ..transport import endpoints
 
 log = logging.getLogger(__name__)
 
