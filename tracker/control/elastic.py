@@ -99,7 +99,7 @@ class Slots:
         holder = lambda r: self.holders.get(r) or self.pending.get(r)   # noqa: E731
         return {"rank": node.rank, **book, "joined": joined, "num_workers": len(self.holders),
                 "slots": self.count, "progress": self.progress,
-                # workers' own endpoints (host groups: kvstore.hostreduce), "" where none
+                # workers' own endpoints (host groups: kvstore.hostgroup.group), "" where none
                 "worker_addrs": [n.addr if (n := holder(r)) else "" for r in range(self.count)],
                 "elastic": None if self.bounds is None else list(self.bounds), **self.news()}
 
