@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import math
 
+import numpy
+
+from ._util import nonzero_lr
+
 __all__ = ["ENABLED", "fused_step"]
 
 ENABLED = True
@@ -76,6 +80,84 @@ _SPECS = {
         acc_t d = (acc_t)delta * gm2 - g * lr;
         delta = (T)d;
         weight = (T)kv_clip(w + d, clip_w);"""),
+    # -- MXNet's other elementwise optimizers (kvstore/optimizer/<name>.py) --------------
+    # Signum's and FTML's scalars are computed in the weight's dtype, as MXNet's kernels do.
+    # Signum rounds to the weight's dtype after every operation (KV_R; nothing for
+    # float32 and float64): its step is a sign, which turns a float16 rounding
+    # difference near 0 into a whole step.
+    "signsgd": (("decay",), (), """
+        acc_t w = (acc_t)weight;
+        acc_t s = KV_R(kv_sign((acc_t)grad) * lr);
+        if (wd != 0) w = KV_R(w * decay);
+        weight = (T)(w - s);"""),
+    "signum": (("momentum", "mwd", "omm", "wd_lh", "decay_lh"), ("mom",), """
+        acc_t w = (acc_t)weight;
+        acc_t g = KV_R(kv_clip(KV_R((acc_t)grad * rescale), clip_g));
+        acc_t m = KV_R((acc_t)mom * momentum);
+        if (wd != 0) m = KV_R(m - KV_R(mwd * w));
+        m = KV_R(m - KV_R(g * omm));
+        mom = (T)m;
+        acc_t s = KV_R(kv_sign(m) * lr);
+        if (wd_lh != 0) w = KV_R(w * decay_lh);
+        weight = (T)(w + s);"""),
+    "ftml": (("beta1", "omb1", "beta2", "omb2", "cv", "eps", "cd"), ("d", "v", "z"),
+             _LOAD + _WD + _CLIP + """
+        acc_t vv = (acc_t)v * beta2 + omb2 * (g * g);
+        v = (T)vv;
+        acc_t dt = (sqrt(vv / cv) + eps) * cd;
+        acc_t zz = (acc_t)z * beta1 + g * omb1;
+        acc_t dd = (dt - (acc_t)d * beta1) * w;
+        zz = zz - dd;
+        z = (T)zz;
+        d = (T)dt;
+        weight = (T)(-(zz / dt));"""),
+    "dcasgd": (("lamda", "neg_lr"), ("prev",), _LOAD + _CLIP + """
+        acc_t dc = g * lamda * g * (w - (acc_t)prev);
+        """ + _WD + """
+        g = (g + dc) * neg_lr;
+        prev = (T)w;
+        weight = (T)(w + g);"""),
+    "dcasgd_mom": (("lamda", "neg_lr", "momentum"), ("mom", "prev"), _LOAD + _CLIP + """
+        acc_t dc = g * lamda * g * (w - (acc_t)prev);
+        """ + _WD + """
+        g = (g + dc) * neg_lr;
+        acc_t m = (acc_t)mom * momentum + g;
+        mom = (T)m;
+        prev = (T)w;
+        weight = (T)(w + m);"""),
+    "adadelta": (("rho", "omr", "eps"), ("acc_g", "acc_delta"), _LOAD + _CLIP + """
+        acc_t ag = (acc_t)acc_g * rho + (omr * g) * g;
+        acc_g = (T)ag;
+        acc_t d = sqrt((acc_t)acc_delta + eps) / sqrt(ag + eps) * g;
+        acc_delta = (T)((acc_t)acc_delta * rho + (omr * d) * d);
+        if (wd != 0) d = d + wd * w;
+        weight = (T)(w - d);"""),
+    "ftrl": (("lamda1", "beta"), ("z", "n"), _LOAD + _CLIP + """
+        acc_t g2 = g * g;
+        acc_t nn = (acc_t)n;
+        acc_t sigma = (sqrt(nn + g2) - sqrt(nn)) * w / lr;
+        acc_t zz = (acc_t)z + (g - sigma);
+        nn = nn + g2;
+        z = (T)zz;
+        n = (T)nn;
+        acc_t live = kv_abs(zz) > lamda1 ? (acc_t)1 : (acc_t)0;
+        acc_t denom = (sqrt(nn) + beta) / lr + wd + ((acc_t)1 - live);
+        weight = (T)((kv_sign(zz) * lamda1 - zz) / denom * live);"""),
+    "adamax": (("beta1", "omb1", "beta2", "lr_t"), ("m", "u"), _LOAD + _WD + _CLIP + """
+        acc_t mm = (acc_t)m * beta1 + omb1 * g;
+        acc_t uu = kv_max((acc_t)u * beta2, kv_abs(g));
+        m = (T)mm;
+        u = (T)uu;
+        acc_t idle = uu == 0 ? (acc_t)1 : (acc_t)0;
+        weight = (T)(w - mm * lr_t / (uu + idle) * ((acc_t)1 - idle));"""),
+    "nadam": (("beta1", "omb1", "beta2", "omb2", "c_ms", "c_mu", "c_bar", "mu_next", "c_v", "eps"),
+              ("m", "v"), _LOAD + _WD + _CLIP + """
+        acc_t mm = (acc_t)m * beta1 + omb1 * g;
+        acc_t vv = (acc_t)v * beta2 + (omb2 * g) * g;
+        m = (T)mm;
+        v = (T)vv;
+        acc_t bar = mm / c_bar * mu_next + g / c_ms * c_mu;
+        weight = (T)(w - bar * lr / (sqrt(vv / c_v) + eps));"""),
 }
 
 # acc_t is float for float16/float32 weights and double for float64 ones.
@@ -83,8 +165,21 @@ _PREAMBLE = """
 typedef %s acc_t;
 // A ternary, not fminf/fmaxf: NaN must pass through, as it does in numpy.clip.
 // clip = +inf (clipping off) leaves every value, infinities included, unchanged.
+// x rounded to the weight's dtype T (typedef'd in the kernel: expanded where used)
+#define KV_R(x) ((acc_t)(T)(x))
 __device__ __forceinline__ acc_t kv_clip(acc_t x, acc_t c) {
     return x < -c ? -c : (x > c ? c : x);
+}
+// numpy's sign (0 for both zeros, NaN stays), abs (+0 for -0) and maximum (NaN wins;
+// of two equal zeros, the first)
+__device__ __forceinline__ acc_t kv_sign(acc_t x) {
+    return x > 0 ? (acc_t)1 : (x < 0 ? (acc_t)-1 : (x == 0 ? (acc_t)0 : x));
+}
+__device__ __forceinline__ acc_t kv_abs(acc_t x) {
+    return x < 0 ? -x : (x == 0 ? (acc_t)0 : x);
+}
+__device__ __forceinline__ acc_t kv_max(acc_t a, acc_t b) {
+    return (a >= b || a != a) ? a : b;
 }
 """
 
@@ -111,17 +206,17 @@ def _kernel(name, dtype):
     return kern
 
 
-# Planners: (optimizer, state, t, lr) -> (kernel name, {scalar: value}). Scalars are
+# Planners: (optimizer, state, t, lr, weight dtype) -> (kernel name, {scalar: value}). Scalars are
 # Python floats computed like the generic path computes them (e.g. 1 - beta1 in
 # float64), then rounded to the kernel's scalar type as NumPy rounds them.
 
-def _plan_sgd(o, state, t, lr):
+def _plan_sgd(o, state, t, lr, dtype):
     if not state:
         return "sgd", {}
     return ("nag_mom" if o.nesterov else "sgd_mom"), {"momentum": o.momentum}
 
 
-def _plan_adam(o, state, t, lr):
+def _plan_adam(o, state, t, lr, dtype):
     # Bias corrections folded into the lr in float64 on the host, in Adam._step's
     # operation order, so that lr_t rounds to the same float32.
     lr_t = lr * math.sqrt(1.0 - o.beta2 ** t) / (1.0 - o.beta1 ** t)
@@ -129,11 +224,11 @@ def _plan_adam(o, state, t, lr):
                     "omb2": 1.0 - o.beta2, "eps": o.epsilon, "lr_t": lr_t}
 
 
-def _plan_adagrad(o, state, t, lr):
+def _plan_adagrad(o, state, t, lr, dtype):
     return "adagrad", {"eps": o.epsilon}
 
 
-def _plan_rmsprop(o, state, t, lr):
+def _plan_rmsprop(o, state, t, lr, dtype):
     clip_w = math.inf if o.clip_weights is None else o.clip_weights
     common = {"gm1": o.gamma1, "omg1": 1.0 - o.gamma1, "eps": o.epsilon, "clip_w": clip_w}
     if o.centered:
@@ -141,13 +236,77 @@ def _plan_rmsprop(o, state, t, lr):
     return "rmsprop", common
 
 
+def _in(weight_dtype):
+    """Scalars computed in the weight's dtype (as Signum's and FTML's _step do)."""
+    return numpy.dtype(weight_dtype).type
+
+
+def _plan_signum(o, state, t, lr, dtype):
+    f = _in(dtype)
+    one, lr_ = f(1), f(lr)
+    if not state:
+        return "signsgd", {"decay": float(one - lr_ * f(o.wd))}
+    momentum = f(o.momentum)
+    return "signum", {"momentum": float(momentum), "mwd": float((one - momentum) * f(o.wd)),
+                      "omm": float(one - momentum), "wd_lh": o.wd_lh,
+                      "decay_lh": float(one - lr_ * f(o.wd_lh))}
+
+
+def _plan_ftml(o, state, t, lr, dtype):
+    nonzero_lr(type(o).__name__, lr, t)        # raised before anything changes, as _step
+    f = _in(dtype)
+    one, beta1, beta2 = f(1), f(o.beta1), f(o.beta2)
+    return "ftml", {"beta1": float(beta1), "omb1": float(one - beta1), "beta2": float(beta2),
+                    "omb2": float(one - beta2), "cv": float(one - beta2 ** f(t)),
+                    "eps": float(f(o.epsilon)), "cd": float((one - beta1 ** f(t)) / f(lr))}
+
+
+def _plan_dcasgd(o, state, t, lr, dtype):
+    common = {"lamda": o.lamda, "neg_lr": -lr}
+    if o.momentum > 0.0:
+        return "dcasgd_mom", dict(common, momentum=o.momentum)
+    return "dcasgd", common
+
+
+def _plan_adadelta(o, state, t, lr, dtype):
+    return "adadelta", {"rho": o.rho, "omr": 1.0 - o.rho, "eps": o.epsilon}
+
+
+def _plan_ftrl(o, state, t, lr, dtype):
+    nonzero_lr(type(o).__name__, lr, t)
+    return "ftrl", {"lamda1": o.lamda1, "beta": o.beta}
+
+
+def _plan_adamax(o, state, t, lr, dtype):
+    return "adamax", {"beta1": o.beta1, "omb1": 1.0 - o.beta1, "beta2": o.beta2,
+                      "lr_t": lr / (1.0 - o.beta1 ** t)}
+
+
+def _plan_nadam(o, state, t, lr, dtype):
+    mu_t, mu_next, m_schedule = o._mu(t), o._mu(t + 1), o._m_schedule(t)
+    return "nadam", {"beta1": o.beta1, "omb1": 1.0 - o.beta1, "beta2": o.beta2,
+                     "omb2": 1.0 - o.beta2, "c_ms": 1.0 - m_schedule, "c_mu": 1.0 - mu_t,
+                     "c_bar": 1.0 - m_schedule * mu_next, "mu_next": mu_next,
+                     "c_v": 1.0 - o.beta2 ** t, "eps": o.epsilon}
+
+
 def _planners():
     global _plans
     if _plans is None:
-        from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp  # noqa: PLC0415 - cycle
+        # noqa: PLC0415 - the optimizers import this module
+        from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp
+        from .adadelta import AdaDelta
+        from .adamax import Adamax
+        from .dcasgd import DCASGD
+        from .ftml import FTML
+        from .ftrl import Ftrl
+        from .nadam import Nadam
+        from .signum import Signum
 
-        _plans = {SGD: _plan_sgd, NAG: _plan_sgd, Adam: _plan_adam,
-                  AdaGrad: _plan_adagrad, RMSProp: _plan_rmsprop}
+        _plans = {SGD: _plan_sgd, NAG: _plan_sgd, Adam: _plan_adam, AdaGrad: _plan_adagrad,
+                  RMSProp: _plan_rmsprop, Signum: _plan_signum, FTML: _plan_ftml,
+                  DCASGD: _plan_dcasgd, AdaDelta: _plan_adadelta, Ftrl: _plan_ftrl,
+                  Adamax: _plan_adamax, Nadam: _plan_nadam}
     return _plans
 
 
@@ -179,9 +338,24 @@ def fused_step(optimizer, weight, grad, state, t, lr):
         return False
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    name, scalars = plan(optimizer, state, t, lr)
-    o = optimizer
-    clip_g = math.inf if o.clip_gradient is None else o.clip_gradient
-    args = [o.rescale_grad, clip_g, o.wd, lr] + [scalars[s] for s in _SPECS[name][0]]
+    name, args = plan_call(optimizer, weight.dtype, state, t, lr)
     _kernel(name, weight.dtype)(grad, *args, weight, *state)
     return True
+
+
+def plan_call(optimizer, dtype, state, t, lr) -> tuple[str, list]:
+    """``(kernel name, scalar arguments)`` of ``optimizer``'s update ``t`` of a weight
+    of ``dtype`` (a built-in optimizer of :func:`fused_step`'s). Raises what the
+    generic path raises before anything changes (e.g. a zero learning rate where
+    the update divides by it)."""
+    name, scalars = _planners()[type(optimizer)](optimizer, state, t, lr, dtype)
+    o = optimizer
+    clip_g = math.inf if o.clip_gradient is None else o.clip_gradient
+    return name, [o.rescale_grad, clip_g, o.wd, lr] + [scalars[s] for s in _SPECS[name][0]]
+
+
+def kernel_source(name) -> tuple[tuple, tuple, str, str]:
+    """``(scalar names, state names, loop body, preamble with acc_t left open)`` of
+    kernel ``name``: what :func:`_kernel` compiles (and CI compiles for the host)."""
+    scalars, states, body = _SPECS[name]
+    return ("rescale", "clip_g", "wd", "lr") + scalars, states, body, _PREAMBLE

@@ -8,6 +8,7 @@ with the probe's reason. Run them with
 
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -28,6 +29,17 @@ VARIANTS = {
                                          "clip_weights": 1.05}),
     "rmsprop_centered": ("rmsprop", {"learning_rate": 0.01, "gamma1": 0.95, "gamma2": 0.8,
                                      "epsilon": 1e-4, "centered": True, "clip_weights": 1.5}),
+    # MXNet's other elementwise optimizers (issue 31)
+    "signsgd": ("signum", {"learning_rate": 0.01, "momentum": 0.0}),
+    "signum": ("signum", {"learning_rate": 0.01, "momentum": 0.9}),
+    "signum_wd_lh": ("signum", {"learning_rate": 0.01, "momentum": 0.8, "wd_lh": 0.02}),
+    "ftml": ("ftml", {"learning_rate": 0.01, "beta1": 0.7, "beta2": 0.99}),
+    "dcasgd": ("dcasgd", {"learning_rate": 0.05, "lamda": 0.1}),
+    "dcasgd_momentum": ("dcasgd", {"learning_rate": 0.05, "momentum": 0.9, "lamda": 0.1}),
+    "adadelta": ("adadelta", {"rho": 0.9, "epsilon": 1e-5}),
+    "ftrl": ("ftrl", {"learning_rate": 0.1, "lamda1": 0.5, "beta": 1.0}),
+    "adamax": ("adamax", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99}),
+    "nadam": ("nadam", {"learning_rate": 0.01, "schedule_decay": 0.004}),
 }
 # wd = 0 and rescale_grad = 1 take NumPy's shortcuts; the others the full formulas.
 COMMON = {
@@ -210,6 +222,66 @@ def test_a_user_subclass_keeps_its_own_step(cp):
 
 # ==== CPU: runs everywhere ==============================================================
 
+@pytest.fixture
+def host_kernels():
+    """The fused kernels' source compiled for the host (tests/optimizer/host_kernels.py)."""
+    import host_kernels as hk
+    if hk.compiler() is None:
+        pytest.skip("needs a C++ compiler (g++) to build the fused kernels for the host")
+    return hk
+
+
+def _run_host(hk, name, hp, w0, grads):
+    o = opt.create(name, **hp)
+    _forbid_step(o)
+    w = w0.copy()
+    state = o.create_state(w)
+    for t, g in enumerate(grads, 1):
+        before = g.copy()
+        hk.fused_update(o, w, g, state, t)
+        np.testing.assert_array_equal(g, before, err_msg="grad was modified")
+    return w, state
+
+
+@pytest.mark.parametrize("common", COMMON)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype,rtol,atol", [(np.float32, 1e-5, 1e-6),
+                                             (np.float64, 1e-10, 1e-12)])
+def test_fused_kernels_built_for_the_host_match_numpy(host_kernels, variant, common, dtype, rtol, atol):
+    """Every fused kernel's math against the generic path, in CI: the CUDA source's
+    loop body and preamble compiled for the host, run on the data of the GPU test."""
+    name, hp = _hp(variant, common)
+    w0, grads = _data(10_000, dtype, seed=len(variant))
+    want = _run_numpy(name, hp, w0, grads)
+    got = _run_host(host_kernels, name, hp, w0, grads)
+    _assert_same(types.SimpleNamespace(asnumpy=np.asarray), got, want, rtol, atol, f"host {variant}/{common}")
+    assert not np.allclose(got[0], w0)
+
+
+@pytest.mark.parametrize("common", COMMON)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_kernels_built_for_the_host_float16_is_close_to_numpy_float16(host_kernels, variant, common):
+    """As the GPU's float16 test: the kernel computes in float32 and rounds once per
+    stored value, NumPy rounds after every operation."""
+    name, hp = _hp(variant, common)
+    w0, grads = _data(10_000, np.float16, seed=3, away_from_zero=True)
+    want = _run_numpy(name, hp, w0, grads)
+    got = _run_host(host_kernels, name, hp, w0, grads)
+    _assert_same(types.SimpleNamespace(asnumpy=np.asarray), got, want, 1e-2, 1e-2,
+                 f"host float16 {variant}/{common}")
+
+
+def test_every_builtin_elementwise_optimizer_has_a_fused_kernel():
+    """The optimizers left on the generic path on GPUs, and why: LARS, LAMB and LBSGD
+    need norms of the whole weight first (reductions, two phases over servers), SGLD
+    draws its noise per position from the host's counter-based stream."""
+    planned = {cls.__name__ for cls in fused._planners()}
+    generic = {"LARS", "LAMB", "LBSGD", "SGLD", "Test"}
+    classes = [*opt.Optimizer.__subclasses__()]
+    classes += [sub for cls in classes for sub in cls.__subclasses__()]
+    builtin = {cls.__name__ for cls in classes if cls.__module__.startswith("kvstore.optimizer")}
+    assert builtin - generic <= planned, builtin - generic - planned
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_step_declines_numpy_arrays(variant):
     name, hp = _hp(variant, "wd_rescale_clip")
@@ -219,7 +291,8 @@ def test_fused_step_declines_numpy_arrays(variant):
     assert fused.ENABLED is True
     assert fused.fused_step(o, w, np.ones(3, np.float32), state, 1, 0.1) is False
     np.testing.assert_array_equal(w, 1.0)
-    assert all((s == 0).all() for s in state)
+    for s, fresh in zip(state, o.create_state(np.ones(3, np.float32))):   # (DCASGD's holds w)
+        np.testing.assert_array_equal(s, fresh)
 
 
 def test_importing_fused_does_not_import_cupy():

@@ -1,0 +1,102 @@
+"""The fused CUDA optimizer kernels (kvstore/optimizer/fused.py) compiled for the
+host: the same loop bodies and preamble, in a C++ loop over numpy arrays, built
+with the machine's C++ compiler and called through ctypes. CI has no GPU, so this
+is how it checks the kernels' math against the generic NumPy path (the GPU tests
+check the CUDA build of the same source on the device).
+
+``-ffp-contract=off`` matches the kernels' ``--fmad=false`` (no fused
+multiply-add), and x86-64 computes float in SSE registers (no excess
+precision), so float32 and float64 results are those of the CUDA build up to
+the device's square root and division, which CUDA rounds correctly as the host
+does by default.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from kvstore.optimizer import fused
+
+_CACHE = os.path.join(tempfile.gettempdir(), f"kvstore-host-kernels-{os.getuid()}")
+_built: dict = {}
+
+
+def compiler() -> str | None:
+    """The C++ compiler, or None (the tests that need it skip, saying so)."""
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _source(name: str, dtype) -> str:
+    params, states, body, preamble = fused.kernel_source(name)
+    ctype = "double" if np.dtype(dtype) == np.float64 else "float"
+    ttype = "_Float16" if np.dtype(dtype) == np.float16 else ctype    # GCC 12+ on x86-64
+    args = ", ".join(["long n", "const T* grad_"] + [f"{ctype} {p}" for p in params]
+                     + [f"T* {o}_" for o in ("weight",) + states])
+    refs = "\n".join(f"        T& {o} = {o}_[i];" for o in ("weight",) + states)
+    return f"""
+#include <cmath>
+using std::sqrt;
+#define __device__
+#define __forceinline__ inline
+typedef {ttype} T;
+{preamble % ctype}
+extern "C" void kernel({args}) {{
+    for (long i = 0; i < n; ++i) {{
+        const T grad = grad_[i];
+{refs}
+        {body}
+    }}
+}}
+"""
+
+
+def kernel(name: str, dtype):
+    """A callable ``(grad, *scalars, weight, *states)`` doing kernel ``name`` in place
+    on contiguous numpy arrays of ``dtype`` (float16, float32 or float64; float16
+    as the CUDA build: computed in float32, rounded once per stored value)."""
+    key = (name, np.dtype(dtype).char)
+    if key in _built:
+        return _built[key]
+    src = _source(name, dtype)
+    os.makedirs(_CACHE, exist_ok=True)
+    lib = os.path.join(_CACHE, hashlib.sha1(src.encode()).hexdigest()[:16] + ".so")
+    if not os.path.exists(lib):
+        cpp = lib[:-3] + ".cpp"
+        with open(cpp, "w") as f:
+            f.write(src)
+        tmp = f"{lib}.{os.getpid()}"
+        subprocess.run([compiler() or "g++", "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared",
+                        "-fPIC", "-o", tmp, cpp], check=True, capture_output=True, text=True, timeout=120)
+        os.replace(tmp, lib)
+    fn = ctypes.CDLL(lib).kernel
+    params, states, _, _ = fused.kernel_source(name)
+    scalar = ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float
+    fn.restype = None
+    fn.argtypes = [ctypes.c_long, ctypes.c_void_p] + [scalar] * len(params) + \
+        [ctypes.c_void_p] * (1 + len(states))
+
+    def run(grad, *rest):
+        scalars, arrays = rest[:len(params)], rest[len(params):]
+        assert len(arrays) == 1 + len(states)
+        for a in (grad, *arrays):
+            assert a.dtype == np.dtype(dtype) and a.flags.c_contiguous and a.size == grad.size
+        fn(grad.size, grad.ctypes.data, *scalars, *(a.ctypes.data for a in arrays))
+    _built[key] = run
+    return run
+
+
+def fused_update(optimizer, weight, grad, state, t, lr=None) -> None:
+    """``optimizer``'s update ``t`` done by its fused kernel on the host (what
+    ``fused_step`` launches on a GPU): weight and state in place."""
+    lr = optimizer.learning_rate_at(t) if lr is None else lr
+    if grad.dtype != weight.dtype:
+        grad = grad.astype(weight.dtype)
+    name, args = fused.plan_call(optimizer, weight.dtype, state, t, lr)
+    kernel(name, weight.dtype)(np.ascontiguousarray(grad), *args, weight, *state)
