@@ -68,7 +68,7 @@ def kernel(name: str, dtype):
     os.makedirs(_CACHE, exist_ok=True)
     lib = os.path.join(_CACHE, hashlib.sha1(src.encode()).hexdigest()[:16] + ".so")
     if not os.path.exists(lib):
-        cpp = lib[:-3] + ".cpp"
+        cpp = f"{lib[:-3]}.{os.getpid()}.cpp"      # per process: parallel test runs build too
         with open(cpp, "w") as f:
             f.write(src)
         tmp = f"{lib}.{os.getpid()}"
