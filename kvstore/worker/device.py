@@ -92,7 +92,7 @@ class DeviceStore(LocalStore):
 
     def _on_device(self, key) -> bool:
         """Whether ``key``'s value lives on a device (row-sparse tables stay on the host)."""
-        return self._acc is not None and self._acc.holds(self._store[key])
+        return self._acc is not None and key in self._store and self._acc.holds(self._store[key])
 
     def _merged(self, info: KeyInfo, vals: list, what: str):
         acc = self._acc
