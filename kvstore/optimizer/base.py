@@ -205,7 +205,7 @@ class Optimizer:
             return
         grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
         # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
-        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr):
+        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr, slot, rows):
             return
         self._step_at(weight, grad, state, t, lr, xp, slot, rows)
 
@@ -219,7 +219,10 @@ class Optimizer:
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
             return self.norm_terms(state[0], grad, state[1:], t, slot=slot)
-        return self._terms(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp, slot)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        if xp is not numpy and fused.usable(self, weight, grad, state):
+            return fused.norm_terms(self, weight, grad, state, t, lr, slot, xp)
+        return self._terms(weight, grad, state, t, lr, xp, slot)
 
     def apply_norms(self, weight, grad, state, t, sums, carry, *, slot=None):
         """Phase 2: the update of this chunk with ``sums``, the key's sums of the terms
@@ -230,7 +233,10 @@ class Optimizer:
             self.apply_norms(state[0], grad, state[1:], t, sums, carry, slot=slot)
             xp.copyto(weight, state[0], casting="same_kind")
             return
-        self._apply(weight, _to_module(grad, xp), state, t, self.learning_rate_at(t), xp, slot, list(sums), carry)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        if xp is not numpy and fused.usable(self, weight, grad, state):
+            return fused.apply_norms(self, weight, grad, state, t, lr, list(sums), carry)
+        self._apply(weight, grad, state, t, lr, xp, slot, list(sums), carry)
 
     def _terms(self, weight, grad, state, t, lr, xp, slot):
         raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")

@@ -158,6 +158,22 @@ _SPECS = {
         v = (T)vv;
         acc_t bar = mm / c_bar * mu_next + g / c_ms * c_mu;
         weight = (T)(w - bar * lr / (sqrt(vv / c_v) + eps));"""),
+    # -- the layer-wise optimizers' elementwise phases (LARS's apply is "sgd"/"sgd_mom"
+    # at the key's rate). LAMB's phase 1 writes the new moments and the direction d
+    # beside the state (the state keeps the old moments until phase 2).
+    "lamb_terms": (("beta1", "omb1", "beta2", "omb2", "c1", "c2", "eps"),
+                   ("mean", "var", "m_new", "v_new", "d"), _LOAD + _CLIP + """
+        acc_t m = (acc_t)mean * beta1 + omb1 * g;
+        acc_t v = (acc_t)var * beta2 + (omb2 * g) * g;
+        m_new = (T)m;
+        v_new = (T)v;
+        acc_t dd = m / c1 / (sqrt(v / c2) + eps);
+        if (wd != 0) dd = dd + wd * w;
+        d = (T)dd;"""),
+    "lamb_apply": (("scale",), ("mean", "var", "m_new", "v_new", "d"), """
+        mean = m_new;
+        var = v_new;
+        weight = (T)((acc_t)weight - KV_R((acc_t)d * scale));"""),
 }
 
 # acc_t is float for float16/float32 weights and double for float64 ones.
@@ -314,7 +330,67 @@ def _is_cupy(a):
     return type(a).__module__.split(".")[0] == "cupy"
 
 
-def fused_step(optimizer, weight, grad, state, t, lr):
+def usable(optimizer, weight, grad, state) -> bool:
+    """Whether :func:`fused_step` (and the layer-wise phases) take this update: on,
+    a built-in optimizer exactly (a subclass keeps its own math), CuPy float arrays."""
+    if not ENABLED or type(optimizer) not in _planners() and type(optimizer) not in _layerwise():
+        return False
+    if not _is_cupy(weight) or weight.dtype.char not in "efd":
+        return False
+    return all(_is_cupy(a) for a in (grad, *state))
+
+
+def _layerwise():
+    from .lamb import LAMB   # noqa: PLC0415 - the optimizers import this module
+    from .lars import LARS   # noqa: PLC0415
+    return (LARS, LAMB)
+
+
+def _common(o, lr) -> list:
+    clip_g = math.inf if o.clip_gradient is None else o.clip_gradient
+    return [o.rescale_grad, clip_g, o.wd, lr]
+
+
+def norm_terms(o, weight, grad, state, t, lr, slot, xp, launch=None):
+    """Phase 1 of a LARS or LAMB update on the device: ``(terms, carry)`` as their
+    ``_terms`` give them. LARS's are two reductions; LAMB's new moments and
+    direction come from one kernel (into fresh arrays: the state keeps the old
+    moments until phase 2), then two reductions. ``launch(name, dtype)``: the
+    kernel builder (the CUDA one; CI passes the host build)."""
+    from .lamb import LAMB   # noqa: PLC0415
+    from .layerwise import sum_sq   # noqa: PLC0415
+    if type(o) is not LAMB:
+        return o._terms(weight, grad, state, t, lr, xp, slot)
+    if grad.dtype != weight.dtype:
+        grad = grad.astype(weight.dtype)
+    f = _in(weight.dtype)
+    one, beta1, beta2 = f(1), f(o.beta1), f(o.beta2)
+    c1, c2 = (one - beta1 ** f(t), one - beta2 ** f(t)) if o.bias_correction else (one, one)
+    carry = tuple(xp.empty_like(weight) for _ in range(3))
+    args = _common(o, lr) + [float(x) for x in (beta1, one - beta1, beta2, one - beta2, c1, c2)] + [o.epsilon]
+    (launch or _kernel)("lamb_terms", weight.dtype)(grad, *args, weight, *state, *carry)
+    return [sum_sq(weight, xp), sum_sq(carry[2], xp)], carry
+
+
+def apply_norms(o, weight, grad, state, t, lr, sums, carry, launch=None) -> None:
+    """Phase 2 of a LARS or LAMB update on the device, in one kernel, with the key's
+    ``sums`` of the terms and phase 1's ``carry``."""
+    from .lamb import LAMB   # noqa: PLC0415
+    kernel = launch or _kernel
+    if grad.dtype != weight.dtype:
+        grad = grad.astype(weight.dtype)
+    if type(o) is LAMB:
+        args = _common(o, lr) + [o.step_scale(list(sums), lr)]
+        kernel("lamb_apply", weight.dtype)(grad, *args, weight, *state, *carry)
+        return
+    lr_key, momentum = o.key_rates(list(sums), t, lr)
+    if state:
+        kernel("sgd_mom", weight.dtype)(grad, *_common(o, lr_key), momentum, weight, *state)
+    else:
+        kernel("sgd", weight.dtype)(grad, *_common(o, lr_key), weight)
+
+
+def fused_step(optimizer, weight, grad, state, t, lr, slot=None, rows=None):
     """Do ``optimizer``'s update ``t`` in one CuPy kernel; return whether it did.
 
     Returns False, touching nothing, when :data:`ENABLED` is off, when
@@ -329,18 +405,24 @@ def fused_step(optimizer, weight, grad, state, t, lr):
     converted here); ``lr`` is ``learning_rate_at(t)``. ``grad`` is only read,
     and must not overlap ``weight`` or the state (NumPy's path copies it first).
     """
-    if not ENABLED:
-        return False
-    plan = _planners().get(type(optimizer))
-    if plan is None or not _is_cupy(weight) or weight.dtype.char not in "efd":
-        return False
-    if not all(_is_cupy(a) for a in (grad, *state)):
+    if not usable(optimizer, weight, grad, state):
         return False
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
+    if type(optimizer) in _layerwise():          # both phases here: the key is whole
+        from .layerwise import check_whole   # noqa: PLC0415
+        check_whole(type(optimizer).__name__, slot, rows)
+        terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, slot, _cupy())
+        apply_norms(optimizer, weight, grad, state, t, lr, terms, carry)
+        return True
     name, args = plan_call(optimizer, weight.dtype, state, t, lr)
     _kernel(name, weight.dtype)(grad, *args, weight, *state)
     return True
+
+
+def _cupy():
+    import cupy  # noqa: PLC0415 - lazy: importing kvstore must not import cupy
+    return cupy
 
 
 def plan_call(optimizer, dtype, state, t, lr) -> tuple[str, list]:
@@ -349,9 +431,7 @@ def plan_call(optimizer, dtype, state, t, lr) -> tuple[str, list]:
     generic path raises before anything changes (e.g. a zero learning rate where
     the update divides by it)."""
     name, scalars = _planners()[type(optimizer)](optimizer, state, t, lr, dtype)
-    o = optimizer
-    clip_g = math.inf if o.clip_gradient is None else o.clip_gradient
-    return name, [o.rescale_grad, clip_g, o.wd, lr] + [scalars[s] for s in _SPECS[name][0]]
+    return name, _common(optimizer, lr) + [scalars[s] for s in _SPECS[name][0]]
 
 
 def kernel_source(name) -> tuple[tuple, tuple, str, str]:

@@ -88,11 +88,16 @@ class LAMB(Optimizer):
         mean, var, d = carry
         xp.copyto(state[0], mean)
         xp.copyto(state[1], var)
+        d *= self.step_scale(sums, lr)
+        weight -= d
+
+    def step_scale(self, sums: list, lr: float) -> float:
+        """What ``d`` is multiplied by for a key with the sums of squares ``sums`` (of
+        its weight and of ``d``): ``lr * r1 / r2`` (``lr`` where either norm is 0)."""
         r1 = root(sums[0])
         if self.lower_bound:
             r1 = max(r1, self.lower_bound)
         if self.upper_bound:
             r1 = min(r1, self.upper_bound)
         r2 = root(sums[1])
-        d *= lr * (r1 / r2) if r1 != 0.0 and r2 != 0.0 else lr
-        weight -= d
+        return lr * (r1 / r2) if r1 != 0.0 and r2 != 0.0 else lr

@@ -62,12 +62,23 @@ class LARS(Optimizer):
             return [], None
         return [sum_sq(weight, xp), sum_sq(grad, xp)], None
 
-    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
+    def key_rates(self, sums: list, t: int, lr: float) -> tuple[float, float]:
+        """``(lr_key, momentum_t)`` of update ``t`` of a key with the sums of squares
+        ``sums`` (of its weight and gradient; [] for an excluded key)."""
         lr_key = lr
         if sums:
             w_norm, g_norm = root(sums[0]), root(sums[1])
             if w_norm > 0.0 and g_norm > 0.0:
                 lr_key = lr * self.eta * w_norm / (g_norm * self.rescale_grad + self.wd * w_norm + self.eps)
+        momentum = self.momentum
+        if self.momentum_correction and t > 1:
+            last = self.learning_rate_at(t - 1)     # the previous update's (global) rate
+            if last != 0:
+                momentum *= lr / last
+        return lr_key, momentum
+
+    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
+        lr_key, momentum = self.key_rates(sums, t, lr)
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
         if self.wd:
             g += self.wd * weight
@@ -75,11 +86,6 @@ class LARS(Optimizer):
         if not state:
             weight -= g
             return
-        momentum = self.momentum
-        if self.momentum_correction and t > 1:
-            last = self.learning_rate_at(t - 1)     # the previous update's (global) rate
-            if last != 0:
-                momentum *= lr / last
         (mom,) = state
         mom *= momentum
         mom -= g

@@ -98,5 +98,25 @@ def fused_update(optimizer, weight, grad, state, t, lr=None) -> None:
     lr = optimizer.learning_rate_at(t) if lr is None else lr
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
+    grad = np.ascontiguousarray(grad)
+    if optimizer.splits_norms:                  # LARS, LAMB: the two phases, key whole
+        terms, carry = fused.norm_terms(optimizer, weight, grad, state, t, lr, None, np, kernel)
+        fused.apply_norms(optimizer, weight, grad, state, t, lr, terms, carry, kernel)
+        return
     name, args = fused.plan_call(optimizer, weight.dtype, state, t, lr)
-    kernel(name, weight.dtype)(np.ascontiguousarray(grad), *args, weight, *state)
+    kernel(name, weight.dtype)(grad, *args, weight, *state)
+
+
+def fused_update_in_chunks(optimizer, weight, grad, state, t, pieces: int) -> None:
+    """A layer-wise update of a key cut into ``pieces`` chunks, as servers do it:
+    phase 1 on every chunk, the terms added up over the chunks (in chunk order),
+    phase 2 on every chunk; each phase by its fused kernel on the host."""
+    lr = optimizer.learning_rate_at(t)
+    bounds = np.linspace(0, weight.size, pieces + 1).astype(int)
+    chunks = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    found = [fused.norm_terms(optimizer, weight[c], grad[c], tuple(s[c] for s in state), t, lr,
+                              None, np, kernel) for c in chunks]
+    sums = [sum(terms[i] for terms, _ in found) for i in range(len(found[0][0]))]
+    for c, (_, carry) in zip(chunks, found):
+        fused.apply_norms(optimizer, weight[c], grad[c], tuple(s[c] for s in state), t, lr, sums, carry,
+                          kernel)

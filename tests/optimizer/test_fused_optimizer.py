@@ -40,6 +40,12 @@ VARIANTS = {
     "ftrl": ("ftrl", {"learning_rate": 0.1, "lamda1": 0.5, "beta": 1.0}),
     "adamax": ("adamax", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99}),
     "nadam": ("nadam", {"learning_rate": 0.01, "schedule_decay": 0.004}),
+    # layer-wise (the key whole here; split over servers: test_..._in_chunks)
+    "lars": ("lars", {"learning_rate": 0.5, "eta": 0.01}),
+    "lars_momentum": ("lars", {"learning_rate": 0.5, "momentum": 0.9, "eta": 0.01}),
+    "lamb": ("lamb", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.99}),
+    "lamb_bounded_uncorrected": ("lamb", {"learning_rate": 0.01, "upper_bound": 5.0,
+                                          "bias_correction": False}),
 }
 # wd = 0 and rescale_grad = 1 take NumPy's shortcuts; the others the full formulas.
 COMMON = {
@@ -68,7 +74,7 @@ def _forbid_step(o):
     """Make ``o``'s generic path fail, so that only the fused kernel can succeed."""
     def fail(*args, **kwargs):
         raise AssertionError("the generic _step ran instead of the fused kernel")
-    o._step = fail
+    o._step = o._step_at = o._apply = fail      # (LARS and LAMB step through _step_at, _apply)
 
 
 def _data(shape, dtype, seed=0, away_from_zero=False):
@@ -271,12 +277,30 @@ def test_fused_kernels_built_for_the_host_float16_is_close_to_numpy_float16(host
                  f"host float16 {variant}/{common}")
 
 
+@pytest.mark.parametrize("variant", ["lars", "lars_momentum", "lamb", "lamb_bounded_uncorrected"])
+@pytest.mark.parametrize("common", COMMON)
+def test_layerwise_fused_phases_over_chunks_match_the_whole_key(host_kernels, variant, common):
+    """LARS and LAMB as servers run them on a key cut into 3 chunks: each phase's
+    fused kernel per chunk, the terms added up between, equal the one-process formula."""
+    name, hp = _hp(variant, common)
+    w0, grads = _data(10_000, np.float32, seed=5)
+    want = _run_numpy(name, hp, w0, grads)
+    o = opt.create(name, **hp)
+    _forbid_step(o)
+    w = w0.copy()
+    state = o.create_state(w)
+    for t, g in enumerate(grads, 1):
+        host_kernels.fused_update_in_chunks(o, w, g, state, t, pieces=3)
+    _assert_same(types.SimpleNamespace(asnumpy=np.asarray), (w, state), want, 1e-5, 1e-6,
+                 f"chunks {variant}/{common}")
+
+
 def test_every_builtin_elementwise_optimizer_has_a_fused_kernel():
-    """The optimizers left on the generic path on GPUs, and why: LARS, LAMB and LBSGD
-    need norms of the whole weight first (reductions, two phases over servers), SGLD
-    draws its noise per position from the host's counter-based stream."""
-    planned = {cls.__name__ for cls in fused._planners()}
-    generic = {"LARS", "LAMB", "LBSGD", "SGLD", "Test"}
+    """The optimizers left on the generic path on GPUs, and why: LBSGD's warm-up and
+    norms of the whole weight (reductions), SGLD draws its noise per position from
+    the host's counter-based stream."""
+    planned = {cls.__name__ for cls in (*fused._planners(), *fused._layerwise())}
+    generic = {"LBSGD", "SGLD", "Test"}
     classes = [*opt.Optimizer.__subclasses__()]
     classes += [sub for cls in classes for sub in cls.__subclasses__()]
     builtin = {cls.__name__ for cls in classes if cls.__module__.startswith("kvstore.optimizer")}
