@@ -205,8 +205,32 @@ def test_the_listener_accepts_each_token_once_and_nothing_else(caplog):
 N = 50_000
 
 
-def pushpull_twice(kv):
+def registered(cluster, ranks) -> threading.Event:
+    """An event set once the servers ``ranks`` registered a data channel from every
+    worker. A server's listener thread acknowledges a channel before it registers
+    it, and until then the server answers that worker through ZeroMQ: a worker's
+    first requests can overtake its registration (seen under load). Call before
+    the workers start."""
+    left, lock, done = {r: cluster.num_workers for r in ranks}, threading.Lock(), threading.Event()
+    for r in ranks:
+        listener = cluster.nodes[r]._data.endpoints["tcp"]._listener
+
+        def accepted(peer, sock, r=r, inner=listener._accepted):
+            inner(peer, sock)
+            with lock:
+                left[r] -= 1
+                if not any(left.values()):
+                    done.set()
+        listener._accepted = accepted
+    if not left:
+        done.set()
+    return done
+
+
+def pushpull_twice(kv, channels: threading.Event | None = None):
     kv.init(1, np.zeros(N, np.float32))
+    if channels is not None:      # the servers' replies go on the channels from here on
+        assert channels.wait(20), "the servers did not register the workers' data channels"
     out = np.empty(N, np.float32)
     for step in range(2):
         kv.pushpull(1, np.full(N, kv.rank + step, np.float32), out=out)
@@ -222,7 +246,8 @@ def pushpull_twice(kv):
 ])
 def test_channels_carry_large_messages_over_tcp_unless_off_or_encrypted(make_cluster, settings, used):
     cluster = make_cluster(2, 2, transport="tcp", chunk_bytes=16384, channel_bytes=16384, **settings)
-    for out, channels, stats in cluster.run(pushpull_twice):
+    ready = registered(cluster, [0, 1]) if used else None
+    for out, channels, stats in cluster.run(lambda kv: pushpull_twice(kv, ready)):
         np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))
         assert channels == [used, used]
         assert stats["bytes_sent"] >= 2 * N * 4 and stats["bytes_received"] >= 2 * N * 4
@@ -267,10 +292,11 @@ def test_a_worker_that_cannot_open_a_channel_stays_on_zeromq(make_cluster, caplo
     tcp._listener.close()                   # the port stops accepting connections
     if how == "no listener":
         tcp._listener = None
+    ready = registered(cluster, [0])
     with caplog.at_level(logging.WARNING, logger="kvstore.transport.links.tcp_link"):
-        for out, channels, _ in cluster.run(pushpull_twice):
+        for out, channels, _ in cluster.run(lambda kv: pushpull_twice(kv, ready)):
             np.testing.assert_array_equal(out, np.full(N, 0 + 1 + 2, np.float32))
-            assert channels == [True, False]
+            assert channels == [True, False], caplog.text
     refused = caplog.text.count("no data channel to server 1")
     assert refused == (2 if how == "connection refused" else 0)
     if refused:
