@@ -32,7 +32,7 @@ from .cli import fail
 from .control import env
 from .launcher import JobSpec, run_cli
 from .process import ProcSpec
-from .remote import PREFIXED, Sink, exit_counter, parse_status, wrapper_source
+from .node_output import PREFIXED, Sink, exit_counter, parse_status, wrapper_source
 
 
 def split_env(procs: list[ProcSpec]) -> tuple[dict, dict, dict]:

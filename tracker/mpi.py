@@ -29,7 +29,7 @@ from . import hostfile
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group, split_env
-from .remote import resolve, scheduler_address
+from .addresses import resolve, scheduler_address
 
 RANK_VARS = {"openmpi": ["OMPI_COMM_WORLD_RANK", "PMIX_RANK"],
              "mpich": ["PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID"]}

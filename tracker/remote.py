@@ -1,6 +1,7 @@
-"""Launcher side of processes that run elsewhere: output sinks, the node
-wrapper's status lines, processes started over ssh, and the address the nodes
-reach the scheduler at. (The checks of the hosts before a job starts are in
+"""Processes started over ssh: the ssh command line (:class:`SshOptions`,
+:func:`remote_command`) and :class:`RemoteChild`, the launcher's handle on one. (Their
+output and status lines are :mod:`tracker.node_output`, the scheduler's address
+:mod:`tracker.addresses`, the checks of the hosts before a job starts
 :mod:`tracker.preflight`.)
 
 Every remote process runs inside the node wrapper (:mod:`tracker.wrapper`), sent as
@@ -14,89 +15,18 @@ connection died) makes the wrapper stop its process group.
 
 from __future__ import annotations
 
-import ipaddress
-import itertools
 import json
 import os
-import re
 import shlex
 import signal
-import socket
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, cast
 
-from . import wrapper
 from .hostfile import Host
-from .process import ProcSpec, write_out
+from .node_output import Sink, exit_counter, parse_status
+from .process import ProcSpec
 
-STATUS = wrapper.STATUS
-PREFIXED = re.compile(r"^\[(worker|server):(\d+)@[^\]]*\] ?")
-exit_counter = itertools.count(1)
-
-
-def wrapper_source() -> str:
-    """The source of :mod:`tracker.wrapper`, for ``python -c``."""
-    with open(wrapper.__file__, encoding="utf-8") as f:
-        return f.read()
-
-
-class Sink:
-    """Where output lines go: this process's stdout (as they come, already
-    prefixed) and optionally one log file per process (without the prefix)."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, out: IO[str] | None = None, log_dir: str | None = None):
-        self.out = out if out is not None else sys.stdout
-        self.log_dir = log_dir
-        self._logs: dict[tuple[str, int], IO[str]] = {}
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-
-    def write(self, line: str) -> None:
-        """Never raises: output that cannot be written (``| head -1`` closed the
-        pipe, a full disk) is dropped, and the callers keep draining their
-        processes' output, so no process blocks on a full pipe."""
-        with self._lock:
-            write_out(self.out, line + "\n")
-            if self.log_dir and (m := PREFIXED.match(line)):
-                key = (m[1], int(m[2]))
-                try:
-                    f = self._logs.get(key)
-                    if f is None:
-                        f = self._logs[key] = open(
-                            os.path.join(self.log_dir, f"{key[0]}-{key[1]}.log"), "a",
-                            encoding="utf-8")
-                    f.write(line[m.end():] + "\n")
-                    f.flush()
-                except (OSError, ValueError):
-                    pass
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._logs.values():
-                try:
-                    f.close()
-                except OSError:
-                    pass
-            self._logs.clear()
-
-
-def parse_status(line: str) -> dict | None:
-    """The wrapper's ``@kvstore-node {json}`` line as a dict, else None."""
-    if not line.startswith(STATUS):
-        return None
-    try:
-        msg = json.loads(line[len(STATUS):])
-    except ValueError:
-        return None
-    return msg if isinstance(msg, dict) else None
-
-
-# -- ssh -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SshOptions:
@@ -252,85 +182,3 @@ class RemoteChild:
             self.popen.wait(5)
         for t in self._pumps:
             t.join(2.0)
-
-
-# -- addresses -------------------------------------------------------------------
-
-def resolve(host: Host) -> str | None:
-    """The address of ``host`` seen from here (IPv4 first), or None if it does
-    not resolve here (e.g. an alias defined in an ssh config)."""
-    try:
-        infos = socket.getaddrinfo(host.host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return None
-    infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    # an IPv4 or IPv6 address (its sockaddr's host), the only families a host name resolves to
-    return cast(str, infos[0][4][0]) if infos else None
-
-
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of network interface ``name`` (Linux), or None."""
-    import fcntl
-    import struct
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
-
-
-def scheduler_address(host_ip: str | None, nodes: list[tuple[bool, str | None]]) -> str:
-    """The address remote nodes use to reach the scheduler (which binds it).
-
-    ``nodes``: for each host, (is it a loopback address, its address as resolved
-    here or None). ``host_ip`` wins (an address, or a network interface name such
-    as ``eth0``); else 127.0.0.1 when every node is on loopback, else this
-    machine's address on the route to the first node that resolves here, else the
-    address of this machine's host name. Raises ValueError if none is usable."""
-    if host_ip:
-        if _is_ipv6(host_ip):
-            # the scheduler, the servers and every node's sockets speak IPv4 tcp
-            raise ValueError(f"{host_ip} is an IPv6 address; the scheduler and servers use "
-                             "IPv4 only: give an IPv4 address of this machine or an interface "
-                             "that has one (hosts in the host file may still be IPv6 addresses)")
-        if host_ip in {name for _, name in socket.if_nameindex()}:
-            addr = interface_address(host_ip)
-            if addr is None:
-                raise ValueError(f"network interface {host_ip} has no IPv4 address")
-            return addr
-        if not wrapper.bindable(host_ip):
-            raise ValueError(f"{host_ip} is not an address of this machine "
-                             "(give one of its addresses or an interface name)")
-        return host_ip
-    remote = [addr for loopback, addr in nodes if not loopback]
-    if not any(not loopback for loopback, _ in nodes):
-        return "127.0.0.1"
-    for addr in remote:
-        if addr and not ipaddress_is_loopback(addr):
-            found = wrapper.route_address(addr, 9)
-            if found:
-                return found
-    try:
-        own = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        own = None
-    if own and not ipaddress_is_loopback(own):
-        return own
-    raise ValueError("cannot tell which address of this machine the hosts can reach "
-                     "(their names do not resolve here); give --host-ip ADDR or --host-ip IFACE")
-
-
-def _is_ipv6(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr.strip("[]").split("%")[0]).version == 6
-    except ValueError:
-        return False
-
-
-def ipaddress_is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
-    except ValueError:
-        return addr == "localhost"

@@ -27,7 +27,7 @@ from . import hostfile
 from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group
-from .remote import ipaddress_is_loopback, scheduler_address
+from .addresses import ipaddress_is_loopback, scheduler_address
 
 EXAMPLE = """\b
 Example (in a batch script, e.g. sbatch -N 2 --ntasks=4 job.sh):

@@ -25,8 +25,9 @@ from .cli import (CONTEXT, check_command, check_elastic, common_options, default
 from .launcher import run_cli
 from .outcome import plural
 from .preflight import check_host, on_each, sync_dir
-from .remote import (RemoteChild, Sink, SshOptions, remote_command, resolve, scheduler_address,
-                     wrapper_source)
+from .addresses import resolve, scheduler_address
+from .node_output import Sink, wrapper_source
+from .remote import RemoteChild, SshOptions, remote_command
 
 EXAMPLE = """\b
 Example (hosts: one host per line, e.g. "node1", "node2:2222", "alice@node3 slots=4"):

@@ -368,7 +368,7 @@ def test_one_of_each_reads_well_and_ipv6_host_ip_is_refused_early(tmp_path):
 
 
 def test_scheduler_address_refuses_ipv6():
-    from tracker.remote import scheduler_address
+    from tracker.addresses import scheduler_address
     with pytest.raises(ValueError, match="IPv6"):
         scheduler_address("fe80::1%lo", [(True, "127.0.0.1")])
     assert scheduler_address("127.0.0.1", [(True, "127.0.0.1")]) == "127.0.0.1"
