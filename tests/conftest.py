@@ -21,6 +21,19 @@ pytest.register_assert_rewrite("fuzzing", "optimizer_refs", "state_driver")  # h
 from cluster import Cluster  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The groups pytest-xdist keeps together (``-n 2 --dist loadgroup``, the README's
+    command): a test module runs on one worker, so its module-scoped set-ups (an
+    sshd, a Slurm cluster, a live job, a reference run) start once; the tests that
+    build network namespaces run on one worker, one at a time, since they check
+    that no ``kvlink-`` namespace appeared while they ran (state of the machine).
+    Without xdist the marks change nothing."""
+    for item in items:
+        group = "netns" if "netns_ok" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def make_cluster():
     """Start in-process clusters; every one is shut down (and checked) at the end."""

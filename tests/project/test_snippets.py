@@ -36,6 +36,8 @@ def test_the_snippet_finder_sees_the_readme_quick_start():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)   # docs/training.md: 4 Lightning processes and more (about 45 s alone on 2 cores,
+# more than twice that beside 3 other xdist workers)
 @pytest.mark.parametrize("path", [f for f in FILES if any(not info for _, _, info, _ in blocks(f))])
 def test_snippets_run_as_written(path, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),

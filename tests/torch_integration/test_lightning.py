@@ -5,6 +5,7 @@ and Lightning's collectives (broadcast, reduce, all_gather, barrier, the data
 sampler's shard) go through the store. In one process, the 'local' store trains
 as Lightning's single-device strategy does."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -15,11 +16,23 @@ import uuid
 import pytest
 
 torch = pytest.importorskip("torch")
-L = pytest.importorskip("lightning")
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("could not import 'lightning': it is not installed", allow_module_level=True)
 
 import kvstore  # noqa: E402
-from kvstore.lightning import KVStoreStrategy  # noqa: E402
 from services import eventually_empty, tagged  # noqa: E402
+
+# Lightning takes seconds to import: the module's tests import it (below), not its
+# collection, which every pytest-xdist worker does for every module
+L = KVStoreStrategy = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def lightning_imported():
+    global L, KVStoreStrategy
+    L = pytest.importorskip("lightning")
+    from kvstore.lightning import KVStoreStrategy as strategy    # an error here fails the tests
+    KVStoreStrategy = strategy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "lightning_job.py")
