@@ -16,7 +16,7 @@ draws its own from ``default_rng((seed, r, i))``:
 Initial values: the tables are one id space (table ``t``'s row ``i`` is row
 ``offset[t] + i``) filled with exactly what ``kvstore.RowInit("uniform", scale,
 (rows, dim), seed=seed)`` computes on our servers (SplitMix64 of (seed, row,
-column); tests/test_bench_dlrm.py checks they agree), so TorchRec's shards get the
+column); tests/benchmarks/test_bench_dlrm.py checks they agree), so TorchRec's shards get the
 same numbers; the MLPs from ``default_rng(seed)`` (``model.init_dense``).
 """
 

@@ -20,7 +20,7 @@ where the time is:
 6. ``worker h2d``: the reply block, pinned, to the GPU, then spread to 161 outputs.
 
 Runs on any :class:`kvstore.devices.Device`: CI runs it on the host device
-(tests/test_gpu_check.py) so that it keeps working between GPU loans."""
+(tests/benchmarks/test_gpu_check.py) so that it keeps working between GPU loans."""
 
 from __future__ import annotations
 

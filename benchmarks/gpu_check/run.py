@@ -113,7 +113,7 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
     sync round on every chunk exactly as the server does once pushes are uploaded:
     each worker's gradient (``xp`` arrays, worker w's all ``0.5 * (w + 1)``) is
     contributed, then the complete rounds are applied. CI runs it on the host
-    backend with numpy (tests/test_gpu_check.py); the GPU run times it on CuPy."""
+    backend with numpy (tests/benchmarks/test_gpu_check.py); the GPU run times it on CuPy."""
     import numpy as np
     from kvstore.server.state import ServerState
     from kvstore.server.sync import Sync

@@ -12,7 +12,7 @@ For every case below it runs ``mx.optimizer.create(name, **params)`` on one weig
 for a few steps of fixed gradients (``update_multi_precision``, so float16 cases go
 through MXNet's float32 master copy) and records the weight after every step and
 the state arrays after the last (MXNet's order, ``None`` entries dropped, the
-master copy first). tests/test_optimizer_mxnet.py replays the cases through
+master copy first). tests/optimizer/test_optimizer_mxnet.py replays the cases through
 ``kvstore.optimizer``. SGLD's noise is replaced by recorded standard normals
 (``normal`` in MXNet's optimizer module returns ``loc + scale * z``), so the
 fixture checks the deterministic part and the noise's scale; the test feeds our
