@@ -19,9 +19,12 @@ from kvstore.errors import NodeFailedError
 from kvstore.server.backend import GpuBackend, HostBackend, ServerDeviceError, for_config
 from kvstore.config import Config
 from state_driver import A, B, Server, expect_ok, only, peer
-from test_recovery import check_kill_and_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the kill-and-resume scenario of tests/faults/test_recovery.py, also when this
+# module runs without it (the coverage step of .ci/run)
+sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
+from test_recovery import check_kill_and_resume  # noqa: E402
 SHAPES = {"w": (3000,), "b": (7,), "big": (300_000,)}   # big spans servers at 256 KiB chunks
 CHUNK_BYTES = 256 << 10
 OPTIMIZERS = {
