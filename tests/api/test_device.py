@@ -8,6 +8,7 @@ CUDA tensors); elsewhere they skip with the probe's reason. Run them with
 ``python -m pytest -m gpu tests/api/test_device.py``.
 """
 
+import importlib.util
 import inspect
 import logging
 import pathlib
@@ -273,7 +274,17 @@ def test_dist_device_sync_without_gpu_logs_once(make_cluster, force_cpu, caplog)
 # ---- the PyTorch Trainer on the GPU stores (CPU fallback here) -----------------------------------
 
 def _trainer_helpers():
-    return pytest.importorskip("test_torch_trainer")
+    """tests/torch_integration/test_torch_trainer.py's helpers (skip without torch)."""
+    pytest.importorskip("torch")
+    module = sys.modules.get("test_torch_trainer")
+    if module is None:
+        path = pathlib.Path(__file__).parents[1] / "torch_integration" / "test_torch_trainer.py"
+        spec = importlib.util.spec_from_file_location("test_torch_trainer", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["test_torch_trainer"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("update_on_kvstore", [True, False])
