@@ -1,8 +1,9 @@
 """``dist_sync``, ``dist_async`` and ``dist_ssp``: a store whose values live on the servers.
 
-Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); every
-call groups the chunks bound for one server into messages of about the size its
-link prefers, sent through the :class:`~kvstore.worker.client.Client`. Collective calls
+Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); the
+store's :class:`~kvstore.worker.exchange.Exchange` groups a call's chunks bound for
+one server into messages of about the size its link prefers, sends them through
+the :class:`~kvstore.worker.client.Client` and fills the outputs. Collective calls
 (create, init, set_optimizer, barrier) pass through the scheduler's barrier
 (:mod:`kvstore.worker.job`); checkpoints are :mod:`kvstore.worker.checkpoints`, optimizer
 states on the servers :mod:`kvstore.worker.remote_states`, finishing or failing
