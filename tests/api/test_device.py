@@ -439,10 +439,12 @@ def test_device_store_saves_and_loads_row_sparse_states_on_its_gpu_path(emulated
 
 
 class SpiedRequests:
-    """Wraps every worker's Client.request: what goes out and where replies land
-    must be host memory, never an emulated device's."""
+    """Wraps every worker's Client.request and HostLink.send (a host group's socket):
+    what goes out and where replies land must be host memory, never an emulated
+    device's."""
 
     def __init__(self, monkeypatch, acc):
+        from kvstore.hostgroup.link import HostLink
         from kvstore.worker.client import Client
         original, self.calls = Client.request, 0
 
@@ -452,6 +454,13 @@ class SpiedRequests:
                 assert not acc.holds(a), f"{what}: device memory handed to the client"
             return original(client, server, op, what, arrays, *args, **kwargs)
         monkeypatch.setattr(Client, "request", request)
+        send, self.host_sends = HostLink.send, 0
+
+        def host_send(link, ident, header, arrays=(), *args, **kwargs):
+            self.host_sends += 1
+            assert not any(acc.holds(a) for a in arrays), f"{header.get('op')}: device memory to the host group"
+            return send(link, ident, header, arrays, *args, **kwargs)
+        monkeypatch.setattr(HostLink, "send", host_send)
 
 
 @pytest.mark.parametrize("workers, servers", [(1, 1), (2, 2)])
@@ -509,6 +518,30 @@ def test_dist_device_sync_on_emulated_gpus(make_cluster, emulated, monkeypatch, 
         np.testing.assert_allclose(w, expected.astype(np.float32), rtol=1e-6)
         assert emulated.index_of(w) == 1
     assert spied.calls > 0
+
+
+def test_dist_device_sync_host_group_on_emulated_gpus(make_cluster, emulated, monkeypatch):
+    """KVSTORE_HOST_REDUCE with GPU values: each worker's device sums are staged to the
+    host before they go to the host's leader, which pushes once for both; the total
+    comes back to the device output (the exchange's staging in front of the group)."""
+    spied = SpiedRequests(monkeypatch, emulated)
+    cluster = make_cluster(2, 1, host_reduce=True)
+
+    def job(kv):
+        kv.init("w", np.zeros(6, np.float32))
+        out = emulated.empty(1, 6, np.float32)
+        for it in range(3):
+            kv.pushpull_async("w", [emulated.to_device(np.full(6, kv.rank + 1 + it, np.float32), d)
+                                    for d in range(2)], out=out).wait()
+        return kv.host_group, np.array(out), emulated.index_of(out), kv.comm_stats()
+    results = cluster.run(job, "dist_device_sync")
+    for group, out, index, stats in results:
+        assert group == (0, 1)
+        np.testing.assert_array_equal(out, 2 * 3 + 2 * 4)       # the last step's total
+        assert index == 1
+    # the member's gradients went to the leader, not to the servers
+    assert results[1][3]["host_bytes_sent"] > 0 and results[1][3]["bytes_sent"] < results[0][3]["bytes_sent"]
+    assert spied.host_sends > 0
 
 
 def test_staging_packs_and_spreads_by_device():
