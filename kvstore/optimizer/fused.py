@@ -340,10 +340,16 @@ def usable(optimizer, weight, grad, state) -> bool:
     return all(_is_cupy(a) for a in (grad, *state))
 
 
-def _layerwise():
-    from .lamb import LAMB   # noqa: PLC0415 - the optimizers import this module
-    from .lars import LARS   # noqa: PLC0415
-    return (LARS, LAMB)
+_layerwise_types: tuple = ()   # (LARS, LAMB); filled on first use (import cycle)
+
+
+def _layerwise() -> tuple:
+    global _layerwise_types
+    if not _layerwise_types:
+        from .lamb import LAMB   # noqa: PLC0415 - the optimizers import this module
+        from .lars import LARS   # noqa: PLC0415
+        _layerwise_types = (LARS, LAMB)
+    return _layerwise_types
 
 
 def _common(o, lr) -> list:

@@ -39,6 +39,7 @@ import contextlib
 
 import numpy as np
 
+from ..devices.staging import carved_views
 from ..errors import ConfigError
 
 
@@ -178,17 +179,13 @@ class DeviceBackend:
         cached = None if fresh else self._mirrors.get(specs)
         if cached is not None:
             return cached
-        offsets, total = [], 0
-        for _, size, dtype in specs:
-            offsets.append(total)
-            total += -(-size * np.dtype(dtype).itemsize // 64) * 64
         # Shared memory is not page-locked: cudaHostRegister on it broke CUDA in a
         # process that also maps it as a worker (cudaErrorAlreadyMapped, seen on an
         # H100), so the copy goes through the driver's staging; pinned without it.
-        block = (self.dev.pinned_empty(total, np.uint8) if fresh or self._host is None
-                 else self._host.alloc(total, np.uint8))
-        views = [block[off:off + size * np.dtype(dtype).itemsize].view(dtype)
-                 for off, (_, size, dtype) in zip(offsets, specs)]
+        pinned = fresh or self._host is None
+        block, views = carved_views([(size, dtype) for _, size, dtype in specs],
+                                    lambda total: self.dev.pinned_empty(total, np.uint8) if pinned
+                                    else self._host.alloc(total, np.uint8))
         if not fresh:
             self._mirrors[specs] = (block, views)
         return block, views
