@@ -8,12 +8,19 @@ A message is ``[header][buffer 0]...[buffer n-1]``. The header is a msgpack map:
 
 Buffers are raw, C-ordered bytes of exactly ``prod(shape) * itemsize`` bytes.
 Only plain numeric dtypes are accepted, so nothing on the wire can carry code.
+
+A buffer may instead be passed by reference into memory both ends can reach
+(docs/protocol.md 2.7): the header then has a field per kind of reference,
+``shm`` (a segment of host shared memory) or ``dev`` (device memory exported by
+CUDA IPC, kvstore.devices), each ``{"segs": [...], "refs": [...]}``; the receiver
+resolves each kind with its own resolver, so whose memory a reference names is
+never ambiguous.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import msgpack
 import numpy as np
@@ -23,6 +30,12 @@ from ..errors import ProtocolError
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 1 << 16
+MAX_SEGMENT_WORDS = 16     # ints naming one segment (a CUDA IPC handle is 8 x 64 bits)
+
+# the kinds of reference, each a header field: host shared memory, device memory
+REF_KINDS = ("shm", "dev")
+# resolve(segment, offset, dtype, shape) -> the referenced array, or ProtocolError
+Resolver = Callable[..., np.ndarray]
 
 ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -34,22 +47,33 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
     ``shared`` (optional, parallel to ``arrays``): for each array None (sent as a
-    frame) or ``(segment, offset)``, where the receiver finds it in shared memory
-    (``segment`` is a tuple of ints, opaque here); see the header field ``shm``."""
-    header = dict(header, v=VERSION, bufs=[[a.dtype.str, list(a.shape)] for a in arrays])
+    frame), ``(segment, offset)`` where the receiver finds it in shared memory, or
+    ``(segment, offset, kind)`` for a reference of another kind (``"dev"``: device
+    memory); ``segment`` is a tuple of ints, opaque here. See the header fields
+    ``shm`` and ``dev``. Device arrays may be passed when referenced (only their
+    dtype and shape are read)."""
+    header = dict(header, v=VERSION, bufs=[[_dtype_str(a), list(a.shape)] for a in arrays])
     if not shared or not any(place is not None for place in shared):
         return [msgpack.packb(header, use_bin_type=True), *arrays]
-    segments: dict = {}
-    refs: list[list[int] | None] = []
+    segments: dict[str, dict] = {kind: {} for kind in REF_KINDS}
+    refs: dict[str, list] = {kind: [None] * len(arrays) for kind in REF_KINDS}
     frames: list = []
-    for a, place in zip(arrays, shared):
+    for i, (a, place) in enumerate(zip(arrays, shared)):
         if place is None:
-            refs.append(None)
             frames.append(a)
-        else:
-            refs.append([segments.setdefault(tuple(place[0]), len(segments)), int(place[1])])
-    header["shm"] = {"segs": [list(s) for s in segments], "refs": refs}
+            continue
+        kind = place[2] if len(place) > 2 else "shm"
+        if kind not in REF_KINDS:
+            raise ValueError(f"unknown kind of reference {kind!r} (known: {', '.join(REF_KINDS)})")
+        refs[kind][i] = [segments[kind].setdefault(tuple(place[0]), len(segments[kind])), int(place[1])]
+    for kind in REF_KINDS:
+        if segments[kind]:
+            header[kind] = {"segs": [list(s) for s in segments[kind]], "refs": refs[kind]}
     return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def _dtype_str(a) -> str:
+    return np.dtype(a.dtype).str
 
 
 def _buffer(frame) -> memoryview:
@@ -58,28 +82,29 @@ def _buffer(frame) -> memoryview:
 
 
 def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
-           resolve=None) -> tuple[dict, list[np.ndarray]]:
+           resolve: Mapping[str, Resolver] | None = None) -> tuple[dict, list[np.ndarray]]:
     """Parse one message. Raises ProtocolError naming what is wrong.
 
     The returned arrays are read-only views on the frames (no copy). A message
-    whose header has ``shm`` is accepted only with ``resolve(segment, offset,
-    dtype, shape)``, which returns the array of a shared buffer (or raises
-    ProtocolError)."""
+    whose header has references of a kind (``shm``, ``dev``) is accepted only when
+    ``resolve`` has that kind's resolver, ``resolve[kind](segment, offset, dtype,
+    shape)``, which returns the referenced array (or raises ProtocolError)."""
     if not frames:
         raise ProtocolError("empty message")
     header = parse_header(_buffer(frames[0]))
     bufs = header["bufs"]
-    segs, refs = _shared(header, len(bufs), resolve)
-    inline = len(bufs) - sum(r is not None for r in refs) if refs else len(bufs)
+    found = _references(header, len(bufs), resolve or {})
+    inline = len(bufs) - len(found)
     if inline != len(frames) - 1:
         raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
                      "(truncated message?)", header)
     arrays = []
     pending = iter(frames[1:])
     for i, (dtype, shape, expected) in enumerate(buffer_specs(header, max_buffer_bytes)):
-        if refs and refs[i] is not None:
+        if i in found:
+            resolver, segment, offset = found[i]
             try:
-                arrays.append(resolve(segs[refs[i][0]], refs[i][1], dtype, shape))
+                arrays.append(resolver(segment, offset, dtype, shape))
             except ProtocolError as e:
                 raise _error(f"buffer {i}: {e}", header) from None
             continue
@@ -139,23 +164,38 @@ def buffer_specs(header: dict, max_buffer_bytes: int = 1 << 30) -> list[tuple[np
     return specs
 
 
-def _shared(header: dict, count: int, resolve) -> tuple[list, list | None]:
-    """Check the ``shm`` field: ``{"segs": [[int, ...], ...], "refs": [null | [seg, offset], ...]}``."""
-    shm = header.get("shm")
-    if shm is None:
-        return [], None
-    if resolve is None:
-        raise _error("shared-memory buffers are not accepted on this connection", header)
-    segs, refs = (shm.get("segs"), shm.get("refs")) if isinstance(shm, dict) else (None, None)
-    if not (isinstance(segs, list) and isinstance(refs, list) and len(refs) == count
-            and len(segs) <= MAX_BUFFERS
-            and all(isinstance(s, list) and len(s) <= 8 and all(type(v) is int for v in s) for s in segs)
-            and all(r is None or (isinstance(r, list) and len(r) == 2 and type(r[0]) is int
-                                  and 0 <= r[0] < len(segs) and type(r[1]) is int and r[1] >= 0)
-                    for r in refs)):
-        raise _error("invalid 'shm' field: expected {segs: [[int...]...], refs: [null or "
-                     "[segment, offset]] with one entry per buffer}", header)
-    return segs, refs
+def _references(header: dict, count: int, resolve: Mapping[str, Resolver]) -> dict:
+    """{buffer index: (resolver, segment, offset)} of the buffers a checked header
+    passes by reference, from its fields of each kind: ``{"segs": [[int...]...],
+    "refs": [null | [segment, offset], ...]}`` with one ref per buffer. A buffer
+    referenced twice, or a kind without a resolver here, is a ProtocolError."""
+    found: dict = {}
+    for kind in REF_KINDS:
+        field = header.get(kind)
+        if field is None:
+            continue
+        resolver = resolve.get(kind)
+        if resolver is None:
+            what = "shared-memory" if kind == "shm" else "device-memory"
+            raise _error(f"{what} buffers ({kind!r} references) are not accepted on this connection",
+                         header)
+        segs, refs = (field.get("segs"), field.get("refs")) if isinstance(field, dict) else (None, None)
+        if not (isinstance(segs, list) and isinstance(refs, list) and len(refs) == count
+                and len(segs) <= MAX_BUFFERS
+                and all(isinstance(s, list) and len(s) <= MAX_SEGMENT_WORDS
+                        and all(type(v) is int for v in s) for s in segs)
+                and all(r is None or (isinstance(r, list) and len(r) == 2 and type(r[0]) is int
+                                      and 0 <= r[0] < len(segs) and type(r[1]) is int and r[1] >= 0)
+                        for r in refs)):
+            raise _error(f"invalid {kind!r} field: expected {{segs: [[int...]...], refs: [null or "
+                         "[segment, offset]] with one entry per buffer}", header)
+        for i, ref in enumerate(refs):
+            if ref is None:
+                continue
+            if i in found:
+                raise _error(f"buffer {i} is referenced by more than one kind of memory", header)
+            found[i] = (resolver, segs[ref[0]], ref[1])
+    return found
 
 
 def _error(message: str, header: dict) -> ProtocolError:

@@ -18,13 +18,13 @@ that sends it its own way, else plain frames on the ROUTER socket).
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 import numpy as np
 
 from ..config import Config
 from ..errors import ConfigError
 from ..protocol import decode, encode
+from ..protocol.codec import Resolver
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
 
@@ -60,7 +60,7 @@ class DataPlane:
         self._encoding = [e for e in ends if _overrides(e, "encode")]
         self._sending = [e for e in ends if _overrides(e, "send")]
         self.memory = None    # the allocator co-located workers read in place (after bind)
-        self._resolve: Callable[..., np.ndarray] | None = None
+        self._resolve: dict[str, Resolver] = {}     # kind of reference -> its resolver
 
     def bind(self, sock) -> str:
         """Bind ``sock`` for every served transport; the advert of those offered here."""
@@ -71,10 +71,12 @@ class DataPlane:
                 offered[name] = fields
         ends = list(self.endpoints.values())
         self.memory = next((e.memory for e in ends if e.memory is not None), None)
-        resolvers = [e.resolve for e in ends if e.resolve is not None]
-        if len(resolvers) > 1:
-            raise ConfigError("at most one served transport may resolve references in requests")
-        self._resolve = resolvers[0] if resolvers else None
+        self._resolve = {}
+        for end in ends:
+            for kind, resolver in end.resolves.items():
+                if kind in self._resolve:
+                    raise ConfigError(f"two served transports resolve {kind!r} references in requests")
+                self._resolve[kind] = resolver
         return Advert(offered, host_identity(self.config.host_label), os.getpid()).format()
 
     def joined(self, workers) -> None:

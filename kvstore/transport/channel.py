@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ProtocolError
-from ..protocol.codec import MAX_HEADER_BYTES, buffer_specs, parse_header
+from ..protocol.codec import MAX_HEADER_BYTES, REF_KINDS, buffer_specs, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ def read_message(sock: socket.socket, max_buffer_bytes: int,
     head = bytearray(length)
     _recv_exact(sock, memoryview(head), "a header")
     header = parse_header(head)
-    if header.get("shm") is not None:
-        raise ProtocolError("a data-channel message may not point into shared memory")
+    if any(header.get(kind) is not None for kind in REF_KINDS):
+        raise ProtocolError("a data-channel message may not point into shared or device memory")
     specs = buffer_specs(header, max_buffer_bytes)
     if sum(nbytes for _, _, nbytes in specs) > max_buffer_bytes:
         raise ProtocolError(f"a message of more than {max_buffer_bytes} bytes (request "

@@ -93,7 +93,8 @@ def test_malformed_headers_are_protocol_errors(payload, match):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"shm": {"segs": [], "refs": [None]}}, "may not point into shared memory"),
+    ({"shm": {"segs": [], "refs": [None]}}, "may not point into shared or device memory"),
+    ({"dev": {"segs": [], "refs": [None]}}, "may not point into shared or device memory"),
     ({"bufs": [["|O", [3]]]}, "not allowed"),
     ({"bufs": [["<f4", [1 << 30]]]}, "exceeds the limit"),
 ])

@@ -67,7 +67,7 @@ def test_shared_buffers_travel_as_references():
 
     def resolve(seg, offset, dtype, shape):
         return np.frombuffer(store[tuple(seg)], dtype, int(np.prod(shape)), offset).reshape(shape)
-    header, arrays = decode(frames, resolve=resolve)
+    header, arrays = decode(frames, resolve={"shm": resolve})
     assert header["shm"] == {"segs": [[7, 3, 4096]], "refs": [[0, 16], None]}
     np.testing.assert_array_equal(arrays[0], np.frombuffer(store[(7, 3, 4096)], np.float32, 4, 16))
     np.testing.assert_array_equal(arrays[1], inline)
@@ -84,14 +84,45 @@ def test_malformed_shared_references_are_protocol_errors(shm_field):
     import msgpack
     head = msgpack.packb({"v": 1, "op": "push", "id": 5, "bufs": [["<f4", [2]]], "shm": shm_field})
     with pytest.raises(ProtocolError) as e:
-        decode([head], resolve=lambda *a: np.zeros(2, np.float32))
+        decode([head], resolve={"shm": lambda *a: np.zeros(2, np.float32)})
     assert e.value.request_id == 5
+
+
+def test_device_references_are_resolved_by_their_own_resolver():
+    host = np.arange(8, dtype=np.float32)
+    device = np.arange(8, 16, dtype=np.float32)
+    handle = tuple(range(100, 108))            # e.g. a CUDA IPC handle's 8 words
+    frames = encode({"op": "push", "id": 1}, [np.zeros(2, np.float32), np.zeros(2, np.float32), host[:1]],
+                    [((7, 3, 4096), 0), (handle, 8, "dev"), None])
+    seen = []
+
+    def resolver(kind, memory):
+        def resolve(seg, offset, dtype, shape):
+            seen.append((kind, tuple(seg), offset))
+            return memory[offset // 4:offset // 4 + 2]
+        return resolve
+    header, arrays = decode(frames, resolve={"shm": resolver("shm", host), "dev": resolver("dev", device)})
+    assert header["shm"]["refs"] == [[0, 0], None, None] and header["dev"]["refs"] == [None, [0, 8], None]
+    assert seen == [("shm", (7, 3, 4096), 0), ("dev", handle, 8)]
+    np.testing.assert_array_equal(arrays[1], [10, 11])
+    with pytest.raises(ProtocolError, match="device-memory buffers .* not accepted"):
+        decode(frames, resolve={"shm": resolver("shm", host)})      # a peer that takes no device memory
+    with pytest.raises(ValueError, match="unknown kind"):
+        encode({"op": "push", "id": 1}, [host], [((1,), 0, "gpu")])
+
+
+def test_a_buffer_referenced_by_two_kinds_is_a_protocol_error():
+    import msgpack
+    ref = {"segs": [[1, 2, 3]], "refs": [[0, 0]]}
+    head = msgpack.packb({"v": 1, "op": "push", "id": 5, "bufs": [["<f4", [2]]], "shm": ref, "dev": ref})
+    with pytest.raises(ProtocolError, match="more than one kind"):
+        decode([head], resolve={kind: (lambda *a: np.zeros(2, np.float32)) for kind in ("shm", "dev")})
 
 
 def test_a_reference_plus_a_frame_for_it_is_a_truncation_error():
     frames = encode({"op": "push", "id": 1}, [np.zeros(2, np.float32)], [((1, 2, 64), 0)])
     with pytest.raises(ProtocolError, match="followed"):
-        decode(frames + [np.zeros(2, np.float32)], resolve=lambda *a: np.zeros(2, np.float32))
+        decode(frames + [np.zeros(2, np.float32)], resolve={"shm": lambda *a: np.zeros(2, np.float32)})
 
 
 # -- shared-memory pieces ---------------------------------------------------------------------

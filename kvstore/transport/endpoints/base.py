@@ -5,7 +5,7 @@ binds on the server's ROUTER socket and advertises (:meth:`Endpoint.bind`), the
 handshake requests it answers itself (:attr:`~Endpoint.answers`, e.g. ``hello``,
 ``channel``), what it notes in every request for that request's reply
 (:meth:`~Endpoint.note`), how it resolves references in requests
-(:attr:`~Endpoint.resolve`), and how it encodes and sends replies
+(:attr:`~Endpoint.resolves`), and how it encodes and sends replies
 (:meth:`~Endpoint.encode`, :meth:`~Endpoint.send`). It mirrors the worker's
 :class:`kvstore.transport.links.base.Link` of the same transport; the two are
 registered together in :mod:`kvstore.transport.registry`.
@@ -18,9 +18,9 @@ adds nothing: plain ZeroMQ frames on an address another endpoint bound.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Mapping
 
-import numpy as np
+from ...protocol.codec import Resolver
 
 
 class Endpoint:
@@ -38,8 +38,9 @@ class Endpoint:
     answers: frozenset[str] = frozenset()  # the handshake ops it answers (never seen by the state)
     memory: Any = None     # an allocator (shm.Arena) whose arrays co-located workers read in place
     write_in = False       # whether workers may write into the server's sums through it
-    # resolves references in a request's header into arrays (the codec's ``resolve``), or None
-    resolve: Callable[..., np.ndarray] | None = None
+    # the kinds of reference in requests it resolves into arrays (the codec's ``resolve``):
+    # {"shm": ...} for host shared memory, {"dev": ...} for device memory
+    resolves: Mapping[str, Resolver] = {}
 
     def __init__(self, config):
         self.config = config

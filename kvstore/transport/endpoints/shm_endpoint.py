@@ -3,7 +3,7 @@
 The server keeps its values and sums in its own shared memory (:attr:`memory`,
 an ``shm.Arena``), so that co-located workers read replies in place; it maps the
 workers' memory read-only to read their requests' buffers by reference
-(:attr:`resolve`), from the job's worker processes only (:meth:`joined`). It binds
+(:attr:`resolves`), from the job's worker processes only (:meth:`joined`). It binds
 nothing: its control messages use the tcp endpoint, and it advertises only its
 name. Handshake: ``hello``, a probe each way by reference. Replies to requests
 that asked for it (``shm_reply``) carry their large values as references, and a
@@ -29,7 +29,7 @@ class ShmEndpoint(Endpoint):
         super().__init__(config)
         self.memory: shm.Arena | None = None
         self._mapper = shm.Mapper()
-        self.resolve = self._mapper.view
+        self.resolves = {"shm": self._mapper.view}
         self._replies: set = set()   # (peer, request id) whose reply may point into our memory
         self._probe: np.ndarray | None = None
 

@@ -117,7 +117,7 @@ class ShmLink(Link):
         self._slots.release(req_id)     # the server has finished with our slots
 
     def decode(self, frames) -> tuple[dict, list]:
-        return decode(frames, self.config.max_message_bytes, resolve=self._mapper.view)
+        return decode(frames, self.config.max_message_bytes, resolve={"shm": self._mapper.view})
 
     def empty(self, size: int, dtype) -> np.ndarray:
         return self.arena.alloc(size, dtype)
