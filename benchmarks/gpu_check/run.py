@@ -205,7 +205,8 @@ def job(task: str, contender: str, out: str, timeout: float, extra=()) -> dict:
     with open(out) as f:
         result = json.load(f)
     return {"contender": contender, "median_ms": round(result["median_ms"], 1),
-            "samples": len(result["samples_ms"]), "wall_s": round(time.time() - t0, 1)}
+            "samples": len(result["samples_ms"]), "wall_s": round(time.time() - t0, 1),
+            "transports": ",".join(result.get("transports") or []) or "-"}
 
 
 def cifar(timeout: float) -> dict:
@@ -261,13 +262,14 @@ def report(results: dict) -> str:
         if section in results:
             rows = results[section]
             base = next((r.get("median_ms") for r in rows if r["contender"] == "gloo"), None)
-            lines += [f"## {title}", "", "| contender | median ms | vs gloo |", "|---|---:|---:|"]
+            lines += [f"## {title}", "", "| contender | transports | median ms | vs gloo |",
+                      "|---|---|---:|---:|"]
             for r in rows:
                 if "median_ms" in r:
                     ratio = f"{r['median_ms'] / base:.2f}x" if base else ""
-                    lines.append(f"| {r['contender']} | {r['median_ms']} | {ratio} |")
+                    lines.append(f"| {r['contender']} | {r.get('transports', '-')} | {r['median_ms']} | {ratio} |")
                 else:
-                    lines.append(f"| {r['contender']} | failed: {r['failed']} | |")
+                    lines.append(f"| {r['contender']} | | failed: {r['failed']} | |")
             lines.append("")
     if "cifar" in results:
         c = results["cifar"]

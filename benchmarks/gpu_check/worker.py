@@ -117,6 +117,7 @@ def main() -> int:
     args = p.parse_args()
     torch.cuda.set_device(0)
     task = exchange if args.task == "exchange" else train
+    transports: list = []
     if args.gloo:
         torch.distributed.init_process_group("gloo")
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -141,9 +142,11 @@ def main() -> int:
                     f.write(text.getvalue())
             else:
                 samples = task(args, rank, world, kv)
+            transports = sorted(kv.comm_stats()["by_transport"])   # e.g. ["cuda_ipc"]
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"median_ms": statistics.median(samples), "samples_ms": samples}, f)
+            json.dump({"median_ms": statistics.median(samples), "samples_ms": samples,
+                       "transports": transports}, f)
     return 0
 
 

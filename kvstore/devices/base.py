@@ -23,6 +23,7 @@ class Device(Protocol):
 
     xp: Any           # the array module kernels use (cupy, or numpy for the host device)
     index: int        # the device's ordinal (0 for the host device)
+    sharing: Sharing | None   # its memory as co-located processes open it (None: they cannot)
 
     def describe(self) -> str: ...
 
@@ -69,6 +70,8 @@ class Accelerators(Protocol):
     CUDA tensors, cupy arrays), memory on each, and the copies between them and
     the host. Every copy either returns once its source may be reused, or returns
     a token that :meth:`wait` completes."""
+
+    sharing: Sharing | None   # device memory co-located processes open (None: they cannot)
 
     def holds(self, value) -> bool:
         """Whether ``value`` lives on one of these devices."""
@@ -146,4 +149,46 @@ class Accelerators(Protocol):
     def settle(self, values: list) -> None:
         """After kernels that read the caller's ``values`` were queued: the caller's
         later work on them waits for those kernels (no host synchronisation)."""
+        ...
+
+
+class Sharing(Protocol):
+    """Device memory that co-located processes open without a host copy: CUDA IPC
+    (kvstore/devices/cuda_sharing.py) or, on the host devices CI runs, shared
+    memory (kvstore/devices/host_sharing.py). The cuda_ipc transport
+    (kvstore/transport/links/cuda_ipc_link.py and its endpoint) is built on it.
+
+    A reference to exported memory is ``(segment, offset)``: ``segment`` a tuple of
+    at most 16 ints naming one exported allocation (the codec's ``dev`` segments,
+    docs/protocol.md 2.7), ``offset`` a byte offset into it. Ordering is the
+    exporter's: it makes the memory's values complete (:meth:`publish`) before it
+    sends a reference, and the reader finishes reading before it answers."""
+
+    def empty(self, index: int, size: int, dtype) -> Any:
+        """A new flat array on device ``index`` that :meth:`export` can name."""
+        ...
+
+    def export(self, a) -> tuple[tuple[int, ...], int] | None:
+        """``(segment, offset)`` of a C-contiguous device array a peer can open, or
+        None when it does not lie in exportable memory."""
+        ...
+
+    def open(self, index: int, segment, offset: int, dtype, shape) -> Any:
+        """A peer's exported array, usable on device ``index``, read-only where the
+        platform allows; ProtocolError (naming the segment) when it cannot be opened
+        or the array does not fit it. Opened allocations are cached."""
+        ...
+
+    def allow(self, pids) -> None:
+        """The processes whose memory :meth:`open` accepts (the job's peers)."""
+        ...
+
+    def publish(self, index: int) -> None:
+        """Wait until the work queued on device ``index`` (its current stream) is
+        done, so a peer that reads this process's exported memory sees its values."""
+        ...
+
+    def close(self) -> None:
+        """Close what was opened and exported (arrays already handed out stay valid
+        where the platform allows)."""
         ...

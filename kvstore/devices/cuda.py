@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 
 from . import arrays, gpu
+from .cuda_sharing import CudaSharing
 
 
 class CudaDevice:
@@ -24,6 +25,7 @@ class CudaDevice:
         with self._device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self._label = cupy.cuda.runtime.getDeviceProperties(index)["name"].decode()
+        self.sharing = CudaSharing()
 
     def describe(self) -> str:
         return f"GPU {self.index} ({self._label})"
@@ -68,6 +70,7 @@ class CudaAccelerators:
     def __init__(self):
         import cupy
         self._cupy = cupy
+        self.sharing = CudaSharing()
 
     def holds(self, value) -> bool:
         return arrays.is_gpu(value)

@@ -35,10 +35,15 @@ class HostDevice:
         dev = HostDevice()
         d = dev.empty(4, np.float32)
         dev.upload(d, np.ones(4, np.float32)).done     # True
-    """
+
+    With ``sharing`` (a :class:`~kvstore.devices.host_sharing.HostSharing`) its
+    memory is exportable, as a GPU's is through CUDA IPC: co-located peers open it."""
 
     xp = np
     index = 0
+
+    def __init__(self, sharing=None):
+        self.sharing = sharing
 
     def describe(self) -> str:
         return "host emulation of a GPU (numpy)"
@@ -47,6 +52,8 @@ class HostDevice:
         return contextlib.nullcontext()
 
     def empty(self, size: int, dtype):
+        if self.sharing is not None:
+            return self.sharing.empty(self.index, size, dtype)
         return np.empty(size, dtype).view(_DeviceArray)
 
     def pinned_empty(self, size: int, dtype) -> np.ndarray:
@@ -94,10 +101,14 @@ class HostAccelerators:
         acc = HostAccelerators(2)
         g = acc.to_device(np.ones(3, np.float32), 1)     # "on GPU 1"
         acc.holds(g), acc.index_of(g)                    # True, 1
+
+    With ``sharing`` (a :class:`~kvstore.devices.host_sharing.HostSharing`) their
+    memory can be exported to co-located peers, as CUDA IPC exports a GPU's.
     """
 
-    def __init__(self, count: int = 1):
+    def __init__(self, count: int = 1, sharing=None):
         self.count = count
+        self.sharing = sharing
         self.uploads = 0          # host-to-device copies made (tests count them)
         self.downloads = 0        # device-to-host copies queued
 

@@ -115,20 +115,27 @@ class Staging:
             if block.size:
                 acc.wait([acc.download(flat, block)])
 
-    def outputs(self, targets: list) -> tuple[list, Staged | None]:
+    def outputs(self, targets: list, on_device: bool = False) -> tuple[list, Staged | None]:
         """``(targets, staged)``: ``targets`` [(info, outs)] where a key with a device
-        output is answered into one pinned host block instead; ``staged.deliver()``,
-        once the replies are in, copies the block to the device in one copy and
-        spreads it to the outputs from there. None when no output is on a device."""
+        output is answered into one block instead: pinned host memory, or (``on_device``:
+        the links deliver device to device, the cuda_ipc transport) device memory on
+        that output's device. ``staged.deliver()``, once the replies are in, copies a
+        host block to the device in one copy and spreads it to the outputs from
+        there. None when no output is on a device."""
         acc = self._acc
-        on_device = [(info, outs) for info, outs in targets if any(acc.holds(o) for o in outs)]
-        if not on_device:
+        devices = [(info, outs) for info, outs in targets if any(acc.holds(o) for o in outs)]
+        if not devices:
             return targets, None
-        block, views = carved_views([(info.size, info.dtype) for info, _ in on_device], self._pinned)
-        hosts = dict(zip((info.key for info, _ in on_device), views))
-        staged = [(info, [hosts[info.key]]) if info.key in hosts else (info, outs) for info, outs in targets]
-        index = next(acc.index_of(o) for _, outs in on_device for o in outs if acc.holds(o))
-        return staged, Staged(acc, on_device, block, views, index)
+        index = next(acc.index_of(o) for _, outs in devices for o in outs if acc.holds(o))
+        alloc = (lambda nbytes: acc.empty(index, nbytes, np.uint8)) if on_device else self._pinned
+        block, views = carved_views([(info.size, info.dtype) for info, _ in devices], alloc)
+        blocks = dict(zip((info.key for info, _ in devices), views))
+        staged = [(info, [blocks[info.key]]) if info.key in blocks else (info, outs) for info, outs in targets]
+        return staged, Staged(acc, devices, block, views, index)
+
+    def holds(self, value) -> bool:
+        """Whether ``value`` is device memory (e.g. a block of :meth:`outputs`)."""
+        return self._acc.holds(value)
 
 
 class Staged:
@@ -138,14 +145,18 @@ class Staged:
         self._acc, self._targets, self._block, self._views, self._index = acc, targets, block, views, index
 
     def deliver(self) -> None:
-        """The block to device ``index`` in one copy, then into every output."""
+        """A host block to device ``index`` in one copy, then into every output (a
+        device block: from there at once)."""
         acc, block = self._acc, self._block
         with acc.on(self._index):
-            flat = acc.empty(self._index, block.size, np.uint8)
-            acc.upload(flat, block)         # returns once the pinned block may be reused
-            start = block.ctypes.data
-            for (_, outs), host in zip(self._targets, self._views):
-                offset = host.ctypes.data - start
-                value = flat[offset:offset + host.nbytes].view(host.dtype)
+            if acc.holds(block):
+                values = self._views
+            else:
+                flat = acc.empty(self._index, block.size, np.uint8)
+                acc.upload(flat, block)         # returns once the pinned block may be reused
+                start = block.ctypes.data
+                values = [flat[host.ctypes.data - start:host.ctypes.data - start + host.nbytes].view(host.dtype)
+                          for host in self._views]
+            for (_, outs), value in zip(self._targets, values):
                 for out in outs:
                     acc.write(out, value)

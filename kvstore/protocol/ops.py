@@ -44,7 +44,11 @@ NODE = frozenset({COMMAND})
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory
 CHANNEL = "channel"              # reply {port, token}: open a data channel (transport.channel)
-TRANSPORT = frozenset({HELLO, CHANNEL})
+DEVICE_HELLO = "device_hello"    # {nonce} + one device buffer by reference holding it: probe CUDA IPC
+TRANSPORT = frozenset({HELLO, CHANNEL, DEVICE_HELLO})
+
+# the requests whose buffers may be device memory by reference (the cuda_ipc transport)
+DEVICE_BUFFERS = frozenset({PUSH, PUSHPULL, DEVICE_HELLO})
 
 OK = "ok"          # reply: success (with buffers for pull, pushpull, get_states)
 ERROR = "error"    # reply: {kind, message}

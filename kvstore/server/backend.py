@@ -76,6 +76,14 @@ class HostBackend:
         """Host arrays of ``arrays`` made for one reply alone (a gather): themselves."""
         return list(arrays)
 
+    def values(self, arrays: list, copy: bool = False) -> list:
+        """A reply's ``arrays``: :meth:`download`'s (on the host there is nothing to leave)."""
+        return self.download(arrays, copy)
+
+    def on_device(self, arrays: list) -> bool:
+        """Whether a reply's arrays include device memory: never, here."""
+        return False
+
     def to_numpy(self, a) -> np.ndarray:
         """A host array with ``a``'s values (``a`` itself when it is on the host)."""
         return np.asarray(a)
@@ -114,13 +122,21 @@ class DeviceBackend:
     def upload(self, host: np.ndarray, out=None):
         """Copy ``host`` to the device, asynchronously on our stream; returns the
         device array (``out``, or a new one of ``host``'s shape). Later work on the
-        stream sees the data; ``host`` may be reused at once.
+        stream sees the data; ``host`` may be reused at once. A device array (a
+        co-located worker's, opened through the cuda_ipc transport) is returned as it
+        is, or copied into ``out`` on the device.
 
         A request buffer (shared memory or a received frame: pageable) goes straight
         to the device: the driver stages it in pieces while the DMA runs. On an H100,
         for ResNet-50's 102 MB of gradients, that took 15.0-15.6 ms against 17.0 ms to
         copy the buffer into pinned memory first and 2.0 ms to send that
         (benchmarks/gpu_check/phases.py)."""
+        if self.dev.is_device_array(host):
+            if out is None:
+                return host
+            with self.scope():
+                self.xp.copyto(out, host.reshape(out.shape))
+            return out
         if out is None:
             out = self.alloc(host.size, host.dtype).reshape(host.shape)
         if host.size:
@@ -154,6 +170,23 @@ class DeviceBackend:
         hosts = iter(views)
         return [np.array(a, order="C", copy=True) if self._on_host(a) else next(hosts).reshape(a.shape)
                 for a in arrays]
+
+    def values(self, arrays: list, copy: bool = False) -> list:
+        """A reply's ``arrays``: with ``copy``, host copies made now (:meth:`download`);
+        without (a sync reply whose values cannot change before its reader pushes
+        again), the device arrays themselves, until the data plane sends them
+        (kvstore.server.dataplane): by reference to a worker that reads device memory
+        (the cuda_ipc transport), downloaded (:meth:`download`) for any other."""
+        return self.download(arrays, copy) if copy else list(arrays)
+
+    def on_device(self, arrays: list) -> bool:
+        """Whether a reply's arrays include device memory (left by :meth:`values`)."""
+        return any(not self._on_host(a) for a in arrays)
+
+    def publish(self) -> None:
+        """Wait for the work queued on our stream: a peer may read what it wrote, and
+        what it read (a worker's buffer) may change."""
+        self.dev.synchronize()
 
     def download_own(self, arrays: list) -> list:
         """Host copies of ``arrays`` made for one reply alone (a gather, whose address

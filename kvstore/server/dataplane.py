@@ -22,8 +22,8 @@ import os
 import numpy as np
 
 from ..config import Config
-from ..errors import ConfigError
-from ..protocol import decode, encode
+from ..errors import ConfigError, ProtocolError
+from ..protocol import decode, encode, ops
 from ..protocol.codec import Resolver
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
@@ -61,6 +61,7 @@ class DataPlane:
         self._sending = [e for e in ends if _overrides(e, "send")]
         self.memory = None    # the allocator co-located workers read in place (after bind)
         self._resolve: dict[str, Resolver] = {}     # kind of reference -> its resolver
+        self._backend = None  # where the values live (serving): replies may hold its device arrays
 
     def bind(self, sock) -> str:
         """Bind ``sock`` for every served transport; the advert of those offered here."""
@@ -92,6 +93,7 @@ class DataPlane:
 
     def serving(self, backend) -> None:
         """The server's values live in ``backend``."""
+        self._backend = backend
         for end in self.endpoints.values():
             end.serving(backend)
 
@@ -107,7 +109,15 @@ class DataPlane:
         return self.memory is not None and self.memory.locate(a) is not None
 
     def decode(self, body) -> tuple[dict, list]:
-        return decode(body, self.config.max_message_bytes, resolve=self._resolve)
+        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolve)
+        if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
+                                              or header.get("compression") is not None):
+            # the state machine takes device buffers only where it uploads pushes
+            error = ProtocolError(f"{header['op']!r} may not carry device-memory buffers (only "
+                                  f"{', '.join(sorted(ops.DEVICE_BUFFERS))}, uncompressed)")
+            error.request_id = header["id"]
+            raise error
+        return header, arrays
 
     def intercept(self, peer, header: dict, arrays: list):
         """Let every endpoint note what a request asks of its transport; answer the
@@ -129,6 +139,16 @@ class DataPlane:
         zmq_send(frames)
 
     def encode(self, peer, header: dict, arrays: list) -> list:
+        """A reply's frames: the first endpoint's that encodes it its own way. Values
+        left on the device (a GPU server's sync replies, ``backend.values``) are
+        offered to the endpoints that send device memory, and downloaded for the rest."""
+        if self._backend is not None and self._backend.on_device(arrays):
+            for end in self._encoding:
+                if end.device_replies:
+                    frames = end.encode(peer, header, arrays)
+                    if frames is not None:
+                        return frames
+            arrays = self._backend.download(arrays)
         for end in self._encoding:
             frames = end.encode(peer, header, arrays)
             if frames is not None:

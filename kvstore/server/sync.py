@@ -381,7 +381,7 @@ class Sync:
         ahead = bool(values) and any(
             chunks[cid].pending_from(pending.worker) or self.writes.writing(pending.worker, cid, chunks[cid])
             for cid in pending.chunks)
-        return ok(pending.peer, pending.req_id, self.table.backend.download(values, copy=ahead))
+        return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead))
 
     # -- rounds that cannot complete ------------------------------------------------------
     def fail_round(self, cid, chunk: Chunk, rnd: Round, message: str) -> None:

@@ -40,6 +40,8 @@ class Transport:
 
 
 TRANSPORTS: dict[str, Transport] = {
+    # co-located, values on GPUs: device memory by CUDA IPC, host memory as shm
+    "cuda_ipc": Transport(".links.cuda_ipc_link:CudaIpcLink", ".endpoints.cuda_ipc_endpoint:CudaIpcEndpoint"),
     # co-located: shared memory for array data, control messages on the tcp endpoint
     "shm": Transport(".links.shm_link:ShmLink", ".endpoints.shm_endpoint:ShmEndpoint"),
     # co-located: ZeroMQ frames through the server's abstract ipc endpoint

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import msgpack
 import numpy as np
@@ -33,6 +33,9 @@ from ..transport import Advert, links, memory
 from ..transport.pace import Pace
 from ..transport.traffic import Traffic
 from ..transport.sockets import Sockets
+
+if TYPE_CHECKING:
+    from ..devices.base import Accelerators
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,14 @@ class _Request:
 class Client:
     """Connections from one worker to every server."""
 
-    def __init__(self, config: Config, membership: Membership, servers: list[str], rank: int):
+    def __init__(self, config: Config, membership: Membership, servers: list[str], rank: int,
+                 accelerators: Accelerators | None = None):
         self.config = config
         self.membership = membership
         self.rank = rank
+        # the process's GPUs, when its store works on them: links that move device
+        # memory (cuda_ipc) use them; None: every link moves host memory
+        self.accelerators = accelerators
         self._socks = Sockets(config, len(servers))   # the DEALER of each server
         self.links: list = [None] * len(servers)
         self._shared: dict = {}                     # what links of one kind share (shared())
@@ -94,6 +101,13 @@ class Client:
     @property
     def servers(self) -> list[str]:   # the URL each server's socket is connected to
         return [link.url for link in self.links]
+
+    @property
+    def reads_device(self) -> bool:
+        """Whether every server's link moves device arrays itself (pushes by reference,
+        replies into device outputs): then a call's device values need not cross to
+        the host (kvstore.worker.exchange)."""
+        return bool(self.links) and all(link.reads_device for link in self.links)
 
     @property
     def transports(self) -> list[str]:   # each server's: "tcp", "ipc" or "shm"

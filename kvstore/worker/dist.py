@@ -68,7 +68,7 @@ class DistStore(KVStore):
             # collective calls (create, init, set_optimizer), which it makes alone
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
-            client = self._client = Client(config, self._membership, reg.servers, reg.rank)
+            client = self._client = Client(config, self._membership, reg.servers, reg.rank, accelerators)
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
             # sending and filling (kvstore.worker.exchange); device values cross to the host by staging
             self._exchange = Exchange(client, config, self._mode, self._leads, self._wire, self._timeline,

@@ -162,14 +162,15 @@ class Exchange:
         anything. ``paced``: it may wait for replies to keep a window in flight
         (transport/pace.py)."""
         pending = Pending(what)
+        wire = self._wire()
         if self._staging is not None:
-            if sources is not None:
+            direct = self._device_direct(op, sources, wire)
+            if sources is not None and not direct:
                 # a pushpull's sums may go to shared memory that co-located servers
                 # read in place: it stays alive (``keep``) until they answered
                 alloc = self._shared_bytes if op == ops.PUSHPULL else None
                 sources, pending.keep = self._staging.to_host(sources, alloc)
-            targets, pending.staged = self._staging.outputs(targets)
-        wire = self._wire()
+            targets, pending.staged = self._staging.outputs(targets, on_device=direct)
         if self.host is not None and op == ops.PUSHPULL and sources is not None:
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
             return pending
@@ -196,6 +197,23 @@ class Exchange:
             pending.staged.deliver()
         pending.keep.clear()
 
+    def _device_direct(self, op: str, sources, wire: Wire) -> bool:
+        """Whether a call's device values stay on the devices: every server's link moves
+        device memory itself (cuda_ipc: pushes by reference, replies device to device),
+        and nothing needs them on the host first (compression, a host group's sum, the
+        two phases of layer-wise optimizers)."""
+        if not self._client.reads_device or wire.compressor is not None:
+            return False
+        if self.host is not None and op == ops.PUSHPULL:
+            return False
+        return sources is None or not any(wire.layerwise(info) for info, _ in sources)
+
+    def _flat_target(self, out, what: str) -> tuple[Any, bool]:
+        """``arrays.flat_target``, and a device block of the staging as it is."""
+        if self._staging is not None and self._staging.holds(out):
+            return out.reshape(-1), True
+        return arrays.flat_target(out, what)
+
     def _shared_bytes(self, nbytes: int) -> np.ndarray:
         return self._client.shared_empty(nbytes, np.uint8)
 
@@ -208,7 +226,7 @@ class Exchange:
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         if sources is not None:
             wire.check([info for info, _ in sources], what)
-        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets]
+        flats = [(info, *self._flat_target(outs[0], what)) for info, outs in targets]
         dests = by_server([(info, flat) for info, flat, _ in flats])
         datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
@@ -264,9 +282,9 @@ class Exchange:
         (large values are sent without a copy and waited for; ``wait_sent=False``:
         the caller keeps them)."""
         keep: list = []
-        if self._staging is not None:
-            items, keep = self._staging.to_host(items, None)
         wire = self._wire()
+        if self._staging is not None and not self._device_direct(ops.PUSH, items, wire):
+            items, keep = self._staging.to_host(items, None)
         wire.check([info for info, _ in items], what)
         layered = [item for item in items if wire.layerwise(item[0])]
         if layered:                     # keys cut over servers under LARS/LAMB: two phases

@@ -165,6 +165,23 @@ def _numpy_twin(kv, shape):
     return out
 
 
+@pytest.mark.gpu
+def test_cuda_ipc_between_worker_and_server_processes_on_one_gpu():
+    """The cuda_ipc transport on hardware (issue 29 item 3): tracker.local starts 2
+    workers and 2 GPU servers as processes on one GPU; the workers' cupy sums go to
+    the servers by CUDA IPC handles and come back device to device, with the values
+    the formulas give (tests/scripts/cuda_ipc_job.py)."""
+    needs_gpu()
+    env = {**os.environ, "PYTHONPATH": python_path(), "KVSTORE_TIMEOUT": "120"}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device", "gpu",
+                        sys.executable, os.path.join(ROOT, "tests", "scripts", "cuda_ipc_job.py")],
+                       env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    for rank in range(2):
+        assert f"[worker:{rank}] transports=cuda_ipc ok" in out, out[-4000:]
+
+
 # -- the state machine on a GPU backend: checkpoints move between CPU and GPU ----------
 def _trained_state(backend, steps=3):
     s = Server(num_workers=2, opt=opt.Adam(learning_rate=0.01, wd=1e-3), backend=backend,
@@ -231,6 +248,11 @@ def test_the_gpu_code_path_replies_with_host_copies_and_keeps_device_memory_apar
     for op in ("get_states", "pull"):
         rid, r = s.send(0, op, **({"chunks": [A]} if op == "pull" else {}))
         arrays = expect_ok(only(r), peer(0), rid).arrays
+        if op == "pull":
+            # a sync reply's values stay on the device until the data plane sends them:
+            # by reference (cuda_ipc) or downloaded, as here, for any other peer
+            assert all(backend.dev.is_device_array(a) for a in arrays) and backend.on_device(arrays)
+            arrays = backend.download(arrays)
         assert arrays and not any(backend.dev.is_device_array(a) for a in arrays)
         assert not any(np.shares_memory(a, c.value) for a in arrays for c in s.state.chunks.values())
     g = grad(0, 9, (5000,))

@@ -41,6 +41,9 @@ class Endpoint:
     # the kinds of reference in requests it resolves into arrays (the codec's ``resolve``):
     # {"shm": ...} for host shared memory, {"dev": ...} for device memory
     resolves: Mapping[str, Resolver] = {}
+    # whether :meth:`encode` takes a reply's values left on the device (a GPU server's
+    # sync replies, kvstore.server.backend's ``values``); others get them downloaded
+    device_replies = False
 
     def __init__(self, config):
         self.config = config

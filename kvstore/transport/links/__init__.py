@@ -52,7 +52,8 @@ def open_links(client, sockets, adverts) -> None:
     URL differs: only unsequenced handshake requests went out on the old one, so a
     fresh one starts at seq 0 like any other."""
     local = host_identity(client.config.host_label)
-    tries = {s: candidates(a, client.config, a.host is not None and a.host == local)
+    tries = {s: [(cls, url) for cls, url in candidates(a, client.config, a.host is not None and a.host == local)
+                 if cls.applies(client)]
              for s, a in enumerate(adverts)}
     while tries:
         started, ids = [], []

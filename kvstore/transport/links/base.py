@@ -56,6 +56,13 @@ class Link:
     frames = True         # large replies arrive as ZeroMQ frames (the client tunes malloc)
     writer: Writer | None = None   # (links/write_in.py) when the server's sums can be written
     fd: int | None = None  # a file descriptor the client polls; readable: call drain()
+    reads_device = False  # it takes device arrays in requests and ``into`` (cuda_ipc)
+
+    @classmethod
+    def applies(cls, client) -> bool:
+        """Whether this worker can use the transport at all (e.g. it has GPUs); a link
+        that does not apply is skipped quietly, before its handshake."""
+        return True
 
     @classmethod
     def reach(cls, advert, config, colocated: bool) -> str | None:

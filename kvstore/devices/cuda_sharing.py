@@ -1,0 +1,97 @@
+"""The device layer's :class:`~kvstore.devices.base.Sharing` on NVIDIA GPUs: CUDA IPC.
+
+CI has no GPU: this file runs only on GPU hosts (``pytest -m gpu``,
+``python -m benchmarks.gpu_check``); its logic's twin on the host devices is
+kvstore/devices/host_sharing.py, which CI runs. Keep it thin.
+
+CuPy's memory pool hands out pieces of larger ``cudaMalloc`` allocations, and an
+IPC handle names a whole allocation: a reference is the allocation's handle (64
+bytes as 8 words), its size, and the piece's offset from its base
+(``cuMemGetAddressRange``). Measured on an H100 (benchmarks/gpu_check/ipc.py,
+2026-11-27): opening a handle once took 149 ms; reading the peer's 102 MB after it
+0.08 ms. Ordering: the exporter synchronises the stream that wrote the memory
+before it sends a reference (:meth:`CudaSharing.publish`: one stream, not the
+device), and a reader finishes its reads before it answers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+from ..errors import ProtocolError
+
+HANDLE_WORDS = 8          # cudaIpcMemHandle_t: 64 bytes
+LAZY_PEER_ACCESS = 1      # cudaIpcMemLazyEnablePeerAccess: a peer GPU's memory opens too
+
+
+class CudaSharing:
+    def __init__(self):
+        import cupy
+        self._cupy = cupy
+        self._rt = cupy.cuda.runtime
+        self._driver = ctypes.CDLL("libcuda.so.1")
+        self._exported: dict[tuple, tuple[int, ...]] = {}   # (allocation base, size) -> its segment
+        self._opened: dict[tuple, int] = {}                  # (segment, device) -> mapped base
+
+    def empty(self, index: int, size: int, dtype):
+        with self._cupy.cuda.Device(index):
+            return self._cupy.empty(size, dtype)
+
+    def export(self, a):
+        if not isinstance(a, self._cupy.ndarray) or not a.flags.c_contiguous:
+            return None
+        ptr = int(a.data.ptr)
+        base, size = self._range(ptr)
+        segment = self._exported.get((base, size))
+        if segment is None:
+            handle = bytes(self._rt.ipcGetMemHandle(base))
+            words = tuple(int.from_bytes(handle[i:i + 8], "little") for i in range(0, 64, 8))
+            segment = self._exported[(base, size)] = (*words, size)
+        return segment, ptr - base
+
+    def _range(self, ptr: int) -> tuple[int, int]:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        err = self._driver.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        if err:
+            raise RuntimeError(f"cuMemGetAddressRange failed (CUresult {err})")
+        return base.value, size.value
+
+    def open(self, index: int, segment, offset: int, dtype, shape):
+        cupy = self._cupy
+        if not (len(segment) == HANDLE_WORDS + 1 and all(type(v) is int and 0 <= v < 1 << 64 for v in segment)):
+            raise ProtocolError(f"bad device-memory segment {list(segment)!r}: expected 8 handle words and a size")
+        nbytes = math.prod(shape) * dtype.itemsize
+        size = segment[-1]
+        if offset + nbytes > size or offset % dtype.alignment:
+            raise ProtocolError(f"device buffer at offset {offset} ({nbytes} bytes) does not fit its "
+                                f"allocation of {size} bytes")
+        key = (tuple(segment), index)
+        base = self._opened.get(key)
+        if base is None:
+            handle = b"".join(w.to_bytes(8, "little") for w in segment[:HANDLE_WORDS])
+            try:
+                with cupy.cuda.Device(index):
+                    base = self._rt.ipcOpenMemHandle(handle, LAZY_PEER_ACCESS)
+            except cupy.cuda.runtime.CUDARuntimeError as e:
+                raise ProtocolError(f"cannot open a peer's device memory: {e}") from None
+            self._opened[key] = base
+        memory = cupy.cuda.UnownedMemory(base + offset, nbytes, self, index)
+        return cupy.ndarray(tuple(shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+    def allow(self, pids) -> None:
+        pass      # an IPC handle is opened only by processes its exporter sent it to
+
+    def publish(self, index: int) -> None:
+        with self._cupy.cuda.Device(index):
+            self._cupy.cuda.get_current_stream().synchronize()
+
+    def close(self) -> None:
+        for (_, index), base in self._opened.items():
+            try:
+                with self._cupy.cuda.Device(index):
+                    self._rt.ipcCloseMemHandle(base)
+            except Exception:   # a context torn down at exit: nothing left to close
+                pass
+        self._opened.clear()
+        self._exported.clear()

@@ -1,0 +1,63 @@
+"""The device layer's :class:`~kvstore.devices.base.Sharing` on the host devices
+(kvstore/devices/host.py): what CI runs the cuda_ipc transport on.
+
+"Device" memory that peers may open is carved out of this process's shared-memory
+segments (:class:`kvstore.transport.shm.Arena`) and tagged as device memory; a
+reference is the segment's ``[pid, fd, size]`` and an offset, as for host shared
+memory, and a peer opens it read-only through ``/proc/<pid>/fd`` (only processes
+of the job, :meth:`HostSharing.allow`). So two processes exchange device values
+by reference exactly as CUDA IPC lets them (kvstore/devices/cuda_sharing.py), and
+a reader that writes into another's memory fails (the mapping is read-only).
+
+Example::
+
+    sharing = HostSharing("w0")
+    a = sharing.empty(0, 4, np.float32)            # "on device 0", exportable
+    segment, offset = sharing.export(a)
+    peer = HostSharing("s0"); peer.allow([os.getpid()])
+    b = peer.open(0, segment, offset, np.float32, (4,))     # the same memory, read-only
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..transport import shm
+from .host import _DeviceArray
+
+
+class HostSharing:
+    def __init__(self, label: str):
+        self._arena = shm.Arena(f"dev-{label}")
+        self._mapper = shm.Mapper()
+
+    def empty(self, index: int, size: int, dtype):
+        host = self._arena.alloc(size, dtype)
+        if self._arena.locate(host) is None and host.nbytes:
+            raise OSError("no shared memory for emulated device memory (memfd_create failed)")
+        return _tagged(host, index)
+
+    def export(self, a):
+        if not isinstance(a, _DeviceArray) or not a.flags.c_contiguous:
+            return None
+        place = self._arena.locate(a)
+        return None if place is None else (tuple(place[0]), int(place[1]))
+
+    def open(self, index: int, segment, offset: int, dtype, shape):
+        return _tagged(self._mapper.view(list(segment), offset, np.dtype(dtype), shape), index)
+
+    def allow(self, pids) -> None:
+        self._mapper.allow(pids)
+
+    def publish(self, index: int) -> None:
+        pass                  # the host devices complete every operation when it is called
+
+    def close(self) -> None:
+        self._mapper.close()
+        self._arena.close()
+
+
+def _tagged(host: np.ndarray, index: int):
+    a = host.view(_DeviceArray)
+    a.device_index = index
+    return a

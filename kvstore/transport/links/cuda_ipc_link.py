@@ -1,0 +1,182 @@
+"""Device memory with a co-located GPU server (CUDA IPC); host memory as the shm link.
+
+The GPU twin of :mod:`.shm_link`, and built on it: control messages on the
+server's tcp endpoint, host arrays through shared memory exactly as there. What it
+adds is device arrays (the sums of ``dist_device_sync``) without a host copy:
+
+- **Requests**: a device array is copied on its device into this link's slot for
+  that chunk (exportable memory of the device layer's
+  :class:`~kvstore.devices.base.Sharing`, allocated once, busy until the request's
+  reply), the device's stream is synchronised once per request, and the message
+  carries ``dev`` references (docs/protocol.md 2.7). The server sums straight
+  from the slots (one kernel over the workers' buffers) and answers only when it
+  has stopped reading them.
+- **Replies**: a request whose outputs are device arrays says ``dev_reply``; a
+  GPU server then answers with references to its values (made final before it
+  replies), which this link opens once per allocation and copies device to
+  device into the outputs (:meth:`CudaIpcLink.deliver`). In sync mode a value
+  cannot change before this worker pushes again, and that push is ordered after
+  the copy on the device's stream. Values the server sends as host memory
+  (copies: async replies, a sync reply whose worker is ahead) are uploaded.
+
+Handshake: the shm link's ``hello``, then ``device_hello``: a 16-byte device probe
+each way by reference, each side reading the other's. Only if both read back is
+the link used; otherwise the client goes on to shm. It applies only to a worker
+whose store works on GPUs (``Client.accelerators`` with sharing), and only a server
+with its values on a GPU offers it (kvstore/transport/endpoints/cuda_ipc_endpoint.py).
+On the host devices CI runs (kvstore/devices/host_sharing.py) the same protocol
+runs over shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ...errors import InvalidArgumentError
+from ...protocol import decode, ops
+from .base import LinkUnavailable
+from .shm_link import ShmLink, _hashable
+
+
+class CudaIpcLink(ShmLink):
+    kind = "cuda_ipc"
+    reads_device = True
+
+    @classmethod
+    def reach(cls, advert, config, colocated: bool) -> str | None:
+        return advert.url("tcp") if colocated and advert.offers(cls.kind) else None
+
+    @classmethod
+    def applies(cls, client) -> bool:
+        acc = client.accelerators
+        return acc is not None and acc.sharing is not None
+
+    def __init__(self, client, server: int, url: str, advert):
+        super().__init__(client, server, url, advert)
+        self._acc = client.accelerators
+        self._sharing = self._acc.sharing
+        self._index = self._acc.current()       # the device peers' memory is opened on
+        self._device_slots: dict = {}   # chunk key -> [device slot, ...] (one per request in flight)
+        self._held: dict[int, list] = {}     # request id -> the slots it holds
+        self._device_probe = None
+        self._device_answer: dict | None = None
+
+    # -- handshake -------------------------------------------------------------------------
+    def hello(self) -> list[int]:
+        ids = super().hello()
+        acc, sharing = self._acc, self._sharing
+        if self.advert.pid is not None:
+            sharing.allow([self.advert.pid])
+        nonce = os.urandom(16)
+        with acc.on(self._index):
+            probe = self._device_probe = sharing.empty(self._index, 16, np.uint8)
+            acc.upload(probe, np.frombuffer(nonce, np.uint8).copy())
+            sharing.publish(self._index)
+        place = sharing.export(probe)
+        if place is None:
+            raise LinkUnavailable(self._failed_device("its device memory cannot be exported"))
+
+        def keep(header, values):
+            ok = (header.get("dev_ok") is True and isinstance(header.get("dev"), dict)
+                  and len(values) == 1 and self._acc.holds(values[0])
+                  and self._read(values[0]) == header.get("nonce"))
+            self._device_answer = {"ok": ok}
+        return ids + [self.client.request(self.server, ops.DEVICE_HELLO, f"device-memory handshake with "
+                                          f"server {self.server}", [probe], keep,
+                                          shared=[(*place, "dev")], sequenced=False, on_error=self.refused,
+                                          nonce=nonce, dev_reply=True)[0]]
+
+    def _read(self, value) -> bytes:
+        host = np.empty(value.size, value.dtype)
+        with self._acc.on(self._index):
+            self._acc.wait([self._acc.download(value.reshape(-1), host)])
+        return host.tobytes()
+
+    def ready(self) -> None:
+        super().ready()
+        if not (self._device_answer or {}).get("ok"):
+            raise LinkUnavailable(self._failed_device("the device probe did not read back"))
+
+    def _failed_device(self, why: str) -> str:
+        return f"server {self.server} is on this host but device memory with it failed ({why})"
+
+    # -- requests --------------------------------------------------------------------------
+    def prepare(self, req_id, arrays, fields, stage=None, in_place=False, into=None, shared=None,
+                replied=False):
+        if into is not None and any(self._acc.holds(a) for a in into):
+            fields["dev_reply"] = True          # its values may come back as device references
+        on_device = [i for i, a in enumerate(arrays) if self._acc.holds(a)]
+        if not on_device:
+            return super().prepare(req_id, arrays, fields, stage, in_place, into, shared, replied)
+        if replied:
+            fields["shm_reply"] = True
+        # host arrays beside them (keys whose values are on the host) travel as frames
+        keys = [_hashable(stage[i]) if stage is not None else ("buffer", i) for i in on_device]
+        slots = [self._slot(key, arrays[i]) for key, i in zip(keys, on_device)]
+        self._held[req_id] = slots
+        indices = set()
+        for slot, a in zip(slots, [arrays[i] for i in on_device]):
+            index = self._acc.index_of(slot)
+            indices.add(index)
+            with self._acc.on(index):
+                if self._acc.index_of(a) == index:
+                    self._acc.copy(slot, a.reshape(-1))
+                else:
+                    self._acc.peer_copy(slot, self._acc.contiguous(a).reshape(-1))
+        for index in sorted(indices):
+            self._sharing.publish(index)       # the server reads them on its own stream
+        sent, places = list(arrays), [None] * len(arrays)
+        for i, slot in zip(on_device, slots):
+            sent[i], places[i] = slot, (*self._sharing.export(slot), "dev")
+        return sent, places, False
+
+    def _slot(self, key, a):
+        """A free exportable slot for ``a`` (on its device) under ``key``."""
+        index = self._acc.index_of(a)
+        held = {id(s) for slots in self._held.values() for s in slots}
+        for slot in self._device_slots.setdefault(key, []):
+            if (id(slot) not in held and slot.size == a.size and slot.dtype == a.dtype
+                    and self._acc.index_of(slot) == index):
+                return slot
+        slot = self._sharing.empty(index, a.size, a.dtype)
+        self._device_slots[key].append(slot)
+        return slot
+
+    def release(self, req_id: int) -> None:
+        self._held.pop(req_id, None)            # the server has stopped reading those slots
+        super().release(req_id)
+
+    # -- replies ---------------------------------------------------------------------------
+    def decode(self, frames) -> tuple[dict, list]:
+        return decode(frames, self.config.max_message_bytes,
+                      resolve={"shm": self._mapper.view, "dev": self._open})
+
+    def _open(self, segment, offset: int, dtype, shape):
+        return self._sharing.open(self._index, segment, offset, dtype, shape)
+
+    def deliver(self, values: list, into: list) -> None:
+        """Copy each reply value into its output: device to device (across devices by a
+        peer copy), host to device by an upload, and to host outputs as the shm link."""
+        acc = self._acc
+        if len(values) != len(into):
+            raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(into)} chunks")
+        for dest, value in zip(into, values):
+            if value.size != dest.size:
+                raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
+            if acc.holds(dest):
+                with acc.on(acc.index_of(dest)):
+                    if acc.holds(value):
+                        acc.write(dest, value.reshape(dest.shape))
+                    else:
+                        acc.upload(dest, np.ascontiguousarray(value).reshape(-1))
+            elif acc.holds(value):
+                acc.write(dest, value.reshape(dest.shape))
+            else:
+                super().deliver([value], [dest])
+
+    def close(self) -> None:
+        self._device_slots.clear()
+        self._held.clear()
+        super().close()

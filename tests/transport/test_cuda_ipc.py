@@ -1,0 +1,309 @@
+"""The cuda_ipc transport (issue 29 item 3) on the host devices of the device layer:
+workers whose GPUs are emulated (kvstore.devices.HostAccelerators) and servers
+whose values live on an emulated GPU (DeviceBackend over HostDevice), both with
+exportable memory (kvstore.devices.host_sharing: shared-memory segments opened
+through /proc, as CUDA IPC opens a peer's allocation). The protocol, the slots,
+the ordering points and every copy run as on a GPU host; only the device calls
+differ (kvstore/devices/cuda_sharing.py, run by `pytest -m gpu` on hardware)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import kvstore.devices as devices
+from kvstore import optimizer as opt
+from kvstore.devices import HostAccelerators, HostDevice
+from kvstore.devices.host_sharing import HostSharing
+from kvstore.server import backend as server_backend
+from kvstore.transport import shm
+
+pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create (Linux)")
+
+SMALL_CHUNKS = 4096
+
+
+@pytest.fixture
+def sharing_gpus(monkeypatch):
+    """Two emulated GPUs per worker process and one per server, all exportable.
+    Returns (the workers' accelerators, the servers' backends as they are made)."""
+    acc = HostAccelerators(2, sharing=HostSharing("w"))
+    monkeypatch.setattr(devices, "worker_accelerators", lambda: acc)
+    backends: list = []
+    plain = server_backend.for_config
+
+    def for_config(config, rank, alloc=None, shared=None, host=None):
+        if config.server_device != "gpu":
+            return plain(config, rank, alloc, shared, host)
+        backends.append(server_backend.DeviceBackend(HostDevice(HostSharing(f"s{rank}")), host))
+        return backends[-1]
+    monkeypatch.setattr(server_backend, "for_config", for_config)
+    yield acc, backends
+    acc.sharing.close()
+    for b in backends:
+        b.dev.sharing.close()
+
+
+def on(acc, x, d=0):
+    return acc.to_device(np.asarray(x, np.float32), d)
+
+
+def grad(rank, step, shape, device=0):
+    return np.full(shape, (rank + 1) * (step + 1) + 10 * device, np.float32)
+
+
+def total(workers, step, shape):
+    return sum(grad(r, step, shape, d) for r in range(workers) for d in range(2))
+
+
+def count_server_opens(monkeypatch) -> list:
+    """Every device buffer a server opened (the endpoint's resolver)."""
+    from kvstore.transport.endpoints.cuda_ipc_endpoint import CudaIpcEndpoint
+    opened: list = []
+    original = CudaIpcEndpoint._open
+
+    def spy(self, segment, offset, dtype, shape):
+        opened.append(tuple(segment))
+        return original(self, segment, offset, dtype, shape)
+    monkeypatch.setattr(CudaIpcEndpoint, "_open", spy)
+    return opened
+
+
+@pytest.mark.parametrize("workers, servers", [(1, 1), (2, 2)])
+def test_device_values_travel_by_reference(make_cluster, sharing_gpus, monkeypatch, workers, servers):
+    """dist_device_sync between emulated GPUs over cuda_ipc: per-device lists summed on
+    the first device, pushed as references into the link's device slots, summed by the
+    servers straight from them, and answered with references to the servers' values,
+    copied device to device into outputs on both devices and the host. A pushpull
+    moves nothing through the host: no download, no upload."""
+    acc, backends = sharing_gpus
+    opened = count_server_opens(monkeypatch)
+    shapes, keys = [(10,), (3000,), (40, 50)], [3, -5, 7]
+    cluster = make_cluster(workers, servers, chunk_bytes=SMALL_CHUNKS, server_device="gpu")
+
+    def job(kv):
+        kv.init(keys, [on(acc, np.zeros(s)) for s in shapes])
+        seen = []
+        for step in range(2):
+            outs = [[acc.empty(0, int(np.prod(s)), np.float32).reshape(s),
+                     acc.empty(1, int(np.prod(s)), np.float32).reshape(s)] for s in shapes]
+            values = [[on(acc, grad(kv.rank, step, s, d), d) for d in range(2)] for s in shapes]
+            before = (acc.downloads, acc.uploads)
+            kv.pushpull(keys, values, out=outs)
+            untouched = (acc.downloads, acc.uploads) == before
+            kv.barrier()                 # (the counters are the workers': count one pushpull at a time)
+            for per_device, s in zip(outs, shapes):
+                per_device.append(np.empty(s, np.float32))
+            kv.pull(keys, out=outs)      # the same values, into outputs on both devices and the host
+            seen.append((outs, untouched))
+        kv.init(100, np.ones((40, 50), np.float32))
+        kv.set_optimizer(opt.SGD(learning_rate=1.0))
+        for step in range(3):
+            kv.pushpull(100, [on(acc, grad(kv.rank, step, (40, 50), d), d) for d in range(2)])
+        w = on(acc, np.empty((40, 50)), 1)
+        kv.pull(100, out=w)
+        return seen, w, kv._client.transports
+
+    for seen, w, transports in cluster.run(job, "dist_device_sync"):
+        assert transports == ["cuda_ipc"] * servers
+        for step, (outs, untouched) in enumerate(seen):
+            if workers == 1:      # (the workers share the emulation's counters)
+                assert untouched, "a pushpull over cuda_ipc crossed to the host"
+            for per_device, s in zip(outs, shapes):
+                assert [acc.holds(o) for o in per_device] == [True, True, False]
+                for o in per_device:
+                    np.testing.assert_array_equal(o, total(workers, step, s))
+        expected = 1 - sum(total(workers, step, (40, 50)).astype(np.float64) for step in range(3))
+        np.testing.assert_allclose(w, expected.astype(np.float32), rtol=1e-6)
+        assert acc.index_of(w) == 1
+    assert len(backends) == servers and opened, "the servers never read a worker's device memory"
+
+
+def test_a_server_with_host_values_leaves_co_located_workers_on_shared_memory(make_cluster, sharing_gpus,
+                                                                              monkeypatch):
+    """CPU servers do not offer cuda_ipc: the GPU workers use shared memory (their
+    sums staged to the host), with the same results."""
+    acc, _ = sharing_gpus
+    opened = count_server_opens(monkeypatch)
+    cluster = make_cluster(1, 1)
+
+    def job(kv):
+        kv.init("w", on(acc, np.zeros(5)))
+        out = acc.empty(1, 5, np.float32)
+        kv.pushpull("w", [on(acc, grad(0, 0, 5, d), d) for d in range(2)], out=out)
+        return np.array(out), kv._client.transports
+    [(out, transports)] = cluster.run(job, "dist_device_sync")
+    assert transports == ["shm"]
+    np.testing.assert_array_equal(out, total(1, 0, 5))
+    assert not opened
+
+
+def test_a_push_while_the_slot_is_busy_takes_another_slot(make_cluster, sharing_gpus):
+    """Worker 0 pushes a key twice before worker 1 pushes at all (push returns once its
+    values are in the link's slots, not when answered): the server keeps both pushes,
+    unsummed, by reference into worker 0's slots until worker 1's arrive. The second
+    push must not overwrite the slot of the first."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(2, 1, server_device="gpu")
+    both_sent = threading.Event()
+
+    def job(kv):
+        kv.init("w", on(acc, np.zeros(8)))
+        kv.set_optimizer(opt.SGD(learning_rate=1.0))
+        if kv.rank == 0:
+            kv.push("w", on(acc, np.full(8, 1.0)))
+            kv.push("w", on(acc, np.full(8, 2.0)))
+            both_sent.set()
+        else:
+            assert both_sent.wait(30)
+            kv.push("w", on(acc, np.full(8, 10.0)))
+            kv.push("w", on(acc, np.full(8, 20.0)))
+        kv.barrier()
+        out = acc.empty(0, 8, np.float32)
+        kv.pull("w", out=out)
+        return np.array(out)
+    for out in cluster.run(job, "dist_device_sync"):
+        np.testing.assert_array_equal(out, -(1.0 + 10.0) - (2.0 + 20.0))
+
+
+def _raw_request(cluster, header: dict) -> dict:
+    """Send one request straight to server 0 (a DEALER of our own); its reply header."""
+    from kvstore.transport.endpoints import Advert
+    address = Advert.parse(cluster.nodes[0].address).url("tcp")
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(address)
+        sock.send_multipart([msgpack.packb({"v": 1, "src": 0, **header}, use_bin_type=True)])
+        assert sock.poll(10_000), "no reply"
+        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+    finally:
+        sock.close()
+
+
+def _device_request(op: str, req_id: int, segment) -> dict:
+    return {"op": op, "id": req_id, "chunks": [["k", 0]], "bufs": [["<f4", [2]]],
+            "dev": {"segs": [list(segment)], "refs": [[0, 0]]}}
+
+
+@pytest.mark.parametrize("make, match", [
+    # device buffers only where the state uploads pushes (a real exported buffer)
+    (lambda real: _device_request("init", 1, real), "may not carry device-memory buffers"),
+    (lambda real: {**_device_request("push", 2, real), "compression": {"type": "2bit", "threshold": 0.5}},
+     "may not carry device-memory buffers"),
+    # a segment of a process that is not a peer of the job
+    (lambda real: _device_request("push", 3, [1, 5, 4096]), "not a peer"),
+    # our own process, but no such descriptor
+    (lambda real: _device_request("push", 4, [os.getpid(), 1 << 20, 4096]), "cannot open"),
+    # past the end of a real segment
+    (lambda real: {**_device_request("push", 5, real), "bufs": [["<f4", [1 << 28]]]}, "does not fit"),
+])
+def test_bad_device_references_are_refused_by_name(make_cluster, sharing_gpus, make, match):
+    """A misplaced, foreign or malformed device reference is answered with a
+    ProtocolError that says what is wrong, and changes nothing: the job goes on."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(1, 1, server_device="gpu")
+
+    def job(kv):
+        kv.init("k", on(acc, np.ones(2)))
+        out = acc.empty(0, 2, np.float32)
+        kv.pull("k", out=out)
+        exported, _ = acc.sharing.export(acc.sharing.empty(0, 2, np.float32))
+        header = make(exported)
+        reply = _raw_request(cluster, header)
+        kv.pull("k", out=out)
+        return header, reply, np.array(out), kv._client.transports
+    [(header, reply, out, transports)] = cluster.run(job, "dist_device_sync")
+    assert reply["op"] == "error" and reply["kind"] == "ProtocolError" and match in reply["message"], reply
+    assert reply["id"] == header["id"]
+    assert transports == ["cuda_ipc"]
+    np.testing.assert_array_equal(out, 1.0)     # the value did not change
+
+
+def test_a_worker_without_device_memory_to_share_uses_shared_memory(make_cluster, monkeypatch):
+    """A GPU server offers cuda_ipc, but a worker whose accelerators cannot export
+    (or a CPU worker) does not try it: it goes on to shm quietly."""
+    acc = HostAccelerators(1)                       # no sharing
+    monkeypatch.setattr(devices, "worker_accelerators", lambda: acc)
+    made = []
+
+    def for_config(config, rank, alloc=None, shared=None, host=None):
+        made.append(server_backend.DeviceBackend(HostDevice(HostSharing(f"s{rank}")), host))
+        return made[-1]
+    monkeypatch.setattr(server_backend, "for_config", for_config)
+    from kvstore.server import dataplane
+    from kvstore.transport.endpoints import shm_endpoint
+    frames_out = no_device_frames(monkeypatch, dataplane, shm_endpoint)
+    cluster = make_cluster(1, 1, server_device="gpu")
+
+    def job(kv):
+        kv.init("w", np.zeros(3, np.float32))
+        out = np.empty(3, np.float32)
+        kv.pushpull("w", np.ones(3, np.float32), out=out)
+        return out, kv._client.transports
+    try:
+        [(out, transports)] = cluster.run(job, "dist_device_sync")
+    finally:
+        for b in made:
+            b.dev.sharing.close()
+    assert transports == ["shm"]
+    np.testing.assert_array_equal(out, 1.0)
+    assert frames_out, "no reply went through the codec"
+
+
+def no_device_frames(monkeypatch, *modules) -> list:
+    """Wrap ``encode`` (the codec) where the server's data plane and endpoints call it:
+    a device array may go by reference, never as a frame (on a GPU it has no host bytes)."""
+    from kvstore.devices.host import _DeviceArray
+    from kvstore.protocol import encode as original
+    seen: list = []
+
+    def encode(header, arrays=(), shared=None):
+        places = list(shared) if shared else [None] * len(arrays)
+        bad = [i for i, (a, place) in enumerate(zip(arrays, places)) if place is None and isinstance(a, _DeviceArray)]
+        assert not bad, f"{header.get('op')} reply {header.get('id')}: device arrays {bad} as frames"
+        seen.append(header.get("id"))
+        return original(header, arrays, shared)
+    for module in modules:
+        monkeypatch.setattr(module, "encode", encode)
+    return seen
+
+
+def test_compressed_pushes_cross_to_the_host(make_cluster, sharing_gpus):
+    """Gradient compression works on host arrays: a compressed pushpull stages its
+    device sums to the host even over cuda_ipc, with MXNet's 2-bit results."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(1, 1, server_device="gpu")
+
+    def job(kv):
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+        kv.init("w", on(acc, np.zeros(4)))
+        out = acc.empty(0, 4, np.float32)
+        downloads = acc.downloads
+        kv.pushpull("w", on(acc, [1.0, -1.0, 0.2, 0.6]), out=out)
+        return np.array(out), acc.downloads - downloads
+    [(out, downloads)] = cluster.run(job, "dist_device_sync")
+    np.testing.assert_array_equal(out, [0.5, -0.5, 0.0, 0.5])
+    assert downloads >= 1
+
+
+def test_remote_error_over_cuda_ipc_names_the_key(make_cluster, sharing_gpus):
+    """A wrong shape pushed from a device value is refused before anything is sent."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(1, 1, server_device="gpu")
+
+    def job(kv):
+        kv.init("w", on(acc, np.zeros(4)))
+        with pytest.raises(Exception, match="w"):
+            kv.pushpull("w", on(acc, np.zeros(5)))
+        out = acc.empty(0, 4, np.float32)
+        kv.pull("w", out=out)
+        return np.array(out)
+    [out] = cluster.run(job, "dist_device_sync")
+    np.testing.assert_array_equal(out, 0.0)
