@@ -36,6 +36,7 @@ import numpy as np
 
 from ...errors import InvalidArgumentError
 from ...protocol import decode, ops
+from ...devices.slots import DeviceSlots
 from .base import LinkUnavailable
 from .shm_link import ShmLink, _hashable
 
@@ -58,8 +59,7 @@ class CudaIpcLink(ShmLink):
         self._acc = client.accelerators
         self._sharing = self._acc.sharing
         self._index = self._acc.current()       # the device peers' memory is opened on
-        self._device_slots: dict = {}   # chunk key -> [device slot, ...] (one per request in flight)
-        self._held: dict[int, list] = {}     # request id -> the slots it holds
+        self._device_slots = DeviceSlots(self._acc)   # held by request id until its reply
         self._device_probe = None
         self._device_answer: dict | None = None
 
@@ -114,38 +114,14 @@ class CudaIpcLink(ShmLink):
             fields["shm_reply"] = True
         # host arrays beside them (keys whose values are on the host) travel as frames
         keys = [_hashable(stage[i]) if stage is not None else ("buffer", i) for i in on_device]
-        slots = [self._slot(key, arrays[i]) for key, i in zip(keys, on_device)]
-        self._held[req_id] = slots
-        indices = set()
-        for slot, a in zip(slots, [arrays[i] for i in on_device]):
-            index = self._acc.index_of(slot)
-            indices.add(index)
-            with self._acc.on(index):
-                if self._acc.index_of(a) == index:
-                    self._acc.copy(slot, a.reshape(-1))
-                else:
-                    self._acc.peer_copy(slot, self._acc.contiguous(a).reshape(-1))
-        for index in sorted(indices):
-            self._sharing.publish(index)       # the server reads them on its own stream
-        sent, places = list(arrays), [None] * len(arrays)
-        for i, slot in zip(on_device, slots):
-            sent[i], places[i] = slot, (*self._sharing.export(slot), "dev")
-        return sent, places, False
-
-    def _slot(self, key, a):
-        """A free exportable slot for ``a`` (on its device) under ``key``."""
-        index = self._acc.index_of(a)
-        held = {id(s) for slots in self._held.values() for s in slots}
-        for slot in self._device_slots.setdefault(key, []):
-            if (id(slot) not in held and slot.size == a.size and slot.dtype == a.dtype
-                    and self._acc.index_of(slot) == index):
-                return slot
-        slot = self._sharing.empty(index, a.size, a.dtype)
-        self._device_slots[key].append(slot)
-        return slot
+        refs = self._device_slots.stage(req_id, keys, [arrays[i] for i in on_device])
+        places = [None] * len(arrays)
+        for i, ref in zip(on_device, refs):
+            places[i] = ref
+        return arrays, places, False
 
     def release(self, req_id: int) -> None:
-        self._held.pop(req_id, None)            # the server has stopped reading those slots
+        self._device_slots.release(req_id)      # the server has stopped reading those slots
         super().release(req_id)
 
     # -- replies ---------------------------------------------------------------------------
@@ -178,5 +154,4 @@ class CudaIpcLink(ShmLink):
 
     def close(self) -> None:
         self._device_slots.clear()
-        self._held.clear()
         super().close()

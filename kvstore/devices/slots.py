@@ -1,0 +1,79 @@
+"""Exportable device buffers that peers read by reference, each busy until its
+holder says the peer is done: the device twin of :class:`kvstore.transport.shm.Slots`.
+
+Used where this process hands device values to a co-located peer without a host
+copy: the cuda_ipc link's requests (kvstore/transport/links/cuda_ipc_link.py; a
+holder is a request id) and a host group's sums and results
+(kvstore/hostgroup/group.py; a holder is a call). Example::
+
+    slots = DeviceSlots(acc)                       # acc.sharing must not be None
+    places = slots.stage(17, keys, device_values)  # (segment, offset, "dev") each
+    ...                                            # send them; the peer reads them
+    slots.release(17)                              # its answer came: reusable
+"""
+
+from __future__ import annotations
+
+from .base import Accelerators
+
+
+class DeviceSlots:
+    def __init__(self, acc: Accelerators):
+        if acc.sharing is None:
+            raise ValueError("DeviceSlots needs accelerators whose memory can be exported")
+        self._acc = acc
+        self._sharing = acc.sharing
+        self._slots: dict = {}         # key -> [slot, ...] (one per holder in flight)
+        self._held: dict = {}          # holder -> the slots it holds
+
+    def stage(self, holder, keys, values) -> list:
+        """Copy each device array of ``values`` (on its device) into a free slot of its
+        key, wait for those devices' streams (a peer reads the slots on its own), and
+        hold the slots for ``holder``. Returns each value's ``(segment, offset, "dev")``,
+        a reference for protocol.encode."""
+        acc = self._acc
+        slots = [self._free(key, a, holder) for key, a in zip(keys, values)]
+        devices = set()
+        for slot, a in zip(slots, values):
+            index = acc.index_of(slot)
+            devices.add(index)
+            with acc.on(index):
+                if acc.index_of(a) == index:
+                    acc.copy(slot, a.reshape(-1))
+                else:
+                    acc.peer_copy(slot, acc.contiguous(a).reshape(-1))
+        for index in sorted(devices):
+            self._sharing.publish(index)
+        places = []
+        for slot in slots:
+            place = self._sharing.export(slot)
+            assert place is not None          # made by sharing.empty
+            places.append((*place, "dev"))
+        return places
+
+    def _free(self, key, a, holder):
+        """A slot of ``key`` for ``a`` that no holder holds (a new one if none is free)."""
+        acc = self._acc
+        index = acc.index_of(a)
+        held = {id(s) for slots in self._held.values() for s in slots}
+        mine = self._held.setdefault(holder, [])
+        for slot in self._slots.setdefault(key, []):
+            if (id(slot) not in held and slot.size == a.size and slot.dtype == a.dtype
+                    and acc.index_of(slot) == index):
+                mine.append(slot)
+                return slot
+        slot = self._sharing.empty(index, a.size, a.dtype)
+        self._slots[key].append(slot)
+        mine.append(slot)
+        return slot
+
+    def release(self, holder) -> None:
+        """The peer is done with what ``holder`` holds: its slots are free again."""
+        self._held.pop(holder, None)
+
+    def holders(self) -> list:
+        return list(self._held)
+
+    def clear(self) -> None:
+        self._slots.clear()
+        self._held.clear()
