@@ -24,6 +24,18 @@ frames (kvstore.protocol.codec), ``id`` being the call's sequence number::
     leader -> member   result {id} + pulled values       once the servers replied
     leader -> member   error {id, type, message}     the call failed (nothing changed)
 
+On GPUs (``dist_device_sync`` whose GPUs can export memory, every worker of the
+group alike: ``hello`` and ``welcome`` carry ``devices``), the gradients and the
+results stay on the devices: a member copies its device sums into exportable
+slots (kvstore.devices.slots) and sends ``dev`` references (docs/protocol.md 2.7);
+the leader sums them on its GPU straight from the members' memory, pushes the
+host's sum (by reference too over the cuda_ipc transport), and hands the results
+out as references to its own slots, which members copy device to device. Each
+side waits for its stream before the other may read, and a member says in every
+message which results it has copied (``consumed``), so the leader reuses a result
+slot only then. No host memory on the way, unless the leader's servers need it
+(the exchange stages the sum then).
+
 The leader never blocks at a call's start (a member may wait for an earlier
 result first): whenever it waits for anything host-related it *pumps*: takes in
 members' gradients, pushes every call whose gradients are all in (in call
@@ -43,6 +55,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..devices import arrays as _arrays
+from ..devices.base import Accelerators
+from ..devices.slots import DeviceSlots
 from .. import errors
 from ..errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
 from .link import SLICE, HostLink, names, pid_of
@@ -82,13 +96,20 @@ class HostGroup:
             group.finish(call)
     """
 
-    def __init__(self, config):
+    def __init__(self, config, accelerators: Accelerators | None = None):
         self._config = config
         self._link = HostLink(config)
         self.advert = self._link.advert
         self.ranks: tuple = ()
         self.leader: int | None = None
         self._rank = None
+        # the worker's GPUs, when they can export memory: the group may then keep
+        # device values on the devices (on_device, decided when it forms)
+        self._acc = accelerators if accelerators is not None and accelerators.sharing is not None else None
+        self._slots = DeviceSlots(self._acc) if self._acc is not None else None
+        self.on_device = False
+        self._consumed = 0            # (member) the last call whose results it copied
+        self._consumed_by: dict = {}  # (leader) member rank -> its last copied call
         self._peers: dict = {}        # (leader) member rank -> its ROUTER identity
         self._ranks_of: dict = {}     # (leader) and back
         self._seq = 0
@@ -131,24 +152,37 @@ class HostGroup:
         self.leader = self.ranks[0]
         self._link.watch(membership, {r: pid_of(registration.workers[r]) for r in self.ranks})
         deadline = time.monotonic() + self._config.timeout
+        able = self._acc is not None
         if self.leads:
+            devices = {}
             while set(self._peers) != set(self.ranks[1:]):
                 ident, header, _ = self._link.receive(deadline, "forming the host group",
                                                       [r for r in self.ranks[1:] if r not in self._peers])
                 if header["op"] == "hello" and header.get("rank") in self.ranks[1:]:
                     self._peers[header["rank"]] = ident
                     self._ranks_of[ident] = header["rank"]
-                    self._link.send(ident, {"op": "welcome", "id": 0}, to=[header["rank"]])
+                    devices[header["rank"]] = header.get("devices") is True
                 else:
                     log.warning("host group: unexpected %r before the group formed; ignored", header["op"])
+            # device values by reference only if every worker of the group can
+            self.on_device = able and all(devices.values())
+            for rank, ident in self._peers.items():
+                self._link.send(ident, {"op": "welcome", "id": 0, "devices": self.on_device}, to=[rank])
         else:
             self._link.connect(adverts[self.leader])
-            self._link.send(None, {"op": "hello", "id": 0, "rank": self._rank}, to=[self.leader])
+            self._link.send(None, {"op": "hello", "id": 0, "rank": self._rank, "devices": able}, to=[self.leader])
             _, header, _ = self._link.receive(deadline, "joining the host group", [self.leader])
             if header["op"] != "welcome":
                 raise ProtocolError(f"host group: expected welcome from worker {self.leader}, got {header['op']!r}")
-        log.info("[worker:%d] host group %s: worker %d sums and pushes for %s", self._rank,
-                 list(self.ranks), self.leader, "them" if self.leads else "this worker")
+            self.on_device = able and header.get("devices") is True
+        if self.on_device:
+            assert self._acc is not None and self._acc.sharing is not None
+            sharing, index = self._acc.sharing, self._acc.current()
+            sharing.allow([pid for pid in self._link.pids.values() if pid is not None])
+            self._link.resolve = {"dev": lambda seg, off, dtype, shape: sharing.open(index, seg, off, dtype, shape)}
+        log.info("[worker:%d] host group %s: worker %d sums and pushes for %s%s", self._rank,
+                 list(self.ranks), self.leader, "them" if self.leads else "this worker",
+                 " (device values by reference)" if self.on_device else "")
         return True
 
     # -- calls ---------------------------------------------------------------------
@@ -174,9 +208,21 @@ class HostGroup:
             self._pump(0, None, what)
         else:
             # not copied: the caller leaves ``sources`` alone until finish, and the
-            # leader has read them before it answers
-            self._link.send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys},
-                            [flat for _, flat in sources], copy=False, to=[self.leader])
+            # leader has read them before it answers; device values go by reference
+            # from our slots, held until then
+            flats = [flat for _, flat in sources]
+            shared = None
+            if self.on_device:
+                assert self._acc is not None and self._slots is not None
+                device = [i for i, f in enumerate(flats) if self._acc.holds(f)]
+                refs = self._slots.stage(call.seq, [("sum", repr(sources[i][0].key)) for i in device],
+                                         [flats[i] for i in device])
+                shared = [None] * len(flats)
+                for i, ref in zip(device, refs):
+                    shared[i] = ref
+            self._link.send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys,
+                                   "consumed": self._consumed}, flats, copy=False, to=[self.leader],
+                            shared=shared)
         return call
 
     def finish(self, call: Call) -> None:
@@ -188,7 +234,12 @@ class HostGroup:
         if call.error is not None:
             raise call.error
         if not self.leads:
-            _write(call.targets, call.result, call.what)
+            self._write(call.targets, call.result, call.what)
+            if self.on_device:
+                assert self._acc is not None and self._acc.sharing is not None
+                # the copies out of the leader's slots are done: it may reuse them
+                self._acc.sharing.publish(self._acc.current())
+                self._consumed = max(self._consumed, call.seq)
 
     def flush(self, what: str) -> None:
         """Complete every call started (before a barrier, checkpoint or close); their
@@ -250,15 +301,44 @@ class HostGroup:
                         a.size != flat.size or a.dtype != flat.dtype for a, (_, flat) in zip(arrays, call.sources)):
                     raise ProtocolError(f"{call.what}: worker {rank} (on this host) sent gradients that do "
                                         f"not match its own description ({keys}); nothing was sent")
-            sums = []
-            for i, (info, flat) in enumerate(call.sources):
-                acc = np.array(flat, copy=True)
-                for _, _, arrays in call.parts.values():
-                    acc += arrays[i].reshape(-1)
-                sums.append((info, acc))
+            sums = [(info, self._sum(flat, [arrays[i] for _, _, arrays in call.parts.values()], call.what))
+                    for i, (info, flat) in enumerate(call.sources)]
+            if self._acc is not None and any(self._acc.holds(total) for _, total in sums):
+                assert self._acc.sharing is not None
+                # the members' slots are read: they may reuse them once answered
+                for index in {self._acc.index_of(t) for _, t in sums if self._acc.holds(t)}:
+                    self._acc.sharing.publish(index)
             call.sent = self._push(call.what, sums, call.targets, list(self.ranks))
         except BaseException as e:
             self._failed(call, e)
+
+    def _sum(self, own, parts: list, what: str):
+        """The leader's ``own`` flat value plus the members' ``parts``: on the device of
+        ``own`` when it is on one (members' device memory read in place, host parts
+        uploaded), else on the host."""
+        acc = self._acc
+        if acc is None or not acc.holds(own):
+            if any(acc is not None and acc.holds(p) for p in parts):
+                raise ProtocolError(f"{what}: a member sent device memory for a value this leader "
+                                    "holds on the host")
+            total = np.array(own, copy=True)
+            for p in parts:
+                total += p.reshape(-1)
+            return total
+        index = acc.index_of(own)
+        with acc.on(index):
+            total = acc.empty(index, own.size, own.dtype)
+            acc.copy(total, own.reshape(-1))
+            for p in parts:
+                if not acc.holds(p):
+                    term = acc.to_device(np.ascontiguousarray(p).reshape(-1), index)
+                elif acc.index_of(p) != index:
+                    term = acc.empty(index, p.size, p.dtype)
+                    acc.peer_copy(term, p.reshape(-1))
+                else:
+                    term = p.reshape(-1)
+                acc.add_into(total, term)
+        return total
 
     def _hand_out(self, call: Call) -> None:
         try:
@@ -266,11 +346,35 @@ class HostGroup:
         except BaseException as e:
             return self._failed(call, e)
         try:
+            shared = None
+            if self.on_device and self._acc is not None and any(self._acc.holds(f) for f in flats):
+                # the outputs may change once the call is done: members read our slots,
+                # reused once every member says it copied them (``consumed``)
+                assert self._slots is not None
+                device = [i for i, f in enumerate(flats) if self._acc.holds(f)]
+                refs = self._slots.stage(("result", call.seq), [("result", i) for i in device],
+                                         [flats[i] for i in device])
+                shared = [None] * len(flats)
+                for i, ref in zip(device, refs):
+                    shared[i] = ref
             for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
-                self._link.send(self._peers[rank], {"op": "result", "id": call.seq}, flats, to=[rank])
+                self._link.send(self._peers[rank], {"op": "result", "id": call.seq}, flats, to=[rank],
+                                shared=shared)
         except NodeFailedError as e:
             call.error = e
         call.done = True
+
+    def _consumed_from(self, rank: int, header: dict) -> None:
+        """(leader) A member's message says which results it has copied: result slots
+        every member has copied are free again."""
+        consumed = header.get("consumed")
+        if not isinstance(consumed, int) or self._slots is None:
+            return
+        self._consumed_by[rank] = max(self._consumed_by.get(rank, 0), consumed)
+        done = min(self._consumed_by.get(r, 0) for r in self.ranks[1:])
+        for holder in self._slots.holders():
+            if isinstance(holder, tuple) and holder[0] == "result" and holder[1] <= done:
+                self._slots.release(holder)
 
     def _failed(self, call: Call, error: BaseException) -> None:
         call.error, call.done = error, True
@@ -287,6 +391,8 @@ class HostGroup:
         seq = header["id"]
         if self.leads:
             rank = self._ranks_of.get(ident)
+            if rank is not None:
+                self._consumed_from(rank, header)
             if header["op"] == "bye" and rank is not None:
                 self._byes.add(rank)
                 return
@@ -303,6 +409,8 @@ class HostGroup:
         call = self._calls.get(seq)
         if call is None:
             return
+        if self._slots is not None:
+            self._slots.release(call.seq)     # the leader has read our sums (or failed the call)
         if header["op"] == "result":
             call.result = arrays
         elif header["op"] == "error":
@@ -313,12 +421,37 @@ class HostGroup:
         """A clean close, after :meth:`flush`: a member says bye (it has every result);
         the leader waits for every member's, since closing drops what it still queues."""
         if not self.leads:
-            self._link.send(None, {"op": "bye", "id": 0}, to=[self.leader])
+            self._link.send(None, {"op": "bye", "id": 0, "consumed": self._consumed}, to=[self.leader])
             self._link.linger = LINGER
             return
         deadline = time.monotonic() + self._config.timeout
         while len(self._byes) < len(self.ranks) - 1:
             self._take(self._link.receive(deadline, what, sorted(set(self.ranks[1:]) - self._byes)))
+
+    def _write(self, targets, results, what: str) -> None:
+        """(member) The leader's results into the call's outputs: device to device for
+        results by reference into device outputs, uploaded or downloaded across."""
+        if len(results) != len(targets):
+            raise ProtocolError(f"{what}: the host's leader returned {len(results)} values for "
+                                f"{len(targets)} keys")
+        acc = self._acc
+        for (info, outs), value in zip(targets, results):
+            if value.size != info.size or value.dtype != info.dtype:
+                raise ProtocolError(f"{what}: the host's leader returned {value.dtype.name} x {value.size} "
+                                    f"for key {info.key!r} ({info.dtype.name} x {info.size})")
+            if acc is not None and (acc.holds(value) or any(acc.holds(o) for o in outs)):
+                for out in outs:
+                    if acc.holds(value):
+                        acc.write(out, value.reshape(out.shape))
+                    elif acc.holds(out):
+                        with acc.on(acc.index_of(out)):
+                            acc.upload(out, np.ascontiguousarray(value).reshape(-1))
+                    else:
+                        _arrays.write(out, value.reshape(-1))
+                continue
+            flat, direct = _arrays.flat_target(outs[0], what)
+            np.copyto(flat, value.reshape(-1))
+            fill_outputs(outs, flat, direct, what)
 
     def close(self) -> None:
         self._link.close()
@@ -333,14 +466,3 @@ def _signature(sources, targets) -> tuple[str, str]:
     return hashlib.sha1(repr(parts).encode()).hexdigest(), text
 
 
-def _write(targets, results, what: str) -> None:
-    if len(results) != len(targets):
-        raise ProtocolError(f"{what}: the host's leader returned {len(results)} values for "
-                            f"{len(targets)} keys")
-    for (info, outs), value in zip(targets, results):
-        if value.size != info.size or value.dtype != info.dtype:
-            raise ProtocolError(f"{what}: the host's leader returned {value.dtype.name} x {value.size} "
-                                f"for key {info.key!r} ({info.dtype.name} x {info.size})")
-        flat, direct = _arrays.flat_target(outs[0], what)
-        np.copyto(flat, value.reshape(-1))
-        fill_outputs(outs, flat, direct, what)

@@ -52,6 +52,9 @@ class HostLink:
         self.pids: dict = {}            # rank -> pid of the group's workers
         self.bytes_sent = self.bytes_received = 0
         self.linger = 0                 # ms close() may wait to deliver what is queued
+        # kinds of reference accepted in messages: {"dev": ...} once a group moves
+        # device values (kvstore.hostgroup.group); frames only until then
+        self.resolve: dict = {}
 
     def _socket(self, kind):
         sock = self._ctx.socket(kind)
@@ -75,11 +78,15 @@ class HostLink:
         """Whether a message is waiting (after up to ``timeout`` seconds)."""
         return bool(self._sock.poll(timeout * 1000))
 
-    def send(self, ident, header: dict, arrays=(), copy: bool = True, to=()) -> None:
+    def send(self, ident, header: dict, arrays=(), copy: bool = True, to=(), shared=None) -> None:
         """Send one message (to ROUTER identity ``ident``; None from a DEALER).
         ``copy=False``: the caller keeps ``arrays`` unchanged until the call's
-        answer. ``to``: the ranks it goes to, named if it cannot be sent."""
-        frames = ([ident] if ident is not None else []) + encode(header, [np.ascontiguousarray(a) for a in arrays])
+        answer. ``to``: the ranks it goes to, named if it cannot be sent.
+        ``shared``: per array None (a frame) or a reference (protocol.encode's: device
+        memory the peer opens, kvstore.devices.slots)."""
+        places = list(shared) if shared is not None else [None] * len(arrays)
+        arrays = [a if place is not None else np.ascontiguousarray(a) for a, place in zip(arrays, places)]
+        frames = ([ident] if ident is not None else []) + encode(header, arrays, places)
         deadline = time.monotonic() + self._config.timeout
         while True:
             try:
@@ -94,7 +101,9 @@ class HostLink:
             except zmq.ZMQError as e:    # ROUTER_MANDATORY: the peer is gone
                 raise NodeFailedError(f"{header['op']}: {names(to)} on this host cannot be reached "
                                       f"({e}): it is gone") from None
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        # arrays by reference count as sent too, as the data plane counts them (traffic.py)
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames) + sum(
+            a.nbytes for a, place in zip(arrays, places) if place is not None)
 
     def receive(self, deadline: float | None, what: str, peers):
         """The next message (ROUTER identity or None, header, arrays), waiting until
@@ -105,11 +114,11 @@ class HostLink:
                 raise DeadlineError(f"{what}: nothing from {names(peers)} on this host within "
                                     f"{self._config.timeout:g}s (KVSTORE_TIMEOUT)")
         frames = self._sock.recv_multipart(copy=False)
-        self.bytes_received += sum(len(f) for f in frames)
         ident = None
         if self._sock.type == zmq.ROUTER:
             ident, frames = frames[0].bytes, frames[1:]
-        header, arrays = decode(frames, self._config.max_message_bytes)
+        header, arrays = decode(frames, self._config.max_message_bytes, resolve=self.resolve)
+        self.bytes_received += len(frames[0]) + sum(a.nbytes for a in arrays)
         if type(header.get("id")) is not int:
             raise ProtocolError(f"{what}: a message without an integer id from {names(peers)} on this host")
         return ident, header, arrays

@@ -51,7 +51,7 @@ class DistStore(KVStore):
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
         self._staleness = staleness
         # summing on the host first (kvstore.hostgroup.group): its endpoint is registered
-        host = HostGroup(config) if config.host_reduce and self._mode == "sync" else None
+        host = HostGroup(config, accelerators) if config.host_reduce and self._mode == "sync" else None
         self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
         self._departure = Departure(self._job)     # close, fail, the exit handlers

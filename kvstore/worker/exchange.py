@@ -92,6 +92,7 @@ class Sent:
     what: str
     fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
     call: TimelineCall | None = None
+    keep: list = field(default_factory=list)   # host copies of device sums the servers may read
 
 
 @dataclass
@@ -138,8 +139,15 @@ class Exchange:
         self.host = host
 
     def _push_for_host(self, what, sources, targets, group) -> Sent:
-        """The leader's push of its host's sum, for every worker of the group."""
-        return self._send(ops.PUSHPULL, what, sources, targets, self._wire(), paced=True, group=group)
+        """The leader's push of its host's sum, for every worker of the group (a sum
+        on a device crosses to the host first unless the links move device memory)."""
+        wire = self._wire()
+        keep: list = []
+        if self._staging is not None and not self._device_direct(ops.PUSHPULL, sources, wire):
+            sources, keep = self._staging.to_host(sources, None)
+        sent = self._send(ops.PUSHPULL, what, sources, targets, wire, paced=True, group=group)
+        sent.keep = keep
+        return sent
 
     def _fill_for_host(self, sent: Sent) -> list:
         self._fill_sent(sent)
@@ -163,15 +171,24 @@ class Exchange:
         (transport/pace.py)."""
         pending = Pending(what)
         wire = self._wire()
+        to_host = self.host is not None and op == ops.PUSHPULL and sources is not None
         if self._staging is not None:
-            direct = self._device_direct(op, sources, wire)
-            if sources is not None and not direct:
+            if to_host:
+                # the host's group moves device values itself when all of it can; the
+                # leader's outputs are filled by its servers' replies
+                assert self.host is not None
+                keep_sources = self.host.on_device
+                outputs_on_device = keep_sources and (not self.host.leads or self._client.reads_device)
+            else:
+                keep_sources = outputs_on_device = self._device_direct(op, sources, wire)
+            if sources is not None and not keep_sources:
                 # a pushpull's sums may go to shared memory that co-located servers
                 # read in place: it stays alive (``keep``) until they answered
                 alloc = self._shared_bytes if op == ops.PUSHPULL else None
                 sources, pending.keep = self._staging.to_host(sources, alloc)
-            targets, pending.staged = self._staging.outputs(targets, on_device=direct)
-        if self.host is not None and op == ops.PUSHPULL and sources is not None:
+            targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device)
+        if to_host:
+            assert self.host is not None
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
             return pending
         if op == ops.PUSHPULL and sources is not None and any(wire.layerwise(info) for info, _ in sources):
@@ -203,8 +220,6 @@ class Exchange:
         and nothing needs them on the host first (compression, a host group's sum, the
         two phases of layer-wise optimizers)."""
         if not self._client.reads_device or wire.compressor is not None:
-            return False
-        if self.host is not None and op == ops.PUSHPULL:
             return False
         return sources is None or not any(wire.layerwise(info) for info, _ in sources)
 

@@ -291,7 +291,7 @@ GPU_SUMS = textwrap.dedent("""
     kv.barrier()
     ok = bool((out == sum(r + 4 for r in range(W))).all().item())
     print("RANK", kv.rank, "GROUP", ",".join(map(str, kv.host_group)) or "-", "SUM", ok,
-          "SENT", kv.comm_stats()["bytes_sent"], flush=True)
+          "SENT", kv.comm_stats()["bytes_sent"], "DEVICE", kv._exchange.host.on_device, flush=True)
     kv.close()
 """)
 
@@ -313,3 +313,5 @@ def test_host_groups_with_cuda_tensors_and_gpu_servers(tmp_path):
     assert [g[:5] for g in got] == [["0", "GROUP", "0,2", "SUM", "True"], ["1", "GROUP", "1,3", "SUM", "True"],
                                     ["2", "GROUP", "0,2", "SUM", "True"], ["3", "GROUP", "1,3", "SUM", "True"]], got
     assert int(got[2][6]) < 10_000 and int(got[3][6]) < 10_000, got     # the members pushed nothing
+    # the groups summed on the GPU from the members' device memory (CUDA IPC), not the host
+    assert [g[8] for g in got] == ["True"] * 4, got

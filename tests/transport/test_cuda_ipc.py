@@ -307,3 +307,86 @@ def test_remote_error_over_cuda_ipc_names_the_key(make_cluster, sharing_gpus):
         return np.array(out)
     [out] = cluster.run(job, "dist_device_sync")
     np.testing.assert_array_equal(out, 0.0)
+
+
+# -- a host's group on the devices (KVSTORE_HOST_REDUCE; issue 29 item 4) -------------------------
+@pytest.mark.parametrize("server_device", ["gpu", "cpu"])
+def test_a_host_group_sums_on_the_leaders_device_from_the_members_memory(make_cluster, sharing_gpus,
+                                                                         server_device):
+    """Two GPU workers on one host with KVSTORE_HOST_REDUCE: the member's device sums
+    go to the leader by reference, the leader adds them on its device straight from
+    the member's memory, pushes the host's sum once (by reference to GPU servers; to
+    CPU servers staged to the host first) and hands the result back by reference,
+    copied device to device. With GPU servers nothing crosses to the host."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(2, 1, host_reduce=True, server_device=server_device, chunk_bytes=SMALL_CHUNKS)
+
+    def job(kv):
+        kv.init(["w", "v"], [on(acc, np.zeros(3000)), on(acc, np.zeros(10))])
+        results = []
+        for step in range(3):
+            values = [[on(acc, grad(kv.rank, step, n, d), d) for d in range(2)] for n in (3000, 10)]
+            outs = [acc.empty(1, n, np.float32) for n in (3000, 10)]
+            kv.barrier()
+            before = (acc.downloads, acc.uploads)
+            kv.pushpull_async(["w", "v"], values, out=outs).wait()
+            kv.barrier()
+            untouched = (acc.downloads, acc.uploads) == before
+            kv.barrier()                # (the counters are both workers': none uploads meanwhile)
+            results.append(([np.array(o) for o in outs], untouched))
+        return kv.host_group, kv._exchange.host.on_device, results, kv.comm_stats()
+
+    runs = cluster.run(job, "dist_device_sync")
+    for group, on_device, results, _ in runs:
+        assert group == (0, 1) and on_device
+        for step, (outs, untouched) in enumerate(results):
+            for out, n in zip(outs, (3000, 10)):
+                np.testing.assert_array_equal(out, total(2, step, n))
+            assert untouched == (server_device == "gpu")
+    member_stats = runs[1][3]
+    assert member_stats["host_bytes_sent"] > 0 and member_stats["bytes_sent"] < runs[0][3]["bytes_sent"]
+
+
+def test_a_host_group_with_a_worker_that_cannot_share_stays_on_the_host(make_cluster, monkeypatch):
+    """One worker's GPUs can export memory, the other's cannot: the group forms
+    without device references (both sides agree at hello/welcome), staging through
+    the host as before, with the same sums."""
+    shared = HostAccelerators(2, sharing=HostSharing("w"))
+    plain = HostAccelerators(2)
+    handed = iter([shared, plain])
+    monkeypatch.setattr(devices, "worker_accelerators", lambda: next(handed))
+    cluster = make_cluster(2, 1, host_reduce=True)
+
+    def job(kv):
+        acc = kv._accelerators
+        kv.init("w", acc.to_device(np.zeros(500, np.float32), 0))
+        out = acc.empty(0, 500, np.float32)
+        kv.pushpull("w", [acc.to_device(grad(kv.rank, 0, 500, d), d) for d in range(2)], out=out)
+        return kv.host_group, kv._exchange.host.on_device, np.array(out)
+    try:
+        for group, on_device, out in cluster.run(job, "dist_device_sync"):
+            assert group == (0, 1) and not on_device
+            np.testing.assert_array_equal(out, total(2, 0, 500))
+    finally:
+        shared.sharing.close()
+
+
+def test_a_members_results_stay_until_it_has_copied_them(make_cluster, sharing_gpus):
+    """Two pushpulls in flight at once (pushpull_async, as the Trainer overlaps its
+    buckets): the leader hands out the second call's result while the member has not
+    copied the first's yet, so the first's result slot must not be reused for it."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(2, 1, host_reduce=True, server_device="gpu")
+
+    def job(kv):
+        kv.init("w", on(acc, np.zeros(2000)))
+        outs = [acc.empty(0, 2000, np.float32) for _ in range(3)]
+        calls = [kv.pushpull_async("w", on(acc, grad(kv.rank, step, 2000)), out=out)
+                 for step, out in enumerate(outs)]
+        for call in calls:
+            call.wait()
+        return kv._exchange.host.on_device, [np.array(o) for o in outs]
+    for on_device, outs in cluster.run(job, "dist_device_sync"):
+        assert on_device
+        for step, out in enumerate(outs):
+            np.testing.assert_array_equal(out, grad(0, step, 2000) + grad(1, step, 2000))
