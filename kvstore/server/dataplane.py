@@ -17,6 +17,7 @@ that sends it its own way, else plain frames on the ROUTER socket).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -62,6 +63,7 @@ class DataPlane:
         self.memory = None    # the allocator co-located workers read in place (after bind)
         self._resolve: dict[str, Resolver] = {}     # kind of reference -> its resolver
         self._backend = None  # where the values live (serving): replies may hold its device arrays
+        self._downloads: dict | None = None   # within a batch: reply values' host copies
 
     def bind(self, sock) -> str:
         """Bind ``sock`` for every served transport; the advert of those offered here."""
@@ -148,12 +150,36 @@ class DataPlane:
                     frames = end.encode(peer, header, arrays)
                     if frames is not None:
                         return frames
-            arrays = self._backend.download(arrays)
+            arrays = self._downloaded(arrays)
         for end in self._encoding:
             frames = end.encode(peer, header, arrays)
             if frames is not None:
                 return frames
         return encode(header, arrays)
+
+    @contextlib.contextmanager
+    def batch(self):
+        """The replies of one state-machine event go out inside: their values cannot
+        change among them, so device values downloaded for one reply serve the others
+        (a sync round's W replies cost one download, not W)."""
+        self._downloads = {}
+        try:
+            yield
+        finally:
+            self._downloads = None
+
+    def _downloaded(self, arrays: list) -> list:
+        """Host copies of a reply's device values: the backend's download, once per
+        list of values within a :meth:`batch`."""
+        assert self._backend is not None
+        if self._downloads is None:
+            return self._backend.download(arrays)
+        # the replies hold these arrays while the batch lasts: their ids are theirs
+        key = tuple(id(a) for a in arrays)
+        host = self._downloads.get(key)
+        if host is None:
+            host = self._downloads[key] = self._backend.download(arrays)
+        return host
 
     def close(self) -> None:
         for end in self.endpoints.values():

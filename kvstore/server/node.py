@@ -205,11 +205,12 @@ class ServerNode:
                           header.get("id"))
             replies = [Reply(peer, error_header(header["id"], "InternalError",
                                                 f"{self._live.name}: {type(e).__name__}: {e}"))]
-        for reply in replies:
-            if reply.header.get("kind") == "ProtocolError":
-                log.warning("%s: rejected a malformed %s request: %s", self._live.name,
-                            header.get("op"), reply.header.get("message"))
-            self._send(cast(bytes, reply.peer), reply.header, reply.arrays)   # the ROUTER's identity
+        with self._data.batch():          # one event's replies: their values are the same
+            for reply in replies:
+                if reply.header.get("kind") == "ProtocolError":
+                    log.warning("%s: rejected a malformed %s request: %s", self._live.name,
+                                header.get("op"), reply.header.get("message"))
+                self._send(cast(bytes, reply.peer), reply.header, reply.arrays)   # the ROUTER's identity
         return replies
 
     def _apply_members(self) -> None:
@@ -232,8 +233,9 @@ class ServerNode:
             log.exception("%s: failed to apply the members of epoch %s", self._live.name, epoch)
 
     def _send_all(self, replies) -> None:
-        for reply in replies:
-            self._send(reply.peer, reply.header, reply.arrays)
+        with self._data.batch():
+            for reply in replies:
+                self._send(reply.peer, reply.header, reply.arrays)
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         start = self._timeline.now() if self._timeline is not None else 0

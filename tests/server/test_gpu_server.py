@@ -354,3 +354,37 @@ def test_a_gpu_server_killed_mid_run_ends_the_job_and_resumes_on_the_gpu(tmp_pat
     needs_gpu()
     text = check_kill_and_resume(tmp_path, "--server-device", "gpu", timeout=180)
     assert "values in GPU 0" in text
+
+
+def test_a_sync_rounds_replies_download_its_values_once(make_cluster, monkeypatch):
+    """Issue 29 item 5: a GPU server answering W workers that read host memory (tcp
+    here) downloads a round's values once, not once per reply: the replies of one
+    event share the download (the data plane's batch). On the host device."""
+    from kvstore.devices import HostDevice
+    from kvstore.server import backend as server_backend
+    downloads: list = []
+
+    class CountingDevice(HostDevice):
+        def download(self, src, dst):
+            downloads.append(src.nbytes)
+            return super().download(src, dst)
+    monkeypatch.setattr(server_backend, "for_config", lambda config, rank, alloc=None, shared=None, host=None:
+                        server_backend.DeviceBackend(CountingDevice(), host))
+    cluster = make_cluster(3, 1, transport="tcp", server_device="gpu")
+    steps = 4
+
+    def job(kv):
+        kv.init("w", np.zeros(5000, np.float32))
+        kv.barrier()
+        outs = []
+        for step in range(steps):
+            out = np.empty(5000, np.float32)
+            kv.pushpull("w", grad(kv.rank, step, (5000,)), out=out)
+            outs.append(out)
+        return outs
+    before = len(downloads)
+    for outs in cluster.run(job):
+        for step, out in enumerate(outs):
+            np.testing.assert_array_equal(out, sum(grad(r, step, (5000,)) for r in range(3)))
+    # every round's 3 replies went out together, after its last push: one download each
+    assert len(downloads) - before == steps, downloads
