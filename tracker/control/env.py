@@ -193,8 +193,9 @@ VARIABLES: tuple[Var, ...] = (
         "Largest frame a server or client accepts. ZeroMQ drops the connection of a peer "
         "that sends a bigger one (no reply); keep it above KVSTORE_CHUNK_BYTES."),
     Var("KVSTORE_TRANSPORT", (), "auto", _name,
-        "How workers reach servers on their own host: auto (shared memory for array data, "
-        "control on tcp; tcp to other hosts), shm (the same), ipc (ZeroMQ ipc), or tcp "
+        "How workers reach servers on their own host: auto (GPU values by CUDA IPC with GPU "
+        "servers, cuda_ipc; other array data through shared memory, control on tcp; tcp to "
+        "other hosts), cuda_ipc (the same), shm (shared memory only), ipc (ZeroMQ ipc), or tcp "
         "(always): auto or a name in kvstore's transport registry "
         "(kvstore/transport/registry.py), whose order is the fall-back order. Set it for the "
         "whole job (servers then skip what is not needed)."),
