@@ -9,6 +9,7 @@ differ (kvstore/devices/cuda_sharing.py, run by `pytest -m gpu` on hardware)."""
 from __future__ import annotations
 
 import os
+import pathlib
 import threading
 
 import msgpack
@@ -390,3 +391,68 @@ def test_a_members_results_stay_until_it_has_copied_them(make_cluster, sharing_g
         assert on_device
         for step, out in enumerate(outs):
             np.testing.assert_array_equal(out, grad(0, step, 2000) + grad(1, step, 2000))
+
+
+# -- the same between real processes -------------------------------------------------------
+EMULATED_JOB = """
+import os, sys
+import numpy as np
+import kvstore.devices as devices
+from kvstore.devices import HostAccelerators, HostDevice
+from kvstore.devices.host_sharing import HostSharing
+from kvstore.server import backend
+# emulated GPUs whose memory other processes open (kvstore.devices.host_sharing): two
+# per worker process, one per server process (servers run this script too)
+acc = HostAccelerators(2, sharing=HostSharing(f"p{os.getpid()}"))
+devices.worker_accelerators = lambda: acc
+backend.for_config = lambda config, rank, alloc=None, shared=None, host=None: backend.DeviceBackend(
+    HostDevice(HostSharing(f"s{rank}")), host)
+import kvstore
+kv = kvstore.create("dist_device_sync")        # a server runs its role here and exits
+r, W = kv.rank, kv.num_workers
+grad = lambda rank, step, d: np.full(20_000, (rank + 1) * (step + 1) + 10 * d, np.float32)
+kv.init("w", acc.to_device(np.zeros(20_000, np.float32), 0))
+ok, copies = True, 0
+for step in range(3):
+    values = [acc.to_device(grad(r, step, d), d) for d in range(2)]
+    out = acc.empty(1, 20_000, np.float32)
+    before = acc.downloads + acc.uploads
+    kv.pushpull_async("w", values, out=out).wait()
+    copies += acc.downloads + acc.uploads - before
+    ok &= bool((np.asarray(out) == sum(grad(w, step, d) for w in range(W) for d in range(2))).all())
+host = kv._exchange.host
+print("RANK", r, "OK", ok, "TRANSPORTS", ",".join(kv._client.transports), "HOSTCOPIES", copies,
+      "GROUP", ",".join(map(str, kv.host_group)) or "-", "ONDEVICE", host.on_device if host else "-", flush=True)
+kv.close()
+"""
+
+EMULATED_LAUNCH = """
+import sys
+from tracker.launcher import JobSpec, run_cli
+job = (sys.executable, sys.argv[1])
+sys.exit(run_cli(JobSpec(num_workers=2, num_servers=2, command=job, server_command=job,
+                         env={"KVSTORE_SERVER_DEVICE": "gpu", "KVSTORE_CHUNK_BYTES": "16384",
+                              "KVSTORE_HOST_REDUCE": sys.argv[2], "KVSTORE_TIMEOUT": "60"})))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("host_reduce", ["0", "1"])
+def test_cuda_ipc_between_processes_on_emulated_gpus(tmp_path, host_reduce):
+    """Workers and GPU servers as separate processes (the job script emulates their
+    GPUs with exportable memory; servers run it too): device sums by reference to
+    the servers, answered by reference, summed within the host by reference with
+    KVSTORE_HOST_REDUCE=1; no host copy on the way, and the formulas' sums."""
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    script = tmp_path / "job.py"
+    script.write_text(EMULATED_JOB)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    p = subprocess.run([sys.executable, "-c", EMULATED_LAUNCH, str(script), host_reduce], env=env,
+                       capture_output=True, text=True, timeout=180, cwd=root)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = sorted(line.split("RANK", 1)[1].split() for line in p.stdout.splitlines() if "RANK " in line)
+    group, on_device = ("0,1", "True") if host_reduce == "1" else ("-", "-")
+    assert lines == [[str(rank), "OK", "True", "TRANSPORTS", "cuda_ipc,cuda_ipc", "HOSTCOPIES", "0",
+                      "GROUP", group, "ONDEVICE", on_device] for rank in (0, 1)], p.stdout + p.stderr
