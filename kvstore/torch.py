@@ -184,9 +184,10 @@ class Trainer:
             self._start(indices)
             return
         # the gradients are being computed on this thread's current CUDA stream: the
-        # communication thread waits for this event (not for the whole device), then
-        # queues its copies on a stream of its own, so that they run beside the rest of
-        # backward instead of behind it on the default stream (issue 29)
+        # communication thread queues its copies on a stream of its own that waits for
+        # this event on the device (no host wait, not the whole device), so that they
+        # run beside the rest of backward instead of behind it on the default stream
+        # (issue 29); a host copy or an IPC reference then waits for that stream
         device = self._params[indices[0]].device
         if device.type != "cuda":
             comm.submit(lambda: self._start(indices))
@@ -199,8 +200,8 @@ class Trainer:
             side = self._side_streams[device.index] = torch.cuda.Stream(device)
 
         def start() -> None:
-            ready.synchronize()
             with gpu.on_stream(side, device.index):
+                side.wait_event(ready)
                 self._start(indices, main)
         comm.submit(start)
 
