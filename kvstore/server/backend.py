@@ -52,6 +52,7 @@ class HostBackend:
 
     name = "cpu"
     xp = np
+    sharing = None        # host memory: co-located peers map it through the shm endpoint instead
 
     def __init__(self, alloc=None, shared=None):
         self.alloc = alloc or (lambda size, dtype: np.empty(size, dtype))
@@ -104,6 +105,8 @@ class DeviceBackend:
     def __init__(self, device, host=None):
         self.dev = device
         self.xp = device.xp
+        # device memory co-located workers open (CUDA IPC; kvstore.devices.Sharing), or None
+        self.sharing = device.sharing
         # host: an allocator of shared memory (the node's shm.Arena) for reply mirrors,
         # which co-located workers read in place
         self._host = host

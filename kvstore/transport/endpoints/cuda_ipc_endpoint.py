@@ -57,7 +57,7 @@ class CudaIpcEndpoint(Endpoint):
             self._sharing.allow(self._pids)
 
     def serving(self, backend) -> None:
-        sharing = getattr(getattr(backend, "dev", None), "sharing", None)
+        sharing = backend.sharing
         if sharing is None:
             return                     # values in host memory: nothing to share
         self._backend, self._sharing = backend, sharing
@@ -99,7 +99,7 @@ class CudaIpcEndpoint(Endpoint):
             return None
         self._replies.discard(key)
         # values left on the device (the data plane offers those first), not host copies
-        if not arrays or not all(self._backend.dev.is_device_array(a) for a in arrays):
+        if not arrays or not self._backend.on_device(arrays):
             return None
         places = [self._place(a) for a in arrays]
         if any(place is None for place in places):

@@ -108,7 +108,8 @@ class CudaIpcLink(ShmLink):
         if into is not None and any(self._acc.holds(a) for a in into):
             fields["dev_reply"] = True          # its values may come back as device references
         on_device = [i for i, a in enumerate(arrays) if self._acc.holds(a)]
-        if not on_device:
+        # placed by the caller already (the handshakes' probes), or host arrays only
+        if shared is not None or not on_device:
             return super().prepare(req_id, arrays, fields, stage, in_place, into, shared, replied)
         if replied:
             fields["shm_reply"] = True
