@@ -58,6 +58,18 @@ class _Request:
     into: list | None = None   # where its reply's arrays go (the link delivers them)
     urgent: bool = False       # its reply is handled before others that arrived with it
     aside: bool = False        # its reply comes by the link's aside path (a data channel)
+    reads: frozenset | None = None   # the chunks whose values its reply carries
+
+
+# requests that may complete a round, changing a chunk's value on a sync server
+CHANGES_VALUES = frozenset({ops.PUSH, ops.PUSHPULL, ops.WRITE})
+
+
+def _chunk_set(chunks) -> frozenset | None:
+    """A request's ``chunks`` field ([key, index] lists) as a set of tuples."""
+    if not chunks:
+        return None
+    return frozenset(tuple(c) if isinstance(c, list) else c for c in chunks)
 
 
 class Client:
@@ -145,6 +157,9 @@ class Client:
         called with its error instead of raising it at the next wait."""
         if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
             self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
+        chunks = _chunk_set(fields.get("chunks"))
+        if op in CHANGES_VALUES and chunks:
+            self._read_before_changing(server, chunks, what)
         req_id = next(self._ids)
         link = self.links[server]
         payload = _nbytes(arrays)         # counted as sent whichever way the link moves them
@@ -166,12 +181,25 @@ class Client:
             # encoded or sent leaves no gap that would hold back the later ones
             self._seq[server] += 1
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
-        self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside)
+        self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside,
+                                         chunks if into is not None else None)
         if self.timeline is not None:
             self.timeline.request(req_id, server, op, fields.get("chunks"), payload)
         if follows in self._abandoned:
             self._abandoned.add(req_id)
         return req_id, (tracker if track else None)
+
+    def _read_before_changing(self, server: int, chunks: frozenset, what: str) -> None:
+        """Before a request that may complete a round of ``chunks`` (a push): take in the
+        replies of this worker's earlier requests that read those chunks' values from
+        ``server``. A sync reply may point at the server's value itself (shared or
+        device memory, not a copy): it must be read before this worker's next round
+        can change it. (Replies already produced are sent; other workers' pushes
+        never wait on this worker's later ones, so this cannot deadlock.)"""
+        earlier = [rid for rid, req in self._pending.items()
+                   if req.server == server and req.reads is not None and not req.reads.isdisjoint(chunks)]
+        if earlier:
+            self.wait(earlier, what, raising=False)   # their errors stay for their own calls
 
     def request_all(self, op: str, what: str, on_reply=None, **fields) -> list[dict]:
         """The same request to every server; waits for all. Returns their reply

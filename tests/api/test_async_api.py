@@ -38,3 +38,31 @@ def test_dist_pulls_and_pushpulls_in_flight_complete_in_any_order(make_cluster):
 
     for oa, ob, pa, pb in make_cluster(2, 2, chunk_bytes=4096).run(job):
         assert (oa == 3).all() and (ob == 6).all() and (pa == 3).all() and (pb == 6).all()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("optimizer", [None, "sgd"])
+def test_pushpulls_in_flight_on_one_key_each_get_their_own_rounds_values(make_cluster, transport, optimizer):
+    """Several pushpull_async calls on one key before any is waited for: each output
+    gets its own round's values. A sync reply may point at the server's value itself
+    (shared memory; a data channel's sender reads it after the reply is queued), so
+    the worker reads it before its next push of that chunk can change it. Before
+    that rule, 3 of these 4 cases got a later round's values."""
+    from kvstore import optimizer as opt
+    n = 100_000                      # large: replies by reference (shm) or on the data channel (tcp)
+    cluster = make_cluster(1, 1, transport=transport)
+
+    def job(kv):
+        kv.init("w", np.zeros(n, np.float32))
+        if optimizer is not None:
+            kv.set_optimizer(opt.SGD(learning_rate=1.0))
+        outs = [np.empty(n, np.float32) for _ in range(4)]
+        calls = [kv.pushpull_async("w", np.full(n, step + 1.0, np.float32), out=out)
+                 for step, out in enumerate(outs)]
+        for call in calls:
+            call.wait()
+        return outs
+    [outs] = cluster.run(job)
+    for step, out in enumerate(outs):
+        want = step + 1.0 if optimizer is None else -sum(s + 1.0 for s in range(step + 1))
+        np.testing.assert_array_equal(out, want)
