@@ -139,7 +139,7 @@ class Client:
     def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
                 track: bool = False, stage=None, shared=None, sequenced: bool = True,
                 in_place: bool = False, into=None, urgent: bool = False, follows=None,
-                on_error=None, **fields):
+                on_error=None, reads=None, **fields):
         """Send one request; returns (request id, zmq MessageTracker or None).
 
         ``on_reply(header, arrays)`` is called with the reply; ``into``: where the
@@ -154,7 +154,9 @@ class Client:
         answered before anything else). ``urgent``: its reply is handled before
         others (other workers wait on it). ``follows``: the request whose reply
         handler sends this one; if its call gave up, so has this one's. ``on_error(error)``:
-        called with its error instead of raising it at the next wait."""
+        called with its error instead of raising it at the next wait. ``reads``: the
+        chunk ids whose values its reply (or a request its reply sends) carries; by
+        default its ``chunks`` when it has ``into``."""
         if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
             self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
         chunks = _chunk_set(fields.get("chunks"))
@@ -181,8 +183,8 @@ class Client:
             # encoded or sent leaves no gap that would hold back the later ones
             self._seq[server] += 1
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
-        self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside,
-                                         chunks if into is not None else None)
+        reads = _chunk_set(reads) if reads is not None else (chunks if into is not None else None)
+        self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside, reads)
         if self.timeline is not None:
             self.timeline.request(req_id, server, op, fields.get("chunks"), payload)
         if follows in self._abandoned:
@@ -196,9 +198,11 @@ class Client:
         device memory, not a copy): it must be read before this worker's next round
         can change it. (Replies already produced are sent; other workers' pushes
         never wait on this worker's later ones, so this cannot deadlock.)"""
-        earlier = [rid for rid, req in self._pending.items()
-                   if req.server == server and req.reads is not None and not req.reads.isdisjoint(chunks)]
-        if earlier:
+        while True:     # a write's grant sends its `written`, which reads them in turn
+            earlier = [rid for rid, req in self._pending.items()
+                       if req.server == server and req.reads is not None and not req.reads.isdisjoint(chunks)]
+            if not earlier:
+                return
             self.wait(earlier, what, raising=False)   # their errors stay for their own calls
 
     def request_all(self, op: str, what: str, on_reply=None, **fields) -> list[dict]:

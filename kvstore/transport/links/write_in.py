@@ -42,15 +42,17 @@ class Writer:
                   if a.nbytes >= self._config.zero_copy_bytes and arena.locate(a) is None]
         if not chosen or sum(arrays[i].nbytes for i in chosen) < self._config.write_in_bytes:
             return list(range(len(arrays)))
-        granted = self._granted(what, [arrays[i] for i in chosen], [into[i] for i in chosen], later)
+        written = [keys[i] for i in chosen]
+        granted = self._granted(what, [arrays[i] for i in chosen], [into[i] for i in chosen], later, written)
+        # reads: its `written` carries these chunks' values (the client's order of reads
+        # and the next round's pushes: kvstore.worker.client)
         ids.append(self._client.request(self._link.server, ops.WRITE, what, on_reply=granted,
-                                        urgent=True, chunks=[keys[i] for i in chosen],
-                                        values=True)[0])
+                                        urgent=True, chunks=written, values=True, reads=written)[0])
         # grants already here are written now: the other workers' turns wait on ours
         self._client.progress(what)
         return sorted(set(range(len(arrays))) - set(chosen))
 
-    def _granted(self, what: str, arrays: list, into: list, later: list):
+    def _granted(self, what: str, arrays: list, into: list, later: list, chunks: list):
         """The handler of a grant: copy or add each array into the sum it names,
         then say ``written``."""
         server = self._link.server
@@ -71,6 +73,6 @@ class Writer:
                 else:
                     np.add(target, a.reshape(-1), out=target)
             # a late grant (its call gave up): the values of `written` go nowhere either
-            later.append(self._client.request(server, ops.WRITTEN, what, into=into,
+            later.append(self._client.request(server, ops.WRITTEN, what, into=into, reads=chunks,
                                               follows=header["id"], grant=header["id"])[0])
         return granted
