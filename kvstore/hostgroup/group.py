@@ -234,11 +234,12 @@ class HostGroup:
         if call.error is not None:
             raise call.error
         if not self.leads:
-            self._write(call.targets, call.result, call.what)
+            devices = self._write(call.targets, call.result, call.what)
             if self.on_device:
                 assert self._acc is not None and self._acc.sharing is not None
                 # the copies out of the leader's slots are done: it may reuse them
-                self._acc.sharing.publish(self._acc.current())
+                for index in sorted(devices):
+                    self._acc.sharing.publish(index)
                 self._consumed = max(self._consumed, call.seq)
 
     def flush(self, what: str) -> None:
@@ -428,18 +429,21 @@ class HostGroup:
         while len(self._byes) < len(self.ranks) - 1:
             self._take(self._link.receive(deadline, what, sorted(set(self.ranks[1:]) - self._byes)))
 
-    def _write(self, targets, results, what: str) -> None:
+    def _write(self, targets, results, what: str) -> set:
         """(member) The leader's results into the call's outputs: device to device for
-        results by reference into device outputs, uploaded or downloaded across."""
+        results by reference into device outputs, uploaded or downloaded across.
+        Returns the devices that copies were queued on."""
         if len(results) != len(targets):
             raise ProtocolError(f"{what}: the host's leader returned {len(results)} values for "
                                 f"{len(targets)} keys")
         acc = self._acc
+        devices: set = set()
         for (info, outs), value in zip(targets, results):
             if value.size != info.size or value.dtype != info.dtype:
                 raise ProtocolError(f"{what}: the host's leader returned {value.dtype.name} x {value.size} "
                                     f"for key {info.key!r} ({info.dtype.name} x {info.size})")
             if acc is not None and (acc.holds(value) or any(acc.holds(o) for o in outs)):
+                devices |= {acc.index_of(a) for a in (value, *outs) if acc.holds(a)}
                 for out in outs:
                     if acc.holds(value):
                         acc.write(out, value.reshape(out.shape))
@@ -452,6 +456,7 @@ class HostGroup:
             flat, direct = _arrays.flat_target(outs[0], what)
             np.copyto(flat, value.reshape(-1))
             fill_outputs(outs, flat, direct, what)
+        return devices
 
     def close(self) -> None:
         self._link.close()

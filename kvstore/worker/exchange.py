@@ -171,9 +171,9 @@ class Exchange:
         (transport/pace.py)."""
         pending = Pending(what)
         wire = self._wire()
-        to_host = self.host is not None and op == ops.PUSHPULL and sources is not None
+        via_group = self.host is not None and op == ops.PUSHPULL and sources is not None
         if self._staging is not None:
-            if to_host:
+            if via_group:
                 # the host's group moves device values itself when all of it can; the
                 # leader's outputs are filled by its servers' replies
                 assert self.host is not None
@@ -187,7 +187,7 @@ class Exchange:
                 alloc = self._shared_bytes if op == ops.PUSHPULL else None
                 sources, pending.keep = self._staging.to_host(sources, alloc)
             targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device)
-        if to_host:
+        if via_group:
             assert self.host is not None
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
             return pending
@@ -215,10 +215,11 @@ class Exchange:
         pending.keep.clear()
 
     def _device_direct(self, op: str, sources, wire: Wire) -> bool:
-        """Whether a call's device values stay on the devices: every server's link moves
-        device memory itself (cuda_ipc: pushes by reference, replies device to device),
-        and nothing needs them on the host first (compression, a host group's sum, the
-        two phases of layer-wise optimizers)."""
+        """Whether a call to the servers keeps its device values on the devices: every
+        server's link moves device memory itself (cuda_ipc: pushes by reference, replies
+        device to device), and nothing needs them on the host first (compression, the
+        two phases of layer-wise optimizers). A host group's calls decide by the group
+        (:meth:`send`)."""
         if not self._client.reads_device or wire.compressor is not None:
             return False
         return sources is None or not any(wire.layerwise(info) for info, _ in sources)
