@@ -42,10 +42,14 @@ class CudaSharing:
         if not isinstance(a, self._cupy.ndarray) or not a.flags.c_contiguous:
             return None
         ptr = int(a.data.ptr)
-        base, size = self._range(ptr)
+        # under its device: the driver call needs a current context (a fresh thread,
+        # e.g. the Trainer's communication thread, has none until a runtime call)
+        with a.device:
+            base, size = self._range(ptr)
         segment = self._exported.get((base, size))
         if segment is None:
-            handle = bytes(self._rt.ipcGetMemHandle(base))
+            with a.device:
+                handle = bytes(self._rt.ipcGetMemHandle(base))
             words = tuple(int.from_bytes(handle[i:i + 8], "little") for i in range(0, 64, 8))
             segment = self._exported[(base, size)] = (*words, size)
         return segment, ptr - base
