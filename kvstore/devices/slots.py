@@ -25,6 +25,7 @@ class DeviceSlots:
         self._sharing = acc.sharing
         self._slots: dict = {}         # key -> [slot, ...] (one per holder in flight)
         self._held: dict = {}          # holder -> the slots it holds
+        self._busy: set = set()        # id() of every slot some holder holds
 
     def stage(self, holder, keys, values) -> list:
         """Copy each device array of ``values`` (on its device) into a free slot of its
@@ -55,21 +56,22 @@ class DeviceSlots:
         """A slot of ``key`` for ``a`` that no holder holds (a new one if none is free)."""
         acc = self._acc
         index = acc.index_of(a)
-        held = {id(s) for slots in self._held.values() for s in slots}
         mine = self._held.setdefault(holder, [])
         for slot in self._slots.setdefault(key, []):
-            if (id(slot) not in held and slot.size == a.size and slot.dtype == a.dtype
+            if (id(slot) not in self._busy and slot.size == a.size and slot.dtype == a.dtype
                     and acc.index_of(slot) == index):
-                mine.append(slot)
-                return slot
-        slot = self._sharing.empty(index, a.size, a.dtype)
-        self._slots[key].append(slot)
+                break
+        else:
+            slot = self._sharing.empty(index, a.size, a.dtype)
+            self._slots[key].append(slot)
         mine.append(slot)
+        self._busy.add(id(slot))
         return slot
 
     def release(self, holder) -> None:
         """The peer is done with what ``holder`` holds: its slots are free again."""
-        self._held.pop(holder, None)
+        for slot in self._held.pop(holder, ()):
+            self._busy.discard(id(slot))
 
     def holders(self) -> list:
         return list(self._held)
@@ -77,3 +79,4 @@ class DeviceSlots:
     def clear(self) -> None:
         self._slots.clear()
         self._held.clear()
+        self._busy.clear()

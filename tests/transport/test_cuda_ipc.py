@@ -456,3 +456,32 @@ def test_cuda_ipc_between_processes_on_emulated_gpus(tmp_path, host_reduce):
     group, on_device = ("0,1", "True") if host_reduce == "1" else ("-", "-")
     assert lines == [[str(rank), "OK", "True", "TRANSPORTS", "cuda_ipc,cuda_ipc", "HOSTCOPIES", "0",
                       "GROUP", group, "ONDEVICE", on_device] for rank in (0, 1)], p.stdout + p.stderr
+
+
+def test_device_slots_are_busy_until_released_and_then_reused():
+    """kvstore.devices.slots on its own: a key's slot is held by its holder (a second
+    holder gets another slot), freed by release and then reused; the references
+    open to the staged values in a peer."""
+    from kvstore.devices.slots import DeviceSlots
+    acc = HostAccelerators(2, sharing=HostSharing("slots"))
+    peer = HostSharing("peer")
+    peer.allow([os.getpid()])
+    try:
+        slots = DeviceSlots(acc)
+        a, b = on(acc, np.arange(8), 1), on(acc, np.arange(8) + 100, 1)
+        [ra] = slots.stage("first", ["k"], [a])
+        [rb] = slots.stage("second", ["k"], [b])
+        assert ra[:2] != rb[:2]                        # a busy slot is not reused
+        for ref, value in ((ra, a), (rb, b)):
+            seen = peer.open(0, ref[0], ref[1], np.dtype(np.float32), (8,))
+            np.testing.assert_array_equal(seen, value)
+            assert not seen.flags.writeable           # the reader cannot write into them
+        slots.release("first")
+        [rc] = slots.stage("third", ["k"], [on(acc, np.zeros(8), 1)])
+        assert rc[:2] == ra[:2]                        # released: reused
+        assert sorted(map(str, slots.holders())) == ["second", "third"]
+        with pytest.raises(ValueError, match="exported"):
+            DeviceSlots(HostAccelerators(1))
+    finally:
+        peer.close()
+        acc.sharing.close()
