@@ -381,7 +381,9 @@ class Sync:
         ahead = bool(values) and any(
             chunks[cid].pending_from(pending.worker) or self.writes.writing(pending.worker, cid, chunks[cid])
             for cid in pending.chunks)
-        return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead))
+        # a captured value is a copy made for this reply alone: it must not be left on
+        # the device for a worker to read by reference after the reply dropped it
+        return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead or bool(captured)))
 
     # -- rounds that cannot complete ------------------------------------------------------
     def fail_round(self, cid, chunk: Chunk, rnd: Round, message: str) -> None:
