@@ -122,7 +122,7 @@ class Client:
         return bool(self.links) and all(link.reads_device for link in self.links)
 
     @property
-    def transports(self) -> list[str]:   # each server's: "tcp", "ipc" or "shm"
+    def transports(self) -> list[str]:   # each server's: "tcp", "ipc", "shm" or "cuda_ipc"
         return [link.kind for link in self.links]
 
     def shared(self, name: str, make: Callable):
