@@ -29,6 +29,19 @@ class _DeviceArray(np.ndarray):
         self.device_index = getattr(obj, "device_index", 0)
 
 
+class _HostArrayModule:
+    """numpy as the host device's array module (``HostDevice.xp``), where copies of
+    device arrays stay device arrays, as ``cupy.copy`` of a GPU array stays on the GPU
+    (numpy's ``copy`` would return untagged host memory and hide where it goes)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def copy(a, order="K"):
+        return np.array(a, copy=True, subok=True, order=order)
+
+
 class HostDevice:
     """Example::
 
@@ -39,7 +52,7 @@ class HostDevice:
     With ``sharing`` (a :class:`~kvstore.devices.host_sharing.HostSharing`) its
     memory is exportable, as a GPU's is through CUDA IPC: co-located peers open it."""
 
-    xp = np
+    xp = _HostArrayModule()
     index = 0
 
     def __init__(self, sharing=None):
