@@ -52,6 +52,15 @@ class DeviceSlots:
             places.append((*place, "dev"))
         return places
 
+    def places(self, holder, keys, values) -> list:
+        """:meth:`stage` for the device arrays among ``values`` (host ones travel as
+        frames): a reference per device value, None per host value, in order."""
+        device = [i for i, v in enumerate(values) if self._acc.holds(v)]
+        places: list = [None] * len(values)
+        for i, ref in zip(device, self.stage(holder, [keys[i] for i in device], [values[i] for i in device])):
+            places[i] = ref
+        return places
+
     def _free(self, key, a, holder):
         """A slot of ``key`` for ``a`` that no holder holds (a new one if none is free)."""
         acc = self._acc

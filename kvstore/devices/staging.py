@@ -58,6 +58,20 @@ def _flat_on(acc: Accelerators, value, index: int, dtype, what: str, host_flat: 
     return local
 
 
+def copy_into(acc: Accelerators, out, value) -> None:
+    """``out[...] = value`` where either may be on a device or on the host: device to
+    device (a peer copy across devices), host to device by an upload, device to host
+    by a download (the caller's output of any family, kvstore.devices.arrays)."""
+    if acc.holds(value):
+        acc.write(out, value.reshape(out.shape))
+    elif acc.holds(out):
+        with acc.on(acc.index_of(out)):
+            acc.upload(out, np.ascontiguousarray(value).reshape(-1))
+    else:
+        from . import arrays
+        arrays.write(out, value.reshape(-1))
+
+
 def carved_views(specs: list, alloc: Callable[[int], np.ndarray]) -> tuple[np.ndarray, list]:
     """``(block, views)``: flat host arrays of the given (size, dtype), carved out of
     one uint8 buffer ``alloc(bytes)`` (each view 64-byte aligned); the buffer

@@ -57,6 +57,7 @@ import numpy as np
 from ..devices import arrays as _arrays
 from ..devices.base import Accelerators
 from ..devices.slots import DeviceSlots
+from ..devices.staging import copy_into
 from .. import errors
 from ..errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
 from .link import SLICE, HostLink, names, pid_of
@@ -213,13 +214,8 @@ class HostGroup:
             flats = [flat for _, flat in sources]
             shared = None
             if self.on_device:
-                assert self._acc is not None and self._slots is not None
-                device = [i for i, f in enumerate(flats) if self._acc.holds(f)]
-                refs = self._slots.stage(call.seq, [("sum", repr(sources[i][0].key)) for i in device],
-                                         [flats[i] for i in device])
-                shared = [None] * len(flats)
-                for i, ref in zip(device, refs):
-                    shared[i] = ref
+                assert self._slots is not None
+                shared = self._slots.places(call.seq, [("sum", repr(info.key)) for info, _ in sources], flats)
             self._link.send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys,
                                    "consumed": self._consumed}, flats, copy=False, to=[self.leader],
                             shared=shared)
@@ -348,16 +344,11 @@ class HostGroup:
             return self._failed(call, e)
         try:
             shared = None
-            if self.on_device and self._acc is not None and any(self._acc.holds(f) for f in flats):
+            if self.on_device:
                 # the outputs may change once the call is done: members read our slots,
                 # reused once every member says it copied them (``consumed``)
                 assert self._slots is not None
-                device = [i for i, f in enumerate(flats) if self._acc.holds(f)]
-                refs = self._slots.stage(("result", call.seq), [("result", i) for i in device],
-                                         [flats[i] for i in device])
-                shared = [None] * len(flats)
-                for i, ref in zip(device, refs):
-                    shared[i] = ref
+                shared = self._slots.places(("result", call.seq), [("result", i) for i in range(len(flats))], flats)
             for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
                 self._link.send(self._peers[rank], {"op": "result", "id": call.seq}, flats, to=[rank],
                                 shared=shared)
@@ -445,13 +436,7 @@ class HostGroup:
             if acc is not None and (acc.holds(value) or any(acc.holds(o) for o in outs)):
                 devices |= {acc.index_of(a) for a in (value, *outs) if acc.holds(a)}
                 for out in outs:
-                    if acc.holds(value):
-                        acc.write(out, value.reshape(out.shape))
-                    elif acc.holds(out):
-                        with acc.on(acc.index_of(out)):
-                            acc.upload(out, np.ascontiguousarray(value).reshape(-1))
-                    else:
-                        _arrays.write(out, value.reshape(-1))
+                    copy_into(acc, out, value)
                 continue
             flat, direct = _arrays.flat_target(outs[0], what)
             np.copyto(flat, value.reshape(-1))

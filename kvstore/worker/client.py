@@ -159,7 +159,8 @@ class Client:
         default its ``chunks`` when it has ``into``."""
         if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
             self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
-        chunks = _chunk_set(fields.get("chunks"))
+        # (only requests that change values or read them need their chunks as a set)
+        chunks = _chunk_set(fields.get("chunks")) if op in CHANGES_VALUES or into is not None else None
         if op in CHANGES_VALUES and chunks:
             self._read_before_changing(server, chunks, what)
         req_id = next(self._ids)

@@ -37,6 +37,7 @@ import numpy as np
 from ...errors import InvalidArgumentError
 from ...protocol import decode, ops
 from ...devices.slots import DeviceSlots
+from ...devices.staging import copy_into
 from .base import LinkUnavailable
 from .shm_link import ShmLink, _hashable
 
@@ -44,10 +45,6 @@ from .shm_link import ShmLink, _hashable
 class CudaIpcLink(ShmLink):
     kind = "cuda_ipc"
     reads_device = True
-
-    @classmethod
-    def reach(cls, advert, config, colocated: bool) -> str | None:
-        return advert.url("tcp") if colocated and advert.offers(cls.kind) else None
 
     @classmethod
     def applies(cls, client) -> bool:
@@ -114,12 +111,8 @@ class CudaIpcLink(ShmLink):
         if replied:
             fields["shm_reply"] = True
         # host arrays beside them (keys whose values are on the host) travel as frames
-        keys = [_hashable(stage[i]) if stage is not None else ("buffer", i) for i in on_device]
-        refs = self._device_slots.stage(req_id, keys, [arrays[i] for i in on_device])
-        places = [None] * len(arrays)
-        for i, ref in zip(on_device, refs):
-            places[i] = ref
-        return arrays, places, False
+        keys = [_hashable(k) for k in stage] if stage is not None else [("buffer", i) for i in range(len(arrays))]
+        return arrays, self._device_slots.places(req_id, keys, arrays), False
 
     def release(self, req_id: int) -> None:
         self._device_slots.release(req_id)      # the server has stopped reading those slots
@@ -142,14 +135,8 @@ class CudaIpcLink(ShmLink):
         for dest, value in zip(into, values):
             if value.size != dest.size:
                 raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
-            if acc.holds(dest):
-                with acc.on(acc.index_of(dest)):
-                    if acc.holds(value):
-                        acc.write(dest, value.reshape(dest.shape))
-                    else:
-                        acc.upload(dest, np.ascontiguousarray(value).reshape(-1))
-            elif acc.holds(value):
-                acc.write(dest, value.reshape(dest.shape))
+            if acc.holds(dest) or acc.holds(value):
+                copy_into(acc, dest, value)
             else:
                 super().deliver([value], [dest])
 
