@@ -79,11 +79,13 @@ class Server:
         return self.send(src, ops.PULL, list(chunks))
 
     def value(self, cid, src=0):
-        """The stored value, read by a pull that must be answered at once."""
+        """The stored value, read by a pull that must be answered at once, as a host
+        copy: a device backend's sync reply holds its device value, which the I/O
+        loop's data plane downloads (or sends by reference) when it sends the reply."""
         rid, r = self.pull(src, [cid])
         rep = only(r)
         expect_ok(rep, peer(src), rid)
-        return rep.arrays[0].copy()
+        return self.state.backend.download(rep.arrays[:1], copy=True)[0]
 
 
 def only(replies):

@@ -221,7 +221,7 @@ def test_a_gpu_checkpoint_restores_on_the_gpu_and_on_the_cpu():
 
 
 @pytest.mark.gpu
-def test_gpu_state_replies_and_optimizer_states_are_host_copies():
+def test_gpu_optimizer_states_are_host_copies_and_a_sync_reply_stays_on_the_device():
     cupy = needs_gpu()
     s = _trained_state(GpuBackend(0), steps=1)
     assert isinstance(s.state.chunks[A].value, cupy.ndarray)
@@ -229,9 +229,14 @@ def test_gpu_state_replies_and_optimizer_states_are_host_copies():
     reply = expect_ok(only(r), peer(0), rid)
     assert reply.arrays and all(isinstance(a, np.ndarray) for a in reply.arrays)
     assert all(gpu.is_pinned(a) for a in reply.arrays if a.size)
+    # a pull answered at once is a sync reply: it holds the device value until the data
+    # plane sends it (by reference over cuda_ipc, else downloaded into pinned memory)
     rid, r = s.pull(0, [A])
     value = expect_ok(only(r), peer(0), rid).arrays[0]
-    assert isinstance(value, np.ndarray) and gpu.is_pinned(value)
+    assert isinstance(value, cupy.ndarray) and s.state.backend.on_device([value])
+    host = s.state.backend.download([value])[0]
+    assert isinstance(host, np.ndarray) and gpu.is_pinned(host)
+    np.testing.assert_array_equal(host, value.get())
 
 
 # -- the same code path on the device layer's host device (runs in CI) -------------------
