@@ -114,6 +114,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default=None, help="rank 0 writes a cProfile summary of the run here")
+    p.add_argument("--server-profile", default=None,
+                   help="rank 0 profiles the servers' request loops for the run (server commands "
+                        "profile_start/stop/dump) and writes server-<rank>.prof into this directory")
     args = p.parse_args()
     torch.cuda.set_device(0)
     task = exchange if args.task == "exchange" else train
@@ -130,6 +133,9 @@ def main() -> int:
         assert isinstance(kv, kvstore.KVStore)   # a built-in store type
         with kv:
             rank, world = kv.rank, kv.num_workers
+            profiles_servers = bool(args.server_profile) and rank == 0
+            if profiles_servers:
+                kv._send_command_to_servers("profile_start")
             if args.profile and rank == 0:
                 import cProfile
                 import io
@@ -142,6 +148,9 @@ def main() -> int:
                     f.write(text.getvalue())
             else:
                 samples = task(args, rank, world, kv)
+            if profiles_servers:
+                kv._send_command_to_servers("profile_stop")
+                kv._send_command_to_servers("profile_dump", os.path.abspath(args.server_profile))
             transports = sorted(kv.comm_stats()["by_transport"])   # e.g. ["cuda_ipc"]
     if rank == 0:
         with open(args.out, "w") as f:
