@@ -26,15 +26,31 @@ from . import gpu
 from ..errors import ArgumentTypeError
 
 
+_FAMILIES: dict[type, str | None] = {}     # a type's family, found once (hot: every value, every call)
+
+
 def _family(value) -> str | None:
-    root = type(value).__module__.split(".")[0]
-    if root == "cupy" and hasattr(value, "get"):
-        return "cupy"
-    if isinstance(value, np.ndarray):
-        return "numpy"
-    if root == "torch" and hasattr(value, "detach"):
-        return "torch"
-    return None
+    kind = type(value)
+    try:
+        return _FAMILIES[kind]
+    except KeyError:
+        pass
+    root = kind.__module__.split(".")[0]
+    if root == "cupy" and hasattr(kind, "get"):
+        family: str | None = "cupy"
+    elif issubclass(kind, np.ndarray):
+        family = "numpy"
+    elif root == "torch" and hasattr(kind, "detach"):
+        family = "torch"
+    else:
+        family = None
+    _FAMILIES[kind] = family
+    return family
+
+
+def is_array(value) -> bool:
+    """True for the arrays the stores take: numpy arrays, torch tensors, cupy arrays."""
+    return _family(value) is not None
 
 
 def is_torch(value) -> bool:
@@ -86,12 +102,35 @@ def as_cupy(value, what: str = "value"):
         cupy = gpu.cupy_module()
         import torch  # the caller handed us a tensor: torch is imported already
         device = device_of(value)
+        if device == torch.cuda.current_device() == cupy.cuda.runtime.getDevice():
+            return cupy.from_dlpack(_plain_tensor(value))     # (the common case: no switching)
         # torch's __dlpack__ refuses a tensor of another device than torch's current
         # one and orders streams of the current device: make both libraries agree
         with cupy.cuda.Device(device), torch.cuda.device(device):
             return cupy.from_dlpack(_plain_tensor(value))
     raise ArgumentTypeError(f"{what}: expected a cupy array or a torch CUDA tensor, "
                             f"got {type(value).__name__} on the host")
+
+
+def device_address(value) -> tuple[int, int, np.dtype, int] | None:
+    """``(device, address, dtype, size)`` of a C-contiguous GPU value whose memory holds
+    its numpy dtype as it is (a cupy array, a torch CUDA tensor other than
+    bfloat16), else None: what a kernel over raw addresses may write into
+    (kvstore/devices/cuda_copies.py)."""
+    family = _family(value)
+    if family == "cupy":
+        if value.flags.c_contiguous:
+            return int(value.device.id), int(value.data.ptr), np.dtype(value.dtype), int(value.size)
+        return None
+    if family == "torch" and value.device.type == "cuda" and value.is_contiguous() and not _is_bf16(value):
+        try:
+            dtype = np.dtype(str(value.dtype).removeprefix("torch."))
+        except TypeError:
+            return None
+        index = device_of(value)
+        assert index is not None
+        return index, int(value.data_ptr()), dtype, int(value.numel())
+    return None
 
 
 def pinned_host(size: int, dtype, like=None) -> np.ndarray:
@@ -203,20 +242,41 @@ def shape_dtype(value, what: str) -> tuple[tuple, np.dtype]:
     if family is None:
         raise ArgumentTypeError(f"{what}: expected a numpy array, torch tensor or cupy array, "
                                 f"got {type(value).__name__}")
-    if _is_bf16(value):
-        return tuple(value.shape), np.dtype(np.float32)
     if family == "torch":
-        name = str(value.dtype).removeprefix("torch.")
-        try:
-            return tuple(value.shape), np.dtype(name)
-        except TypeError:
-            raise ArgumentTypeError(f"{what}: torch dtype {value.dtype} has no numpy equivalent") from None
+        return tuple(value.shape), _torch_dtype(value.dtype, what)
     return tuple(value.shape), np.dtype(value.dtype)
+
+
+_TORCH_DTYPES: dict = {}      # torch dtype -> the numpy dtype the stores keep
+
+
+def _torch_dtype(dtype, what: str) -> np.dtype:
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        name = str(dtype).removeprefix("torch.")
+        if name == BFLOAT16:
+            found = np.dtype(np.float32)
+        else:
+            try:
+                found = np.dtype(name)
+            except TypeError:
+                raise ArgumentTypeError(f"{what}: torch dtype {dtype} has no numpy equivalent") from None
+        _TORCH_DTYPES[dtype] = found
+    return found
+
+
+_NAMES: dict = {}             # (family, a value's dtype) -> the name users see
 
 
 def dtype_name(value) -> str:
     """The dtype a user sees, for messages and checks: "bfloat16" for a torch bfloat16
     tensor (kept as float32 by the stores), else the numpy name ("float32", ...)."""
-    if _is_bf16(value):
-        return BFLOAT16
-    return shape_dtype(value, "value")[1].name
+    family = _family(value)
+    if family is None:
+        return shape_dtype(value, "value")[1].name      # raises ArgumentTypeError
+    key = (family, value.dtype)      # (a numpy dtype and a torch dtype are never compared)
+    name = _NAMES.get(key)
+    if name is None:
+        name = _NAMES[key] = BFLOAT16 if _is_bf16(value) else shape_dtype(value, "value")[1].name
+    return name
+

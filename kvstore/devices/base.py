@@ -115,6 +115,11 @@ class Accelerators(Protocol):
         queued on both (no host synchronisation)."""
         ...
 
+    def copy_many(self, dsts: list, srcs: list) -> None:
+        """:meth:`copy` of each pair (flat arrays of one size and dtype, each pair on one
+        device), in as few kernels as the device allows (one on a GPU)."""
+        ...
+
     def add(self, a, b) -> Any:
         """A new array ``a + b`` on their device (the operands stay intact)."""
         ...
@@ -144,6 +149,11 @@ class Accelerators(Protocol):
     def write(self, out, src) -> None:
         """Write device array ``src`` into the caller's output ``out`` (on a device,
         across devices by a peer copy, or on the host)."""
+        ...
+
+    def write_many(self, outs: list, srcs: list) -> None:
+        """:meth:`write` of each pair, those into outputs on their source's device in
+        as few kernels as the device allows (a call's replies into its outputs)."""
         ...
 
     def settle(self, values: list) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 
 from . import arrays, gpu
+from .cuda_copies import BatchedCopy
 from .cuda_sharing import CudaSharing
 
 
@@ -71,6 +72,7 @@ class CudaAccelerators:
         import cupy
         self._cupy = cupy
         self.sharing = CudaSharing()
+        self._batched: BatchedCopy | None = None      # made (and compiled) at first use
 
     def holds(self, value) -> bool:
         return arrays.is_gpu(value)
@@ -107,6 +109,25 @@ class CudaAccelerators:
     def peer_copy(self, dst, src) -> None:
         gpu.copy_between_devices(dst, src)
 
+    def copy_many(self, dsts: list, srcs: list) -> None:
+        tasks: dict[int, list] = {}
+        for dst, src in zip(dsts, srcs, strict=True):
+            if dst.size != src.size or dst.dtype != src.dtype:
+                raise ValueError(f"copy_many: {src.size} {src.dtype} values into {dst.size} {dst.dtype}")
+            index = int(dst.device.id)
+            if dst.flags.c_contiguous and src.flags.c_contiguous and index == int(src.device.id):
+                tasks.setdefault(index, []).append((int(dst.data.ptr), int(src.data.ptr), int(dst.nbytes)))
+            else:
+                self.copy(dst, src)
+        for index, part in tasks.items():
+            with self._cupy.cuda.Device(index):
+                self._copies()(part)
+
+    def _copies(self) -> BatchedCopy:
+        if self._batched is None:
+            self._batched = BatchedCopy()
+        return self._batched
+
     def add(self, a, b):
         with a.device:
             return self._cupy.add(a, b)
@@ -136,6 +157,21 @@ class CudaAccelerators:
 
     def write(self, out, src) -> None:
         arrays.write(out, src)
+
+    def write_many(self, outs: list, srcs: list) -> None:
+        tasks: dict[int, list] = {}
+        for out, src in zip(outs, srcs, strict=True):
+            place = arrays.device_address(out)
+            if (place is not None and src.flags.c_contiguous and place[0] == int(src.device.id)
+                    and place[2] == src.dtype and place[3] == src.size):
+                tasks.setdefault(place[0], []).append((place[1], int(src.data.ptr), int(src.nbytes)))
+            else:
+                arrays.write(out, src)
+        for index, part in tasks.items():
+            with self._cupy.cuda.Device(index):
+                gpu.join_streams(index)     # our stream after torch's work on the outputs
+                self._copies()(part)
+                gpu.join_streams(index)     # torch's later work after the copies
 
     def settle(self, values: list) -> None:
         # torch and cupy may queue on different streams: join them where torch's

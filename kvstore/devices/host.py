@@ -124,6 +124,7 @@ class HostAccelerators:
         self.sharing = sharing
         self.uploads = 0          # host-to-device copies made (tests count them)
         self.downloads = 0        # device-to-host copies queued
+        self.batches = 0          # copy_many and write_many calls (one kernel each on a GPU)
 
     def holds(self, value) -> bool:
         return isinstance(value, _DeviceArray)
@@ -167,6 +168,15 @@ class HostAccelerators:
             raise ValueError(f"copy: from device {src.device_index} to device {dst.device_index} "
                              "needs a peer copy")
         np.copyto(dst, src, casting="no")
+
+    def copy_many(self, dsts: list, srcs: list) -> None:
+        if len(dsts) != len(srcs):
+            raise ValueError(f"copy_many: {len(srcs)} sources for {len(dsts)} destinations")
+        for dst, src in zip(dsts, srcs):
+            if dst.shape != src.shape:
+                raise ValueError(f"copy_many: {src.size} values into an array of {dst.size}")
+            self.copy(dst, src)
+        self.batches += 1
 
     def peer_copy(self, dst, src) -> None:
         if self.index_of(dst) == self.index_of(src):
@@ -220,6 +230,13 @@ class HostAccelerators:
             self.peer_copy(out, src.reshape(out.shape))
         else:
             self.copy(out, src.reshape(out.shape))
+
+    def write_many(self, outs: list, srcs: list) -> None:
+        if len(outs) != len(srcs):
+            raise ValueError(f"write_many: {len(srcs)} sources for {len(outs)} outputs")
+        for out, src in zip(outs, srcs):
+            self.write(out, src)
+        self.batches += 1
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.count:

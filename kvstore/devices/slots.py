@@ -34,16 +34,20 @@ class DeviceSlots:
         a reference for protocol.encode."""
         acc = self._acc
         slots = [self._free(key, a, holder) for key, a in zip(keys, values)]
-        devices = set()
+        local: dict[int, tuple[list, list]] = {}      # device -> the copies within it
         for slot, a in zip(slots, values):
             index = acc.index_of(slot)
-            devices.add(index)
-            with acc.on(index):
-                if acc.index_of(a) == index:
-                    acc.copy(slot, a.reshape(-1))
-                else:
+            if acc.index_of(a) == index:
+                dsts, srcs = local.setdefault(index, ([], []))
+                dsts.append(slot)
+                srcs.append(a.reshape(-1))
+            else:
+                local.setdefault(index, ([], []))
+                with acc.on(index):
                     acc.peer_copy(slot, acc.contiguous(a).reshape(-1))
-        for index in sorted(devices):
+        for index, (dsts, srcs) in sorted(local.items()):
+            with acc.on(index):
+                acc.copy_many(dsts, srcs)      # one kernel for the request's chunks on a GPU
             self._sharing.publish(index)
         places = []
         for slot in slots:

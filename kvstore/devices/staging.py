@@ -171,6 +171,5 @@ class Staged:
                 start = block.ctypes.data
                 values = [flat[host.ctypes.data - start:host.ctypes.data - start + host.nbytes].view(host.dtype)
                           for host in self._views]
-            for (_, outs), value in zip(self._targets, values):
-                for out in outs:
-                    acc.write(out, value)
+            pairs = [(out, value) for (_, outs), value in zip(self._targets, values) for out in outs]
+            acc.write_many([out for out, _ in pairs], [value for _, value in pairs])

@@ -9,6 +9,7 @@ and the key. The stores' ``_do_*`` hooks see only what came through here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,6 +36,10 @@ class KeyInfo:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @cached_property
+    def dtype_name(self) -> str:
+        return self.dtype.name      # (numpy's name property is slow, and checked on every value)
 
 
 def _as_list(value) -> list:
@@ -114,6 +119,10 @@ class Keys:
         if (type(value) is np.ndarray and value.shape == info.shape and value.dtype == info.dtype
                 and self.dtype_names.get(info.key) != arrays.BFLOAT16):
             return      # the common case, without the general helpers (~10 us a key)
+        if (arrays.is_array(value) and tuple(value.shape) == info.shape
+                and arrays.dtype_name(value) == self.dtype_names.get(info.key, info.dtype_name)
+                and not sparse.is_sparse_value(value)):
+            return      # a torch tensor or cupy array as the key wants (dtype names cached)
         if sparse.is_sparse_value(value):   # push and pushpull make them dense first (_densify)
             raise InvalidArgumentError(f"{what}: key {info.key!r} is dense (initialised with an array); "
                                        "a row-sparse value cannot be an output of a dense key")

@@ -145,13 +145,18 @@ class DeviceStore(LocalStore):
 
     def _do_pull(self, items) -> None:
         acc = self._acc
+        outs: list = []
+        values: list = []
         for info, targets in items:
             stored = self._store[info.key]
             if acc is None or not acc.holds(stored):
                 super()._do_pull([(info, targets)])
                 continue
-            for t in targets:
-                acc.write(t, stored)     # device to device (peer copies), or to the host
+            outs += targets
+            values += [stored] * len(targets)
+        if outs:
+            assert acc is not None
+            acc.write_many(outs, values)  # device to device (one kernel per GPU), peer copies, or to the host
 
     def _get_states(self) -> dict:
         acc = self._acc

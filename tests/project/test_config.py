@@ -18,6 +18,12 @@ def test_defaults_without_environment():
     assert c.timeout == 300.0 and c.heartbeat_timeout == 10.0 and c.chunk_bytes == 2 << 20
 
 
+def test_gpu_servers_default_to_larger_chunks_unless_the_chunk_size_is_set():
+    assert Config.from_env({"KVSTORE_SERVER_DEVICE": "gpu"}).chunk_bytes == env.GPU_SERVER_CHUNK_BYTES == 64 << 20
+    assert Config.from_env({"KVSTORE_SERVER_DEVICE": "cpu"}).chunk_bytes == 2 << 20
+    assert Config.from_env({"KVSTORE_SERVER_DEVICE": "gpu", "KVSTORE_CHUNK_BYTES": "4096"}).chunk_bytes == 4096
+
+
 def test_mxnet_aliases_are_read_and_ours_win():
     c = Config.from_env({"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "10.0.0.1",
                          "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_WORKER": "4",

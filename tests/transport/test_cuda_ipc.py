@@ -125,6 +125,28 @@ def test_device_values_travel_by_reference(make_cluster, sharing_gpus, monkeypat
     assert len(backends) == servers and opened, "the servers never read a worker's device memory"
 
 
+def test_a_pushpulls_chunk_copies_are_batched_whatever_the_number_of_keys(make_cluster, sharing_gpus):
+    """The device copies of a pushpull (its values into the link's slots, the server's
+    values into the reply block, the block into the outputs) are a few batches, one
+    kernel each on a GPU (kvstore/devices/cuda_copies.py), not one copy per key: 3
+    keys and 60 keys make the same number (one message to the one server)."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(1, 1, server_device="gpu")
+
+    def batches_of(kv, keys):
+        kv.init(keys, [on(acc, np.zeros(7 + i)) for i in range(len(keys))])
+        values = [on(acc, grad(0, 0, 7 + i)) for i in range(len(keys))]
+        outs = [acc.empty(0, 7 + i, np.float32) for i in range(len(keys))]
+        before = acc.batches
+        kv.pushpull(keys, values, out=outs)
+        for i, out in enumerate(outs):
+            np.testing.assert_array_equal(out, grad(0, 0, 7 + i))
+        return acc.batches - before
+    [(few, many)] = cluster.run(lambda kv: (batches_of(kv, [f"a{i}" for i in range(3)]),
+                                            batches_of(kv, [f"b{i}" for i in range(60)])), "dist_device_sync")
+    assert few == many == 3
+
+
 def test_a_server_with_host_values_leaves_co_located_workers_on_shared_memory(make_cluster, sharing_gpus,
                                                                               monkeypatch):
     """CPU servers do not offer cuda_ipc: the GPU workers use shared memory (their

@@ -20,6 +20,10 @@ from types import UnionType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 SERVER_DEVICES = ("cpu", "gpu")
+# KVSTORE_CHUNK_BYTES's default with GPU servers: on an H100 a server's sum and fused
+# update of 64 MB per round reached 0.73-0.87x of a device copy's bandwidth in 64 MB
+# chunks, 0.07-0.20x in 2 MB ones (launch-bound: benchmarks/results/gpu/gpu_check.md)
+GPU_SERVER_CHUNK_BYTES = 64 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -186,7 +190,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_CHUNK_BYTES", (), 2 << 20, _POSITIVE_INT,
         "Arrays larger than this are split into near-equal chunks of at most this size, "
         "spread over the servers. Must be equal on every worker (checked when the store "
-        "is created)."),
+        "is created). Unset with KVSTORE_SERVER_DEVICE=gpu: 67108864 (64 MiB), where a GPU "
+        "server's sum and update are not launch-bound (docs/gpu.md)."),
     Var("KVSTORE_ZERO_COPY_BYTES", (), 64 << 10, _NON_NEGATIVE_INT,
         "Buffers at least this large are sent without copying."),
     Var("KVSTORE_MAX_MESSAGE_BYTES", (), 1 << 30, _POSITIVE_INT,
@@ -330,6 +335,8 @@ def read(environ: Mapping[str, str]) -> Settings:
             except ValueError as e:
                 raise EnvError(f"environment variable {name}={text!r} is invalid: {e}") from None
             break
+    if values.get("server_device") == "gpu":
+        values.setdefault("chunk_bytes", GPU_SERVER_CHUNK_BYTES)
     return Settings(**values)
 
 

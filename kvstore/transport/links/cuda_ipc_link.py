@@ -132,13 +132,22 @@ class CudaIpcLink(ShmLink):
         acc = self._acc
         if len(values) != len(into):
             raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(into)} chunks")
+        within: dict[int, tuple[list, list]] = {}     # device -> copies within it (one kernel each)
         for dest, value in zip(into, values):
             if value.size != dest.size:
                 raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
-            if acc.holds(dest) or acc.holds(value):
+            if acc.holds(dest) and acc.holds(value) and acc.index_of(dest) == acc.index_of(value) \
+                    and dest.dtype == value.dtype:
+                dsts, srcs = within.setdefault(acc.index_of(dest), ([], []))
+                dsts.append(dest.reshape(-1))
+                srcs.append(value.reshape(-1))
+            elif acc.holds(dest) or acc.holds(value):
                 copy_into(acc, dest, value)
             else:
                 super().deliver([value], [dest])
+        for index, (dsts, srcs) in within.items():
+            with acc.on(index):
+                acc.copy_many(dsts, srcs)
 
     def close(self) -> None:
         self._device_slots.clear()
