@@ -26,6 +26,7 @@ class DeviceSlots:
         self._slots: dict = {}         # key -> [slot, ...] (one per holder in flight)
         self._held: dict = {}          # holder -> the slots it holds
         self._busy: set = set()        # id() of every slot some holder holds
+        self._places: dict = {}        # id() of a slot -> its reference (slots are never dropped but by clear)
 
     def stage(self, holder, keys, values) -> list:
         """Copy each device array of ``values`` (on its device) into a free slot of its
@@ -49,12 +50,16 @@ class DeviceSlots:
             with acc.on(index):
                 acc.copy_many(dsts, srcs)      # one kernel for the request's chunks on a GPU
             self._sharing.publish(index)
-        places = []
-        for slot in slots:
-            place = self._sharing.export(slot)
-            assert place is not None          # made by sharing.empty
-            places.append((*place, "dev"))
-        return places
+        return [self._place(slot) for slot in slots]
+
+    def _place(self, slot) -> tuple:
+        """A slot's reference, exported once (a slot lives as long as this holds it)."""
+        place = self._places.get(id(slot))
+        if place is None:
+            exported = self._sharing.export(slot)
+            assert exported is not None          # made by sharing.empty
+            place = self._places[id(slot)] = (*exported, "dev")
+        return place
 
     def places(self, holder, keys, values) -> list:
         """:meth:`stage` for the device arrays among ``values`` (host ones travel as
@@ -90,6 +95,7 @@ class DeviceSlots:
         return list(self._held)
 
     def clear(self) -> None:
+        self._places.clear()
         self._slots.clear()
         self._held.clear()
         self._busy.clear()

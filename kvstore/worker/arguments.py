@@ -33,7 +33,7 @@ class KeyInfo:
     sparse: bool = False
     dynamic: object = None
 
-    @property
+    @cached_property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
