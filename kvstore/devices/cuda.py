@@ -159,19 +159,26 @@ class CudaAccelerators:
         arrays.write(out, src)
 
     def write_many(self, outs: list, srcs: list) -> None:
-        tasks: dict[int, list] = {}
+        batched: dict[int, list] = {}       # device -> (out, src, out's address) for one kernel
+        plain: list = []
         for out, src in zip(outs, srcs, strict=True):
             place = arrays.device_address(out)
             if (place is not None and src.flags.c_contiguous and place[0] == int(src.device.id)
                     and place[2] == src.dtype and place[3] == src.size):
-                tasks.setdefault(place[0], []).append((place[1], int(src.data.ptr), int(src.nbytes)))
+                batched.setdefault(place[0], []).append((out, src, place[1]))
             else:
-                arrays.write(out, src)
-        for index, part in tasks.items():
+                plain.append((out, src))
+        for index, items in batched.items():
+            if len({address for _, _, address in items}) < len(items):
+                # an output listed twice: written in order, the last write wins (one kernel would race)
+                plain += [(out, src) for out, src, _ in items]
+                continue
             with self._cupy.cuda.Device(index):
                 gpu.join_streams(index)     # our stream after torch's work on the outputs
-                self._copies()(part)
+                self._copies()([(address, int(src.data.ptr), int(src.nbytes)) for _, src, address in items])
                 gpu.join_streams(index)     # torch's later work after the copies
+        for out, src in plain:
+            arrays.write(out, src)
 
     def settle(self, values: list) -> None:
         # torch and cupy may queue on different streams: join them where torch's

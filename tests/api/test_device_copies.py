@@ -207,3 +207,13 @@ def test_cuda_copy_many_and_write_many_into_cupy_arrays_and_torch_tensors(cp):
     for g, s in zip(got, sizes + [sizes[2], sizes[2]]):
         np.testing.assert_allclose(g, np.arange(s, dtype=np.float32) + 0.5, rtol=1e-2 if g.size == 4096 else 0)
     cp.testing.assert_array_equal(mine, srcs[3])
+
+
+@pytest.mark.gpu
+def test_cuda_write_many_into_one_output_twice_keeps_the_last_value(cp):
+    from kvstore.devices.cuda import CudaAccelerators
+    acc = CudaAccelerators()
+    out = cp.zeros(1000, cp.float32)
+    first, last = cp.full(1000, 1.0, cp.float32), cp.full(1000, 2.0, cp.float32)
+    acc.write_many([out, out], [first, last])      # in order, as one write after the other
+    cp.testing.assert_array_equal(out, last)
