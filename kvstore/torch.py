@@ -39,6 +39,7 @@ from . import optimizer as kvopt
 from .worker.store import KVStore
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .fileio import atomic_write
+from .flat_buckets import Bucket, FlatBuckets
 from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)
 
 __all__ = ["Trainer", "ShardedEmbedding", "shard", "optimizer_from_torch", "DEFAULT_BUCKET_BYTES"]
@@ -74,7 +75,13 @@ class Trainer:
     store already holds str keys, e.g. a :class:`ShardedEmbedding`'s table) or
     ``model.named_parameters()`` (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
     torch optimizer over the same parameters. ``bucket_bytes``: gradients smaller
-    than this are grouped into one push of about this size.
+    than this are grouped into one push of about this size. ``flat_buckets``: the
+    parameters that train become views of flat buffers of about ``bucket_bytes``,
+    each exchanged as one key (DDP's ``gradient_as_bucket_view``;
+    :mod:`kvstore.flat_buckets`): a few keys instead of one per parameter, which
+    the per-key cost of an exchange makes faster for models of many small
+    parameters; not with layer-wise server optimizers (LARS, LAMB) or sparse
+    gradients, and the set of trained parameters is fixed when the Trainer is made.
 
     Every parameter starts from rank 0's value. Frozen ones (``requires_grad=False``
     at ``step()``) are neither exchanged nor updated; one that got no gradient in a
@@ -83,7 +90,7 @@ class Trainer:
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, flat_buckets: bool = False):
         if not isinstance(kv, KVStore):
             raise ArgumentTypeError(f"kv must be a kvstore store, got {type(kv).__name__}")
         named = list(params)
@@ -131,14 +138,18 @@ class Trainer:
             raise InvalidArgumentError(
                 "a worker that joins a running elastic job takes the weights from the servers, "
                 "which hold them only with update_on_kvstore=True (a kvstore optimizer on the servers)")
-        # rank 0's parameters everywhere
-        kv.init(self._keys, [p.detach() for p in self._params])
-        kv.pull(self._keys, out=[p.data for p in self._params])
+        server_opt = None
         if update_on_kvstore:
             server_opt = optimizer if not is_torch else optimizer_from_torch(optimizer)
             if not isinstance(server_opt, kvopt.Optimizer):
                 raise ArgumentTypeError("optimizer must be a kvstore.optimizer optimizer or a torch "
                                         f"optimizer, got {type(optimizer).__name__}")
+        self._flat = self._flat_buckets(kv, server_opt, bucket_bytes) if flat_buckets else None
+        # rank 0's parameters everywhere
+        keys, values = self._weights()
+        kv.init(keys, [v.detach() for v in values])
+        kv.pull(keys, out=values)
+        if server_opt is not None:
             config = server_opt.to_config()
             params = dict(config["params"])
             params["rescale_grad"] = params.get("rescale_grad", 1.0) / kv.num_workers  # average
@@ -148,6 +159,33 @@ class Trainer:
             for index, p in enumerate(self._params):
                 if p.requires_grad:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
+
+    def _flat_buckets(self, kv: KVStore, server_opt, bucket_bytes: int) -> FlatBuckets:
+        """The flat buckets of the parameters that train (flat_buckets=True)."""
+        if server_opt is not None and server_opt.splits_norms:
+            raise InvalidArgumentError(
+                f"flat_buckets: {type(server_opt).__name__} computes a norm per key, which on a flat "
+                "bucket would span several parameters; create the Trainer with flat_buckets=False")
+        trained = [i for i, p in enumerate(self._params) if p.requires_grad]
+        names = {f"bucket.{b}" for b in range(len(trained))}
+        if kv.key_type is not str and all(isinstance(k, int) for k in self._keys):
+            key_of: object = lambda b: len(self._params) + b        # noqa: E731 (after the parameters' keys)
+        elif names.isdisjoint(self._keys):
+            key_of = lambda b: f"bucket.{b}"                        # noqa: E731
+        else:
+            raise InvalidArgumentError("flat_buckets: a parameter is named like a bucket key (bucket.N)")
+        return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of)  # type: ignore[arg-type]
+
+    def _weights(self) -> tuple[list, list]:
+        """Every key of the model with the tensor holding its weights: a parameter's,
+        or a flat bucket's buffer for the parameters in buckets."""
+        alone = [i for i in range(len(self._params)) if self._flat is None or i not in self._flat.of]
+        keys = [self._keys[i] for i in alone]
+        values = [self._params[i].data for i in alone]
+        if self._flat is not None:
+            keys += [b.key for b in self._flat.buckets]
+            values += [b.weight for b in self._flat.buckets]
+        return keys, values
 
     # -- backward hooks -----------------------------------------------------------
     def _hook(self, index: int):
@@ -159,6 +197,16 @@ class Trainer:
                     "to accumulate gradients over several backward passes")
             if self._timeline is not None and not self._seen:
                 self._timeline.instant("trainer", "first gradient")
+            if self._flat is not None and index in self._flat.of:
+                self._flat.take(index)
+                with self._lock:
+                    self._seen.add(index)
+                    done = self._flat.arrived(index)
+                    if done is not None:
+                        done.started = True
+                if done is not None:
+                    self._launch(done.indices, lambda main: self._start_bucket(done, main))
+                return
             with self._lock:
                 self._seen.add(index)
                 self._bucket.append(index)
@@ -171,17 +219,22 @@ class Trainer:
     def _flush_bucket(self) -> None:
         with self._lock:
             indices, self._bucket, self._bucket_size = self._bucket, [], 0
-            if indices and self._use_comm and self._comm is None:
+        if indices:
+            self._launch(indices, lambda main: self._start(indices, main))
+
+    def _launch(self, indices: list[int], start_exchange) -> None:
+        """Start the exchange of these parameters' gradients (``start_exchange(main)``):
+        here, or on the communication thread for a CUDA model."""
+        with self._lock:
+            if self._use_comm and self._comm is None:
                 self._comm = _CommThread()
             comm = self._comm
-        if not indices:
-            return
         if self._timeline is not None:
             self._timeline.instant("trainer", "bucket ready", {
                 "keys": [self._keys[i] for i in indices],
                 "bytes": sum(self._params[i].numel() * self._params[i].element_size() for i in indices)})
         if comm is None:
-            self._start(indices)
+            start_exchange(None)
             return
         # the gradients are being computed on this thread's current CUDA stream: the
         # communication thread queues its copies on a stream of its own that waits for
@@ -190,7 +243,7 @@ class Trainer:
         # (issue 29); a host copy or an IPC reference then waits for that stream
         device = self._params[indices[0]].device
         if device.type != "cuda":
-            comm.submit(lambda: self._start(indices))
+            comm.submit(lambda: start_exchange(None))
             return
         main = torch.cuda.current_stream(device)
         ready = torch.cuda.Event()
@@ -202,7 +255,7 @@ class Trainer:
         def start() -> None:
             with gpu.on_stream(side, device.index):
                 side.wait_event(ready)
-                self._start(indices, main)
+                start_exchange(main)
         comm.submit(start)
 
     def _start(self, indices: list[int], main=None) -> None:
@@ -229,6 +282,15 @@ class Trainer:
         self._handles.append(self.kv.pushpull_async([self._keys[i] for i in indices], grads, out=outs))
         self._pushed.update(indices)
 
+    def _start_bucket(self, bucket: Bucket, main=None) -> None:
+        """:meth:`_start` for a flat bucket: one key, its gradient buffer pushed, the
+        result into its weight buffer (servers updating) or back into the gradients."""
+        if not self._pushed:           # the step's first exchange
+            self._sync_learning_rate()
+        out = bucket.weight if self.update_on_kvstore else bucket.grad
+        self._handles.append(self.kv.pushpull_async(bucket.key, bucket.grad, out=out))
+        self._pushed.update(bucket.indices)
+
     def _sync_learning_rate(self) -> None:
         """Send the torch optimizer's learning rate to the servers if it changed
         (kv.set_learning_rate keeps their momentum), so that update_on_kvstore=True
@@ -252,13 +314,18 @@ class Trainer:
         if not self.update_on_kvstore:
             raise InvalidArgumentError("pull_weights: the servers hold the weights only with "
                                        "update_on_kvstore=True")
-        self.kv.pull(self._keys, out=[p.data for p in self._params])
+        keys, values = self._weights()
+        self.kv.pull(keys, out=values)
 
 
     def zero_grad(self) -> None:
-        """Clear gradients (set to None, as torch's default)."""
-        for p in self._params:
-            p.grad = None
+        """Clear gradients (set to None, as torch's default; with flat buckets, zeros
+        in the buckets, whose views the ``.grad`` stay)."""
+        for i, p in enumerate(self._params):
+            if self._flat is None or i not in self._flat.of:
+                p.grad = None
+        if self._flat is not None:
+            self._flat.zero_grad()
 
     def step(self, scaler=None) -> None:
         """Exchange the gradients not sent during backward, wait for every
@@ -281,6 +348,8 @@ class Trainer:
         every ``.grad`` holds the gradient averaged over the workers, to clip or
         unscale (``scaler.unscale_(trainer.torch_optimizer)``) before :meth:`update`."""
         self._flush_bucket()
+        if self._flat is not None:
+            self._start_unstarted_buckets()
         with self._lock:
             comm, self._comm = self._comm, None
         if comm is not None:
@@ -299,6 +368,8 @@ class Trainer:
         handles, self._handles = self._handles, []
         self._pushed.clear()
         self._seen.clear()
+        if self._flat is not None:
+            self._flat.new_step()
         start = self._timeline.now() if self._timeline is not None else 0
         for handle in handles:
             handle.wait()
@@ -309,8 +380,28 @@ class Trainer:
         if self._timeline is not None:
             self._timeline.span("trainer", "wait for exchanges", start, args={"exchanges": len(handles)})
         if not self.update_on_kvstore and self.kv.num_workers > 1:
+            flat = self._flat
             for i in exchanged:
-                self._params[i].grad.div_(self.kv.num_workers)
+                if flat is None or i not in flat.of:
+                    self._params[i].grad.div_(self.kv.num_workers)
+            for bucket in flat.buckets if flat is not None else []:
+                bucket.grad.div_(self.kv.num_workers)     # (every .grad in it is a view)
+
+    def _start_unstarted_buckets(self) -> None:
+        """The buckets not complete during backward (overlap=False, unused parameters):
+        gradients that did not arrive are zeros, replaced ones copied in, then exchanged."""
+        assert self._flat is not None
+        for bucket in self._flat.unstarted():
+            frozen = [self._keys[i] for i in bucket.indices if not self._params[i].requires_grad]
+            if frozen:
+                raise InvalidArgumentError(
+                    f"flat_buckets: parameter {frozen[0]!r} was frozen after the Trainer was made; its "
+                    "bucket would still exchange it (create the Trainer after freezing, or use "
+                    "flat_buckets=False)")
+            for i in bucket.waiting:
+                self._flat.take(i)
+            bucket.started = True
+            self._launch(bucket.indices, lambda main, bucket=bucket: self._start_bucket(bucket, main))
 
     def update(self, scaler=None) -> None:
         """The second half of :meth:`step` (workers updating): run the torch

@@ -87,7 +87,8 @@ def train(args, rank: int, world: int, kv=None) -> list[float]:
     zero: Callable[[], object]      # the Trainer's or torch's optimizer's
     finish: Callable[[], object]
     if kv is not None:
-        trainer = kvtorch.Trainer(model.parameters(), kv, kvopt.SGD(learning_rate=0.01, momentum=0.9))
+        trainer = kvtorch.Trainer(model.parameters(), kv, kvopt.SGD(learning_rate=0.01, momentum=0.9),
+                                  flat_buckets=args.flat_buckets)
         zero, finish = trainer.zero_grad, trainer.step
         net = model
     else:
@@ -109,6 +110,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("task", choices=["exchange", "train"])
     p.add_argument("--gloo", action="store_true", help="torch.distributed gloo instead of kvstore")
+    p.add_argument("--flat-buckets", action="store_true", help="train: the Trainer's flat_buckets=True")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")

@@ -59,7 +59,7 @@ def check_all(done: list[tuple[str, int, str]], ref_prefix: str, workers: int, p
                     for name, launch, _ in done]
     ddp = {launch: prefix for name, launch, prefix in done if name == "ddp"}
     for name, launch, prefix in done:
-        kind, _, servers_update, _ = CONTENDERS[name]
+        kind, servers_update = CONTENDERS[name].kind, CONTENDERS[name].update_on_kvstore
         if kind == "floor" and per_slice:
             continue
         for rank in range(1 if kind == "floor" else workers):

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.harness import netns
 from benchmarks.harness.layouts import Layout, hosts_for
@@ -22,14 +22,23 @@ from benchmarks.harness.placement import (child_env, expected_transports, gloo_r
 from benchmarks.harness.procs import GroupFailed, free_port, run_group, tail
 from benchmarks.trainer.worker import THIS as WORKER
 
-# name -> (kind, overlap, update_on_kvstore, shown as)
+class Contender(NamedTuple):
+    kind: str                         # ours, ddp or floor
+    overlap: bool | None              # ours: the Trainer's overlap=
+    update_on_kvstore: bool | None    # ours: servers update (kvstore SGD) or workers (torch SGD)
+    shown: str                        # its name in the report
+    flat: bool = False                # ours: the Trainer's flat_buckets=
+
+
 CONTENDERS = {
-    "ours-overlap-server": ("ours", True, True, "ours, overlap, servers update (kvstore SGD)"),
-    "ours-overlap-worker": ("ours", True, False, "ours, overlap, workers update (torch SGD)"),
-    "ours-nooverlap-server": ("ours", False, True, "ours, no overlap, servers update"),
-    "ours-nooverlap-worker": ("ours", False, False, "ours, no overlap, workers update"),
-    "ddp": ("ddp", None, None, "torch DDP over gloo (25 MB buckets)"),
-    "floor": ("floor", None, None, "one process, batch W*b, no communication"),
+    "ours-overlap-server": Contender("ours", True, True, "ours, overlap, servers update (kvstore SGD)"),
+    "ours-overlap-worker": Contender("ours", True, False, "ours, overlap, workers update (torch SGD)"),
+    "ours-nooverlap-server": Contender("ours", False, True, "ours, no overlap, servers update"),
+    "ours-nooverlap-worker": Contender("ours", False, False, "ours, no overlap, workers update"),
+    "ours-flat-server": Contender("ours", True, True, "ours, flat buckets, overlap, servers update", flat=True),
+    "ours-flat-worker": Contender("ours", True, False, "ours, flat buckets, overlap, workers update", flat=True),
+    "ddp": Contender("ddp", None, None, "torch DDP over gloo (25 MB buckets)"),
+    "floor": Contender("floor", None, None, "one process, batch W*b, no communication"),
 }
 
 
@@ -122,10 +131,11 @@ def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, cor
     """One launch of contender ``name``, its files under ``<work>/<tag>``: every rank's
     result (rank 0 first). A floor launch also trains the reference (to ``ref_prefix``)
     if there is none yet."""
-    kind, overlap, ukv, _ = CONTENDERS[name]
+    c = CONTENDERS[name]
+    kind = c.kind
     if kind == "ours":
-        assert overlap is not None and ukv is not None   # set for every "ours" contender
-        return run_ours(cfg, work, tag, overlap, ukv, corrupt, timeout, emulated)
+        assert c.overlap is not None and c.update_on_kvstore is not None   # set for every "ours" contender
+        return run_ours(cfg, work, tag, c.overlap, c.update_on_kvstore, corrupt, timeout, emulated, c.flat)
     if kind == "ddp":
         return run_plain(cfg, work, tag, "ddp", cfg["workers"], timeout, emulated=emulated)
     return run_plain(cfg, work, tag, "floor", 1, timeout,
@@ -134,13 +144,13 @@ def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, cor
 
 
 def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: bool,
-             corrupt: bool, timeout: float, emulated: Emulated | None = None) -> list[dict]:
+             corrupt: bool, timeout: float, emulated: Emulated | None = None, flat: bool = False) -> list[dict]:
     from tracker.control import env as tracker_env
     from tracker.launcher import JobSpec, launch
     prefix = os.path.join(work, tag)
     _clean(prefix, cfg["workers"])
     argv = _worker_argv(cfg, "ours", prefix, overlap=overlap, update_on_kvstore=update_on_kvstore,
-                        corrupt=corrupt)
+                        corrupt=corrupt, flat_buckets=flat)
     extra = {"KVSTORE_LOG_LEVEL": "WARNING", "KVSTORE_TIMEOUT": str(int(timeout)), **cfg["env"]}
     if emulated is not None:
         return _run_ours_emulated(cfg, prefix, tag, argv, extra, timeout, emulated)

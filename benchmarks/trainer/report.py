@@ -138,7 +138,7 @@ def summarise(rows: list[dict], ddp_name: str = "ddp", workers: int = 2) -> dict
             continue
         samples = [t for r in mine for t in r["times"]]
         s = common.stats(samples)
-        out[name] = {"shown": CONTENDERS[name][3], **s,
+        out[name] = {"shown": CONTENDERS[name].shown, **s,
                      "launch_medians": [statistics.median(r["times"]) for r in mine],
                      "loadavg_before": [r["loadavg_before"] for r in mine],
                      "cpu_s_per_step": statistics.fmean(r["cpu_s"] for r in mine)}
@@ -218,7 +218,7 @@ def markdown(data: dict) -> str:
         text = f"{c['max_abs'][which]:.2e}"
         return text if c["checked"].get(which) else f"({text})"
     for name, c in chk["by_contender"].items():
-        lines.append(f"| {CONTENDERS[name][3]} | {cell(c, 'reference')} | "
+        lines.append(f"| {CONTENDERS[name].shown} | {cell(c, 'reference')} | "
                      f"{cell(c, 'reference-kvsgd')} | {cell(c, 'ddp')} | {c['checks']} | "
                      f"{'yes' if c['ok'] else '**NO**'} |")
     lines += ["", f"Overall: {'passed' if chk['ok'] else '**FAILED**'}."]
@@ -304,7 +304,7 @@ def _link_markdown(data: dict) -> list[str]:
                 cells += [f"{e[key] * ms:.1f}", f"{e['measured'] / e[key]:.2f}"]
             else:
                 cells += ["-", "-"]
-        lines.append(f"| {CONTENDERS[name][3]} | {e['measured'] * ms:.1f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {CONTENDERS[name].shown} | {e['measured'] * ms:.1f} | " + " | ".join(cells) + " |")
     for mode in ("server", "worker"):
         a, b = summ.get(f"ours-overlap-{mode}"), summ.get(f"ours-nooverlap-{mode}")
         if a and b:

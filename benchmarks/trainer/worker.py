@@ -182,6 +182,7 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--reference-prefix", default=None)
     p.add_argument("--overlap", type=int, default=1)
     p.add_argument("--update-on-kvstore", type=int, default=0)
+    p.add_argument("--flat-buckets", type=int, default=0, help="ours: the Trainer's flat_buckets=")
     p.add_argument("--corrupt", type=int, default=0, help="tests only: perturb one parameter")
     args = p.parse_args(argv)
     cfg = json.loads(args.config)
@@ -203,7 +204,7 @@ def worker_main(argv: list[str]) -> int:
             raise SystemExit(f"expected {w} workers, the job has {kv.num_workers}")
         trainer = kvtorch.Trainer(model.parameters(), kv, opt,
                                   update_on_kvstore=bool(args.update_on_kvstore),
-                                  overlap=bool(args.overlap))
+                                  overlap=bool(args.overlap), flat_buckets=bool(args.flat_buckets))
         net, stepper, sync = model, trainer, kv.barrier
     elif args.role == "ddp":
         import torch.distributed as dist

@@ -307,8 +307,8 @@ def test_the_communication_thread_starts_every_bucket_and_trains_the_same(make_c
                                   bucket_bytes=1)
         trainer._use_comm = True
         start = trainer._start
-        trainer._start = lambda indices: (threads[kv.rank].add(threading.current_thread().name),
-                                          start(indices))
+        trainer._start = lambda indices, main=None: (threads[kv.rank].add(threading.current_thread().name),
+                                                     start(indices, main))
         return train(model, trainer, kv.rank, kv.num_workers)
 
     for got in make_cluster(W, 2, chunk_bytes=64).run(job):
@@ -322,7 +322,7 @@ def test_a_failure_on_the_communication_thread_is_raised_by_step(make_cluster):
         trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
                                   bucket_bytes=1)
         trainer._use_comm = True
-        trainer._start = lambda indices: (_ for _ in ()).throw(RuntimeError("boom on the comm thread"))
+        trainer._start = lambda indices, main=None: (_ for _ in ()).throw(RuntimeError("boom on the comm thread"))
         trainer.zero_grad()
         F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
         with pytest.raises(RuntimeError, match="boom on the comm thread"):

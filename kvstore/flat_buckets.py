@@ -1,0 +1,141 @@
+"""A model's parameters as views of a few flat buffers, one store key per buffer:
+what ``kvstore.torch.Trainer(..., flat_buckets=True)`` exchanges (DDP's
+``gradient_as_bucket_view``).
+
+Each exchange costs per key, whatever its size (argument checks, a frame or device
+reference per chunk, a reply lookup, a server round and update): ResNet-50's 161
+parameters cost more in keys than in bytes (docs/gpu.md §8). With flat buckets,
+the parameters (in reverse order, as backward produces their gradients; grouped by
+device and dtype; cut at ``bucket_bytes``) become views of one weight buffer and
+their ``.grad`` views of one gradient buffer per bucket, and a bucket is one key:
+a pushpull of the bucket's gradient buffer answered into its weight buffer (servers
+updating) or into the gradient buffer itself (workers updating).
+
+Autograd accumulates into an existing ``.grad`` in place, so the gradients land in
+the buffer; a ``.grad`` that was replaced (``model.zero_grad()`` sets it to None,
+and the next backward makes a new tensor) is copied in and pointed at the buffer
+again (:meth:`FlatBuckets.take`).
+
+Only elementwise optimizers give the same update on a bucket as on each of its
+parameters: layer-wise ones (LARS, LAMB) keep one key per parameter (the Trainer
+refuses flat buckets with them), and so do sparse gradients.
+
+Example::
+
+    buckets = FlatBuckets(list(model.parameters()), [0, 1, 2, 3], bucket_bytes=4 << 20,
+                          key_of=lambda b: f"bucket.{b}")
+    bucket = buckets.arrived(3)       # after parameter 3's gradient: None, or the bucket it completed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import InvalidArgumentError
+
+
+@dataclass
+class Bucket:
+    key: object
+    indices: list[int]            # parameter indices, in their order in the buffers
+    offsets: dict[int, int]       # parameter index -> its first element in the buffers
+    weight: torch.Tensor          # flat: the parameters' data are views of it
+    grad: torch.Tensor            # flat: their .grad are views of it
+    waiting: set[int] = field(default_factory=set)    # gradients not yet arrived this step
+    started: bool = False         # exchanged this step
+
+
+class FlatBuckets:
+    """The buckets of ``params[i]`` for ``i`` in ``indices`` (in that order: pass them
+    reversed, as backward produces them)."""
+
+    def __init__(self, params: list, indices: list[int], bucket_bytes: int, key_of: Callable[[int], object]):
+        self._params = params
+        self.buckets: list[Bucket] = []
+        self.of: dict[int, Bucket] = {}
+        open_groups: dict[tuple, list[int]] = {}     # (device, dtype) -> the bucket being filled
+        sizes: dict[tuple, int] = {}
+        groups: list[list[int]] = []
+        for i in indices:
+            p = params[i]
+            group = (p.device, p.dtype)
+            if group not in open_groups:
+                open_groups[group] = []
+                sizes[group] = 0
+                groups.append(open_groups[group])
+            open_groups[group].append(i)
+            sizes[group] += p.numel() * p.element_size()
+            if sizes[group] >= bucket_bytes:
+                del open_groups[group]
+        for b, members in enumerate(groups):
+            self.buckets.append(self._bind(key_of(b), members))
+        for bucket in self.buckets:
+            for i in bucket.indices:
+                self.of[i] = bucket
+
+    def _bind(self, key, members: list[int]) -> Bucket:
+        """A bucket over ``members``: their values copied into a new weight buffer and
+        their data and gradients made views of the bucket's buffers."""
+        first = self._params[members[0]]
+        offsets, total = {}, 0
+        for i in members:
+            offsets[i] = total
+            total += self._params[i].numel()
+        weight = torch.empty(total, dtype=first.dtype, device=first.device)
+        grad = torch.zeros(total, dtype=first.dtype, device=first.device)
+        bucket = Bucket(key, list(members), offsets, weight, grad)
+        for i, offset in offsets.items():
+            p = self._params[i]
+            view = weight[offset:offset + p.numel()].view_as(p)
+            view.copy_(p.detach())
+            p.data = view
+            p.grad = self._grad_view(bucket, i)
+        bucket.waiting = set(members)
+        return bucket
+
+    def _grad_view(self, bucket: Bucket, index: int) -> torch.Tensor:
+        p = self._params[index]
+        offset = bucket.offsets[index]
+        return bucket.grad[offset:offset + p.numel()].view_as(p)
+
+    def take(self, index: int) -> None:
+        """Make parameter ``index``'s ``.grad`` its view of the bucket: a replaced
+        gradient is copied in; none at all leaves zeros there, as a parameter without
+        a gradient is exchanged."""
+        bucket = self.of[index]
+        p = self._params[index]
+        view = self._grad_view(bucket, index)
+        grad = p.grad
+        if grad is not None and grad.layout != torch.strided:
+            raise InvalidArgumentError(f"flat_buckets: parameter {index} got a sparse gradient; "
+                                       "create the Trainer with flat_buckets=False")
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+        p.grad = view
+
+    def arrived(self, index: int) -> Bucket | None:
+        """Parameter ``index``'s gradient arrived (:meth:`take` first): the bucket it
+        completes, if any."""
+        bucket = self.of[index]
+        bucket.waiting.discard(index)
+        return bucket if not bucket.waiting and not bucket.started else None
+
+    def unstarted(self) -> list[Bucket]:
+        return [b for b in self.buckets if not b.started]
+
+    def new_step(self) -> None:
+        for bucket in self.buckets:
+            bucket.started = False
+            bucket.waiting = set(bucket.indices)
+
+    def zero_grad(self) -> None:
+        """Zero every bucket's gradients (the ``.grad`` views stay)."""
+        for bucket in self.buckets:
+            bucket.grad.zero_()
+            for i in bucket.indices:
+                self._params[i].grad = self._grad_view(bucket, i)
