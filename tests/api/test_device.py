@@ -784,7 +784,8 @@ def test_gpu_trainer_trains_on_cuda_like_on_the_cpu(cuda, update_on_kvstore):
 
 
 @pytest.mark.gpu
-def test_gpu_trainer_on_dist_device_sync_with_cuda_models(make_cluster, cuda):
+@pytest.mark.parametrize("flat_buckets", [False, True])
+def test_gpu_trainer_on_dist_device_sync_with_cuda_models(make_cluster, cuda, flat_buckets):
     tt = _trainer_helpers()
     want = tt.reference_torch(lambda ps: torch.optim.SGD(ps, **tt.SGD))
     models = [tt.make_model(seed=0 if r == 0 else 100 + r).cuda() for r in range(tt.W)]
@@ -792,7 +793,8 @@ def test_gpu_trainer_on_dist_device_sync_with_cuda_models(make_cluster, cuda):
 
     def job(kv):
         model = models[kv.rank]
-        trainer = tt.kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **tt.SGD))
+        trainer = tt.kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **tt.SGD),
+                                     flat_buckets=flat_buckets, bucket_bytes=100)
         return _train_cuda(model, trainer, kv.rank, kv.num_workers, tt)
 
     for got in cluster.run(job, "dist_device_sync"):
