@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -167,14 +168,14 @@ class Trainer:
                 f"flat_buckets: {type(server_opt).__name__} computes a norm per key, which on a flat "
                 "bucket would span several parameters; create the Trainer with flat_buckets=False")
         trained = [i for i, p in enumerate(self._params) if p.requires_grad]
-        names = {f"bucket.{b}" for b in range(len(trained))}
+        key_of: Callable[[int], object]
         if kv.key_type is not str and all(isinstance(k, int) for k in self._keys):
-            key_of: object = lambda b: len(self._params) + b        # noqa: E731 (after the parameters' keys)
-        elif names.isdisjoint(self._keys):
-            key_of = lambda b: f"bucket.{b}"                        # noqa: E731
+            key_of = lambda b: len(self._params) + b        # noqa: E731 (after the parameters' keys)
+        elif {f"bucket.{b}" for b in range(len(trained))}.isdisjoint(self._keys):
+            key_of = lambda b: f"bucket.{b}"                # noqa: E731
         else:
             raise InvalidArgumentError("flat_buckets: a parameter is named like a bucket key (bucket.N)")
-        return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of)  # type: ignore[arg-type]
+        return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of)
 
     def _weights(self) -> tuple[list, list]:
         """Every key of the model with the tensor holding its weights: a parameter's,

@@ -40,6 +40,8 @@ CONTENDERS = {
     "ddp": Contender("ddp", None, None, "torch DDP over gloo (25 MB buckets)"),
     "floor": Contender("floor", None, None, "one process, batch W*b, no communication"),
 }
+# what runs without --contenders: the flat-bucket Trainer is a comparison asked for by name
+DEFAULT_CONTENDERS = tuple(name for name, c in CONTENDERS.items() if not c.flat)
 
 
 class Failed(RuntimeError):

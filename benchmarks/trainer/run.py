@@ -114,7 +114,7 @@ import numpy as np  # noqa: E402
 from benchmarks.harness import common, layouts, netns  # noqa: E402
 from benchmarks.trainer.check import check_all, compare, verdict  # noqa: E402
 from benchmarks.trainer.report import last_bucket_bytes, markdown, predict, summarise  # noqa: E402
-from benchmarks.trainer.contenders import (CONTENDERS, Emulated, Failed, link_ready,  # noqa: E402
+from benchmarks.trainer.contenders import (CONTENDERS, DEFAULT_CONTENDERS, Emulated, Failed, link_ready,  # noqa: E402
                                     row, run_contender, run_plain)
 from benchmarks.trainer.worker import build, per_slice_needed, worker_main  # noqa: E402
 
@@ -162,8 +162,8 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=20, help="timed steps per launch (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default 5)")
     p.add_argument("--launches", type=int, default=3, help="launches of every contender (default 3)")
-    p.add_argument("--contenders", type=_csv, default=tuple(CONTENDERS),
-                   help=f"comma-separated, default all: {','.join(CONTENDERS)}")
+    p.add_argument("--contenders", type=_csv, default=DEFAULT_CONTENDERS,
+                   help=f"comma-separated, of {','.join(CONTENDERS)} (default: {','.join(DEFAULT_CONTENDERS)})")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--timeout", type=float, default=300, help="seconds one launch may take")

@@ -37,10 +37,10 @@ def run_bench(args, out_dir, deadline=150):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_every_contender_runs_and_trains_to_the_same_weights(tmp_path):
+def test_every_default_contender_runs_and_trains_to_the_same_weights(tmp_path):
     code, output, data = run_bench(TINY, tmp_path)
     assert code == 0, output[-4000:]
-    assert set(data["summary"]) == set(trainer.CONTENDERS)
+    assert set(data["summary"]) == set(trainer.DEFAULT_CONTENDERS)
     for name, s in data["summary"].items():
         assert s["n"] == 3 and s["median"] > 0 and s["p10"] > 0, (name, s)
         assert len(s["launch_medians"]) == 1 and len(s["loadavg_before"]) == 1
@@ -49,7 +49,7 @@ def test_every_contender_runs_and_trains_to_the_same_weights(tmp_path):
     assert chk["ok"] and not data["failures"]
     by = chk["by_contender"]
     # every worker of ours and DDP was compared (BatchNorm: the floor is not comparable)
-    assert set(by) == set(trainer.CONTENDERS) - {"floor"}
+    assert set(by) == set(trainer.DEFAULT_CONTENDERS) - {"floor"}
     for name in ("ours-overlap-worker", "ours-nooverlap-worker"):
         assert by[name]["checked"] == {"reference": True, "ddp": True} and by[name]["checks"] == 4
     for name in ("ours-overlap-server", "ours-nooverlap-server"):
@@ -68,13 +68,15 @@ def test_a_wrong_worker_fails_the_run(tmp_path):
     # mlp: no BatchNorm, so the floor (one pass on W*b) is checked as well
     args = ["--network", "mlp", "--batch-size", "4", "--image-size", "8", "--iters", "2",
             "--warmup", "1", "--launches", "1", "-w", "2", "-s", "1", "--timeout", "90",
-            "--contenders", "ours-overlap-worker,floor", "--corrupt-for-test"]
+            "--contenders", "ours-flat-worker,floor", "--corrupt-for-test"]     # (the flat Trainer's path)
     code, output, data = run_bench(args, tmp_path)
     assert code == 1, output[-4000:]
-    assert "WRONG RESULT: ours-overlap-worker launch 1 rank 1 differs from reference" in output
+    assert "WRONG RESULT: ours-flat-worker launch 1 rank 1 differs from reference" in output
     assert not data["correctness"]["ok"]
     bad = [c for c in data["correctness"]["checks"] if not c["ok"]]
-    assert bad and {(c["contender"], c["rank"]) for c in bad} == {("ours-overlap-worker", 1)}
+    assert bad and {(c["contender"], c["rank"]) for c in bad} == {("ours-flat-worker", 1)}
+    assert all(c["ok"] for c in data["correctness"]["checks"] if c["contender"] == "ours-flat-worker"
+               and c["rank"] == 0)                          # rank 0 trained right with flat buckets
     floor = [c for c in data["correctness"]["checks"] if c["contender"] == "floor"]
     assert floor and all(c["ok"] and c["checked"] for c in floor)
     assert "**FAILED**" in (tmp_path / "trainer.md").read_text()

@@ -66,12 +66,12 @@ def test_trainer_over_the_link_tiny(netns_ok, tmp_path):
     data = passed(p, tmp_path, "trainer-link-1gbit")
     assert not (tmp_path / "trainer.json").exists()       # the default run's files are untouched
     # every contender ran and has positive medians
-    assert set(data["summary"]) == set(trainer.CONTENDERS)
+    assert set(data["summary"]) == set(trainer.DEFAULT_CONTENDERS)
     for name, s in data["summary"].items():
         assert s["n"] == 2 and s["median"] > 0 and s["p10"] > 0, (name, s)
         assert all(v > 0 for v in s["parts_median"].values()), (name, s)
     # the correctness check ran for every contender and passed
-    assert set(data["correctness"]["by_contender"]) == set(trainer.CONTENDERS)
+    assert set(data["correctness"]["by_contender"]) == set(trainer.DEFAULT_CONTENDERS)
     # ours really ran across the link: shm on its own side, tcp across; server r on side r
     addr = data["link"]["addresses"]
     for r in data["rows"]:

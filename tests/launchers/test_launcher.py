@@ -76,6 +76,7 @@ def test_stuck_server_is_detected_by_heartbeats():
     p = launch("-n", "2", "-s", "1", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop",
                env=FAST_FAILURE)
     p.wait_for(r"ready rank", count=2)
+    p.wait_for(r"server 0 \(pid \d+\)")     # (its own line: under load it may come after the workers')
     pid = int(re.search(r"server 0 \(pid (\d+)\)", p.text).group(1))
     os.kill(pid, signal.SIGSTOP)    # alive but silent
     assert p.wait(60) != 0, p.text
@@ -284,6 +285,7 @@ def test_a_stuck_culprit_is_marked_not_shown_as_killed_by_the_teardown():
     p = launch("-n", "2", "-s", "1", sys.executable, os.path.join(SCRIPTS, "faulty.py"), "loop",
                env=FAST_FAILURE)
     p.wait_for(r"ready rank", count=2)
+    p.wait_for(r"server 0 \(pid \d+\)")     # (its own line: under load it may come after the workers')
     pid = int(re.search(r"server 0 \(pid (\d+)\)", p.text).group(1))
     os.kill(pid, signal.SIGSTOP)    # alive but silent: found by heartbeats
     assert p.wait(60) == 1, p.text
