@@ -21,6 +21,15 @@ pytest.register_assert_rewrite("fuzzing", "optimizer_refs", "state_driver")  # h
 from cluster import Cluster  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_processes_left_behind():
+    """After each test, kill the processes its launchers (tests/services.py Proc) left."""
+    import services
+    since = len(services.STARTED)
+    yield
+    services.end_leftovers(since)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The groups pytest-xdist keeps together (``-n 2 --dist loadgroup``, the README's

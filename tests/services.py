@@ -27,10 +27,14 @@ FAST_FAILURE = {"KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT"
                 "KVSTORE_ABORT_GRACE": "2"}
 
 
+STARTED: list["Proc"] = []   # every Proc of the running test (tests/conftest.py ends what is left)
+
+
 class Proc:
     """A subprocess whose output lines are collected so tests can wait on them."""
 
     def __init__(self, argv, env=None, tag=None, cwd=ROOT):
+        STARTED.append(self)
         self.tag = tag or uuid.uuid4().hex
         full_env = {**os.environ, "KVSTORE_TEST_TAG": self.tag, "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": ROOT, **(env or {})}
@@ -71,6 +75,23 @@ class Proc:
     @property
     def text(self):
         return "\n".join(self.lines)
+
+
+def end_leftovers(since: int) -> None:
+    """Kill whatever the Procs started since ``STARTED[since]`` (by one test) left
+    running: a test that failed before it waited for its job would leave a looping
+    job behind, slowing every later test. (Procs of module-scoped fixtures, started
+    before the test's own set-up, stay.)"""
+    while len(STARTED) > since:
+        proc = STARTED.pop()
+        for pid in tagged(proc.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait(10)
 
 
 def tagged(tag):
