@@ -124,8 +124,8 @@ def device_address(value) -> tuple[int, int, np.dtype, int] | None:
         return None
     if family == "torch" and value.device.type == "cuda" and value.is_contiguous() and not _is_bf16(value):
         try:
-            dtype = np.dtype(str(value.dtype).removeprefix("torch."))
-        except TypeError:
+            dtype = _torch_dtype(value.dtype, "value")
+        except ArgumentTypeError:     # no numpy dtype: not for a raw copy
             return None
         index = device_of(value)
         assert index is not None

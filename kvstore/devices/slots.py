@@ -47,8 +47,9 @@ class DeviceSlots:
                 with acc.on(index):
                     acc.peer_copy(slot, acc.contiguous(a).reshape(-1))
         for index, (dsts, srcs) in sorted(local.items()):
-            with acc.on(index):
-                acc.copy_many(dsts, srcs)      # one kernel for the request's chunks on a GPU
+            if dsts:
+                with acc.on(index):
+                    acc.copy_many(dsts, srcs)      # one kernel for the request's chunks on a GPU
             self._sharing.publish(index)
         return [self._place(slot) for slot in slots]
 
