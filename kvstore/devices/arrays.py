@@ -6,7 +6,8 @@ of their arrays: a value is recognised by the module its type comes from, so
 importing kvstore stays cheap and needs no GPU.
 
 GPU values are exchanged without copies: a torch CUDA tensor is viewed as a cupy
-array through DLPack (:func:`as_cupy`). Copies to the host go through pinned
+array over the same memory (:func:`as_cupy`: directly, or through DLPack where the
+two libraries' streams must be ordered). Copies to the host go through pinned
 (page-locked) memory, and a cupy result is written into CUDA tensors and cupy
 arrays on the GPU, device to device (:func:`write`).
 
@@ -91,9 +92,11 @@ def _plain_tensor(value):
 
 
 def as_cupy(value, what: str = "value"):
-    """A cupy view of a GPU value: a cupy array as it is, a torch CUDA tensor through
-    DLPack (same memory, no copy; cupy's stream waits for torch's pending work). A
-    bfloat16 tensor is read as a float32 copy on its device.
+    """A cupy view of a GPU value: a cupy array as it is, a torch CUDA tensor as a view
+    of its memory (no copy): made directly when both libraries use the same stream
+    on the tensor's device, the current one (:func:`_direct_view`), else through
+    DLPack (cupy's stream waits for torch's pending work). A bfloat16 tensor is read
+    as a float32 copy on its device.
     Raises ArgumentTypeError for host values, RuntimeError when no GPU is usable."""
     family = _family(value)
     if family == "cupy":
@@ -103,6 +106,9 @@ def as_cupy(value, what: str = "value"):
         import torch  # the caller handed us a tensor: torch is imported already
         device = device_of(value)
         if device == torch.cuda.current_device() == cupy.cuda.runtime.getDevice():
+            direct = _direct_view(value, device, cupy, torch)
+            if direct is not None:
+                return direct
             return cupy.from_dlpack(_plain_tensor(value))     # (the common case: no switching)
         # torch's __dlpack__ refuses a tensor of another device than torch's current
         # one and orders streams of the current device: make both libraries agree
@@ -110,6 +116,27 @@ def as_cupy(value, what: str = "value"):
             return cupy.from_dlpack(_plain_tensor(value))
     raise ArgumentTypeError(f"{what}: expected a cupy array or a torch CUDA tensor, "
                             f"got {type(value).__name__} on the host")
+
+
+def _direct_view(t, device: int, cupy, torch):
+    """A cupy array over a contiguous torch CUDA tensor's memory on the current device,
+    made without a DLPack capsule (torch's ``__dlpack__`` costs ~70 us a tensor, the
+    largest cost per key of a GPU pushpull of many small tensors), or None where
+    DLPack is needed: cupy's current stream is not torch's (DLPack then makes cupy's
+    wait), the tensor is strided, empty, bfloat16, has a lazy conjugate or negative
+    bit, or a dtype cupy lacks. The view keeps the tensor alive."""
+    if (not t.is_contiguous() or t.numel() == 0 or t.is_conj() or t.is_neg()
+            or str(t.dtype) == "torch.bfloat16"):
+        return None
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_stream is None or int(raw_stream(device)) != int(cupy.cuda.get_current_stream().ptr):
+        return None
+    try:
+        dtype = _torch_dtype(t.dtype, "value")
+    except ArgumentTypeError:
+        return None
+    memory = cupy.cuda.UnownedMemory(int(t.data_ptr()), int(t.numel()) * dtype.itemsize, t, device)
+    return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
 def device_address(value) -> tuple[int, int, np.dtype, int] | None:

@@ -853,6 +853,31 @@ def test_gpu_arrays_round_trips_without_host_copies(cuda, cp, no_host_copies):
 
 
 @pytest.mark.gpu
+def test_gpu_torch_tensors_are_viewed_directly_where_the_streams_agree(cuda, cp):
+    """as_cupy skips DLPack (~70 us a tensor) for a contiguous tensor when torch and
+    cupy queue on the same stream, and uses it where it must: strided, empty,
+    bfloat16 tensors and a torch stream that is not cupy's (DLPack orders them)."""
+    base = torch.arange(24, dtype=torch.float32, device="cuda")
+    t = base[4:16].reshape(3, 4)                     # a view at an offset: its own address
+    direct = arrays._direct_view(t, t.device.index, cp, torch)
+    assert direct is not None and direct.data.ptr == t.data_ptr() and direct.shape == (3, 4)
+    assert direct.dtype == cp.float32 and bool((direct.reshape(-1) == cp.arange(4, 16)).all())
+    for other in (t.t(), t[:0], t.to(torch.bfloat16), torch.ones(3, dtype=torch.float16, device="cuda")):
+        view = arrays._direct_view(other, t.device.index, cp, torch)
+        assert view is None or (other.dtype == torch.float16 and view.dtype == cp.float16)
+        np.testing.assert_array_equal(cp.asnumpy(arrays.as_cupy(other)),
+                                      other.float().cpu().numpy() if other.dtype == torch.bfloat16
+                                      else other.cpu().numpy())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):                    # torch on a side stream, cupy on its own
+        assert arrays._direct_view(t, t.device.index, cp, torch) is None
+        big = torch.empty(1 << 24, device="cuda")
+        big.fill_(3.0)                               # queued on the side stream
+        seen = float(arrays.as_cupy(big).sum())      # DLPack: cupy's stream waits for it
+    assert seen == 3.0 * (1 << 24)
+
+
+@pytest.mark.gpu
 def test_gpu_host_copies_are_pinned(cuda, cp):
     t = torch.ones(1000, device="cuda")
     host = arrays.to_numpy(t, "test")
