@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import kvstore  # noqa: E402
 import kvstore.devices as devices  # noqa: E402
-from benchmarks.emulated_ipc.layouts import layout  # noqa: E402
+from benchmarks.harness.key_layouts import layout  # noqa: E402
 from kvstore.devices import HostAccelerators, HostDevice  # noqa: E402
 from kvstore.devices.host_sharing import HostSharing  # noqa: E402
 from kvstore.server import backend  # noqa: E402

@@ -2,7 +2,7 @@
 CPU: ResNet-50's gradients pushpulled by ``dist_device_sync`` between real processes
 (W workers, S GPU servers, tracker's launcher) whose GPUs are emulated with
 exportable host memory (benchmarks/emulated_ipc/job.py), in three layouts
-(benchmarks/emulated_ipc/layouts.py): 161 keys, the Trainer's flat buckets, one key.
+(benchmarks/harness/key_layouts.py): 161 keys, the Trainer's flat buckets, one key.
 
     python -m benchmarks.emulated_ipc                           # all layouts, 1/64 size
     python -m benchmarks.emulated_ipc --layouts keys --profile /tmp/prof
@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "benchmarks.emulated_ipc"
 
-from benchmarks.emulated_ipc.layouts import LAYOUTS  # noqa: E402
+from benchmarks.harness.key_layouts import LAYOUTS  # noqa: E402
 from benchmarks.harness import common  # noqa: E402
 from tracker.launcher import JobSpec, launch  # noqa: E402
 

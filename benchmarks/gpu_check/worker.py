@@ -7,8 +7,9 @@
 
 ``exchange``: the ResNet-50 gradient set (161 tensors, 102.2 MB fp32) as CUDA
 tensors, summed over the workers: ours by ``dist_device_sync`` pushpull of every
-key in one call, gloo by one all_reduce of a flat CUDA buffer (its fastest layout
-here). Every result is checked against the exact sum (a wrong one exits non-zero).
+key in one call (with ``--flat-buckets``, of the 19 flat buckets that hold the same
+values in ``Trainer(flat_buckets=True)``), gloo by one all_reduce of a flat CUDA
+buffer (its fastest layout here). Every result is checked against the exact sum (a wrong one exits non-zero).
 ``train``: one ResNet-50 training step (torchvision's model, a synthetic batch on
 the GPU): ours ``kvstore.torch.Trainer`` with SGD on the servers, gloo DDP with
 torch SGD. Rank 0 writes the medians (ms) to ``--out``.
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
+from benchmarks.harness.key_layouts import layout  # noqa: E402
 from benchmarks.harness.resnet50_shapes import resnet50_shapes  # noqa: E402
 
 
@@ -47,7 +49,9 @@ def timed(step, iters: int, warmup: int, check=None) -> list[float]:
 
 
 def exchange(args, rank: int, world: int, kv=None) -> list[float]:
-    shapes = [s for _, s in resnet50_shapes()]
+    shapes: list = [s for _, s in resnet50_shapes()]
+    if args.flat_buckets:       # the same values in the Trainer's flat buckets (19 keys)
+        shapes = [(n,) for n in layout("buckets")]
     grads = [torch.empty(s, device="cuda") for s in shapes]
     outs = [torch.empty(s, device="cuda") for s in shapes]
     if kv is not None:
@@ -110,7 +114,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("task", choices=["exchange", "train"])
     p.add_argument("--gloo", action="store_true", help="torch.distributed gloo instead of kvstore")
-    p.add_argument("--flat-buckets", action="store_true", help="train: the Trainer's flat_buckets=True")
+    p.add_argument("--flat-buckets", action="store_true",
+                   help="train: the Trainer's flat_buckets=True; exchange: ours pushpulls the same values "
+                        "as the Trainer's 19 flat buckets (benchmarks/harness/key_layouts.py)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")

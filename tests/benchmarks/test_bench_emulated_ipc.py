@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from benchmarks.emulated_ipc.layouts import buckets, layout
+from benchmarks.harness.key_layouts import buckets, layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
