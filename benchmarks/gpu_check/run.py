@@ -14,7 +14,9 @@ Sections (each is skipped with its reason where it cannot run, never faked):
    once, the weight and each optimizer state read and written once (a copy counts
    its read and its write).
 3. ``phases``: the steps of one such exchange, each timed alone on the GPU
-   (benchmarks/gpu_check/phases.py): packing, every host copy, the server's round.
+   (benchmarks/gpu_check/phases.py): over cuda_ipc (161 keys and 19 flat buckets:
+   the worker's staging, the server's round, the reply's copies) and over shared
+   memory (packing, every host copy).
 4. ``ipc``: two processes sharing device memory through CUDA IPC (memory and
    event handles), device-to-device against through the host (benchmarks/gpu_check/ipc.py).
 5. ``exchange``: one ResNet-50 gradient exchange (102.2 MB of CUDA tensors), W=2
@@ -49,7 +51,7 @@ SECTIONS = ("pytest", "aggregation", "phases", "ipc", "exchange", "train", "cifa
 # phases 1-2, ipc 6-7, exchange 23-34, train 29-42 with two contenders, cifar 17-22), plus a
 # margin (train and exchange: a third and a fourth contender since 2026-11-28): a section starts only if this much of
 # the budget is left (--budget)
-EXPECTED = {"pytest": 150, "aggregation": 40, "phases": 15, "ipc": 20, "exchange": 90, "train": 150, "cifar": 120}
+EXPECTED = {"pytest": 150, "aggregation": 40, "phases": 25, "ipc": 20, "exchange": 90, "train": 150, "cifar": 120}
 
 
 def run_sections(steps: dict, order: list, budget: float | None, save, clock=time.monotonic,
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown section(s) {', '.join(sorted(unknown))}")
     from kvstore.devices import gpu
-    from kvstore.devices.cuda import CudaDevice
+    from kvstore.devices.cuda import CudaAccelerators, CudaDevice
     if not gpu.available():
         print(f"gpu_check needs a usable NVIDIA GPU with CuPy: {gpu.reason()}", file=sys.stderr)
         return 2
@@ -329,7 +331,7 @@ def main(argv=None) -> int:
     steps = {
         "pytest": lambda left: run_pytest(timeout=within(300, until(left))),
         "aggregation": lambda left: aggregation(),
-        "phases": lambda left: gpu_phases.phases(CudaDevice(0)),
+        "phases": lambda left: gpu_phases.phases(CudaDevice(0), CudaAccelerators()),
         "ipc": lambda left: gpu_ipc.ipc(env=env_of_job(), timeout=within(120, until(left))),
         "exchange": lambda left: jobs("exchange", ("gloo", "ours gpu servers", "ours gpu servers, flat buckets",
                                                    "ours cpu servers"), 180, left),

@@ -79,10 +79,21 @@ def test_the_exchange_phases_run_on_the_host_device():
     copies and the server's round, runs on the device layer's host implementation,
     so a renamed server method fails here rather than on the next GPU loan."""
     from benchmarks.gpu_check.phases import phases, report
-    from kvstore.devices import HostDevice
-    result = phases(HostDevice(), reps=2, chunk_bytes=1024, shapes=[(64, 3, 3), (10,), (1000, 2)])
-    assert result["tensors"] == 3 and result["chunks"] == 3 + 1 + 8     # 576, 10 and 2000 floats in 1 KB chunks
-    names = [r["phase"] for r in result["rows"]]
-    assert names[0] == "worker pack" and names[-1] == "worker spread" and len(names) == 10
+    from kvstore.devices import HostAccelerators, HostDevice
+    from kvstore.devices.host_sharing import HostSharing
+    acc = HostAccelerators(1, sharing=HostSharing("phases-test"))
+    try:
+        copies = acc.batches
+        result = phases(HostDevice(), acc, reps=2, chunk_bytes=1024, shapes=[(64, 3, 3), (10,), (1000, 2)],
+                        bucket_values=600)
+    finally:
+        acc.sharing.close()
+    assert result["tensors"] == 3 and result["layouts"] == ["3 keys", "2 buckets"]   # [2000] and [10 + 576]
+    rows = {(r["path"], r["phase"]) for r in result["rows"]}
+    assert ("both", "server round, 3 keys (sum of 2 + sgd momentum, 12 chunks)") in rows   # 1 + 1 + 8 x 1 KB, ...
+    assert ("both", "server round, 2 buckets (sum of 2 + sgd momentum, 11 chunks)") in rows   # 8 + 3
+    assert ("cuda_ipc", "worker stage (slots, one batched copy, sync), 2 buckets") in rows
+    assert ("host", "worker pack") in rows and len(rows) == 9 + 2 + 2 * 3
     assert all(r["ms"] > 0 for r in result["rows"])
-    assert "| worker d2h -> shm |" in "\n".join(report(result))
+    assert acc.batches > copies          # the worker's steps ran through the batched copies
+    assert "| host | worker d2h -> shm |" in "\n".join(report(result))
