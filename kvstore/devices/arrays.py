@@ -160,6 +160,12 @@ def device_address(value) -> tuple[int, int, np.dtype, int] | None:
     return None
 
 
+def flat_view(a):
+    """``a`` as a 1-D array of numpy or cupy: itself when it is one already (a reshape
+    makes a new view each time, ~2 us on cupy: the copy paths call this per key)."""
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
 def pinned_host(size: int, dtype, like=None) -> np.ndarray:
     """A flat host buffer; page-locked when ``like`` is a GPU value (fast, DMA copies)."""
     dtype = np.dtype(dtype)

@@ -14,6 +14,7 @@ holder is a request id) and a host group's sums and results
 
 from __future__ import annotations
 
+from .arrays import flat_view
 from .base import Accelerators
 
 
@@ -41,7 +42,7 @@ class DeviceSlots:
             if acc.index_of(a) == index:
                 dsts, srcs = local.setdefault(index, ([], []))
                 dsts.append(slot)
-                srcs.append(a.reshape(-1))
+                srcs.append(flat_view(a))
             else:
                 local.setdefault(index, ([], []))
                 with acc.on(index):

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from .arrays import flat_view
 from .base import Accelerators
 
 
@@ -51,7 +52,7 @@ def _flat_on(acc: Accelerators, value, index: int, dtype, what: str, host_flat: 
         return acc.to_device(np.ascontiguousarray(host, dtype=dtype).reshape(-1), index)
     view = acc.view(value, what)
     if acc.index_of(view) == index:
-        return view.reshape(-1)                  # a copy only if the value is not contiguous
+        return flat_view(view)                   # a copy only if the value is not contiguous
     contiguous = acc.contiguous(view)
     local = acc.empty(index, contiguous.size, contiguous.dtype)
     acc.peer_copy(local, contiguous.reshape(-1))

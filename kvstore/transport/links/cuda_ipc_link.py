@@ -36,6 +36,7 @@ import numpy as np
 
 from ...errors import InvalidArgumentError
 from ...protocol import decode, ops
+from ...devices.arrays import flat_view
 from ...devices.slots import DeviceSlots
 from ...devices.staging import copy_into
 from .base import LinkUnavailable
@@ -136,11 +137,11 @@ class CudaIpcLink(ShmLink):
         for dest, value in zip(into, values):
             if value.size != dest.size:
                 raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
-            if acc.holds(dest) and acc.holds(value) and acc.index_of(dest) == acc.index_of(value) \
-                    and dest.dtype == value.dtype:
-                dsts, srcs = within.setdefault(acc.index_of(dest), ([], []))
-                dsts.append(dest.reshape(-1))
-                srcs.append(value.reshape(-1))
+            index = acc.index_of(dest) if acc.holds(dest) else None
+            if index is not None and acc.holds(value) and acc.index_of(value) == index and dest.dtype == value.dtype:
+                dsts, srcs = within.setdefault(index, ([], []))
+                dsts.append(flat_view(dest))
+                srcs.append(flat_view(value))
             elif acc.holds(dest) or acc.holds(value):
                 copy_into(acc, dest, value)
             else:
