@@ -16,6 +16,12 @@ the buffer; a ``.grad`` that was replaced (``model.zero_grad()`` sets it to None
 and the next backward makes a new tensor) is copied in and pointed at the buffer
 again (:meth:`FlatBuckets.take`).
 
+On ``dist_device_sync`` with CUDA parameters the gradient buffers come from
+``kv.empty(size, dtype, device=i)`` (kvstore/devices/arena.py): co-located GPU
+servers read them in place over cuda_ipc, with no copy into the link's slots and
+no slot memory (the size of the gradients); the Trainer leaves a bucket's buffer
+unchanged until its pushpull has filled its outputs, as that requires.
+
 Only elementwise optimizers give the same update on a bucket as on each of its
 parameters: layer-wise ones (LARS, LAMB) keep one key per parameter (the Trainer
 refuses flat buckets with them), and so do sparse gradients.
@@ -52,8 +58,11 @@ class FlatBuckets:
     """The buckets of ``params[i]`` for ``i`` in ``indices`` (in that order: pass them
     reversed, as backward produces them)."""
 
-    def __init__(self, params: list, indices: list[int], bucket_bytes: int, key_of: Callable[[int], object]):
+    def __init__(self, params: list, indices: list[int], bucket_bytes: int, key_of: Callable[[int], object],
+                 grad_memory: Callable[[int, torch.dtype, torch.device], torch.Tensor | None] | None = None):
         self._params = params
+        # a gradient buffer of (size, dtype, device) the store reads in place, or None
+        self._grad_memory = grad_memory
         self.buckets: list[Bucket] = []
         self.of: dict[int, Bucket] = {}
         open_groups: dict[tuple, list[int]] = {}     # (device, dtype) -> the bucket being filled
@@ -85,7 +94,11 @@ class FlatBuckets:
             offsets[i] = total
             total += self._params[i].numel()
         weight = torch.empty(total, dtype=first.dtype, device=first.device)
-        grad = torch.zeros(total, dtype=first.dtype, device=first.device)
+        grad = self._grad_memory(total, first.dtype, first.device) if self._grad_memory is not None else None
+        if grad is None:
+            grad = torch.zeros(total, dtype=first.dtype, device=first.device)
+        else:
+            grad.zero_()
         bucket = Bucket(key, list(members), offsets, weight, grad)
         for i, offset in offsets.items():
             p = self._params[i]

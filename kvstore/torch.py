@@ -175,7 +175,19 @@ class Trainer:
             key_of = lambda b: f"bucket.{b}"                # noqa: E731
         else:
             raise InvalidArgumentError("flat_buckets: a parameter is named like a bucket key (bucket.N)")
-        return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of)
+        return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of, lambda *a: self._grad_memory(kv, *a))
+
+    @staticmethod
+    def _grad_memory(kv: KVStore, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """A flat bucket's gradient buffer that co-located GPU servers read in place
+        (``kv.empty(..., device=i)`` of dist_device_sync on GPUs), or None: torch's memory."""
+        from .worker.device import DistDeviceStore
+        if device.type != "cuda" or not isinstance(kv, DistDeviceStore) or not kv.device_memory \
+                or dtype == torch.bfloat16:
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        numpy_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        return torch.from_dlpack(kv.empty(size, numpy_dtype, device=index))
 
     def _weights(self) -> tuple[list, list]:
         """Every key of the model with the tensor holding its weights: a parameter's,

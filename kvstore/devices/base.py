@@ -72,6 +72,7 @@ class Accelerators(Protocol):
     a token that :meth:`wait` completes."""
 
     sharing: Sharing | None   # device memory co-located processes open (None: they cannot)
+    count: int                # the devices, ordinals 0 to count - 1
 
     def holds(self, value) -> bool:
         """Whether ``value`` lives on one of these devices."""
@@ -95,6 +96,10 @@ class Accelerators(Protocol):
 
     def empty(self, index: int, size: int, dtype) -> Any:
         """A new flat array on device ``index``."""
+        ...
+
+    def address(self, a) -> int:
+        """Where the device array ``a``'s memory starts."""
         ...
 
     def contiguous(self, a) -> Any:

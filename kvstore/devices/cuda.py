@@ -72,6 +72,7 @@ class CudaAccelerators:
         import cupy
         self._cupy = cupy
         self.sharing = CudaSharing()
+        self.count = int(cupy.cuda.runtime.getDeviceCount())
         self._batched: BatchedCopy | None = None      # made (and compiled) at first use
 
     def holds(self, value) -> bool:
@@ -94,6 +95,9 @@ class CudaAccelerators:
     def empty(self, index: int, size: int, dtype):
         with self._cupy.cuda.Device(index):
             return self._cupy.empty(size, dtype)
+
+    def address(self, a) -> int:
+        return int(a.data.ptr)
 
     def contiguous(self, a):
         with a.device:

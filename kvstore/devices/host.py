@@ -152,6 +152,10 @@ class HostAccelerators:
         a.device_index = index
         return a
 
+    def address(self, a) -> int:
+        self.index_of(a)
+        return int(a.__array_interface__["data"][0])
+
     def contiguous(self, a):
         self.index_of(a)
         return a if a.flags.c_contiguous else np.array(a, order="C", subok=True)

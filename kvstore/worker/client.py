@@ -284,6 +284,15 @@ class Client:
                 return array
         return np.empty(size, dtype)
 
+    def shared_device_empty(self, index: int, size: int, dtype):
+        """A 1-D array on device ``index`` that co-located servers can read in place,
+        or None when no link reads device memory (kvstore/devices/arena.py)."""
+        for link in self.links:
+            make = getattr(link, "device_empty", None)
+            if make is not None:
+                return make(index, size, dtype)
+        return None
+
     def wait_sent(self, trackers, what: str) -> None:
         """Wait until ZeroMQ no longer reads the caller's buffers."""
         deadline = time.monotonic() + self.config.timeout

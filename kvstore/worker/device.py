@@ -30,7 +30,7 @@ from .. import optimizer as _optimizer
 from .store import KeyInfo
 from ..devices.staging import device_sum
 from .dist import DistStore
-from ..errors import KVStoreError
+from ..errors import InvalidArgumentError, KVStoreError
 from .local import LocalStore
 
 
@@ -211,6 +211,36 @@ class DistDeviceStore(DistStore):
             gpu.log_cpu_fallback(name)
         super().__init__(name, config, accelerators=accelerators)
         self._accelerators = accelerators
+
+    @property
+    def device_memory(self) -> bool:
+        """Whether :meth:`empty` can make device memory (this store works on GPUs)."""
+        return self._accelerators is not None
+
+    def empty(self, shape, dtype=np.float32, device: int | None = None):
+        """:meth:`DistStore.empty` (``device=None``: host memory) or, with a GPU ordinal
+        (this store's accelerators' device index), an uninitialised device array (a
+        cupy array on a GPU) that co-located GPU servers read in place over cuda_ipc
+        instead of a copy into a slot (kvstore/devices/arena.py), where this worker
+        has such links; elsewhere an ordinary device array. As with host memory, leave
+        it unchanged until the pushpull that sends it has filled its outputs."""
+        if device is None:
+            return super().empty(shape, dtype)
+        self._check_open("empty")
+        acc = self._accelerators
+        if acc is None:
+            raise InvalidArgumentError(f"empty(device={device}): this dist_device_sync store has no usable GPU")
+        if type(device) is not int or not 0 <= device < acc.count:
+            raise InvalidArgumentError(f"empty(device={device!r}): expected a device ordinal of this worker, "
+                                       f"0 to {acc.count - 1}")
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        with acc.on(device):
+            flat = self._client.shared_device_empty(device, size, dtype)
+            if flat is None:
+                flat = acc.empty(device, size, dtype)
+        return flat.reshape(shape)
 
     def _merged(self, info: KeyInfo, vals: list, what: str):
         acc = self._accelerators

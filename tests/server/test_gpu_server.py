@@ -170,7 +170,8 @@ def test_cuda_ipc_between_worker_and_server_processes_on_one_gpu():
     """The cuda_ipc transport on hardware (issue 29 item 3): tracker.local starts 2
     workers and 2 GPU servers as processes on one GPU; the workers' cupy sums go to
     the servers by CUDA IPC handles and come back device to device, with the values
-    the formulas give (tests/scripts/cuda_ipc_job.py)."""
+    the formulas give; kv.empty(..., device=0) memory and the flat-bucket Trainer's
+    gradients are read in place (tests/scripts/cuda_ipc_job.py)."""
     needs_gpu()
     env = {**os.environ, "PYTHONPATH": python_path(), "KVSTORE_TIMEOUT": "120"}
     p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device", "gpu",
@@ -180,6 +181,8 @@ def test_cuda_ipc_between_worker_and_server_processes_on_one_gpu():
     assert p.returncode == 0, out[-4000:]
     for rank in range(2):
         assert f"[worker:{rank}] transports=cuda_ipc ok" in out, out[-4000:]
+    weights = {line.split("weights=")[1] for line in out.splitlines() if "weights=" in line}
+    assert len(weights) == 1, out[-4000:]        # the flat-bucket Trainer in step on both workers
 
 
 # -- the state machine on a GPU backend: checkpoints move between CPU and GPU ----------

@@ -21,6 +21,7 @@ import kvstore.devices as devices
 from kvstore import optimizer as opt
 from kvstore.devices import HostAccelerators, HostDevice
 from kvstore.devices.host_sharing import HostSharing
+from kvstore.errors import InvalidArgumentError
 from kvstore.server import backend as server_backend
 from kvstore.transport import shm
 
@@ -145,6 +146,96 @@ def test_a_pushpulls_chunk_copies_are_batched_whatever_the_number_of_keys(make_c
     [(few, many)] = cluster.run(lambda kv: (batches_of(kv, [f"a{i}" for i in range(3)]),
                                             batches_of(kv, [f"b{i}" for i in range(60)])), "dist_device_sync")
     assert few == many == 3
+
+
+def _slotted(kv) -> set:
+    """The chunk keys the worker's cuda_ipc links made device slots for."""
+    return {key for link in kv._client.links for key in link._device_slots._slots}
+
+
+def test_device_memory_from_empty_is_read_in_place_without_slots(make_cluster, sharing_gpus, monkeypatch):
+    """kv.empty(shape, dtype, device=i) memory (kvstore/devices/arena.py) goes to the
+    GPU servers by reference as it is: a pushpull makes no slot and no copy for it
+    (the servers open the arena's own segment), beside a value that still goes
+    through a slot; async pushpulls too; a push, which returns before the servers
+    read, still copies. Sums are the formulas' at every step, the arrays reused."""
+    acc, _ = sharing_gpus
+    opened = count_server_opens(monkeypatch)
+    cluster = make_cluster(2, 2, chunk_bytes=SMALL_CHUNKS, server_device="gpu")
+
+    def job(kv):
+        kv.init(["a", "b", "c"], [on(acc, np.zeros(s)) for s in ((3000,), (40, 50), (9,))])
+        lent = [kv.empty(3000, np.float32, device=0), kv.empty((40, 50), np.float32, device=1)]
+        segments = {kv._client.links[0]._arena.locate(a)[0] for a in lent}
+        results = []
+        for step in range(3):
+            lent[0][...] = grad(kv.rank, step, (3000,))
+            lent[1][...] = grad(kv.rank, step, (40, 50), 1)
+            plain = on(acc, grad(kv.rank, step, (9,)))
+            outs = [acc.empty(0, 3000, np.float32), acc.empty(1, 2000, np.float32).reshape(40, 50),
+                    acc.empty(0, 9, np.float32)]
+            if step < 2:
+                kv.pushpull(["a", "b", "c"], lent + [plain], out=outs)
+            else:
+                kv.pushpull_async(["a", "b", "c"], lent + [plain], out=outs).wait()
+            results.append([np.array(o) for o in outs])
+        slotted = _slotted(kv)
+        kv.push("a", lent[0])                   # returns before the servers read: copied
+        kv.barrier()
+        return results, slotted, _slotted(kv) - slotted, segments, [acc.holds(a) for a in lent]
+
+    chunks_of_a = -(-3000 * 4 // SMALL_CHUNKS)
+    for results, slotted, pushed, segments, on_devices in cluster.run(job, "dist_device_sync"):
+        assert on_devices == [True, True]
+        for step, outs in enumerate(results):
+            np.testing.assert_array_equal(outs[0], sum(grad(r, step, (3000,)) for r in range(2)))
+            np.testing.assert_array_equal(outs[1], sum(grad(r, step, (40, 50), 1) for r in range(2)))
+            np.testing.assert_array_equal(outs[2], sum(grad(r, step, (9,)) for r in range(2)))
+        assert {key[0] for key in slotted} == {"c"}        # only the plain value used a slot
+        assert len(pushed) == chunks_of_a and {key[0] for key in pushed} == {"a"}
+        assert segments <= set(opened)                      # the servers opened the arena itself
+
+
+def test_device_empty_without_cuda_ipc_is_plain_device_memory(make_cluster, sharing_gpus):
+    """With CPU servers (no cuda_ipc), kv.empty(..., device=i) is ordinary device
+    memory and pushpulls as any device value; a bad ordinal is refused by name."""
+    acc, _ = sharing_gpus
+    cluster = make_cluster(1, 1)
+
+    def job(kv):
+        kv.init("w", on(acc, np.zeros(6)))
+        g = kv.empty(6, np.float32, device=1)
+        g[...] = 4.0
+        out = acc.empty(1, 6, np.float32)
+        kv.pushpull("w", g, out=out)
+        with pytest.raises(InvalidArgumentError, match=r"empty\(device=2\): expected a device ordinal"):
+            kv.empty(6, np.float32, device=2)
+        return acc.index_of(g), np.array(out), kv._client.transports
+    [(index, out, transports)] = cluster.run(job, "dist_device_sync")
+    assert (index, transports) == (1, ["shm"])
+    np.testing.assert_array_equal(out, np.full(6, 4.0))
+
+
+def test_device_arena_locates_only_its_own_memory():
+    """kvstore.devices.arena on its own: a view inside one allocation is located (its
+    segment and offset), one that spills over its end, other memory and host arrays
+    are not."""
+    from kvstore.devices.arena import DeviceArena
+    acc = HostAccelerators(2, sharing=HostSharing("arena"))
+    try:
+        arena = DeviceArena(acc)
+        a, b = arena.alloc(0, 1024, np.float32), arena.alloc(1, 16, np.float32)
+        segment, offset = arena.locate(a)
+        assert arena.locate(a[256:512]) == (segment, offset + 1024)
+        assert arena.locate(b)[0] is not None and arena.locate(b[::2]) is None     # strided: not exportable
+        spill = a[1000:1024].view(np.ndarray)
+        assert arena.locate(spill) is None                  # a host array (untagged)
+        assert arena.locate(acc.empty(0, 8, np.float32)) is None
+        assert arena.locate(acc.sharing.empty(0, 8, np.float32)) is None   # exportable, not the arena's
+        arena.close()
+        assert arena.locate(a) is None
+    finally:
+        acc.sharing.close()
 
 
 def test_a_server_with_host_values_leaves_co_located_workers_on_shared_memory(make_cluster, sharing_gpus,
@@ -422,6 +513,7 @@ import numpy as np
 import kvstore.devices as devices
 from kvstore.devices import HostAccelerators, HostDevice
 from kvstore.devices.host_sharing import HostSharing
+from kvstore.errors import InvalidArgumentError
 from kvstore.server import backend
 # emulated GPUs whose memory other processes open (kvstore.devices.host_sharing): two
 # per worker process, one per server process (servers run this script too)

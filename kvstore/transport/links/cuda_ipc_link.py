@@ -10,7 +10,9 @@ adds is device arrays (the sums of ``dist_device_sync``) without a host copy:
   reply), the device's stream is synchronised once per request, and the message
   carries ``dev`` references (docs/protocol.md 2.7). The server sums straight
   from the slots (one kernel over the workers' buffers) and answers only when it
-  has stopped reading them.
+  has stopped reading them. A pushpull's values that lie in memory from
+  ``kv.empty(..., device=i)`` (kvstore/devices/arena.py: the flat-bucket Trainer's
+  gradients) are referenced as they are, with no slot and no copy.
 - **Replies**: a request whose outputs are device arrays says ``dev_reply``; a
   GPU server then answers with references to its values (made final before it
   replies), which this link opens once per allocation and copies device to
@@ -36,6 +38,7 @@ import numpy as np
 
 from ...errors import InvalidArgumentError
 from ...protocol import decode, ops
+from ...devices.arena import DeviceArena
 from ...devices.arrays import flat_view
 from ...devices.slots import DeviceSlots
 from ...devices.staging import copy_into
@@ -58,6 +61,8 @@ class CudaIpcLink(ShmLink):
         self._sharing = self._acc.sharing
         self._index = self._acc.current()       # the device peers' memory is opened on
         self._device_slots = DeviceSlots(self._acc)   # held by request id until its reply
+        # kv.empty(..., device=i) memory, read by the servers in place (shared by the client's links)
+        self._arena = client.shared("device arena", lambda: DeviceArena(self._acc))
         self._device_probe = None
         self._device_answer: dict | None = None
 
@@ -113,7 +118,24 @@ class CudaIpcLink(ShmLink):
             fields["shm_reply"] = True
         # host arrays beside them (keys whose values are on the host) travel as frames
         keys = [_hashable(k) for k in stage] if stage is not None else [("buffer", i) for i in range(len(arrays))]
-        return arrays, self._device_slots.places(req_id, keys, arrays), False
+        # values in our arena (kv.empty(..., device=i)) go as they are, once their devices'
+        # queued work is done; the others are copied into slots held until the reply
+        located = [self._arena.locate(arrays[i]) if in_place else None for i in on_device]
+        rest = [i for i, place in zip(on_device, located) if place is None]
+        places: list = [None] * len(arrays)
+        for i, place in zip(rest, self._device_slots.places(req_id, [keys[i] for i in rest],
+                                                            [arrays[i] for i in rest])):
+            places[i] = place
+        lent = [(i, place) for i, place in zip(on_device, located) if place is not None]
+        for index in sorted({self._acc.index_of(arrays[i]) for i, _ in lent}):
+            self._sharing.publish(index)
+        for i, place in lent:
+            places[i] = (*place, "dev")
+        return arrays, places, False
+
+    def device_empty(self, index: int, size: int, dtype):
+        """A flat array on device ``index`` that co-located GPU servers read in place."""
+        return self._arena.alloc(index, size, dtype)
 
     def release(self, req_id: int) -> None:
         self._device_slots.release(req_id)      # the server has stopped reading those slots
