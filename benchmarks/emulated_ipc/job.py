@@ -6,7 +6,8 @@ Workers pushpull the layout's keys ``BENCH_ITERS`` times after ``BENCH_WARMUP``
 untimed calls, check every output against the exact sum (a wrong one exits
 non-zero), and worker 0 writes ``{"median_ms", "samples_ms", "keys", "transports"}``
 to ``BENCH_OUT``; with ``BENCH_PROFILE`` set to a directory, worker 0 also writes its
-cProfile summary there and has the servers dump theirs (server-<rank>.prof).
+cProfile summary (worker-0.txt) and profile (worker-0.prof) there and has the
+servers dump theirs (server-<rank>.prof).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> int:
             profiler.disable()
             kv._send_command_to_servers("profile_stop")
             kv._send_command_to_servers("profile_dump", os.path.abspath(profile_dir))
+            profiler.dump_stats(os.path.join(profile_dir, "worker-0.prof"))     # python -m pstats FILE
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
             pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
