@@ -49,7 +49,7 @@ def phases(device, acc=None, workers: int = 2, chunk_bytes: int = 64 << 20, reps
     ``acc`` (cuda_ipc path, skipped when None). ``shapes`` defaults to ResNet-50's
     parameters; the buckets hold ``bucket_values`` float32 each (the Trainer's 4 MiB)."""
     sizes = [size(s) for _, s in resnet50_shapes()] if shapes is None else [size(s) for s in shapes]
-    layouts = {"161 keys" if shapes is None else f"{len(sizes)} keys": sizes}
+    layouts = {f"{len(sizes)} keys": sizes}
     bucketed = buckets(sizes[::-1], bucket_values)
     layouts[f"{len(bucketed)} buckets"] = bucketed
     timer = Timer(reps)

@@ -288,9 +288,9 @@ class Client:
         """A 1-D array on device ``index`` that co-located servers can read in place,
         or None when no link reads device memory (kvstore/devices/arena.py)."""
         for link in self.links:
-            make = getattr(link, "device_empty", None)
-            if make is not None:
-                return make(index, size, dtype)
+            array = link.device_empty(index, size, dtype)
+            if array is not None:
+                return array
         return None
 
     def wait_sent(self, trackers, what: str) -> None:

@@ -140,5 +140,10 @@ class Link:
         such memory."""
         return None
 
+    def device_empty(self, index: int, size: int, dtype):
+        """A 1-D array on device ``index`` the server can read in place, or None when
+        this link does not read device memory."""
+        return None
+
     def close(self) -> None:
         """Release what the link holds (not the socket: the client owns it)."""
