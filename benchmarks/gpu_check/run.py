@@ -20,9 +20,9 @@ Sections (each is skipped with its reason where it cannot run, never faked):
 4. ``ipc``: two processes sharing device memory through CUDA IPC (memory and
    event handles), device-to-device against through the host (benchmarks/gpu_check/ipc.py).
 5. ``exchange``: one ResNet-50 gradient exchange (102.2 MB of CUDA tensors), W=2
-   workers sharing the GPU: ours (``dist_device_sync``, 2 GPU servers, 161 keys or
-   the Trainer's 19 flat buckets; and 2 CPU servers) against gloo all_reduce of the
-   same CUDA tensors.
+   workers sharing the GPU: ours (``dist_device_sync``, 2 GPU servers, 161 keys, the
+   Trainer's 19 flat buckets or one key; and 2 CPU servers) against gloo all_reduce
+   of the same CUDA tensors.
 6. ``train``: a ResNet-50 training step (batch 32 per worker, synthetic), W=2:
    ``kvstore.torch.Trainer`` with GPU servers against DDP over gloo.
 7. ``cifar``: ``examples/train_cifar10.py --benchmark 1 --gpus 0 --kvstore
@@ -49,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SECTIONS = ("pytest", "aggregation", "phases", "ipc", "exchange", "train", "cifar")
 # seconds each section took on an H100 (2026-11-24 to -28: pytest 73-94, aggregation 0-1,
 # phases 1-2, ipc 6-7, exchange 23-34, train 29-42 with two contenders, cifar 17-22), plus a
-# margin (train and exchange: a third and a fourth contender since 2026-11-28): a section starts only if this much of
+# margin (train: a third contender since 2026-11-28, exchange a fourth and a fifth): a section starts only if this much of
 # the budget is left (--budget)
 EXPECTED = {"pytest": 150, "aggregation": 40, "phases": 25, "ipc": 20, "exchange": 90, "train": 150, "cifar": 120}
 
@@ -202,7 +202,9 @@ def job(task: str, contender: str, out: str, timeout: float, extra=()) -> dict:
     else:
         device = "gpu" if contender.startswith("ours gpu servers") else "cpu"
         if contender.endswith("flat buckets"):
-            worker.append("--flat-buckets")
+            worker += ["--flat-buckets"] if task == "train" else ["--layout", "buckets"]
+        elif contender.endswith("one key"):
+            worker += ["--layout", "flat"]
         p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", "--server-device",
                             device, *worker], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         code, text = p.returncode, p.stdout + p.stderr
@@ -334,7 +336,7 @@ def main(argv=None) -> int:
         "phases": lambda left: gpu_phases.phases(CudaDevice(0), CudaAccelerators()),
         "ipc": lambda left: gpu_ipc.ipc(env=env_of_job(), timeout=within(120, until(left))),
         "exchange": lambda left: jobs("exchange", ("gloo", "ours gpu servers", "ours gpu servers, flat buckets",
-                                                   "ours cpu servers"), 180, left),
+                                                   "ours gpu servers, one key", "ours cpu servers"), 180, left),
         "train": lambda left: jobs("train", ("gloo", "ours gpu servers", "ours gpu servers, flat buckets"), 240,
                                    left),
         "cifar": lambda left: cifar(timeout=within(300, until(left))),

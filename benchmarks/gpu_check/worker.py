@@ -7,8 +7,8 @@
 
 ``exchange``: the ResNet-50 gradient set (161 tensors, 102.2 MB fp32) as CUDA
 tensors, summed over the workers: ours by ``dist_device_sync`` pushpull of every
-key in one call (with ``--flat-buckets``, of the 19 flat buckets that hold the same
-values in ``Trainer(flat_buckets=True)``), gloo by one all_reduce of a flat CUDA
+key in one call (``--layout buckets``: of the 19 flat buckets that hold the same
+values in ``Trainer(flat_buckets=True)``; ``--layout flat``: of one key), gloo by one all_reduce of a flat CUDA
 buffer (its fastest layout here). Every result is checked against the exact sum (a wrong one exits non-zero).
 ``train``: one ResNet-50 training step (torchvision's model, a synthetic batch on
 the GPU): ours ``kvstore.torch.Trainer`` with SGD on the servers, gloo DDP with
@@ -29,18 +29,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from benchmarks.harness.key_layouts import layout  # noqa: E402
+from benchmarks.harness.key_layouts import LAYOUTS, layout  # noqa: E402
 from benchmarks.harness.resnet50_shapes import resnet50_shapes  # noqa: E402
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(step, iters: int, warmup: int, check=None) -> list[float]:
     """Milliseconds of each ``step(i)`` after ``warmup``; ``check(i)`` runs untimed."""
     samples = []
     for i in range(warmup + iters):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         step(i)
-        torch.cuda.synchronize()
+        sync()
         if i >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3)
         if check is not None:
@@ -50,16 +55,16 @@ def timed(step, iters: int, warmup: int, check=None) -> list[float]:
 
 def exchange(args, rank: int, world: int, kv=None) -> list[float]:
     shapes: list = [s for _, s in resnet50_shapes()]
-    if args.flat_buckets:       # the same values in the Trainer's flat buckets (19 keys)
-        shapes = [(n,) for n in layout("buckets")]
-    grads = [torch.empty(s, device="cuda") for s in shapes]
-    outs = [torch.empty(s, device="cuda") for s in shapes]
+    if args.layout != "keys":   # the same values in the Trainer's 19 flat buckets, or in one key
+        shapes = [(n,) for n in layout(args.layout)]
+    grads = [torch.empty(s, device=args.device) for s in shapes]
+    outs = [torch.empty(s, device=args.device) for s in shapes]
     if kv is not None:
         keys = list(range(len(shapes)))
-        kv.init(keys, [torch.zeros(s, device="cuda") for s in shapes])
+        kv.init(keys, [torch.zeros(s, device=args.device) for s in shapes])
         flat = None
     else:
-        flat = torch.empty(sum(g.numel() for g in grads), device="cuda")
+        flat = torch.empty(sum(g.numel() for g in grads), device=args.device)
 
     def step(i):
         value = float((rank + 1) * (i + 1) % 251)
@@ -114,9 +119,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("task", choices=["exchange", "train"])
     p.add_argument("--gloo", action="store_true", help="torch.distributed gloo instead of kvstore")
-    p.add_argument("--flat-buckets", action="store_true",
-                   help="train: the Trainer's flat_buckets=True; exchange: ours pushpulls the same values "
-                        "as the Trainer's 19 flat buckets (benchmarks/harness/key_layouts.py)")
+    p.add_argument("--flat-buckets", action="store_true", help="train: the Trainer's flat_buckets=True")
+    p.add_argument("--layout", choices=LAYOUTS, default="keys",
+                   help="exchange: ours pushpulls ResNet-50's values as 161 keys, as the Trainer's 19 flat "
+                        "buckets, or as one key (benchmarks/harness/key_layouts.py)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="exchange: where the tensors live (cpu: CI runs this script's logic there)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")
@@ -126,7 +134,8 @@ def main() -> int:
                    help="rank 0 profiles the servers' request loops for the run (server commands "
                         "profile_start/stop/dump) and writes server-<rank>.prof into this directory")
     args = p.parse_args()
-    torch.cuda.set_device(0)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
     task = exchange if args.task == "exchange" else train
     transports: list = []
     if args.gloo:

@@ -97,3 +97,21 @@ def test_the_exchange_phases_run_on_the_host_device():
     assert all(r["ms"] > 0 for r in result["rows"])
     assert acc.batches > copies          # the worker's steps ran through the batched copies
     assert "| host | worker d2h -> shm |" in "\n".join(report(result))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("contender, transports", [
+    ("gloo", "-"),
+    ("ours cpu servers", "shm"),
+    ("ours cpu servers, flat buckets", "shm"),
+    ("ours cpu servers, one key", "shm")])
+def test_the_exchange_jobs_run_on_the_cpu(tmp_path, contender, transports):
+    """gpu_check's exchange section (run.job over benchmarks/gpu_check/worker.py) with
+    CPU tensors (--device cpu): every contender's processes start, exchange
+    ResNet-50's values in their layout and check every sum, so a broken worker script
+    fails here and not in a GPU loan's minutes."""
+    from benchmarks.gpu_check.run import job
+    result = job("exchange", contender, str(tmp_path / "out.json"), 120,
+                 ("--device", "cpu", "--iters", "1", "--warmup", "0"))
+    assert "failed" not in result, result.get("tail")
+    assert result["samples"] == 1 and result["median_ms"] > 0 and result["transports"] == transports
