@@ -19,9 +19,9 @@ the time is. Two paths:
   CPU servers use its worker half): ``worker pack`` (161 gradients into one flat
   buffer), ``worker d2h -> shm`` (shared memory is pageable) and, for comparison,
   ``-> pinned``, ``server stage`` (shm -> pinned host memcpy) and ``server h2d``,
-  against ``server h2d from shm`` (driver-staged: what runs), ``server d2h -> shm``
-  (a reply's values packed on the device, one download), ``worker h2d`` and
-  ``worker spread``.
+  against ``server h2d from shm`` (driver-staged: what runs), ``worker h2d`` and
+  ``worker spread`` (a server's reply to shared memory is one download, as ``worker
+  d2h -> shm``).
 
 Runs on any :class:`kvstore.devices.Device` and
 :class:`kvstore.devices.base.Accelerators` with exportable memory: CI runs it on
@@ -117,8 +117,6 @@ def host_rows(device, sizes: list[int], timed: Timer) -> list[tuple]:
                 on_device("server stage (shm -> pinned)", lambda: np.copyto(pinned, shm), nbytes * 2),
                 on_device("server h2d", lambda: device.upload(flat, pinned), nbytes),
                 on_device("server h2d from shm (what runs: driver-staged)", lambda: device.copy_in(flat, shm), nbytes),
-                on_device("server d2h -> shm (the reply values, packed: one download)",
-                          lambda: device.download(flat, shm), nbytes),
                 on_device("worker h2d (pinned)", lambda: device.upload(flat, pinned), nbytes),
                 on_device("worker spread", spread, nbytes * 2)]
     finally:

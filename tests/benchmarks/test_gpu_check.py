@@ -93,7 +93,7 @@ def test_the_exchange_phases_run_on_the_host_device():
     assert ("both", "server round, 3 keys (sum of 2 + sgd momentum, 12 chunks)") in rows   # 1 + 1 + 8 x 1 KB, ...
     assert ("both", "server round, 2 buckets (sum of 2 + sgd momentum, 11 chunks)") in rows   # 8 + 3
     assert ("cuda_ipc", "worker stage (slots, one batched copy, sync), 2 buckets") in rows
-    assert ("host", "worker pack") in rows and len(rows) == 9 + 2 + 2 * 3
+    assert ("host", "worker pack") in rows and len(rows) == 8 + 2 + 2 * 3
     assert all(r["ms"] > 0 for r in result["rows"])
     assert acc.batches > copies          # the worker's steps ran through the batched copies
     assert "| host | worker d2h -> shm |" in "\n".join(report(result))
