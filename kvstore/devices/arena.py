@@ -34,17 +34,13 @@ class DeviceArena:
             raise ValueError("DeviceArena needs accelerators whose memory can be exported")
         self._acc = acc
         self._sharing = acc.sharing
-        self._starts: dict[int, list[int]] = {}     # device -> allocation starts, sorted
-        self._spans: dict[int, list[tuple]] = {}    # device -> (start, end, array), in that order
+        self._spans: dict[int, list[tuple]] = {}    # device -> (start, end, array), sorted by start
 
     def alloc(self, index: int, size: int, dtype):
         """A new flat array of ``size`` values on device ``index``, in exportable memory."""
         a = self._sharing.empty(index, size, dtype)
         start = self._acc.address(a)
-        starts = self._starts.setdefault(index, [])
-        at = bisect.bisect(starts, start)
-        starts.insert(at, start)
-        self._spans.setdefault(index, []).insert(at, (start, start + a.nbytes, a))
+        bisect.insort(self._spans.setdefault(index, []), (start, start + a.nbytes, a), key=_start)
         return a
 
     def locate(self, a) -> tuple | None:
@@ -53,19 +49,21 @@ class DeviceArena:
         acc = self._acc
         if not acc.holds(a):
             return None
-        index = acc.index_of(a)
-        starts = self._starts.get(index)
-        if not starts:
+        spans = self._spans.get(acc.index_of(a))
+        if not spans:
             return None
         start = acc.address(a)
-        at = bisect.bisect(starts, start) - 1
+        at = bisect.bisect(spans, start, key=_start) - 1
         if at < 0:
             return None
-        lo, hi, _ = self._spans[index][at]
+        lo, hi, _ = spans[at]
         if not (lo <= start and start + a.nbytes <= hi):
             return None
         return self._sharing.export(a)      # None when not C-contiguous
 
     def close(self) -> None:
-        self._starts.clear()
         self._spans.clear()
+
+
+def _start(span: tuple) -> int:
+    return span[0]
