@@ -74,7 +74,7 @@ def main() -> int:
         if profiler is not None and profile_dir:
             profiler.disable()
             kv._send_command_to_servers("profile_stop")
-            kv._send_command_to_servers("profile_dump", os.path.abspath(profile_dir))
+            kv._send_command_to_servers("profile_dump")     # into KVSTORE_PROFILE_DIR (run.py sets it)
             profiler.dump_stats(os.path.join(profile_dir, "worker-0.prof"))     # python -m pstats FILE
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)

@@ -49,6 +49,7 @@ def run_layout(name: str, cfg: dict, work: str) -> dict:
     if cfg["profile"]:
         os.makedirs(os.path.join(cfg["profile"], name), exist_ok=True)
         env["BENCH_PROFILE"] = os.path.abspath(os.path.join(cfg["profile"], name))
+        env["KVSTORE_PROFILE_DIR"] = env["BENCH_PROFILE"]     # where the servers' profile_dump writes
     outcome = launch(JobSpec(num_workers=cfg["workers"], num_servers=cfg["servers"], command=job,
                              server_command=job, env=env))
     if outcome.returncode != 0:

@@ -130,9 +130,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32, help="train: images per worker")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default=None, help="rank 0 writes a cProfile summary of the run here")
-    p.add_argument("--server-profile", default=None,
+    p.add_argument("--server-profile", default=None, metavar="LABEL",
                    help="rank 0 profiles the servers' request loops for the run (server commands "
-                        "profile_start/stop/dump) and writes server-<rank>.prof into this directory")
+                        "profile_start/stop/dump); each server writes server-<rank>-LABEL.prof into "
+                        "its KVSTORE_PROFILE_DIR (set it in the job's environment)")
     args = p.parse_args()
     if args.device == "cuda":
         torch.cuda.set_device(0)
@@ -167,7 +168,7 @@ def main() -> int:
                 samples = task(args, rank, world, kv)
             if profiles_servers:
                 kv._send_command_to_servers("profile_stop")
-                kv._send_command_to_servers("profile_dump", os.path.abspath(args.server_profile))
+                print("server profiles:", kv._send_command_to_servers("profile_dump", args.server_profile))
             transports = sorted(kv.comm_stats()["by_transport"])   # e.g. ["cuda_ipc"]
     if rank == 0:
         with open(args.out, "w") as f:

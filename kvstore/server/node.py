@@ -21,7 +21,7 @@ from .checkpoint_ops import CheckpointOps
 from .commands import ServerCommands
 from .dataplane import DataPlane
 from .sequencer import Sequencer
-from .state import Reply, ServerState
+from .state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ServerNode:
         self.sequencer = Sequencer(self._live.name)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
-        self._commands = ServerCommands(reg.rank)
+        self._commands = ServerCommands(reg.rank, self.config.profile_dir)
         if self.config.checkpoint_dir:
             self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
                                               self.state, resume=self.config.resume)
@@ -145,27 +145,34 @@ class ServerNode:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            peer, body = frames[0].bytes, frames[1:]
             try:
-                header, arrays = self._data.decode(body)
-                if type(header.get("src")) is not int or type(header.get("id")) is not int:
-                    error = ProtocolError("a request needs an integer 'src' and 'id'")
-                    error.request_id = header["id"] if type(header.get("id")) is int else None
-                    raise error
-            except ProtocolError as e:
-                log.warning("%s: rejected a malformed message: %s", self._live.name, e)
-                self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
-                # its sequence number is used up, or the requests after it would wait
-                # for it forever (a readable header tells which one it was)
-                self._deliver(peer, self.sequencer.skip(peer, _sequence_number(body)))
-                continue
-            try:
-                deliverable = self.sequencer.accept(peer, header, arrays)
-            except ValueError as e:
-                log.error("%s: %s", self._live.name, e)
-                self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
-                continue
-            self._deliver(peer, deliverable)
+                self._serve_one(frames)
+            except Exception:   # a bug or an input nobody foresaw: this server goes on serving
+                log.exception("%s: failed on a message; it was dropped", self._live.name)
+
+    def _serve_one(self, frames: list) -> None:
+        """Decode, sequence and handle one message (``frames``: identity, header, buffers)."""
+        peer, body = frames[0].bytes, frames[1:]
+        try:
+            header, arrays = self._data.decode(body)
+            if type(header.get("src")) is not int or type(header.get("id")) is not int:
+                error = ProtocolError("a request needs an integer 'src' and 'id'")
+                error.request_id = header["id"] if type(header.get("id")) is int else None
+                raise error
+        except ProtocolError as e:
+            log.warning("%s: rejected a malformed message: %s", self._live.name, e)
+            self._send(peer, error_header(getattr(e, "request_id", None), "ProtocolError", str(e)), [])
+            # its sequence number is used up, or the requests after it would wait
+            # for it forever (a readable header tells which one it was)
+            self._deliver(peer, self.sequencer.skip(peer, _sequence_number(body)))
+            return
+        try:
+            deliverable = self.sequencer.accept(peer, header, arrays)
+        except ValueError as e:
+            log.error("%s: %s", self._live.name, e)
+            self._send(peer, error_header(header["id"], "ProtocolError", str(e)), [])
+            return
+        self._deliver(peer, deliverable)
 
     def _deliver(self, peer: bytes, deliverable) -> None:
         """Handle requests of ``peer`` that the sequencer released, in order."""
@@ -181,6 +188,17 @@ class ServerNode:
         (None for a request the node answers itself)."""
         log.debug("%s: %s id=%s from worker %s", self._live.name, header["op"],
                   header["id"], header["src"])
+        try:
+            return self._handle_request(peer, header, arrays)
+        except Exception as e:  # a bug or an input we did not foresee: answer it, keep serving
+            log.exception("%s: failed on %s request %s", self._live.name, header.get("op"),
+                          header.get("id"))
+            self._send(peer, error_header(header["id"], "InternalError",
+                                          f"{self._live.name}: {header.get('op')!r} request failed: "
+                                          f"{type(e).__name__}: {e}"), [])
+            return None
+
+    def _handle_request(self, peer: bytes, header: dict, arrays) -> list | None:
         handled = self._data.intercept(peer, header, arrays)   # e.g. hello
         if handled is not None:
             self._send(peer, *handled)
@@ -198,13 +216,7 @@ class ServerNode:
                 self._send(peer, error_header(header["id"], "CheckpointError", refusal), [])
                 return None
         self._apply_members()
-        try:
-            replies = self._live.handle(peer, header, arrays)
-        except Exception as e:  # a bug or an input we did not foresee: keep serving
-            log.exception("%s: failed on %s request %s", self._live.name, header.get("op"),
-                          header.get("id"))
-            replies = [Reply(peer, error_header(header["id"], "InternalError",
-                                                f"{self._live.name}: {type(e).__name__}: {e}"))]
+        replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
         with self._data.batch():          # one event's replies: their values are the same
             for reply in replies:
                 if reply.header.get("kind") == "ProtocolError":

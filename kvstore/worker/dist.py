@@ -212,10 +212,11 @@ class DistStore(KVStore):
 
     def _send_command_to_servers(self, head: str, body: str = "") -> list:
         """MXNet's call: run a command on every server (kvstore.server.commands:
-        ``"profile_start"``, ``"profile_stop"``, ``"profile_dump"`` with a directory on
-        the servers' hosts as ``body``); returns each server's result (for a dump,
-        its file). Not collective: any worker may send one. A bad command raises
-        RemoteError naming the server and changes nothing."""
+        ``"profile_start"``, ``"profile_stop"``, ``"profile_dump"``, whose ``body`` is
+        an optional label: each server writes ``server-RANK[-LABEL].prof`` into its own
+        ``KVSTORE_PROFILE_DIR``; no path travels); returns each server's result (for a
+        dump, its file). Not collective: any worker may send one. A bad command or
+        body raises RemoteError naming the server and changes nothing."""
         self._check_open("_send_command_to_servers")
         if not isinstance(head, str) or not isinstance(body, str):
             raise ArgumentTypeError(f"_send_command_to_servers: head and body must be str, got "

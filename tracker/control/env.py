@@ -278,6 +278,11 @@ VARIABLES: tuple[Var, ...] = (
         "Directory where every worker and server writes a Chrome trace-event file of its "
         "calls, requests and rounds (worker-R.json, server-R.json; opens in Perfetto; "
         "`python -m kvstore.tools.timeline DIR` merges them). Unset: nothing is recorded."),
+    Var("KVSTORE_PROFILE_DIR", (), "kvstore-profiles", str,
+        "Directory (on each server's host; relative: to the server's working directory) where a "
+        "server writes the profiles a worker asks for with "
+        "kv._send_command_to_servers(\"profile_dump\", LABEL) (server-RANK[-LABEL].prof, created "
+        "new, mode 0600). No path ever comes from the wire."),
     Var("KVSTORE_LOG_LEVEL", (), "INFO", str,
         "Log level of the entry points (server processes, launchers)."),
 )
