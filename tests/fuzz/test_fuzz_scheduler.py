@@ -146,3 +146,64 @@ def test_scheduler_survives_bad_control_messages(live, caplog):
         sock.close(linger=0)
     live.assert_job_works()
     assert live.cluster.scheduler.failure is None
+
+
+# -- every control op, every field, from a node of the job (an insider) ----------------------
+CTRL_TEMPLATES = {   # one well-formed request per op of SchedulerState.OPS, from worker 0
+    "heartbeat": {},
+    "register": {"role": "worker", "rank": 0, "host": "127.0.0.1", "addr": "", "pid": 100},
+    "barrier": {"token": "barrier", "timeout": 30.0},
+    "finish": {},
+    "fail": {"reason": "fuzz"},
+    "progress": {"progress": {"epoch": 1}},
+}
+CTRL_BAD = [None, True, -1, 2 ** 64 - 1, -2 ** 63, 1.5, float("nan"), float("inf"), "", "\x00", "a\x00b",
+            b"\x00" * 3, [], [[]], {}, {"x": [1, {"y": None}]}, "x" * 10_000, list(range(1000)),
+            {str(i): i for i in range(100)}]
+
+
+def _formed_job(workers: int = 2, servers: int = 1) -> SchedulerState:
+    state = SchedulerState(workers, servers, now=0.0, timeout=30.0, heartbeat_interval=1.0,
+                           heartbeat_timeout=5.0)
+    ids = itertools.count(1)
+    for role, count in (("server", servers), ("worker", workers)):
+        for rank in range(count):
+            node = f"{role}-{rank}"
+            state.receive(b"hb:" + node.encode(), wire.encode("heartbeat", node=node), 0.0)
+            state.receive(node.encode(), wire.encode("register", id=next(ids), node=node, role=role,
+                                                     rank=rank, host="h", addr=f"tcp://{node}",
+                                                     pid=100 + rank), 0.0)
+    assert state.members == list(range(workers))
+    return state
+
+
+def test_every_control_op_from_a_member_with_every_bad_field(caplog):
+    """The scheduler's state machine, fed by a registered worker: no message with a
+    bad field raises out of ``receive`` (its last resort logs an exception: a bug),
+    fails the job (but ``fail`` itself) or goes unanswered."""
+    assert set(CTRL_TEMPLATES) == set(SchedulerState.OPS), set(CTRL_TEMPLATES) ^ set(SchedulerState.OPS)
+    caplog.set_level(logging.WARNING)
+    cases = 0
+    for op, fields in CTRL_TEMPLATES.items():
+        state = _formed_job()
+        names = list(dict.fromkeys([*fields, "node", "id", "v", "token", "timeout", "progress", "data"]))
+        for name in names:
+            for value in CTRL_BAD:
+                msg = {"v": wire.VERSION, "op": op, "id": 7, "node": "worker-0", **fields, name: value}
+                ident = b"hb:worker-0" if op == "heartbeat" else b"worker-0"
+                sends = state.receive(ident, msgpack.packb(msg, use_bin_type=True), 1.0)
+                cases += 1
+                what = f"{op} with {name}={value!r:.60}"
+                crashed = [r for r in caplog.records if r.name.startswith("tracker") and r.exc_info]
+                assert not crashed, f"{what}: {crashed[0].getMessage()}"
+                assert op == "fail" or state.failure is None, f"{what} failed the job: {state.failure}"
+                answered = [s for s in sends if s.ident == ident]
+                if op == "barrier" and not any(s.op == "error" for s in answered):
+                    # a barrier may wait for worker 1; end it so that the next case starts clean
+                    sends += state.receive(b"worker-1", wire.encode("barrier", id=8, node="worker-1",
+                                                                    token=msg.get("token")), 1.0)
+                    answered = [s for s in sends if s.ident == ident]
+                assert answered or op in ("heartbeat", "barrier"), f"{what}: no reply"
+                if op in ("fail", "finish") or state.failure is not None:
+                    state = _formed_job()
+    assert cases > 500
