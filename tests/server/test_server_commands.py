@@ -116,3 +116,28 @@ def test_an_unusable_profile_directory_is_an_error_reply(make_cluster, tmp_path)
 
 def test_a_store_without_servers_has_nothing_to_run():
     assert kvstore.create("local")._send_command_to_servers("profile_start") == []
+
+
+def test_a_request_that_raises_is_answered_and_the_server_goes_on(make_cluster, monkeypatch):
+    """The node's last resort: whatever a handler raises (here a fault injected into
+    a command) becomes an InternalError reply naming the op; the server keeps serving.
+    Before, a ValueError from a command ended every server (issue 40)."""
+    from kvstore.server.commands import ServerCommands
+
+    def broken(self, body):
+        raise ValueError("embedded null byte")
+
+    monkeypatch.setattr(ServerCommands, "_stop", broken)
+
+    def job(kv):
+        kv.init("w", np.zeros(4, np.float32))
+        with pytest.raises(kvstore.RemoteError, match=r"server 0 rejected .*InternalError.*'command' request "
+                                                      r"failed: ValueError: embedded null byte"):
+            kv._send_command_to_servers("profile_stop")
+        kv.push("w", np.ones(4, np.float32))
+        out = np.empty(4, np.float32)
+        kv.pull("w", out=out)
+        return out
+
+    out, = make_cluster(1, 1).run(job)
+    np.testing.assert_array_equal(out, 1)
