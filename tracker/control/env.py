@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from types import UnionType
@@ -237,7 +239,14 @@ VARIABLES: tuple[Var, ...] = (
         "tcp/ipc, so that large incoming messages reuse warm memory instead of page-faulting."),
     Var("KVSTORE_SECRET", (), None, str,
         "The job's secret (hex), created by the launcher and handed to every process in "
-        "its environment. Every connection must prove it holds it; unset: no authentication."),
+        "its environment. Every connection must prove it holds it; unset: no authentication. "
+        "Under torch's launchers (torchrun, PyTorchJob) give it yourself, here or in "
+        "KVSTORE_SECRET_FILE (docs/launching.md)."),
+    Var("KVSTORE_SECRET_FILE", (), None, str,
+        "A file holding the job's secret (e.g. a mounted Kubernetes Secret), read when "
+        "KVSTORE_SECRET is unset; surrounding whitespace is ignored. It must be a regular, "
+        "non-empty file that neither group nor others may read or write (chmod 600 or 400): "
+        "any other is refused, naming it."),
     Var("KVSTORE_SECURE", (), False, _bool,
         "1: encrypt and authenticate all traffic with ZeroMQ CURVE (keys derived from "
         "KVSTORE_SECRET). Launchers turn it on when processes run on more than one host."),
@@ -342,7 +351,46 @@ def read(environ: Mapping[str, str]) -> Settings:
             break
     if values.get("server_device") == "gpu":
         values.setdefault("chunk_bytes", GPU_SERVER_CHUNK_BYTES)
+    if values.get("secret") is None and values.get("secret_file"):
+        values["secret"] = _secret_from_file(str(values["secret_file"]))
     return Settings(**values)
+
+
+SECRET_FILE_BYTES = 64 << 10   # more than any secret: a larger KVSTORE_SECRET_FILE is the wrong file
+
+
+def _secret_from_file(path: str) -> str:
+    """The secret held by ``path`` (KVSTORE_SECRET_FILE), whitespace stripped. Raises
+    EnvError naming the file when it is missing, unreadable, not a regular file,
+    open to group or others, empty, or not text. Checked on the opened file (fstat),
+    so what is checked is what is read."""
+    what = f"KVSTORE_SECRET_FILE={path!r}"
+    try:
+        # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise EnvError(f"{what}: no such file") from None
+    except OSError as e:
+        raise EnvError(f"{what}: cannot be read ({e.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise EnvError(f"{what}: not a regular file")
+        if info.st_mode & 0o077:
+            raise EnvError(f"{what}: group or others may access it (mode {stat.S_IMODE(info.st_mode):04o}); "
+                           f"the job's secret must be readable by its user only: chmod 600 {path}")
+        data = os.read(fd, SECRET_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SECRET_FILE_BYTES:
+        raise EnvError(f"{what}: larger than {SECRET_FILE_BYTES} bytes; is it the secret?")
+    try:
+        secret = data.decode().strip()
+    except UnicodeDecodeError:
+        raise EnvError(f"{what}: not text (a secret is text, e.g. 64 hex digits)") from None
+    if not secret:
+        raise EnvError(f"{what}: empty")
+    return secret
 
 
 def fields(settings) -> dict[str, object]:
