@@ -15,26 +15,42 @@ was durable: a server that crashed before its commit still holds its part. The
 previous committed file stays until the next commit replaces it. Resuming
 (:func:`choose`) takes the newest id committed on any server, and every server
 restores that id from its committed file or its part; when one lacks it, or a
-file fails its checks (id, step, server, size, checksum), the resume is refused
-naming the server and the file; sets are never mixed.
+file fails its checks (id, step, server, size, checksum), or the files of that id
+name different jobs, the resume is refused naming the server and the file; sets
+are never mixed.
+
+Every file names its *job*: an id the scheduler makes when a job first starts
+(:attr:`tracker.control.membership.Registration.job`); a resumed job takes the id
+of the set it restored, so its later saves carry the first start's id. Two jobs
+never write in one directory at once: each server holds
+:class:`kvstore.server.checkpoint_lock.DirLock` while it lives.
+
+A save killed while it wrote leaves a temporary file of :func:`kvstore.fileio.atomic_write`
+(``.server-R.ckpt-ID.part-XXXXXXXX``); the next commit of this server, and a
+resume's restore, delete them (:meth:`CheckpointDir.remove_temporaries`).
 
 File layout (msgpack, no pickle): a small header map, then the payload bytes::
 
-    {"format": "kvstore.server_checkpoint", "version": 2, "checkpoint": 7,
-     "step": 1200, "server": 0, "num_servers": 2, "bytes": N, "sha256": "..."}
+    {"format": "kvstore.server_checkpoint", "version": 3, "job": "6f1c0a9e8d2b4c57",
+     "checkpoint": 7, "step": 1200, "server": 0, "num_servers": 2, "bytes": N,
+     "sha256": "..."}
     <N bytes: msgpack of ServerState.snapshot() plus "num_servers">
+
+Version 2 files (before the job id) are refused, saying so: nothing in them tells
+which job wrote them.
 
 Example::
 
-    d = CheckpointDir("/ckpt", rank=0, num_servers=2)
+    d = CheckpointDir("/ckpt", rank=0, num_servers=2, job="6f1c0a9e8d2b4c57")
     d.write_part(7, 1200, snapshot)      # phase 1
     d.commit(7)                          # phase 2, after every server's phase 1
-    snap = d.load(7)                     # resume: verified, or CheckpointError
+    snap = d.load(7, "6f1c0a9e8d2b4c57")  # resume: verified, or CheckpointError
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -44,9 +60,19 @@ import msgpack
 from ..errors import CheckpointError
 from ..fileio import atomic_write, check_format, fsync_directory
 
+log = logging.getLogger(__name__)
+
 FORMAT = "kvstore.server_checkpoint"
-VERSION = 2
+VERSION = 3
 _PART = re.compile(r"^server-(\d+)\.ckpt-(\d+)\.part$")
+# atomic_write's temporary of a file NAME is ".NAME-" plus mkstemp's random letters
+_TEMPORARY = re.compile(r"^\.server-(\d+)\.ckpt-.+$")
+_JOB = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def is_job_id(value) -> bool:
+    """Whether ``value`` can be a job id (what the scheduler makes: hex digits)."""
+    return isinstance(value, str) and _JOB.match(value) is not None
 
 
 def path_for(directory: str, rank: int) -> str:
@@ -67,6 +93,7 @@ class Entry:
     id: int | None = None
     step: int | None = None
     error: str | None = None      # set when the file fails its checks
+    job: str | None = None        # the job that wrote it (None with an error)
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -76,20 +103,21 @@ class Entry:
         if not isinstance(raw, dict) or not isinstance(raw.get("file"), str) \
                 or not isinstance(raw.get("committed"), bool):
             raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
-        ckpt_id, step, error = raw.get("id"), raw.get("step"), raw.get("error")
-        if error is None and not (_is_count(ckpt_id) and _is_count(step)):
+        ckpt_id, step, error, job = raw.get("id"), raw.get("step"), raw.get("error"), raw.get("job")
+        if error is None and not (_is_count(ckpt_id) and _is_count(step) and is_job_id(job)):
             raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
-        return cls(raw["file"], raw["committed"], ckpt_id, step, error)
+        return cls(raw["file"], raw["committed"], ckpt_id, step, error, job)
 
 
 def _is_count(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def save(path: str, ckpt_id: int, step: int, rank: int, num_servers: int, snapshot: dict) -> None:
-    """Write one checkpoint file atomically (temporary file, fsync, rename, directory fsync)."""
+def save(path: str, ckpt_id: int, step: int, rank: int, num_servers: int, job: str, snapshot: dict) -> None:
+    """Write one checkpoint file of job ``job`` atomically (temporary file, fsync,
+    rename, directory fsync)."""
     payload = msgpack.packb({**snapshot, "num_servers": num_servers}, use_bin_type=True)
-    header = {"format": FORMAT, "version": VERSION, "checkpoint": ckpt_id, "step": step,
+    header = {"format": FORMAT, "version": VERSION, "job": job, "checkpoint": ckpt_id, "step": step,
               "server": rank, "num_servers": num_servers, "bytes": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest()}
     with atomic_write(path) as f:
@@ -110,7 +138,13 @@ def read_header(path: str) -> tuple[dict, int]:
         raise CheckpointError(f"{path} does not exist") from None
     except (OSError, ValueError, msgpack.UnpackException, msgpack.OutOfData) as e:
         raise CheckpointError(f"{path} cannot be read as a checkpoint: {type(e).__name__}: {e}") from e
+    if isinstance(header, dict) and header.get("format") == FORMAT and header.get("version") == 2:
+        raise CheckpointError(f"{path} has server checkpoint version 2, which does not name the job that "
+                              f"wrote it; this kvstore reads version {VERSION} and refuses it rather than "
+                              "guess: resume it with the kvstore that wrote it, or start without --resume")
     check_format(header, path, FORMAT, VERSION, "server checkpoint", CheckpointError)
+    if not is_job_id(header.get("job")):
+        raise CheckpointError(f"{path}: its header's 'job' is {header.get('job')!r}")
     for field in ("checkpoint", "step", "server", "num_servers", "bytes"):
         if not _is_count(header.get(field)):
             raise CheckpointError(f"{path}: its header's {field!r} is {header.get(field)!r}")
@@ -142,15 +176,19 @@ def load(path: str) -> dict:
     if not isinstance(snap, dict):
         raise CheckpointError(f"{path} is corrupt: its payload is not a map")
     return {**snap, "checkpoint": header["checkpoint"], "step": header["step"],
-            "num_servers": header["num_servers"], "server": header["server"]}
+            "num_servers": header["num_servers"], "server": header["server"], "job": header["job"]}
 
 
 class CheckpointDir:
     """One server's checkpoint files in ``directory``. Owns nothing but the files:
-    what goes into a snapshot is the state machine's (ServerState.snapshot)."""
+    what goes into a snapshot is the state machine's (ServerState.snapshot).
+    ``job``: the id written into new files (a resume sets the restored set's)."""
 
-    def __init__(self, directory: str, rank: int, num_servers: int):
-        self.directory, self.rank, self.num_servers = directory, rank, num_servers
+    def __init__(self, directory: str, rank: int, num_servers: int, job: str):
+        if not is_job_id(job):
+            raise CheckpointError(f"server {rank} cannot write checkpoints: the job id {job!r} is not "
+                                  "one the scheduler makes (a scheduler of another kvstore version?)")
+        self.directory, self.rank, self.num_servers, self.job = directory, rank, num_servers, job
         self.max_id = 0     # the highest checkpoint id seen on disk or asked to write
 
     def committed(self) -> str:
@@ -166,19 +204,21 @@ class CheckpointDir:
                                   f"which server {self.rank} has already seen")
         self.max_id = ckpt_id
         path = part_path(self.directory, self.rank, ckpt_id)
-        save(path, ckpt_id, step, self.rank, self.num_servers, snapshot)
+        save(path, ckpt_id, step, self.rank, self.num_servers, self.job, snapshot)
         return path
 
     def commit(self, ckpt_id: int) -> str:
         """Phase 2: every server's part of ``ckpt_id`` is durable, so this one becomes
-        the committed file; other parts go. Idempotent: a second commit of the
-        committed id changes nothing. CheckpointError if the part is missing."""
+        the committed file; other parts and the temporaries of unfinished saves go.
+        Idempotent: a second commit of the committed id changes nothing.
+        CheckpointError if the part is missing or not this job's."""
         part, final = part_path(self.directory, self.rank, ckpt_id), self.committed()
         if os.path.exists(part):
             header, _ = read_header(part)
-            if header["checkpoint"] != ckpt_id or header["server"] != self.rank:
+            if header["checkpoint"] != ckpt_id or header["server"] != self.rank or header["job"] != self.job:
                 raise CheckpointError(f"{part} holds checkpoint {header['checkpoint']} of server "
-                                      f"{header['server']}, not checkpoint {ckpt_id} of server {self.rank}")
+                                      f"{header['server']} of job {header['job']}, not checkpoint {ckpt_id} "
+                                      f"of server {self.rank} of job {self.job}")
             os.replace(part, final)
             fsync_directory(self.directory)
         elif not (os.path.exists(final) and read_header(final)[0]["checkpoint"] == ckpt_id):
@@ -186,7 +226,34 @@ class CheckpointDir:
                                   f"({part} does not exist)")
         for name in self._parts():
             os.unlink(os.path.join(self.directory, name))
+        self.remove_temporaries()
         return final
+
+    def remove_temporaries(self) -> list[str]:
+        """Delete this server's temporaries of saves that never finished (a process
+        killed inside :func:`~kvstore.fileio.atomic_write`); their paths. Safe
+        only while no save of this server runs: called by the server's own commit
+        and restore, and no other process writes as this rank in this directory
+        (:class:`~kvstore.server.checkpoint_lock.DirLock`)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        removed = []
+        for name in sorted(names):
+            named = _TEMPORARY.match(name)
+            if named is None or int(named.group(1)) != self.rank:
+                continue
+            path = os.path.join(self.directory, name)
+            try:
+                size = os.lstat(path).st_size
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            log.info("server %d: removed %s (%d bytes), left by a save that never finished", self.rank,
+                     path, size)
+            removed.append(path)
+        return removed
 
     def inventory(self, verify: bool = False) -> list[Entry]:
         """Every checkpoint file of this server: its committed file and its parts,
@@ -199,7 +266,7 @@ class CheckpointDir:
             committed = path == self.committed()
             try:
                 header = load(path) if verify else read_header(path)[0]
-                ckpt_id, step = header["checkpoint"], header["step"]
+                ckpt_id, step, job = header["checkpoint"], header["step"], header["job"]
                 self.max_id = max(self.max_id, ckpt_id)
                 if header["server"] != self.rank:
                     raise CheckpointError(f"{path} was written by server {header['server']}")
@@ -210,18 +277,22 @@ class CheckpointDir:
                 named = _PART.match(os.path.basename(path))
                 if not committed and named is not None and named.group(2) != str(ckpt_id):
                     raise CheckpointError(f"{path} holds checkpoint {ckpt_id}, not the one its name says")
-                entries.append(Entry(path, committed, ckpt_id, step))
+                entries.append(Entry(path, committed, ckpt_id, step, job=job))
             except CheckpointError as e:
                 entries.append(Entry(path, committed, error=str(e)))
         return entries
 
-    def load(self, ckpt_id: int) -> dict:
-        """The verified snapshot of checkpoint ``ckpt_id`` (committed file or part)."""
+    def load(self, ckpt_id: int, job: str) -> dict:
+        """The verified snapshot of checkpoint ``ckpt_id`` of job ``job`` (committed
+        file or part). CheckpointError naming the file when it is another job's."""
         for entry in self.inventory():
             if entry.id == ckpt_id:
                 snap = load(entry.file)
                 if snap["checkpoint"] != ckpt_id:    # changed under us
                     raise CheckpointError(f"{entry.file} now holds checkpoint {snap['checkpoint']}")
+                if snap["job"] != job:
+                    raise CheckpointError(f"{entry.file} holds checkpoint {ckpt_id} of job {snap['job']}, "
+                                          f"not of job {job}, whose set the resume chose")
                 return snap
         raise CheckpointError(f"server {self.rank} has no file of checkpoint {ckpt_id} in "
                               f"{self.directory} (expected {self.committed()} or "
@@ -237,16 +308,18 @@ class CheckpointDir:
 
 @dataclass(frozen=True)
 class Choice:
-    """The set a resume restores: its id and step."""
+    """The set a resume restores: its id, step and job."""
     id: int
     step: int
+    job: str
 
 
 def choose(inventories: list[list[Entry]], directory: str = "KVSTORE_CHECKPOINT_DIR") -> Choice:
     """The newest complete checkpoint set, from every server's inventory (index =
     server rank): the newest id committed on any server, which every server must hold
-    (committed or as a part) with a file that passed its checks and the same step.
-    CheckpointError naming each server and file that stands in the way otherwise.
+    (committed or as a part) with a file that passed its checks and the same step,
+    every such file of the same job. CheckpointError naming each server and file that
+    stands in the way otherwise (for files of two jobs: each file and its job).
 
     Pure: the leading worker calls it with what the servers reported."""
     def usable(entries):
@@ -256,9 +329,10 @@ def choose(inventories: list[list[Entry]], directory: str = "KVSTORE_CHECKPOINT_
         why = "; ".join(_describe(rank, entries, directory) for rank, entries in enumerate(inventories))
         raise CheckpointError(f"cannot resume: no complete checkpoint in {directory} ({why})")
     newest = max(committed)
-    steps, problems = set(), []
+    steps, problems, holders = set(), [], []
     for rank, entries in enumerate(inventories):
         held = [e for e in usable(entries) if e.id == newest]
+        holders += held
         if held:
             steps.add(held[0].step)
             continue
@@ -270,10 +344,17 @@ def choose(inventories: list[list[Entry]], directory: str = "KVSTORE_CHECKPOINT_
         raise CheckpointError(f"cannot resume: checkpoint {newest} is committed but incomplete: "
                               + "; ".join(problems) + ". Refusing to combine checkpoints of "
                               "different saves")
+    jobs = {e.job for e in holders}
+    if len(jobs) != 1:
+        raise CheckpointError(
+            f"cannot resume: the files of checkpoint {newest} were written by different jobs: "
+            + ", ".join(f"{e.file} (job {e.job})" for e in holders)
+            + f". Refusing to combine checkpoints of different jobs (a file copied from another job's "
+            f"directory, or two jobs that shared {directory})")
     if len(steps) != 1:
         raise CheckpointError(f"cannot resume: the files of checkpoint {newest} disagree on its step "
                               f"({sorted(steps)})")
-    return Choice(newest, steps.pop())
+    return Choice(newest, steps.pop(), str(jobs.pop()))
 
 
 def _describe(rank: int, entries: list[Entry], directory: str) -> str:
@@ -281,5 +362,6 @@ def _describe(rank: int, entries: list[Entry], directory: str) -> str:
         return f"server {rank}: no checkpoint file ({path_for(directory, rank)} does not exist)"
     return f"server {rank}: " + ", ".join(
         f"{e.file}: {e.error}" if e.error else
-        f"{e.file} holds checkpoint {e.id} (step {e.step}{'' if e.committed else ', uncommitted'})"
+        f"{e.file} holds checkpoint {e.id} (step {e.step}{'' if e.committed else ', uncommitted'}) "
+        f"of job {e.job}"
         for e in entries)

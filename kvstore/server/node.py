@@ -12,7 +12,7 @@ import zmq
 from tracker.control.membership import Membership
 
 from ..config import Config
-from ..errors import ProtocolError
+from ..errors import CheckpointError, ProtocolError
 from ..protocol import error_header, ops
 from ..protocol.codec import parse_header
 from ..timeline import Timeline, open_timeline
@@ -95,8 +95,15 @@ class ServerNode:
         self._elastic = reg.elastic is not None
         self._commands = ServerCommands(reg.rank, self.config.profile_dir)
         if self.config.checkpoint_dir:
-            self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
-                                              self.state, resume=self.config.resume)
+            try:     # its lock on the directory: another live job's there fails this one, named
+                self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
+                                                  self.state, resume=self.config.resume, job=reg.job)
+                self._checkpoints.start(wait=self.config.heartbeat_timeout, stop=self.membership.aborted)
+            except CheckpointError as e:
+                log.error("%s cannot start: %s", self._live.name, e)
+                self.membership.fail(f"{self._live.name} cannot start: {e}")
+                self._close()
+                return 1
         elif self.config.resume:
             reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
             log.error("%s: %s", self._live.name, reason)
@@ -217,6 +224,9 @@ class ServerNode:
                 return None
         self._apply_members()
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
+        if self._checkpoints is not None and header["op"] == ops.SET_OPTIMIZER:
+            # after a resume: a warning when it dropped the restored optimizer state
+            self._checkpoints.optimizer_set(header, ok=all(r.header.get("op") == ops.OK for r in replies))
         with self._data.batch():          # one event's replies: their values are the same
             for reply in replies:
                 if reply.header.get("kind") == "ProtocolError":
@@ -264,6 +274,8 @@ class ServerNode:
             self._timeline.replied(start, peer, header, arrays)
 
     def _close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()      # lets go of the directory (kvstore.server.checkpoint_lock)
         if self._timeline is not None:
             self._timeline.close()
         if self._commands is not None:

@@ -6,7 +6,9 @@ the set every server restores. The servers write and read the files
 The leading worker drives both: a save is phase 1 (every server writes its
 part) then, once all acknowledged, phase 2 (every server commits); a resume
 gathers every server's inventory, chooses the newest complete set
-(:func:`kvstore.server.checkpoint.choose`) and has every server restore that one.
+(:func:`kvstore.server.checkpoint.choose`: its files must all name the same job)
+and has every server restore that one, naming its job (each server checks its file
+against it, and saves under that job id from then on).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Checkpoints:
                 inventories, top = self._inventories(verify=True)
                 choice = choose(inventories, self._config.checkpoint_dir or "KVSTORE_CHECKPOINT_DIR")
                 self._client.request_all(ops.CHECKPOINT_RESTORE, f"restoring checkpoint {choice.id}",
-                                         checkpoint=choice.id)
+                                         checkpoint=choice.id, job=choice.job)
             except (CheckpointError, RemoteError) as e:
                 reason = str(e) if isinstance(e, CheckpointError) else f"cannot resume: {e}"
                 self._fail(reason)

@@ -4,6 +4,7 @@ same weights as an uninterrupted run; stalled rounds are reported by key and wor
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +14,8 @@ import pytest
 
 import kvstore
 from kvstore import optimizer as opt
-from kvstore.errors import CheckpointError
+from kvstore.errors import CheckpointError, NodeFailedError
+from kvstore.server.checkpoint import part_path, path_for, read_header
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SGD = opt.SGD(learning_rate=0.1, momentum=0.9)
@@ -41,8 +43,10 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(make_cluster, tmp_
         kv.save_checkpoint({"step": 3})
         return at_checkpoint, steps(kv, 3, 6)
 
-    (at_checkpoint, final), _ = make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(original)
-    assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]   # no temporary files left
+    first = make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt)
+    (at_checkpoint, final), _ = first.run(original)
+    first.close()                   # its servers end, and let go of the directory
+    assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]   # no temporary or lock file left
 
     def resumed(kv):
         assert kv.resumed and kv.resume_meta == {"step": 3}
@@ -227,8 +231,10 @@ def test_a_save_that_fails_on_one_server_leaves_the_previous_set_and_resume_take
         w = run_steps(kv, first, 8)
         kv.save_checkpoint({"step": 8})   # a new id: above the failed save's part (found by chaos)
         return w
-    for w in make_cluster(2, 2, chunk_bytes=4096, resume=True, **disks).run(resumed):
+    again = make_cluster(2, 2, chunk_bytes=4096, resume=True, **disks)
+    for w in again.run(resumed):
         assert tuple(w) == reference
+    again.close()
     assert (os.listdir(own), os.listdir(ckpt)) == (["server-0.ckpt"], ["server-1.ckpt"])
 
 
@@ -303,3 +309,160 @@ def test_three_crashes_and_resumes_in_a_row_give_the_uninterrupted_weights(make_
     assert starts == [3, 3, 6, 6] and [f for f, _ in results] == [9, 9]
     for _, w in results:
         assert tuple(w) == reference
+
+
+# -- checkpoints of one job only (issue 40) ---------------------------------------------------
+
+def job_of(directory, rank: int) -> str:
+    """The job id in server ``rank``'s committed checkpoint file."""
+    return read_header(path_for(str(directory), rank))[0]["job"]
+
+
+def test_a_file_copied_from_another_job_is_refused_by_name(make_cluster, tmp_path):
+    """The issue's finding 3: another job's server-1.ckpt, of the same id and step,
+    copied into the directory; --resume exited 0 with weights of neither job. Now
+    the resume names both files and both jobs, and restores nothing."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+
+    def original(kv):
+        start(kv)
+        run_steps(kv, 0, 2)
+        kv.save_checkpoint({"step": 2})
+    for directory in (mine, theirs):       # two jobs of the same program: same ids, same steps
+        make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(directory)).run(original)
+    assert job_of(mine, 1) != job_of(theirs, 1)
+    (mine / "server-1.ckpt").write_bytes((theirs / "server-1.ckpt").read_bytes())
+    with pytest.raises(CheckpointError, match=rf"cannot resume: the files of checkpoint 1 were written by "
+                                              rf"different jobs: {mine}/server-0.ckpt \(job {job_of(mine, 0)}\), "
+                                              rf"{mine}/server-1.ckpt \(job {job_of(theirs, 1)}\)"):
+        make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(mine), resume=True).run(start)
+
+
+def test_a_second_live_job_on_the_same_directory_is_refused_at_start_naming_the_first(make_cluster, tmp_path):
+    """The issue's finding 3: two live jobs sharing KVSTORE_CHECKPOINT_DIR both saved
+    id 1, and a resume could combine their files. Now the second one's server fails
+    at start naming the first job (its id, pid and host), and the first goes on."""
+    ckpt = tmp_path / "ckpt"
+    saved, refused = threading.Event(), threading.Event()
+
+    def first_job(kv):
+        start(kv)
+        run_steps(kv, 0, 2)
+        kv.save_checkpoint({"step": 2})
+        saved.set()
+        assert refused.wait(60), "the second job was not refused"
+        run_steps(kv, 2, 4)
+        kv.save_checkpoint({"step": 4})      # its directory is still its own
+        return kv.rank
+    first = make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt))
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(results=first.run(first_job)))
+    runner.start()
+    try:
+        assert saved.wait(60), "the first job did not save"
+        owner = job_of(ckpt, 0)
+        # heartbeat_timeout: how long a server waits for a holder that may be ending
+        second = make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt), heartbeat_timeout=1.0)
+        # each of its servers finds its rank's lock held: the first to give up names its own
+        with pytest.raises(NodeFailedError, match=rf"server (\d) cannot start: the checkpoint directory {ckpt} "
+                                                  rf"is in use by job {owner} \(server \1, pid {os.getpid()} on "
+                                                  rf".*\): it holds {ckpt}/server-\1.lock. Two live jobs "
+                                                  r"cannot share a checkpoint directory"):
+            second.run(start)
+    finally:
+        refused.set()
+        runner.join(60)
+    assert outcome["results"] == [0, 1]
+    first.close()
+    assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]
+    assert {job_of(ckpt, 0), job_of(ckpt, 1)} == {owner}
+    assert read_header(path_for(str(ckpt), 0))[0]["checkpoint"] == 2
+
+
+def killed_while_writing(path: str) -> None:
+    """A process killed (SIGKILL) inside atomic_write while it writes ``path``: the
+    temporary that a server killed during its save leaves (up to the part's size)."""
+    code = ("import os, signal, sys; from kvstore.fileio import atomic_write\n"
+            "with atomic_write(sys.argv[1]) as f:\n"
+            "    f.write(b'x' * (1 << 20)); f.flush(); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == -signal.SIGKILL
+
+
+def temporaries(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith(".server-"))
+
+
+def test_temporaries_of_a_killed_save_are_removed_by_a_resume_and_by_the_next_save(make_cluster, tmp_path):
+    """The issue's finding 3: a save killed mid-write left .server-R.ckpt-N.part-XXXX
+    temporaries forever. The resume that chooses a set removes them, and so does
+    every server's next committed save."""
+    ckpt = tmp_path / "ckpt"
+
+    def original(kv):
+        start(kv)
+        run_steps(kv, 0, 2)
+        kv.save_checkpoint({"step": 2})
+    make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt)).run(original)
+    for rank in (0, 1):               # both servers killed while they wrote their part of set 2
+        killed_while_writing(part_path(str(ckpt), rank, 2))
+    assert [n.split(".part-")[0] for n in temporaries(ckpt)] == [".server-0.ckpt-2", ".server-1.ckpt-2"]
+
+    def resumed(kv):
+        first = start(kv)
+        found = temporaries(ckpt)      # every server restored before create returned
+        kv.barrier()
+        if kv.rank == 0:               # and a save killed again, while the job runs
+            killed_while_writing(part_path(str(ckpt), 1, 9))
+        kv.barrier()
+        between = temporaries(ckpt)
+        run_steps(kv, first, 4)
+        kv.save_checkpoint({"step": 4})
+        return first, found, between, temporaries(ckpt)
+    for first, found, between, after in make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=str(ckpt),
+                                                     resume=True).run(resumed):
+        assert (first, found, after) == (2, [], [])
+        assert [n.split(".part-")[0] for n in between] == [".server-1.ckpt-9"]
+
+
+@pytest.mark.parametrize("optimizer, said", [
+    (opt.Adam(learning_rate=0.01), "set 'adam'"),
+    (opt.SGD(learning_rate=0.05, momentum=0.9), "set 'sgd' with other settings (learning_rate: 0.1 -> 0.05)"),
+    (SGD, None),
+])
+def test_a_resume_with_another_optimizer_logs_what_it_drops(make_cluster, tmp_path, caplog, optimizer, said):
+    """The issue's finding 9: a resumed job that sets another optimizer dropped the
+    restored optimizer state without a word. Now every server logs a warning naming
+    both optimizers and the state of how many keys it drops; the same optimizer
+    keeps the state, and says nothing."""
+    ckpt = str(tmp_path / "ckpt")
+
+    def original(kv):
+        start(kv)
+        kv.init("b", np.zeros(2, np.float32))           # on one server: one chunk
+        run_steps(kv, 0, 2)
+        kv.push("b", np.ones(2, np.float32))
+        kv.save_checkpoint({"step": 2})
+    make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt).run(original)
+
+    def resumed(kv):
+        kv.init("w", np.ones(2048, np.float32))
+        kv.init("b", np.zeros(2, np.float32))
+        kv.set_optimizer(optimizer)
+        return run_steps(kv, 2, 3)
+    with caplog.at_level(logging.WARNING, logger="kvstore.server.checkpoint_ops"):
+        make_cluster(2, 2, chunk_bytes=4096, checkpoint_dir=ckpt, resume=True).run(resumed)
+    dropped = sorted(r.getMessage() for r in caplog.records if "optimizer state" in r.getMessage())
+    if said is None:
+        assert dropped == []
+        return
+    assert len(dropped) == 2, dropped            # one per server
+    b_server = 0 if "(2 chunk(s) on this server)" in dropped[0] else 1
+    for server, message in enumerate(dropped):
+        keys, chunks = (2, 2) if server == b_server else (1, 1)
+        assert message == (f"server {server}: the job resumed with optimizer 'sgd' but {said}: the "
+                           f"checkpoint's optimizer state (update counts and state arrays) of {keys} key(s) "
+                           f"({chunks} chunk(s) on this server) is dropped, and the new optimizer starts "
+                           "from fresh state. Set the checkpoint's optimizer to keep it (set_learning_rate "
+                           "changes the learning rate and keeps it)")

@@ -1,20 +1,29 @@
 """kvstore.server.checkpoint: a server's checkpoint files (two phases, checksums)
 and the choice of the set a resume restores, in every state a crash can leave."""
 
+import hashlib
 import os
+import signal
+import subprocess
+import sys
 
 import msgpack
 import pytest
 
 from kvstore.errors import CheckpointError
-from kvstore.server.checkpoint import CheckpointDir, Entry, choose, load, part_path, path_for
+from kvstore.server.checkpoint import FORMAT, CheckpointDir, Entry, choose, load, part_path, path_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SNAP = {"server": "server 0", "mode": "sync", "num_workers": 2, "optimizer": None, "meta": {},
         "chunks": [["w", 0, "<f4", b"\0" * 64, None, []]]}
 
 
-def servers(tmp_path, n=2):
-    return [CheckpointDir(str(tmp_path), rank, n) for rank in range(n)]
+JOB = "0123456789abcdef"
+
+
+def servers(tmp_path, n=2, job=JOB):
+    return [CheckpointDir(str(tmp_path), rank, n, job) for rank in range(n)]
 
 
 def save_set(dirs, ckpt_id, step, commit=True):
@@ -31,8 +40,9 @@ def test_a_committed_set_leaves_one_file_per_server_and_loads_verified(tmp_path)
     save_set(dirs, 2, 20)
     assert sorted(os.listdir(tmp_path)) == ["server-0.ckpt", "server-1.ckpt"]
     assert choose([d.inventory(verify=True) for d in dirs]).id == 2
-    snap = dirs[1].load(2)
-    assert (snap["checkpoint"], snap["step"], snap["meta"], snap["num_servers"]) == (2, 20, {"step": 20}, 2)
+    snap = dirs[1].load(2, JOB)
+    assert (snap["checkpoint"], snap["step"], snap["meta"], snap["num_servers"], snap["job"]) == \
+        (2, 20, {"step": 20}, 2, JOB)
     assert load(path_for(str(tmp_path), 0))["meta"] == {"step": 20}
 
 
@@ -42,8 +52,8 @@ def test_a_crash_between_the_commits_resumes_the_new_set_everywhere(tmp_path):
     save_set(dirs, 2, 20, commit=False)
     dirs[0].commit(2)                   # server 1 died before its commit: it still has its part
     choice = choose([d.inventory(verify=True) for d in dirs])
-    assert (choice.id, choice.step) == (2, 20)
-    assert dirs[1].load(2)["step"] == 20
+    assert (choice.id, choice.step, choice.job) == (2, 20, JOB)
+    assert dirs[1].load(2, JOB)["step"] == 20
 
 
 def test_a_crash_in_phase_one_resumes_the_previous_set_everywhere(tmp_path):
@@ -51,7 +61,7 @@ def test_a_crash_in_phase_one_resumes_the_previous_set_everywhere(tmp_path):
     save_set(dirs, 1, 10)
     dirs[0].write_part(2, 20, SNAP)     # server 1 never wrote its part; nobody committed
     assert choose([d.inventory(verify=True) for d in dirs]).id == 1
-    assert dirs[0].load(1)["step"] == 10
+    assert dirs[0].load(1, JOB)["step"] == 10
 
 
 def test_ids_never_go_back_and_stale_parts_go_at_the_next_commit(tmp_path):
@@ -112,14 +122,95 @@ def test_files_of_another_job_shape_are_refused(tmp_path):
 
 
 def test_files_that_disagree_on_the_step_are_refused(tmp_path):
-    a = [[Entry("a", True, 3, 30)], [Entry("b", True, 3, 31)]]
+    a = [[Entry("a", True, 3, 30, job=JOB)], [Entry("b", True, 3, 31, job=JOB)]]
     with pytest.raises(CheckpointError, match=r"disagree on its step \(\[30, 31\]\)"):
         choose(a)
 
 
 def test_the_inventory_entries_survive_the_wire_and_malformed_ones_are_refused():
-    e = Entry("/x/server-0.ckpt", True, 3, 30)
+    e = Entry("/x/server-0.ckpt", True, 3, 30, job=JOB)
     assert Entry.from_wire(msgpack.unpackb(msgpack.packb(e.to_wire()))) == e
-    for bad in (None, {"file": 1, "committed": True}, {"file": "f", "committed": True, "id": -1, "step": 0}):
+    for bad in (None, {"file": 1, "committed": True}, {"file": "f", "committed": True, "id": -1, "step": 0},
+                {"file": "f", "committed": True, "id": 1, "step": 0},                     # no job
+                {"file": "f", "committed": True, "id": 1, "step": 0, "job": "a b\n"}):
         with pytest.raises(CheckpointError, match="malformed"):
             Entry.from_wire(bad)
+
+
+# -- the job a file belongs to (issue 40) -----------------------------------------------------
+
+OTHER = "fedcba9876543210"
+
+
+def test_a_set_with_a_file_of_another_job_is_refused_naming_each_file_and_its_job(tmp_path):
+    """A file copied from another job's directory, with the same id and step, is
+    not taken for this job's: the resume is refused naming both files and jobs."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    dirs = servers(mine)
+    save_set(dirs, 1, 10)
+    save_set(servers(theirs, job=OTHER), 1, 10)
+    (mine / "server-1.ckpt").write_bytes((theirs / "server-1.ckpt").read_bytes())
+    with pytest.raises(CheckpointError, match=rf"cannot resume: the files of checkpoint 1 were written by "
+                                              rf"different jobs: {mine}/server-0.ckpt \(job {JOB}\), "
+                                              rf"{mine}/server-1.ckpt \(job {OTHER}\)"):
+        choose([d.inventory(verify=True) for d in dirs], str(mine))
+    with pytest.raises(CheckpointError, match=rf"server-1.ckpt holds checkpoint 1 of job {OTHER}, not of "
+                                              rf"job {JOB}"):
+        dirs[1].load(1, JOB)
+    # a set that is wholly another job's (a directory moved) is that job's to resume
+    assert choose([d.inventory(verify=True) for d in servers(theirs)]).job == OTHER
+
+
+def test_a_save_after_a_resume_keeps_the_restored_sets_job(tmp_path):
+    save_set(servers(tmp_path), 1, 10)
+    resumed = servers(tmp_path, job=OTHER)          # the scheduler's new id for the resumed run
+    choice = choose([d.inventory(verify=True) for d in resumed])
+    for d in resumed:                               # what a restore does (CheckpointOps)
+        d.load(choice.id, choice.job)
+        d.job = choice.job
+    save_set(resumed, 2, 20)
+    assert {e.job for d in resumed for e in d.inventory(verify=True)} == {JOB}
+
+
+def test_a_version_2_file_is_refused_saying_that_it_names_no_job(tmp_path):
+    """The previous format had no job id: refused, not misread (nor guessed to be this job's)."""
+    payload = msgpack.packb({**SNAP, "num_servers": 1}, use_bin_type=True)
+    header = {"format": FORMAT, "version": 2, "checkpoint": 1, "step": 10, "server": 0, "num_servers": 1,
+              "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    path = path_for(str(tmp_path), 0)
+    with open(path, "wb") as f:
+        f.write(msgpack.packb(header, use_bin_type=True) + payload)
+    d, = servers(tmp_path, 1)
+    entry, = d.inventory(verify=True)
+    assert f"{path} has server checkpoint version 2, which does not name the job that wrote it; this " \
+           "kvstore reads version 3 and refuses it" in entry.error
+    with pytest.raises(CheckpointError, match="no complete checkpoint .*version 2, which does not name"):
+        choose([d.inventory(verify=True)])
+    save_set([d], 1, 5)                              # a fresh start in that directory replaces it
+    assert load(path)["job"] == JOB
+
+
+def killed_while_writing(path: str) -> None:
+    """A process killed (SIGKILL) inside atomic_write while it writes ``path``: it
+    leaves the temporary a server killed during its save leaves."""
+    code = ("import os, signal, sys; from kvstore.fileio import atomic_write\n"
+            "with atomic_write(sys.argv[1]) as f:\n"
+            "    f.write(b'x' * 100000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_temporaries_of_a_killed_save_go_at_the_servers_next_commit(tmp_path):
+    dirs = servers(tmp_path)
+    save_set(dirs, 1, 10)
+    killed_while_writing(part_path(str(tmp_path), 0, 2))
+    killed_while_writing(part_path(str(tmp_path), 1, 2))
+    left = sorted(n for n in os.listdir(tmp_path) if n.startswith("."))
+    assert [n.split(".part-")[0] for n in left] == [".server-0.ckpt-2", ".server-1.ckpt-2"]
+    for d in dirs:
+        d.write_part(3, 30, SNAP)
+    dirs[0].commit(3)           # server 0's temporaries go; server 1's are its own business
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == left[1:]
+    dirs[1].commit(3)
+    assert sorted(os.listdir(tmp_path)) == ["server-0.ckpt", "server-1.ckpt"]

@@ -48,6 +48,7 @@ class Registration:
     progress: dict = field(default_factory=dict)   # as a worker last saved it
     elastic: tuple | None = None   # (MIN, MAX), or None: not elastic
     worker_addrs: list = field(default_factory=list)   # each worker slot's registered address
+    job: str = ""                  # servers: the job's id (SchedulerState.job), "" for workers
 
     def __post_init__(self):
         slots = self.num_workers if self.slots is None else self.slots
@@ -188,7 +189,7 @@ class Membership:
             list(msg["workers"]), slots=msg["slots"], members=tuple(msg["members"]),
             epoch=msg["epoch"], joined=bool(msg["joined"]), progress=dict(msg["progress"]),
             elastic=None if elastic is None else tuple(elastic),
-            worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()])
+            worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))
         self.progress = self.registration.progress
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
         return self.registration

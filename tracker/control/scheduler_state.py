@@ -27,6 +27,7 @@ the rules are in :mod:`tracker.control.elastic`.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 
 from . import wire
@@ -60,7 +61,7 @@ class SchedulerState:
 
     def __init__(self, num_workers: int, num_servers: int, *, now: float, timeout: float,
                  heartbeat_interval: float, heartbeat_timeout: float,
-                 elastic: tuple[int, int] | None = None):
+                 elastic: tuple[int, int] | None = None, job: str | None = None):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
         self._slots = Slots(num_workers, elastic)   # raises ValueError naming --elastic
@@ -72,6 +73,9 @@ class SchedulerState:
         self.failure: str | None = None
         self.over = False
         self.elastic = elastic   # (MIN, MAX) or None
+        # the job's id, in the servers' registration: their checkpoint files name it
+        # (kvstore.server.checkpoint); random, so that two jobs never share one
+        self.job = job if job is not None else secrets.token_hex(8)
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -272,8 +276,9 @@ class SchedulerState:
         self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
         self._slots.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
-            self._send(ident, "registered", id=req_id, **self._slots.registered(self._nodes[node_id],
-                                                                                self._book))
+            node = self._nodes[node_id]
+            self._send(ident, "registered", id=req_id, **self._slots.registered(node, self._book),
+                       **({"job": self.job} if node.role == "server" else {}))
         log.info("all %d nodes registered", len(self._nodes))
 
     def _join(self, ident: bytes, msg: dict) -> None:
