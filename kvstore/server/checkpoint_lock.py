@@ -118,11 +118,14 @@ class DirLock:
 
     def holder(self) -> dict | None:
         """What the lock file names (None when it names nothing readable)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_HOLDER_BYTES)
+        try:     # never through a link, never blocking on a FIFO in its place
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, MAX_HOLDER_BYTES)
+            finally:
+                os.close(fd)
             named = json.loads(data.decode("utf-8", "replace") or "null")
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):     # RecursionError: "[[[[..." nested too deep
             return None
         return named if isinstance(named, dict) else None
 
