@@ -29,7 +29,8 @@ from .errors import (ArgumentTypeError, CheckpointError, ConfigError, DeadlineEr
 __version__ = "0.1.0"
 
 
-def create(name: str = "local", *, config: Config | None = None, staleness=FROM_CONFIG) -> KVStoreBase:
+def create(name: str = "local", *, config: Config | None = None, staleness=FROM_CONFIG,
+           deterministic=FROM_CONFIG) -> KVStoreBase:
     """Create a store: ``"local"``, ``"dist_sync"``, ``"dist_async"``, ``"dist_ssp"``, or the
     GPU-aggregating ``"device"`` and ``"dist_device_sync"`` (docs/gpu.md; CPU without a GPU).
 
@@ -37,6 +38,13 @@ def create(name: str = "local", *, config: Config | None = None, staleness=FROM_
     ``staleness`` steps ahead of the slowest one: an int >= 0 (0 is exactly
     dist_sync), or ``None``/``"inf"`` (dist_async); by default the job's
     ``KVSTORE_STALENESS`` (1). Only dist_ssp takes ``staleness``.
+
+    ``deterministic=True`` (by default the job's ``KVSTORE_DETERMINISTIC``): the
+    servers add a round's pushes in worker-rank order whatever their arrival, so
+    the same job on the same data gives the same bits at any number of workers
+    (dist_sync and dist_device_sync; dist_async and dist_ssp refuse it: they apply
+    each push as it arrives). Every worker must pass the same. ``local`` and
+    ``device`` always sum a list of values in list order.
 
     Names match in any case; MXNet's aliases ``"dist_sync_device"``,
     ``"local_update_cpu"``, ``"local_allreduce_cpu"`` and ``"local_allreduce_device"`` work, and
@@ -57,8 +65,12 @@ def create(name: str = "local", *, config: Config | None = None, staleness=FROM_
     kind = resolve(name)
     if staleness is not FROM_CONFIG and kind != "dist_ssp":
         raise InvalidArgumentError(f"create: staleness applies to 'dist_ssp' only, not {name!r}")
+    if deterministic is not FROM_CONFIG and not isinstance(deterministic, bool):
+        raise ArgumentTypeError(f"create: deterministic must be True or False, got {deterministic!r}")
     if not isinstance(kind, str):
         return kind()
+    if deterministic is not FROM_CONFIG and kind not in ("local", "device"):
+        config = (config if config is not None else _config_from_env()).replace(deterministic=deterministic)
     store = _builtin(kind, config, staleness)
     store._type = name.lower()    # MXNet's kv.type; the store itself was built as `kind`
     return store

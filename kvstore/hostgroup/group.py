@@ -298,7 +298,9 @@ class HostGroup:
                         a.size != flat.size or a.dtype != flat.dtype for a, (_, flat) in zip(arrays, call.sources)):
                     raise ProtocolError(f"{call.what}: worker {rank} (on this host) sent gradients that do "
                                         f"not match its own description ({keys}); nothing was sent")
-            sums = [(info, self._sum(flat, [arrays[i] for _, _, arrays in call.parts.values()], call.what))
+            # the members' parts in rank order, whatever their arrival: the same bits every run
+            ranked = [arrays for _, (_, _, arrays) in sorted(call.parts.items())]
+            sums = [(info, self._sum(flat, [arrays[i] for arrays in ranked], call.what))
                     for i, (info, flat) in enumerate(call.sources)]
             if self._acc is not None and any(self._acc.holds(total) for _, total in sums):
                 assert self._acc.sharing is not None

@@ -25,7 +25,11 @@ class Async:
     bounded = False               # configure carries no staleness bound
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
-                 bound: int | None = None):
+                 bound: int | None = None, ordered: bool = False):
+        if ordered:
+            raise InvalidArgumentError(f"dist_{self.name} applies each push as it arrives, so the order of "
+                                       "updates is the order of arrival: deterministic sums need dist_sync")
+        self.ordered = False          # pushes are not summed: each is applied on arrival
         self.table = table
         self.num_workers = num_workers
         self.members = members

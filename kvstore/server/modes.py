@@ -33,8 +33,12 @@ class Consistency(Protocol):
     def bound(self) -> int | None:
         """The staleness bound (None unless ``bounded``)."""
 
+    ordered: bool              # a round's pushes are added in worker-rank order (deterministic sums)
+
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
-                 bound: int | None = None) -> None: ...
+                 bound: int | None = None, ordered: bool = False) -> None:
+        """``ordered``: deterministic sums; a mode that cannot give them raises
+        InvalidArgumentError saying why."""
 
     def admit(self, worker: int, ids, want_values: bool) -> None:
         """Raise if this push (or write) of ``worker`` to the (existing) chunks ``ids``

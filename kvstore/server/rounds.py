@@ -33,6 +33,11 @@ class Round:
     terms: list | None = None
     carry: object = None
     number: int = 0                   # the chunk's round number, from phase 1 on
+    # deterministic sums (kvstore.server.sync, ``ordered``): pushes that came before a
+    # lower rank's, held until they are next in rank order (key: the lowest rank a
+    # push speaks for -> (its ranks, its gradient)), and the ranks added so far
+    held: dict = field(default_factory=dict)
+    folded: set = field(default_factory=set)
 
     def open_to(self, worker: int) -> bool:
         return worker not in self.workers and self.writer != worker

@@ -69,10 +69,10 @@ class Staleness(Async):
     bounded = True
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
-                 bound: int | None = None):
+                 bound: int | None = None, ordered: bool = False):
         if bound is None:
             raise ValueError("dist_ssp needs a staleness bound")
-        super().__init__(table, num_workers, members, optimizer, bound)
+        super().__init__(table, num_workers, members, optimizer, bound, ordered)
         self.bound: int = bound
         self.clocks: dict[tuple, list[int]] = {}   # chunk id -> pushes applied, by worker
         self.reads: list[Read] = []

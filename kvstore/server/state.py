@@ -168,17 +168,26 @@ class ServerState:
             raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{was} for "
                                        f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
                                        + (f" (staleness {bound})" if strategy.bounded else ""))
+        ordered = header.get("deterministic", False)   # sums in rank order (kvstore.server.sync)
+        if not isinstance(ordered, bool):
+            raise ProtocolError(f"'deterministic' must be true or false, got {ordered!r}")
+        # a resumed server was configured by its checkpoint, which does not say how it summed
+        fresh = now is None or (self.resumed and now.ordered != ordered
+                                and not any(c.rounds for c in self.table.chunks.values()))
+        if now is not None and not fresh and now.ordered != ordered:
+            raise InvalidArgumentError(f"{self.name} already sums {'in rank order' if now.ordered else 'in arrival order'}"
+                                       f"; cannot switch to deterministic={ordered}")
         pending = self.members.pending     # given by set_members before this configure
         if pending is not None:
             self.members.check(pending[1], workers)
             self.members.pending = None
-        if now is None:                    # also after a resume: ssp clocks start at 0
-            self._configure(mode, workers, bound if strategy.bounded else None)
+        if fresh:                          # also after a resume: ssp clocks start at 0
+            self._configure(mode, workers, bound if strategy.bounded else None, ordered)
         return [ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
 
-    def _configure(self, mode: str, workers: int, bound: int | None) -> None:
+    def _configure(self, mode: str, workers: int, bound: int | None, ordered: bool = False) -> None:
+        self.consistency = MODES[mode](self.table, workers, self.members, self.optimizer, bound, ordered)
         self.mode, self.num_workers = mode, workers
-        self.consistency = MODES[mode](self.table, workers, self.members, self.optimizer, bound)
 
     # -- dense chunks ---------------------------------------------------------------------
     def _on_init(self, peer, header, arrays):
@@ -270,6 +279,9 @@ class ServerState:
                                            "cannot write into them (push instead)")
             if not isinstance(self.consistency, Sync) or header.get("compression") is not None:
                 raise InvalidArgumentError("writing in is for uncompressed dist_sync pushes only")
+            if self.consistency.ordered:
+                raise InvalidArgumentError(f"{self.name} adds a round's pushes in rank order (deterministic "
+                                           "sums): workers push instead of writing into its sums")
         if not isinstance(self.consistency, Sync):
             raise ProtocolError(f"'{what}' names no write granted: {self.name} runs dist_{self.mode}")
         return self.consistency

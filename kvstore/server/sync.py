@@ -22,6 +22,16 @@ queue until the leading worker (rank 0) has added up every chunk's terms per key
 and sent the sums (``apply_norms``); phase 2 then steps with them and the round is
 applied as any other (pulls parked on it are answered).
 
+**Deterministic sums** (``ordered``: ``KVSTORE_DETERMINISTIC=1`` or
+``kvstore.create(..., deterministic=True)``, carried by ``configure``): a round's
+pushes are added in worker-rank order whatever their arrival, so the same job on
+the same data gives the same bits at any number of workers (floating-point
+addition is not associative: arrival order changes the last bits once three
+values meet). A push is added as soon as every lower rank's is in (the lowest
+rank it speaks for orders a host's sum); one that comes early is held, as it came,
+until then. Writes into the sum (write-in) are refused: their order is the order
+of the grants.
+
 When the scheduler reports that a worker finished (:meth:`Sync.workers_finished`),
 every round still waiting for it fails at once naming it, and so does every later
 push: such a round can never complete. A worker that left an elastic job
@@ -62,7 +72,8 @@ class Sync:
     bounded = False               # configure carries no staleness bound
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
-                 bound: int | None = None):
+                 bound: int | None = None, ordered: bool = False):
+        self.ordered = ordered        # deterministic sums: add a round's pushes in rank order
         self.table = table
         self.num_workers = num_workers
         self.members = members
@@ -168,6 +179,7 @@ class Sync:
                 if worker not in rnd.workers:
                     rnd.workers.add(worker)
                     rnd.filled |= {worker}
+                    self._fold(chunk, rnd)        # a push held for its turn may be next now
             replies += self.apply_complete(cid, chunk) + self.release(cid, chunk)
         return replies + self.writes.grant_ready()
 
@@ -207,18 +219,47 @@ class Sync:
             if rnd.open_to_all(ranks):
                 if rnd.writer is not None:     # a worker is writing into acc: add after it
                     rnd.deferred.append(grad)
-                elif rnd.acc is None:
-                    rnd.acc = self.take_spare(chunk)
-                    self.xp.add(rnd.first, grad, out=rnd.acc)
-                    rnd.first = None
+                elif self.ordered:
+                    rnd.held[min(ranks)] = (ranks, grad)
                 else:
-                    rnd.acc += grad
+                    self._add(chunk, rnd, grad)
                 rnd.workers.update(ranks)
+                self._fold(chunk, rnd)
                 return rnd
-        rnd = self.opened(chunk, None, first=grad)
+        rnd = self.opened(chunk, None, first=None if self.ordered else grad)
         rnd.layerwise = layerwise
+        if self.ordered:
+            rnd.held[min(ranks)] = (ranks, grad)
         rnd.workers.update(ranks)
+        self._fold(chunk, rnd)
         return rnd
+
+    def _add(self, chunk: Chunk, rnd: Round, grad) -> None:
+        """Add ``grad`` to the round's sum: the first is kept as it came, the second
+        added to it into the accumulator, the others added there."""
+        if rnd.acc is None and rnd.first is None:
+            rnd.first = grad
+        elif rnd.acc is None:
+            rnd.acc = self.take_spare(chunk)
+            self.xp.add(rnd.first, grad, out=rnd.acc)
+            rnd.first = None
+        else:
+            rnd.acc += grad
+
+    def _fold(self, chunk: Chunk, rnd: Round) -> None:
+        """Deterministic sums: add the held pushes that are next in rank order (every
+        lower rank added already, or counted without a push: an elastic slot that is
+        no member, a worker that left)."""
+        while rnd.held:
+            coming = set().union(*(ranks for ranks, _ in rnd.held.values()))
+            done = rnd.folded | (rnd.workers - coming)      # added, or never pushing
+            nxt = next(r for r in range(self.num_workers) if r not in done)
+            part = rnd.held.pop(nxt, None)
+            if part is None:                  # a lower rank's push has not come yet
+                return
+            ranks, grad = part
+            self._add(chunk, rnd, grad)
+            rnd.folded |= ranks
 
     def opened(self, chunk: Chunk, acc, first=None) -> Round:
         """A new round of ``chunk``, queued, that counts every slot that is not a member

@@ -47,8 +47,15 @@ class DistStore(KVStore):
                  accelerators: Accelerators | None = None):
         super().__init__(name)
         config.require_cluster(f"kvstore.create({name!r})")
-        self._config = config
         self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
+        if config.deterministic:
+            if self._mode != "sync":
+                raise InvalidArgumentError(
+                    f"kvstore.create({name!r}): deterministic sums (KVSTORE_DETERMINISTIC=1 or deterministic="
+                    "True) need dist_sync; this store applies each push as it arrives, in arrival order")
+            # the servers add a round's pushes in rank order: nothing writes into their sums
+            config = config.replace(write_in=False)
+        self._config = config
         self._staleness = staleness
         # summing on the host first (kvstore.hostgroup.group): its endpoint is registered
         host = HostGroup(config, accelerators) if config.host_reduce and self._mode == "sync" else None
@@ -80,7 +87,8 @@ class DistStore(KVStore):
             self._rows = DistRows(self._client, self._mode, self._collective, self._leads)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
             self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
-                             + (f" staleness={staleness}" if staleness is not None else ""))
+                             + (f" staleness={staleness}" if staleness is not None else "")
+                             + (" deterministic" if config.deterministic else ""))
             # --resume: every server restores the same checkpoint set before anything else
             self._checkpoints = Checkpoints(self._client, self._leads, config, self._collective,
                                             self._membership.fail, self._exchange.flush)
@@ -89,7 +97,8 @@ class DistStore(KVStore):
                 # the servers count a round complete when every worker slot is in it
                 self._client.request_all(ops.CONFIGURE, "configuring the servers", mode=self._mode,
                                          num_workers=reg.slots,
-                                         **({"staleness": staleness} if self._mode == "ssp" else {}))
+                                         **({"staleness": staleness} if self._mode == "ssp" else {}),
+                                         **({"deterministic": True} if config.deterministic else {}))
         except BaseException:
             self._departure.attach(client, host, self._rank)
             self._departure.release()

@@ -263,6 +263,11 @@ VARIABLES: tuple[Var, ...] = (
         "MIN:MAX opts in to elastic workers (set by the launchers' --elastic MIN:MAX): a worker "
         "that fails leaves the job instead of aborting it while at least MIN remain, and workers "
         "may join a running job up to MAX. Unset: any failure aborts the job."),
+    Var("KVSTORE_DETERMINISTIC", (), False, _bool,
+        "1: dist_sync servers add a round's pushes in worker-rank order whatever their arrival, so "
+        "the same job on the same data gives the same bits (as torch.use_deterministic_algorithms "
+        "asks); workers then push instead of writing into the servers' sums. kvstore.create(..., "
+        "deterministic=True) overrides it. Read by workers; dist_async and dist_ssp refuse it."),
     Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),
