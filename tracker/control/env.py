@@ -185,7 +185,8 @@ VARIABLES: tuple[Var, ...] = (
         "Seconds between heartbeats from each process to the scheduler."),
     Var("KVSTORE_HEARTBEAT_TIMEOUT", (), 10.0, _POSITIVE_FLOAT,
         "Seconds without a heartbeat after which a process is declared dead and the "
-        "whole job is aborted with an error naming it."),
+        "whole job is aborted with an error naming it. Also how long a server waits for its "
+        "checkpoint directory's lock (held by another live job's server) before it fails."),
     Var("KVSTORE_ABORT_GRACE", (), 5.0, _POSITIVE_FLOAT,
         "Seconds a worker whose job was aborted may keep running (to raise the error "
         "from its next kvstore call) before it exits by itself with status 70."),
