@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,7 +95,7 @@ class DynamicRows:
     @property
     def width(self) -> int:
         """Elements per row."""
-        return int(np.prod(self.row_shape, dtype=np.int64))
+        return math.prod(self.row_shape)      # Python ints: a declared row shape cannot wrap
 
     def rowinit(self) -> RowInit:
         """The rows' initial values: row ``id`` starts as RowInit's row ``id``."""

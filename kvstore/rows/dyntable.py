@@ -27,12 +27,15 @@ updates, as the Updater counts a chunk's: a new optimizer starts it again.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .dynamic import DynamicRows
 from ..errors import InvalidArgumentError
 
 _NEVER = np.iinfo(np.int64).max
+CAPACITY = 1024        # slots of a new table's slab
 COUNTERS = ("created", "evicted_by_age", "evicted_by_budget", "hits", "misses")
 
 
@@ -48,10 +51,14 @@ class DynTable:
         t.apply(np.array([11]), np.ones((1, 2), np.float32))        # evicts 5 (ties: smaller id)
     """
 
-    def __init__(self, spec: DynamicRows, label: str, capacity: int = 1024):
+    def __init__(self, spec: DynamicRows, label: str, capacity: int = CAPACITY,
+                 reserve: Callable[[int], None] | None = None):
         self.spec, self.label = spec, label
         self.init = spec.rowinit()
         self.width, self.dtype = spec.width, np.dtype(spec.dtype)
+        # reserve(bytes) before the slab is made or grows; raises to refuse (a server's budget)
+        self._reserve = reserve
+        self._charge(capacity, 0)
         self.ids = np.zeros(0, np.int64)
         self.slots = np.zeros(0, np.int64)
         self.values = np.zeros((capacity, self.width), self.dtype)
@@ -120,6 +127,11 @@ class DynTable:
         else:
             row_state = self._row_state(optimizer, found, old_slots, new, fresh, len(ids))
             optimizer.update(w, grad, row_state, self.t + 1, slot=slot, rows=ids)
+        # the slab's growth, if the new rows need it, is reserved last: a refusal changes nothing
+        more = max(0, len(new) - len(self.free) - len(victims))
+        if self.used + more > len(self.values):
+            states = len(self.state) if self.state is not None else len(row_state or ())
+            self._charge(max(self.used + more, 2 * len(self.values)) - len(self.values), states)
         # -- commit: nothing below raises
         if optimizer is not None and self.state is None:     # the first update: state for every row
             self.state = [s.reshape(len(self.values), self.width)
@@ -197,6 +209,12 @@ class DynTable:
         self.free = np.concatenate([self.free, gone])
         self.counts[counter] += len(positions)
 
+    def _charge(self, rows: int, states: int) -> None:
+        """Reserve the bytes of ``rows`` more slots (values, round marks and ``states``
+        optimizer state arrays), where a reserve was given."""
+        if self._reserve is not None and rows > 0:
+            self._reserve(rows * (self.width * self.dtype.itemsize * (1 + states) + 8))
+
     def _take_slots(self, k: int) -> np.ndarray:
         reused = self.free[len(self.free) - min(k, len(self.free)):][::-1]
         self.free = self.free[:len(self.free) - len(reused)]
@@ -244,12 +262,13 @@ class DynTable:
                 [[s.dtype.str, s[slots].tobytes()] for s in self.state]}
 
     @classmethod
-    def restore(cls, spec: DynamicRows, label: str, snap: dict) -> "DynTable":
+    def restore(cls, spec: DynamicRows, label: str, snap: dict,
+                reserve: Callable[[int], None] | None = None) -> "DynTable":
         """The table :meth:`snapshot` described (slots renumbered in id order: a
         table's behaviour never depends on which slot a row has)."""
         ids = np.frombuffer(snap["ids"], np.int64).copy()
         n = len(ids)
-        table = cls(spec, label, capacity=max(1024, n))
+        table = cls(spec, label, capacity=max(CAPACITY, n), reserve=reserve)
         values = np.frombuffer(snap["values"], table.dtype)
         last = np.frombuffer(snap["last"], np.int64)
         if values.size != n * table.width or last.size != n or \

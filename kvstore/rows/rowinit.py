@@ -11,6 +11,7 @@ fast in numpy, well mixed, and the same on every platform.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from ..errors import InvalidArgumentError
 __all__ = ["RowInit"]
 
 KINDS = ("zeros", "normal", "uniform")
-_BLOCK = 1 << 16                 # rows generated at a time (bounds temporary memory)
+_BLOCK = 1 << 20                 # elements generated at a time (bounds temporary memory)
 _TWO_53 = float(1 << 53)
 
 
@@ -58,19 +59,27 @@ class RowInit:
             raise InvalidArgumentError(f"bad row initializer {spec!r}")
         return cls(spec["kind"], float(spec["scale"]), tuple(spec["shape"]), spec["dtype"], int(spec["seed"]))
 
-    def fill(self, out: np.ndarray, rows: np.ndarray) -> None:
-        """Write the initial values of global ``rows`` into ``out`` (shape
-        ``(len(rows),) + shape[1:]``), a block of rows at a time."""
+    def fill(self, out: np.ndarray, rows) -> None:
+        """Write the initial values of global ``rows`` (int64 ids, or a ``range`` of
+        them) into ``out`` (shape ``(len(rows),) + shape[1:]``), a block of at most
+        :data:`_BLOCK` elements at a time: temporary memory is bounded whatever the
+        table's width. Raises InvalidArgumentError when ``out`` is not that shape."""
+        width = math.prod(self.shape[1:])
+        if out.size != len(rows) * width:
+            raise InvalidArgumentError(f"RowInit of rows {self.shape[1:]}: cannot fill {out.size} values "
+                                       f"for {len(rows)} rows")
         if self.kind == "zeros" or self.scale == 0:
             out[...] = 0
             return
-        width = int(np.prod(self.shape[1:], dtype=np.int64))
         flat = out.reshape(len(rows), width)
-        cols = np.arange(width, dtype=np.uint64)
-        for start in range(0, len(rows), _BLOCK):
-            block = rows[start:start + _BLOCK].astype(np.uint64)
-            index = (block[:, None] * np.uint64(width) + cols[None, :]) * np.uint64(2)
-            flat[start:start + _BLOCK] = self._values(index)
+        step_rows = max(1, _BLOCK // max(width, 1))
+        step_cols = min(width, _BLOCK)
+        for start in range(0, len(rows), step_rows):
+            block = np.asarray(rows[start:start + step_rows], dtype=np.int64).astype(np.uint64)
+            for col in range(0, width, step_cols):
+                cols = np.arange(col, min(width, col + step_cols), dtype=np.uint64)
+                index = (block[:, None] * np.uint64(width) + cols[None, :]) * np.uint64(2)
+                flat[start:start + step_rows, col:col + step_cols] = self._values(index)
 
     def _values(self, index: np.ndarray) -> np.ndarray:
         u1 = _uniform(index, self.seed)

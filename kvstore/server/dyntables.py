@@ -81,18 +81,39 @@ class DynTables(RowTables):
         if cid in self.tables or cid in self.table.chunks:
             raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
         label = f"key {cid[0]!r} on {self.table.name}"
+        budget = self.state.budget
+
+        def reserve(nbytes: int) -> None:   # the slab, as it is made and as it grows
+            budget.take(nbytes, f"dynamic rows of {chunk_label(cid)} ({spec.describe()}) on {self.table.name}")
         if cid in self.restored:       # resumed: the checkpoint's rows, for the same spec
             saved, snap = self.restored[cid]
             if saved != spec.to_wire():
                 raise InvalidArgumentError(f"{chunk_label(cid)}: the checkpoint holds {DynamicRows.from_wire(saved).describe()}"
                                            f", init asks for {spec.describe()}")
-            rows = DynTable.restore(spec, label, snap)
-            del self.restored[cid]
-        else:
-            rows = DynTable(spec, label)
+        held = budget.held
+        try:
+            if cid in self.restored:
+                rows = DynTable.restore(spec, label, self.restored[cid][1], reserve)
+                del self.restored[cid]
+            else:
+                rows = DynTable(spec, label, reserve=reserve)
+        except BaseException:          # refused or failed: what it reserved is free again
+            budget.give(budget.held - held)
+            raise
         self.tables[cid] = DynRecord(HashLayout(ID_LIMIT, spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
                                      dtype_of=Chunk(np.zeros(0, spec.dtype)))
         return [ok(peer, header["id"])]
+
+    def on_pull(self, peer, header, arrays) -> list[Reply]:
+        """As a row table's pull; but ids need not have rows, so the reply (a row per
+        id) is counted against the server's budget before it is built."""
+        cid = self._cid(header)
+        table, chunk = self._table(cid)
+        if len(arrays) == 1:
+            nbytes = arrays[0].size * table.layout.width * chunk.value.dtype.itemsize
+            self.state.budget.check(nbytes, f"pull_dyn of {arrays[0].size:,} ids of {chunk_label(cid)} "
+                                            f"(rows of {table.layout.width} x {chunk.value.dtype.name})")
+        return super().on_pull(peer, header, arrays)
 
     def on_set(self, peer, header, arrays) -> list[Reply]:
         raise InvalidArgumentError(f"{chunk_label(self._cid(header))} holds dynamic rows: they are made by "

@@ -20,6 +20,7 @@ from . import backend as _backend
 from .checkpoint_ops import CheckpointOps
 from .commands import ServerCommands
 from .dataplane import DataPlane
+from .budget import MemoryBudget
 from .sequencer import Sequencer
 from .state import ServerState
 
@@ -88,9 +89,10 @@ class ServerNode:
             self._close()
             return 1
         self._data.serving(backend)
-        self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in)
+        self.state = ServerState(name=f"server {reg.rank}", backend=backend, write_in=self._data.write_in,
+                                 budget=MemoryBudget.from_setting(self.config.server_memory))
         self._data.joined(reg.workers)
-        self.sequencer = Sequencer(self._live.name)
+        self.sequencer = Sequencer(self._live.name, self._live.budget)
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
         self._commands = ServerCommands(reg.rank, self.config.profile_dir)
@@ -130,6 +132,8 @@ class ServerNode:
                     for line in self._live.stalled(time.monotonic(), self.config.stall_warning):
                         log.warning("%s: %s (KVSTORE_STALL_WARNING=%gs)", self._live.name, line,
                                     self.config.stall_warning)
+                # early requests whose worker gave up (its connection lost one) let go of their memory
+                self.sequencer.expire(time.monotonic(), self.config.timeout)
                 if self.membership.aborted.is_set():
                     log.error("server %d stopping: %s", reg.rank, self.membership.abort_reason)
                     return 1

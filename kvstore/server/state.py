@@ -31,6 +31,7 @@ from .. import compression as _compression
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
+from .budget import MemoryBudget
 from .chunks import ChunkTable
 from .members import Members
 from .modes import MODES, Consistency
@@ -56,8 +57,10 @@ class ServerState:
     """
 
     def __init__(self, name: str = "server", alloc=None, write_in: bool = False, shared=None,
-                 backend=None):
+                 backend=None, budget: MemoryBudget | None = None):
         self.name = name
+        # what requests may make this server hold (KVSTORE_SERVER_MEMORY; kvstore.server.budget)
+        self.budget = budget or MemoryBudget(None)
         # where values, sums and optimizer state live (kvstore.server.backend): host
         # memory from alloc(size, dtype) (the node passes shared memory) and
         # shared(array) -> whether co-located workers can map it; or one GPU
@@ -191,7 +194,12 @@ class ServerState:
 
     # -- dense chunks ---------------------------------------------------------------------
     def _on_init(self, peer, header, arrays):
-        self.table.init(chunk_ids(header, arrays), arrays)
+        ids = chunk_ids(header, arrays)
+        fresh = {cid: a.nbytes for cid, a in zip(ids, arrays) if cid not in self.table.chunks}
+        what = f"init of {len(fresh)} chunk(s) ({', '.join(map(chunk_label, list(fresh)[:3]))}" \
+               f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
+        with self.budget.holding(sum(fresh.values()), what):
+            self.table.init(ids, arrays)
         return [ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays, want_values=False):
@@ -334,6 +342,7 @@ class ServerState:
                 self.backend.upload(host, out=out)
         restored = _snapshot.load(snap, self.optimizer, self.table.alloc, upload)
         self.table.restore(restored.chunks)
+        self.budget.count(sum(c.value.nbytes for c in restored.chunks.values()))
         self.dyn.restore(restored.dyn_tables)
         self.mode, self.num_workers = restored.mode, restored.num_workers
         if restored.mode is not None and restored.num_workers is not None \

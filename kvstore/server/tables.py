@@ -20,6 +20,7 @@ ssp mode (dist_ssp) refuses row-sparse keys at init (``NO_ROWS_IN_SSP`` says why
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from ..rows import sparse
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..protocol import chunk_label, error_header
+from ..protocol.codec import ALLOWED_DTYPES
 from ..rows.rowinit import RowInit
 from ..rows.layout import RowLayout
 from ..worker.types import NO_ROWS_IN_SSP
@@ -35,6 +37,22 @@ from .backend import HostBackend
 from .chunks import ChunkTable
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
+
+
+MAX_DIMS = 32     # dimensions of a table's shape (as of a buffer's: kvstore.protocol.codec)
+ROW_LIMIT = 1 << 63   # each size of a table's shape is below it (row ids are int64)
+
+
+def _dtype(name: str, cid) -> np.dtype:
+    """The dtype a table declares: one of the wire's plain numeric dtypes (no object,
+    string or void type, whose item size the sender would choose)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.str not in ALLOWED_DTYPES:
+        raise ProtocolError(f"{chunk_label(cid)}: dtype {name!r} is not one of the wire's numeric dtypes")
+    return dtype
 
 
 @dataclass
@@ -78,18 +96,28 @@ class RowTables:
             raise InvalidArgumentError(NO_ROWS_IN_SSP)
         shape, dtype = header["shape"], header["dtype"]
         servers, server = header["servers"], cid[1]
-        if not (isinstance(shape, list) and shape and all(is_int(n) and n >= 0 for n in shape)
+        if not (isinstance(shape, list) and shape and len(shape) <= MAX_DIMS
+                and all(is_int(n) and 0 <= n < ROW_LIMIT for n in shape)
                 and is_int(servers) and 0 <= server < servers and isinstance(dtype, str)):
             raise ProtocolError("init_rows needs shape (a list of sizes), dtype and servers")
-        dtype = np.dtype(dtype)
-        width = int(np.prod(shape[1:], dtype=np.int64))
+        dtype = _dtype(dtype, cid)
+        width = math.prod(shape[1:])         # Python ints: a declared shape cannot wrap
         layout = RowLayout(shape[0], width, server, servers)
+        size = layout.local_rows * width
+        restored = cid in self.table.restored
+        # counted before anything is allocated (a restored table is counted already); a
+        # GPU server's rows are built on the host first
+        nbytes = 0 if restored else size * dtype.itemsize
+        staged = 0 if isinstance(self.table.backend, HostBackend) else nbytes
+        what = f"init_rows of {chunk_label(cid)} (shape {shape}, {dtype.name}: {size:,} values on {self.table.name})"
+        self.state.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
-        restored = cid in self.table.restored
+        if spec is not None and math.prod(spec.shape[1:]) != width:
+            raise InvalidArgumentError(f"{chunk_label(cid)}: its initializer is for rows of {spec.shape[1:]}, "
+                                       f"the table's rows are {tuple(shape[1:])}")
         if not restored and cid in self.table.chunks:
             raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
-        size = layout.local_rows * width
         if restored:             # resumed: the checkpoint's rows win over init's
             value = self.table.chunks[cid].value
             if value.size != size or value.dtype != dtype:
@@ -97,18 +125,19 @@ class RowTables:
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
             self.table.restored.discard(cid)
         else:
-            value = self.table.alloc(size, dtype)
-            # values in host memory are filled where they lie: a table as big as this
-            # server's memory allows is not built twice (a staging copy, then the value)
-            in_place = isinstance(self.table.backend, HostBackend)
-            host = value.reshape(layout.local_rows, width) if in_place else np.empty((layout.local_rows, width), dtype)
-            if spec is not None:
-                spec.fill(host, np.arange(server, shape[0], servers, dtype=np.int64))
-            else:
-                host[...] = 0
-            host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
-            if not in_place:
-                self.table.backend.upload(host.reshape(-1), out=value)
+            with self.state.budget.holding(nbytes, what):
+                value = self.table.alloc(size, dtype)
+                # values in host memory are filled where they lie: a table as big as this
+                # server's memory allows is not built twice (a staging copy, then the value)
+                in_place = isinstance(self.table.backend, HostBackend)
+                host = value.reshape(layout.local_rows, width) if in_place else np.empty((layout.local_rows, width), dtype)
+                if spec is not None:       # (its rows as a range: no array of every row id)
+                    spec.fill(host, range(server, shape[0], servers))
+                else:
+                    host[...] = 0
+                host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
+                if not in_place:
+                    self.table.backend.upload(host.reshape(-1), out=value)
             self.table.chunks[cid] = Chunk(value)
         self.tables[cid] = Table(layout, tuple(shape[1:]))
         self.table.row_tables.add(cid)

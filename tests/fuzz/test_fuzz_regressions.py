@@ -160,6 +160,30 @@ def test_a_peer_that_never_reads_does_not_stall_the_server(make_cluster):
             ctx.term()
 
 
+# Regression (issue 40, an outside tester; fixed): a request's declared shape sizes what the
+# server allocates; it is checked (no 64-bit wrap) and counted against KVSTORE_SERVER_MEMORY
+# before anything is allocated
+@CRASHES
+@pytest.mark.parametrize("header", [
+    {"op": ops.INIT_ROWS, "chunk": ["emb", 0], "shape": [4, 2 ** 32, 2 ** 32], "dtype": "float32",
+     "servers": 1, "init": None, "bufs": [["<i8", [0]], ["<f4", [0]]]},
+    {"op": ops.INIT_ROWS, "chunk": ["emb", 0], "shape": [2 ** 62, 2 ** 20], "dtype": "float32",
+     "servers": 1, "init": None, "bufs": [["<i8", [0]], ["<f4", [0]]]},
+    {"op": ops.INIT_DYN, "chunk": ["emb", 0], "servers": 1, "bufs": [],
+     "spec": {"row_shape": [2 ** 32, 2 ** 32], "dtype": "float32", "init": ["zeros", 0.0], "seed": 0,
+              "budget": None, "evict_after": None, "evict": True}},
+], ids=["init_rows-wrapping", "init_rows-huge", "init_dyn-wrapping"])
+def test_a_shape_too_large_to_hold_is_refused_naming_key_size_and_setting(make_cluster, header):
+    with one_worker_job(make_cluster) as (cluster, address, box):
+        body = [b"", b""] if header["bufs"] else []
+        reply = _send_one(address, [msgpack.packb({"v": 1, "id": 9, "src": 0, **header}), *body],
+                          alive=cluster._threads[0].is_alive)
+        _assert_served(cluster, box, reply)
+        message = decode(reply)[0]["message"]
+        assert "key 'emb'" in message and "bytes" in message and "KVSTORE_SERVER_MEMORY" in message, message
+    assert np.array_equal(box["result"], np.arange(4, dtype=np.float32)), box["result"]
+
+
 # Regression (found by this fuzzing, fixed):
 def test_error_reply_to_a_bool_id_carries_null(live):
     """Spec §6: "If the header could not be parsed as a msgpack map with an integer

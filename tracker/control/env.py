@@ -285,6 +285,12 @@ VARIABLES: tuple[Var, ...] = (
     Var("KVSTORE_SERVER_GPUS", (), None, _gpu_list,
         "GPUs the servers of a host use with KVSTORE_SERVER_DEVICE=gpu, e.g. 0,1: server s "
         "takes entry s mod the list's length [default: every GPU of the host]."),
+    Var("KVSTORE_SERVER_MEMORY", (), "auto", _pipeline,
+        "Bytes of values and held requests one server may hold (0: no limit; auto: half of its "
+        "host's memory, or of its cgroup's limit if lower). A request that would pass it (an init, "
+        "init_rows or init_dyn of a large shape, a dynamic table's growth, a pull_dyn's reply, an "
+        "early request held) is refused with an error naming the key, the bytes and this setting; "
+        "the server changes nothing and goes on serving (docs/reliability.md)."),
     Var("KVSTORE_SERVERS_PER_HOST", (), 1, _POSITIVE_INT,
         "Under torch's launchers (torchrun, PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
         "set, no KVSTORE_* job variables), how many servers each host's local rank 0 starts "
