@@ -55,7 +55,7 @@ def ref_sgd(w, g, s, t, lr, hp):
     if m == 0.0:
         return w - lr * g, s
     mom = s.get("mom", 0.0)
-    if hp.get("nesterov"):
+    if hp.get("nesterov"):      # torch's: the momentum excludes the rate
         mom = m * mom + g
         return w - lr * (g + m * mom), {"mom": mom}
     mom = m * mom - lr * g
@@ -63,7 +63,15 @@ def ref_sgd(w, g, s, t, lr, hp):
 
 
 def ref_nag(w, g, s, t, lr, hp):
-    return ref_sgd(w, g, s, t, lr, dict(hp, nesterov=True))
+    """MXNet's nag_mom_update: the momentum includes the rate; updated in place, so
+    its wd term sees the new weight."""
+    g = _clip(g * hp.get("rescale_grad", 1.0), hp.get("clip_gradient"))
+    wd, m = hp.get("wd", 0.0), hp.get("momentum", 0.0)
+    if m == 0.0:
+        return w - lr * (g + wd * w), s
+    mom = m * s.get("mom", 0.0)
+    w = w - mom + (m + 1) * (mom - lr * (g + wd * w))
+    return w, {"mom": mom - lr * (g + wd * w)}
 
 
 def ref_adam(w, g, s, t, lr, hp):

@@ -17,8 +17,8 @@ Example::
 Invalid names, parameters or values raise :class:`kvstore.errors.ConfigError`.
 """
 
-from .base import Optimizer, create, from_config, register, registered
-from .lr_scheduler import (CosineScheduler, FactorScheduler, LRScheduler, MultiFactorScheduler,
+from .base import STATE_VERSION, Optimizer, create, from_config, register, registered
+from .lr_scheduler import (CosineScheduler, FactorScheduler, LRScheduler, MultiFactorScheduler, PolyScheduler,
                            register_scheduler, registered_schedulers, scheduler_from_config)
 from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp, Test
 # MXNet 1.x's other optimizers, one module each: importing registers them (LARS, LAMB
@@ -37,9 +37,9 @@ from .signum import Signum
 from .updater import Updater
 
 __all__ = [
-    "Optimizer", "create", "from_config", "register", "registered", "Updater",
+    "Optimizer", "create", "from_config", "register", "registered", "Updater", "STATE_VERSION",
     "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test",
     "Signum", "FTML", "DCASGD", "SGLD", "AdaDelta", "Ftrl", "Adamax", "Nadam", "LARS", "LAMB", "LBSGD",
-    "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
+    "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler", "PolyScheduler",
     "register_scheduler", "registered_schedulers", "scheduler_from_config",
 ]

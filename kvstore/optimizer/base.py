@@ -10,6 +10,11 @@ Optimizers cross the wire as a name plus hyper-parameters, never as pickles::
 
 from __future__ import annotations
 
+import copy
+import os
+import sys
+import types
+import warnings
 from typing import ClassVar
 
 import numpy
@@ -19,9 +24,15 @@ from ..registry import Registry, own_name
 from . import fused
 from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, real,
                     update_count)
-from .lr_scheduler import LRScheduler, scheduler_from_config
+from .lr_scheduler import DEFAULT_BASE_LR, LRScheduler, scheduler_from_config
 
-__all__ = ["Optimizer", "register", "registered", "create", "from_config"]
+__all__ = ["Optimizer", "register", "registered", "create", "from_config", "STATE_VERSION"]
+
+STATE_VERSION = 2
+"""What optimizer state arrays mean, for files that keep them (optimizer-state files):
+1 until NAG's momentum held the learning rate (MXNet's), 2 since. An optimizer
+whose state meant something else in an older version converts it in
+:meth:`Optimizer.state_from`."""
 
 # Hyper-parameters every optimizer has, in config order.
 _BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "multi_precision")
@@ -83,18 +94,34 @@ def from_config(cfg):
     return cls(lr_scheduler=sched, **params)
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` for a warning from Optimizer.__init__ that names the first
+    caller outside this package (subclass constructors, from_config, create)."""
+    here, level = os.path.dirname(os.path.abspath(__file__)), 2
+    frame: types.FrameType | None = sys._getframe(2)      # the caller of Optimizer.__init__
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class Optimizer:
     """Base class of optimizers that update weight arrays in place.
 
-    Common hyper-parameters (keyword-only): ``learning_rate`` (>= 0),
+    Common hyper-parameters (keyword-only): ``learning_rate`` (>= 0, or None),
     ``wd`` (weight decay, >= 0), ``rescale_grad`` (> 0, multiplies the gradient
     first), ``clip_gradient`` (None, or > 0 to clip the rescaled gradient to
-    ``[-c, c]``), ``lr_scheduler`` (None, an LRScheduler or its config dict; a
-    scheduler without ``base_lr`` starts from ``learning_rate``), ``multi_precision``
-    (MXNet's: a float16 weight is updated through a float32 master copy kept in
-    its state, and the float32 state; the weight is the copy rounded to float16).
-    Invalid values raise ConfigError. Hyper-parameters are plain attributes;
-    treat them as read-only and build a new optimizer to change them.
+    ``[-c, c]``), ``lr_scheduler`` (None, an LRScheduler or its config dict),
+    ``multi_precision`` (MXNet's: a float16 weight is updated through a float32
+    master copy kept in its state, and the float32 state; the weight is the copy
+    rounded to float16). Invalid values raise ConfigError. Hyper-parameters are
+    plain attributes; treat them as read-only and build a new optimizer to change them.
+
+    The learning rate follows MXNet's ``Optimizer``: a ``learning_rate`` that is not
+    None is written into the ``base_lr`` of the optimizer's own copy of the scheduler
+    (a UserWarning when the scheduler was given another ``base_lr``: MXNet prints one);
+    with ``learning_rate=None`` the scheduler's ``base_lr`` is used, and without a
+    scheduler 0.01. :attr:`learning_rate` reads the scheduler's ``base_lr`` while one
+    is set; :meth:`learning_rate_at` gives the rate of an update.
 
     Arrays may be NumPy or CuPy; all math runs in place in the weight's dtype and
     array module, and the gradient passed in is never modified.
@@ -106,11 +133,12 @@ class Optimizer:
     name: ClassVar[str] = ""
     hyper_params: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, *, learning_rate=0.01, wd=0.0, rescale_grad=1.0, clip_gradient=None,
+    def __init__(self, *, learning_rate=None, wd=0.0, rescale_grad=1.0, clip_gradient=None,
                  lr_scheduler=None, multi_precision=False):
         owner = type(self).__name__
         self.multi_precision = boolean(owner, "multi_precision", multi_precision)
-        self.learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
+        if learning_rate is not None:
+            learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
         self.wd = real(owner, "wd", wd, lo=0.0)
         self.rescale_grad = real(owner, "rescale_grad", rescale_grad, lo=0.0, lo_open=True)
         self.clip_gradient = real(owner, "clip_gradient", clip_gradient, lo=0.0, lo_open=True,
@@ -120,9 +148,33 @@ class Optimizer:
         elif lr_scheduler is not None and not isinstance(lr_scheduler, LRScheduler):
             raise ConfigError(f"{owner}: lr_scheduler must be None, an LRScheduler or its "
                               f"config dict, got {type(lr_scheduler).__name__}")
-        if lr_scheduler is not None and lr_scheduler.base_lr is None:
-            lr_scheduler.check_base_lr(self.learning_rate)
+        self._lr = DEFAULT_BASE_LR if learning_rate is None else learning_rate
+        if lr_scheduler is not None:
+            # MXNet writes the optimizer's rate into the scheduler's base_lr; here into
+            # a copy, so that a scheduler given to two optimizers is not shared
+            lr_scheduler = copy.copy(lr_scheduler)
+            had = lr_scheduler.base_lr
+            if learning_rate is None:
+                learning_rate = DEFAULT_BASE_LR if had is None else had
+            elif had is not None and learning_rate != had:
+                # MXNet prints this also for a scheduler's default base_lr (0.01); here a
+                # scheduler without one is meant to take the optimizer's, so only a given one
+                warnings.warn(f"{owner}: learning_rate {learning_rate} overrides the base_lr {had} of "
+                              f"{lr_scheduler!r}, as in MXNet (a warm-up still ends at {had}, and "
+                              "CosineScheduler and PolyScheduler still decay from it)", UserWarning,
+                              stacklevel=_callers_level())
+            lr_scheduler.check_base_lr(learning_rate)
+            lr_scheduler.base_lr = learning_rate
         self.lr_scheduler = lr_scheduler
+
+    @property
+    def learning_rate(self) -> float:
+        """The base learning rate: the scheduler's ``base_lr`` while one is set (where
+        the constructor wrote ``learning_rate``, as MXNet), else the optimizer's own.
+        The rate of update ``t`` is :meth:`learning_rate_at`."""
+        if self.lr_scheduler is not None and self.lr_scheduler.base_lr is not None:
+            return self.lr_scheduler.base_lr
+        return self._lr
 
     @classmethod
     def param_names(cls):
@@ -158,8 +210,41 @@ class Optimizer:
         """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""
         t = update_count(type(self).__name__, t)
         if self.lr_scheduler is None:
-            return self.learning_rate
-        return self.lr_scheduler(t, self.learning_rate)
+            return self._lr
+        return self.lr_scheduler(t)
+
+    def with_learning_rate(self, learning_rate) -> Optimizer:
+        """This optimizer with another base ``learning_rate``: the same kind and other
+        hyper-parameters, so that it can take over this one's state (what
+        ``kv.set_learning_rate`` does; :meth:`Updater.replace_optimizer`). Raises
+        ConfigError while an lr_scheduler is set, which sets the rate (MXNet's
+        ``Optimizer.set_learning_rate`` refuses it too), and for a bad value.
+
+        Example: ``SGD(learning_rate=0.1, momentum=0.9).with_learning_rate(0.03)``
+        """
+        if self.lr_scheduler is not None:
+            raise ConfigError(f"{type(self).__name__}: cannot set the learning rate to {learning_rate!r}: "
+                              f"its lr_scheduler {self.lr_scheduler!r} sets it (MXNet refuses this too); set "
+                              "an optimizer without one, or with another schedule, instead")
+        config = self.to_config()
+        return from_config({**config, "params": {**config["params"], "learning_rate": learning_rate}})
+
+    def state_scale_from(self, previous: Optimizer, t: int) -> float:
+        """The factor that multiplies a slot's state, after ``t`` updates by ``previous``
+        (the same kind, other hyper-parameters), when this optimizer takes it over
+        (:meth:`Updater.replace_optimizer`): 1.0, unless the meaning of the state
+        depends on the rate of the last update (LARS's momentum correction)."""
+        return 1.0
+
+    def state_from(self, version: int, t: int, arrays: list) -> list:
+        """``arrays``, a slot's state after ``t`` updates as this optimizer kept it at
+        state version ``version`` (:data:`STATE_VERSION`), in the current meaning. The
+        same arrays unless the meaning changed (NAG's momentum in version 1); raises
+        ValueError for a version this optimizer cannot read."""
+        if not 1 <= version <= STATE_VERSION:
+            raise ValueError(f"{type(self).__name__}: optimizer state version {version!r} is unknown; this "
+                             f"kvstore reads 1 to {STATE_VERSION}")
+        return arrays
 
     def keeps_master(self, dtype) -> bool:
         """Whether a weight of ``dtype`` is updated through a float32 master copy

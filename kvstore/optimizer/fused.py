@@ -48,11 +48,23 @@ _SPECS = {
         acc_t m = (acc_t)mom * momentum - g * lr;
         mom = (T)m;
         weight = (T)(w + m);"""),
-    "nag_mom": (("momentum",), ("mom",), _LOAD + _CLIP + _WD + """
+    # torch's Nesterov (SGD(nesterov=True)): the momentum excludes the rate
+    "sgd_nesterov": (("momentum",), ("mom",), _LOAD + _CLIP + _WD + """
         acc_t m = (acc_t)mom * momentum + g;
         mom = (T)m;
         g = g + momentum * m;
         weight = (T)(w - g * lr);"""),
+    # MXNet's NAGMomKernel (NAG): its momentum holds the rate; in place, the momentum's
+    # wd term reads the new weight (SGD._nesterov). mp1 = momentum + 1 in T.
+    "nag_mom": (("momentum", "mp1"), ("mom",), _LOAD + _CLIP + """
+        acc_t m = (acc_t)mom * momentum;
+        acc_t d = g;
+        if (wd != 0) d = d + wd * w;
+        acc_t wn = (w - m) + (m - d * lr) * mp1;
+        weight = (T)wn;
+        wn = (acc_t)weight;
+        if (wd != 0) g = g + wd * wn;
+        mom = (T)(m - g * lr);"""),
     "adam": (("beta1", "omb1", "beta2", "omb2", "eps", "lr_t"), ("mean", "var"),
              _LOAD + _WD + _CLIP + """
         acc_t m = (acc_t)mean * beta1 + omb1 * g;
@@ -229,7 +241,13 @@ def _kernel(name, dtype):
 def _plan_sgd(o, state, t, lr, dtype):
     if not state:
         return "sgd", {}
-    return ("nag_mom" if o.nesterov else "sgd_mom"), {"momentum": o.momentum}
+    return ("sgd_nesterov" if o.nesterov else "sgd_mom"), {"momentum": o.momentum}
+
+
+def _plan_nag(o, state, t, lr, dtype):
+    if not state:
+        return "sgd", {}
+    return "nag_mom", {"momentum": o.momentum, "mp1": float(_in(dtype)(o.momentum) + 1)}
 
 
 def _plan_adam(o, state, t, lr, dtype):
@@ -319,7 +337,7 @@ def _planners():
         from .nadam import Nadam
         from .signum import Signum
 
-        _plans = {SGD: _plan_sgd, NAG: _plan_sgd, Adam: _plan_adam, AdaGrad: _plan_adagrad,
+        _plans = {SGD: _plan_sgd, NAG: _plan_nag, Adam: _plan_adam, AdaGrad: _plan_adagrad,
                   RMSProp: _plan_rmsprop, Signum: _plan_signum, FTML: _plan_ftml,
                   DCASGD: _plan_dcasgd, AdaDelta: _plan_adadelta, Ftrl: _plan_ftrl,
                   Adamax: _plan_adamax, Nadam: _plan_nadam}

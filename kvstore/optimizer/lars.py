@@ -70,12 +70,26 @@ class LARS(Optimizer):
             w_norm, g_norm = root(sums[0]), root(sums[1])
             if w_norm > 0.0 and g_norm > 0.0:
                 lr_key = lr * self.eta * w_norm / (g_norm * self.rescale_grad + self.wd * w_norm + self.eps)
-        momentum = self.momentum
-        if self.momentum_correction and t > 1:
-            last = self.learning_rate_at(t - 1)     # the previous update's (global) rate
-            if last != 0:
-                momentum *= lr / last
-        return lr_key, momentum
+        # the previous update's (global) rate; after kv.set_learning_rate, its state was
+        # rescaled by state_scale_from so that this is as if that rate were used
+        return lr_key, (self._momentum(lr, self.learning_rate_at(t - 1)) if t > 1 else self.momentum)
+
+    def _momentum(self, lr: float, last: float) -> float:
+        """MXNet's corrected momentum of an update at rate ``lr`` after one at ``last``."""
+        if self.momentum_correction and last != 0:
+            return self.momentum * (lr / last)
+        return self.momentum
+
+    def state_scale_from(self, previous: Optimizer, t: int) -> float:
+        """MXNet corrects the momentum of the first update after a change of rate by
+        new / previous rate, kv.set_learning_rate's changes included. ``key_rates``
+        takes the previous rate from the schedule of this optimizer, so the momentum
+        of a slot ``previous`` updated ``t`` times is multiplied by what that misses."""
+        if not self.num_states or t < 1:
+            return 1.0
+        lr = self.learning_rate_at(t + 1)
+        ours = self._momentum(lr, self.learning_rate_at(t))
+        return self._momentum(lr, previous.learning_rate_at(t)) / ours if ours else 1.0
 
     def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
         lr_key, momentum = self.key_rates(sums, t, lr)

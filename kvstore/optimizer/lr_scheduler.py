@@ -4,10 +4,20 @@ MXNet's schedulers keep mutable counters and return the lr for a *sequence* of
 calls. Here every scheduler is a pure function of ``t`` (the 1-based number of
 updates a slot has received), so a server restarted from a checkpoint computes
 the same learning rate as one that never stopped. For ``t = 1, 2, 3, ...`` the
-values equal those of MXNet 1.x's stateful schedulers.
+values equal those of MXNet 1.9's stateful schedulers, warm-up included.
+
+MXNet's rules for the base rate are kept. ``base_lr`` (default 0.01 when not
+given) is what the scheduler's warm-up ends at, and what CosineScheduler and
+PolyScheduler decay from. An optimizer with a ``learning_rate`` writes it into
+``base_lr`` of its own copy of the scheduler (see ``Optimizer``), as MXNet's
+``Optimizer`` does: FactorScheduler and MultiFactorScheduler then decay from the
+optimizer's rate, while the warm-up still ends at the scheduler's own (MXNet's
+``warmup_final_lr``) and CosineScheduler and PolyScheduler still decay from it
+(MXNet's ``base_lr_orig``).
 
 A scheduler travels over the wire as ``{"name": ..., "params": {...}}`` (see
-:meth:`LRScheduler.to_config` and :func:`scheduler_from_config`).
+:meth:`LRScheduler.to_config` and :func:`scheduler_from_config`); ``base_lr`` there
+is the constructor's.
 
 Example::
 
@@ -20,14 +30,20 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from typing import ClassVar
 
 from ..errors import ConfigError
 from ..registry import Registry, own_name
 from ._util import check_config_shape, check_params, integer, real, update_count
 
-__all__ = ["LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler",
-           "register_scheduler", "scheduler_from_config", "registered_schedulers"]
+__all__ = ["LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler", "PolyScheduler",
+           "register_scheduler", "scheduler_from_config", "registered_schedulers", "DEFAULT_BASE_LR"]
+
+DEFAULT_BASE_LR = 0.01
+"""MXNet's base rate when neither a scheduler nor an optimizer gives one."""
+
+WARMUP_MODES = ("linear", "constant")
 
 def register_scheduler(cls):
     """Class decorator: register an :class:`LRScheduler` subclass under ``cls.name``.
@@ -58,16 +74,46 @@ def scheduler_from_config(cfg):
 class LRScheduler:
     """Base class: ``scheduler(t, base_lr=None)`` returns the lr for update ``t``.
 
-    ``base_lr`` given to the constructor wins; otherwise the ``base_lr`` argument of
-    the call is used (an optimizer passes its ``learning_rate``, as MXNet does).
-    Subclasses set ``name``, ``_params`` (constructor argument names, in config
-    order, stored as attributes of the same name) and implement ``_lr``.
+    ``base_lr`` (attribute) is MXNet's mutable base rate: the constructor's, which an
+    optimizer overwrites with its ``learning_rate`` (on its own copy); the call's
+    ``base_lr`` argument, when given, is used instead. :attr:`warmup_final_lr` stays
+    the constructor's. Subclasses set ``name``, ``_params`` (constructor argument
+    names, in config order, stored as attributes of the same name, ``base_lr`` as
+    given), call :meth:`_init_base` and implement ``_lr(t, base)``, which is called
+    after the warm-up only.
     """
 
     name: ClassVar[str] = ""
     _params: ClassVar[tuple[str, ...]] = ()
 
     base_lr: float | None = None
+    _given_base_lr: float | None = None
+    warmup_steps: int = 0
+    warmup_begin_lr: float = 0.0
+    warmup_mode: str = "linear"
+
+    def _init_base(self, base_lr, warmup_steps=0, warmup_begin_lr=0.0, warmup_mode="linear") -> None:
+        """MXNet's ``LRScheduler.__init__``: the base rate and the warm-up, validated
+        (ConfigError unless ``base_lr`` is None or >= 0, ``warmup_steps`` an int >= 0,
+        ``0 <= warmup_begin_lr <= base_lr`` and ``warmup_mode`` 'linear' or 'constant')."""
+        owner = type(self).__name__
+        self._given_base_lr = real(owner, "base_lr", base_lr, lo=0.0, allow_none=True)
+        self.base_lr = self._given_base_lr
+        self.warmup_steps = integer(owner, "warmup_steps", warmup_steps, lo=0)
+        self.warmup_begin_lr = real(owner, "warmup_begin_lr", warmup_begin_lr, lo=0.0)
+        if self.warmup_begin_lr > self.warmup_final_lr:
+            raise ConfigError(f"{owner}: warmup_begin_lr ({self.warmup_begin_lr}) must not exceed base_lr "
+                              f"({self.warmup_final_lr}), where the warm-up ends")
+        if warmup_mode not in WARMUP_MODES:
+            raise ConfigError(f"{owner}: warmup_mode must be one of {', '.join(map(repr, WARMUP_MODES))}, "
+                              f"got {warmup_mode!r}")
+        self.warmup_mode = warmup_mode
+
+    @property
+    def warmup_final_lr(self) -> float:
+        """Where the warm-up ends: the constructor's ``base_lr`` (MXNet's default 0.01
+        when None), whatever an optimizer writes into :attr:`base_lr` later."""
+        return DEFAULT_BASE_LR if self._given_base_lr is None else self._given_base_lr
 
     @classmethod
     def param_names(cls):
@@ -75,16 +121,22 @@ class LRScheduler:
         return cls._params
 
     def __call__(self, t, base_lr=None):
-        """Return the learning rate for the ``t``-th update (``t >= 1``).
-
-        Raises ConfigError if neither the scheduler nor the call provides a base lr.
-        """
+        """Return the learning rate for the ``t``-th update (``t >= 1``): the warm-up's
+        while ``t < warmup_steps``, then the schedule's from ``base_lr`` (the argument,
+        else the attribute, else 0.01)."""
         t = update_count(type(self).__name__, t)
-        base = self.base_lr if self.base_lr is not None else base_lr
-        if base is None:
-            raise ConfigError(f"{type(self).__name__} has no base_lr: give it one or attach "
-                              "it to an optimizer, whose learning_rate is then used")
-        return float(self._lr(t, float(base)))
+        if t < self.warmup_steps:
+            return float(self._warmup(t))
+        if base_lr is None:
+            base_lr = self.base_lr if self.base_lr is not None else DEFAULT_BASE_LR
+        return float(self._lr(t, float(base_lr)))
+
+    def _warmup(self, t: int) -> float:
+        """MXNet's ``get_warmup_lr(t)``, in its operation order."""
+        if self.warmup_mode == "constant":
+            return self.warmup_begin_lr
+        increase = (self.warmup_final_lr - self.warmup_begin_lr) * float(t) / float(self.warmup_steps)
+        return self.warmup_begin_lr + increase
 
     def _lr(self, t, base):
         raise NotImplementedError
@@ -94,10 +146,11 @@ class LRScheduler:
         real(type(self).__name__, "base_lr", base_lr, lo=0.0)
 
     def to_config(self):
-        """Return ``{"name": ..., "params": {...}}`` made of plain, msgpack-able values."""
+        """Return ``{"name": ..., "params": {...}}`` made of plain, msgpack-able values
+        (``base_lr``: the constructor's, not one an optimizer wrote)."""
         params = {}
         for p in self._params:
-            value = getattr(self, p)
+            value = self._given_base_lr if p == "base_lr" else getattr(self, p)
             params[p] = list(value) if isinstance(value, (list, tuple)) else value
         return {"name": self.name, "params": params}
 
@@ -114,49 +167,59 @@ def _factor(owner, value):
 _SCHEDULERS = Registry("lr scheduler", LRScheduler, "register_scheduler", own_name)
 
 
+_WARMUP_PARAMS = ("warmup_steps", "warmup_begin_lr", "warmup_mode")
+_WARMUP_DOC = """``warmup_steps``, ``warmup_begin_lr``, ``warmup_mode`` (MXNet's): while ``t <
+    warmup_steps`` the rate is ``warmup_begin_lr + (base_lr - warmup_begin_lr) * t /
+    warmup_steps`` ('linear') or ``warmup_begin_lr`` ('constant'), ``base_lr`` being the
+    constructor's (:attr:`LRScheduler.warmup_final_lr`)."""
+
+
 @register_scheduler
 class FactorScheduler(LRScheduler):
     """Multiply the lr by ``factor`` every ``step`` updates, floored at ``stop_factor_lr``.
 
-    ``lr(t) = base_lr`` for ``t <= step``, then
-    ``max(base_lr * factor ** ((t - 1) // step), stop_factor_lr)``: exactly what
-    MXNet's stateful FactorScheduler returns for ``t = 1, 2, 3, ...``.
+    After the warm-up, ``lr(t) = base_lr`` for ``t <= step``, then ``base_lr``
+    multiplied by ``factor`` ``(t - 1) // step`` times, floored at ``stop_factor_lr``
+    after each: what MXNet's stateful FactorScheduler returns for ``t = 1, 2, 3, ...``,
+    to the last bit (its count of reductions starts at 0, not at the warm-up's end).
+    Warm-up: %s
 
     Raises ConfigError unless ``step >= 1``, ``0 < factor <= 1``,
-    ``stop_factor_lr >= 0`` and ``base_lr`` is None or ``>= 0``.
-    """
+    ``stop_factor_lr >= 0`` and the base and warm-up are valid (see LRScheduler).
+    """ % _WARMUP_DOC
 
     name = "factor"
-    _params = ("step", "factor", "stop_factor_lr", "base_lr")
+    _params = ("step", "factor", "stop_factor_lr", "base_lr") + _WARMUP_PARAMS
 
-    def __init__(self, step, factor=1.0, stop_factor_lr=1e-8, base_lr=None):
+    def __init__(self, step, factor=1.0, stop_factor_lr=1e-8, base_lr=None, warmup_steps=0,
+                 warmup_begin_lr=0.0, warmup_mode="linear"):
         owner = type(self).__name__
         self.step = integer(owner, "step", step, lo=1)
         self.factor = _factor(owner, factor)
         self.stop_factor_lr = real(owner, "stop_factor_lr", stop_factor_lr, lo=0.0)
-        self.base_lr = real(owner, "base_lr", base_lr, lo=0.0, allow_none=True)
+        self._init_base(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
+        self._reduced: dict[float, list[float]] = {}   # base -> its rate after 0, 1, 2, ... reductions
 
     def _lr(self, t, base):
-        k = (t - 1) // self.step
-        if k == 0:
-            # MXNet only applies the floor when it multiplies, so an initial lr below
-            # stop_factor_lr is returned unchanged until the first reduction.
-            return base
-        return max(base * self.factor ** k, self.stop_factor_lr)
+        # MXNet only applies the floor when it multiplies, so an initial lr below
+        # stop_factor_lr is returned unchanged until the first reduction.
+        return _reductions(self._reduced, base, (t - 1) // self.step, self.factor, self.stop_factor_lr)
 
 
 @register_scheduler
 class MultiFactorScheduler(LRScheduler):
     """Multiply the lr by ``factor`` once for every ``s`` in ``step`` with ``t > s``.
+    Warm-up: %s
 
     Raises ConfigError unless ``step`` is a non-empty, strictly increasing list of
-    integers ``>= 1`` and ``0 < factor <= 1``.
-    """
+    integers ``>= 1``, ``0 < factor <= 1`` and the base and warm-up are valid.
+    """ % _WARMUP_DOC
 
     name = "multifactor"
-    _params = ("step", "factor", "base_lr")
+    _params = ("step", "factor", "base_lr") + _WARMUP_PARAMS
 
-    def __init__(self, step, factor=1.0, base_lr=None):
+    def __init__(self, step, factor=1.0, base_lr=None, warmup_steps=0, warmup_begin_lr=0.0,
+                 warmup_mode="linear"):
         owner = type(self).__name__
         if not isinstance(step, (list, tuple)) or not step:
             raise ConfigError(f"{owner}: step must be a non-empty list of increasing ints, "
@@ -166,57 +229,110 @@ class MultiFactorScheduler(LRScheduler):
             raise ConfigError(f"{owner}: step must be strictly increasing, got {steps}")
         self.step = steps
         self.factor = _factor(owner, factor)
-        self.base_lr = real(owner, "base_lr", base_lr, lo=0.0, allow_none=True)
+        self._init_base(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
 
     def _lr(self, t, base):
-        # bisect_left counts the steps s < t, i.e. the reductions already applied.
-        return base * self.factor ** bisect.bisect_left(self.step, t)
+        # bisect_left counts the steps s < t, i.e. the reductions already applied, which
+        # MXNet applies one multiplication at a time
+        for _ in range(bisect.bisect_left(self.step, t)):
+            base *= self.factor
+        return base
+
+
+def _reductions(memo: dict, base: float, k: int, factor: float, floor: float) -> float:
+    """``base`` after ``k`` of MXNet's reductions (``lr *= factor``, then ``lr = floor``
+    if below it), one multiplication at a time as MXNet rounds them. ``memo[base]``
+    keeps the rates computed so far; a rate that a reduction leaves unchanged stays."""
+    rates = memo.get(base) or [base]
+    if k < len(rates):
+        return rates[k]
+    if len(rates) > 1 and rates[-1] == rates[-2]:
+        return rates[-1]
+    grown = list(rates)         # a new list, then one store: another thread sees old or new
+    while len(grown) <= max(k, 2 * len(rates)):
+        lr = grown[-1] * factor
+        grown.append(floor if lr < floor else lr)
+        if grown[-1] == grown[-2]:
+            break
+    memo[base] = grown
+    return grown[min(k, len(grown) - 1)]
+
+
+def _decay_span(owner: str, max_update, warmup_steps: int) -> int:
+    max_update = integer(owner, "max_update", max_update, lo=1)
+    if warmup_steps >= max_update:
+        # MXNet divides by max_update - warmup_steps; equal values would divide by 0.
+        raise ConfigError(f"{owner}: warmup_steps ({warmup_steps}) must be less than max_update "
+                          f"({max_update})")
+    return max_update
 
 
 @register_scheduler
 class CosineScheduler(LRScheduler):
-    """Cosine decay from ``base_lr`` to ``final_lr`` over ``max_update`` updates,
-    after an optional linear warmup from ``warmup_begin_lr`` (MXNet's formula)::
+    """Cosine decay from ``base_lr`` to ``final_lr`` over ``max_update`` updates, after
+    the warm-up (MXNet's formula)::
 
-        t <  warmup_steps: warmup_begin_lr + (base_lr - warmup_begin_lr) * t / warmup_steps
         t <= max_update:   final_lr + (base_lr - final_lr)
                            * (1 + cos(pi * (t - warmup_steps) / (max_update - warmup_steps))) / 2
         t >  max_update:   final_lr
 
+    ``base_lr`` is the constructor's (MXNet's ``base_lr_orig``): an optimizer's
+    ``learning_rate`` does not change the decay, as in MXNet. Warm-up: %s
+
     Raises ConfigError unless ``max_update >= 1``, ``0 <= warmup_steps < max_update``,
-    the lrs are ``>= 0`` and ``warmup_begin_lr <= base_lr``.
-    """
+    ``final_lr >= 0`` and the base and warm-up are valid.
+    """ % _WARMUP_DOC
 
     name = "cosine"
-    _params = ("max_update", "base_lr", "final_lr", "warmup_steps", "warmup_begin_lr")
+    _params = ("max_update", "base_lr", "final_lr") + _WARMUP_PARAMS
 
     def __init__(self, max_update, base_lr=None, final_lr=0.0, warmup_steps=0,
-                 warmup_begin_lr=0.0):
+                 warmup_begin_lr=0.0, warmup_mode="linear"):
         owner = type(self).__name__
-        self.max_update = integer(owner, "max_update", max_update, lo=1)
-        self.base_lr = real(owner, "base_lr", base_lr, lo=0.0, allow_none=True)
+        self._init_base(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
+        self.max_update = _decay_span(owner, max_update, self.warmup_steps)
         self.final_lr = real(owner, "final_lr", final_lr, lo=0.0)
-        self.warmup_steps = integer(owner, "warmup_steps", warmup_steps, lo=0)
-        if self.warmup_steps >= self.max_update:
-            # MXNet divides by max_update - warmup_steps; equal values would divide by 0.
-            raise ConfigError(f"{owner}: warmup_steps ({self.warmup_steps}) must be less "
-                              f"than max_update ({self.max_update})")
-        self.warmup_begin_lr = real(owner, "warmup_begin_lr", warmup_begin_lr, lo=0.0)
-        if self.base_lr is not None:
-            self.check_base_lr(self.base_lr)
-
-    def check_base_lr(self, base_lr):
-        super().check_base_lr(base_lr)
-        if self.warmup_begin_lr > base_lr:
-            raise ConfigError(f"{type(self).__name__}: warmup_begin_lr "
-                              f"({self.warmup_begin_lr}) must not exceed base_lr ({base_lr})")
 
     def _lr(self, t, base):
-        if t < self.warmup_steps:
-            return (self.warmup_begin_lr
-                    + (base - self.warmup_begin_lr) * float(t) / float(self.warmup_steps))
-        if t <= self.max_update:
-            span = self.max_update - self.warmup_steps
-            return (self.final_lr + (base - self.final_lr)
-                    * (1.0 + math.cos(math.pi * (t - self.warmup_steps) / span)) / 2.0)
-        return self.final_lr
+        if t > self.max_update:
+            return self.final_lr
+        orig = self.warmup_final_lr
+        span = self.max_update - self.warmup_steps
+        return (self.final_lr + (orig - self.final_lr)
+                * (1 + math.cos(math.pi * (t - self.warmup_steps) / span)) / 2)
+
+
+@register_scheduler
+class PolyScheduler(LRScheduler):
+    """Polynomial decay from ``base_lr`` to ``final_lr`` over ``max_update`` updates,
+    after the warm-up (MXNet's ``PolyScheduler``)::
+
+        t <= max_update:   final_lr + (base_lr - final_lr)
+                           * (1 - (t - warmup_steps) / (max_update - warmup_steps)) ** pwr
+        t >  max_update:   final_lr
+
+    ``base_lr`` is the constructor's (MXNet's ``base_lr_orig``), as in
+    :class:`CosineScheduler`. Warm-up: %s
+
+    Raises ConfigError unless ``max_update >= 1``, ``0 <= warmup_steps < max_update``,
+    ``pwr`` is a finite number, ``final_lr >= 0`` and the base and warm-up are valid.
+    """ % _WARMUP_DOC
+
+    name = "poly"
+    _params = ("max_update", "base_lr", "pwr", "final_lr") + _WARMUP_PARAMS
+
+    def __init__(self, max_update, base_lr=None, pwr=2, final_lr=0.0, warmup_steps=0,
+                 warmup_begin_lr=0.0, warmup_mode="linear"):
+        owner = type(self).__name__
+        self._init_base(base_lr, warmup_steps, warmup_begin_lr, warmup_mode)
+        self.max_update = _decay_span(owner, max_update, self.warmup_steps)
+        real(owner, "pwr", pwr)
+        self.pwr = int(pwr) if isinstance(pwr, numbers.Integral) else float(pwr)
+        self.final_lr = real(owner, "final_lr", final_lr, lo=0.0)
+
+    def _lr(self, t, base):
+        if t > self.max_update:
+            return self.final_lr
+        orig = self.warmup_final_lr
+        return self.final_lr + (orig - self.final_lr) * \
+            pow(1 - float(t - self.warmup_steps) / float(self.max_update - self.warmup_steps), self.pwr)

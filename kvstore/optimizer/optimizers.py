@@ -32,7 +32,14 @@ class SGD(Optimizer):
 
         mom = momentum * mom - lr * (clip(g, c) + wd * w);  w += mom
 
-    ``nesterov=True``: the :class:`NAG` update below. Raises ConfigError unless
+    ``nesterov=True`` (this project's option, for mirroring torch's
+    ``SGD(nesterov=True)``; MXNet's SGD has none), torch's Nesterov update, whose
+    momentum buffer excludes the learning rate::
+
+        g = clip(g, c) + wd * w;  mom = momentum * mom + g;  w -= lr * (g + momentum * mom)
+
+    MXNet's Nesterov optimizer is :class:`NAG` (its momentum includes the rate: the
+    two agree while the rate is constant and ``wd`` is 0). Raises ConfigError unless
     ``0 <= momentum < 1``.
 
     Example: ``SGD(learning_rate=0.1, momentum=0.9, wd=1e-4)``
@@ -63,7 +70,7 @@ class SGD(Optimizer):
         (mom,) = state
         mom *= self.momentum
         if self.nesterov:
-            # MXNet nag_mom_update: mom = momentum*mom + g;  w -= lr*(g + momentum*mom)
+            # torch's SGD(nesterov=True): mom = momentum*mom + g;  w -= lr*(g + momentum*mom)
             mom += g
             g += self.momentum * mom
             g *= lr
@@ -76,15 +83,20 @@ class SGD(Optimizer):
 
 @register
 class NAG(SGD):
-    """Nesterov accelerated gradient: :class:`SGD` with ``nesterov=True``.
+    """Nesterov accelerated gradient, MXNet 1.9's ``NAG``.
 
-    State ``(mom,)`` when ``momentum > 0`` (MXNet ``nag_mom_update``)::
+    State ``(mom,)`` when ``momentum > 0``: MXNet's ``nag_mom_update``, whose
+    momentum includes the learning rate (``mom = momentum * mom - lr * g``)::
 
-        g = clip(g, c) + wd * w
-        mom = momentum * mom + g
-        w -= lr * (g + momentum * mom)
+        g = clip(g, c)
+        m = momentum * mom
+        w = w - m + (momentum + 1) * (m - lr * (g + wd * w))
+        mom = m - lr * (g + wd * w)           # w: the weight just updated, as in MXNet
 
-    With ``momentum == 0`` it is plain SGD. Its config has no ``nesterov`` entry.
+    So a changed learning rate (a schedule, ``kv.set_learning_rate``) applies to new
+    gradients only, as in MXNet. With ``momentum == 0`` it is plain SGD. Its config
+    has no ``nesterov`` entry (:class:`SGD`'s ``nesterov=True`` is torch's update).
+    Raises ConfigError unless ``0 <= momentum < 1``.
 
     Example: ``NAG(learning_rate=0.1, momentum=0.9)``
     """
@@ -94,6 +106,37 @@ class NAG(SGD):
 
     def __init__(self, *, momentum=0.0, **common):
         super().__init__(momentum=momentum, nesterov=True, **common)
+
+    def _step(self, weight, grad, state, t, lr, xp):
+        if not state:
+            super()._step(weight, grad, state, t, lr, xp)
+            return
+        # MXNet's NAGMomKernel in its operation order. MXNet updates the weight in
+        # place, so the momentum's wd term reads the *new* weight.
+        (mom,) = state
+        g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
+        mom *= self.momentum                                   # m = momentum * mom
+        d = g + self.wd * weight if self.wd else g.copy()
+        d *= lr                                                # lr * (g + wd * w)
+        xp.subtract(mom, d, out=d)
+        d *= weight.dtype.type(self.momentum) + 1              # (momentum + 1) in the weight's dtype
+        weight -= mom
+        weight += d                                            # w - m + (momentum + 1) * (m - lr * (g + wd * w))
+        if self.wd:
+            g += self.wd * weight
+        g *= lr
+        mom -= g                                               # mom = m - lr * (g + wd * w_new)
+
+    def state_from(self, version: int, t: int, arrays: list) -> list:
+        """State version 1 kept NAG's momentum without the rate (``momentum * mom +
+        g``, torch's): it becomes MXNet's by ``-lr * mom``, with ``lr`` the rate of
+        update ``t``, which is exact when the rate was constant and ``wd`` 0."""
+        arrays = super().state_from(version, t, arrays)
+        if version > 1 or not self.num_states or not arrays:
+            return arrays
+        *master, mom = arrays          # multi_precision: the float32 master copy first
+        lr = self.learning_rate_at(t) if t >= 1 else 0.0
+        return [*master, (mom * -lr).astype(mom.dtype)]
 
 
 @register

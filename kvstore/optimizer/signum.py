@@ -38,8 +38,9 @@ class Signum(Optimizer):
     name = "signum"
     hyper_params = ("momentum", "wd_lh")
 
-    def __init__(self, *, momentum: float = 0.9, wd_lh: float = 0.0, **common) -> None:
-        super().__init__(**common)
+    def __init__(self, *, learning_rate: float | None = 0.01, momentum: float = 0.9, wd_lh: float = 0.0,
+                 **common) -> None:
+        super().__init__(learning_rate=learning_rate, **common)   # MXNet's default is 0.01, not None
         owner = type(self).__name__
         self.momentum = unit(owner, "momentum", momentum)
         self.wd_lh = real(owner, "wd_lh", wd_lh, lo=0.0)

@@ -119,18 +119,23 @@ class Updater:
     def replace_optimizer(self, optimizer, state_scale: float = 1.0) -> None:
         """Use ``optimizer`` from now on, keeping every slot's state and count: it must
         be the same kind (its state arrays mean the same), e.g. another learning rate.
-        ``state_scale`` multiplies every state array (see KVStore._set_learning_rate).
-        Raises TypeError or ValueError otherwise, changing nothing."""
+        ``state_scale`` multiplies every state array (see KVStore._set_learning_rate),
+        and so does ``optimizer.state_scale_from(old optimizer, t)`` those of a slot
+        updated ``t`` times (LARS's momentum correction); a multi_precision master
+        copy of the weight is left as it is. Raises TypeError or ValueError
+        otherwise, changing nothing."""
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"Updater needs an Optimizer, got {type(optimizer).__name__}")
         if type(optimizer) is not type(self.optimizer) or optimizer.num_states != self.optimizer.num_states:
             raise ValueError(f"cannot keep the state of {self.optimizer!r} for {optimizer!r}: "
                              "only hyper-parameters may change")
-        self.optimizer = optimizer
-        if state_scale != 1.0:
-            for state in self._states.values():
-                for s in state:
-                    s *= state_scale
+        previous, self.optimizer = self.optimizer, optimizer
+        for key, state in self._states.items():
+            scale = state_scale * optimizer.state_scale_from(previous, self._counts[key])
+            master = optimizer.multi_precision and len(state) == optimizer.num_states + 1
+            if scale != 1.0:
+                for s in state[1 if master else 0:]:
+                    s *= scale
 
     def get_states(self):
         """Return ``{index: {"t": int, "state": [arrays]}}`` for every known slot.

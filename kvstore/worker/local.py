@@ -80,8 +80,11 @@ class LocalStore(KVStore):
             if self._updater is None:
                 table[rows] = data                      # the pushed rows only; others keep theirs
             elif isinstance(self._updater, _optimizer.Updater):
-                self._updater.update_rows(info.key, rows, data.reshape(len(rows), -1),
-                                          table.reshape(len(table), -1))
+                # by the row width, not -1: a push of no rows (an all-zero gradient) is an
+                # update of none, which still counts (as on the servers, and in MXNet)
+                width = table[0].size if len(table) else 0
+                self._updater.update_rows(info.key, rows, data.reshape(len(rows), width),
+                                          table.reshape(len(table), width))
             else:                                       # MXNet's custom updater sees a RowSparse
                 self._updater(info.key, RowSparse(data, rows, info.shape), table)
 

@@ -90,16 +90,20 @@ def test_rescale_and_clip_explicit_numbers():
     np.testing.assert_allclose(w, [0.0], atol=1e-7)  # 1 - 1 * 1/sqrt(1)
 
 
-def test_sgd_nesterov_equals_nag_bitwise():
+def test_nag_is_mxnets_and_sgd_nesterov_is_torchs():
+    # Equal while the rate is constant and wd is 0; the momentum of NAG (MXNet) holds
+    # the rate, that of SGD(nesterov=True) (torch) does not: a new rate parts them.
     w0, grads = _data(seed=3)
-    a, b = w0.copy(), w0.copy()
-    oa = opt.SGD(learning_rate=0.05, momentum=0.9, wd=1e-3, nesterov=True)
-    ob = opt.NAG(learning_rate=0.05, momentum=0.9, wd=1e-3)
-    sa, sb = oa.create_state(a), ob.create_state(b)
-    for k, g in enumerate(grads):
-        oa.update(a, g, sa, k + 1)
-        ob.update(b, g, sb, k + 1)
-    np.testing.assert_array_equal(a, b)
+    for sched, same in ((None, True), (opt.FactorScheduler(step=2, factor=0.5), False)):
+        a, b = w0.copy(), w0.copy()
+        oa = opt.SGD(learning_rate=0.05, momentum=0.9, nesterov=True, lr_scheduler=sched)
+        ob = opt.NAG(learning_rate=0.05, momentum=0.9, lr_scheduler=sched)
+        sa, sb = oa.create_state(a), ob.create_state(b)
+        for k, g in enumerate(grads):
+            oa.update(a, g, sa, k + 1)
+            ob.update(b, g, sb, k + 1)
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-6) == same
+        assert np.allclose(sb[0], -0.05 * sa[0], rtol=1e-5, atol=1e-7) == same
 
 
 # --------------------------------------------------------------------------------------
@@ -110,8 +114,11 @@ def test_sgd_nesterov_equals_nag_bitwise():
 TORCH_CASES = [
     ("sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-2},
      lambda T, p: T.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0, weight_decay=1e-2)),
-    ("nag", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-2},
+    ("sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-2, "nesterov": True},
      lambda T, p: T.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-2, nesterov=True)),
+    # MXNet's NAG: the same without wd (whose term MXNet takes from the new weight)
+    ("nag", {"learning_rate": 0.05, "momentum": 0.9},
+     lambda T, p: T.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True)),
     ("adam", {"learning_rate": 0.01, "epsilon": 0.0, "wd": 1e-2},
      lambda T, p: T.optim.Adam(p, lr=0.01, eps=0.0, weight_decay=1e-2)),
     ("adagrad", {"learning_rate": 0.1, "epsilon": 0.0},

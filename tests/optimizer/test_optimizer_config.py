@@ -26,7 +26,7 @@ from optimizer_refs import _data
 def test_registered_names():
     assert opt.registered() == ["adadelta", "adagrad", "adam", "adamax", "dcasgd", "ftml", "ftrl", "lamb",
                                 "lars", "lbsgd", "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test"]
-    assert opt.registered_schedulers() == ["cosine", "factor", "multifactor"]
+    assert opt.registered_schedulers() == ["cosine", "factor", "multifactor", "poly"]
 
 
 def test_create_is_case_insensitive_and_rejects_unknown():
@@ -52,7 +52,7 @@ def _plain(x):
 CONFIG_CASES = [
     opt.SGD(learning_rate=0.2, momentum=0.9, wd=1e-4, rescale_grad=0.25, clip_gradient=2.0,
             lr_scheduler=opt.FactorScheduler(step=2, factor=0.5)),
-    opt.NAG(learning_rate=0.1, momentum=0.8,
+    opt.NAG(learning_rate=None, momentum=0.8,      # the scheduler's base_lr, 0.3
             lr_scheduler=opt.MultiFactorScheduler(step=[2, 4], factor=0.1, base_lr=0.3)),
     opt.Adam(learning_rate=0.01, beta1=0.8, beta2=0.99, epsilon=1e-6, wd=1e-3,
              lr_scheduler=opt.CosineScheduler(max_update=5, final_lr=0.001, warmup_steps=2)),
@@ -114,7 +114,7 @@ def test_config_params_and_scheduler_are_optional():
     ({"name": "adam", "params": {"beta2": 1.5}}, "beta2"),
     ({"name": "rmsprop", "params": {"centered": 1}}, "centered"),
     ({"name": "rmsprop", "params": {"clip_weights": -1.0}}, "clip_weights"),
-    ({"name": "sgd", "lr_scheduler": {"name": "step"}}, "cosine, factor, multifactor"),
+    ({"name": "sgd", "lr_scheduler": {"name": "step"}}, "cosine, factor, multifactor, poly"),
     ({"name": "sgd", "lr_scheduler": {"name": "factor", "params": {"step": 0}}}, "step"),
     ({"name": "sgd", "lr_scheduler": {"name": "factor", "params": {"step": 2, "x": 1}}}, "'x'"),
     ({"name": "sgd", "lr_scheduler": {"name": "factor", "params": {"step": 2.0}}}, "step"),
@@ -326,7 +326,7 @@ def test_factor_scheduler_equals_mxnet_stateful_loop(step, factor, stop, base):
     pure = opt.FactorScheduler(step=step, factor=factor, stop_factor_lr=stop)
     mx = MXNetFactor(step, factor, stop, base)
     for t in range(1, 80):
-        assert pure(t, base) == pytest.approx(mx(t), rel=1e-12, abs=0.0), t
+        assert pure(t, base) == mx(t), t      # to the last bit: one multiplication at a time
 
 
 def test_factor_scheduler_values():
@@ -343,7 +343,7 @@ def test_multifactor_scheduler_values_and_mxnet_loop():
     mx = MXNetMultiFactor([2, 5, 9], 0.3, 0.7)
     s = opt.MultiFactorScheduler(step=[2, 5, 9], factor=0.3)
     for t in range(1, 20):
-        assert s(t, 0.7) == pytest.approx(mx(t), rel=1e-12)
+        assert s(t, 0.7) == mx(t)
 
 
 def test_cosine_scheduler_values():
@@ -358,21 +358,79 @@ def test_cosine_scheduler_values():
     assert s(2) == pytest.approx(2.0 * (1 + math.cos(math.pi * 2 / 4)) / 2)
 
 
-def test_scheduler_base_lr_comes_from_optimizer_unless_given():
-    o = opt.SGD(learning_rate=0.4, lr_scheduler=opt.FactorScheduler(step=1, factor=0.5))
+def test_learning_rate_as_mxnets_test_learning_rate():
+    # MXNet 1.9.1 tests/python/unittest/test_optimizer.py test_learning_rate: the
+    # optimizer's learning_rate is written into the scheduler's base_lr and read from it
+    lr_s = opt.FactorScheduler(step=1)
+    o2 = opt.SGD(lr_scheduler=lr_s, learning_rate=0.3)
+    assert o2.learning_rate == 0.3
+    o2.lr_scheduler.base_lr = 0.4
+    assert o2.learning_rate == 0.4
+    assert o2.to_config()["params"]["learning_rate"] == 0.4
+    assert lr_s.base_lr is None                 # the optimizer's copy, not the scheduler given
+    o3 = opt.SGD(lr_scheduler=opt.FactorScheduler(step=1, base_lr=1024))
+    assert o3.learning_rate == 1024
+    assert opt.SGD().learning_rate == 0.01 and opt.SGD(learning_rate=None).learning_rate == 0.01
+
+
+def test_learning_rate_overrides_a_schedulers_base_with_a_warning_as_mxnet():
+    with pytest.warns(UserWarning, match="overrides the base_lr 1.0"):
+        o = opt.SGD(learning_rate=0.4, lr_scheduler=opt.FactorScheduler(step=1, factor=0.5, base_lr=1.0))
     assert [o.learning_rate_at(t) for t in (1, 2, 3)] == [0.4, 0.2, 0.1]
-    o = opt.SGD(learning_rate=0.4,
-                lr_scheduler=opt.FactorScheduler(step=1, factor=0.5, base_lr=1.0))
-    assert o.learning_rate_at(2) == 0.5
+    o = opt.SGD(learning_rate=None, lr_scheduler=opt.FactorScheduler(step=1, factor=0.5, base_lr=1.0))
+    assert [o.learning_rate_at(t) for t in (1, 2)] == [1.0, 0.5]
+    # a scheduler without base_lr takes the optimizer's, silently
+    o = opt.SGD(learning_rate=0.4, lr_scheduler=opt.FactorScheduler(step=1, factor=0.5))
+    assert o.learning_rate_at(2) == 0.2
     assert opt.SGD(learning_rate=0.3).learning_rate_at(99) == 0.3
+    # MXNet's Adam has its own default rate, 0.001, which overrides the scheduler's too
+    with pytest.warns(UserWarning):
+        assert opt.Adam(lr_scheduler=opt.FactorScheduler(step=1, base_lr=0.1)).learning_rate_at(1) == 0.001
+    # a config round trip keeps the rate and warns no more
+    cfg = o.to_config()
+    assert cfg["params"]["learning_rate"] == 0.4 and cfg["lr_scheduler"]["params"]["base_lr"] is None
+    assert opt.from_config(cfg).learning_rate_at(2) == 0.2
     # The scheduled lr really drives the update: w -= lr_t * g.
     o = opt.SGD(learning_rate=1.0, lr_scheduler=opt.MultiFactorScheduler(step=[1], factor=0.25))
     w = np.zeros(2, np.float32)
     o.update(w, np.ones(2, np.float32), (), 1)
     o.update(w, np.ones(2, np.float32), (), 2)
     np.testing.assert_array_equal(w, [-1.25, -1.25])
-    with pytest.raises(ConfigError):
-        opt.FactorScheduler(step=2)(1)  # no base lr anywhere
+    assert opt.FactorScheduler(step=2)(1) == 0.01          # MXNet's default base_lr
+
+
+def test_with_learning_rate_keeps_the_kind_and_refuses_a_schedule_as_mxnet():
+    o = opt.NAG(learning_rate=0.1, momentum=0.9, wd=1e-3)
+    o2 = o.with_learning_rate(0.03)
+    assert type(o2) is opt.NAG and o2.learning_rate == 0.03
+    assert {**o2.to_config()["params"], "learning_rate": 0.1} == o.to_config()["params"]
+    # MXNet 1.9.1 test_learning_rate_expect_user_warning: set_learning_rate with a scheduler
+    s = opt.SGD(learning_rate=0.3, lr_scheduler=opt.FactorScheduler(step=1))
+    with pytest.raises(ConfigError, match="lr_scheduler"):
+        s.with_learning_rate(0.5)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        o.with_learning_rate(-1.0)
+
+
+def test_scheduler_warmup_as_mxnets_scheduler_tests():
+    # MXNet 1.9.1 test_factor_scheduler, test_multifactor_scheduler, test_poly_scheduler,
+    # test_cosine_scheduler (their t >= 1 values; t = 0 is no update here)
+    s = opt.FactorScheduler(100, 0.1, stop_factor_lr=1e-4, base_lr=1, warmup_steps=20, warmup_begin_lr=0.1,
+                            warmup_mode="constant")
+    assert s(10) == pytest.approx(0.1) and s(21) == 1
+    assert s(101) == pytest.approx(0.1) and s(201) == pytest.approx(0.01) and s(1000) == pytest.approx(1e-4)
+    s = opt.MultiFactorScheduler([15, 25], 0.1, base_lr=0.1, warmup_steps=10, warmup_begin_lr=0.05)
+    assert s(5) == pytest.approx(0.05 + (0.1 - 0.05) / 2) and s(15) == pytest.approx(0.1)
+    assert s(16) == pytest.approx(0.01) and s(20) == pytest.approx(0.01)
+    assert s(26) == pytest.approx(0.001) and s(100) == pytest.approx(0.001)
+    s = opt.PolyScheduler(1000, base_lr=3, pwr=2, final_lr=0, warmup_steps=100, warmup_begin_lr=0)
+    assert s(50) == pytest.approx(1.5) and s(100) == pytest.approx(3)
+    assert s(101) < s(100) and s(500) < 1.6 and s(1000) == pytest.approx(0)
+    s = opt.CosineScheduler(1000, base_lr=3, final_lr=0.1)
+    assert s(1000) == pytest.approx(0.1) and s(500) > 1.5
+    # the warm-up ends at the scheduler's base_lr, not at an optimizer's learning_rate
+    o = opt.SGD(learning_rate=0.1, lr_scheduler=opt.FactorScheduler(step=3, warmup_steps=4))
+    assert [o.learning_rate_at(t) for t in (1, 3, 4)] == [0.0025, 0.0075, 0.1]
 
 
 @pytest.mark.parametrize("make", [
@@ -387,8 +445,14 @@ def test_scheduler_base_lr_comes_from_optimizer_unless_given():
     lambda: opt.CosineScheduler(max_update=0),
     lambda: opt.CosineScheduler(max_update=5, warmup_steps=5),
     lambda: opt.CosineScheduler(max_update=5, base_lr=0.1, warmup_begin_lr=0.2),
-    lambda: opt.SGD(learning_rate=0.1,
-                    lr_scheduler=opt.CosineScheduler(max_update=5, warmup_begin_lr=0.2)),
+    lambda: opt.CosineScheduler(max_update=5, warmup_begin_lr=0.2),    # above MXNet's default base 0.01
+    lambda: opt.FactorScheduler(step=2, warmup_steps=-1),
+    lambda: opt.FactorScheduler(step=2, warmup_steps=2.0),
+    lambda: opt.MultiFactorScheduler(step=[2], warmup_mode="cosine"),
+    lambda: opt.PolyScheduler(max_update=0),
+    lambda: opt.PolyScheduler(max_update=5, warmup_steps=5),
+    lambda: opt.PolyScheduler(max_update=5, pwr="2"),
+    lambda: opt.PolyScheduler(max_update=5, base_lr=0.1, warmup_begin_lr=0.2),
     lambda: opt.SGD(lr_scheduler="cosine"),
 ])
 def test_scheduler_validation(make):
@@ -400,7 +464,10 @@ def test_scheduler_config_round_trip():
     for s in (opt.FactorScheduler(step=3, factor=0.5, stop_factor_lr=1e-4, base_lr=0.2),
               opt.MultiFactorScheduler(step=(2, 7), factor=0.1),
               opt.CosineScheduler(max_update=9, base_lr=0.5, final_lr=0.01, warmup_steps=3,
-                                  warmup_begin_lr=0.1)):
+                                  warmup_begin_lr=0.1),
+              opt.PolyScheduler(max_update=9, base_lr=0.5, pwr=3, final_lr=0.01, warmup_steps=2,
+                                warmup_begin_lr=0.2, warmup_mode="constant"),
+              opt.FactorScheduler(step=2, factor=0.5, warmup_steps=3, warmup_begin_lr=0.001)):
         cfg = s.to_config()
         assert _plain(cfg)
         s2 = opt.scheduler_from_config(json.loads(json.dumps(cfg)))

@@ -1,21 +1,29 @@
-"""The optimizers MXNet 1.9 has beyond SGD, NAG, Adam, AdaGrad and RMSProp (Signum,
+"""The optimizers MXNet 1.9 has beyond SGD, Adam, AdaGrad and RMSProp (NAG, Signum,
 FTML, DCASGD, SGLD, AdaDelta, Ftrl, Adamax, Nadam, and the layer-wise LARS, LAMB and
-LBSGD) against MXNet 1.9.1's own numbers.
+LBSGD), the learning-rate rules (an optimizer's rate against its scheduler's base,
+``set_learning_rate``, warm-up) and the schedulers against MXNet 1.9.1's own numbers.
 
 tests/data/mxnet_optimizers.json was written by MXNet itself
 (benchmarks/harness/peers/mxnet_optimizer_fixture.py, which says how to regenerate it):
 every case is an optimizer, its parameters, a weight, a few gradients, the weight
 MXNet had after each step and its state after the last. Each case is replayed
 here through ``kvstore.optimizer`` on one slot, the row-sparse Ftrl case through
-the Updater's lazy ``update_rows``. SGLD's noise was replaced in MXNet by recorded
-standard normals, and is here too. test_optimizer_more.py tests the rest (what
-MXNet cannot run, validation, state save/load, servers).
+the Updater's lazy ``update_rows``, NAG's also through its fused kernel's source built
+for the host. SGLD's noise was replaced in MXNet by recorded standard normals, and is
+here too. The ``scenarios`` are MXNet runs of one weight whose learning rate changes
+(a schedule; ``set_learning_rate`` before some steps, which here is what
+``kv.set_learning_rate`` does in every store: ``Updater.replace_optimizer`` with
+``Optimizer.with_learning_rate``); the ``schedules`` are MXNet's schedulers called for
+``t = 1, 2, ...``. test_optimizer_more.py tests the rest (what MXNet cannot run,
+validation, state save/load, servers); test_optimizer_mxnet_stores.py runs MXNet's
+numbers through the stores.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 
 import numpy as np
 import pytest
@@ -54,7 +62,7 @@ def test_the_fixture_is_mxnets_and_covers_every_new_optimizer():
     assert DATA["mxnet"] == "1.9.1"
     names = {c["optimizer"] for c in CASES}
     assert names == {"signum", "ftml", "dcasgd", "sgld", "adadelta", "ftrl", "adamax", "nadam",
-                     "lars", "lamb", "lbsgd"}
+                     "lars", "lamb", "lbsgd", "nag"}
     assert names <= set(opt.registered())
 
 
@@ -104,3 +112,98 @@ def test_the_cases_exercise_clipping_thresholds_and_schedules():
     ftrl_l1 = [c for c in CASES if c["optimizer"] == "ftrl" and c["params"].get("lamda1") == 0.5]
     assert any(w == 0.0 for w in ftrl_l1[0]["weights"][-1])       # L1 zeroes some weights
     assert any(c["dtype"] == "float16" for c in CASES)
+
+
+# --------------------------------------------------------------------------------------
+# NAG through its fused kernel (the CUDA source, built for the host)
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["optimizer"] == "nag"], ids=_case_id)
+def test_nag_fused_kernel_matches_mxnet(case):
+    hk = pytest.importorskip("host_kernels")
+    if hk.compiler() is None:
+        pytest.skip("no C++ compiler to build the fused kernels for the host")
+    dtype, tol = np.dtype(case["dtype"]), TOLERANCE[case["dtype"]]
+    o = _optimizer(case)
+    w = np.array(case["w0"], dtype)
+    state = o.create_state(w)
+    for t, (g, want) in enumerate(zip(case["grads"], case["weights"]), start=1):
+        if o.keeps_master(dtype):          # the float32 master copy, as Optimizer.update
+            hk.fused_update(o, state[0], np.array(g, dtype).astype(np.float32), state[1:], t)
+            w[...] = state[0]
+        else:
+            hk.fused_update(o, w, np.array(g, dtype), state, t)
+        np.testing.assert_allclose(w, np.array(want, dtype), err_msg=f"step {t}", **tol)
+    for k, (ours, theirs) in enumerate(zip(state, case["states"])):
+        np.testing.assert_allclose(ours, np.array(theirs, ours.dtype), err_msg=f"state {k}", **TOLERANCE["float32"])
+
+
+# --------------------------------------------------------------------------------------
+# Learning rates: MXNet's runs of one weight, and its schedulers
+# --------------------------------------------------------------------------------------
+
+SCENARIOS = DATA["scenarios"]
+
+
+def scenario_optimizer(sc):
+    """The scenario's optimizer, built as MXNet's was (the warning where MXNet prints one
+    is silenced: test_optimizer_config.py checks it)."""
+    kwargs = dict(sc["params"])
+    if sc["scheduler"]:
+        kwargs["lr_scheduler"] = opt.scheduler_from_config(sc["scheduler"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return opt.create(sc["optimizer"], **kwargs)
+
+
+def test_the_scenarios_hold_the_numbers_of_issue_44():
+    by_id = {sc["id"]: sc for sc in SCENARIOS}
+    assert round(by_id["nag-factor-schedule"]["weights"][2][0], 4) == 0.2901
+    assert round(by_id["lars-set-learning-rate"]["weights"][2][0], 4) == 1.2004
+    assert by_id["sgd-rate-over-scheduler-base"]["rates"][0] == 0.3
+    assert {sc["scheduler"]["name"] for sc in SCENARIOS if sc["scheduler"]} == {"factor", "multifactor",
+                                                                               "cosine", "poly"}
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[sc["id"] for sc in SCENARIOS])
+def test_learning_rate_scenarios_match_mxnet(sc):
+    u = opt.Updater(scenario_optimizer(sc))
+    if not sc["scheduler"] or sc["scheduler"]["params"].get("warmup_steps", 0) == 0:
+        # MXNet's learning_rate is the rate at its update count, 0 here: the base without a warm-up
+        assert u.optimizer.learning_rate == sc["learning_rate"]
+    set_lr = dict(sc["set_lr"])
+    w = np.array(sc["w0"], np.float32)
+    for k, (g, want, rate) in enumerate(zip(sc["grads"], sc["weights"], sc["rates"])):
+        if k in set_lr:        # what kv.set_learning_rate does in every store
+            u.replace_optimizer(u.optimizer.with_learning_rate(set_lr[k]))
+        u(0, np.array(g, np.float32), w)
+        if rate is not None:
+            assert u.optimizer.learning_rate_at(k + 1) == rate, f"rate of step {k + 1}"
+        np.testing.assert_allclose(w, np.array(want, np.float32), err_msg=f"step {k + 1}", **TOLERANCE["float32"])
+    state = u.get_states()[0]["state"]
+    assert len(state) == len(sc["states"])
+    for ours, theirs in zip(state, sc["states"]):
+        np.testing.assert_allclose(ours, np.array(theirs, np.float32), **TOLERANCE["float32"])
+
+
+@pytest.mark.parametrize("sched", DATA["schedules"],
+                         ids=[f"{s['name']}-{i}" for i, s in enumerate(DATA["schedules"])])
+def test_schedulers_match_mxnet_to_the_last_bit(sched):
+    s = opt.scheduler_from_config({"name": sched["name"], "params": sched["params"]})
+    assert [s(t) for t in range(1, len(sched["rates"]) + 1)] == sched["rates"]
+    assert opt.scheduler_from_config(s.to_config()).to_config() == s.to_config()
+
+
+def test_the_tolerance_would_catch_the_old_nag_and_lars():
+    # torch's Nesterov (the old NAG, now SGD(nesterov=True)) and LARS without its
+    # correction after set_learning_rate differ from MXNet by far more than TOLERANCE
+    by_id = {sc["id"]: sc for sc in SCENARIOS}
+    nag = by_id["nag-factor-schedule"]
+    torchs = opt.SGD(learning_rate=0.1, momentum=0.9, nesterov=True, lr_scheduler=opt.FactorScheduler(2, 0.5))
+    w = np.array(nag["w0"], np.float32)
+    state = torchs.create_state(w)
+    for t, g in enumerate(nag["grads"], start=1):
+        torchs.update(w, np.array(g, np.float32), state, t)
+    assert not np.allclose(w, nag["weights"][-1], **TOLERANCE["float32"])
+    assert not np.allclose(by_id["lars-set-learning-rate-uncorrected"]["weights"][2],
+                           by_id["lars-set-learning-rate"]["weights"][2], **TOLERANCE["float32"])
