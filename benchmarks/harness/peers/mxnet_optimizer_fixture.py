@@ -12,12 +12,18 @@ For every case below it runs ``mx.optimizer.create(name, **params)`` on one weig
 for a few steps of fixed gradients (``update_multi_precision``, so float16 cases go
 through MXNet's float32 master copy) and records the weight after every step and
 the state arrays after the last (MXNet's order, ``None`` entries dropped, the
-master copy first). tests/optimizer/test_optimizer_mxnet.py replays the cases through
+master copy first: SGD's, NAG's and LARS's reordered). tests/optimizer/test_optimizer_mxnet.py replays the cases through
 ``kvstore.optimizer``. SGLD's noise is replaced by recorded standard normals
 (``normal`` in MXNet's optimizer module returns ``loc + scale * z``), so the
 fixture checks the deterministic part and the noise's scale; the test feeds our
 SGLD the same ``z``. The ``ftrl`` row-sparse case updates a row-sparse weight
 with row-sparse gradients: MXNet's lazy ``ftrl_update``.
+
+Besides the cases (issue 44): ``scenarios``, MXNet runs of one weight whose learning
+rate changes (a scheduler of any kind, ``set_learning_rate`` before some steps), with
+the rate of every step; ``schedules``, MXNet's schedulers called for ``t = 1, 2, ...``;
+``kvstore_row_sparse``, MXNet's local KVStore with an optimizer fed row-sparse pushes,
+some of no rows.
 """
 
 from __future__ import annotations
