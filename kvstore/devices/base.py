@@ -198,6 +198,11 @@ class Sharing(Protocol):
         """The processes whose memory :meth:`open` accepts (the job's peers)."""
         ...
 
+    def owner(self, segment) -> int | None:
+        """The process whose memory ``segment`` is, when the segment names it (the
+        host devices' ``[pid, fd, size]``); None when it is opaque (a CUDA IPC handle)."""
+        ...
+
     def publish(self, index: int) -> None:
         """Wait until the work queued on device ``index`` (its current stream) is
         done, so a peer that reads this process's exported memory sees its values."""

@@ -20,6 +20,7 @@ import ctypes
 import math
 
 from ..errors import ProtocolError
+from ..transport.shm import fits
 
 HANDLE_WORDS = 8          # cudaIpcMemHandle_t: 64 bytes
 LAZY_PEER_ACCESS = 1      # cudaIpcMemLazyEnablePeerAccess: a peer GPU's memory opens too
@@ -32,7 +33,7 @@ class CudaSharing:
         self._rt = cupy.cuda.runtime
         self._driver = ctypes.CDLL("libcuda.so.1")
         self._exported: dict[tuple, tuple[int, ...]] = {}   # (allocation base, size) -> its segment
-        self._opened: dict[tuple, int] = {}                  # (segment, device) -> mapped base
+        self._opened: dict[tuple, tuple[int, int]] = {}      # (handle, device) -> (mapped base, real size)
 
     def empty(self, index: int, size: int, dtype):
         with self._cupy.cuda.Device(index):
@@ -66,32 +67,37 @@ class CudaSharing:
         if not (len(segment) == HANDLE_WORDS + 1 and all(type(v) is int and 0 <= v < 1 << 64 for v in segment)):
             raise ProtocolError(f"bad device-memory segment {list(segment)!r}: expected 8 handle words and a size")
         nbytes = math.prod(shape) * dtype.itemsize
-        size = segment[-1]
-        if offset + nbytes > size or offset % dtype.alignment:
-            raise ProtocolError(f"device buffer at offset {offset} ({nbytes} bytes) does not fit its "
-                                f"allocation of {size} bytes")
-        key = (tuple(segment), index)
-        base = self._opened.get(key)
-        if base is None:
+        key = (tuple(segment[:HANDLE_WORDS]), index)     # the handle, whatever size it is said to have
+        opened = self._opened.get(key)
+        if opened is None:
             handle = b"".join(w.to_bytes(8, "little") for w in segment[:HANDLE_WORDS])
             try:
                 with cupy.cuda.Device(index):
                     base = self._rt.ipcOpenMemHandle(handle, LAZY_PEER_ACCESS)
-            except cupy.cuda.runtime.CUDARuntimeError as e:
+                    # the allocation's real size, not the one the sender declares
+                    real = self._range(base)[1]
+            except (cupy.cuda.runtime.CUDARuntimeError, RuntimeError) as e:
                 raise ProtocolError(f"cannot open a peer's device memory: {e}") from None
-            self._opened[key] = base
+            opened = self._opened[key] = (base, real)
+        base, real = opened
+        if not fits(offset, nbytes, dtype.alignment, real):
+            raise ProtocolError(f"device buffer at offset {offset} ({nbytes} bytes) does not fit its "
+                                f"allocation of {real} bytes")
         memory = cupy.cuda.UnownedMemory(base + offset, nbytes, self, index)
         return cupy.ndarray(tuple(shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
 
     def allow(self, pids) -> None:
         pass      # an IPC handle is opened only by processes its exporter sent it to
 
+    def owner(self, segment) -> int | None:
+        return None   # a handle does not say whose it is: the data plane holds it for its first sender
+
     def publish(self, index: int) -> None:
         with self._cupy.cuda.Device(index):
             self._cupy.cuda.get_current_stream().synchronize()
 
     def close(self) -> None:
-        for (_, index), base in self._opened.items():
+        for (_, index), (base, _) in self._opened.items():
             try:
                 with self._cupy.cuda.Device(index):
                     self._rt.ipcCloseMemHandle(base)

@@ -49,6 +49,9 @@ class HostSharing:
     def allow(self, pids) -> None:
         self._mapper.allow(pids)
 
+    def owner(self, segment) -> int | None:
+        return shm.owner(segment)
+
     def publish(self, index: int) -> None:
         pass                  # the host devices complete every operation when it is called
 

@@ -7,7 +7,9 @@ to the endpoints of the transports this server serves
 and make the advert (:meth:`DataPlane.bind`: each endpoint binds what it needs and
 adds its fields under its name), to allocate values and sums (:meth:`alloc`: in
 the memory an endpoint shares with co-located workers, if one does), to decode a
-request (:meth:`decode`: references resolved by the endpoint that reads them), to
+request (:meth:`decode`: references resolved by the endpoint that reads them, each
+only into the memory of the worker whose connection sent it:
+:class:`~kvstore.transport.endpoints.owners.MemoryOwners`), to
 answer the transports' own handshake requests (:meth:`intercept`: each op to the
 endpoint that :attr:`~kvstore.transport.endpoints.Endpoint.answers` it; every
 request is first noted by each endpoint), and to send a reply (:meth:`reply`:
@@ -25,9 +27,10 @@ import numpy as np
 from ..config import Config
 from ..errors import ConfigError, ProtocolError
 from ..protocol import decode, encode, ops
-from ..protocol.codec import Resolver
+from ..protocol.codec import Resolver, parse_header
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
+from ..transport.endpoints.owners import MemoryOwners
 
 
 def _overrides(endpoint: Endpoint, method: str) -> bool:
@@ -62,6 +65,9 @@ class DataPlane:
         self._sending = [e for e in ends if _overrides(e, "send")]
         self.memory = None    # the allocator co-located workers read in place (after bind)
         self._resolve: dict[str, Resolver] = {}     # kind of reference -> its resolver
+        self._owner: dict[str, Endpoint] = {}        # kind of reference -> the endpoint that resolves it
+        # a reference is resolved only into its sender's memory (kvstore.transport.endpoints.owners)
+        self.owners = MemoryOwners()
         self._backend = None  # where the values live (serving): replies may hold its device arrays
         self._downloads: dict | None = None   # within a batch: reply values' host copies
 
@@ -74,12 +80,12 @@ class DataPlane:
                 offered[name] = fields
         ends = list(self.endpoints.values())
         self.memory = next((e.memory for e in ends if e.memory is not None), None)
-        self._resolve = {}
+        self._resolve, self._owner = {}, {}
         for end in ends:
             for kind, resolver in end.resolves.items():
                 if kind in self._resolve:
                     raise ConfigError(f"two served transports resolve {kind!r} references in requests")
-                self._resolve[kind] = resolver
+                self._resolve[kind], self._owner[kind] = resolver, end
         return Advert(offered, host_identity(self.config.host_label), os.getpid()).format()
 
     def joined(self, workers) -> None:
@@ -90,6 +96,7 @@ class DataPlane:
             tail = str(worker).rsplit(":", 1)[-1]
             if tail.isdigit():
                 pids.append(int(tail))
+        self.owners.joined(list(workers))
         for end in self.endpoints.values():
             end.joined(pids)
 
@@ -110,8 +117,10 @@ class DataPlane:
     def in_shared_memory(self, a: np.ndarray) -> bool:
         return self.memory is not None and self.memory.locate(a) is not None
 
-    def decode(self, body) -> tuple[dict, list]:
-        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolve)
+    def decode(self, peer, body) -> tuple[dict, list]:
+        """A request of connection ``peer``: (header, arrays), references resolved into
+        the sender's own memory only. Raises ProtocolError."""
+        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer, body))
         if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
                                               or header.get("compression") is not None):
             # the state machine takes device buffers only where it uploads pushes
@@ -120,6 +129,27 @@ class DataPlane:
             error.request_id = header["id"]
             raise error
         return header, arrays
+
+    def _resolvers(self, peer, body) -> dict[str, Resolver]:
+        """The resolvers for one message of ``peer``: each reference is checked
+        against its sender (:class:`MemoryOwners`) before its endpoint maps it. The
+        header is read again only for a message that has references (the codec's
+        resolvers see segments, not headers)."""
+        if not self._resolve:
+            return self._resolve
+        seen: list = []
+
+        def header() -> dict:
+            if not seen:
+                seen.append(parse_header(body[0].buffer if hasattr(body[0], "buffer") else body[0]))
+            return seen[0]
+
+        def checked(kind: str, resolve: Resolver) -> Resolver:
+            def resolver(segment, offset, dtype, shape):
+                self.owners.check(peer, header(), kind, segment, self._owner[kind].owner(kind, segment))
+                return resolve(segment, offset, dtype, shape)
+            return resolver
+        return {kind: checked(kind, resolve) for kind, resolve in self._resolve.items()}
 
     def intercept(self, peer, header: dict, arrays: list):
         """Let every endpoint note what a request asks of its transport; answer the

@@ -165,7 +165,7 @@ class ServerNode:
         """Decode, sequence and handle one message (``frames``: identity, header, buffers)."""
         peer, body = frames[0].bytes, frames[1:]
         try:
-            header, arrays = self._data.decode(body)
+            header, arrays = self._data.decode(peer, body)
             if type(header.get("src")) is not int or type(header.get("id")) is not int:
                 error = ProtocolError("a request needs an integer 'src' and 'id'")
                 error.request_id = header["id"] if type(header.get("id")) is int else None

@@ -136,6 +136,21 @@ class Arena:
             seg.close()
 
 
+def fits(offset, nbytes: int, alignment: int, size: int) -> bool:
+    """Whether ``nbytes`` at byte ``offset`` (aligned to ``alignment``) lie within
+    memory of ``size`` bytes: the check of every reference opened, against the size
+    of the memory really mapped (never a size the sender declares unchecked)."""
+    return type(offset) is int and 0 <= offset and offset + nbytes <= size and offset % alignment == 0
+
+
+def owner(desc) -> int | None:
+    """The process a segment ``[pid, fd, size]`` belongs to (None if malformed: the
+    mapper refuses it by name)."""
+    if isinstance(desc, (list, tuple)) and len(desc) == 3 and type(desc[0]) is int:
+        return desc[0]
+    return None
+
+
 class Mapper:
     """Mappings of other processes' segments, opened on first use: read-only, or
     (``writable``: a worker mapping its servers, which grant it sums to write into)
@@ -164,8 +179,7 @@ class Mapper:
             entry = self._open(pid, fd, size)
         mm, mapped = entry
         nbytes = math.prod(shape) * dtype.itemsize
-        if type(offset) is not int or offset < 0 or offset + nbytes > mapped \
-                or offset % dtype.alignment:
+        if not fits(offset, nbytes, dtype.alignment, mapped):     # mapped: at most the file's real size
             raise ProtocolError(f"shared buffer at offset {offset!r} ({nbytes} bytes) does not fit "
                                 f"segment {desc}")
         return np.frombuffer(mm, dtype, math.prod(shape), offset).reshape(shape)

@@ -285,8 +285,9 @@ def test_a_push_while_the_slot_is_busy_takes_another_slot(make_cluster, sharing_
         np.testing.assert_array_equal(out, -(1.0 + 10.0) - (2.0 + 20.0))
 
 
-def _raw_request(cluster, header: dict) -> dict:
-    """Send one request straight to server 0 (a DEALER of our own); its reply header."""
+def _raw_request(cluster, header: dict, handshake: dict | None = None) -> dict:
+    """Send one request straight to server 0 (a DEALER of our own), after
+    ``handshake`` (a device_hello, whose reply must be dev_ok) if given; its reply header."""
     from kvstore.transport.endpoints import Advert
     address = Advert.parse(cluster.nodes[0].address).url("tcp")
     ctx = zmq.Context.instance()
@@ -294,11 +295,24 @@ def _raw_request(cluster, header: dict) -> dict:
     sock.linger = 0
     try:
         sock.connect(address)
-        sock.send_multipart([msgpack.packb({"v": 1, "src": 0, **header}, use_bin_type=True)])
-        assert sock.poll(10_000), "no reply"
-        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+        for sent in ([handshake] if handshake is not None else []) + [header]:
+            sock.send_multipart([msgpack.packb({"v": 1, "src": 0, **sent}, use_bin_type=True)])
+            assert sock.poll(10_000), "no reply"
+            reply = msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+            assert sent is header or reply.get("dev_ok") is True, reply
+        return reply
     finally:
         sock.close()
+
+
+def _device_hello(acc, req_id: int = 99) -> dict:
+    """A device_hello whose probe is this process's exported device memory."""
+    nonce = os.urandom(16)
+    probe = acc.sharing.empty(0, 16, np.uint8)
+    probe[...] = np.frombuffer(nonce, np.uint8)
+    segment, offset = acc.sharing.export(probe)
+    return {"op": "device_hello", "id": req_id, "nonce": nonce, "bufs": [["|u1", [16]]],
+            "dev": {"segs": [list(segment)], "refs": [[0, offset]]}}
 
 
 def _device_request(op: str, req_id: int, segment) -> dict:
@@ -311,8 +325,8 @@ def _device_request(op: str, req_id: int, segment) -> dict:
     (lambda real: _device_request("init", 1, real), "may not carry device-memory buffers"),
     (lambda real: {**_device_request("push", 2, real), "compression": {"type": "2bit", "threshold": 0.5}},
      "may not carry device-memory buffers"),
-    # a segment of a process that is not a peer of the job
-    (lambda real: _device_request("push", 3, [1, 5, 4096]), "not a peer"),
+    # a segment of a process that is not a worker of the job (nor the sender)
+    (lambda real: _device_request("push", 3, [1, 5, 4096]), "memory of process 1, which is no worker"),
     # our own process, but no such descriptor
     (lambda real: _device_request("push", 4, [os.getpid(), 1 << 20, 4096]), "cannot open"),
     # past the end of a real segment
@@ -330,7 +344,7 @@ def test_bad_device_references_are_refused_by_name(make_cluster, sharing_gpus, m
         kv.pull("k", out=out)
         exported, _ = acc.sharing.export(acc.sharing.empty(0, 2, np.float32))
         header = make(exported)
-        reply = _raw_request(cluster, header)
+        reply = _raw_request(cluster, header, _device_hello(acc))
         kv.pull("k", out=out)
         return header, reply, np.array(out), kv._client.transports
     [(header, reply, out, transports)] = cluster.run(job, "dist_device_sync")

@@ -7,6 +7,8 @@
   transport; one subclass per file (``shm_endpoint``, ``ipc_endpoint``,
   ``tcp_endpoint``), registered with its worker link in
   :mod:`kvstore.transport.registry`. ``kvstore/server/dataplane.py`` composes them.
+- :mod:`.owners`: :class:`~.owners.MemoryOwners`, whose memory a request may pass by
+  reference (its sending worker's own), which the data plane checks for every endpoint.
 """
 
 from .advert import Advert, bind, bind_ipc, bind_tcp, host_identity

@@ -5,7 +5,8 @@ binds on the server's ROUTER socket and advertises (:meth:`Endpoint.bind`), the
 handshake requests it answers itself (:attr:`~Endpoint.answers`, e.g. ``hello``,
 ``channel``), what it notes in every request for that request's reply
 (:meth:`~Endpoint.note`), how it resolves references in requests
-(:attr:`~Endpoint.resolves`), and how it encodes and sends replies
+(:attr:`~Endpoint.resolves`, and whose memory a reference names: :meth:`~Endpoint.owner`),
+and how it encodes and sends replies
 (:meth:`~Endpoint.encode`, :meth:`~Endpoint.send`). It mirrors the worker's
 :class:`kvstore.transport.links.base.Link` of the same transport; the two are
 registered together in :mod:`kvstore.transport.registry`.
@@ -60,6 +61,13 @@ class Endpoint:
 
     def serving(self, backend) -> None:
         """The server's values live in ``backend`` (kvstore.server.backend)."""
+
+    def owner(self, kind: str, segment) -> int | None:
+        """The process whose memory ``segment`` (a reference of ``kind`` in
+        :attr:`resolves`) is, when the segment names it (``[pid, fd, size]``); None
+        when it is opaque (a CUDA IPC handle). The data plane accepts a reference
+        only of the sending worker's memory (kvstore.transport.endpoints.owners)."""
+        return None
 
     def note(self, peer: bytes, header: dict) -> None:
         """Every request of ``peer``, before it is handled: what it asks of this

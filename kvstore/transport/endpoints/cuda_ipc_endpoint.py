@@ -72,6 +72,9 @@ class CudaIpcEndpoint(Endpoint):
             raise ProtocolError("this server's values are not on a device: it takes no device-memory buffers")
         return self._sharing.open(self._backend.dev.index, segment, offset, dtype, shape)
 
+    def owner(self, kind: str, segment) -> int | None:
+        return None if self._sharing is None else self._sharing.owner(segment)
+
     def note(self, peer: bytes, header: dict) -> None:
         key = (peer, header["id"])
         if header.get("dev") is not None:

@@ -50,6 +50,9 @@ class ShmEndpoint(Endpoint):
         # a GPU server's sums are not in our memory: workers cannot write into them
         self.write_in = self.memory is not None and backend.name == "cpu"
 
+    def owner(self, kind: str, segment) -> int | None:
+        return shm.owner(segment)
+
     def note(self, peer: bytes, header: dict) -> None:
         if header.get("shm_reply") is True and self.memory is not None:
             self._replies.add((peer, header["id"]))
