@@ -18,11 +18,11 @@ The processes come from our launchers or torch's: ``python -m tracker.local -n 2
 -s 2 python train.py`` or ``torchrun --nproc-per-node 2 train.py``. Ranks, world
 size and the data sampler's shard come from the store; ``barrier`` is the store's.
 Lightning's small collectives (``reduce`` and ``all_gather`` of logged metrics,
-``broadcast`` of paths and decisions) gather a few bytes from every worker: by a
-``pushpull`` on scratch keys of the store when the servers only sum, or, when the
-servers run an optimizer (which would apply it to those keys too), through a torch
-``TCPStore`` that rank 0 hosts (its address reaches the others by ``kv.init``).
-Objects travel as msgpack (no pickle): None, bool, int, float, str, bytes,
+torchmetrics' state sync, ``broadcast`` of paths and decisions) gather a few bytes
+from every worker with :meth:`kv.allgather_bytes <kvstore.worker.store.KVStore.allgather_bytes>`:
+through the job's scheduler, whose control channel authenticates every peer with
+the job's secret, in both update modes. The strategy listens on no socket of its
+own. Objects travel as msgpack (no pickle): None, bool, int, float, str, bytes,
 lists, dicts, paths and tensors.
 
 Example::
@@ -37,14 +37,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import msgpack
-import numpy as np
 import torch
 
 try:
@@ -62,15 +60,12 @@ from . import create as _create_store
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .worker.store import KVStore
 from .torch import DEFAULT_BUCKET_BYTES, Trainer
-from tracker.control.env import default
 
 __all__ = ["KVStoreStrategy"]
 
 log = logging.getLogger(__name__)
 
-SCRATCH = "kvstore.lightning/"     # prefix of the strategy's own keys in the store
 _EXT_TENSOR, _EXT_PATH = 1, 2
-_MIN_BYTES = 64                    # smallest scratch payload key; sizes go by powers of two
 
 
 class KVStoreStrategy(ParallelStrategy):
@@ -84,8 +79,8 @@ class KVStoreStrategy(ParallelStrategy):
     averaged gradients (any optimizer; the servers only sum, so a synchronous
     store). ``bucket_bytes``, ``overlap``: as :class:`kvstore.torch.Trainer`
     (with ``accumulate_grad_batches > 1`` the exchange runs at the optimizer step
-    only, ``overlap=False``). ``timeout``: seconds the TCPStore side channel waits (default:
-    KVSTORE_TIMEOUT's default; servers updating only).
+    only, ``overlap=False``). ``timeout``: seconds Lightning's collectives wait for
+    every worker (default: the store's KVSTORE_TIMEOUT).
 
     Raises InvalidArgumentError at ``fit`` for what the servers cannot do: more
     than one optimizer, a gradient scaler (``precision="16-mixed"``) or gradient
@@ -112,10 +107,11 @@ class KVStoreStrategy(ParallelStrategy):
         self.update_on_kvstore = update_on_kvstore
         self._bucket_bytes = bucket_bytes
         self._overlap = overlap
-        # the side channel waits as long as any blocking call does (KVSTORE_TIMEOUT's default)
-        self._timeout = float(timeout if timeout is not None else cast(float, default("KVSTORE_TIMEOUT")))
+        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                        and timeout > 0):
+            raise ArgumentTypeError(f"KVStoreStrategy: timeout must be a number of seconds > 0, got {timeout!r}")
+        self._timeout = None if timeout is None else float(timeout)   # None: the store's KVSTORE_TIMEOUT
         self._exchange: Trainer | None = None
-        self._gather: _StoreGather | _TCPStoreGather | None = None
 
     # -- the store and the job ---------------------------------------------------------
     @property
@@ -218,7 +214,7 @@ class KVStoreStrategy(ParallelStrategy):
     def _metric_gather(self, tensor: torch.Tensor, group: Any | None = None) -> list[torch.Tensor]:
         """torchmetrics' ``dist_sync_fn``: every worker's ``tensor`` (their shapes may
         differ, as a ``CatMetric``'s do), in rank order, on ``tensor``'s device."""
-        parts = [_decode(b) for b in self._gatherer().gather(_encode(tensor.detach()))]
+        parts = [_decode(b) for b in self._gather(_encode(tensor.detach()))]
         return [p.to(tensor.device) for p in parts]
 
     def _start_exchange(self, trainer: pl.Trainer) -> None:
@@ -295,7 +291,7 @@ class KVStoreStrategy(ParallelStrategy):
             return obj
         place = self._place()
         sent = _encode(obj) if place == src else b""
-        return _decode(self._gatherer().gather(sent)[src])
+        return _decode(self._gather(sent)[src])
 
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         """The sum, mean, max or min of ``tensor`` over the workers (a non-tensor is
@@ -326,7 +322,7 @@ class KVStoreStrategy(ParallelStrategy):
         return self._gather_tensors(tensor).to(tensor.device)
 
     def _gather_tensors(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = [_decode(b) for b in self._gatherer().gather(_encode(tensor.detach()))]
+        parts = [_decode(b) for b in self._gather(_encode(tensor.detach()))]
         if any(p.shape != tensor.shape for p in parts):
             raise InvalidArgumentError(f"reduce/all_gather: the workers' tensors differ in shape: "
                                        f"{[tuple(p.shape) for p in parts]}")
@@ -335,13 +331,11 @@ class KVStoreStrategy(ParallelStrategy):
     def _place(self) -> int:
         return list(self.kv.members).index(self.kv.rank)
 
-    def _gatherer(self) -> _StoreGather | _TCPStoreGather:
-        if self._gather is None:
-            if self.update_on_kvstore:
-                self._gather = _TCPStoreGather(self.kv, self._place(), self._timeout)
-            else:
-                self._gather = _StoreGather(self.kv, self._place())
-        return self._gather
+    def _gather(self, data: bytes) -> list[bytes]:
+        """Every worker's ``data``, in the order of the store's members: the store's
+        all-gather, over the scheduler's authenticated channel (not the servers, which
+        may run an optimizer, nor a socket of the strategy's own)."""
+        return self.kv.allgather_bytes(data, timeout=self._timeout)
 
 
 class _ServersStep:
@@ -364,81 +358,6 @@ class _ServersStep:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._optimizer, name)
-
-
-# -- gathering a few bytes from every worker ---------------------------------------------
-class _StoreGather:
-    """Every worker's bytes, by two ``pushpull`` calls on scratch keys of a store whose
-    servers only sum: the lengths (one int64 per worker), then the bytes, each worker
-    writing its own span of a zeroed buffer, so that the sum is the concatenation.
-    A payload key exists per power-of-two size (at least 64 bytes), created (a
-    collective ``init``) the first time a size is needed: the same on every worker,
-    since every worker knows every length. Each call costs two round trips to the
-    servers."""
-
-    def __init__(self, kv: KVStore, place: int):
-        self._kv, self._place = kv, place
-        self._keys: set[str] = set()
-
-    def _sum(self, name: str, values: np.ndarray) -> np.ndarray:
-        key = SCRATCH + name
-        if key not in self._keys:
-            self._kv.init(key, np.zeros_like(values))
-            self._keys.add(key)
-        self._kv.pushpull(key, values)
-        return values
-
-    def gather(self, data: bytes) -> list[bytes]:
-        lengths = np.zeros(self._kv.num_workers, np.int64)
-        lengths[self._place] = len(data)
-        lengths = self._sum("lengths", lengths)
-        ends = np.cumsum(lengths)
-        size = max(_MIN_BYTES, 1 << max(int(ends[-1]) - 1, 0).bit_length())
-        buffer = np.zeros(size, np.uint8)
-        start = int(ends[self._place] - lengths[self._place])
-        buffer[start:start + len(data)] = np.frombuffer(data, np.uint8)
-        buffer = self._sum(f"bytes/{size}", buffer)
-        return [buffer[int(e - n):int(e)].tobytes() for e, n in zip(ends, lengths)]
-
-
-class _TCPStoreGather:
-    """Every worker's bytes through a torch ``TCPStore`` hosted by the first worker,
-    for when the servers run an optimizer (it would update scratch keys too). Its
-    address reaches the others by ``kv.init`` (rank 0's value wins; ``init`` is not
-    given to the optimizer). Each call sets one entry per worker and reads all;
-    the last reader deletes them. The TCPStore is torch's, without the job's
-    authentication: it carries only these small collectives."""
-
-    ADDRESS_BYTES = 256
-
-    def __init__(self, kv: KVStore, place: int, timeout: float):
-        from torch.distributed import TCPStore
-        self._kv, self._place, self._count = kv, place, 0
-        wait = datetime.timedelta(seconds=timeout)
-        config = getattr(kv, "_config", None)
-        host = getattr(config, "node_host", None) or "127.0.0.1"
-        server = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait) if place == 0 else None
-        address = np.zeros(self.ADDRESS_BYTES, np.uint8)
-        if server is not None:
-            text = f"{host} {server.port}".encode()
-            address[:len(text)] = np.frombuffer(text, np.uint8)
-        kv.init(SCRATCH + "tcpstore", address)
-        kv.pull(SCRATCH + "tcpstore", out=address)
-        where, port = address.tobytes().rstrip(b"\0").decode().rsplit(" ", 1)
-        self._store = server if server is not None else TCPStore(where, int(port), is_master=False, timeout=wait)
-        log.info("[worker:%d] Lightning's collectives go through the TCPStore at %s:%s",
-                 kv.rank, where, port)
-
-    def gather(self, data: bytes) -> list[bytes]:
-        call, self._count = self._count, self._count + 1
-        workers = self._kv.num_workers
-        self._store.set(f"{call}/{self._place}", data)  # type: ignore[arg-type]  # bytes work too
-        parts = [bytes(self._store.get(f"{call}/{w}")) for w in range(workers)]
-        if self._store.add(f"{call}/read", 1) == workers:
-            for w in range(workers):
-                self._store.delete_key(f"{call}/{w}")
-            self._store.delete_key(f"{call}/read")
-        return parts
 
 
 # -- objects as bytes (msgpack, no pickle) ------------------------------------------------

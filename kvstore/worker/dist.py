@@ -4,7 +4,7 @@ Keys are split into chunks placed on servers (:mod:`kvstore.sharding`); the
 store's :class:`~kvstore.worker.exchange.Exchange` groups a call's chunks bound for
 one server into messages of about the size its link prefers, sends them through
 the :class:`~kvstore.worker.client.Client` and fills the outputs. Collective calls
-(create, init, set_optimizer, barrier) pass through the scheduler's barrier
+(create, init, set_optimizer, barrier, allgather_bytes) pass through the scheduler's barrier
 (:mod:`kvstore.worker.job`); checkpoints are :mod:`kvstore.worker.checkpoints`, optimizer
 states on the servers :mod:`kvstore.worker.remote_states`, finishing or failing
 :mod:`kvstore.worker.leaving`. ``dist_ssp`` runs the servers in ``ssp`` mode
@@ -410,6 +410,17 @@ class DistStore(KVStore):
         joining, self._joining = self._joining, False
         # a joiner's first: the others come at their next barrier (an epoch's end, maybe)
         self._collective("barrier", deadline=not joining)
+
+    def _do_allgather(self, data: bytes, timeout: float | None) -> list[bytes]:
+        if self._joining:
+            raise InvalidArgumentError(
+                "allgather_bytes: this worker joined a running job and is no member until its first "
+                "barrier(), where it meets the others (docs/elastic.md)")
+        # through the scheduler (tracker.control.membership.Membership.allgather): its
+        # control channel authenticates every peer; the members come back with the payloads
+        self._members, parts = self._job._translate(self._membership.allgather, data, "allgather_bytes",
+                                                    timeout)
+        return parts
 
 
 def _keys_text(infos) -> str:

@@ -403,6 +403,33 @@ class KVStore(KVStoreBase):
     def barrier(self) -> None:
         """Wait until every worker called barrier() (after this worker's pushes landed)."""
 
+    def allgather_bytes(self, data: bytes, timeout: float | None = None) -> list[bytes]:
+        """Every worker's ``data`` (bytes of any length, which may differ between
+        workers), in the order of ``kv.members`` (rank order). Collective: every worker
+        calls it, in the same order as its other collective calls. In the dist stores
+        it travels through the job's scheduler, over its authenticated control channel
+        (KVSTORE_SECRET), in rounds of at most 768 KiB in all; waiting at most
+        ``timeout`` seconds per round (default: KVSTORE_TIMEOUT). A store of one
+        process returns ``[data]``. For a few bytes per step (metrics, decisions), not
+        for tensors: push and pull those.
+
+        Raises ArgumentTypeError for ``data`` that is not bytes-like, and as
+        :meth:`barrier` does (DeadlineError naming the workers that did not come).
+
+        Example::
+
+            parts = kv.allgather_bytes(str(loss).encode())
+            losses = [float(p) for p in parts]        # one per worker, kv.members order
+        """
+        self._check_open("allgather_bytes")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ArgumentTypeError(f"allgather_bytes: data must be bytes, got {type(data).__name__}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                        and timeout > 0):
+            raise InvalidArgumentError(f"allgather_bytes: timeout must be a number of seconds > 0, "
+                                       f"got {timeout!r}")
+        return self._do_allgather(bytes(data), timeout)
+
     def _send_command_to_servers(self, head: str, body: str = "") -> list:
         """MXNet's call; a store without servers has nothing to run it (as MXNet's
         local store, which ignores it): returns [], one result per server."""
@@ -464,6 +491,9 @@ class KVStore(KVStoreBase):
                           state_scale: float = 1.0) -> None: raise NotImplementedError
     def _get_states(self) -> dict: raise NotImplementedError
     def _set_states(self, states: dict) -> None: raise NotImplementedError
+
+    def _do_allgather(self, data: bytes, timeout: float | None) -> list[bytes]:
+        return [data]     # the one worker of a store without servers
 
     def _set_optimizer_only(self, optimizer) -> None:
         self._do_set_optimizer(optimizer, collective=False)

@@ -10,7 +10,8 @@ rank 0's), the data are fixed and Lightning shards them with a DistributedSample
 SGD with momentum, weight decay and a step LR schedule runs 2 epochs of 4 steps.
 Rank 0 writes the final weights, the epoch's loss logged with sync_dist=True and two
 torchmetrics (samples seen, labels gathered unevenly) computed over the workers to
-OUT.pt; every worker prints what the strategy's collectives returned.
+OUT.pt; every worker prints what the strategy's collectives returned and the TCP
+addresses its process listens on.
 """
 
 import argparse
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
 import torchmetrics
+from listening import listening      # tests/scripts/, this script's folder
 
 
 class Net(L.LightningModule):
@@ -84,7 +86,9 @@ def main():
                 f"gather {s.all_gather(torch.tensor(rank)).tolist()} "
                 f"stop {s.reduce_boolean_decision(rank == 1, all=False)}/{s.reduce_boolean_decision(rank == 1)} "
                 f"sampler {trainer.train_dataloader.sampler.num_replicas}:{trainer.train_dataloader.sampler.rank}")
-        # one write with its newline: under torchrun both workers share one pipe
+        # what this worker listens on (tests/scripts/listening.py): the strategy opens nothing
+        line += f"\nrank {rank} listens on {listening()}"
+        # one write with its newlines: under torchrun both workers share one pipe
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         s.barrier()

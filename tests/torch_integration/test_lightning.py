@@ -2,8 +2,13 @@
 tracker.local and under torchrun end with the weights of Lightning's own DDP
 strategy (gloo, CPU, under torchrun) after the same steps, in both update modes,
 and Lightning's collectives (broadcast, reduce, all_gather, barrier, the data
-sampler's shard) go through the store. In one process, the 'local' store trains
-as Lightning's single-device strategy does."""
+sampler's shard, the metrics logged with sync_dist and torchmetrics' states) go
+through the store: the scheduler's authenticated channel, with no socket of the
+strategy's own (it had a torch TCPStore listening on every interface, without
+authentication, while the servers update). In one process, the 'local' store
+trains as Lightning's single-device strategy does."""
+
+import ast
 
 import importlib.util
 import os
@@ -21,6 +26,9 @@ if importlib.util.find_spec("lightning") is None:
 
 import kvstore  # noqa: E402
 from services import eventually_empty, tagged  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from listening import on_every_interface  # noqa: E402   (tests/scripts/listening.py)
 
 # Lightning takes seconds to import: the module's tests import it (below), not its
 # collection, which every pytest-xdist worker does for every module
@@ -90,14 +98,27 @@ def assert_collectives(text):
                                  f"stop True/False sampler 2:{rank}"), text
 
 
+def assert_listens_on_nothing_of_its_own(text, launcher):
+    """No worker listens on every interface; under tracker.local a worker listens on
+    nothing at all, under torchrun rank 0 only on its scheduler's loopback port."""
+    for rank in (0, 1):
+        line = re.search(rf"rank {rank} listens on (\[.*\])$", text, re.MULTILINE)
+        assert line, text
+        addresses = ast.literal_eval(line.group(1))
+        assert not on_every_interface(addresses), f"worker {rank} listens on every interface: {addresses}"
+        hosts_scheduler = launcher == "torchrun" and rank == 0
+        assert len(addresses) == hosts_scheduler and all(a.startswith("127.") for a in addresses), addresses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("update_on_kvstore", MODES)
 @pytest.mark.parametrize("launcher", ["tracker.local", "torchrun"])
 def test_two_workers_end_with_the_weights_of_lightning_ddp(ddp, tmp_path, launcher, update_on_kvstore):
     got, text = run_job(launcher, tmp_path, "--strategy", "kvstore",
                         *(["--update-on-kvstore"] if update_on_kvstore else []))
-    assert_like_ddp(got, ddp)
+    assert_like_ddp(got, ddp)       # the metrics too: the loss logged with sync_dist, torchmetrics
     assert_collectives(text)
+    assert_listens_on_nothing_of_its_own(text, launcher)
 
 
 # -- one process: the 'local' store --------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A node's membership in a job: registration, heartbeats, barrier, finish.
+"""A node's membership in a job: registration, heartbeats, barrier (and the
+all-gather that rides on it), finish.
 
 Every server and worker holds one :class:`Membership`. Requests (register,
 barrier, progress, finish) go over a control socket owned by the calling thread;
@@ -22,6 +23,7 @@ import zmq
 
 from . import env, wire
 from .errors import JobAborted, RendezvousError, RendezvousTimeout
+from .records import gather_budget
 from .security import Security
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class Membership:
         m = Membership(role="worker", rank=None, scheduler=("127.0.0.1", 9000))
         reg = m.register()       # blocks until every node of the job registered
         m.barrier(token="init")  # workers only: (epoch, members) of the job then
+        members, payloads = m.allgather(b"mine", token="metrics")   # every worker's bytes
         m.finish()               # done; servers are shut down when all workers finish
     """
 
@@ -207,6 +210,43 @@ class Membership:
         self.progress = dict(msg["progress"])
         self._note_members(msg["epoch"], msg["members"])
         return msg["epoch"], tuple(msg["members"])
+
+    def allgather(self, data: bytes, token: str = "", timeout: float | None = None) -> tuple[tuple, list]:
+        """Every worker's ``data`` (elastic: every member's), through the scheduler's
+        barrier: a barrier whose request carries a piece of it and whose
+        ``barrier_done`` carries every worker's piece, by rank. The pieces are as large
+        as the scheduler takes (:func:`~.records.gather_budget` shared by the workers),
+        so a large ``data`` takes several rounds; every worker must call it with the same
+        ``token``. Returns ``(members, payloads)``: the sorted ranks and each one's bytes
+        in that order. Errors as :meth:`barrier` (per round: ``timeout``); a change of
+        the members between two rounds is a RendezvousError."""
+        limit = self.timeout if timeout is None else timeout
+        data = bytes(data)
+        count = max(len(self._members[1]), 1)
+        piece = max(gather_budget(count) // count, 1)   # the same on every worker (in the token)
+        parts: list[bytearray] = []
+        members: tuple = ()
+        round_ = 0
+        while True:
+            msg = self._request("barrier", f"a gather (round {round_}, waiting for every worker)", limit,
+                                BARRIER_GRACE, token=f"{token} gather {piece}/{round_}", timeout=limit,
+                                data=data[round_ * piece:(round_ + 1) * piece])
+            got, ranks = msg.get("data"), tuple(msg["members"])
+            if not (isinstance(got, list) and len(got) == len(ranks) and all(isinstance(g, bytes) for g in got)):
+                raise RendezvousError(f"the scheduler's answer to a gather has no payload for each of the "
+                                      f"{len(ranks)} workers")
+            self.progress = dict(msg["progress"])
+            self._note_members(msg["epoch"], msg["members"])
+            if round_ == 0:
+                members, parts = ranks, [bytearray() for _ in ranks]
+            elif ranks != members:
+                raise RendezvousError(f"the job's members changed during a gather (ranks {list(members)}, "
+                                      f"then {list(ranks)}): call it again")
+            for part, got_piece in zip(parts, got):
+                part += got_piece
+            if all(len(g) < piece for g in got):   # a short piece (maybe empty) ends each one's data
+                return members, [bytes(p) for p in parts]
+            round_ += 1
 
     def save_progress(self, progress: dict) -> None:
         """Record the job's ``progress`` (a small map: at most 64 KiB as msgpack) with

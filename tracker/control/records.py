@@ -1,6 +1,6 @@
 """The records :class:`~.scheduler_state.SchedulerState` keeps and returns:
-a registered :class:`Node`, the workers' :class:`Barrier` (who waits, and how a
-barrier ends for all of them), a message to :class:`Send`; and
+a registered :class:`Node`, the workers' :class:`Barrier` (who waits, with what
+payload, and how a barrier ends for all of them), a message to :class:`Send`; and
 :func:`describe_exit` for the exit statuses launchers report, and
 :func:`absent_at_barrier`, which reads back the absent workers a barrier's
 timeout names. No I/O."""
@@ -66,19 +66,53 @@ class Node:
         return f"worker {self.rank} was removed from the job: {self.removed}"
 
 
+# A barrier may carry a payload from each waiter (an all-gather: the workers'
+# Membership.allgather); ``barrier_done`` then hands every waiter all of them, so the
+# scheduler holds one barrier's payloads and sends them once per waiter. Bounds:
+GATHER_BYTES = 768 << 10       # the payloads of one barrier together: each barrier_done carries
+                               # them all, within the control plane's frame (wire.MAX_BYTES, 1 MiB)
+GATHER_SEND_BYTES = 64 << 20   # what one barrier's replies may queue in all (payloads x waiters)
+
+
+def gather_budget(waiters: int) -> int:
+    """The most the payloads of a barrier of ``waiters`` workers may add up to:
+    GATHER_BYTES, less with many waiters (GATHER_SEND_BYTES / waiters), so that
+    the replies of one barrier never queue more than GATHER_SEND_BYTES."""
+    return min(GATHER_BYTES, GATHER_SEND_BYTES // max(waiters, 1))
+
+
 @dataclass
 class Barrier:
-    """The workers waiting at the current barrier, and their deadlines."""
-    waiting: dict = field(default_factory=dict)  # node_id -> (ident, req_id, token)
+    """The workers waiting at the current barrier, their payloads and deadlines."""
+    # node_id -> (ident, req_id, token, payload: bytes, or None for a barrier without one)
+    waiting: dict = field(default_factory=dict)
     deadlines: dict = field(default_factory=dict)  # node_id -> (deadline, its timeout)
 
-    def arrive(self, node_id: str, ident: bytes, req_id, token, limit, now: float) -> None:
-        """A worker waits; ``limit``: its timeout (seconds), or no deadline unless a sane number."""
-        self.waiting[node_id] = (ident, req_id, token)
+    def arrive(self, node_id: str, ident: bytes, req_id, token, limit, now: float, nodes: dict,
+               data=None, budget: int = GATHER_BYTES) -> list[Send]:
+        """A worker waits; ``limit``: its timeout (seconds), or no deadline unless a sane
+        number; ``data``: its payload (bytes) or None. Raises RendezvousError for a
+        payload that is not bytes or alone exceeds ``budget`` (nothing changes then).
+        When the waiters' payloads together exceed ``budget`` (:func:`gather_budget`),
+        the barrier fails for all of them, naming each one's size (``nodes``: every
+        node by id)."""
+        if data is not None and not isinstance(data, bytes):
+            raise RendezvousError(f"a barrier's data must be bytes, not {type(data).__name__}")
+        if data is not None and len(data) > budget:
+            raise RendezvousError(f"a barrier's data of {len(data)} bytes exceeds the {budget} "
+                                  "bytes the workers' payloads may take together")
+        self.waiting[node_id] = (ident, req_id, token, data)
         if isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < 1e9:
             self.deadlines[node_id] = (now + limit, limit)
         else:
             self.deadlines.pop(node_id, None)
+        sizes = {nodes[nid].rank: len(w[3]) for nid, w in self.waiting.items() if w[3] is not None}
+        if sum(sizes.values()) <= budget:
+            return []
+        detail = ", ".join(f"worker {rank}: {n}" for rank, n in sorted(sizes.items()))
+        return self.end("error", kind="invalid", message=(
+            f"a gather's payloads take {sum(sizes.values())} bytes together, more than the "
+            f"{budget} bytes one barrier may carry ({detail})"))
 
     def leave(self, node_id: str) -> None:
         """A waiter left the job: it is no longer waited for, nor answered."""
@@ -90,9 +124,12 @@ class Barrier:
         ``done``) to all if their tokens agree, else an error naming each one's token."""
         if not expected or any(n.node_id not in self.waiting for n in expected):
             return []
-        if len({token for _, _, token in self.waiting.values()}) == 1:
+        if len({w[2] for w in self.waiting.values()}) == 1:
+            payloads = [self.waiting[n.node_id][3] for n in sorted(expected, key=lambda n: n.ranked)]
+            if any(p is not None for p in payloads):   # a gather: every one's payload, by rank
+                done["data"] = [b"" if p is None else p for p in payloads]
             return self.end("barrier_done", **done)
-        detail = "; ".join(f"worker {nodes[nid].rank}: {token!r}" for nid, (_, _, token) in
+        detail = "; ".join(f"worker {nodes[nid].rank}: {w[2]!r}" for nid, w in
                            sorted(self.waiting.items(), key=lambda kv: nodes[kv[0]].rank))
         return self.end("error", kind="mismatch", message=f"workers disagree at a collective call: {detail}")
 
@@ -114,7 +151,7 @@ class Barrier:
 
     def end(self, op: str, **fields) -> list[Send]:
         """Answer every waiter with ``op`` (``barrier_done``, ``error``) and start afresh."""
-        sends = [Send(ident, op, {"id": req_id, **fields}) for ident, req_id, _ in self.waiting.values()]
+        sends = [Send(ident, op, {"id": req_id, **fields}) for ident, req_id, *_ in self.waiting.values()]
         self.waiting.clear()
         self.deadlines.clear()
         return sends

@@ -10,7 +10,9 @@ Life of a job::
 
     register (every node)  -> when W workers + S servers are in: reply ranks + address book
     barrier (workers)      -> when every member arrived with the same token: release all;
-                              a waiter's deadline passing fails it naming the absent workers
+                              a waiter's deadline passing fails it naming the absent workers;
+                              with payloads (an all-gather), each gets all of them, by rank
+                              (bounded: records.gather_budget)
     heartbeat (every node) -> acknowledged; silence for heartbeat_timeout aborts the job
     progress (workers)     -> a small dict kept for the job (workers that join read it)
     finish (every node)    -> servers hear which workers finished; when all workers
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from . import wire
 from .elastic import FINISH_GRACE, Slots  # noqa: F401 (FINISH_GRACE: for the tests)
 from .errors import RendezvousError
-from .records import Node, Send, describe_exit, missing
+from .records import Node, Send, describe_exit, gather_budget, missing
 
 log = logging.getLogger(__name__)
 
@@ -315,8 +317,10 @@ class SchedulerState:
         if self._elastic_worker(node) and not self._slots.holds(node):
             raise RendezvousError(f"{node.name()} left the job (it finished): it takes no part "
                                   "in its barriers")
-        self._slots.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
-                                   msg.get("timeout"), self._now)
+        # a payload (an all-gather) is bounded per barrier by the members it goes back to
+        self._out += self._slots.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
+                                                msg.get("timeout"), self._now, self._nodes, msg.get("data"),
+                                                gather_budget(len(self._slots.holders)))
         gone = [n for n in self._nodes.values() if n.role == "worker" and n.finished]
         if gone and self.elastic is None:   # elastic: a finished worker is just no member
             names = ", ".join(n.name() for n in gone)
