@@ -7,17 +7,22 @@ When a worker's environment has torch's variables and none of ours,
 ``kvstore.create("dist_...")`` calls :func:`join`, which forms the job from them:
 
 - workers: ``RANK`` is the worker rank, ``WORLD_SIZE`` the number of workers;
-- the scheduler runs in rank 0's process: under torchrun on a free port that the
-  others learn through torchrun's store, elsewhere on ``MASTER_ADDR:MASTER_PORT + 1``
-  (``KVSTORE_SCHEDULER_PORT`` sets the port in both cases);
+- the scheduler runs in rank 0's process, listening on the address ``MASTER_ADDR``
+  names on that host (or that host's address on the route to it), never on every
+  interface: under torchrun on a free port that the others learn through torchrun's
+  store, elsewhere on ``MASTER_ADDR:MASTER_PORT + 1`` (``KVSTORE_SCHEDULER_PORT``
+  sets the port in both cases);
 - each host's local rank 0 starts ``KVSTORE_SERVERS_PER_HOST`` server processes
   (1 by default), tied to it by ``PR_SET_PDEATHSIG``: when torchrun tears a worker
   group down, its servers go too. Server ranks follow the node rank
   (``GROUP_RANK``, else ``RANK // LOCAL_WORLD_SIZE``);
-- the job's secret: ``KVSTORE_SECRET`` when set (e.g. from a Kubernetes Secret);
-  else, under torchrun, rank 0 makes one and hands it to the others through
-  torchrun's own store (``TORCHELASTIC_USE_AGENT_STORE``); else the job runs
-  without authentication, and says so in its log.
+- the job's secret: ``KVSTORE_SECRET`` or ``KVSTORE_SECRET_FILE`` (e.g. from a
+  Kubernetes Secret), the same for every process; without one the job runs without
+  authentication, and says so in its log. The secret never enters torchrun's store,
+  which anyone who reaches its port may read and write without credentials; the
+  scheduler's port travels there (it is no secret), signed with the secret when
+  there is one (HMAC-SHA256), so that a port written by another process is refused
+  instead of sending this job's credentials to whoever listens there.
 
 Processes tied to their parents cannot outlive it; rank 0's process waits at exit
 until every node of the job has finished (the scheduler lives there), and local
@@ -33,8 +38,11 @@ Example (what kvstore.create does)::
 from __future__ import annotations
 
 import atexit
+import hashlib
+import hmac
 import ipaddress
 import logging
+import socket
 import subprocess
 import sys
 import dataclasses
@@ -45,8 +53,8 @@ import zmq
 
 from .control import env
 from .control.rendezvous import Scheduler
-from .control.security import Security, new_secret
-from .wrapper import parent_death_signal, route_address
+from .control.security import Security
+from .wrapper import bindable, parent_death_signal, route_address
 
 log = logging.getLogger(__name__)
 
@@ -126,22 +134,24 @@ def join(job: TorchJob, environ: Mapping[str, str]) -> dict[str, str]:
     node's servers) and return the variables that make it this job's worker.
 
     Under torchrun (its store reachable), rank 0's scheduler takes a free port and
-    hands it, with the job's secret, to the others through that store; elsewhere
-    the scheduler is on ``MASTER_PORT + 1`` (or ``KVSTORE_SCHEDULER_PORT``)."""
+    hands it to the others through that store (signed with the job's secret);
+    elsewhere the scheduler is on ``MASTER_PORT + 1`` (or ``KVSTORE_SCHEDULER_PORT``).
+    The secret comes from this process's environment only (KVSTORE_SECRET,
+    KVSTORE_SECRET_FILE)."""
     settings = env.read(environ)
-    store = _RunStore.of(environ, settings.timeout)
-    if store is None and not settings.secret:
-        log.warning("no KVSTORE_SECRET and no torchrun store: this job's connections are not "
-                    "authenticated (set KVSTORE_SECRET for every process to authenticate them)")
-    secret = settings.secret or (store.shared("secret", job.rank == 0, new_secret) if store else None)
+    secret = settings.secret
+    if not secret:
+        log.warning("no KVSTORE_SECRET or KVSTORE_SECRET_FILE: this job's connections are not "
+                    "authenticated (give every process the job's secret to authenticate them: "
+                    "docs/launching.md, torchrun and PyTorchJob)")
     # the store through which rank 0 hands its scheduler's free port to the others
     # (None: the port is known, MASTER_PORT + 1 or KVSTORE_SCHEDULER_PORT)
-    port_store = store if not settings.scheduler_port else None
+    port_store = _RunStore.of(environ, settings.timeout) if not settings.scheduler_port else None
     if job.rank == 0:
         port = _host_scheduler(job, settings, secret, 0 if port_store is not None else job.scheduler_port)
     if port_store is not None:
-        job = dataclasses.replace(job, scheduler_port=int(port_store.shared("scheduler_port", job.rank == 0,
-                                                                               lambda: str(port))))
+        job = dataclasses.replace(job, scheduler_port=port_store.scheduler_port(
+            port if job.rank == 0 else None, secret))
     node_host = _node_host(job.master_addr, job.scheduler_port)
     common = {"KVSTORE_SECRET": secret} if secret else {}
     if job.local_rank == 0:
@@ -166,9 +176,28 @@ def _node_host(master_addr: str, port: int) -> str:
     return route_address(master_addr, port) or "127.0.0.1"
 
 
+def _scheduler_host(master_addr: str, port: int) -> str:
+    """Where rank 0's scheduler listens: the IPv4 address ``master_addr`` names here
+    when it is one of this machine's (the others connect to that name), else this
+    machine's address on the route to it (e.g. behind a Kubernetes Service's
+    address). Never every interface (0.0.0.0)."""
+    try:
+        named = socket.getaddrinfo(master_addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        named = None
+    if named and bindable(named):
+        if ipaddress.ip_address(named).is_loopback and not _is_loopback(master_addr):
+            log.warning("MASTER_ADDR=%s names %s, a loopback address, on this host: rank 0's scheduler "
+                        "listens there, which other hosts cannot reach; give MASTER_ADDR (torchrun's "
+                        "--master-addr or --rdzv-endpoint) as an address of this host that they reach",
+                        master_addr, named)
+        return str(named)
+    return _node_host(master_addr, port)
+
+
 def _host_scheduler(job: TorchJob, settings: env.Settings, secret: str | None, port: int) -> int:
     """Start the job's scheduler in this process on ``port`` (0: a free one); its port."""
-    host = job.master_addr if _is_loopback(job.master_addr) else "0.0.0.0"
+    host = _scheduler_host(job.master_addr, job.scheduler_port)
     try:
         scheduler = Scheduler(job.world_size, job.num_servers, host=host, port=port,
                               timeout=settings.timeout, heartbeat_interval=settings.heartbeat_interval,
@@ -219,7 +248,13 @@ def _start_servers(job: TorchJob, environ: Mapping[str, str], node_host: str, co
 class _RunStore:
     """torchrun's own store (``TORCHELASTIC_USE_AGENT_STORE``), which every worker
     of the run reaches as torch.distributed's rendezvous does: where rank 0 hands
-    the others what it made (keys scoped by the run and its restart)."""
+    the others its scheduler's port (keys scoped by the run and its restart).
+
+    That store has no authentication (anyone who reaches its port reads and writes
+    it) and listens on every interface: nothing that authenticates goes in it, and
+    what comes out is checked. The port is signed with an HMAC of the job's secret."""
+
+    PORT = "scheduler_port"
 
     def __init__(self, store, prefix: str):
         self._store, self._prefix = store, prefix
@@ -236,9 +271,26 @@ class _RunStore:
         return cls(store, f"kvstore/{environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
                           f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
 
-    def shared(self, name: str, maker: bool, make) -> str:
-        """``make()`` on the one process that is ``maker``; everyone gets its value
-        (waiting for it up to the store's timeout)."""
-        if maker:
-            self._store.set(self._prefix + name, make())
-        return self._store.get(self._prefix + name).decode()
+    def _tag(self, secret: str, port: str) -> str:
+        # bound to this run and restart (the key's prefix) and the port: not replayable
+        message = f"kvstore torchrun scheduler port {self._prefix}{self.PORT}={port}".encode()
+        return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+    def scheduler_port(self, port: int | None, secret: str | None) -> int:
+        """Rank 0 (``port``: its scheduler's) writes it; everyone gets it, waiting up to
+        the store's timeout. With a ``secret`` the value carries its HMAC, and a value
+        without the right one (written by a process without the secret) is refused:
+        raises env.EnvError naming the key."""
+        key = self._prefix + self.PORT
+        if port is not None:
+            self._store.set(key, f"{port} {self._tag(secret, str(port))}" if secret else str(port))
+        text = self._store.get(key).decode(errors="replace")
+        value, _, tag = text.partition(" ")
+        if secret and not hmac.compare_digest(tag, self._tag(secret, value)):
+            raise env.EnvError(f"the scheduler's port in torchrun's store (key {key!r}) is not signed with "
+                               "this process's secret: the job's processes were given different secrets "
+                               "(KVSTORE_SECRET, KVSTORE_SECRET_FILE), or another process wrote that key")
+        if not (value.isascii() and value.isdigit() and 0 < int(value) < 65536):
+            raise env.EnvError(f"the scheduler's port in torchrun's store (key {key!r}) is not a TCP port: "
+                               f"{value[:40]!r}")
+        return int(value)
