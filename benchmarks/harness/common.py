@@ -84,7 +84,8 @@ class Usage:
                 "minor_faults": now.ru_minflt - self.start.ru_minflt,
                 "major_faults": now.ru_majflt - self.start.ru_majflt,
                 "vol_ctx_switches": now.ru_nvcsw - self.start.ru_nvcsw,
-                "invol_ctx_switches": now.ru_nivcsw - self.start.ru_nivcsw}
+                "invol_ctx_switches": now.ru_nivcsw - self.start.ru_nivcsw,
+                "max_rss_mb": now.ru_maxrss / 1024}        # the process's peak (Linux: KiB)
 
 
 def timed_loop(step, prepare, check, iters: int, warmup: int, sync=None,

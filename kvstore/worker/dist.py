@@ -107,7 +107,8 @@ class DistStore(KVStore):
         log.info("[worker:%d] %s %s with %d workers and %d servers%s",
                  self._rank, "joined the running job" if self._joined else "joined", name,
                  len(self._members), reg.num_servers,
-                 f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
+                 (f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
+                 + (", sums in rank order (deterministic)" if config.deterministic else ""))
 
     @property
     def rank(self) -> int:
