@@ -60,9 +60,14 @@ def real(owner, name, value, *, lo=None, lo_open=False, hi=None, hi_open=False,
 
 
 def unit(owner: str, name: str, value) -> float:
-    """Validate a decay or momentum factor: a real in ``[0, 1)`` (1 would never forget,
-    or never move)."""
+    """Validate a decay factor: a real in ``[0, 1)`` (1 would never forget, and where
+    an update divides by ``1 - factor ** t``, MXNet's divides by zero)."""
     return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
+
+
+def momentum_factor(owner: str, value, name: str = "momentum") -> float:
+    """Validate a momentum: a real in ``[0, 1]`` (MXNet accepts 1: nothing is forgotten)."""
+    return real(owner, name, value, lo=0.0, hi=1.0)
 
 
 def nonzero_lr(owner: str, lr: float, t: int) -> None:

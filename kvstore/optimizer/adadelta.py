@@ -32,6 +32,7 @@ class AdaDelta(Optimizer):
     """
 
     name = "adadelta"
+    kernel_clip = False      # MXNet clips in Python: clip_gradient must be None or > 0
     hyper_params = ("rho", "epsilon")
     num_states = 2
 

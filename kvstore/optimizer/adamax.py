@@ -27,6 +27,7 @@ class Adamax(Optimizer):
     """
 
     name = "adamax"
+    kernel_clip = False      # MXNet clips in Python: clip_gradient must be None or > 0
     hyper_params = ("beta1", "beta2")
     num_states = 2
 

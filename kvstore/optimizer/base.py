@@ -71,7 +71,7 @@ def create(name, **kwargs):
     Example: ``create("Adam", learning_rate=1e-3, wd=1e-5)``
     """
     cls = _REGISTRY.lookup(name)
-    check_params(f"optimizer {cls.name!r}", kwargs, cls.param_names() + ("lr_scheduler",))
+    check_params(f"optimizer {cls.name!r}", kwargs, cls.param_names() + tuple(cls.aliases) + ("lr_scheduler",))
     return cls(**kwargs)
 
 
@@ -86,7 +86,7 @@ def from_config(cfg):
     params = check_config_shape("optimizer", cfg, ("name",), ("params", "lr_scheduler"))
     cls = _REGISTRY.lookup(cfg["name"])
     # lr_scheduler is a separate, top-level entry, so it is not a valid key in params.
-    check_params(f"optimizer {cls.name!r}", params, cls.param_names())
+    check_params(f"optimizer {cls.name!r}", params, cls.param_names() + tuple(cls.aliases))
     sched = cfg.get("lr_scheduler")
     if sched is not None and not isinstance(sched, dict):
         raise ConfigError(f"optimizer config 'lr_scheduler' must be None or a dict, got "
@@ -108,9 +108,12 @@ class Optimizer:
     """Base class of optimizers that update weight arrays in place.
 
     Common hyper-parameters (keyword-only): ``learning_rate`` (>= 0, or None),
-    ``wd`` (weight decay, >= 0), ``rescale_grad`` (> 0, multiplies the gradient
-    first), ``clip_gradient`` (None, or > 0 to clip the rescaled gradient to
-    ``[-c, c]``), ``lr_scheduler`` (None, an LRScheduler or its config dict),
+    ``wd`` (weight decay, any real: MXNet's accepts a negative one), ``rescale_grad``
+    (> 0, multiplies the gradient first), ``clip_gradient`` (None, or a real: > 0 clips
+    the rescaled gradient to ``[-c, c]``; <= 0 is no clipping, as in MXNet's kernels,
+    except in the optimizers whose MXNet update clips in Python, :attr:`kernel_clip`
+    False, where MXNet zeroes (0) or inverts (< 0) the gradient, so it is refused),
+    ``lr_scheduler`` (None, an LRScheduler or its config dict),
     ``multi_precision`` (MXNet's: a float16 weight is updated through a float32
     master copy kept in its state, and the float32 state; the weight is the copy
     rounded to float16). Invalid values raise ConfigError. Hyper-parameters are
@@ -132,6 +135,12 @@ class Optimizer:
 
     name: ClassVar[str] = ""
     hyper_params: ClassVar[tuple[str, ...]] = ()
+    #: MXNet's names of hyper-parameters under another name here (``{"eps": "epsilon"}``):
+    #: accepted by the constructor, :func:`create` and :func:`from_config`, never written.
+    aliases: ClassVar[dict[str, str]] = {}
+    #: MXNet clips in its update kernel, which ignores ``clip_gradient <= 0`` (False: its
+    #: Python update clips with ``clip(g, -c, c)`` whenever ``c`` is not None).
+    kernel_clip: ClassVar[bool] = True
 
     def __init__(self, *, learning_rate=None, wd=0.0, rescale_grad=1.0, clip_gradient=None,
                  lr_scheduler=None, multi_precision=False):
@@ -139,10 +148,10 @@ class Optimizer:
         self.multi_precision = boolean(owner, "multi_precision", multi_precision)
         if learning_rate is not None:
             learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
-        self.wd = real(owner, "wd", wd, lo=0.0)
+        self.wd = real(owner, "wd", wd)
         self.rescale_grad = real(owner, "rescale_grad", rescale_grad, lo=0.0, lo_open=True)
-        self.clip_gradient = real(owner, "clip_gradient", clip_gradient, lo=0.0, lo_open=True,
-                                  allow_none=True)
+        self.clip_gradient = real(owner, "clip_gradient", clip_gradient, allow_none=True,
+                                  lo=None if self.kernel_clip else 0.0, lo_open=True)
         if isinstance(lr_scheduler, dict):
             lr_scheduler = scheduler_from_config(lr_scheduler)
         elif lr_scheduler is not None and not isinstance(lr_scheduler, LRScheduler):
@@ -166,6 +175,13 @@ class Optimizer:
             lr_scheduler.check_base_lr(learning_rate)
             lr_scheduler.base_lr = learning_rate
         self.lr_scheduler = lr_scheduler
+
+    @property
+    def clip_bound(self) -> float | None:
+        """The bound the gradient is clipped to, or None: ``clip_gradient`` unless that is
+        None or (:attr:`kernel_clip`) <= 0, which MXNet's kernels take as no clipping."""
+        c = self.clip_gradient
+        return None if c is None or c <= 0.0 else c
 
     @property
     def learning_rate(self) -> float:
@@ -377,8 +393,8 @@ class Optimizer:
             g *= self.rescale_grad
         if wd_before_clip and self.wd:
             g += self.wd * weight
-        if self.clip_gradient is not None:
-            xp.clip(g, -self.clip_gradient, self.clip_gradient, out=g)
+        if self.clip_bound is not None:
+            xp.clip(g, -self.clip_bound, self.clip_bound, out=g)
         return g
 
     def __repr__(self):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._util import _array_module, real, unit
+from ._util import _array_module, real, momentum_factor
 from .base import Optimizer, register
 
 __all__ = ["DCASGD"]
@@ -32,12 +32,13 @@ class DCASGD(Optimizer):
     """
 
     name = "dcasgd"
+    kernel_clip = False      # MXNet clips in Python: clip_gradient must be None or > 0
     hyper_params = ("momentum", "lamda")
 
     def __init__(self, *, momentum: float = 0.0, lamda: float = 0.04, **common) -> None:
         super().__init__(**common)
         owner = type(self).__name__
-        self.momentum = unit(owner, "momentum", momentum)
+        self.momentum = momentum_factor(owner, momentum)
         self.lamda = real(owner, "lamda", lamda, lo=0.0)
 
     @property

@@ -38,7 +38,7 @@ class FTML(Optimizer):
                  **common) -> None:
         super().__init__(**common)
         owner = type(self).__name__
-        real(owner, "learning_rate", self.learning_rate, lo=0.0, lo_open=True)
+        # a learning rate of 0 is accepted, as MXNet does; an update at 0 is refused (nonzero_lr)
         self.beta1 = unit(owner, "beta1", beta1)
         self.beta2 = unit(owner, "beta2", beta2)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0, lo_open=True)

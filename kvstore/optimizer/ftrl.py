@@ -39,7 +39,7 @@ class Ftrl(Optimizer):
                  **common) -> None:
         super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
-        real(owner, "learning_rate", self.learning_rate, lo=0.0, lo_open=True)
+        # a learning rate of 0 is accepted, as MXNet does; an update at 0 is refused (nonzero_lr)
         self.lamda1 = real(owner, "lamda1", lamda1, lo=0.0)
         self.beta = real(owner, "beta", beta, lo=0.0)
 

@@ -371,7 +371,7 @@ def _layerwise() -> tuple:
 
 
 def _common(o, lr) -> list:
-    clip_g = math.inf if o.clip_gradient is None else o.clip_gradient
+    clip_g = math.inf if o.clip_bound is None else o.clip_bound
     return [o.rescale_grad, clip_g, o.wd, lr]
 
 

@@ -3,7 +3,7 @@ gradient's (You et al. 2017; MXNet 1.x ``LARS``)."""
 
 from __future__ import annotations
 
-from ._util import boolean, real, unit
+from ._util import boolean, real, momentum_factor
 from .base import Optimizer, register
 from .layerwise import EXCLUDED_SUFFIXES, check_whole, key_name, root, sum_sq
 
@@ -37,7 +37,7 @@ class LARS(Optimizer):
                  momentum_correction: bool = True, **common) -> None:
         super().__init__(**common)
         owner = type(self).__name__
-        self.momentum = unit(owner, "momentum", momentum)
+        self.momentum = momentum_factor(owner, momentum)
         self.eta = real(owner, "eta", eta, lo=0.0, lo_open=True)
         self.eps = real(owner, "eps", eps, lo=0.0)
         self.momentum_correction = boolean(owner, "momentum_correction", momentum_correction)
@@ -69,7 +69,11 @@ class LARS(Optimizer):
         if sums:
             w_norm, g_norm = root(sums[0]), root(sums[1])
             if w_norm > 0.0 and g_norm > 0.0:
-                lr_key = lr * self.eta * w_norm / (g_norm * self.rescale_grad + self.wd * w_norm + self.eps)
+                denom = g_norm * self.rescale_grad + self.wd * w_norm + self.eps
+                if denom == 0.0:        # a negative wd can cancel the rest (MXNet's rate is then inf)
+                    raise ValueError(f"LARS: the layer's rate divides by |g| * rescale_grad + wd * |w| + eps, "
+                                     f"which is 0 (wd {self.wd}, |w| {w_norm}, |g| {g_norm})")
+                lr_key = lr * self.eta * w_norm / denom
         # the previous update's (global) rate; after kv.set_learning_rate, its state was
         # rescaled by state_scale_from so that this is as if that rate were used
         return lr_key, (self._momentum(lr, self.learning_rate_at(t - 1)) if t > 1 else self.momentum)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
-from ._util import integer, unit
+from ._util import integer, momentum_factor
 from .base import Optimizer, register
 from .layerwise import check_whole, sum_sq
 
@@ -50,7 +50,7 @@ class LBSGD(Optimizer):
                  **common) -> None:
         super().__init__(**common)
         owner = type(self).__name__
-        self.momentum = unit(owner, "momentum", momentum)
+        self.momentum = momentum_factor(owner, momentum)
         if warmup_strategy not in STRATEGIES:
             raise ConfigError(f"{owner}: warmup_strategy must be one of {', '.join(STRATEGIES)}, "
                               f"got {warmup_strategy!r}")

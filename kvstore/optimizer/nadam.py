@@ -39,6 +39,7 @@ class Nadam(Optimizer):
     """
 
     name = "nadam"
+    kernel_clip = False      # MXNet clips in Python: clip_gradient must be None or > 0
     hyper_params = ("beta1", "beta2", "epsilon", "schedule_decay")
     num_states = 2
 

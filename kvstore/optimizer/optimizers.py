@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from ._util import boolean, real, unit
+from ..errors import ConfigError
+from ._util import boolean, momentum_factor, real, unit
 from .base import Optimizer, register
 
 __all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test"]
@@ -51,7 +52,7 @@ class SGD(Optimizer):
     def __init__(self, *, momentum=0.0, nesterov=False, **common):
         super().__init__(**common)
         owner = type(self).__name__
-        self.momentum = unit(owner, "momentum", momentum)
+        self.momentum = momentum_factor(owner, momentum)
         self.nesterov = boolean(owner, "nesterov", nesterov)
 
     @property
@@ -191,19 +192,27 @@ class AdaGrad(Optimizer):
         history += g**2
         w -= lr * (g / sqrt(history + epsilon) + wd * w)
 
-    Note ``epsilon`` sits *inside* the square root, as in MXNet 1.x (whose
-    parameter is called ``eps``). Raises ConfigError unless ``epsilon >= 0``.
+    Note ``epsilon`` sits *inside* the square root, as in MXNet 1.x, whose parameter
+    is called ``eps``: accepted as an alias (the config says ``epsilon``). Raises
+    ConfigError unless ``epsilon >= 0``, and when both names are given; MXNet clips in
+    Python here, so ``clip_gradient`` must be None or > 0.
 
-    Example: ``AdaGrad(learning_rate=0.1, epsilon=1e-7)``
+    Example: ``AdaGrad(learning_rate=0.1, eps=1e-7)``
     """
 
     name = "adagrad"
     hyper_params = ("epsilon",)
+    aliases = {"eps": "epsilon"}
+    kernel_clip = False
     num_states = 1
 
-    def __init__(self, *, epsilon=1e-7, **common):
+    def __init__(self, *, epsilon=None, eps=None, **common):
         super().__init__(**common)
-        self.epsilon = real(type(self).__name__, "epsilon", epsilon, lo=0.0)
+        owner = type(self).__name__
+        if epsilon is not None and eps is not None:
+            raise ConfigError(f"{owner}: give epsilon or its MXNet name eps, not both")
+        value = eps if eps is not None else epsilon
+        self.epsilon = real(owner, "epsilon", 1e-7 if value is None else value, lo=0.0)
 
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)

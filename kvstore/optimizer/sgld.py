@@ -95,6 +95,7 @@ class SGLD(Optimizer):
     """
 
     name = "sgld"
+    kernel_clip = False      # MXNet clips in Python: clip_gradient must be None or > 0
     hyper_params = ("seed",)
 
     def __init__(self, *, seed: int = 0, **common) -> None:

@@ -4,7 +4,7 @@ the gradient (MXNet 1.x ``Signum``)."""
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ._util import real, unit
+from ._util import real, momentum_factor
 from .base import Optimizer, register
 
 __all__ = ["Signum"]
@@ -42,7 +42,7 @@ class Signum(Optimizer):
                  **common) -> None:
         super().__init__(learning_rate=learning_rate, **common)   # MXNet's default is 0.01, not None
         owner = type(self).__name__
-        self.momentum = unit(owner, "momentum", momentum)
+        self.momentum = momentum_factor(owner, momentum)
         self.wd_lh = real(owner, "wd_lh", wd_lh, lo=0.0)
         if self.wd_lh and not self.momentum:
             raise ConfigError(f"{owner}: wd_lh needs momentum > 0 (MXNet's signsgd_update has no "

@@ -106,10 +106,14 @@ def test_config_params_and_scheduler_are_optional():
     ({"name": "sgd", "params": {"learning_rate": True}}, "learning_rate"),
     ({"name": "sgd", "params": {"learning_rate": -0.1}}, "learning_rate"),
     ({"name": "sgd", "params": {"learning_rate": float("nan")}}, "learning_rate"),
-    ({"name": "sgd", "params": {"momentum": 1.0}}, "momentum"),
-    ({"name": "sgd", "params": {"clip_gradient": 0.0}}, "clip_gradient"),
+    ({"name": "sgd", "params": {"momentum": 1.5}}, "momentum"),
+    ({"name": "adam", "params": {"beta1": 1.0}}, "beta1"),        # MXNet's would divide by 1 - 1**t
+    ({"name": "adagrad", "params": {"clip_gradient": 0.0}}, "clip_gradient"),   # MXNet's zeroes g
+    ({"name": "nadam", "params": {"clip_gradient": -1.0}}, "clip_gradient"),    # MXNet's inverts it
+    ({"name": "adagrad", "params": {"eps": 1e-3, "epsilon": 1e-3}}, "eps"),
+    ({"name": "sgd", "params": {"eps": 1e-3}}, "'eps'"),
     ({"name": "sgd", "params": {"rescale_grad": 0}}, "rescale_grad"),
-    ({"name": "sgd", "params": {"wd": -1e-4}}, "wd"),
+    ({"name": "sgd", "params": {"wd": float("inf")}}, "wd"),
     ({"name": "sgd", "params": {"nesterov": "yes"}}, "nesterov"),
     ({"name": "adam", "params": {"beta2": 1.5}}, "beta2"),
     ({"name": "rmsprop", "params": {"centered": 1}}, "centered"),
@@ -473,3 +477,26 @@ def test_scheduler_config_round_trip():
         s2 = opt.scheduler_from_config(json.loads(json.dumps(cfg)))
         assert type(s2) is type(s) and s2.to_config() == cfg
         assert [s2(t, 0.3) for t in range(1, 15)] == [s(t, 0.3) for t in range(1, 15)]
+
+
+def test_values_mxnet_accepts():
+    # (their numbers against MXNet's: the scenarios of test_optimizer_mxnet.py)
+    assert opt.SGD(momentum=1.0).momentum == 1.0 and opt.NAG(momentum=1.0).num_states == 1
+    assert opt.SGD(wd=-1e-4).wd == -1e-4
+    for c in (0.0, -1.0):
+        o = opt.SGD(clip_gradient=c)
+        assert o.clip_bound is None and o.to_config()["params"]["clip_gradient"] == c
+    assert opt.SGD(clip_gradient=2.0).clip_bound == 2.0
+    a = opt.create("adagrad", eps=1e-3)
+    assert a.epsilon == 1e-3 and a.to_config()["params"]["epsilon"] == 1e-3 and "eps" not in a.to_config()["params"]
+    assert opt.from_config({"name": "adagrad", "params": {"eps": 1e-4}}).epsilon == 1e-4
+    assert opt.FTML(learning_rate=0.0).learning_rate == 0.0
+
+
+def test_lars_refuses_a_rate_that_divides_by_zero():
+    # a negative wd cancels |g|: MXNet's layer rate would be inf
+    o = opt.LARS(learning_rate=0.1, eta=1.0, wd=-0.5)
+    w = np.array([3.0, 4.0], np.float32)          # |w| = 5
+    with pytest.raises(ValueError, match="divides by"):
+        o.update(w, np.array([2.5, 0.0], np.float32), (), 1)     # |g| = 2.5 = 0.5 * 5
+    np.testing.assert_array_equal(w, [3.0, 4.0])

@@ -207,3 +207,32 @@ def test_the_tolerance_would_catch_the_old_nag_and_lars():
     assert not np.allclose(w, nag["weights"][-1], **TOLERANCE["float32"])
     assert not np.allclose(by_id["lars-set-learning-rate-uncorrected"]["weights"][2],
                            by_id["lars-set-learning-rate"]["weights"][2], **TOLERANCE["float32"])
+
+
+FUSED_SCENARIOS = [sc for sc in SCENARIOS if not sc["set_lr"]
+                   and sc["optimizer"] in ("sgd", "nag", "ftml", "adagrad", "lars", "signum")]
+
+
+@pytest.mark.parametrize("sc", FUSED_SCENARIOS, ids=[sc["id"] for sc in FUSED_SCENARIOS])
+def test_learning_rate_scenarios_through_the_fused_kernels(sc):
+    # the CUDA kernels' source built for the host: their scalars (rates, clip_gradient
+    # <= 0 as no clipping, a negative wd, momentum 1) as the generic path's
+    hk = pytest.importorskip("host_kernels")
+    if hk.compiler() is None:
+        pytest.skip("no C++ compiler to build the fused kernels for the host")
+    o = scenario_optimizer(sc)
+    w = np.array(sc["w0"], np.float32)
+    state = o.create_state(w)
+    for t, (g, want) in enumerate(zip(sc["grads"], sc["weights"]), start=1):
+        hk.fused_update(o, w, np.array(g, np.float32), state, t)
+        np.testing.assert_allclose(w, np.array(want, np.float32), err_msg=f"step {t}", **TOLERANCE["float32"])
+
+
+def test_the_scenarios_hold_values_mxnet_accepts():
+    by_id = {sc["id"]: sc for sc in SCENARIOS}
+    assert by_id["sgd-momentum-one"]["params"]["momentum"] == 1.0
+    assert by_id["sgd-negative-wd"]["params"]["wd"] < 0
+    assert by_id["nag-clip-negative-is-no-clipping"]["params"]["clip_gradient"] < 0
+    assert by_id["adagrad-eps"]["params"]["eps"] == 1e-3
+    # the gradients exceed 1, so a clip at |c| would show
+    assert max(abs(g) for step in by_id["sgd-clip-zero-is-no-clipping"]["grads"] for g in step) > 1

@@ -1,7 +1,8 @@
 """MXNet 1.9.1's numbers (tests/data/mxnet_optimizers.json, see test_optimizer_mxnet.py)
 through the stores, where a user meets them (issue 44): NAG's momentum under a schedule
 and across ``kv.set_learning_rate``, LARS's momentum correction across it, an
-optimizer's learning_rate over its scheduler's base_lr, in the ``local`` and ``device``
+optimizer's learning_rate over its scheduler's base_lr, values MXNet accepts
+(clip_gradient 0, a negative wd, AdaGrad's eps), in the ``local`` and ``device``
 stores and in a ``dist_sync`` job (its servers build the optimizer from its config);
 row-sparse pushes of no rows with an optimizer (MXNet's local KVStore counts them as
 updates); and optimizer-state files that hold NAG's momentum of the old meaning."""
@@ -57,7 +58,8 @@ def _run(kv, sc, share: float = 1.0) -> list:
 
 ISSUE_SCENARIOS = ["nag-factor-schedule", "nag-set-learning-rate", "lars-set-learning-rate",
                    "lars-set-learning-rate-twice", "sgd-rate-over-scheduler-base",
-                   "sgd-rate-none-takes-scheduler-base", "sgd-cosine-warmup", "nag-cosine"]
+                   "sgd-rate-none-takes-scheduler-base", "sgd-cosine-warmup", "nag-cosine",
+                   "sgd-clip-zero-is-no-clipping", "nag-negative-wd", "adagrad-eps"]
 
 
 @pytest.mark.parametrize("store", LOCAL_STORES)

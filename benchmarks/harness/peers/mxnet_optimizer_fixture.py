@@ -115,6 +115,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [   # (optimizer, its 
 # calling its set_learning_rate before the listed steps; MXNet's learning_rate is recorded
 # before the first step and the rate of every step (_get_lr after its count) with the weights.
 ONES = [[1.0]] * 6
+BIG = [[2.0, -3.0], [0.5, 1.5], [-1.0, 4.0], [3.0, -0.5]]     # beyond 1: a clip at 1 would show
 SCENARIOS: list[tuple[str, str, dict[str, Any], Any, list, list, dict[int, float]]] = [
     ("nag-factor-schedule", "nag", {"learning_rate": 0.1, "momentum": 0.9},
      {"name": "factor", "params": {"step": 2, "factor": 0.5}}, [1.0], ONES[:4], {}),
@@ -154,6 +155,21 @@ SCENARIOS: list[tuple[str, str, dict[str, Any], Any, list, list, dict[int, float
     ("nag-cosine", "nag", {"learning_rate": 0.3, "momentum": 0.9},
      {"name": "cosine", "params": {"max_update": 5, "base_lr": 0.3, "final_lr": 0.01}}, [1.0, -2.0],
      [[1.0, 0.5], [0.5, -1.0], [-0.5, 2.0], [1.0, 1.0], [2.0, -0.5], [0.1, 0.1]], {}),
+    # values MXNet accepts: momentum 1, a negative wd, clip_gradient <= 0 where its kernel
+    # clips (no clipping), AdaGrad's eps
+    ("sgd-momentum-one", "sgd", {"learning_rate": 0.1, "momentum": 1.0}, None, [1.0, -2.0], BIG, {}),
+    ("nag-momentum-one", "nag", {"learning_rate": 0.1, "momentum": 1.0, "wd": 0.01}, None, [1.0, -2.0], BIG, {}),
+    ("sgd-negative-wd", "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": -0.05}, None, [1.0, -2.0], BIG, {}),
+    ("nag-negative-wd", "nag", {"learning_rate": 0.1, "momentum": 0.9, "wd": -0.05}, None, [1.0, -2.0], BIG, {}),
+    ("lars-negative-wd", "lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.5, "wd": -0.05}, None,
+     [1.0, -2.0], BIG, {}),
+    ("sgd-clip-zero-is-no-clipping", "sgd", {"learning_rate": 0.1, "momentum": 0.9, "clip_gradient": 0.0}, None,
+     [1.0, -2.0], BIG, {}),
+    ("nag-clip-negative-is-no-clipping", "nag", {"learning_rate": 0.1, "momentum": 0.9, "clip_gradient": -1.0},
+     None, [1.0, -2.0], BIG, {}),
+    ("ftml-clip-zero-is-no-clipping", "ftml", {"learning_rate": 0.05, "clip_gradient": 0.0}, None, [1.0, -2.0],
+     BIG, {}),
+    ("adagrad-eps", "adagrad", {"learning_rate": 0.1, "eps": 1e-3, "wd": 0.01}, None, [1.0, -2.0], BIG, {}),
 ]
 
 # (name, params, steps): a fresh MXNet scheduler called with num_update = 1, 2, ..., steps
