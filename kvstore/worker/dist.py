@@ -412,6 +412,7 @@ class DistStore(KVStore):
         # a joiner's first: the others come at their next barrier (an epoch's end, maybe)
         self._collective("barrier", deadline=not joining)
 
+
     def _do_allgather(self, data: bytes, timeout: float | None) -> list[bytes]:
         if self._joining:
             raise InvalidArgumentError(
@@ -419,8 +420,7 @@ class DistStore(KVStore):
                 "barrier(), where it meets the others (docs/elastic.md)")
         # through the scheduler (tracker.control.membership.Membership.allgather): its
         # control channel authenticates every peer; the members come back with the payloads
-        self._members, parts = self._job._translate(self._membership.allgather, data, "allgather_bytes",
-                                                    timeout)
+        self._members, parts = self._job.allgather(data, "allgather_bytes", timeout)
         return parts
 
 

@@ -59,6 +59,12 @@ class JobMember:
             token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
         return self._translate(self.membership.barrier, token, None if deadline else NO_DEADLINE)
 
+    def allgather(self, data: bytes, token: str, timeout: float | None) -> tuple[tuple, list]:
+        """Every member's ``data`` through the scheduler's authenticated barrier
+        (:meth:`tracker.control.membership.Membership.allgather`): ``(members, payloads)``,
+        sorted ranks and each one's bytes in that order; tracker errors as kvstore's."""
+        return self._translate(self.membership.allgather, data, token, timeout)
+
     def save_progress(self, progress: dict) -> None:
         """Record the job's progress with the scheduler (what joining workers read)."""
         self._translate(self.membership.save_progress, progress)

@@ -35,7 +35,8 @@ pytest_plugins = ["fuzzing"]   # the module-scoped ``live`` fixture
 # -- control plane --------------------------------------------------------------------------
 CTRL_OPS = ["register", "barrier", "finish", "heartbeat", "fail", "registered", "barrier_done",
             "finished", "ack", "shutdown", "abort", "error", "", "_on_message", "nope"]
-CTRL_FIELDS = ["v", "op", "id", "node", "role", "rank", "host", "addr", "pid", "token", "reason"]
+CTRL_FIELDS = ["v", "op", "id", "node", "role", "rank", "host", "addr", "pid", "token", "reason", "data",
+               "timeout", "progress"]
 CTRL_MODELED = {"register", "barrier", "finish", "heartbeat", "fail"}
 
 
