@@ -25,7 +25,7 @@ class DCASGD(Optimizer):
     ``momentum > 0`` MXNet 1.9's code cannot run (it tests an array's truth value:
     ValueError, or an AssertionError for a one-element weight); this is the update
     that code spells out. (MXNet 2 runs it, and also moves ``wd * w`` into ``g``.)
-    Raises ConfigError unless ``0 <= momentum < 1`` and ``lamda >= 0``. MXNet's
+    Raises ConfigError unless ``0 <= momentum <= 1`` and ``lamda >= 0``. MXNet's
     defaults: ``learning_rate`` 0.01, ``momentum`` 0, ``lamda`` 0.04.
 
     Example: ``DCASGD(learning_rate=0.1, lamda=0.04)``

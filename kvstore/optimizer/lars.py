@@ -23,7 +23,7 @@ class LARS(Optimizer):
     (``w -= lr_key * (clip(g, c) + wd * w)`` without momentum.) The norms are over
     the whole key: a key reaches the optimizer whole, or (dist_sync) in chunks whose
     sums of squares the servers add up first (kvstore.optimizer.layerwise).
-    Raises ConfigError unless ``0 <= momentum < 1``, ``eta > 0`` and ``eps >= 0``.
+    Raises ConfigError unless ``0 <= momentum <= 1``, ``eta > 0`` and ``eps >= 0``.
     MXNet's defaults: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0,
     ``momentum_correction`` True.
 

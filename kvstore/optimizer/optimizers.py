@@ -41,7 +41,7 @@ class SGD(Optimizer):
 
     MXNet's Nesterov optimizer is :class:`NAG` (its momentum includes the rate: the
     two agree while the rate is constant and ``wd`` is 0). Raises ConfigError unless
-    ``0 <= momentum < 1``.
+    ``0 <= momentum <= 1``.
 
     Example: ``SGD(learning_rate=0.1, momentum=0.9, wd=1e-4)``
     """
@@ -97,7 +97,7 @@ class NAG(SGD):
     So a changed learning rate (a schedule, ``kv.set_learning_rate``) applies to new
     gradients only, as in MXNet. With ``momentum == 0`` it is plain SGD. Its config
     has no ``nesterov`` entry (:class:`SGD`'s ``nesterov=True`` is torch's update).
-    Raises ConfigError unless ``0 <= momentum < 1``.
+    Raises ConfigError unless ``0 <= momentum <= 1``.
 
     Example: ``NAG(learning_rate=0.1, momentum=0.9)``
     """

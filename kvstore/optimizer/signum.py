@@ -29,7 +29,7 @@ class Signum(Optimizer):
     ``wd_lh`` is Loshchilov and Hutter's decoupled weight decay; MXNet's
     ``signsgd_update`` has no such argument and fails on it, so here ``wd_lh``
     with ``momentum == 0`` is a ConfigError. Raises ConfigError also unless
-    ``0 <= momentum < 1`` and ``wd_lh >= 0``. MXNet's defaults: ``learning_rate``
+    ``0 <= momentum <= 1`` and ``wd_lh >= 0``. MXNet's defaults: ``learning_rate``
     0.01, ``momentum`` 0.9, ``wd_lh`` 0.
 
     Example: ``Signum(learning_rate=1e-3, momentum=0.9, wd_lh=1e-4)``
