@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..errors import ConfigError
 from ..registry import Registry, own_name
@@ -44,6 +44,7 @@ DEFAULT_BASE_LR = 0.01
 """MXNet's base rate when neither a scheduler nor an optimizer gives one."""
 
 WARMUP_MODES = ("linear", "constant")
+_UNSET: Any = object()
 
 def register_scheduler(cls):
     """Class decorator: register an :class:`LRScheduler` subclass under ``cls.name``.
@@ -87,7 +88,9 @@ class LRScheduler:
     _params: ClassVar[tuple[str, ...]] = ()
 
     base_lr: float | None = None
-    _given_base_lr: float | None = None
+    # the constructor's base_lr (None: not given); _UNSET in a scheduler of your own that
+    # sets base_lr itself instead of calling _init_base: then base_lr is the constructor's
+    _given_base_lr: Any = _UNSET
     warmup_steps: int = 0
     warmup_begin_lr: float = 0.0
     warmup_mode: str = "linear"
@@ -113,7 +116,11 @@ class LRScheduler:
     def warmup_final_lr(self) -> float:
         """Where the warm-up ends: the constructor's ``base_lr`` (MXNet's default 0.01
         when None), whatever an optimizer writes into :attr:`base_lr` later."""
-        return DEFAULT_BASE_LR if self._given_base_lr is None else self._given_base_lr
+        given = self._constructor_base_lr()
+        return DEFAULT_BASE_LR if given is None else given
+
+    def _constructor_base_lr(self) -> float | None:
+        return self.base_lr if self._given_base_lr is _UNSET else self._given_base_lr
 
     @classmethod
     def param_names(cls):
@@ -150,7 +157,7 @@ class LRScheduler:
         (``base_lr``: the constructor's, not one an optimizer wrote)."""
         params = {}
         for p in self._params:
-            value = self._given_base_lr if p == "base_lr" else getattr(self, p)
+            value = self._constructor_base_lr() if p == "base_lr" else getattr(self, p)
             params[p] = list(value) if isinstance(value, (list, tuple)) else value
         return {"name": self.name, "params": params}
 

@@ -500,3 +500,20 @@ def test_lars_refuses_a_rate_that_divides_by_zero():
     with pytest.raises(ValueError, match="divides by"):
         o.update(w, np.array([2.5, 0.0], np.float32), (), 1)     # |g| = 2.5 = 0.5 * 5
     np.testing.assert_array_equal(w, [3.0, 4.0])
+
+
+def test_a_scheduler_of_your_own_that_sets_base_lr_itself_keeps_it():
+    class Halving(opt.LRScheduler):          # not registered: to_config needs no registry
+        name = "halving-test"
+        _params = ("base_lr",)
+
+        def __init__(self, base_lr=None):
+            self.base_lr = base_lr
+
+        def _lr(self, t, base):
+            return base * 0.5 ** (t - 1)
+    s = Halving(base_lr=0.8)
+    assert s.to_config() == {"name": "halving-test", "params": {"base_lr": 0.8}}
+    assert s.warmup_final_lr == 0.8 and [s(1), s(3)] == [0.8, 0.2]
+    o = opt.SGD(learning_rate=None, lr_scheduler=s)
+    assert o.learning_rate == 0.8 and o.learning_rate_at(2) == 0.4
