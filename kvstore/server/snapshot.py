@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import optimizer as _optimizer
+from ..errors import CheckpointError
 from .optimizer_slot import ServerOptimizer
 from .rounds import Chunk
 
@@ -30,6 +31,7 @@ def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
                         None if entry is None else int(entry["t"]),
                         [] if entry is None else [to_numpy(x).tobytes() for x in entry["state"]]])
     return {"server": name, "mode": mode, "num_workers": num_workers, "optimizer": optimizer.config(),
+            "state_version": _optimizer.STATE_VERSION,     # what the state arrays mean (NAG: MXNet's)
             "meta": dict(meta), "chunks": entries, "dyn_tables": list(dyn_tables or [])}
 
 
@@ -50,8 +52,13 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
     ``upload(host, out=...)``), and ``optimizer`` set to its optimizer and states."""
     chunks, states = {}, {}
     config = snap["optimizer"]
+    opt = None if config is None else _optimizer.from_config(config)
+    # checkpoints before the field kept state version 1 (NAG's momentum without the rate)
+    version = snap.get("state_version", 1)
+    convert = (lambda t, arrays: arrays) if opt is None or version == _optimizer.STATE_VERSION else \
+        (lambda t, arrays: _converted(opt, version, t, arrays))
     # the states' dtype per chunk dtype (multi_precision: float32)
-    spec = None if config is None else _optimizer.from_config(config).state_spec
+    spec = None if opt is None else opt.state_spec
     for key, index, dtype, data, t, state in snap["chunks"]:
         saved = np.frombuffer(data, dtype=np.dtype(dtype))
         value = alloc(saved.size, saved.dtype)     # shared memory, as init's
@@ -59,7 +66,23 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
         chunks[(key, index)] = Chunk(value)
         if t is not None and spec is not None:
             dt = spec(value.dtype)[1]
-            states[(key, index)] = {"t": t, "state": [np.frombuffer(b, dtype=dt).copy() for b in state]}
+            states[(key, index)] = {"t": t, "state": convert(t, [np.frombuffer(b, dtype=dt).copy() for b in state])}
     optimizer.restore(config, states)
+    dyn_tables = []
+    for key, server, dyn_spec, table in snap.get("dyn_tables") or []:
+        if table.get("state") is not None:
+            arrays = convert(int(table["t"]), [np.frombuffer(data, np.dtype(dt)) for dt, data in table["state"]])
+            table = {**table, "state": [[a.dtype.str, a.tobytes()] for a in arrays]}
+        dyn_tables.append([key, server, dyn_spec, table])
     return Restored(snap["mode"], snap["num_workers"], chunks, dict(snap.get("meta") or {}),
-                    (snap.get("checkpoint"), snap.get("step", 0)), list(snap.get("dyn_tables") or []))
+                    (snap.get("checkpoint"), snap.get("step", 0)), dyn_tables)
+
+
+def _converted(opt, version, t: int, arrays: list) -> list:
+    """``arrays``, a slot's state kept at state version ``version``, in today's meaning
+    (:meth:`kvstore.optimizer.Optimizer.state_from`); CheckpointError for a version
+    this kvstore cannot read."""
+    try:
+        return opt.state_from(version, t, arrays)
+    except ValueError as e:
+        raise CheckpointError(f"the checkpoint's optimizer state: {e}") from None
