@@ -21,16 +21,17 @@ import numpy as np
 from . import dynamic as dynrows, layout as rowshard
 from ..worker.arguments import KeyInfo
 from .dynamic import DynamicRows
+from ..modes import ConsistencyMode
 from ..protocol import ops
 
 
 class DistRows:
     """The row-sparse requests of a DistStore: sent through ``client`` (a
-    :class:`kvstore.worker.client.Client`) to servers in ``mode`` ("sync", "async"); init is
+    :class:`kvstore.worker.client.Client`) to servers in ``mode`` (kvstore.modes); init is
     collective through ``collective(token)``, and ``leads()`` says whether this worker
     sends for all."""
 
-    def __init__(self, client, mode: str, collective: Callable[[str], None], leads: Callable[[], bool]):
+    def __init__(self, client, mode: ConsistencyMode, collective: Callable[[str], None], leads: Callable[[], bool]):
         self._client, self._mode, self._collective, self._leads = client, mode, collective, leads
         self._dynamic: set = set()          # keys of dynamic rows
 
@@ -78,12 +79,12 @@ class DistRows:
 
     def push(self, items: list) -> None:
         """``items``: (key, rows, data) with unique sorted rows, one merged push per key."""
-        client, sync = self._client, self._mode == "sync"
+        client, rounds = self._client, self._mode.rounds
         for key, rows, data in items:
             what = f"push of row-sparse key {key!r}"
             placed, push, _ = self._placed(key, rows)
             for s, where in enumerate(placed):
-                if len(where) or sync:
+                if len(where) or rounds:       # a round needs every worker's push
                     client.request(s, push, what, [rows[where], np.ascontiguousarray(data[where])],
                                    chunk=[key, s])
 

@@ -27,7 +27,11 @@ from ..rows.dyntable import DynTable
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label
 from ..rows.layout import RowLayout
-from ..worker.types import NO_ROWS_IN_SSP
+from .budget import MemoryBudget
+from .chunks import ChunkTable
+from .members import Members
+from .modes import Job
+from .optimizer_slot import ServerOptimizer
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
 from .tables import RowTables, Table
@@ -65,15 +69,16 @@ class DynTables(RowTables):
     """The dynamic tables of this server (``tables``: chunk id -> DynRecord), and
     those restored from a checkpoint that wait for their init (``restored``)."""
 
-    def __init__(self, table, job):
-        super().__init__(table, job)
+    def __init__(self, table: ChunkTable, job: Job, optimizer: ServerOptimizer, members: Members,
+                 budget: MemoryBudget):
+        super().__init__(table, job, optimizer, members, budget)
         self.restored: dict[tuple, tuple] = {}    # chunk id -> (spec wire, DynTable snapshot)
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
         cid = self._cid(header)
         if not self._mode().takes_rows:
-            raise InvalidArgumentError(NO_ROWS_IN_SSP)
+            raise InvalidArgumentError(self._mode().no_rows)
         servers, server = header["servers"], cid[1]
         if not (is_int(servers) and 0 <= server < servers) or arrays:
             raise ProtocolError("init_dyn needs servers (the job's count) and a spec, and carries no buffers")
@@ -81,7 +86,7 @@ class DynTables(RowTables):
         if cid in self.tables or cid in self.table.chunks:
             raise InvalidArgumentError(f"{chunk_label(cid)} is already initialised")
         label = f"key {cid[0]!r} on {self.table.name}"
-        budget = self.state.budget
+        budget = self.budget
 
         def reserve(nbytes: int) -> None:   # the slab, as it is made and as it grows
             budget.take(nbytes, f"dynamic rows of {chunk_label(cid)} ({spec.describe()}) on {self.table.name}")
@@ -111,7 +116,7 @@ class DynTables(RowTables):
         table, chunk = self._table(cid)
         if len(arrays) == 1:
             nbytes = arrays[0].size * table.layout.width * chunk.value.dtype.itemsize
-            self.state.budget.check(nbytes, f"pull_dyn of {arrays[0].size:,} ids of {chunk_label(cid)} "
+            self.budget.check(nbytes, f"pull_dyn of {arrays[0].size:,} ids of {chunk_label(cid)} "
                                             f"(rows of {table.layout.width} x {chunk.value.dtype.name})")
         return super().on_pull(peer, header, arrays)
 
@@ -121,12 +126,12 @@ class DynTables(RowTables):
 
     def on_stats(self, peer, header, arrays) -> list[Reply]:
         """The table's counters, after the sender's pushes (parked as a pull is)."""
-        worker = self.state.worker(header)
+        worker = self.job.worker(header)
         cid = self._cid(header)
         table, _ = self._table(cid)
         if arrays:
             raise ProtocolError("dyn_stats carries no buffers")
-        if not self._mode().applies_on_arrival and table.pending_from(worker):
+        if self._mode().rounds and table.pending_from(worker):
             table.pulls.append((peer, header["id"], worker, None))
             return []
         return [self._stats_reply(peer, header["id"], table)]
@@ -141,7 +146,7 @@ class DynTables(RowTables):
 
     def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
         assert isinstance(table, DynRecord) and table.rows is not None
-        updater = self.state.updater
+        updater = self.optimizer.updater
         table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:

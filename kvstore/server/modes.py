@@ -1,71 +1,45 @@
 """The consistency modes a server can run in, one strategy class each, chosen by
-name at ``configure`` (kvstore.server.state).
+name at ``configure`` (kvstore.server.state), and the job a server is configured for.
 
-A strategy decides how a validated push becomes the value and when a read is
-answered; the state machine validates requests and hands them over. Each class
-has the same face (:class:`Consistency`): ``sync`` merges pushes into rounds
-(kvstore.server.sync), ``async`` applies each on arrival
+A strategy (a :class:`~kvstore.server.consistency.Consistency` subclass) decides how
+a validated push becomes the value and when a read is answered; its ``mode``
+(kvstore.modes, shared with the worker) says what the mode allows. ``sync`` merges
+pushes into rounds (kvstore.server.sync), ``async`` applies each on arrival
 (kvstore.server.asyncmode), ``ssp`` applies on arrival and holds reads within a
 staleness bound (kvstore.server.staleness). A new mode is one file with such a
-class plus one line in :data:`MODES`.
+class, its line in kvstore/modes.py, plus one line in :data:`MODES`.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from dataclasses import dataclass
 
+from ..modes import ConsistencyMode
 from .asyncmode import Async
-from .chunks import ChunkTable
-from .members import Members
-from .optimizer_slot import ServerOptimizer
-from .rounds import Reply
+from .consistency import Consistency
+from .requests import worker_of
 from .staleness import Staleness
 from .sync import Sync
 
 
-class Consistency(Protocol):
-    name: str                  # as configure and checkpoints spell it
-    applies_on_arrival: bool   # each push applied at once (no rounds)
-    takes_rows: bool           # row-sparse keys allowed
-    bounded: bool              # configure must carry a staleness bound (1 <= bound < inf)
-
-    @property
-    def bound(self) -> int | None:
-        """The staleness bound (None unless ``bounded``)."""
-
-    ordered: bool              # a round's pushes are added in worker-rank order (deterministic sums)
-
-    def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
-                 bound: int | None = None, ordered: bool = False) -> None:
-        """``ordered``: deterministic sums; a mode that cannot give them raises
-        InvalidArgumentError saying why."""
-
-    def admit(self, worker: int, ids, want_values: bool) -> None:
-        """Raise if this push (or write) of ``worker`` to the (existing) chunks ``ids``
-        must be refused in this mode; before anything changes."""
-
-    def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None) -> list[Reply]:
-        """A validated push (``want_values``: a pushpull; ``group``: a host's sum): the replies now ready."""
-
-    def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
-        """A validated pull: the replies now ready (none if it must wait)."""
-
-    def workers_finished(self) -> list[Reply]:
-        """The table's ``gone`` workers grew: what waits for them fails."""
-
-    def left(self, worker: int, message: str) -> list[Reply]:
-        """``worker`` left the elastic job: what it was part of goes on without it."""
-
-    def queued_rounds(self) -> Iterator:
-        """(chunk id, round) of every round still waiting (for the stall inspector)."""
-
-    def stalled(self, now: float, after: float) -> list[str]:
-        """Readable lines for the reads that waited longer than ``after`` seconds."""
-
-
 MODES: dict[str, type[Consistency]] = {
-    Sync.name: Sync,
-    Async.name: Async,
-    Staleness.name: Staleness,
+    Sync.mode.name: Sync,
+    Async.mode.name: Async,
+    Staleness.mode.name: Staleness,
 }
+
+
+@dataclass
+class Job:
+    """The job a server serves, as configured (or restored from a checkpoint, whose
+    ``ssp`` mode waits for configure to bring its bound): its consistency mode and
+    worker slots. Set by :class:`~kvstore.server.state.ServerState`; read by the
+    collaborators that act on the mode's behalf (kvstore.server.tables)."""
+
+    mode: ConsistencyMode | None = None
+    num_workers: int | None = None
+
+    def worker(self, header: dict) -> int:
+        """The sender's worker rank, checked against the configured slots."""
+        assert self.num_workers is not None     # ServerState.handle refuses ops before configure
+        return worker_of(header, self.num_workers)

@@ -1,5 +1,6 @@
 """The records of a server's sync rounds (kvstore.server.state): a chunk, its
-queued rounds, the requests parked on them, and the replies that come out."""
+queued rounds, the requests parked on them, and the replies that come out. A
+round's fields are changed by its one owner, the sync strategy (kvstore.server.sync)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
+from ..modes import ConsistencyMode
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Round:
     acc: np.ndarray | None            # the sum so far; None while only `first` arrived
     workers: set
     first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
+    # write-in (kvstore.server.writein), changed by the round's owner (kvstore.server.sync) only
     writer: int | None = None         # the worker granted `acc` to write into, until `written`
     deferred: list = field(default_factory=list)   # pushes to add once the writer is done
     filled: frozenset = frozenset()   # of `workers`: slots counted without a push (kvstore.server.members)
@@ -86,9 +89,10 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def speaks_for(header: dict, worker: int, num_workers: int, mode: str) -> frozenset | None:
+def speaks_for(header: dict, worker: int, num_workers: int, mode: ConsistencyMode) -> frozenset | None:
     """The workers a host's summed push speaks for (header ``group``: sorted,
-    distinct ranks including the sender; dist_sync only), or None (kvstore.hostgroup.group)."""
+    distinct ranks including the sender; a ``mode`` with host sums only), or None
+    (kvstore.hostgroup.group)."""
     group = header.get("group")
     if group is None:
         return None
@@ -96,7 +100,7 @@ def speaks_for(header: dict, worker: int, num_workers: int, mode: str) -> frozen
             and group == sorted(set(group)) and worker in group):
         raise ProtocolError(f"'group' must be the sorted, distinct worker ranks (0..{num_workers - 1}) "
                             f"a host's sum speaks for, including its sender {worker}; got {group!r}")
-    if mode != "sync":
+    if not mode.host_sums:
         raise InvalidArgumentError(f"a host's summed push (from worker {worker} for workers {group}) "
-                                   f"is for dist_sync only; this server runs dist_{mode}")
+                                   f"is for dist_sync only; this server runs dist_{mode.name}")
     return frozenset(group)

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
+from ..modes import SSP
 from ..protocol import chunk_label, error_header, ops
 from .asyncmode import Async
 from .chunks import ChunkTable
@@ -64,9 +65,7 @@ class Staleness(Async):
     """Pushes applied on arrival to the chunks of ``table``; the clocks and waiting
     reads of bound ``bound`` (the ``staleness`` of configure, 1 <= bound < inf)."""
 
-    name = "ssp"
-    takes_rows = False            # row-sparse keys are refused at init (NO_ROWS_IN_SSP)
-    bounded = True
+    mode = SSP                    # bounded; row-sparse keys are refused at init (SSP.no_rows)
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
                  bound: int | None = None, ordered: bool = False):
@@ -87,7 +86,7 @@ class Staleness(Async):
             self.refuse_if_gone(worker, ids, ahead=1)
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None) -> list[Reply]:
+             group: frozenset | None, norms: bool = False) -> list[Reply]:
         for cid in ids:          # a new member's clocks start at its first push
             if self.members.start(worker, cid):
                 self.joined(worker, cid)

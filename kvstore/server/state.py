@@ -10,7 +10,10 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
 - the chunks, where their values live and which workers finished:
   :class:`~kvstore.server.chunks.ChunkTable`;
 - the consistency mode, a strategy chosen by name at ``configure``
-  (kvstore.server.modes): ``sync`` merges pushes into rounds applied once
+  (kvstore.server.modes; what the mode allows is asked of its
+  :class:`~kvstore.modes.ConsistencyMode`, never which mode it is, and the job's
+  mode and slots are one :class:`~kvstore.server.modes.Job` that the row tables
+  read too): ``sync`` merges pushes into rounds applied once
   (kvstore.server.sync, with co-located workers writing into the sums:
   kvstore.server.writein), ``async`` applies each push on arrival
   (kvstore.server.asyncmode), ``ssp`` too, holding reads within a staleness bound
@@ -29,19 +32,19 @@ from collections.abc import Callable
 
 from .. import compression as _compression
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
+from ..modes import ConsistencyMode
 from ..protocol import chunk_label, error_header, ops
 from .backend import HostBackend
 from .budget import MemoryBudget
 from .chunks import ChunkTable
 from .members import Members
-from .modes import MODES, Consistency
+from .consistency import Consistency
+from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .optimizer_slot import ServerOptimizer
-from .requests import chunk_ids, ok, worker_of
+from .requests import chunk_ids, ok
 from .rounds import Chunk, Reply, is_int, speaks_for
 from .stalls import StallInspector
-from .staleness import Staleness
-from .sync import Sync
 from .tables import RowTables
 from .dyntables import DynTables
 
@@ -67,13 +70,13 @@ class ServerState:
         self.backend = backend or HostBackend(alloc, shared)
         self.write_in = write_in           # sums lie in memory co-located workers can map
         self.table = ChunkTable(name, self.backend)
-        self.mode: str | None = None       # as configured (or restored): sync, async or ssp
-        self.num_workers: int | None = None
+        self.job = Job()                   # the mode (kvstore.modes) and worker slots, as configured or restored
         self.consistency: Consistency | None = None   # the mode's strategy (kvstore.server.modes)
         self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.optimizer_slot)
         self.members = Members()           # an elastic job's members (set_members)
-        self.rows = RowTables(self.table, self)   # row-sparse keys (kvstore.server.tables)
-        self.dyn = DynTables(self.table, self)    # dynamic rows (kvstore.server.dyntables)
+        # row-sparse keys (kvstore.server.tables) and dynamic rows (kvstore.server.dyntables)
+        self.rows = RowTables(self.table, self.job, self.optimizer, self.members, self.budget)
+        self.dyn = DynTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.stalls = StallInspector()
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
@@ -147,30 +150,39 @@ class ServerState:
         return self.optimizer.updater
 
     @property
-    def ssp(self) -> Staleness | None:
-        """The ssp strategy (its clocks and waiting reads), None in other modes."""
-        return self.consistency if isinstance(self.consistency, Staleness) else None
+    def mode(self) -> ConsistencyMode | None:
+        """The consistency mode (kvstore.modes), as configured or restored; None before."""
+        return self.job.mode
+
+    @property
+    def num_workers(self) -> int | None:
+        """The worker slots, as configured or restored; None before."""
+        return self.job.num_workers
+
+    @property
+    def _mode_name(self) -> str:
+        return self.mode.name if self.mode is not None else "no mode"
 
     def worker(self, header: dict) -> int:
         """The sender's worker rank, checked against the configured slots."""
-        assert self.num_workers is not None
-        return worker_of(header, self.num_workers)
+        return self.job.worker(header)
 
     # -- the job's shape ----------------------------------------------------------------
     def _on_configure(self, peer, header, arrays):
         mode, workers, bound = header["mode"], header["num_workers"], header.get("staleness")
         strategy = MODES.get(mode) if isinstance(mode, str) else None
+        bounded = strategy is not None and strategy.mode.bounded
         if strategy is None or not is_int(workers) or workers < 1 \
-                or strategy.bounded != (is_int(bound) and bound >= 1):   # ssp: 1 <= staleness < inf
+                or bounded != (is_int(bound) and bound >= 1):   # ssp: 1 <= staleness < inf
             raise InvalidArgumentError(f"bad configuration mode={mode!r} num_workers={workers!r}"
                                        + (f" staleness={bound!r}" if "staleness" in header else ""))
-        now = self.consistency
-        if (self.mode is not None and (self.mode, self.num_workers) != (mode, workers)) or \
-                (now is not None and now.bound != (bound if strategy.bounded else None)):
+        now, was_mode = self.consistency, self.mode
+        if (was_mode is not None and (was_mode, self.num_workers) != (strategy.mode, workers)) or \
+                (now is not None and now.bound != (bound if bounded else None)):
             was = f" (staleness {now.bound})" if now is not None and now.bound is not None else ""
-            raise InvalidArgumentError(f"{self.name} already runs in {self.mode} mode{was} for "
+            raise InvalidArgumentError(f"{self.name} already runs in {was_mode and was_mode.name} mode{was} for "
                                        f"{self.num_workers} workers; cannot switch to {mode}/{workers}"
-                                       + (f" (staleness {bound})" if strategy.bounded else ""))
+                                       + (f" (staleness {bound})" if bounded else ""))
         ordered = header.get("deterministic", False)   # sums in rank order (kvstore.server.sync)
         if not isinstance(ordered, bool):
             raise ProtocolError(f"'deterministic' must be true or false, got {ordered!r}")
@@ -185,12 +197,13 @@ class ServerState:
             self.members.check(pending[1], workers)
             self.members.pending = None
         if fresh:                          # also after a resume: ssp clocks start at 0
-            self._configure(mode, workers, bound if strategy.bounded else None, ordered)
+            self._configure(strategy, workers, bound if bounded else None, ordered)
         return [ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
 
-    def _configure(self, mode: str, workers: int, bound: int | None, ordered: bool = False) -> None:
-        self.consistency = MODES[mode](self.table, workers, self.members, self.optimizer, bound, ordered)
-        self.mode, self.num_workers = mode, workers
+    def _configure(self, strategy: type[Consistency], workers: int, bound: int | None,
+                   ordered: bool = False) -> None:
+        self.consistency = strategy(self.table, workers, self.members, self.optimizer, bound, ordered)
+        self.job.mode, self.job.num_workers = strategy.mode, workers
 
     # -- dense chunks ---------------------------------------------------------------------
     def _on_init(self, peer, header, arrays):
@@ -203,10 +216,10 @@ class ServerState:
         return [ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays, want_values=False):
-        mode = self.consistency
-        assert mode is not None and self.num_workers is not None
+        strategy = self.consistency
+        assert strategy is not None and self.num_workers is not None
         worker = self.worker(header)
-        group = speaks_for(header, worker, self.num_workers, mode.name)   # a host's sum (hostreduce)
+        group = speaks_for(header, worker, self.num_workers, strategy.mode)   # a host's sum (hostreduce)
         for rank in group or ():
             self.members.refuse(rank)
         ids = chunk_ids(header, arrays)
@@ -220,7 +233,7 @@ class ServerState:
             arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
                       for a, c in zip(arrays, self.table.existing(ids))]
         chunks = self.table.existing(ids, arrays)
-        mode.admit(worker, ids, want_values)
+        strategy.admit(worker, ids, want_values)
         if self.updater is not None:
             for cid, chunk in zip(ids, chunks):
                 if chunk.value.dtype.kind != "f":
@@ -228,10 +241,7 @@ class ServerState:
                                                "optimizers update floating-point values only")
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
-        if norms:
-            assert isinstance(mode, Sync)
-            return mode.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms=True)
-        return mode.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group)
+        return strategy.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms)
 
     def _layerwise(self, header, want_values: bool, group) -> bool:
         """Whether a push asks for two-phase rounds (``norms``: its chunks are of keys cut
@@ -244,9 +254,7 @@ class ServerState:
         if want_values or group is not None:
             raise ProtocolError("a layer-wise push (norms) is a plain push from one worker: its reply "
                                 "carries its chunks' terms; pull (or apply_norms) for the values")
-        if not isinstance(self.consistency, Sync):
-            raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
-                                       f"dist_{self.mode}")
+        self._splitting_norms()
         if self.updater is None or not self.updater.optimizer.splits_norms:
             raise InvalidArgumentError("a layer-wise push (norms) needs an optimizer that splits its update "
                                        "by norms (LARS, LAMB): call set_optimizer() first")
@@ -255,16 +263,22 @@ class ServerState:
     def _on_apply_norms(self, peer, header, arrays):
         if arrays:
             raise ProtocolError("apply_norms carries no buffers: its sums are in the header")
-        if not isinstance(self.consistency, Sync):
-            raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
-                                       f"dist_{self.mode}")
+        strategy = self._splitting_norms()
         self.worker(header)
         ids = chunk_ids(header, None)
         values = header.get("values", False)
         if not isinstance(values, bool):
             raise ProtocolError("'values' must be true or false")
-        return self.consistency.apply_norms(peer, header["id"], ids, self.table.existing(ids), header.get("sums"),
-                                            header.get("rounds"), values)
+        return strategy.apply_norms(peer, header["id"], ids, self.table.existing(ids), header.get("sums"),
+                                    header.get("rounds"), values)
+
+    def _splitting_norms(self) -> Consistency:
+        """The strategy, if its mode adds up layer-wise norms across servers."""
+        strategy = self.consistency
+        if strategy is None or not strategy.mode.split_norms:
+            raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
+                                       f"dist_{self._mode_name}")
+        return strategy
 
     def _on_pushpull(self, peer, header, arrays):
         return self._on_push(peer, header, arrays, want_values=True)
@@ -278,27 +292,29 @@ class ServerState:
         return self.consistency.pull(peer, header["id"], worker, ids, self.table.existing(ids))
 
     # -- writing in (kvstore.server.writein) -----------------------------------------------
-    def _write_in(self, header, arrays, what: str) -> Sync:
+    def _write_in(self, header, arrays, what: str) -> Consistency:
         if arrays:
             raise ProtocolError(f"a {what} request carries no buffers")
+        strategy = self.consistency
+        allowed = strategy if strategy is not None and strategy.mode.write_in else None
         if what == "write":
             if not self.write_in:
                 raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
                                            "cannot write into them (push instead)")
-            if not isinstance(self.consistency, Sync) or header.get("compression") is not None:
+            if allowed is None or header.get("compression") is not None:
                 raise InvalidArgumentError("writing in is for uncompressed dist_sync pushes only")
-            if self.consistency.ordered:
+            if allowed.ordered:
                 raise InvalidArgumentError(f"{self.name} adds a round's pushes in rank order (deterministic "
                                            "sums): workers push instead of writing into its sums")
-        if not isinstance(self.consistency, Sync):
-            raise ProtocolError(f"'{what}' names no write granted: {self.name} runs dist_{self.mode}")
-        return self.consistency
+        if allowed is None:
+            raise ProtocolError(f"'{what}' names no write granted: {self.name} runs dist_{self._mode_name}")
+        return allowed
 
     def _on_write(self, peer, header, arrays):
-        return self._write_in(header, arrays, "write").writes.on_write(peer, header)
+        return self._write_in(header, arrays, "write").write(peer, header)
 
     def _on_written(self, peer, header, arrays):
-        return self._write_in(header, arrays, "written").writes.on_written(peer, header)
+        return self._write_in(header, arrays, "written").written(peer, header)
 
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
@@ -331,7 +347,8 @@ class ServerState:
     def snapshot(self, meta: dict) -> dict:
         """Everything acknowledged so far (kvstore.server.snapshot): values after
         their last applied round, the optimizer and its state."""
-        return _snapshot.take(self.name, self.mode, self.num_workers, self.table.chunks, self.optimizer,
+        return _snapshot.take(self.name, self.mode and self.mode.name, self.num_workers, self.table.chunks,
+                              self.optimizer,
                               self.backend.to_numpy, meta, self.dyn.snapshot())
 
     def restore(self, snap: dict) -> None:
@@ -344,10 +361,12 @@ class ServerState:
         self.table.restore(restored.chunks)
         self.budget.count(sum(c.value.nbytes for c in restored.chunks.values()))
         self.dyn.restore(restored.dyn_tables)
-        self.mode, self.num_workers = restored.mode, restored.num_workers
-        if restored.mode is not None and restored.num_workers is not None \
-                and not MODES[restored.mode].bounded:   # dist_ssp's bound comes with the next configure
-            self._configure(restored.mode, restored.num_workers, None)
+        strategy = None if restored.mode is None else MODES[restored.mode]
+        self.job.mode = None if strategy is None else strategy.mode
+        self.job.num_workers = restored.num_workers
+        if strategy is not None and restored.num_workers is not None \
+                and not strategy.mode.bounded:   # dist_ssp's bound comes with the next configure
+            self._configure(strategy, restored.num_workers, None)
         self.meta, self.resumed, self.resumed_from = restored.meta, True, restored.checkpoint
 
     # -- what the scheduler reports ------------------------------------------------------
@@ -391,13 +410,10 @@ class ServerState:
         with self.backend.scope():
             for worker in self.members.change(epoch, ranks, self.num_workers):
                 message = f"worker {worker} left the job"
-                mode = self.consistency
-                if isinstance(mode, Sync):
-                    replies += mode.left(worker, message)
+                if self.consistency is not None:
+                    replies += self.consistency.left(worker, message)
                 replies += self.rows.leave(worker, message)
                 replies += self.dyn.leave(worker, message)
-                if mode is not None and not isinstance(mode, Sync):
-                    replies += mode.left(worker, message)
         return replies
 
     def stalled(self, now: float, after: float) -> list[str]:

@@ -38,10 +38,13 @@ push: such a round can never complete. A worker that left an elastic job
 (:meth:`Sync.left`) is counted, contributing nothing, in every queued round it has
 not pushed to.
 
-:class:`Sync` owns the requests parked on rounds and its write-in grants
-(:class:`~kvstore.server.writein.WriteIn`); the chunks and their rounds live in the
-server's :class:`~kvstore.server.chunks.ChunkTable`. Pure: no sockets, threads or
-clocks.
+:class:`Sync` is the one owner of a round's state: the sums, who pushed, the pushes
+held for their turn, the writer, the requests parked on rounds. Writing in
+(:class:`~kvstore.server.writein.WriteIn`) is its queue of writes and grants: Sync
+takes the ``write`` and ``written`` requests, asks the queue which write is next,
+grants it (opening the round, or giving it the round's sum to add to) and ends it.
+The chunks and their rounds live in the server's
+:class:`~kvstore.server.chunks.ChunkTable`. Pure: no sockets, threads or clocks.
 """
 
 from __future__ import annotations
@@ -51,36 +54,31 @@ import math
 import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
+from ..modes import SYNC
 from ..protocol import chunk_label, error_header
 from .chunks import ChunkTable
+from .consistency import Consistency
 from .members import Members
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
 from .rounds import Chunk, Pending, Reply, Round
-from .writein import WriteIn
+from .writein import Grant, HeldPush, WriteIn, write_request
 
 
 LEADER = 0          # the worker that adds up layer-wise terms and sends apply_norms
 
 
-class Sync:
-    """The sync rounds of the chunks in ``table`` for ``num_workers`` worker slots."""
+class Sync(Consistency):
+    """The sync rounds of the chunks in ``table`` for ``num_workers`` worker slots
+    (``ordered``: deterministic sums, a round's pushes added in rank order)."""
 
-    name = "sync"
-    applies_on_arrival = False    # pushes merge into rounds
-    takes_rows = True             # row-sparse tables have rounds of their own (kvstore.server.tables)
-    bounded = False               # configure carries no staleness bound
+    mode = SYNC                   # rounds; row-sparse tables have rounds of their own (kvstore.server.tables)
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
                  bound: int | None = None, ordered: bool = False):
-        self.ordered = ordered        # deterministic sums: add a round's pushes in rank order
-        self.table = table
-        self.num_workers = num_workers
-        self.members = members
-        self.optimizer = optimizer
-        self.bound = bound
+        super().__init__(table, num_workers, members, optimizer, bound, ordered)
         self.xp = table.backend.xp
-        self.writes = WriteIn(self)
+        self.writes = WriteIn()        # the writes queued and granted into these rounds
         self._applied: dict = {}       # chunk id -> rounds applied (to name a round by number)
         # requests answered with values once their other chunks are done: a chunk
         # whose round of theirs was applied keeps that value for them if a later
@@ -118,13 +116,14 @@ class Sync:
             if group is not None:    # a host's leader does not write in (kvstore.hostgroup.group)
                 raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
             # that write takes its round first (kvstore.server.writein), then this push the next one
-            return self.writes.hold(peer, req_id, worker, ids, chunks, arrays, want_values)
+            self.writes.hold(HeldPush(peer, req_id, worker, ids, chunks, arrays, want_values))
+            return []
         return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms)
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = Pending(peer, req_id, worker, ids, True,
                           {cid for cid, c in zip(ids, chunks)
-                           if c.pending_from(worker) or self.writes.writing(worker, cid, c)})
+                           if c.pending_from(worker) or self._writing(worker, cid, c)})
         if not pending.blocked:
             return [self.finish(pending)]
         for cid in pending.blocked:
@@ -152,7 +151,7 @@ class Sync:
                 self.fail_round(cid, chunk, rnd, message)
             del chunk.rounds[first:]
             replies += self.release(cid, chunk)
-        return replies + self.writes.fail_queued()
+        return replies + self._fail_queued()
 
     def left(self, worker: int, message: str) -> list[Reply]:
         """``worker`` left the elastic job: its parked requests get ``message``; it
@@ -181,7 +180,7 @@ class Sync:
                     rnd.filled |= {worker}
                     self._fold(chunk, rnd)        # a push held for its turn may be next now
             replies += self.apply_complete(cid, chunk) + self.release(cid, chunk)
-        return replies + self.writes.grant_ready()
+        return replies + self._grant_ready()
 
     def queued_rounds(self):
         """(chunk id, round) of every round still waiting (for the stall inspector)."""
@@ -189,8 +188,117 @@ class Sync:
             for rnd in chunk.rounds:
                 yield cid, rnd
 
-    def stalled(self, now: float, after: float) -> list[str]:
-        return []                # no reads wait here but on rounds, which queued_rounds lists
+    # (stalled: no reads wait here but on rounds, which queued_rounds lists)
+
+    # -- writing in (kvstore.server.writein: the queue of writes and their grants) ---------
+    def write(self, peer, header: dict) -> list[Reply]:
+        """A ``write`` request (no buffers, shared sums, uncompressed, sums in arrival
+        order: checked by the caller): queued, and granted once its rounds have no
+        other writer."""
+        worker, ids, want_values = write_request(header, self.num_workers)
+        chunks = self.table.existing(ids)
+        self.admit(worker, ids, want_values)
+        for cid, chunk in zip(ids, chunks):
+            pos = self.round_to_join(chunk, worker)
+            if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise:
+                raise InvalidArgumentError(f"{chunk_label(cid)}: its round takes layer-wise pushes (norms "
+                                           "across servers); a write cannot join it")
+        if self.optimizer.updater is not None:
+            for cid, chunk in zip(ids, chunks):
+                if chunk.value.dtype.kind != "f":
+                    raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
+                                               "optimizers update floating-point values only")
+        self.writes.queue(Grant(peer, header["id"], worker, ids, chunks, want_values))
+        return self._grant_ready()
+
+    def written(self, peer, header: dict) -> list[Reply]:
+        """``written``: the grant ends; its worker counts as having pushed and is
+        answered as a pushpull once its rounds are applied."""
+        worker, grant = self.writes.take(header, self.num_workers)
+        if grant.error is not None:          # its rounds failed meanwhile (a worker finished)
+            return [Reply(peer, error_header(header["id"], "InvalidArgumentError", grant.error))]
+        pending = Pending(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
+        for chunk in grant.chunks:
+            chunk.waiting.append(pending)
+        ready = []
+        for cid, chunk, rnd in zip(grant.ids, grant.chunks, grant.rounds):
+            rnd.writer = None
+            rnd.workers.add(worker)
+            for grad in rnd.deferred:          # pushes that came while it wrote
+                rnd.acc += grad
+            rnd.deferred = []
+            pending.rounds[cid] = rnd
+            ready += self.apply_complete(cid, chunk)
+        return ready + self._grant_ready()
+
+    def _writing(self, worker: int, cid, chunk: Chunk) -> bool:
+        """Whether ``worker`` has a write on ``cid`` that is granted and not ``written``,
+        or queued (or a push queued behind one): its round is still to come."""
+        return any(r.writer == worker for r in chunk.rounds) or self.writes.queued(worker, cid)
+
+    def _grant_ready(self) -> list[Reply]:
+        """Grant every queued write whose rounds have no writer now, oldest first; a
+        worker's requests on a chunk go in the order they came (a push held behind
+        its write joins the rounds once the write is granted)."""
+        replies: list[Reply] = []
+        refused: list = []           # chunks of refused writes: pulls parked behind them go on
+
+        def join(push: HeldPush) -> None:
+            replies.extend(self.join(push.peer, push.req_id, push.worker, push.ids, push.chunks,
+                                     push.arrays, push.want_values))
+        self.writes.advance(lambda request: self._grant(request, replies, refused), join)
+        for cid, chunk in refused:
+            replies += self.release(cid, chunk)
+        return replies
+
+    def _grant(self, request: Grant, replies: list, refused: list) -> bool:
+        """Grant ``request`` the sums of its rounds (False: one has a writer, it waits),
+        or refuse it whole if a sum is not in shared memory; its reply to ``replies``."""
+        targets = [next((r for r in chunk.rounds if r.open_to(request.worker)), None)
+                   for chunk in request.chunks]
+        if any(r is not None and r.writer is not None for r in targets):
+            return False
+        accs = [rnd.acc if rnd is not None and rnd.acc is not None else self.take_spare(chunk)
+                for chunk, rnd in zip(request.chunks, targets)]
+        private = [cid for cid, acc in zip(request.ids, accs) if not self.table.backend.shared(acc)]
+        if private:                        # refuse the whole request; nothing is granted
+            for chunk, rnd, acc in zip(request.chunks, targets, accs):
+                if rnd is None or rnd.acc is not acc:
+                    chunk.spare = acc      # give back what was taken for it
+            replies.append(Reply(request.peer, error_header(
+                request.req_id, "InternalError",
+                f"{self.table.name}: cannot grant worker {request.worker} a write into "
+                f"{chunk_label(private[0])}: its sum is not in shared memory (none could be "
+                "allocated); set KVSTORE_WRITE_IN=0 to push instead")))
+            refused += zip(request.ids, request.chunks)
+            return True
+        modes, rounds = [], []
+        for chunk, rnd, acc in zip(request.chunks, targets, accs):
+            if rnd is None:                # opens the round: copy into a fresh accumulator
+                rnd = self.opened(chunk, acc)
+                modes.append("copy")
+            else:
+                if rnd.acc is None:        # its first push came in a message
+                    rnd.acc = acc
+                    self.xp.copyto(rnd.acc, rnd.first)
+                    rnd.first = None
+                modes.append("add")
+            rnd.writer = request.worker
+            rounds.append(rnd)
+        self.writes.granted(request, rounds)
+        replies.append(ok(request.peer, request.req_id, [r.acc for r in rounds], modes=modes, write_in=True))
+        return True
+
+    def _fail_queued(self) -> list[Reply]:
+        """Every queued write and held push fails: a worker finished, so the rounds
+        they would join cannot complete (see workers_finished)."""
+        replies = []
+        for entry in self.writes.drain():
+            cid, chunk = entry.ids[0], entry.chunks[0]
+            pos = self.round_to_join(chunk, entry.worker)
+            replies.append(Reply(entry.peer, error_header(
+                entry.req_id, "InvalidArgumentError", self.gone_message(cid, pos, set()))))
+        return replies
 
     # -- rounds ---------------------------------------------------------------------------
     def join(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
@@ -401,7 +509,7 @@ class Sync:
         including the one a write of that worker (granted, or still queued) goes to."""
         if pending.waits_on(cid, chunk):
             return True
-        return cid not in pending.rounds and self.writes.writing(pending.worker, cid, chunk)
+        return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
 
     def finish(self, pending: Pending) -> Reply:
         captured = self._captured.pop(id(pending), {})
@@ -420,7 +528,7 @@ class Sync:
         values = [captured.get(cid, chunks[cid].value) for cid in pending.chunks] \
             if pending.want_values else []
         ahead = bool(values) and any(
-            chunks[cid].pending_from(pending.worker) or self.writes.writing(pending.worker, cid, chunks[cid])
+            chunks[cid].pending_from(pending.worker) or self._writing(pending.worker, cid, chunks[cid])
             for cid in pending.chunks)
         # a captured value is a copy made for this reply alone: it must not be left on
         # the device for a worker to read by reference after the reply dropped it

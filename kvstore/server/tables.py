@@ -15,7 +15,10 @@ state change), or, without one, the merged rows are assigned their sum and every
 other row keeps its value. A push is acknowledged when its round is applied; a
 pull is answered once the sender's pushes here are applied. Async: each push
 updates its rows on arrival (an optimizer is required, as for dense keys). The
-ssp mode (dist_ssp) refuses row-sparse keys at init (``NO_ROWS_IN_SSP`` says why).
+ssp mode (dist_ssp) refuses row-sparse keys at init (its mode's ``no_rows`` says why).
+What this reads of the job comes as narrow collaborators, not the server's state:
+the :class:`~kvstore.server.modes.Job` (mode and slots), the optimizer, the members
+and the memory budget.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from ..protocol import chunk_label, error_header
 from ..protocol.codec import ALLOWED_DTYPES
 from ..rows.rowinit import RowInit
 from ..rows.layout import RowLayout
-from ..worker.types import NO_ROWS_IN_SSP
-from .modes import MODES
+from ..modes import ConsistencyMode
 from .backend import HostBackend
+from .budget import MemoryBudget
 from .chunks import ChunkTable
+from .members import Members
+from .modes import Job
+from .optimizer_slot import ServerOptimizer
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
 
@@ -80,20 +86,25 @@ class Table:
 
 
 class RowTables:
-    """The row-sparse tables among the chunks of ``table``, for the job that ``job``
-    (the ServerState) is configured for: its public ``mode``, ``consistency``,
-    ``num_workers``, ``members`` and ``updater`` are read when needed."""
+    """The row-sparse tables among the chunks of ``table``, for ``job`` (its mode and
+    worker slots, read when needed: configure sets them), updated by ``optimizer``
+    (its updater, if set), with an elastic job's ``members`` counted in rounds and
+    what init may allocate checked against ``budget``."""
 
-    def __init__(self, table: ChunkTable, job):
+    def __init__(self, table: ChunkTable, job: Job, optimizer: ServerOptimizer, members: Members,
+                 budget: MemoryBudget):
         self.table = table
-        self.state = job
+        self.job = job
+        self.optimizer = optimizer
+        self.members = members
+        self.budget = budget
         self.tables: dict[tuple, Table] = {}
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
         cid = self._cid(header)
         if not self._mode().takes_rows:
-            raise InvalidArgumentError(NO_ROWS_IN_SSP)
+            raise InvalidArgumentError(self._mode().no_rows)
         shape, dtype = header["shape"], header["dtype"]
         servers, server = header["servers"], cid[1]
         if not (isinstance(shape, list) and shape and len(shape) <= MAX_DIMS
@@ -110,7 +121,7 @@ class RowTables:
         nbytes = 0 if restored else size * dtype.itemsize
         staged = 0 if isinstance(self.table.backend, HostBackend) else nbytes
         what = f"init_rows of {chunk_label(cid)} (shape {shape}, {dtype.name}: {size:,} values on {self.table.name})"
-        self.state.budget.check(nbytes + staged, what)
+        self.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
         if spec is not None and math.prod(spec.shape[1:]) != width:
@@ -125,7 +136,7 @@ class RowTables:
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
             self.table.restored.discard(cid)
         else:
-            with self.state.budget.holding(nbytes, what):
+            with self.budget.holding(nbytes, what):
                 value = self.table.alloc(size, dtype)
                 # values in host memory are filled where they lie: a table as big as this
                 # server's memory allows is not built twice (a staging copy, then the value)
@@ -144,25 +155,26 @@ class RowTables:
         return [ok(peer, header["id"])]
 
     def on_push(self, peer, header, arrays) -> list[Reply]:
-        st = self.state
-        worker = st.worker(header)
+        worker = self.job.worker(header)
         cid = self._cid(header)
         table, chunk = self._table(cid)
         rows, data = self._rows_data(cid, table.layout, arrays, chunk.value.dtype)
         local = table.layout.local(rows, chunk_label(cid))
-        if st.updater is not None and chunk.value.dtype.kind != "f":
+        updater = self.optimizer.updater
+        if updater is not None and chunk.value.dtype.kind != "f":
             raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                        "optimizers update floating-point values only")
-        if self._mode().applies_on_arrival:
-            if st.updater is None:
-                raise InvalidArgumentError(f"dist_{st.mode} applies every push with an optimizer: "
+        mode = self._mode()
+        if not mode.rounds:          # each push applied on arrival
+            if mode.needs_optimizer and updater is None:
+                raise InvalidArgumentError(f"dist_{mode.name} applies every push with an optimizer: "
                                            "call set_optimizer() before push")
             self._apply(cid, table, chunk, local, data)
             return [ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
-            absent = st.members.absent(st.num_workers)
+            absent = self.members.absent(self._slots())
             rnd = RowRound({w: self._nothing(table, chunk) for w in absent}, filled=absent)
             table.rounds.append(rnd)
         rnd.parts[worker] = (rows, data.reshape((len(rows),) + table.row_shape))
@@ -170,14 +182,13 @@ class RowTables:
         return self._apply_complete(cid, table, chunk)
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
-        st = self.state
-        worker = st.worker(header)
+        worker = self.job.worker(header)
         cid = self._cid(header)
         table, chunk = self._table(cid)
         if len(arrays) != 1:
             raise ProtocolError("pull_rows carries one buffer: the row ids")
         local = table.layout.local(self._ids(arrays[0], cid), chunk_label(cid))
-        if not self._mode().applies_on_arrival and table.pending_from(worker):
+        if self._mode().rounds and table.pending_from(worker):
             table.pulls.append((peer, header["id"], worker, local))
             return []
         return [self._rows_reply(peer, header["id"], table, chunk, local)]
@@ -204,7 +215,7 @@ class RowTables:
     # -- rounds ------------------------------------------------------------------------
     def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
         replies = []
-        while table.rounds and len(table.rounds[0].parts) == self.state.num_workers:
+        while table.rounds and len(table.rounds[0].parts) == self._slots():
             rnd = table.rounds.pop(0)
             parts = [rnd.parts[w] for w in sorted(rnd.parts)]
             rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
@@ -229,10 +240,11 @@ class RowTables:
         weights = chunk.value.reshape(table.layout.local_rows, width)
         local = backend.upload(local)
         grad = backend.upload(np.ascontiguousarray(data).reshape(len(data), width))
-        if self.state.updater is None:
+        updater = self.optimizer.updater
+        if updater is None:
             weights[local] = grad            # no optimizer: the merged rows are assigned
         else:
-            self.state.updater.update_rows(cid, local, grad, weights)
+            updater.update_rows(cid, local, grad, weights)
 
     def _release_pulls(self, table: Table, chunk: Chunk) -> list[Reply]:
         ready = [p for p in table.pulls if not table.pending_from(p[2])]
@@ -312,10 +324,15 @@ class RowTables:
                 yield cid, rnd
 
     # -- checks ------------------------------------------------------------------------
-    def _mode(self):
-        """The job's consistency strategy class (configured, or restored and waiting
-        for configure: dist_ssp's bound comes with it)."""
-        return MODES[self.state.mode]
+    def _mode(self) -> ConsistencyMode:
+        """The job's consistency mode (configured, or restored and waiting for
+        configure: dist_ssp's bound comes with it)."""
+        assert self.job.mode is not None     # ServerState.handle refuses ops before configure
+        return self.job.mode
+
+    def _slots(self) -> int:
+        assert self.job.num_workers is not None
+        return self.job.num_workers
 
     def _cid(self, header) -> tuple:
         item = header["chunk"]

@@ -32,7 +32,7 @@ from .job import JobMember
 from .leaving import Departure
 from ..protocol import ops
 from ..sharding import Placement
-from .types import NO_ROWS_IN_SSP, server_mode
+from .types import server_mode
 from ..timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,10 @@ class DistStore(KVStore):
                  accelerators: Accelerators | None = None):
         super().__init__(name)
         config.require_cluster(f"kvstore.create({name!r})")
-        self._mode = server_mode(name, staleness)    # sync, async, or ssp (dist_ssp, 0 < s < inf)
+        # what the servers run (kvstore.modes): sync, async, or ssp (dist_ssp, 0 < s < inf)
+        self._mode = server_mode(name, staleness)
         if config.deterministic:
-            if self._mode != "sync":
+            if not self._mode.ordered_sums:
                 raise InvalidArgumentError(
                     f"kvstore.create({name!r}): deterministic sums (KVSTORE_DETERMINISTIC=1 or deterministic="
                     "True) need dist_sync; this store applies each push as it arrives, in arrival order")
@@ -58,7 +59,7 @@ class DistStore(KVStore):
         self._config = config
         self._staleness = staleness
         # summing on the host first (kvstore.hostgroup.group): its endpoint is registered
-        host = HostGroup(config, accelerators) if config.host_reduce and self._mode == "sync" else None
+        host = HostGroup(config, accelerators) if config.host_reduce and self._mode.host_sums else None
         self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
         self._departure = Departure(self._job)     # close, fail, the exit handlers
@@ -95,9 +96,8 @@ class DistStore(KVStore):
             self._checkpoints.resume()
             if self._leads():
                 # the servers count a round complete when every worker slot is in it
-                self._client.request_all(ops.CONFIGURE, "configuring the servers", mode=self._mode,
-                                         num_workers=reg.slots,
-                                         **({"staleness": staleness} if self._mode == "ssp" else {}),
+                self._client.request_all(ops.CONFIGURE, "configuring the servers", num_workers=reg.slots,
+                                         **self._mode.configure_fields(staleness),
                                          **({"deterministic": True} if config.deterministic else {}))
         except BaseException:
             self._departure.attach(client, host, self._rank)
@@ -271,8 +271,8 @@ class DistStore(KVStore):
             call.done()
 
     def _do_init_rows(self, items) -> None:
-        if self._mode == "ssp":
-            raise InvalidArgumentError(f"init: {NO_ROWS_IN_SSP}")
+        if not self._mode.takes_rows:
+            raise InvalidArgumentError(f"init: {self._mode.no_rows}")
         self._keys.update(self._rows.init(items))
 
     def _do_push_rows(self, items) -> None:
@@ -296,7 +296,7 @@ class DistStore(KVStore):
             raise InvalidArgumentError(
                 "this worker joined a running elastic job: it pushes only after its first "
                 "barrier(), where it meets the other workers (docs/elastic.md)")
-        if self._mode != "sync" and self._optimizer is None:
+        if self._mode.needs_optimizer and self._optimizer is None:
             raise InvalidArgumentError(f"{self._type} applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push() or pushpull()")
 
@@ -306,12 +306,12 @@ class DistStore(KVStore):
 
     # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
     def _norms_across_servers(self, optimizer) -> bool:
-        return optimizer.splits_norms and self._mode == "sync" and self._elastic is None and self._exchange.host is None
+        return optimizer.splits_norms and self._mode.split_norms and self._elastic is None and self._exchange.host is None
 
     def _why_no_norms_across_servers(self, optimizer) -> str:
         if not optimizer.splits_norms:
             return f"{type(optimizer).__name__}'s step cannot be split by norms across servers"
-        if self._mode != "sync":
+        if not self._mode.split_norms:
             return f"norms across servers are added up in dist_sync only, not in {self._type}"
         return ("norms across servers need a fixed set of workers, without --elastic or "
                 "KVSTORE_HOST_REDUCE")

@@ -22,7 +22,7 @@ Its collaborators, each owning its own state:
 
 Example (what DistStore does)::
 
-    exchange = Exchange(client, config, mode="sync", leads=lambda: rank == 0, wire=store_wire)
+    exchange = Exchange(client, config, mode=SYNC, leads=lambda: rank == 0, wire=store_wire)
     pending = exchange.send(ops.PUSHPULL, "pushpull of key 3", [(info, grad)], [(info, [out])])
     exchange.fill(pending)          # out holds the sum (or the updated weight)
     exchange.flush("barrier")       # every call in flight completed, errors raised
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..devices.staging import Staging, Staged
     from ..hostgroup.group import Call as HostCall, HostGroup
+    from ..modes import ConsistencyMode
     from ..timeline import Call as TimelineCall, Timeline
     from ..transport.pace import Flight
 
@@ -122,11 +123,11 @@ def by_server(infos_and_flats) -> dict[int, tuple[list, list]]:
 
 class Exchange:
     """Sends a worker's calls to the servers and fills their outputs. ``mode``: the
-    servers' (sync, async, ssp); ``leads()``: whether this worker acts for all at
+    servers' (kvstore.modes: whether they take writes into their sums); ``leads()``: whether this worker acts for all at
     collective steps; ``wire()``: the store's :class:`Wire` at each call;
     ``staging``: how device values cross to the host (None: host values only)."""
 
-    def __init__(self, client: Client, config: Config, mode: str, leads: Callable[[], bool],
+    def __init__(self, client: Client, config: Config, mode: ConsistencyMode, leads: Callable[[], bool],
                  wire: Callable[[], Wire], timeline: Timeline | None = None,
                  staging: Staging | None = None):
         self._client, self._config, self._mode = client, config, mode
@@ -248,7 +249,7 @@ class Exchange:
         datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
         stage = sources is not None and wire.compressor is None
-        write_in = stage and op == ops.PUSHPULL and self._mode == "sync" and group is None
+        write_in = stage and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
             fields["group"] = group
         ids: list[int] = []

@@ -26,6 +26,7 @@ import math
 import numbers
 
 from ..errors import ArgumentTypeError, ConfigError, InvalidArgumentError
+from ..modes import ASYNC, SSP, SYNC, ConsistencyMode
 from ..registry import Registry
 
 STORE_TYPES = ("local", "dist_sync", "dist_async", "dist_ssp", "device", "dist_device_sync")
@@ -214,17 +215,11 @@ def staleness_bound(given, configured) -> int | float:
     return int(value)
 
 
-# said by the worker's store and by servers (kvstore.server.tables): a worker sends push_rows
-# only to the servers that hold some of its rows, so a server's count of them is no step count
-NO_ROWS_IN_SSP = ("row-sparse keys do not work with dist_ssp (0 < staleness < inf): a worker pushes "
-                  "rows only to the servers that hold them, so servers cannot count its steps; use "
-                  "dist_sync (staleness 0) or dist_async (inf)")
-
-
-def server_mode(kind: str, bound) -> str:
-    """How the servers run a distributed store: ``"sync"``, ``"async"``, or ``"ssp"``
-    for dist_ssp with 0 < bound < inf. dist_ssp's bound 0 is dist_sync and inf is
-    dist_async, run by the same code so that they behave exactly alike."""
+def server_mode(kind: str, bound) -> ConsistencyMode:
+    """How the servers run a distributed store (kvstore.modes): :data:`~kvstore.modes.SYNC`,
+    :data:`~kvstore.modes.ASYNC`, or :data:`~kvstore.modes.SSP` for dist_ssp with
+    0 < bound < inf. dist_ssp's bound 0 is dist_sync and inf is dist_async, run by the
+    same code so that they behave exactly alike."""
     if kind == "dist_async" or bound == math.inf:
-        return "async"
-    return "ssp" if kind == "dist_ssp" and bound > 0 else "sync"
+        return ASYNC
+    return SSP if kind == "dist_ssp" and bound > 0 else SYNC

@@ -70,7 +70,7 @@ def test_dist_names_in_any_case_and_the_device_alias(make_cluster, name, mode):
         kv.barrier()
         out = np.empty(SHAPE, np.float32)
         kv.pull(3, out=out)
-        return kv.type, type(kv).__name__, kv._mode, out
+        return kv.type, type(kv).__name__, kv._mode.name, out
 
     for kind, cls, got_mode, out in cluster.run(job, store_type=name):
         assert kind == name.lower() and got_mode == mode

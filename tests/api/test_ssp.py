@@ -168,7 +168,7 @@ def test_staleness_argument_overrides_the_setting_and_workers_must_agree(make_cl
         return first, step(kv, 2, out)
     (first, second), other = run_workers(cluster, job, events=[held], staleness=1)
     assert (first[1] == 0).all() and (second[1] == 1).all() and (other[0] >= 1).all()
-    assert [n.state.ssp.bound for n in cluster.nodes] == [1]
+    assert [(n.state.mode.name, n.state.consistency.bound) for n in cluster.nodes] == [("ssp", 1)]
 
     cluster2 = make_cluster(2, 1)
     errors = {}
@@ -193,8 +193,8 @@ def test_staleness_values(given, bound):
     from kvstore.worker.types import FROM_CONFIG, server_mode, staleness_bound
     assert staleness_bound(given, 1) == bound
     assert staleness_bound(FROM_CONFIG, bound) == bound
-    assert server_mode("dist_ssp", bound) == {0: "sync", math.inf: "async"}.get(bound, "ssp")
-    assert (server_mode("dist_sync", None), server_mode("dist_async", None)) == ("sync", "async")
+    assert server_mode("dist_ssp", bound).name == {0: "sync", math.inf: "async"}.get(bound, "ssp")
+    assert (server_mode("dist_sync", None).name, server_mode("dist_async", None).name) == ("sync", "async")
 
 
 def test_bad_staleness_arguments_fail_before_anything_starts():
@@ -234,7 +234,7 @@ def test_staleness_zero_is_dist_sync_bit_for_bit(make_cluster):
     want = sync.run(trajectory, "dist_sync")
     ssp = make_cluster(2, 2, chunk_bytes=4096, staleness=0)
     got = run_workers(ssp, trajectory)
-    assert [n.state.mode for n in ssp.nodes] == ["sync", "sync"]
+    assert [n.state.mode.name for n in ssp.nodes] == ["sync", "sync"]
     for w, g in zip(want, got):
         for a, b in zip(w, g):
             for x, y in zip(a, b):
@@ -258,7 +258,7 @@ def test_infinite_staleness_is_dist_async(make_cluster, given):
     for t, n in enumerate(fast, 1):
         assert (n[0] == t).all() and (n[1] == 0).all()
     assert (slow == [[10], [1]]).all()
-    assert [n.state.mode for n in cluster.nodes] == ["async", "async"]
+    assert [n.state.mode.name for n in cluster.nodes] == ["async", "async"]
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ def test_bad_ssp_configurations(fields):
     state = ServerState()
     expect_error(only(configure(state, 0, 4, num_workers=2, **fields)), peer(0), 4,
                  "InvalidArgumentError", "bad configuration")
-    assert state.mode is None and state.ssp is None
+    assert state.mode is None and state.consistency is None
 
 
 def test_reconfiguring_another_staleness_is_refused():
@@ -420,7 +420,7 @@ def test_random_schedules_follow_the_rule(seed, workers, s):
             else:
                 blocked.add(who)
         assert not answered
-    assert state.ssp.clocks == clocks
+    assert state.mode.name == "ssp" and state.consistency.clocks == clocks
 
 
 def test_finished_workers_fail_the_reads_that_wait_for_them():
@@ -468,7 +468,7 @@ def test_a_restored_ssp_server_waits_for_configure_and_starts_clocks_at_zero():
     fresh.restore(state.snapshot({"step": 2}))
     expect_error(only(send(fresh, 0, ops.PULL, 6)), peer(0), 6, "InvalidArgumentError", "not configured")
     expect_ok(only(configure(fresh, 0, 7, mode="ssp", num_workers=2, staleness=3)), peer(0), 7)
-    assert fresh.ssp.bound == 3 and fresh.ssp.clocks == {}
+    assert fresh.mode.name == "ssp" and fresh.consistency.bound == 3 and fresh.consistency.clocks == {}
     np.testing.assert_array_equal(only(send(fresh, 0, ops.PULL, 8)).arrays[0], [-2, -2])
 
 

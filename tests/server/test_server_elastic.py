@@ -392,7 +392,7 @@ def test_ssp_a_leaver_holds_no_read_back_and_a_joiner_starts_at_the_slowest_cloc
     expect_ok(only(r), peer(0), q0)
     p2, r = ssp_push(srv, 2)
     expect_ok(only(r), peer(2), p2)
-    assert srv.state.ssp.clock(A) == [4, 3, 4]         # it started at min(4, 3) = 3
+    assert srv.state.consistency.clock(A) == [4, 3, 4]         # it started at min(4, 3) = 3
     q2, r = srv.pull(2, [A])                           # needs 3: everyone is there
     expect_ok(only(r), peer(2), q2)
     for _ in range(2):

@@ -127,7 +127,7 @@ def test_malformed_request_gets_protocol_error_and_state_keeps_working(name):
     srv = Server(num_workers=2, init={A: vec(1, 1), B: vec(2, 2)})
     r = srv.raw(0, dict(header), [vec(7, 7)] * nbufs)
     expect_error(only(r), peer(0), 99, "ProtocolError")
-    assert srv.state.mode == "sync" and srv.state.num_workers == 2
+    assert srv.state.mode.name == "sync" and srv.state.num_workers == 2
     assert set(srv.state.chunks) == {A, B}
     # nothing was contributed: worker 0 reads at once, and a full round sums two pushes
     np.testing.assert_array_equal(srv.value(A, src=0), vec(1, 1))
@@ -157,7 +157,7 @@ def test_reconfigure():
         rid, r = srv.send(1, ops.CONFIGURE, mode=mode, num_workers=n)
         expect_error(only(r), peer(1), rid, "InvalidArgumentError", "already runs in sync mode",
                      f"{mode}/{n}")
-    assert (srv.state.mode, srv.state.num_workers) == ("sync", 2)
+    assert (srv.state.mode.name, srv.state.num_workers) == ("sync", 2)
     np.testing.assert_array_equal(srv.value(A), vec(1))
 
 
