@@ -139,3 +139,13 @@ def test_the_server_never_imports_the_worker(path):
 
 def test_the_shared_modes_import_only_the_standard_library():
     assert {m.split(".")[0] for m in _imports(ROOT / "kvstore" / "modes.py")} <= {"__future__", "dataclasses"}
+
+
+@pytest.mark.parametrize("path", [ROOT / "kvstore" / "modes.py"] + [
+    ROOT / "kvstore" / "server" / f"{name}.py"
+    for name in ("consistency", "modes", "sync", "writein", "asyncmode", "staleness", "chunks", "members",
+                 "requests", "rounds", "tables", "dyntables")], ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_modes_and_their_strategies_are_pure(path):
+    """No sockets, threads or clocks (test_layering.py's rule, over these files too)."""
+    forbidden = {"zmq", "socket", "threading", "time", "subprocess", "pickle", "tracker"}
+    assert not {m for m in _imports(path) if m.split(".")[0] in forbidden}
