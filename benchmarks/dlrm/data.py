@@ -6,7 +6,7 @@ draws its own from ``default_rng((seed, r, i))``:
 
 - ``dense``: (B, n_dense) float32, standard normal;
 - ``ids``: (T, B, L) int64, table ``t``'s ids drawn from a Zipf law over its rows
-  (the law and the spreading of ``benchmarks/sparse/worker.py``: the hot rows
+  (the law and the spreading of ``benchmarks/harness/sparse_worker.py``: the hot rows
   land all over the table);
 - ``labels``: (B,) float32, 1 where a fixed random teacher's logit is > 0. The
   teacher is ``dense @ a`` plus, per table, the mean over the bag of a value in

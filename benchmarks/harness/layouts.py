@@ -29,6 +29,10 @@ import string
 from dataclasses import dataclass
 
 KINDS = ("ring", "colo", "dedicated")
+# the exchanges a layout runs, as the link experiments (benchmarks.link, benchmarks.model) name them
+VARIANTS = {"flat": "one flat all_reduce", "buckets": "25 MB buckets (DDP)",
+            "pushpull": "pushpull", "pushpull_2bit": "pushpull, 2bit compression",
+            "pushpull_fp16": "pushpull, fp16 compression"}
 # fraction of the gradient bytes one push carries on the wire (2bit: 4 values per byte)
 PUSH_FRACTION = {"pushpull": 1.0, "pushpull_2bit": 1 / 16, "pushpull_fp16": 0.5,
                  "flat": 1.0, "buckets": 1.0}

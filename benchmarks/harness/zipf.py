@@ -1,5 +1,5 @@
 """The ids of the sparse benchmarks: popularity ranks from a Zipf law, spread over
-a table by a bijection (benchmarks/sparse/worker.py, benchmarks/dlrm). numpy only:
+a table by a bijection (benchmarks/harness/sparse_worker.py, benchmarks/dlrm). numpy only:
 the peers' virtual environments (TorchRec's) import it too."""
 
 from __future__ import annotations

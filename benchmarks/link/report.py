@@ -6,11 +6,8 @@ half-rate check, and link.md."""
 from __future__ import annotations
 
 from benchmarks.harness import common
-from benchmarks.harness.layouts import parse
+from benchmarks.harness.layouts import VARIANTS, parse
 
-VARIANTS = {"flat": "one flat all_reduce", "buckets": "25 MB buckets (DDP)",
-            "pushpull": "pushpull", "pushpull_2bit": "pushpull, 2bit compression",
-            "pushpull_fp16": "pushpull, fp16 compression"}
 KIND_ORDER = ("ring", "colo", "dedicated")
 
 

@@ -55,7 +55,7 @@ import statistics
 
 from benchmarks.harness.common import RESULTS
 from benchmarks.harness.layouts import PUSH_FRACTION, parse
-from benchmarks.link.report import VARIANTS
+from benchmarks.harness.layouts import VARIANTS
 from kvstore.transport import pace
 from tracker.control import env
 

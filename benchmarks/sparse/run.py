@@ -4,7 +4,7 @@ gloo ways of training it, side by side in one run.
     python -m benchmarks.sparse                          # 10,000,000 x 64 fp32 (2.56 GB), W=2, S=2
     python -m benchmarks.sparse --rows 200000 --steps 3  # small, for tests
 
-Every contender trains the same table on the same batches (benchmarks/sparse/worker.py):
+Every contender trains the same table on the same batches (benchmarks/harness/sparse_worker.py, shared with sparse_link):
 each worker draws --batch ids a step from a Zipf law (--zipf; about 49,000 unique
 rows a worker at the defaults, printed as measured), and the gradient of a row is
 its count times a constant. One after another (the dense one needs two tables of
@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 from benchmarks.harness import common  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, free_port, run_group  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness", "sparse_worker.py")
 DEFAULT_OUT = os.path.join(common.RESULTS, "sparse")
 # name -> (worker arguments, what a step is)
 CONTENDERS = {

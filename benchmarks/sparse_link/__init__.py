@@ -2,5 +2,5 @@
 
     python -m benchmarks.sparse_link --help
 
-- run.py: the command (its workers: benchmarks/sparse/worker.py's ours)
+- run.py: the command (its workers: benchmarks/harness/sparse_worker.py's ours)
 """

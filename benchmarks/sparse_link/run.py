@@ -9,7 +9,7 @@ the link's bound.
 The hosts (benchmarks/harness/netns.py ``Cluster``: a network namespace each, its own
 rate-limited full-duplex link to one bridge) are worker hosts A, B, ... and server
 hosts S0, S1, ...; worker r runs on worker host r, server s on server host s, the
-scheduler on A. The workers are benchmarks/sparse/worker.py's ``ours`` contender
+scheduler on A. The workers are benchmarks/harness/sparse_worker.py's ``ours`` contender
 (the table on the servers, RowInit zeros; a step is push of the batch's RowSparse
 gradient + row_sparse_pull of its rows, lazy SGD on the servers, each step
 verified), started with the environment a launcher would set
@@ -51,10 +51,10 @@ from benchmarks.harness.netns import Cluster, on_sigterm, parse_rate  # noqa: E4
 from benchmarks.harness.placement import expected_transports, ps_job, server_urls  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.harness.contenders.ours import SERVER  # noqa: E402
-from benchmarks.sparse import worker as sparse_worker  # noqa: E402
-from benchmarks.sparse.worker import Batches  # noqa: E402
+from benchmarks.harness import sparse_worker  # noqa: E402
+from benchmarks.harness.sparse_worker import Batches  # noqa: E402
 
-WORKER = sparse_worker.__file__   # the sparse experiment's worker, its "ours" contender
+WORKER = sparse_worker.__file__   # the sparse experiments' worker, its "ours" contender
 DEFAULT_OUT = os.path.join(common.RESULTS, "sparse")
 ID_BYTES = 8                   # row ids travel as int64
 

@@ -1,13 +1,17 @@
 """Before and after of each data-path technique, interleaved in one session.
 
     python -m benchmarks.techniques --before b8f66fa --rounds 3
+    python -m benchmarks.techniques --record                 # into benchmarks/results/techniques
+    python -m benchmarks.techniques --model tiny --steps 3,4 --rounds 1   # a smoke run of two steps
 
 Each configuration is one launch of ``python -m benchmarks.pushpull`` (ResNet-50,
 W=2, S=2 unless given) with settings that switch on one technique after another;
 the configurations take turns, the order rotating every round, so that the
 shared machine's drift hits all of them alike. ``--before REF`` adds the code of
 that git commit (extracted with ``git archive``) as the first step. Writes
-``techniques.json`` (every sample) and ``techniques.md`` to --out-dir.
+``techniques.json`` (every sample) and ``techniques.md`` to --out-dir, by default
+a new scratch directory (printed), or with ``--record`` to
+benchmarks/results/techniques.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import click
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORD_DIR = os.path.join(REPO, "benchmarks", "results", "techniques")
 NO_PIPE = {"KVSTORE_PIPELINE_BYTES": "0"}
 
 # (name, settings): transports/contenders/-w/-s for benchmarks.pushpull and extra environment
@@ -38,8 +43,8 @@ LADDER = [
 ]
 
 
-def _run(cwd: str, c: dict, iters: int, out_dir: str) -> dict:
-    args = [sys.executable, "-m", "benchmarks.pushpull", "--contenders", c.get("contenders", "ours"),
+def _run(cwd: str, c: dict, iters: int, out_dir: str, model: str = "resnet50") -> dict:
+    args = [sys.executable, "-m", "benchmarks.pushpull", "--model", model, "--contenders", c.get("contenders", "ours"),
             "--transports", c.get("transports", "tcp"), "-w", str(c.get("w", 2)), "-s", str(c.get("s", 2)),
             "--launches", "1", "--iters", str(iters), "--warmup", "3", "--latency-iters", "0",
             "--async-pushes", "0", "--no-chart", "--out-dir", out_dir, "--name", "step"]
@@ -56,11 +61,22 @@ def _run(cwd: str, c: dict, iters: int, out_dir: str) -> dict:
 @click.option("--before", metavar="GIT_REF", help="Also run this commit's code first (e.g. b8f66fa).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--out-dir", default=os.path.join(REPO, "benchmarks", "results", "techniques"),
-              show_default=True)
-def main(before, rounds, iters, out_dir):
+@click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50", show_default=True)
+@click.option("--steps", default="", metavar="N,N,...",
+              help=f"Only these steps of the ladder (1-{len(LADDER)}, in its order) [default: all].")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="Where to write the results [default: a new scratch directory].")
+@click.option("--record", is_flag=True, help=f"Write the results to {os.path.relpath(RECORD_DIR, REPO)}.")
+def main(before, rounds, iters, model, steps, out_dir, record):
     """Time the technique ladder, interleaved; print and save medians per step."""
-    ladder = list(LADDER)
+    try:
+        chosen = sorted({int(n) for n in steps.split(",") if n.strip()}) or list(range(1, len(LADDER) + 1))
+    except ValueError:
+        raise click.BadParameter(f"{steps!r} is not a list of step numbers", param_hint="--steps") from None
+    if not all(1 <= n <= len(LADDER) for n in chosen):
+        raise click.BadParameter(f"steps are 1-{len(LADDER)}, got {steps!r}", param_hint="--steps")
+    ladder = [LADDER[n - 1] for n in chosen]
+    out_dir = RECORD_DIR if record else out_dir or tempfile.mkdtemp(prefix="kvstore-techniques-")
     work = tempfile.mkdtemp(prefix="kvtech-")
     if before:
         old = os.path.join(work, "before")
@@ -77,7 +93,7 @@ def main(before, rounds, iters, out_dir):
     for r in range(rounds):
         order = ladder[r % len(ladder):] + ladder[:r % len(ladder)]
         for name, c in order:
-            data = _run(c.get("cwd", REPO), c, iters, work)
+            data = _run(c.get("cwd", REPO), c, iters, work, model)
             for row in data["rows"]:
                 if row["kind"] != "exchange":
                     continue
@@ -90,7 +106,7 @@ def main(before, rounds, iters, out_dir):
                     s["server_cpu_s_per_job"].append(sum(u["cpu_s"] for u in usage.values()))
             click.echo(f"round {r + 1}/{rounds}: {name} done", err=True)
     lines = [f"Technique ladder, {started} .. {time.strftime('%Y-%m-%d %H:%M:%S')}, {rounds} "
-             f"interleaved rounds x {iters} timed exchanges (ResNet-50, 102.2 MB per worker).", "",
+             f"interleaved rounds x {iters} timed exchanges ({'ResNet-50, 102.2 MB per worker' if model == 'resnet50' else model}).", "",
              "| step | variant | median ms | n | worker CPU ms/exchange | servers' CPU s/job |",
              "|---|---|---:|---:|---:|---:|"]
     for key, s in samples.items():
@@ -108,6 +124,7 @@ def main(before, rounds, iters, out_dir):
     with open(os.path.join(out_dir, "techniques.json"), "w") as f:
         json.dump({"started": started, "rounds": rounds, "iters": iters, "samples": samples}, f)
     click.echo(text)
+    click.echo(f"results in {out_dir}")
 
 
 if __name__ == "__main__":

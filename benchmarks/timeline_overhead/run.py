@@ -11,7 +11,8 @@ rank 0's median sample per call is the launch's number, in wall-clock time and i
 worker process's CPU time (less disturbed by other load on the machine). Variants are interleaved
 launch by launch (their order rotates). Also times, with timeit, the check each hook
 makes when the timeline is off (``self._timeline is not None``) and counts how many a
-pushpull makes. Prints a table and writes JSON to ``--out``.
+pushpull makes. Prints a table and writes JSON to ``--out`` (default: a scratch directory;
+``--record``: benchmarks/results/timeline_overhead.json).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 from benchmarks.harness.contenders.ours import worktree  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORD = os.path.join(REPO, "benchmarks", "results", "timeline_overhead.json")
 # one worker of a launch: argv = calls, floats, block, out (rank 0 writes its samples there)
 WORKER = """
 import json, sys, time
@@ -104,10 +106,13 @@ def _lines(path: str) -> int:
 @click.option("--block", type=click.IntRange(min=1), default=100, show_default=True, help="Calls per sample.")
 @click.option("--launches", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--before", metavar="REF", help="Also run commit REF (a git worktree), e.g. the commit before the hooks.")
-@click.option("--out", type=click.Path(dir_okay=False),
-              default=os.path.join(REPO, "benchmarks", "results", "timeline_overhead.json"), show_default=True)
-def main(workers, servers, calls, floats, block, launches, before, out) -> None:
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the JSON [default: a new scratch directory].")
+@click.option("--record", is_flag=True, help=f"Write the JSON to {os.path.relpath(RECORD, REPO)}.")
+def main(workers, servers, calls, floats, block, launches, before, out, record) -> None:
     """Time small pushpulls with the timeline off, on, and (--before) without its hooks."""
+    out = RECORD if record else out or os.path.join(tempfile.mkdtemp(prefix="kvstore-timeline-overhead-"),
+                                                    "timeline_overhead.json")
     check = off_check_ns()
     with contextlib.ExitStack() as stack:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvbench-timeline-"))
