@@ -1,4 +1,4 @@
-"""CIFAR-10 in its "python version" format, augmentation and a synthetic stand-in.
+"""CIFAR-10 in its "python version" format, and the standard augmentation.
 
 The format (https://www.cs.toronto.edu/~kriz/cifar.html): a directory
 ``cifar-10-batches-py/`` holding ``data_batch_1`` .. ``data_batch_5`` (10000 images
@@ -10,6 +10,7 @@ holds ``b"label_names"``, ``b"num_cases_per_batch"`` and ``b"num_vis"`` (3072).
 ``write_cifar10_batches`` writes exactly this, e.g. to make a tiny data set for tests.
 
     images, labels = load_cifar10("~/data/cifar10", "train")   # uint8 (N,3,32,32), int64 (N,)
+    images, labels = load_path("data/test_batch", "test")      # a directory or one batch file
     x = augment(images[idx], rng)                              # float32, for training
     x = preprocess(images)                                     # float32, for evaluation
 """
@@ -26,6 +27,8 @@ import urllib.request
 
 import numpy as np
 
+from image_pipeline import ImageAug
+
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -35,6 +38,7 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 STD = np.array([0.2470, 0.2435, 0.2616], np.float32)
 PAD = 4
+RECORDIO_MAGIC = 0xCED7230A     # the first 4 bytes (little-endian) of every MXNet RecordIO record
 
 
 def load_cifar10(data_dir: str, split: str = "train", download: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +75,29 @@ def load_cifar10(data_dir: str, split: str = "train", download: bool = True) -> 
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
     return images, labels
+
+
+def load_path(path: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The images and labels of ``--data-train``/``--data-val`` ``path``: a directory (as
+    :func:`load_cifar10` with ``download=False``: ``split``'s batches in it or in its
+    cifar-10-batches-py/) or one batch file. Raises ValueError for an MXNet RecordIO
+    file (.rec, .idx, .lst, or a file starting with RecordIO's magic number), which
+    this reader does not read, and FileNotFoundError for a path that does not exist."""
+    path = os.path.expanduser(path)
+    recordio = path.endswith((".rec", ".idx", ".lst"))
+    if os.path.isfile(path) and not recordio:
+        with open(path, "rb") as f:
+            recordio = int.from_bytes(f.read(4).ljust(4, b"\0"), "little") == RECORDIO_MAGIC
+    if recordio:
+        raise ValueError(f"{path}: an MXNet RecordIO file (im2rec's .rec/.idx/.lst); this script reads the "
+                         f"CIFAR-10 python batches (a directory with data_batch_1.. and test_batch, or one "
+                         f"batch file): give that directory with --data-dir, --data-train or --data-val")
+    if os.path.isdir(path):
+        return load_cifar10(path, split, download=False)
+    if os.path.isfile(path):
+        return read_batch(path)
+    raise FileNotFoundError(f"{path}: no such file or directory (expected a directory of CIFAR-10 python "
+                            f"batches or one batch file)")
 
 
 def _wanted(split: str) -> str:
@@ -218,44 +245,29 @@ def safe_extract(archive: str, destination: str) -> None:
 
 # ---------------------------------------------------------------- augmentation
 
+# the standard CIFAR recipe as an image_pipeline.ImageAug: pad 4 with zeros, random 32x32
+# crops, flips, this data set's mean and standard deviation (MXNet's train_cifar10.py has
+# it as set_cifar_aug, left out by default)
+STANDARD = ImageAug(shape=(3, 32, 32), pad=PAD, fill_value=0, random_crop=True, random_mirror=True,
+                    mean=tuple(float(m) * 255 for m in MEAN),  # type: ignore[arg-type]
+                    std=tuple(float(s) * 255 for s in STD))    # type: ignore[arg-type]
+
+
 def preprocess(images: np.ndarray) -> np.ndarray:
     """uint8 (N, 3, H, W) -> float32, scaled to [0, 1] then normalised per channel with
     the CIFAR-10 mean and standard deviation."""
-    return _normalise(np.asarray(images), np.arange(3)[None, :, None, None])
-
-
-def _normalise(pixels: np.ndarray, channel: np.ndarray) -> np.ndarray:
-    if pixels.dtype != np.uint8:
-        raise ValueError(f"expected uint8 images, got {pixels.dtype}")
-    table = ((np.arange(256, dtype=np.float32)[None, :] / 255.0 - MEAN[:, None]) / STD[:, None])
-    return table.astype(np.float32)[channel, pixels]      # a lookup: (channel, value) -> float
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"expected uint8 images, got {images.dtype}")
+    return STANDARD.normalise(images)
 
 
 def augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Standard CIFAR training augmentation of uint8 images (N, 3, 32, 32) -> float32:
     pad 4 pixels of zeros on each side, take a random 32x32 crop, flip horizontally with
-    probability 1/2, then normalise as ``preprocess``.
+    probability 1/2, then normalise as ``preprocess`` (``STANDARD.train``).
 
     Draws, in this order: ``rng.integers(0, 9, size=(N, 2))`` (row and column offsets of
     each crop in the 40x40 padded image), then ``rng.random(N) < 0.5`` (which to flip).
     """
-    images = np.asarray(images)
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected images of shape (N, 3, H, W), got {images.shape}")
-    n, _, height, width = images.shape
-    offsets = rng.integers(0, 2 * PAD + 1, size=(n, 2))
-    flips = rng.random((n,)) < 0.5                               # (N,); the same draws as rng.random(N)
-    padded = np.pad(images, ((0, 0), (0, 0), (PAD, PAD), (PAD, PAD)))
-    rows = offsets[:, :1] + np.arange(height)                    # (N, H)
-    cols = offsets[:, 1:] + np.arange(width)                     # (N, W)
-    cols = np.where(flips[:, None], cols[:, ::-1], cols)         # a flip reads columns backwards
-    crops = padded[np.arange(n)[:, None, None, None], np.arange(3)[None, :, None, None],
-                   rows[:, None, :, None], cols[:, None, None, :]]
-    return _normalise(crops, np.arange(3)[None, :, None, None])
-
-
-def synthetic(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Random uint8 images (n, 3, 32, 32) and int64 labels in 0..9 (for --benchmark 1)."""
-    images = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, len(CLASSES), size=n).astype(np.int64)
-    return images, labels
+    return STANDARD.train(images, rng)

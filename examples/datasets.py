@@ -67,6 +67,29 @@ def shard_batches(num_samples: int, batch_size: int, rank: int, num_workers: int
         yield mine[start:start + batch_size]
 
 
+def epoch_size(num_examples: int, batch_size: int, num_workers: int) -> int:
+    """Batches each worker runs per epoch, as MXNet's fit.py's ``get_epoch_size``:
+    ``ceil(int(num_examples / num_workers) / batch_size)``."""
+    return -(-(num_examples // num_workers) // batch_size)
+
+
+def resized_batches(num_samples: int, batch_size: int, rank: int, num_workers: int, epoch: int,
+                    batches: int, seed: int = 0):
+    """Index batches of this worker for one epoch as MXNet's data path gives them: the
+    worker's part (1/num_workers of one shuffled order of the ``num_samples``, shared by
+    all workers and drawn per epoch) read as ``mx.io.ResizeIter`` reads it, exactly
+    ``batches`` full batches, starting over from the part's start when it runs out
+    (so also when the part holds fewer images than an epoch needs). Raises
+    ValueError if a worker's part would be empty."""
+    per_worker = num_samples // num_workers
+    if per_worker < 1:
+        raise ValueError(f"{num_samples} training images cannot be split among {num_workers} workers")
+    order = np.random.default_rng((seed, epoch)).permutation(num_samples)
+    mine = np.resize(order[rank * per_worker:(rank + 1) * per_worker], batches * batch_size)  # cyclic
+    for start in range(0, batches * batch_size, batch_size):
+        yield mine[start:start + batch_size]
+
+
 def global_batches(num_samples: int, batch_size: int, rank: int, num_workers: int, epoch: int,
                    seed: int = 0):
     """Index batches of this worker for one epoch, cut from global batches: global

@@ -9,7 +9,9 @@
   (num_layers - 2) / 6 basic blocks with 16/32/64 channels. Pre-activation units
   (BN-ReLU-conv, "Identity Mappings in Deep Residual Networks") as MXNet's resnet.py
   builds for CIFAR, including its 1x1-conv shortcut on the first unit of every stage.
-  MXNet's BatchNorm on the raw input is left out: the inputs come normalised
+  MXNet's BatchNorm on the raw input (``bn_data``: fix_gamma, so a learned shift
+  only) is there with ``data_bn=True`` (train_cifar10.py: MXNet's default --rgb-std
+  is 1, so the inputs come unscaled); without it the inputs should come normalised
   (cifar10.preprocess / cifar10.augment).
 - ``inception-bn``: MXNet's inception-bn-28-small (conv factory, simple inception
   units, downsample factories), with a global average pool so 32x32 inputs work.
@@ -46,10 +48,11 @@ def valid_networks() -> str:
 
 
 def get_network(name: str, num_classes: int = 10, num_layers: int | None = None,
-                image_shape=(3, 32, 32)) -> nn.Module:
+                image_shape=(3, 32, 32), data_bn: bool = False) -> nn.Module:
     """Build network ``name`` for images of ``image_shape`` (C, H, W) and ``num_classes``
-    classes. The model returns logits (no softmax). Raises ValueError, listing the valid
-    names and depths, for an unknown name or a depth the network does not have."""
+    classes. The model returns logits (no softmax). ``data_bn`` (resnet only): MXNet's
+    BatchNorm of the input. Raises ValueError, listing the valid names and depths, for an
+    unknown name or a depth the network does not have."""
     if name not in DEPTHS:
         raise ValueError(f"unknown network {name!r}; valid networks: {valid_networks()}")
     depths = DEPTHS[name]
@@ -63,6 +66,8 @@ def get_network(name: str, num_classes: int = 10, num_layers: int | None = None,
         raise ValueError(f"image_shape must be (channels, height, width), got {image_shape!r}")
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    if data_bn and name != "resnet":
+        raise ValueError(f"data_bn is MXNet's resnet's, not {name!r}'s")
     channels = image_shape[0]
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(image_shape), 128), nn.ReLU(),
@@ -71,7 +76,7 @@ def get_network(name: str, num_classes: int = 10, num_layers: int | None = None,
         return lenet(image_shape, num_classes)
     if name == "resnet":
         assert num_layers is not None   # one of DEPTHS["resnet"] (checked above)
-        return ResNet(num_layers, num_classes, channels)
+        return ResNet(num_layers, num_classes, channels, data_bn=data_bn)
     if name == "inception-bn":
         return inception_bn_small(num_classes, channels)
     assert num_layers is not None   # one of DEPTHS["vgg"] (checked above)
@@ -111,16 +116,30 @@ class ResidualUnit(nn.Module):
         return out + (x if self.shortcut is None else self.shortcut(act1))
 
 
-class ResNet(nn.Module):
-    """CIFAR ResNet-``num_layers``: conv3x3 16, then 3 stages of (num_layers - 2) / 6
-    units with 16, 32, 64 channels (stride 2 at the start of stages 2 and 3), then
-    BN-ReLU, global average pool and fc."""
+class DataBatchNorm(nn.Module):
+    """MXNet's ``BatchNorm(fix_gamma=True)`` of the input: normalised by the batch's
+    statistics (running ones in eval), then a learned shift; the scale stays 1."""
 
-    def __init__(self, num_layers: int, num_classes: int = 10, in_channels: int = 3):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(channels, eps=BN_EPS, affine=False)
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x):
+        return self.norm(x) + self.bias[None, :, None, None]
+
+
+class ResNet(nn.Module):
+    """CIFAR ResNet-``num_layers``: [``data_bn``: BatchNorm of the input,] conv3x3 16, then
+    3 stages of (num_layers - 2) / 6 units with 16, 32, 64 channels (stride 2 at the
+    start of stages 2 and 3), then BN-ReLU, global average pool and fc."""
+
+    def __init__(self, num_layers: int, num_classes: int = 10, in_channels: int = 3, data_bn: bool = False):
         super().__init__()
         units = (num_layers - 2) // 6
         widths = (16, 32, 64)
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)]
+        layers: list[nn.Module] = [DataBatchNorm(in_channels)] if data_bn else []
+        layers.append(nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False))
         previous = 16
         for stage, width in enumerate(widths):
             layers.append(ResidualUnit(previous, width, 1 if stage == 0 else 2, dim_match=False))

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples"))
 import cifar10  # noqa: E402
-from cifar10 import (augment, load_cifar10, preprocess, safe_extract, synthetic,  # noqa: E402
+from cifar10 import (augment, load_cifar10, load_path, preprocess, safe_extract,  # noqa: E402
                      write_cifar10_batches)
 
 
@@ -240,12 +240,22 @@ def test_flip_alone_on_a_known_image():
     assert np.array_equal(out, preprocess(image[:, :, :, ::-1]))
 
 
-def test_synthetic():
-    x, y = synthetic(5, np.random.default_rng(0))
-    assert x.dtype == np.uint8 and x.shape == (5, 3, 32, 32)
-    assert y.dtype == np.int64 and y.shape == (5,) and 0 <= y.min() and y.max() < 10
-    x2, y2 = synthetic(5, np.random.default_rng(0))
-    assert np.array_equal(x, x2) and np.array_equal(y, y2)
+def test_load_path_reads_a_directory_or_one_batch_file(tmp_path, tiny):
+    write_tiny(str(tmp_path / "cifar-10-batches-py"), tiny)
+    x, y = load_path(str(tmp_path), "train")
+    assert np.array_equal(x, tiny[0]) and np.array_equal(y, tiny[1])
+    x, y = load_path(str(tmp_path / "cifar-10-batches-py" / "test_batch"), "train")   # a file: what it holds
+    assert np.array_equal(x, tiny[2]) and np.array_equal(y, tiny[3])
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        load_path(str(tmp_path / "missing"), "train")
+
+
+def test_load_path_refuses_recordio_with_a_clear_error(tmp_path):
+    rec = tmp_path / "cifar10_train"              # no extension: found by RecordIO's magic number
+    rec.write_bytes((0xCED7230A).to_bytes(4, "little") + b"\0" * 12)
+    for path in (str(rec), str(tmp_path / "cifar10_val.rec"), str(tmp_path / "x.idx")):
+        with pytest.raises(ValueError, match="an MXNet RecordIO file"):
+            load_path(path, "train")
 
 
 def test_write_rejects_bad_input(tmp_path):

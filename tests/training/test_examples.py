@@ -42,8 +42,8 @@ def mnist_dir(tmp_path_factory):
     return d
 
 
-def run(args, timeout=240):
-    env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_HEARTBEAT_TIMEOUT": "20"}
+def run(args, timeout=240, env=None):
+    env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_HEARTBEAT_TIMEOUT": "20", **(env or {})}
     p = subprocess.run([sys.executable, "-m", "tracker.local", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -88,16 +88,23 @@ def test_minimal_custom_loop_example_runs(mnist_dir):
     assert re.search(r"\[worker:1\] Epoch\[0\] Validation-accuracy=[\d.]+", out)
 
 
-def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(tmp_path):
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory):
+    """96 random images in the python-version format: 2 training batches of 36, a test batch of 24."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from cifar10 import write_cifar10_batches
+    d = tmp_path_factory.mktemp("cifar")
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (96, 3, 32, 32), dtype=np.uint8)
     labels = rng.integers(0, 10, 96)
-    write_cifar10_batches(str(tmp_path / "cifar"), images[:72], labels[:72], per_batch=36,
-                          test_images=images[72:], test_labels=labels[72:])
+    write_cifar10_batches(str(d), images[:72], labels[:72], per_batch=36, test_images=images[72:],
+                          test_labels=labels[72:])
+    return d
+
+
+def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(cifar_dir, tmp_path):
     out = run(["-n", "2", "-s", "1", sys.executable, "examples/train_cifar10.py", "--kvstore", "dist_sync",
-               "--data-dir", str(tmp_path / "cifar"), "--network", "resnet", "--num-layers", "20",
+               "--data-dir", str(cifar_dir), "--network", "resnet", "--num-layers", "20", "--num-examples", "72",
                "--num-epochs", "1", "--batch-size", "8", "--disp-batches", "2"])
     assert re.search(r"\[worker:1\] .*Epoch\[0\] Validation-accuracy=[\d.]+", out)
     log = tmp_path / "train.log"
@@ -106,6 +113,67 @@ def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(tmp_pa
                            capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert table.returncode == 0, table.stderr
     assert re.search(r"\| *0 *\|", table.stdout)   # a row for epoch 0
+
+
+# MXNet 1.9.1's example/image-classification/README.md, "How to train with multiple machines"
+# (its launch.py -n 2 -H hosts becomes tracker.local -n 2 -s 2)
+MXNET_DOCS_COMMAND = ("python train_cifar10.py --network resnet --num-layers 110 --batch-size 128 --gpus 0,1 "
+                      "--kv-store dist_device_sync").split()[2:]
+
+
+@pytest.mark.timeout(300)   # ResNet-110, batches of 128: about 10 s alone, more beside other tests
+def test_an_mxnet_docs_command_line_runs_unchanged_under_tracker_local(cifar_dir):
+    """The docs' command line, then MXNet flags that fit it to this machine and a few
+    batches: no GPU here (--gpus ''), the tiny data set, an epoch of 512 images (each of
+    the 2 workers: 2 batches of 128, its 36 images read over and over)."""
+    out = run(["-n", "2", "-s", "2", sys.executable, "examples/train_cifar10.py", *MXNET_DOCS_COMMAND,
+               "--gpus", "", "--data-train", str(cifar_dir), "--data-val", str(cifar_dir / "test_batch"),
+               "--num-examples", "512", "--num-epochs", "1", "--disp-batches", "1"], timeout=300)
+    for w in (0, 1):
+        started = re.search(rf"\[worker:{w}\] .*start with arguments Namespace\((.*)\)", out).group(1)
+        for setting in ("network='resnet'", "num_layers=110", "batch_size=128", "kvstore='dist_device_sync'",
+                        "image_shape='3,28,28'", "pad_size=4", "lr=0.05", "lr_step_epochs='200,250'"):
+            assert setting in started, setting
+        assert re.search(rf"\[worker:{w}\] .*Resizing training data to 2 batches per machine", out)
+        assert re.search(rf"\[worker:{w}\] .*Epoch\[0\] Batch \[2\]\tSpeed: [\d.]+ samples/sec\taccuracy=", out)
+        assert not re.search(rf"\[worker:{w}\] .*Epoch\[0\] Batch \[3\]", out)
+        assert re.search(rf"\[worker:{w}\] .*Epoch\[0\] Validation-accuracy=[\d.]+", out)
+
+
+def test_fit_flags_of_a_dist_job_gc_2bit_top_k_pow2_and_profiles(cifar_dir, tmp_path):
+    """--gc-type 2bit: each worker sends under 1/8 of the uncompressed gradients' bytes
+    (2 bits of 32 a value: 1/16, plus headers); --top-k and --loss add their lines;
+    --lr-step-epochs pow2 runs; the profile suffixes write the servers' and workers' files."""
+    out = run(["-n", "2", "-s", "2", sys.executable, "examples/train_cifar10.py", "--kv-store", "dist_sync",
+               "--network", "mlp", "--data-train", str(cifar_dir), "--num-examples", "64", "--batch-size", "8",
+               "--num-epochs", "2", "--gc-type", "2bit", "--gc-threshold", "0.5", "--top-k", "5", "--loss", "ce",
+               "--lr-step-epochs", "pow2", "--lr", "0.001", "--profile-server-suffix", "server.json",
+               "--profile-worker-suffix", str(tmp_path / "worker.json"), "--disp-batches", "2"],
+              env={"KVSTORE_PROFILE_DIR": str(tmp_path / "servers")})
+    params = 3 * 28 * 28 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10       # the mlp on 3x28x28 crops
+    batches = 64 // 2 // 8
+    assert re.search(r"\[worker:0\] .*gradient compression: 2bit, threshold 0.5", out)
+    for w in (0, 1):
+        sent = [int(v) for v in re.findall(rf"\[worker:{w}\] .*Epoch\[\d\] Comm-sent-bytes=(\d+)", out)]
+        assert len(sent) == 2 and all(0 < v < 4 * params * batches / 8 for v in sent), (sent, params * batches)
+        for line in (r"Epoch\[1\] Batch \[2\]\tSpeed: [\d.]+ samples/sec\taccuracy=[\d.]+\t"
+                     r"top_k_accuracy_5=[\d.]+\tcross-entropy=[\d.]+",
+                     r"Epoch\[1\] Train-top_k_accuracy_5=[\d.]+", r"Epoch\[1\] Validation-top_k_accuracy_5=[\d.]+",
+                     r"Epoch\[1\] Validation-cross-entropy=[\d.]+"):
+            assert re.search(rf"\[worker:{w}\] .*" + line, out), line
+        assert os.path.getsize(tmp_path / f"rank{w}_worker.json") > 0
+    assert sorted(os.listdir(tmp_path / "servers")) == ["server-0-server.prof", "server-1-server.prof"]
+
+
+def test_train_cifar10_gc_none_sends_the_whole_gradients(cifar_dir):
+    """The control of the 2bit test: without compression each step sends at least
+    every gradient in float32."""
+    out = run(["-n", "2", "-s", "1", sys.executable, "examples/train_cifar10.py", "--kv-store", "dist_sync",
+               "--network", "mlp", "--data-train", str(cifar_dir), "--num-examples", "64", "--batch-size", "8",
+               "--num-epochs", "1"])
+    params = 3 * 28 * 28 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+    sent = int(re.search(r"\[worker:0\] .*Epoch\[0\] Comm-sent-bytes=(\d+)", out).group(1))
+    assert sent >= 4 * params * 4
 
 
 def test_train_mnist_in_an_elastic_job_survives_a_killed_worker_and_its_replacement_joins(mnist_dir):
