@@ -70,12 +70,15 @@ class Profiling:
         return cls(kv, device, getattr(args, "profile_worker_suffix", ""), getattr(args, "profile_server_suffix", ""))
 
     def _sends(self) -> bool:
-        return self.kv.rank == self.kv.members[0]    # one worker talks to the servers
+        """Whether this worker talks to the servers: the first member, in a store that has them."""
+        return "dist" in self.kv.type and self.kv.rank == self.kv.members[0]
 
     def start(self) -> None:
-        if self.label is not None and self._sends():
-            if self.kv._send_command_to_servers("profile_start") == [] and "dist" not in self.kv.type:
+        if self.label is not None:
+            if "dist" not in self.kv.type:
                 log.info("--profile-server-suffix: the %r store has no servers to profile", self.kv.type)
+            elif self._sends():
+                self.kv._send_command_to_servers("profile_start")
         if self._profiler is not None:
             self._profiler.start()
 
@@ -84,7 +87,7 @@ class Profiling:
             self._profiler.stop()
             self._profiler.export_chrome_trace(self.trace_path)
             log.info("worker profile written to %s", self.trace_path)
-        if self.label is not None:
+        if self.label is not None and "dist" in self.kv.type:
             self.kv.barrier()                      # every worker's requests are in the profiles
             if self._sends():
                 self.kv._send_command_to_servers("profile_stop")

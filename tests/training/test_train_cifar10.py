@@ -405,6 +405,32 @@ def test_benchmark_runs_synthetic_data_without_validation(caplog):
     assert "Epoch[0] Batch [3]" in caplog.text and "Validation" not in caplog.text
 
 
+def test_resnet_has_mxnets_batchnorm_of_the_input():
+    from models import DataBatchNorm, get_network
+    net = get_network("resnet", 10, 20, (3, 28, 28), data_bn=True)
+    first = net.features[0]
+    assert isinstance(first, DataBatchNorm)
+    assert sum(p.numel() for p in net.parameters()) == 3 + sum(
+        p.numel() for p in get_network("resnet", 10, 20, (3, 28, 28)).parameters())   # the shift only
+    x = torch.randn(32, 3, 8, 8) * 50 + torch.tensor([100.0, -20.0, 7.0])[None, :, None, None]
+    with torch.no_grad():
+        first.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        out = first(x)                          # training mode: the batch's statistics, scale 1
+    torch.testing.assert_close(out.mean((0, 2, 3)), torch.tensor([1.0, 2.0, 3.0]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.std((0, 2, 3), correction=0), torch.ones(3), atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="data_bn"):
+        get_network("mlp", data_bn=True)
+
+
+def test_profile_suffixes_in_one_process(tiny_cifar, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fit")
+    train_cifar10.main(small(tiny_cifar, "--profile-worker-suffix", str(tmp_path / "trace.json"),
+                             "--profile-server-suffix", "srv.json"))
+    with open(tmp_path / "trace.json") as f:
+        assert '"traceEvents"' in f.read()                  # a Chrome trace, one worker: no rank prefix
+    assert "the 'local' store has no servers to profile" in caplog.text
+
+
 def test_several_gpus_wrap_the_model_in_data_parallel():
     model = torch.nn.Linear(2, 2)
     assert common.on_gpus(model, argparse.Namespace(gpus="0")) is model
