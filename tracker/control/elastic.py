@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import msgpack
 
+from . import wire
 from .errors import RendezvousError
 from .records import Barrier, Node, Send
 
@@ -156,7 +157,7 @@ class Slots:
         if self.bounds is not None or ranks == self._told_finished:   # elastic: `members`
             return []
         self._told_finished = ranks
-        return [Send(s.hb_ident, "workers_finished", {"ranks": ranks}) for s in servers
+        return [Send(s.hb_ident, wire.WORKERS_FINISHED, {"ranks": ranks}) for s in servers
                 if s.hb_ident is not None]
 
     def acknowledgement(self, now: float) -> dict:
@@ -248,7 +249,7 @@ class Slots:
         return self._tell(servers) + self.release(nodes, servers, now), None
 
     def _tell(self, servers: list[Node]) -> list[Send]:
-        return [Send(s.hb_ident, "members", self.news()) for s in servers if s.hb_ident is not None]
+        return [Send(s.hb_ident, wire.MEMBERS, self.news()) for s in servers if s.hb_ident is not None]
 
     def answers(self, servers: list[Node], book: dict | None) -> list[Send]:
         """What waited for the servers to acknowledge an epoch (to hold it or a later
@@ -263,7 +264,7 @@ class Slots:
         for joiner in [j for j in self.joiners.values() if j.epoch <= held]:
             del self.joiners[joiner.node.node_id]
             log.info("%s joined the job: every server holds epoch %d", joiner.node.name(), joiner.epoch)
-            sends.append(Send(joiner.ident, "registered",
+            sends.append(Send(joiner.ident, wire.REGISTERED,
                               {"id": joiner.req_id, **self.registered(joiner.node, book, joined=True)}))
         return sends
 
@@ -293,5 +294,5 @@ class Slots:
             message = (f"{joiner.node.name()} could not join: {names} did not acknowledge membership "
                        f"epoch {joiner.epoch} within {timeout:g}s (KVSTORE_TIMEOUT)")
             error = {"id": joiner.req_id, "kind": "timeout", "message": message}
-            late.append((joiner.node, Send(joiner.ident, "error", error)))
+            late.append((joiner.node, Send(joiner.ident, wire.ERROR, error)))
         return late

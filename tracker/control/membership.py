@@ -169,7 +169,7 @@ class Membership:
                 msg = wire.decode(self._ctl.recv())
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
-                if msg["op"] == "error":
+                if msg["op"] == wire.ERROR:
                     if msg.get("kind") == "aborted":
                         raise JobAborted(str(msg.get("message")))
                     if msg.get("kind") == "timeout":
@@ -184,7 +184,7 @@ class Membership:
 
     def register(self) -> Registration:
         """Join the job; blocks until every node registered. Returns ranks and address book."""
-        msg = self._request("register", "registration", grace=BARRIER_GRACE, role=self.role,
+        msg = self._request(wire.REGISTER, "registration", grace=BARRIER_GRACE, role=self.role,
                             rank=self.requested_rank, host=self.host, addr=self.addr, pid=os.getpid())
         elastic = msg["elastic"]
         self.registration = Registration(
@@ -205,7 +205,7 @@ class Membership:
         arrive. Returns ``(epoch, members)`` (sorted ranks) as the barrier ended;
         :attr:`progress` is the job's progress then."""
         limit = self.timeout if timeout is None else timeout
-        msg = self._request("barrier", "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
+        msg = self._request(wire.BARRIER, "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
                             token=token, timeout=limit)
         self.progress = dict(msg["progress"])
         self._note_members(msg["epoch"], msg["members"])
@@ -228,7 +228,7 @@ class Membership:
         members: tuple = ()
         round_ = 0
         while True:
-            msg = self._request("barrier", f"a gather (round {round_}, waiting for every worker)", limit,
+            msg = self._request(wire.BARRIER, f"a gather (round {round_}, waiting for every worker)", limit,
                                 BARRIER_GRACE, token=f"{token} gather {piece}/{round_}", timeout=limit,
                                 data=data[round_ * piece:(round_ + 1) * piece])
             got, ranks = msg.get("data"), tuple(msg["members"])
@@ -251,14 +251,14 @@ class Membership:
     def save_progress(self, progress: dict) -> None:
         """Record the job's ``progress`` (a small map: at most 64 KiB as msgpack) with
         the scheduler: workers that join later get it in their registration."""
-        self._request("progress", "acknowledgement of saved progress", progress=progress)
+        self._request(wire.PROGRESS, "acknowledgement of saved progress", progress=progress)
         self.progress = dict(progress)
 
     def finish(self) -> None:
         """Tell the scheduler this node is done, then stop heartbeats."""
         try:
             if not self.aborted.is_set():
-                self._request("finish", "acknowledgement of finish", min(self.timeout, 10.0))
+                self._request(wire.FINISH, "acknowledgement of finish", min(self.timeout, 10.0))
         finally:
             self.close()
 
@@ -268,7 +268,7 @@ class Membership:
         try:
             if not self.aborted.is_set():
                 try:
-                    self._ctl.send(wire.encode("fail", id=next(self._ids), node=self.node_id,
+                    self._ctl.send(wire.encode(wire.FAIL, id=next(self._ids), node=self.node_id,
                                                reason=reason[:2000]), zmq.NOBLOCK)
                     self._ctl.poll(1000)  # best effort: the scheduler acknowledges by aborting
                 except zmq.Again:
@@ -308,24 +308,24 @@ class Membership:
                     epoch = {"epoch": self._members[0]} if (
                         self.role == "server" and reg is not None and reg.elastic) else {}
                     try:
-                        sock.send(wire.encode("heartbeat", node=self.node_id, **epoch), zmq.NOBLOCK)
+                        sock.send(wire.encode(wire.HEARTBEAT, node=self.node_id, **epoch), zmq.NOBLOCK)
                     except zmq.Again:
                         pass   # no connection right now: the silence is noticed by both sides
                     next_beat = now + self.heartbeat_interval
                 if sock.poll(int(min(SLICE, self.heartbeat_interval) * 1000)):
                     msg = wire.decode(sock.recv())
                     last_contact, contacted = time.monotonic(), True
-                    if msg["op"] == "abort":
+                    if msg["op"] == wire.ABORT:
                         self._abort(str(msg.get("reason")))
                         return
-                    if msg["op"] == "shutdown":
+                    if msg["op"] == wire.SHUTDOWN:
                         self.shutdown.set()
-                    if msg["op"] == "workers_finished":
+                    if msg["op"] == wire.WORKERS_FINISHED:
                         self._note_finished(msg.get("ranks"))
-                    elif msg["op"] == "members":   # acknowledged at once by a heartbeat
+                    elif msg["op"] == wire.MEMBERS:   # acknowledged at once by a heartbeat
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
                         next_beat = 0.0
-                    elif msg["op"] == "ack":
+                    elif msg["op"] == wire.ACK:
                         self._note_finished(msg.get("workers_finished"))
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
                 elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout:

@@ -11,6 +11,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from . import wire
 from .errors import RendezvousError
 
 
@@ -110,7 +111,7 @@ class Barrier:
         if sum(sizes.values()) <= budget:
             return []
         detail = ", ".join(f"worker {rank}: {n}" for rank, n in sorted(sizes.items()))
-        return self.end("error", kind="invalid", message=(
+        return self.end(wire.ERROR, kind="invalid", message=(
             f"a gather's payloads take {sum(sizes.values())} bytes together, more than the "
             f"{budget} bytes one barrier may carry ({detail})"))
 
@@ -128,10 +129,10 @@ class Barrier:
             payloads = [self.waiting[n.node_id][3] for n in sorted(expected, key=lambda n: n.ranked)]
             if any(p is not None for p in payloads):   # a gather: every one's payload, by rank
                 done["data"] = [b"" if p is None else p for p in payloads]
-            return self.end("barrier_done", **done)
+            return self.end(wire.BARRIER_DONE, **done)
         detail = "; ".join(f"worker {nodes[nid].rank}: {w[2]!r}" for nid, w in
                            sorted(self.waiting.items(), key=lambda kv: nodes[kv[0]].rank))
-        return self.end("error", kind="mismatch", message=f"workers disagree at a collective call: {detail}")
+        return self.end(wire.ERROR, kind="mismatch", message=f"workers disagree at a collective call: {detail}")
 
     def expire(self, now: float, members: list[Node], nodes: dict) -> list[Send]:
         """A waiter whose deadline passed: the barrier fails for every waiter, naming
@@ -143,7 +144,7 @@ class Barrier:
         waiters = sorted(self.waiting, key=lambda nid: nodes[nid].rank)
         absent = sorted((n for n in members if n.node_id not in self.waiting), key=lambda n: n.ranked)
         names = ", ".join(n.name() for n in absent) or "no worker"
-        return self.end("error", kind="timeout", message=(
+        return self.end(wire.ERROR, kind="timeout", message=(
             f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "
             f"(worker{'s' if len(waiters) > 1 else ''} {', '.join(str(nodes[nid].rank) for nid in waiters)} "
             "waited). A worker missing at a collective call failed before it or is stuck; "

@@ -59,7 +59,7 @@ class SchedulerState:
         sends += state.tick(now=11.0)   # nobody else registered, no heartbeat: aborted
     """
 
-    OPS = ("heartbeat", "register", "barrier", "finish", "fail", "progress")   # requests it answers
+    OPS = wire.REQUESTS   # requests it answers
 
     def __init__(self, num_workers: int, num_servers: int, *, now: float, timeout: float,
                  heartbeat_interval: float, heartbeat_timeout: float,
@@ -89,8 +89,8 @@ class SchedulerState:
         self._deadline = now + timeout
         self._hb_idents: dict[str, bytes] = {}
         self._handlers: dict[str, Callable[[bytes, dict], None]] = {
-            "heartbeat": self._op_heartbeat, "register": self._op_register, "barrier": self._op_barrier,
-            "finish": self._op_finish, "fail": self._op_fail, "progress": self._op_progress}
+            wire.HEARTBEAT: self._op_heartbeat, wire.REGISTER: self._op_register, wire.BARRIER: self._op_barrier,
+            wire.FINISH: self._op_finish, wire.FAIL: self._op_fail, wire.PROGRESS: self._op_progress}
         assert tuple(self._handlers) == self.OPS
 
     @property
@@ -115,14 +115,14 @@ class SchedulerState:
             self._handlers[op](ident, msg)
         except _JobAborted as e:   # a node that has not heard of the abort yet
             log.debug("request after the abort: %s", e)
-            self._send(ident, "error", id=_req_id(frame), kind="aborted", message=str(e))
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind="aborted", message=str(e))
         except (RendezvousError, KeyError, TypeError, ValueError) as e:
             log.warning("bad control message: %s", e)
             kind = "aborted" if self.failure is not None else "invalid"
-            self._send(ident, "error", id=_req_id(frame), kind=kind, message=str(e))
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind=kind, message=str(e))
         except Exception as e:  # an input we did not foresee must not kill the job's scheduler
             log.exception("scheduler failed on a control message")
-            self._send(ident, "error", id=_req_id(frame), kind="invalid",
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind="invalid",
                        message=f"the scheduler could not handle this message: {type(e).__name__}")
         return self._flush()
 
@@ -229,20 +229,20 @@ class SchedulerState:
             if node.role == "server" and type(msg.get("epoch")) is int:
                 node.epoch = max(node.epoch, msg["epoch"])   # the membership it holds
         if self.failure is not None:
-            self._send(ident, "abort", reason=self.failure)
+            self._send(ident, wire.ABORT, reason=self.failure)
         elif node is not None and node.removed is not None:
-            self._send(ident, "abort", reason=node.removal())
+            self._send(ident, wire.ABORT, reason=node.removal())
         elif node is not None and node.role == "server" and self._shutdown_sent:
-            self._send(ident, "shutdown")
+            self._send(ident, wire.SHUTDOWN)
         elif node is not None and node.role == "server" and self._book is not None:
-            self._send(ident, "ack", **self._slots.acknowledgement(self._now))
+            self._send(ident, wire.ACK, **self._slots.acknowledgement(self._now))
             self._out += self._slots.answers(self._live_servers(), self._book)   # (elastic) joiners
         else:
-            self._send(ident, "ack")
+            self._send(ident, wire.ACK)
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
-            return self._send(ident, "error", id=msg.get("id"), kind="aborted", message=self.failure)
+            return self._send(ident, wire.ERROR, id=msg.get("id"), kind="aborted", message=self.failure)
         role, rank = msg["role"], msg.get("rank")
         if role not in ("worker", "server"):
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
@@ -279,7 +279,7 @@ class SchedulerState:
         self._slots.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
             node = self._nodes[node_id]
-            self._send(ident, "registered", id=req_id, **self._slots.registered(node, self._book),
+            self._send(ident, wire.REGISTERED, id=req_id, **self._slots.registered(node, self._book),
                        **({"job": self.job} if node.role == "server" else {}))
         log.info("all %d nodes registered", len(self._nodes))
 
@@ -330,12 +330,12 @@ class SchedulerState:
             self._out += self._slots.release(self._nodes, self._live_servers(), self._now)
 
     def _fail_barrier(self, message: str, kind: str) -> None:
-        self._out += self._slots.barrier.end("error", kind=kind, message=message)
+        self._out += self._slots.barrier.end(wire.ERROR, kind=kind, message=message)
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg)
         node.finished_at = self._now
-        self._send(ident, "finished", id=msg.get("id"))
+        self._send(ident, wire.FINISHED, id=msg.get("id"))
         log.debug("%s finished", node.name())
         if self._elastic_worker(node):   # leaves: the others go on without it
             return self._leave(node, "finished (called close())", failure=False, removed=False)
@@ -350,14 +350,14 @@ class SchedulerState:
         an abort, usually a consequence of it: logged, the first failure stays."""
         node = self._known(msg, aborted_ok=True)
         if self.failure is None and self._elastic_worker(node):   # leaves (unless below MIN)
-            self._send(ident, "finished", id=msg.get("id"))
+            self._send(ident, wire.FINISHED, id=msg.get("id"))
             return self._leave(node, f"failed: {msg.get('reason')}", failure=True)
         node.finished = True
         if self.failure is None:
             self._abort(f"{node.name()} failed: {msg.get('reason')}")
         else:
             log.info("%s also failed: %s", node.name(), msg.get("reason"))
-        self._send(ident, "finished", id=msg.get("id"))
+        self._send(ident, wire.FINISHED, id=msg.get("id"))
 
     def _op_progress(self, ident: bytes, msg: dict) -> None:
         """A worker saves the job's progress (what a joining worker resumes from)."""
@@ -401,7 +401,7 @@ class SchedulerState:
                 self._send(node.hb_ident, "abort", reason=reason)
         for ident, req_id in ([(i, r) for i, _, r in self._registered_at_start] if self._book is None
                               else self._slots.unanswered()):
-            self._send(ident, "error", id=req_id, kind="aborted", message=reason)
+            self._send(ident, wire.ERROR, id=req_id, kind="aborted", message=reason)
         self._fail_barrier(reason, "aborted")
         # keep answering heartbeats with 'abort' for a while so late nodes hear it too
         self._abort_until = self._now + 2 * self.heartbeat_interval + 1.0

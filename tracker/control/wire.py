@@ -13,6 +13,14 @@ from .errors import RendezvousError
 VERSION = 1
 MAX_BYTES = 1 << 20
 
+# the ops, one name each (docs/protocol.md §8.1): a node's requests ...
+HEARTBEAT, REGISTER, BARRIER, FINISH, FAIL, PROGRESS = (
+    "heartbeat", "register", "barrier", "finish", "fail", "progress")
+REQUESTS = (HEARTBEAT, REGISTER, BARRIER, FINISH, FAIL, PROGRESS)
+# ... and what the scheduler sends: replies, and pushes on a node's heartbeat socket
+REGISTERED, BARRIER_DONE, FINISHED, ACK, ERROR = "registered", "barrier_done", "finished", "ack", "error"
+SHUTDOWN, ABORT, WORKERS_FINISHED, MEMBERS = "shutdown", "abort", "workers_finished", "members"
+
 
 def encode(op: str, **fields) -> bytes:
     return msgpack.packb({"v": VERSION, "op": op, **fields}, use_bin_type=True)
