@@ -19,7 +19,6 @@ from collections.abc import Callable
 import numpy as np
 
 from . import dynamic as dynrows, layout as rowshard
-from ..worker.arguments import KeyInfo
 from .dynamic import DynamicRows
 from ..modes import ConsistencyMode
 from ..protocol import ops
@@ -48,19 +47,16 @@ class DistRows:
     def chunks(self, key) -> list:
         return [[key, s] for s in range(self.servers)]
 
-    def init(self, items: list) -> dict:
-        """``items``: (key, shape, dtype, RowInit or None, rows, data). Collective, as a
-        dense init: rank 0 sends, nobody returns before the servers hold the rows.
-        Returns the keys' KeyInfo records."""
+    def init(self, items: list) -> None:
+        """``items``: (key, shape, dtype, spec (RowInit, DynamicRows or None), rows, data).
+        Collective, as a dense init: rank 0 sends, nobody returns before the servers
+        hold the rows. The store records the keys (kvstore.worker.dist)."""
         self._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
                                                   for k, shape, dtype, *_ in items))
         if self._leads():
             self._send_init(items)
         self._collective("init rows done")
         self._dynamic |= {k for k, _, _, spec, *_ in items if isinstance(spec, DynamicRows)}
-        return {k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
-                           dynamic=spec if isinstance(spec, DynamicRows) else None)
-                for k, shape, dtype, spec, *_ in items}
 
     def _send_init(self, items: list) -> None:
         client = self._client

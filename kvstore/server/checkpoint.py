@@ -13,7 +13,7 @@ and step. It is taken in two phases, driven by the leading worker
 A committed file anywhere therefore proves that every server's part of that id
 was durable: a server that crashed before its commit still holds its part. The
 previous committed file stays until the next commit replaces it. Resuming
-(:func:`choose`) takes the newest id committed on any server, and every server
+(:func:`kvstore.checkpoint_sets.choose`, which the leading worker runs) takes the newest id committed on any server, and every server
 restores that id from its committed file or its part; when one lacks it, or a
 file fails its checks (id, step, server, size, checksum), or the files of that id
 name different jobs, the resume is refused naming the server and the file; sets
@@ -53,12 +53,16 @@ import hashlib
 import logging
 import os
 import re
-from dataclasses import asdict, dataclass
 
 import msgpack
 
+from ..checkpoint_sets import Choice, Entry, choose, is_count, is_job_id, part_path, path_for
 from ..errors import CheckpointError
 from ..fileio import atomic_write, check_format, fsync_directory
+
+# the names both ends share (kvstore/checkpoint_sets.py), importable from here as before
+__all__ = ["FORMAT", "VERSION", "CheckpointDir", "Choice", "Entry", "choose", "is_job_id", "load", "part_path",
+           "path_for", "read_header", "save"]
 
 log = logging.getLogger(__name__)
 
@@ -67,52 +71,6 @@ VERSION = 3
 _PART = re.compile(r"^server-(\d+)\.ckpt-(\d+)\.part$")
 # atomic_write's temporary of a file NAME is ".NAME-" plus mkstemp's random letters
 _TEMPORARY = re.compile(r"^\.server-(\d+)\.ckpt-.+$")
-_JOB = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-def is_job_id(value) -> bool:
-    """Whether ``value`` can be a job id (what the scheduler makes: hex digits)."""
-    return isinstance(value, str) and _JOB.match(value) is not None
-
-
-def path_for(directory: str, rank: int) -> str:
-    """The committed checkpoint file of server ``rank``."""
-    return os.path.join(directory, f"server-{rank}.ckpt")
-
-
-def part_path(directory: str, rank: int, ckpt_id: int) -> str:
-    """Server ``rank``'s part of checkpoint ``ckpt_id``, before its commit."""
-    return os.path.join(directory, f"server-{rank}.ckpt-{ckpt_id}.part")
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of a server's inventory: the checkpoint it holds, or why it is unusable."""
-    file: str
-    committed: bool
-    id: int | None = None
-    step: int | None = None
-    error: str | None = None      # set when the file fails its checks
-    job: str | None = None        # the job that wrote it (None with an error)
-
-    def to_wire(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_wire(cls, raw) -> Entry:
-        if not isinstance(raw, dict) or not isinstance(raw.get("file"), str) \
-                or not isinstance(raw.get("committed"), bool):
-            raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
-        ckpt_id, step, error, job = raw.get("id"), raw.get("step"), raw.get("error"), raw.get("job")
-        if error is None and not (_is_count(ckpt_id) and _is_count(step) and is_job_id(job)):
-            raise CheckpointError(f"malformed checkpoint inventory entry {raw!r}")
-        return cls(raw["file"], raw["committed"], ckpt_id, step, error, job)
-
-
-def _is_count(v) -> bool:
-    return type(v) is int and v >= 0
-
-
 def save(path: str, ckpt_id: int, step: int, rank: int, num_servers: int, job: str, snapshot: dict) -> None:
     """Write one checkpoint file of job ``job`` atomically (temporary file, fsync,
     rename, directory fsync)."""
@@ -146,7 +104,7 @@ def read_header(path: str) -> tuple[dict, int]:
     if not is_job_id(header.get("job")):
         raise CheckpointError(f"{path}: its header's 'job' is {header.get('job')!r}")
     for field in ("checkpoint", "step", "server", "num_servers", "bytes"):
-        if not _is_count(header.get(field)):
+        if not is_count(header.get(field)):
             raise CheckpointError(f"{path}: its header's {field!r} is {header.get(field)!r}")
     if not isinstance(header.get("sha256"), str):
         raise CheckpointError(f"{path}: its header has no checksum")
@@ -304,64 +262,3 @@ class CheckpointDir:
         except FileNotFoundError:
             return []
         return sorted(n for n in names if (m := _PART.match(n)) and int(m.group(1)) == self.rank)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The set a resume restores: its id, step and job."""
-    id: int
-    step: int
-    job: str
-
-
-def choose(inventories: list[list[Entry]], directory: str = "KVSTORE_CHECKPOINT_DIR") -> Choice:
-    """The newest complete checkpoint set, from every server's inventory (index =
-    server rank): the newest id committed on any server, which every server must hold
-    (committed or as a part) with a file that passed its checks and the same step,
-    every such file of the same job. CheckpointError naming each server and file that
-    stands in the way otherwise (for files of two jobs: each file and its job).
-
-    Pure: the leading worker calls it with what the servers reported."""
-    def usable(entries):
-        return [e for e in entries if e.error is None]
-    committed = [e.id for entries in inventories for e in usable(entries) if e.committed]
-    if not committed:
-        why = "; ".join(_describe(rank, entries, directory) for rank, entries in enumerate(inventories))
-        raise CheckpointError(f"cannot resume: no complete checkpoint in {directory} ({why})")
-    newest = max(committed)
-    steps, problems, holders = set(), [], []
-    for rank, entries in enumerate(inventories):
-        held = [e for e in usable(entries) if e.id == newest]
-        holders += held
-        if held:
-            steps.add(held[0].step)
-            continue
-        bad = [e for e in entries if e.error is not None]
-        problems.append(f"server {rank} has no usable file of checkpoint {newest} "
-                        f"({_describe(rank, entries, directory)})"
-                        + ("" if bad else ": it was deleted or never written"))
-    if problems:
-        raise CheckpointError(f"cannot resume: checkpoint {newest} is committed but incomplete: "
-                              + "; ".join(problems) + ". Refusing to combine checkpoints of "
-                              "different saves")
-    jobs = {e.job for e in holders}
-    if len(jobs) != 1:
-        raise CheckpointError(
-            f"cannot resume: the files of checkpoint {newest} were written by different jobs: "
-            + ", ".join(f"{e.file} (job {e.job})" for e in holders)
-            + f". Refusing to combine checkpoints of different jobs (a file copied from another job's "
-            f"directory, or two jobs that shared {directory})")
-    if len(steps) != 1:
-        raise CheckpointError(f"cannot resume: the files of checkpoint {newest} disagree on its step "
-                              f"({sorted(steps)})")
-    return Choice(newest, steps.pop(), str(jobs.pop()))
-
-
-def _describe(rank: int, entries: list[Entry], directory: str) -> str:
-    if not entries:
-        return f"server {rank}: no checkpoint file ({path_for(directory, rank)} does not exist)"
-    return f"server {rank}: " + ", ".join(
-        f"{e.file}: {e.error}" if e.error else
-        f"{e.file} holds checkpoint {e.id} (step {e.step}{'' if e.committed else ', uncommitted'}) "
-        f"of job {e.job}"
-        for e in entries)

@@ -5,7 +5,7 @@ the hold on the directory is kvstore.server.checkpoint_lock's.
 
 A server started with ``--resume`` restores nothing by itself: it waits for the
 leading worker, which gathers every server's inventory, chooses one complete set
-for all (:func:`kvstore.server.checkpoint.choose`) and asks each to restore it.
+for all (:func:`kvstore.checkpoint_sets.choose`) and asks each to restore it.
 Until then it refuses every other op, so no request can reach a state that is
 about to be replaced. The restore adopts the set's job id (later saves carry it)
 and deletes the temporaries of saves that never finished.
@@ -27,7 +27,8 @@ import threading
 from ..errors import CheckpointError, KVStoreError, ProtocolError
 from ..optimizer import Updater
 from ..protocol import error_header, ops
-from .checkpoint import CheckpointDir, is_job_id
+from ..checkpoint_sets import is_job_id
+from .checkpoint import CheckpointDir
 from .checkpoint_lock import DirLock
 from .state import ServerState
 

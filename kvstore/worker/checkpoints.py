@@ -1,12 +1,14 @@
 """The workers' side of the servers' checkpoints: ``save_checkpoint``, automatic
 checkpoints (``KVSTORE_CHECKPOINT_INTERVAL``) and, with ``--resume``, choosing
 the set every server restores. The servers write and read the files
-(kvstore/server/checkpoint.py, which also explains the two phases).
+(kvstore/server/checkpoint.py, which also explains the two phases); what both
+ends agree on, the files' names, a server's inventory and the choice of a set, is
+kvstore/checkpoint_sets.py.
 
 The leading worker drives both: a save is phase 1 (every server writes its
 part) then, once all acknowledged, phase 2 (every server commits); a resume
 gathers every server's inventory, chooses the newest complete set
-(:func:`kvstore.server.checkpoint.choose`: its files must all name the same job)
+(:func:`kvstore.checkpoint_sets.choose`: its files must all name the same job)
 and has every server restore that one, naming its job (each server checks its file
 against it, and saves under that job id from then on).
 """
@@ -19,9 +21,9 @@ from typing import Callable
 import msgpack
 import numpy as np
 
+from ..checkpoint_sets import Entry, choose
 from ..errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
 from ..protocol import ops
-from ..server.checkpoint import Entry, choose
 
 
 class Checkpoints:

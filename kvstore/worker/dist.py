@@ -24,6 +24,7 @@ from .client import Client
 from ..devices.base import Accelerators
 from ..devices.staging import Staging
 from ..rows.dist import DistRows
+from ..rows.dynamic import DynamicRows
 from ..config import Config
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .exchange import Exchange, Pending, Wire
@@ -273,7 +274,10 @@ class DistStore(KVStore):
     def _do_init_rows(self, items) -> None:
         if not self._mode.takes_rows:
             raise InvalidArgumentError(f"init: {self._mode.no_rows}")
-        self._keys.update(self._rows.init(items))
+        self._rows.init(items)
+        self._keys.update({k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
+                                      dynamic=spec if isinstance(spec, DynamicRows) else None)
+                           for k, shape, dtype, spec, *_ in items})
 
     def _do_push_rows(self, items) -> None:
         self._check_can_push()
