@@ -71,28 +71,28 @@ def create(name: str = "local", *, config: Config | None = None, staleness=FROM_
         return kind()
     if deterministic is not FROM_CONFIG and kind not in ("local", "device"):
         config = (config if config is not None else _config_from_env()).replace(deterministic=deterministic)
-    store = _builtin(kind, config, staleness)
-    store._type = name.lower()    # MXNet's kv.type; the store itself was built as `kind`
-    return store
+    return _builtin(kind, name.lower(), config, staleness)
 
 
-def _builtin(kind: str, config: Config | None, staleness) -> KVStore:
+def _builtin(kind: str, name: str, config: Config | None, staleness) -> KVStore:
+    """The built-in store of type ``kind``, built under the ``name`` given to create
+    (an alias stays as given: MXNet's ``kv.type``)."""
     if kind == "local":
         from .worker.local import LocalStore
-        return LocalStore(kind)
+        return LocalStore(name)
     if kind == "device":
         from .worker.device import DeviceStore
-        return DeviceStore(kind)
+        return DeviceStore(name)
     config = config if config is not None else _config_from_env()
     if config.role in ("server", "scheduler"):
         sys.exit(_run_role(config))
     if kind == "dist_device_sync":
         from .worker.device import DistDeviceStore
-        return DistDeviceStore(kind, config)
+        return DistDeviceStore(name, config)
     from .worker.dist import DistStore
     if kind == "dist_ssp":
-        return DistStore(kind, config, staleness_bound(staleness, config.staleness))
-    return DistStore(kind, config)
+        return DistStore(name, config, staleness_bound(staleness, config.staleness))
+    return DistStore(name, config)
 
 
 def _config_from_env() -> Config:

@@ -86,7 +86,9 @@ class Call:
 
 
 class Timeline:
-    """The trace of one process, written to ``DIRECTORY/ROLE-RANK.json``.
+    """The trace of one process, written to ``DIRECTORY/ROLE-RANK.json``. A worker's
+    is its store's :attr:`~kvstore.KVStoreBase.timeline`, where integrations add
+    their events with :meth:`now`, :meth:`span` and :meth:`instant`.
 
     Example::
 
@@ -134,6 +136,7 @@ class Timeline:
         return end
 
     def instant(self, cat: str, name: str, args: dict | None = None, tid: int | None = None) -> None:
+        """An "i" event (a moment) now, on ``tid`` (the calling thread's lane when None)."""
         self._add(("i", cat, name, self._thread() if tid is None else tid, time.perf_counter_ns(), 0, args))
 
     def _add(self, event: tuple) -> None:

@@ -65,6 +65,10 @@ class Pace:
         return [self.bytes if link.pipeline_bytes == "auto" else link.pipeline_bytes
                 for link in self._links]
 
+    def paced(self, server: int) -> bool:
+        """Whether the link to ``server`` is paced (its ``pipeline_bytes`` is "auto")."""
+        return self._links[server].pipeline_bytes == "auto"
+
     @property
     def rate(self) -> float | None:
         """Bytes per second: the highest of the recent calls' rates (None: none yet)."""
@@ -109,8 +113,7 @@ class Flight:
     """
 
     def __init__(self, pace: Pace, parts_by_server: dict, what: str, client):
-        links = pace._links
-        self._paced = {server for server in parts_by_server if links[server].pipeline_bytes == "auto"}
+        self._paced = {server for server in parts_by_server if pace.paced(server)}
         self.nbytes = sum(part.nbytes for server in self._paced for part in parts_by_server[server][1])
         self.started = time.monotonic()
         self._window = WINDOW if client is not None else 0   # messages per server

@@ -33,7 +33,7 @@ from .job import JobMember
 from .leaving import Departure
 from ..protocol import ops
 from ..sharding import Placement
-from .types import server_mode
+from .types import builtin_type, server_mode
 from ..timeline import Timeline, open_timeline
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,15 @@ class DistStore(KVStore):
 
     def __init__(self, name: str, config: Config, staleness: int | float | None = None,
                  accelerators: Accelerators | None = None):
-        super().__init__(name)
-        config.require_cluster(f"kvstore.create({name!r})")
+        super().__init__(name)                   # kv.type: the name given to create, an alias as given
+        kind = builtin_type(name)                # the built-in type it names ("dist_sync_device": dist_device_sync)
+        config.require_cluster(f"kvstore.create({kind!r})")
         # what the servers run (kvstore.modes): sync, async, or ssp (dist_ssp, 0 < s < inf)
-        self._mode = server_mode(name, staleness)
+        self._mode = server_mode(kind, staleness)
         if config.deterministic:
             if not self._mode.ordered_sums:
                 raise InvalidArgumentError(
-                    f"kvstore.create({name!r}): deterministic sums (KVSTORE_DETERMINISTIC=1 or deterministic="
+                    f"kvstore.create({kind!r}): deterministic sums (KVSTORE_DETERMINISTIC=1 or deterministic="
                     "True) need dist_sync; this store applies each push as it arrives, in arrival order")
             # the servers add a round's pushes in rank order: nothing writes into their sums
             config = config.replace(write_in=False)
@@ -88,7 +89,7 @@ class DistStore(KVStore):
             self._departure.attach(client, host, self._rank)
             self._rows = DistRows(self._client, self._mode, self._collective, self._leads)
             self._placement = Placement(reg.num_servers, config.chunk_bytes)
-            self._collective(f"create {name} chunk_bytes={config.chunk_bytes}"
+            self._collective(f"create {kind} chunk_bytes={config.chunk_bytes}"
                              + (f" staleness={staleness}" if staleness is not None else "")
                              + (" deterministic" if config.deterministic else ""))
             # --resume: every server restores the same checkpoint set before anything else
@@ -106,7 +107,7 @@ class DistStore(KVStore):
             raise
         self._departure.watch(config.exit_on_abort)
         log.info("[worker:%d] %s %s with %d workers and %d servers%s",
-                 self._rank, "joined the running job" if self._joined else "joined", name,
+                 self._rank, "joined the running job" if self._joined else "joined", kind,
                  len(self._members), reg.num_servers,
                  (f" (elastic {self._elastic[0]}:{self._elastic[1]})" if self._elastic else "")
                  + (", sums in rank order (deterministic)" if config.deterministic else ""))
@@ -114,6 +115,12 @@ class DistStore(KVStore):
     @property
     def rank(self) -> int:
         return self._rank
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """This worker's timeline recorder with ``KVSTORE_TIMELINE`` set, else None
+        (:attr:`kvstore.KVStoreBase.timeline`)."""
+        return self._timeline
 
     @property
     def num_workers(self) -> int:

@@ -28,6 +28,7 @@ import numbers
 from ..errors import ArgumentTypeError, ConfigError, InvalidArgumentError
 from ..modes import ASYNC, SSP, SYNC, ConsistencyMode
 from ..registry import Registry
+from ..timeline import Timeline
 
 STORE_TYPES = ("local", "dist_sync", "dist_async", "dist_ssp", "device", "dist_device_sync")
 
@@ -90,6 +91,22 @@ class KVStoreBase:
     def rank(self) -> int:
         """Rank of this worker, 0 .. num_workers - 1."""
         return 0
+
+    @property
+    def timeline(self) -> Timeline | None:
+        """This worker's timeline recorder (:class:`kvstore.timeline.Timeline`), or None
+        when nothing is recorded: a dist store's when ``KVSTORE_TIMELINE`` is set, None
+        for every other store. Integrations add their own events to the worker's trace
+        through it (the Trainer's ``step``, ``bucket ready``)::
+
+            tl = kv.timeline
+            start = tl.now() if tl is not None else 0
+            ...                                    # the work to show
+            if tl is not None:
+                tl.span("trainer", "step", start)
+                tl.instant("trainer", "first gradient")
+        """
+        return None
 
     @property
     def num_workers(self) -> int:
@@ -186,6 +203,14 @@ def resolve(name) -> str | type:
     extra = f"; registered: {', '.join(_REGISTERED.names())}" if _REGISTERED.names() else ""
     raise ConfigError(f"unknown store type {name!r}; valid types: {', '.join(STORE_TYPES)} "
                       f"(aliases: {', '.join(ALIASES)}){extra}")
+
+
+def builtin_type(name: str) -> str:
+    """The built-in store type that ``name`` (any case, or one of MXNet's aliases)
+    names: ``builtin_type("dist_sync_device") == "dist_device_sync"``; any other
+    name comes back lower-cased. A store built under an alias (``kv.type``) asks it
+    which type it is."""
+    return ALIASES.get(name.lower(), name.lower())
 
 
 # -- dist_ssp's staleness bound ------------------------------------------------------------
