@@ -135,7 +135,7 @@ class Group:
             if sig in self._signalled or self.popen.poll() is not None:
                 return
             self._signalled.add(sig)
-            if sig == signal.SIGTERM and any(c._code for c in self.children):
+            if sig == signal.SIGTERM and any(c.reported for c in self.children):
                 return
         try:
             if sig == signal.SIGKILL:
@@ -170,6 +170,11 @@ class GroupChild:
     @property
     def pid(self) -> int | None:
         return self.remote_pid
+
+    @property
+    def reported(self) -> int | None:
+        """The exit status this process reported (or its group's command gave it), None before."""
+        return self._code
 
     def on_status(self, msg: dict) -> None:
         if msg.get("event") == "started":

@@ -67,9 +67,6 @@ ALLOWED = {
         "torch.py and kvstore/worker/store.py owner: the Trainer needs set_learning_rate's state_scale "
         "(torch's momentum excludes the lr, MXNet's includes it); store.py should make it public "
         "(KVStore.set_learning_rate(lr, state_scale=1.0), documented) and the Trainer call that",
-    ("tracker/group.py", "c._code"):                     # group.py:138, in Group.signal
-        "tracker/group.py (not in this change's files): Group reads each GroupChild's reported exit "
-        "status; a public GroupChild property (the status it reported, or None) removes it",
 }
 
 # Reaches into third-party packages, where they give no public way: (file, private name) -> why.
