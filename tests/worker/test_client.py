@@ -2,7 +2,8 @@
 it (a registered :class:`~kvstore.worker.job.JobMember`, the servers' adverts from
 the registration) against in-process servers as tests/cluster.py builds them (real
 ServerNodes and scheduler, ZeroMQ on 127.0.0.1, random ports), driven through its
-own interface: ``request``, ``request_all``, ``wait``, ``replied``.
+own interface: ``request``, ``request_all``, ``wait``, ``replied`` (the job:
+tests/worker/client_job.py).
 
 Pinned from its docstring: requests are sent at once and replies collected when a
 call waits, each delivered to its own request by id (into its arrays, to its
@@ -15,7 +16,6 @@ aborted job ends a wait with NodeFailedError.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -26,62 +26,17 @@ from kvstore.protocol import ops
 from kvstore.protocol.codec import MAX_HEADER_BYTES
 from kvstore.transport import shm
 from kvstore.worker.client import Client
-from kvstore.worker.job import JobMember
+
+from client_job import jobs
 
 pytestmark = pytest.mark.timeout(60)
 
 F32 = np.float32
 
 
-class Job:
-    """``workers`` clients of a job of ``servers`` in-process servers."""
-
-    def __init__(self, cluster, client_settings: dict):
-        self.cluster = cluster
-        self.members = [JobMember(cluster.config("worker", r)) for r in range(cluster.num_workers)]
-        regs: list = [None] * cluster.num_workers
-
-        def register(rank):              # registration returns once every node registered
-            regs[rank] = self.members[rank].register()
-        threads = [threading.Thread(target=register, args=(r,)) for r in range(cluster.num_workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert all(regs), "a worker did not register"
-        self.servers = regs[0].servers
-        self.clients = [Client(cluster.config("worker", r).replace(**client_settings), m.membership,
-                               reg.servers, reg.rank) for r, (m, reg) in enumerate(zip(self.members, regs))]
-        self.failed: set = set()
-
-    def fail(self, rank: int, reason: str) -> None:
-        """Worker ``rank`` reports a failure (the scheduler aborts the job), as a store does."""
-        self.failed.add(rank)
-        self.members[rank].membership.fail(reason)
-
-    def close(self):
-        """Leave as kvstore.worker.leaving does: finish unless the job aborted or the worker failed."""
-        for rank, (member, client) in enumerate(zip(self.members, self.clients)):
-            client.close()
-            if rank not in self.failed and not member.membership.aborted.is_set():
-                member.finish()
-            member.membership.close()
-
-
 @pytest.fixture
 def job(make_cluster):
-    started = []
-
-    def start(workers: int = 1, servers: int = 2, client: dict | None = None, **settings) -> Job:
-        settings.setdefault("transport", "tcp")
-        settings.setdefault("data_channel", False)
-        j = Job(make_cluster(workers, servers, **settings), client or {})
-        started.append(j)
-        j.clients[0].request_all(ops.CONFIGURE, "configuring the servers", mode="sync", num_workers=workers)
-        return j
-    yield start
-    for j in started:
-        j.close()
+    yield from jobs(make_cluster)
 
 
 def init(client: Client, server: int, key, values) -> None:
