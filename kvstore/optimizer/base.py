@@ -22,9 +22,10 @@ import numpy
 from ..errors import ConfigError
 from ..registry import Registry, own_name
 from . import fused
-from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, real,
+from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, integer, real,
                     update_count)
 from .lr_scheduler import DEFAULT_BASE_LR, LRScheduler, scheduler_from_config
+from .multipliers import WD_KEPT, Multipliers, slot_key
 
 __all__ = ["Optimizer", "register", "registered", "create", "from_config", "STATE_VERSION"]
 
@@ -34,8 +35,10 @@ STATE_VERSION = 2
 whose state meant something else in an older version converts it in
 :meth:`Optimizer.state_from`."""
 
-# Hyper-parameters every optimizer has, in config order.
-_BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "multi_precision")
+# Hyper-parameters every optimizer has, in config order: MXNet's Optimizer's (its
+# per-parameter multipliers included: kvstore.optimizer.multipliers)
+_BASE_PARAMS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "multi_precision",
+                "lr_mult", "wd_mult", "param_idx2name", "param_dict", "begin_num_update")
 
 
 def register(cls):
@@ -126,6 +129,17 @@ class Optimizer:
     scheduler 0.01. :attr:`learning_rate` reads the scheduler's ``base_lr`` while one
     is set; :meth:`learning_rate_at` gives the rate of an update.
 
+    Per parameter (a parameter is a key of the store), MXNet's multipliers:
+    ``lr_mult`` and ``wd_mult`` (dicts of key, index or name to a multiplier of the
+    rate, >= 0, and of ``wd``; MXNet's ``set_lr_mult`` / ``set_wd_mult`` set them too),
+    ``param_idx2name`` (key to name: names not ending in ``_weight`` or ``_gamma`` then
+    get ``wd_mult`` 0 unless given, as MXNet's) and ``param_dict`` (key to a gluon
+    Parameter, or a dict, with ``lr_mult`` and ``wd_mult``; read once, here); see
+    :mod:`kvstore.optimizer.multipliers`. ``begin_num_update`` (MXNet's, >= 0): every
+    parameter's update count starts there, so its first update is ``t =
+    begin_num_update + 1`` (schedules, Adam's bias correction). They travel with the
+    config, so the servers apply them too.
+
     Arrays may be NumPy or CuPy; all math runs in place in the weight's dtype and
     array module, and the gradient passed in is never modified.
 
@@ -141,11 +155,23 @@ class Optimizer:
     #: MXNet clips in its update kernel, which ignores ``clip_gradient <= 0`` (False: its
     #: Python update clips with ``clip(g, -c, c)`` whenever ``c`` is not None).
     kernel_clip: ClassVar[bool] = True
+    #: The name endings MXNet's ``set_wd_mult`` keeps weight decay for when
+    #: ``param_idx2name`` is given (LARS: ``_weight`` only).
+    wd_kept: ClassVar[tuple[str, ...]] = WD_KEPT
+    #: The multiplier of the rate of the parameter being updated: 1 here, its
+    #: ``lr_mult`` in the view :meth:`for_slot` returns (for rates an update reads
+    #: itself, as LBSGD's of the previous step).
+    lr_scale: float = 1.0
 
     def __init__(self, *, learning_rate=None, wd=0.0, rescale_grad=1.0, clip_gradient=None,
-                 lr_scheduler=None, multi_precision=False):
+                 lr_scheduler=None, multi_precision=False, lr_mult=None, wd_mult=None,
+                 param_idx2name=None, param_dict=None, begin_num_update=0):
         owner = type(self).__name__
         self.multi_precision = boolean(owner, "multi_precision", multi_precision)
+        self.begin_num_update = integer(owner, "begin_num_update", begin_num_update, lo=0)
+        self._mults = Multipliers(owner, lr_mult, wd_mult, param_idx2name, param_dict, self.wd_kept)
+        self._views: dict = {}           # (lr multiplier, wd multiplier) -> the view for_slot returns
+        self._view = False
         if learning_rate is not None:
             learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
         self.wd = real(owner, "wd", wd)
@@ -176,6 +202,64 @@ class Optimizer:
             lr_scheduler.base_lr = learning_rate
         self.lr_scheduler = lr_scheduler
 
+    # -- per-parameter multipliers (kvstore.optimizer.multipliers) ------------------------
+    @property
+    def lr_mult(self) -> dict:
+        """The learning-rate multipliers by key, index or name (a copy)."""
+        return dict(self._mults.lr_mult)
+
+    @property
+    def wd_mult(self) -> dict:
+        """The weight-decay multipliers by key, index or name, MXNet's defaults for
+        ``param_idx2name``'s names included (a copy)."""
+        return dict(self._mults.wd_mult)
+
+    @property
+    def param_idx2name(self) -> dict:
+        return dict(self._mults.idx2name)
+
+    @property
+    def param_dict(self) -> dict:
+        """``{key: {"lr_mult": m, "wd_mult": m}}``, as read from the ``param_dict`` given."""
+        return {k: dict(v) for k, v in self._mults.param_dict.items()}
+
+    def set_lr_mult(self, args_lr_mult: dict) -> None:
+        """MXNet's ``set_lr_mult``: ``args_lr_mult`` (key, index or name -> multiplier)
+        replaces every learning-rate multiplier. Call it before ``kv.set_optimizer``,
+        which takes a copy of the optimizer (the servers build theirs from its config).
+        Raises ConfigError for a bad table, changing nothing."""
+        self._mults = self._mults.with_lr_mult(args_lr_mult)
+        self._views = {}
+
+    def set_wd_mult(self, args_wd_mult: dict) -> None:
+        """MXNet's ``set_wd_mult``: every weight-decay multiplier back to its default (0
+        for ``param_idx2name``'s names not ending in ``_weight`` or ``_gamma``, else 1),
+        then ``args_wd_mult`` over them. Call it before ``kv.set_optimizer``. Raises
+        ConfigError for a bad table, changing nothing."""
+        self._mults = self._mults.with_wd_mult(args_wd_mult)
+        self._views = {}
+
+    def param_name(self, slot) -> str:
+        """The name of the parameter of updater slot ``slot`` (a key, or a server's
+        ``(key, chunk)``): ``param_idx2name``'s, else ``str(key)``, as MXNet's LARS."""
+        return self._mults.name_of(slot_key(slot))
+
+    def for_slot(self, slot) -> Optimizer:
+        """This optimizer as it updates the parameter of ``slot``: itself, or (when the
+        parameter's multipliers are not 1) a view whose ``wd`` is ``wd * wd_mult`` and
+        whose :attr:`lr_scale` is its ``lr_mult``, made once per pair of multipliers."""
+        if self._view or not self._mults.any:
+            return self
+        scales = self._mults.scales(slot_key(slot))
+        if scales == (1.0, 1.0):
+            return self
+        view = self._views.get(scales)
+        if view is None:
+            view = copy.copy(self)
+            view.lr_scale, view.wd, view._view, view._views = scales[0], self.wd * scales[1], True, {}
+            self._views[scales] = view
+        return view
+
     @property
     def clip_bound(self) -> float | None:
         """The bound the gradient is clipped to, or None: ``clip_gradient`` unless that is
@@ -204,7 +288,8 @@ class Optimizer:
 
     def to_config(self):
         """Return ``{"name", "params", "lr_scheduler"}`` made only of str/int/float/bool/
-        None/list values, suitable for msgpack; :func:`from_config` inverts it."""
+        None values, lists and dicts (the multipliers', keyed by int or str), suitable
+        for msgpack; :func:`from_config` inverts it."""
         sched = self.lr_scheduler.to_config() if self.lr_scheduler is not None else None
         return {"name": self.name,
                 "params": {p: getattr(self, p) for p in self.param_names()},
@@ -216,6 +301,15 @@ class Optimizer:
         keys, and keys cut into chunks over several servers unless the update splits
         in two phases (:attr:`splits_norms`) and the store can run them."""
         return False
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        """Whether a row-sparse gradient updates only its rows: their weights, weight
+        decay and optimizer state, every other row left as it is (MXNet's lazy update).
+        ``row_sparse_key``: the key is row-sparse (else dense, pushed a row-sparse
+        value). Here: yes on a row-sparse key, no on a dense one, where the gradient
+        counts as dense with zeros elsewhere (MXNet's fallback for an optimizer without
+        a sparse update). SGD, Adam and LARS take MXNet's ``lazy_update`` instead."""
+        return row_sparse_key
 
     #: The update splits into :meth:`norm_terms` (a chunk's partial sums of squares)
     #: and :meth:`apply_norms` (the step with the whole key's sums), so a key cut into
@@ -293,9 +387,13 @@ class Optimizer:
         :class:`~kvstore.optimizer.Updater`'s slot index) and ``rows`` (the row ids of
         a lazy update, whose ``weight`` is those rows of a 2-d slot) say where the
         values are: only an update that depends on position uses them (SGLD's
-        noise, :meth:`_step_at`). Raises TypeError for a non-float weight and
+        noise, :meth:`_step_at`); the slot's parameter also picks its multipliers
+        (:meth:`for_slot`). Raises TypeError for a non-float weight and
         ValueError for mismatched shapes, dtypes or state length.
         """
+        view = self.for_slot(slot)
+        if view is not self:
+            return view.update(weight, grad, state, t, slot=slot, rows=rows)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
@@ -304,7 +402,7 @@ class Optimizer:
             self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
             xp.copyto(weight, state[0], casting="same_kind")
             return
-        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
         if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr, slot, rows):
             return
@@ -316,11 +414,14 @@ class Optimizer:
         (floats; summed over every chunk of the key, they are the key's) and what
         phase 2 needs. Changes nothing: ``weight`` and ``state`` are left as they are
         until :meth:`apply_norms`."""
+        view = self.for_slot(slot)
+        if view is not self:
+            return view.norm_terms(weight, grad, state, t, slot=slot)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
             return self.norm_terms(state[0], grad, state[1:], t, slot=slot)
-        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         if xp is not numpy and fused.usable(self, weight, grad, state):
             return fused.norm_terms(self, weight, grad, state, t, lr, slot, xp)
         return self._terms(weight, grad, state, t, lr, xp, slot)
@@ -328,13 +429,16 @@ class Optimizer:
     def apply_norms(self, weight, grad, state, t, sums, carry, *, slot=None):
         """Phase 2: the update of this chunk with ``sums``, the key's sums of the terms
         that :meth:`norm_terms` gave for each chunk, and that call's ``carry``."""
+        view = self.for_slot(slot)
+        if view is not self:
+            return view.apply_norms(weight, grad, state, t, sums, carry, slot=slot)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
             self.apply_norms(state[0], grad, state[1:], t, sums, carry, slot=slot)
             xp.copyto(weight, state[0], casting="same_kind")
             return
-        grad, lr = _to_module(grad, xp), self.learning_rate_at(t)
+        grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         if xp is not numpy and fused.usable(self, weight, grad, state):
             return fused.apply_norms(self, weight, grad, state, t, lr, list(sums), carry)
         self._apply(weight, grad, state, t, lr, xp, slot, list(sums), carry)
@@ -374,7 +478,8 @@ class Optimizer:
 
     def _step(self, weight, grad, state, t, lr, xp):
         """The update itself, in place on ``weight`` and ``state`` (validated arrays
-        of module ``xp``; ``lr`` is ``learning_rate_at(t)``). Subclasses implement it."""
+        of module ``xp``; ``lr`` is ``learning_rate_at(t)`` times the parameter's
+        ``lr_mult``, and ``self.wd`` its weight decay). Subclasses implement it."""
         raise NotImplementedError
 
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ._util import boolean, real, momentum_factor
 from .base import Optimizer, register
-from .layerwise import EXCLUDED_SUFFIXES, check_whole, key_name, root, sum_sq
+from .layerwise import EXCLUDED_SUFFIXES, check_whole, root, sum_sq
 
 __all__ = ["LARS"]
 
@@ -22,25 +22,31 @@ class LARS(Optimizer):
 
     (``w -= lr_key * (clip(g, c) + wd * w)`` without momentum.) The norms are over
     the whole key: a key reaches the optimizer whole, or (dist_sync) in chunks whose
-    sums of squares the servers add up first (kvstore.optimizer.layerwise).
-    Raises ConfigError unless ``0 <= momentum <= 1``, ``eta > 0`` and ``eps >= 0``.
-    MXNet's defaults: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0,
-    ``momentum_correction`` True.
+    sums of squares the servers add up first (kvstore.optimizer.layerwise). A key's
+    name is its ``param_idx2name`` entry, else ``str(key)``; with ``param_idx2name``,
+    names not ending in ``_weight`` get ``wd_mult`` 0 unless given (MXNet's LARS rule).
+    ``lazy_update`` (MXNet's, default True): a row-sparse gradient pushed to a dense
+    key moves only its rows and their momentum (the norms stay the whole key's);
+    False updates every row. Raises ConfigError unless ``0 <= momentum <= 1``,
+    ``eta > 0`` and ``eps >= 0``. MXNet's defaults: ``momentum`` 0, ``eta`` 0.001,
+    ``eps`` 0, ``momentum_correction`` True.
 
     Example: ``LARS(learning_rate=3.2, momentum=0.9, eta=0.001, wd=5e-4)``
     """
 
     name = "lars"
-    hyper_params = ("momentum", "eta", "eps", "momentum_correction")
+    hyper_params = ("momentum", "eta", "eps", "momentum_correction", "lazy_update")
+    wd_kept = ("_weight",)           # MXNet's LARS.set_wd_mult
 
     def __init__(self, *, momentum: float = 0.0, eta: float = 0.001, eps: float = 0.0,
-                 momentum_correction: bool = True, **common) -> None:
+                 momentum_correction: bool = True, lazy_update: bool = True, **common) -> None:
         super().__init__(**common)
         owner = type(self).__name__
         self.momentum = momentum_factor(owner, momentum)
         self.eta = real(owner, "eta", eta, lo=0.0, lo_open=True)
         self.eps = real(owner, "eps", eps, lo=0.0)
         self.momentum_correction = boolean(owner, "momentum_correction", momentum_correction)
+        self.lazy_update = boolean(owner, "lazy_update", lazy_update)
 
     @property
     def num_states(self):
@@ -48,6 +54,9 @@ class LARS(Optimizer):
 
     def needs_whole_keys(self) -> bool:
         return True
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        return self.lazy_update
 
     splits_norms = True
 
@@ -58,7 +67,7 @@ class LARS(Optimizer):
 
     def _terms(self, weight, grad, state, t, lr, xp, slot):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
-        if key_name(slot).endswith(EXCLUDED_SUFFIXES):
+        if self.param_name(slot).endswith(EXCLUDED_SUFFIXES):
             return [], None
         return [sum_sq(weight, xp), sum_sq(grad, xp)], None
 
@@ -74,9 +83,11 @@ class LARS(Optimizer):
                     raise ValueError(f"LARS: the layer's rate divides by |g| * rescale_grad + wd * |w| + eps, "
                                      f"which is 0 (wd {self.wd}, |w| {w_norm}, |g| {g_norm})")
                 lr_key = lr * self.eta * w_norm / denom
-        # the previous update's (global) rate; after kv.set_learning_rate, its state was
-        # rescaled by state_scale_from so that this is as if that rate were used
-        return lr_key, (self._momentum(lr, self.learning_rate_at(t - 1)) if t > 1 else self.momentum)
+        # the global rates (lr_mult cancels) of this update and of the previous one; after
+        # kv.set_learning_rate, its state was rescaled by state_scale_from so that this is
+        # as if that rate were used
+        first = t <= self.begin_num_update + 1
+        return lr_key, (self.momentum if first else self._momentum(self.learning_rate_at(t), self.learning_rate_at(t - 1)))
 
     def _momentum(self, lr: float, last: float) -> float:
         """MXNet's corrected momentum of an update at rate ``lr`` after one at ``last``."""

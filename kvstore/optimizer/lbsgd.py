@@ -86,10 +86,10 @@ class LBSGD(Optimizer):
             check_whole("LBSGD", slot, rows)
         cum = state[0]
         cum += grad.astype(weight.dtype, copy=False)
-        n = self.begin_epoch * self.updates_per_epoch + t
+        n = self.begin_epoch * self.updates_per_epoch + t - self.begin_num_update   # MXNet's num_cums
         if n % self.batch_scale:
             return
-        lr = self.learning_rate_at(t - 1) if t > 1 else self.learning_rate_at(1)
+        lr = (self.learning_rate_at(t - 1) if t > 1 else self.learning_rate_at(1)) * self.lr_scale
         g = cum / self.batch_scale
         cum[...] = 0
         if self.warmup_strategy == "lars":

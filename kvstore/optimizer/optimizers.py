@@ -40,20 +40,29 @@ class SGD(Optimizer):
         g = clip(g, c) + wd * w;  mom = momentum * mom + g;  w -= lr * (g + momentum * mom)
 
     MXNet's Nesterov optimizer is :class:`NAG` (its momentum includes the rate: the
-    two agree while the rate is constant and ``wd`` is 0). Raises ConfigError unless
-    ``0 <= momentum <= 1``.
+    two agree while the rate is constant and ``wd`` is 0).
+
+    ``lazy_update`` (MXNet's, default True): a row-sparse gradient, pushed to a dense
+    or a row-sparse key, updates only its rows: their weights, weight decay and
+    momentum (MXNet's ``lazy_update``); every other row is left as it is. False: every
+    row, the gradient counting as zero outside its rows (MXNet's standard update).
+    Raises ConfigError unless ``0 <= momentum <= 1``.
 
     Example: ``SGD(learning_rate=0.1, momentum=0.9, wd=1e-4)``
     """
 
     name = "sgd"
-    hyper_params: ClassVar[tuple[str, ...]] = ("momentum", "nesterov")
+    hyper_params: ClassVar[tuple[str, ...]] = ("momentum", "nesterov", "lazy_update")
 
-    def __init__(self, *, momentum=0.0, nesterov=False, **common):
+    def __init__(self, *, momentum=0.0, nesterov=False, lazy_update=True, **common):
         super().__init__(**common)
         owner = type(self).__name__
         self.momentum = momentum_factor(owner, momentum)
         self.nesterov = boolean(owner, "nesterov", nesterov)
+        self.lazy_update = boolean(owner, "lazy_update", lazy_update)
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        return self.lazy_update
 
     @property
     def num_states(self):
@@ -96,7 +105,9 @@ class NAG(SGD):
 
     So a changed learning rate (a schedule, ``kv.set_learning_rate``) applies to new
     gradients only, as in MXNet. With ``momentum == 0`` it is plain SGD. Its config
-    has no ``nesterov`` entry (:class:`SGD`'s ``nesterov=True`` is torch's update).
+    has no ``nesterov`` entry (:class:`SGD`'s ``nesterov=True`` is torch's update),
+    nor ``lazy_update`` (MXNet's NAG has none: a row-sparse gradient on a dense key
+    updates every row, as its dense kernel does; on a row-sparse key only its rows).
     Raises ConfigError unless ``0 <= momentum <= 1``.
 
     Example: ``NAG(learning_rate=0.1, momentum=0.9)``
@@ -106,7 +117,12 @@ class NAG(SGD):
     hyper_params = ("momentum",)
 
     def __init__(self, *, momentum=0.0, **common):
+        if "lazy_update" in common:
+            raise ConfigError("NAG: it has no lazy_update (nor has MXNet's NAG); use SGD for a lazy update")
         super().__init__(momentum=momentum, nesterov=True, **common)
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        return Optimizer.lazy_for(self, row_sparse_key)
 
     def _step(self, weight, grad, state, t, lr, xp):
         if not state:
@@ -150,21 +166,29 @@ class Adam(Optimizer):
         lr_t = lr * sqrt(1 - beta2**t) / (1 - beta1**t)
         w -= lr_t * mean / (sqrt(var) + epsilon)
 
-    Raises ConfigError unless ``0 <= beta1, beta2 < 1`` and ``epsilon >= 0``.
+    ``lazy_update`` (MXNet's, default True): a row-sparse gradient updates only its
+    rows and their ``mean`` and ``var``, with ``t`` the key's update count (MXNet's lazy
+    Adam); False updates every row. Raises ConfigError unless ``0 <= beta1, beta2 <
+    1`` and ``epsilon >= 0``.
 
     Example: ``Adam(learning_rate=1e-3, beta1=0.9, beta2=0.999)``
     """
 
     name = "adam"
-    hyper_params = ("beta1", "beta2", "epsilon")
+    hyper_params = ("beta1", "beta2", "epsilon", "lazy_update")
     num_states = 2
 
-    def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, **common):
+    def __init__(self, *, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, lazy_update=True,
+                 **common):
         super().__init__(learning_rate=learning_rate, **common)
         owner = type(self).__name__
         self.beta1 = unit(owner, "beta1", beta1)
         self.beta2 = unit(owner, "beta2", beta2)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
+        self.lazy_update = boolean(owner, "lazy_update", lazy_update)
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        return self.lazy_update
 
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)

@@ -34,7 +34,8 @@ class Updater:
     ``weight`` in place. ``index`` is an int, str or tuple naming one slot (a
     tuple is one composite key, e.g. ``(key, chunk)``, not a batch as in MXNet).
     The slot's state is created on first use and its update count ``t`` goes
-    1, 2, 3, ...; if the optimizer raises, the count is not advanced.
+    1, 2, 3, ... (from ``begin_num_update + 1``, as MXNet's); if the optimizer
+    raises, the count is not advanced.
 
     Not thread-safe: callers must serialise calls for the same slot and around
     :meth:`get_states` / :meth:`set_states`.
@@ -58,10 +59,15 @@ class Updater:
         """Update ``weight`` in place from ``grad`` for slot ``index``."""
         key = _key(index)
         state = self._state_of(key, weight)
-        t = self._counts.get(key, 0) + 1
+        t = self._count(key) + 1
         self.optimizer.update(weight, grad, state, t, slot=key)
         self._states[key] = state
         self._counts[key] = t
+
+    def _count(self, key) -> int:
+        """The updates slot ``key`` has had, counted from the optimizer's
+        ``begin_num_update`` (MXNet's ``_index_update_count``)."""
+        return self._counts.get(key, self.optimizer.begin_num_update)
 
     def norm_terms(self, index, grad, weight):
         """Phase 1 of slot ``index``'s next update when its key is cut into chunks and
@@ -70,19 +76,66 @@ class Updater:
         state and count move at :meth:`apply_norms`."""
         key = _key(index)
         state = self._state_of(key, weight)
-        t = self._counts.get(key, 0) + 1
+        t = self._count(key) + 1
         terms, carry = self.optimizer.norm_terms(weight, grad, state, t, slot=key)
         return terms, (state, carry)
 
-    def apply_norms(self, index, grad, weight, sums, carry):
+    def apply_norms(self, index, grad, weight, sums, carry, rows=None):
         """Phase 2: the update of slot ``index`` with ``sums`` (the key's sums of the
-        terms over its chunks) and the ``carry`` that :meth:`norm_terms` returned."""
+        terms over its chunks) and the ``carry`` that :meth:`norm_terms` returned.
+        ``rows`` (see :meth:`update_lazy`): a lazy update, of those rows only, when the
+        optimizer is lazy on dense keys; the norms stay the whole key's."""
         key = _key(index)
         state, inner = carry
-        t = self._counts.get(key, 0) + 1
-        self.optimizer.apply_norms(weight, grad, state, t, sums, inner, slot=key)
+        t = self._count(key) + 1
+        if rows is not None and self.optimizer.lazy_for(row_sparse_key=False):
+            self._on_rows(weight, grad, state, rows, lambda w, g, st: self.optimizer.apply_norms(
+                w, g, st, t, sums, inner, slot=key))
+        else:
+            self.optimizer.apply_norms(weight, grad, state, t, sums, inner, slot=key)
         self._states[key] = state
         self._counts[key] = t
+
+    def update_lazy(self, index, grad, weight, rows) -> None:
+        """A row-sparse gradient's update of a dense slot. ``weight`` is the slot's
+        value as the slot is otherwise updated (the same shape), ``grad`` the whole
+        gradient (zero outside its rows), ``rows`` the unique ids, along the first axis,
+        of the rows the gradient names (a server's flat chunk: element positions). When
+        the optimizer is lazy on dense keys (MXNet's ``lazy_update``: SGD, Adam, LARS)
+        only those rows of the weight and of the state change (LARS: its norms are the
+        whole key's, the step is on the rows); otherwise this is ``self(index, grad,
+        weight)``, every row updated. The count ``t`` moves either way."""
+        if not self.optimizer.lazy_for(row_sparse_key=False):
+            self(index, grad, weight)
+            return
+        key = _key(index)
+        state = self._state_of(key, weight)
+        t = self._count(key) + 1
+        optimizer = self.optimizer
+        if optimizer.splits_norms:       # norms over the whole key, then the step on its rows
+            terms, carry = optimizer.norm_terms(weight, grad, state, t, slot=key)
+            self._on_rows(weight, grad, state, rows, lambda w, g, st: optimizer.apply_norms(
+                w, g, st, t, terms, carry, slot=key))
+        else:
+            self._on_rows(weight, grad, state, rows, lambda w, g, st: optimizer.update(
+                w, g, st, t, slot=key, rows=rows))
+        self._states[key] = state
+        self._counts[key] = t
+
+    @staticmethod
+    def _on_rows(weight, grad, state, rows, step) -> None:
+        """``step(w, g, st)`` on gathered copies of ``rows`` (along the first axis) of the
+        weight, the gradient and each state array, then the copies written back."""
+        xp = _array_module(weight)
+        n = weight.shape[0] if weight.ndim else 1
+        rows = _to_module(rows, xp)
+        w2 = weight.reshape(n, -1)
+        views = [s.reshape(n, -1) for s in state]
+        w, g, st = w2[rows], _to_module(grad, xp).reshape(n, -1)[rows], tuple(v[rows] for v in views)
+        step(w, g, st)
+        w2[rows] = w
+        for view, part in zip(views, st):
+            view[rows] = part
 
     def _state_of(self, key, weight):
         state = self._states.get(key)
@@ -94,13 +147,21 @@ class Updater:
         return tuple(_to_module(s, xp) for s in state)
 
     def update_rows(self, index, rows, grad, weight):
-        """Lazy update (MXNet's default for row-sparse gradients): only ``weight[rows]``
-        and the same rows of the slot's state change. ``weight`` is 2-d (rows, row
-        width) over the slot's memory, ``rows`` unique and ``grad`` (len(rows), width).
-        The slot's state covers the whole ``weight``; its count ``t`` counts updates
-        of the slot, whichever rows they touched (as MXNet's lazy Adam)."""
+        """The update of a row-sparse key's slot by its gradient rows: lazy (MXNet's
+        default for row-sparse gradients; :meth:`Optimizer.lazy_for`), only
+        ``weight[rows]`` and the same rows of the slot's state change; with an optimizer
+        that is not lazy there (``lazy_update=False``) every row, the gradient zero
+        outside ``rows``. ``weight`` is 2-d (rows, row width) over the slot's memory,
+        ``rows`` unique and ``grad`` (len(rows), width). The slot's state covers the
+        whole ``weight`` (flat); its count ``t`` counts updates of the slot, whichever
+        rows they touched (as MXNet's lazy Adam)."""
         key = _key(index)
         xp = _array_module(weight)
+        if not self.optimizer.lazy_for(row_sparse_key=True):
+            dense = xp.zeros(weight.shape, grad.dtype)
+            dense[_to_module(rows, xp)] = _to_module(grad, xp)
+            self(index, dense.reshape(-1), weight.reshape(-1))
+            return
         state = self._states.get(key)
         if state is None:
             state = self.optimizer.create_state(weight.reshape(-1))
@@ -108,7 +169,7 @@ class Updater:
             state = tuple(_to_module(s, xp) for s in state)
         views = [s.reshape(weight.shape) for s in state]
         w, row_state = weight[rows], tuple(v[rows] for v in views)   # gathered copies
-        t = self._counts.get(key, 0) + 1
+        t = self._count(key) + 1
         self.optimizer.update(w, grad, row_state, t, slot=key, rows=rows)
         weight[rows] = w
         for view, part in zip(views, row_state):

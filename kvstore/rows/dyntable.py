@@ -126,7 +126,8 @@ class DynTable:
             w[...] = grad
         else:
             row_state = self._row_state(optimizer, found, old_slots, new, fresh, len(ids))
-            optimizer.update(w, grad, row_state, self.t + 1, slot=slot, rows=ids)
+            # the table's count starts at the optimizer's begin_num_update, as the Updater's
+            optimizer.update(w, grad, row_state, max(self.t, optimizer.begin_num_update) + 1, slot=slot, rows=ids)
         # the slab's growth, if the new rows need it, is reserved last: a refusal changes nothing
         more = max(0, len(new) - len(self.free) - len(victims))
         if self.used + more > len(self.values):
@@ -153,7 +154,7 @@ class DynTable:
         self.last[slots] = self.clock
         self.counts["created"] += len(new)
         if optimizer is not None:
-            self.t += 1
+            self.t = max(self.t, optimizer.begin_num_update) + 1
         if self.spec.evict_after is not None and len(self.ids):
             stale = np.flatnonzero(self.last[self.slots] <= self.clock - self.spec.evict_after)
             self._evict(stale, "evicted_by_age")

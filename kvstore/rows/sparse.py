@@ -228,6 +228,22 @@ def densified(value, shape: tuple, dtype, what: str):
     return dense
 
 
+def named_rows(values: list, num_rows: int, what: str) -> np.ndarray:
+    """The unique sorted ids of the rows that row-sparse ``values`` (RowSparse or torch
+    sparse tensors) name, whatever their data (a row named with zeros is named: MXNet's
+    lazy update moves it); each id checked as :func:`check_rows` does."""
+    parts = []
+    for v in values:
+        if isinstance(v, RowSparse):
+            ids = arrays.to_numpy(v.indices, f"{what} indices")
+        else:                      # torch: the rows of its stored entries (COO, or made COO)
+            import torch  # the value is a tensor: torch is imported already
+            coo = v if v.layout == torch.sparse_coo else v.to_sparse_coo()
+            ids = coo._indices()[0].cpu().numpy()
+        parts.append(check_rows(ids, num_rows, what))
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
 def _strided():
     import torch  # only called with a tensor in hand: torch is imported already
     return torch.strided

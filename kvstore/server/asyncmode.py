@@ -22,15 +22,14 @@ class Async(Consistency):
     mode = ASYNC                  # no rounds: each push is applied by the optimizer at once
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False) -> list[Reply]:
-        self.apply(ids, chunks, arrays)
+             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
+        self.apply(ids, chunks, arrays, rows)
         return [reply_values(peer, req_id, self.table.backend, chunks, want_values, copy=True)]
 
-    def apply(self, ids, chunks, arrays) -> None:
-        updater = self.optimizer.updater
-        assert updater is not None          # admit() refused pushes before set_optimizer
-        for cid, chunk, grad in zip(ids, chunks, arrays):
-            updater(cid, grad.reshape(-1), chunk.value)
+    def apply(self, ids, chunks, arrays, rows: list | None = None) -> None:
+        assert self.optimizer.updater is not None          # admit() refused pushes before set_optimizer
+        for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
+            self.update(cid, grad.reshape(-1), chunk.value, None if rows is None else rows[i])
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         return [reply_values(peer, req_id, self.table.backend, chunks, True, copy=True)]

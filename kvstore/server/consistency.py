@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Iterator
 
+import numpy as np
+
 from ..errors import InvalidArgumentError, ProtocolError
 from ..modes import ConsistencyMode
 from .chunks import ChunkTable
@@ -53,14 +55,28 @@ class Consistency:
                                        "call set_optimizer() before push")
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False) -> list[Reply]:
+             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
         """A validated push (``want_values``: a pushpull; ``group``: a host's sum;
-        ``norms``: a layer-wise one, where the mode splits norms): the replies now ready."""
+        ``norms``: a layer-wise one, where the mode splits norms; ``rows``, given only
+        when the push has them: per chunk the values a row-sparse push named, a bool
+        mask, or None, dense; see :meth:`update`): the replies now ready."""
         raise NotImplementedError
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         """A validated pull: the replies now ready (none if it must wait)."""
         raise NotImplementedError
+
+    def update(self, cid, grad, value, rows) -> None:
+        """The optimizer's update of chunk ``cid``'s ``value`` by ``grad`` (in place):
+        with ``rows`` (a mask of the values a row-sparse push named), MXNet's lazy
+        update of those values alone where the optimizer is lazy on dense keys
+        (``Updater.update_lazy``)."""
+        updater = self.optimizer.updater
+        assert updater is not None
+        if rows is None:
+            updater(cid, grad, value)
+        else:
+            updater.update_lazy(cid, grad, value, self.table.backend.upload(np.flatnonzero(rows)))
 
     def workers_finished(self) -> list[Reply]:
         """The table's ``gone`` workers grew: what waits for them fails."""

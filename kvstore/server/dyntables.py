@@ -147,6 +147,10 @@ class DynTables(RowTables):
     def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
         assert isinstance(table, DynRecord) and table.rows is not None
         updater = self.optimizer.updater
+        if updater is not None and not updater.optimizer.lazy_for(row_sparse_key=True):
+            # (the workers refuse this at set_optimizer and init: kvstore.worker.store)
+            raise InvalidArgumentError(f"{chunk_label(cid)} holds dynamic rows, which exist only once pushed: "
+                                       f"{type(updater.optimizer).__name__}(lazy_update=False) would update every row")
         table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:

@@ -41,6 +41,9 @@ class Round:
     # push speaks for -> (its ranks, its gradient)), and the ranks added so far
     held: dict = field(default_factory=dict)
     folded: set = field(default_factory=set)
+    # the values its pushes named, when each was a row-sparse push on a dense key (a bool
+    # mask: their union, updated lazily); None: some push (or write) named every value
+    rows: np.ndarray | None = None
 
     def open_to(self, worker: int) -> bool:
         return worker not in self.workers and self.writer != worker

@@ -86,11 +86,11 @@ class Staleness(Async):
             self.refuse_if_gone(worker, ids, ahead=1)
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False) -> list[Reply]:
+             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
         for cid in ids:          # a new member's clocks start at its first push
             if self.members.start(worker, cid):
                 self.joined(worker, cid)
-        self.apply(ids, chunks, arrays)
+        self.apply(ids, chunks, arrays, rows)
         return self.pushed(peer, req_id, worker, ids, want_values)
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:

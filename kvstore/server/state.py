@@ -34,6 +34,7 @@ from .. import compression as _compression
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..modes import ConsistencyMode
 from ..protocol import chunk_label, error_header, ops
+from ..rows import lazy
 from .backend import HostBackend
 from .budget import MemoryBudget
 from .chunks import ChunkTable
@@ -233,6 +234,7 @@ class ServerState:
             arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
                       for a, c in zip(arrays, self.table.existing(ids))]
         chunks = self.table.existing(ids, arrays)
+        rows = self._lazy_rows(header, ids, chunks)
         strategy.admit(worker, ids, want_values)
         if self.updater is not None:
             for cid, chunk in zip(ids, chunks):
@@ -241,7 +243,22 @@ class ServerState:
                                                "optimizers update floating-point values only")
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
-        return strategy.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms)
+        # (rows only when the push has them: a strategy without lazy updates need not take them)
+        return strategy.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms,
+                             **({} if rows is None else {"rows": rows}))
+
+    @staticmethod
+    def _lazy_rows(header, ids, chunks) -> list | None:
+        """A push's ``rows`` field (kvstore.rows.lazy): per chunk, the values of the rows
+        its row-sparse push named (a bool mask; None: a dense chunk, every value), for
+        the optimizer's lazy update; None without the field."""
+        field = header.get("rows")
+        if field is None:
+            return None
+        if not isinstance(field, list) or len(field) != len(ids):
+            raise ProtocolError("'rows' must be a list with one entry (or null) per chunk")
+        return [None if f is None else lazy.parse(f, c.value.size, chunk_label(cid))
+                for cid, f, c in zip(ids, field, chunks)]
 
     def _layerwise(self, header, want_values: bool, group) -> bool:
         """Whether a push asks for two-phase rounds (``norms``: its chunks are of keys cut

@@ -101,8 +101,9 @@ class Sync(Consistency):
                 raise InvalidArgumentError(self.gone_message(cid, pos, workers))
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False) -> list[Reply]:
-        """A validated push (for ``group``, a host's sum; ``norms``: a layer-wise one)
+             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
+        """A validated push (for ``group``, a host's sum; ``norms``: a layer-wise one;
+        ``rows``: per chunk the values a row-sparse push named, see :class:`Round`)
         joins the rounds, or waits behind an earlier write of its worker that is not
         granted yet."""
         for cid, chunk in zip(ids, chunks):
@@ -116,9 +117,9 @@ class Sync(Consistency):
             if group is not None:    # a host's leader does not write in (kvstore.hostgroup.group)
                 raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
             # that write takes its round first (kvstore.server.writein), then this push the next one
-            self.writes.hold(HeldPush(peer, req_id, worker, ids, chunks, arrays, want_values))
+            self.writes.hold(HeldPush(peer, req_id, worker, ids, chunks, arrays, want_values, rows))
             return []
-        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms)
+        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms, rows)
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = Pending(peer, req_id, worker, ids, True,
@@ -245,7 +246,7 @@ class Sync(Consistency):
 
         def join(push: HeldPush) -> None:
             replies.extend(self.join(push.peer, push.req_id, push.worker, push.ids, push.chunks,
-                                     push.arrays, push.want_values))
+                                     push.arrays, push.want_values, rows=push.rows))
         self.writes.advance(lambda request: self._grant(request, replies, refused), join)
         for cid, chunk in refused:
             replies += self.release(cid, chunk)
@@ -283,6 +284,7 @@ class Sync(Consistency):
                     self.xp.copyto(rnd.acc, rnd.first)
                     rnd.first = None
                 modes.append("add")
+            rnd.rows = None                # a write names every value: the round is dense
             rnd.writer = request.worker
             rounds.append(rnd)
         self.writes.granted(request, rounds)
@@ -302,7 +304,7 @@ class Sync(Consistency):
 
     # -- rounds ---------------------------------------------------------------------------
     def join(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None = None, norms: bool = False) -> list[Reply]:
+             group: frozenset | None = None, norms: bool = False, rows: list | None = None) -> list[Reply]:
         """A validated push (for ``group``, a host's sum) joins the rounds; the replies now ready."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
@@ -310,14 +312,18 @@ class Sync(Consistency):
         for chunk in chunks:
             chunk.waiting.append(pending)
         ready, ranks = [], group or frozenset((worker,))
-        for cid, chunk, grad in zip(ids, chunks, arrays):
-            pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms)
+        for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
+            pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
+                                                  None if rows is None else rows[i])
             ready += self.apply_complete(cid, chunk)
         return ready
 
-    def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False) -> Round:
+    def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False,
+                   rows: np.ndarray | None = None) -> Round:
         """Add one worker's push (``ranks``: it, or the workers a host's sum speaks
-        for) to the first round none of them has contributed to.
+        for) to the first round none of them has contributed to; ``rows``: the values
+        it named (a row-sparse push on a dense key), joined to the round's, or None
+        (every value: the round is then dense).
 
         A round's first push is kept as it came (a view on the message, or on the
         worker's shared memory, which the worker leaves alone until the round is
@@ -325,6 +331,7 @@ class Sync(Consistency):
         (2 reads + 1 write of the chunk instead of copy + add's 3 + 2)."""
         for rnd in chunk.rounds:
             if rnd.open_to_all(ranks):
+                rnd.rows = None if rnd.rows is None or rows is None else rnd.rows | rows
                 if rnd.writer is not None:     # a worker is writing into acc: add after it
                     rnd.deferred.append(grad)
                 elif self.ordered:
@@ -336,6 +343,7 @@ class Sync(Consistency):
                 return rnd
         rnd = self.opened(chunk, None, first=None if self.ordered else grad)
         rnd.layerwise = layerwise
+        rnd.rows = None if rows is None else rows.copy()
         if self.ordered:
             rnd.held[min(ranks)] = (ranks, grad)
         rnd.workers.update(ranks)
@@ -396,9 +404,8 @@ class Sync(Consistency):
                     break                 # awaits apply_norms
                 continue                  # phase 1 failed: the round was dropped
             chunk.rounds.pop(0)
-            updater = self.optimizer.updater
-            replies += self._commit(cid, chunk, rnd, None if updater is None else
-                                    (lambda acc, value: updater(cid, acc, value)))
+            replies += self._commit(cid, chunk, rnd, None if self.optimizer.updater is None else
+                                    (lambda acc, value: self.update(cid, acc, value, rnd.rows)))
         return replies
 
     def _summed(self, chunk: Chunk, rnd: Round) -> np.ndarray:
@@ -482,8 +489,9 @@ class Sync(Consistency):
         for cid, chunk, total, rnd in zip(ids, chunks, sums, heads):
             chunk.rounds.pop(0)
             carry, rnd.carry = rnd.carry, None
+            rows = None if rnd.rows is None else self.table.backend.upload(np.flatnonzero(rnd.rows))
             replies += self._commit(cid, chunk, rnd, lambda acc, value: updater.apply_norms(
-                cid, acc, value, total, carry))
+                cid, acc, value, total, carry, rows=rows))
             replies += self.apply_complete(cid, chunk)   # the next round's phase 1, if it is complete
         values = [c.value for c in chunks] if want_values else []
         return [ok(peer, req_id, self.table.backend.download(values, copy=True))] + replies

@@ -57,6 +57,7 @@ class HeldPush:
     chunks: list
     arrays: list
     want_values: bool
+    rows: list | None = None     # its lazy rows per chunk (Sync.push's ``rows``)
 
 
 def write_request(header: dict, num_workers: int) -> tuple[int, list[tuple], bool]:

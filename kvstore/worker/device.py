@@ -114,10 +114,10 @@ class DeviceStore(LocalStore):
             self._keys[key] = KeyInfo(key, shape, dtype)
             self._store[key] = acc.to_device(np.ascontiguousarray(value, dtype=dtype), device)
 
-    def _apply(self, info: KeyInfo, merged) -> None:
+    def _apply(self, info: KeyInfo, merged, rows=None) -> None:
         acc = self._acc
         if acc is None or not self._on_device(info.key):
-            return super()._apply(info, merged)
+            return super()._apply(info, merged, rows)
         stored: Any = self._store[info.key]
         index = acc.index_of(stored)
         # on the key's device: the optimizer allocates its state on the current one
@@ -130,12 +130,15 @@ class DeviceStore(LocalStore):
                 merged = moved
             if self._updater is None:
                 acc.copy(stored, merged.reshape(info.shape))
+            elif rows is not None and isinstance(self._updater, _optimizer.Updater):
+                # the row ids go to the key's device with the gather (Updater._on_rows)
+                self._updater.update_lazy(info.key, merged.reshape(info.shape), stored, rows)
             else:
                 self._updater(info.key, merged.reshape(info.shape), stored)
 
-    def _do_push(self, items, wait_sent: bool = True) -> None:
+    def _do_push(self, items, wait_sent: bool = True, rows: dict | None = None) -> None:
         try:
-            super()._do_push(items, wait_sent)
+            super()._do_push(items, wait_sent, rows=rows)
         finally:
             # merged sums may be views of the callers' values: the callers must not
             # overwrite them before the kernels that read them have run

@@ -311,9 +311,9 @@ class DistStore(KVStore):
             raise InvalidArgumentError(f"{self._type} applies every push with an optimizer on the "
                                        "servers: call set_optimizer() before push() or pushpull()")
 
-    def _do_push(self, items, wait_sent: bool = True) -> None:
+    def _do_push(self, items, wait_sent: bool = True, rows: dict | None = None) -> None:
         self._check_can_push()
-        self._exchange.push(f"push of {_keys_text(info for info, _ in items)}", items, wait_sent)
+        self._exchange.push(f"push of {_keys_text(info for info, _ in items)}", items, wait_sent, rows)
 
     # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
     def _norms_across_servers(self, optimizer) -> bool:
@@ -339,14 +339,19 @@ class DistStore(KVStore):
     def _do_pull(self, items) -> None:
         self._do_pull_finish(self._do_pull_start(items, paced=True))
 
-    def _do_pushpull(self, items) -> None:
-        self._do_pushpull_finish(self._do_pushpull_start(items, paced=True))
+    def _do_pushpull(self, items, rows: dict | None = None) -> None:
+        self._do_pushpull_finish(self._do_pushpull_start(items, paced=True, rows=rows))
 
-    def _do_pushpull_start(self, items, paced: bool = False) -> Pending:
+    def _do_pushpull_start(self, items, paced: bool = False, rows: dict | None = None) -> Pending:
         self._check_can_push()
         what = f"pushpull of {_keys_text(i for i, _, _ in items)}"
+        if rows and self._exchange.host is not None:
+            raise InvalidArgumentError(
+                f"{what}: a row-sparse gradient on dense key {next(iter(rows))!r} updates only its rows "
+                f"({type(self._optimizer).__name__}'s lazy_update), which a host's sum (KVSTORE_HOST_REDUCE=1) "
+                "does not carry: push it with kv.push, or set lazy_update=False, or KVSTORE_HOST_REDUCE=0")
         return self._exchange.send(ops.PUSHPULL, what, [(info, merged) for info, merged, _ in items],
-                                   [(info, targets) for info, _, targets in items], paced)
+                                   [(info, targets) for info, _, targets in items], paced, rows)
 
     def _do_pushpull_finish(self, handle: Pending) -> None:
         self._exchange.fill(handle)

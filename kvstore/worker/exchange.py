@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..devices import arrays
-from ..errors import ProtocolError
+from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import ops
+from ..rows import lazy
 from ..sharding import pieces
 from .store import fill_outputs
 
@@ -109,6 +110,60 @@ class Pending:
     keep: list = field(default_factory=list)
 
 
+# the bytes of a message's 'rows' bitmaps (lazy updates of row-sparse pushes on dense
+# keys, kvstore.rows.lazy): within the servers' header limit (protocol MAX_HEADER_BYTES)
+ROWS_HEADER_BYTES = 512 << 10
+
+
+def row_marks(infos, rows: dict | None, what: str) -> dict:
+    """{wire id: its chunk's ``rows`` entry} for the keys of ``infos`` in ``rows`` (a
+    store's {key: unique row ids}: those a row-sparse push named, updated lazily).
+    Raises InvalidArgumentError, before anything is sent, where a chunk's entry
+    alone would not fit in a request's header."""
+    marks: dict = {}
+    if not rows:
+        return marks
+    for info in infos:
+        named = rows.get(info.key)
+        width = int(np.prod(info.shape[1:], dtype=np.int64))
+        if named is None or width == 0:
+            continue
+        for chunk in info.chunks:
+            if lazy.field_bytes(width, chunk.start, chunk.stop) > ROWS_HEADER_BYTES:
+                raise InvalidArgumentError(
+                    f"{what}: key {info.key!r} has {chunk.stop - chunk.start} values of rows {width} wide in one "
+                    "chunk: which rows a row-sparse push named would not fit in a request; lower "
+                    "KVSTORE_CHUNK_BYTES, or update it densely (the optimizer's lazy_update=False)")
+            marks[tuple(chunk.wire_id)] = lazy.chunk_field(named, width, chunk.start, chunk.stop)
+    return marks
+
+
+def rows_fields(wire_ids, marks: dict) -> dict:
+    """The ``rows`` header field of a message of these chunks ({} when none is lazy)."""
+    if not marks or not any(tuple(w) in marks for w in wire_ids):
+        return {}
+    return {"rows": [marks.get(tuple(w)) for w in wire_ids]}
+
+
+def cut_for_rows(order: list, wire_ids: dict, marks: dict) -> list:
+    """:func:`kvstore.sharding.pieces`' runs ``order`` cut further so that no message's
+    ``rows`` bitmaps pass :data:`ROWS_HEADER_BYTES` (``wire_ids``: each server's)."""
+    if not marks:
+        return order
+    out = []
+    for server, lo, hi in order:
+        start, size = lo, 0
+        for i in range(lo, hi):
+            mark = marks.get(tuple(wire_ids[server][i]))
+            n = len(mark[2]) if mark is not None else 0
+            if size and size + n > ROWS_HEADER_BYTES:
+                out.append((server, start, i))
+                start, size = i, 0
+            size += n
+        out.append((server, start, hi))
+    return out
+
+
 def by_server(infos_and_flats) -> dict[int, tuple[list, list]]:
     """{server: (wire ids, flat slices)} for (info, flat array) pairs."""
     groups: dict[int, tuple[list, list]] = {}
@@ -165,12 +220,13 @@ class Exchange:
         self._client.flush(what)
 
     # -- calls -----------------------------------------------------------------------------
-    def send(self, op: str, what: str, sources, targets, paced: bool = False) -> Pending:
+    def send(self, op: str, what: str, sources, targets, paced: bool = False, rows: dict | None = None) -> Pending:
         """Send ``op`` with ``sources`` [(info, flat)] (None: no data) for ``targets``
         [(info, [outs])]; :meth:`fill` completes it. Replies that arrive in between
         are copied into the outputs' buffers whenever this worker next waits for
         anything. ``paced``: it may wait for replies to keep a window in flight
-        (transport/pace.py)."""
+        (transport/pace.py). ``rows``: {key: row ids} of sources whose update is lazy
+        (a row-sparse push on a dense key; they go with the ``rows`` field)."""
         pending = Pending(what)
         wire = self._wire()
         via_group = self.host is not None and op == ops.PUSHPULL and sources is not None
@@ -198,10 +254,10 @@ class Exchange:
             wire.check([info for info, _ in sources], what)
             layered = [wire.layerwise(info) for info, _ in sources]
             self._push_layerwise(what, [s for s, lw in zip(sources, layered) if lw],
-                                 [t for t, lw in zip(targets, layered) if lw], wire)
+                                 [t for t, lw in zip(targets, layered) if lw], wire, rows)
             sources = [s for s, lw in zip(sources, layered) if not lw]
             targets = [t for t, lw in zip(targets, layered) if not lw]
-        pending.sent = self._send(op, what, sources, targets, wire, paced)
+        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows)
         return pending
 
     def fill(self, pending: Pending) -> None:
@@ -239,8 +295,9 @@ class Exchange:
         self.fill(self.send(op, what, sources, targets, paced=True))
 
     def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
-              group=None) -> Sent:
-        """The requests of one call; ``group``: the workers a host's sum speaks for."""
+              group=None, rows: dict | None = None) -> Sent:
+        """The requests of one call; ``group``: the workers a host's sum speaks for;
+        ``rows``: see :meth:`send`."""
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         if sources is not None:
             wire.check([info for info, _ in sources], what)
@@ -248,6 +305,7 @@ class Exchange:
         dests = by_server([(info, flat) for info, flat, _ in flats])
         datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
+        marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
         stage = sources is not None and wire.compressor is None
         write_in = stage and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
@@ -258,13 +316,19 @@ class Exchange:
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
-        for server, lo, hi in pieces(dests, self._client.pipeline_limits()):
+        order = cut_for_rows(pieces(dests, self._client.pipeline_limits()), {s: g[0] for s, g in dests.items()},
+                             marks)
+        for server, lo, hi in order:
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = wire.compress(wire_ids, datas.get(server, ([], []))[1][lo:hi])
             if write_in:
                 # what the server's link can write straight into its sums (no staging
-                # copy); the rest (small chunks, gradients from empty()) goes as a pushpull
-                rest = self._client.write_in(server, what, wire_ids, payload, parts, ids, later)
+                # copy); the rest (small chunks, gradients from empty()) goes as a pushpull,
+                # and so do lazy chunks: a write names every value, a pushpull its rows
+                dense = [i for i, w in enumerate(wire_ids) if tuple(w) not in marks]
+                left = self._client.write_in(server, what, [wire_ids[i] for i in dense], [payload[i] for i in dense],
+                                             [parts[i] for i in dense], ids, later) if dense else []
+                rest = sorted({dense[i] for i in left} | (set(range(len(wire_ids))) - set(dense)))
                 if len(rest) < len(parts):
                     wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
                     if not parts:
@@ -273,7 +337,8 @@ class Exchange:
             # (empty()) may be read by the servers in place
             flight.admit(server)
             rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
-                                          in_place=stage, into=parts, chunks=wire_ids, **fields)
+                                          in_place=stage, into=parts, chunks=wire_ids, **fields,
+                                          **rows_fields(wire_ids, marks))
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
@@ -295,10 +360,10 @@ class Exchange:
         if call is not None:
             call.done()
 
-    def push(self, what: str, items, wait_sent: bool = True) -> None:
+    def push(self, what: str, items, wait_sent: bool = True, rows: dict | None = None) -> None:
         """Push ``items`` [(info, flat)]; returns once the caller may reuse its buffers
         (large values are sent without a copy and waited for; ``wait_sent=False``:
-        the caller keeps them)."""
+        the caller keeps them). ``rows``: see :meth:`send`."""
         keep: list = []
         wire = self._wire()
         if self._staging is not None and not self._device_direct(ops.PUSH, items, wire):
@@ -306,7 +371,7 @@ class Exchange:
         wire.check([info for info, _ in items], what)
         layered = [item for item in items if wire.layerwise(item[0])]
         if layered:                     # keys cut over servers under LARS/LAMB: two phases
-            self._push_layerwise(what, layered, None, wire)
+            self._push_layerwise(what, layered, None, wire, rows)
             items = [item for item in items if not wire.layerwise(item[0])]
             if not items:
                 return
@@ -315,12 +380,15 @@ class Exchange:
         fields = wire.fields()
         stage = wire.compressor is None
         groups = by_server(items)
-        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
+        marks = row_marks([info for info, _ in items], rows, what)
+        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pipeline_limits()),
+                                           {s: g[0] for s, g in groups.items()}, marks):
             wire_ids = groups[server][0][lo:hi]
             parts = wire.compress(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
             _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
-                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields)
+                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields,
+                                              **rows_fields(wire_ids, marks))
             if tracker is not None:
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return
@@ -335,7 +403,8 @@ class Exchange:
         self._client.wait(ids, what)
 
     # -- norms across servers (LARS, LAMB on keys cut into chunks; kvstore.server.sync) --------
-    def _push_layerwise(self, what: str, sources: list, targets: list | None, wire: Wire) -> None:
+    def _push_layerwise(self, what: str, sources: list, targets: list | None, wire: Wire,
+                        rows: dict | None = None) -> None:
         """Push ``sources`` [(info, flat)] of layer-wise keys: every worker pushes with
         ``norms`` and is answered, once each chunk's round is complete, with that
         chunk's sums of squares; the leader adds them up per key (in chunk order) and
@@ -353,12 +422,15 @@ class Exchange:
                     terms[tuple(wid)] = (number, np.asarray(a, np.float64).reshape(-1).tolist())
             return on_reply
         groups, fields = by_server(sources), wire.fields()
+        marks = row_marks([info for info, _ in sources], rows, what)    # LARS's lazy phase 2
         ids = []
-        for server, lo, hi in pieces(groups, self._client.pipeline_limits()):
+        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pipeline_limits()),
+                                           {s: g[0] for s, g in groups.items()}, marks):
             wire_ids = groups[server][0][lo:hi]
             parts = wire.compress(wire_ids, groups[server][1][lo:hi])
             ids.append(self._client.request(server, ops.PUSH, what, parts, on_reply=keep(wire_ids),
-                                            chunks=wire_ids, norms=True, **fields)[0])
+                                            chunks=wire_ids, norms=True, **fields,
+                                            **rows_fields(wire_ids, marks))[0])
         self._client.wait(ids, what)
         flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets or ()]
         if not self._leads():

@@ -99,16 +99,21 @@ class LocalStore(KVStore):
     def _do_row_stats(self, info: KeyInfo) -> list[dict]:
         return [self._dyn[info.key].stats()]
 
-    def _apply(self, info: KeyInfo, merged: np.ndarray) -> None:
+    def _apply(self, info: KeyInfo, merged: np.ndarray, rows=None) -> None:
+        """The merged push of ``info``'s key: assigned, or given to the updater; ``rows``
+        (the ids a row-sparse push named, KVStore._lazy_rows): the optimizer's lazy
+        update of those rows."""
         stored = self._store[info.key]
         if self._updater is None:
             np.copyto(stored, merged.reshape(info.shape))
+        elif rows is not None and isinstance(self._updater, _optimizer.Updater):
+            self._updater.update_lazy(info.key, merged.reshape(info.shape), stored, rows)
         else:
             self._updater(info.key, merged.reshape(info.shape), stored)
 
-    def _do_push(self, items, wait_sent: bool = True) -> None:
+    def _do_push(self, items, wait_sent: bool = True, rows: dict | None = None) -> None:
         for info, merged in items:
-            self._apply(info, merged)
+            self._apply(info, merged, (rows or {}).get(info.key))
 
     def _do_pull(self, items) -> None:
         for info, targets in items:
@@ -117,8 +122,8 @@ class LocalStore(KVStore):
             np.copyto(flat, stored)
             fill_outputs(targets, flat, direct, "pull")
 
-    def _do_pushpull(self, items) -> None:
-        self._do_push([(info, merged) for info, merged, _ in items])
+    def _do_pushpull(self, items, rows: dict | None = None) -> None:
+        self._do_push([(info, merged) for info, merged, _ in items], rows=rows)
         self._do_pull([(info, targets) for info, _, targets in items])
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,

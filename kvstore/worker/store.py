@@ -12,6 +12,8 @@ import numpy as np
 
 from ..devices import arrays
 from ..rows import keys as rowkeys
+from ..rows import sparse as rowsparse
+from ..rows.dynamic import DynamicRows
 from . import states_file
 from .arguments import KeyInfo, Keys, check_priority
 from ..compression import Compressor
@@ -84,8 +86,11 @@ class KVStore(KVStoreBase):
         if items or not rows_items:
             self._do_init(items)
         if rows_items:
-            self._check_whole_keys(self._optimizer, [KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True)
-                                                     for k, shape, dtype, *_ in rows_items], what)
+            infos = [KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
+                             dynamic=spec if isinstance(spec, DynamicRows) else None)
+                     for k, shape, dtype, spec, *_ in rows_items]
+            self._check_whole_keys(self._optimizer, infos, what)
+            self._check_lazy_rows(self._optimizer, infos, what)
             self._do_init_rows(rows_items)
         self._args.dtype_names.update(names)
 
@@ -101,16 +106,40 @@ class KVStore(KVStoreBase):
         what = "push"
         self._check_open(what)
         check_priority(priority, what)
-        pairs = self._args.densify(self._args.pairs(key, value, what), what)   # MXNet: sparse on dense sums densely
+        pairs = self._args.pairs(key, value, what)
+        named = self._lazy_rows(pairs, what)          # before the sparse values become dense
+        pairs = self._args.densify(pairs, what)       # MXNet: sparse on dense sums densely
         rows = [(self._args.info(k, what), vals) for k, vals in pairs if self._args.info(k, what).sparse]
         groups = self._args.grouped_pairs([p for p in pairs if not self._keys[p[0]].sparse] if rows else pairs, what)
         self._check_optimizable(groups + rows, what)
         row_parts = [(info, *rowkeys.push_parts(vals, info.shape, info.dtype, f"{what} of key {info.key!r}"))
                      for info, vals in rows]             # everything is checked before anything is sent
         if groups:
-            self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent)
+            self._do_push([(info, self._merged(info, vals, what)) for info, vals in groups], wait_sent,
+                          rows=named or None)
         if row_parts:
             self._do_push_rows(row_parts)
+
+    def _lazy_rows(self, pairs: list, what: str) -> dict:
+        """``{key: row ids}`` of the dense keys in ``pairs`` whose values are all
+        row-sparse, when the optimizer updates such a push lazily (MXNet's
+        ``lazy_update``, :meth:`Optimizer.lazy_for`): the unique rows they name, which
+        alone (weights, weight decay and state) the update moves. A key listed twice
+        gets the union; one that also got a dense value is updated densely."""
+        if self._optimizer is None or not self._optimizer.lazy_for(row_sparse_key=False):
+            return {}
+        found: dict = {}
+        dense: set = set()
+        for key, vals in pairs:
+            info = self._keys.get(key)
+            if info is None or info.sparse or not info.shape:
+                continue
+            if not all(rowsparse.is_sparse_value(v) for v in vals):
+                dense.add(key)
+                continue
+            ids = rowsparse.named_rows(vals, info.shape[0], f"{what} of key {key!r}")
+            found[key] = np.union1d(found[key], ids) if key in found else ids
+        return {k: v for k, v in found.items() if k not in dense}
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None):
         """Pull rows ``row_ids`` of row-sparse keys into ``out`` (MXNet's signature):
@@ -216,7 +245,8 @@ class KVStore(KVStoreBase):
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` when
         ``out`` is None), in one round trip."""
-        self._do_pushpull(self._pushpull_items(key, value, out, priority))
+        items, rows = self._pushpull_items(key, value, out, priority)
+        self._do_pushpull(items, rows=rows)
 
     def pushpull_async(self, key, value, out=None, priority: int = 0) -> "Handle":
         """pushpull() that returns once the request is on its way: ``out`` (``value``
@@ -232,7 +262,8 @@ class KVStore(KVStoreBase):
             ...                                  # compute something else
             h.wait()
         """
-        handle = self._do_pushpull_start(self._pushpull_items(key, value, out, priority))
+        items, rows = self._pushpull_items(key, value, out, priority)
+        handle = self._do_pushpull_start(items, rows=rows)
         return Handle(lambda: self._do_pushpull_finish(handle))
 
     def pull_async(self, key, out=None, priority: int = 0) -> "Handle":
@@ -246,16 +277,19 @@ class KVStore(KVStoreBase):
         handle = self._do_pull_start(self._args.grouped(key, out, what))
         return Handle(lambda: self._do_pull_finish(handle))
 
-    def _pushpull_items(self, key, value, out, priority: int) -> list[tuple]:
+    def _pushpull_items(self, key, value, out, priority: int) -> tuple[list[tuple], dict | None]:
+        """``([(info, merged, targets)], rows)``: what the pushpull hooks take (rows:
+        :meth:`_lazy_rows`, or None)."""
         what = "pushpull"
         self._check_open(what)
         check_priority(priority, what)
-        pushes = self._args.grouped_pairs(self._args.densify(self._args.pairs(key, value, what), what,
-                                                   written_back=out is None), what)
+        pairs = self._args.pairs(key, value, what)
+        named = self._lazy_rows(pairs, what)
+        pushes = self._args.grouped_pairs(self._args.densify(pairs, what, written_back=out is None), what)
         self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._args.grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
-        return [(info, merged[info.key], targets) for info, targets in outs]
+        return [(info, merged[info.key], targets) for info, targets in outs], named or None
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
@@ -284,6 +318,7 @@ class KVStore(KVStoreBase):
                                     f"(e.g. kvstore.optimizer.SGD(...)), got {type(optimizer).__name__}")
         optimizer = _optimizer.from_config(optimizer.to_config())  # validated, and our own copy
         self._check_whole_keys(optimizer, list(self._keys.values()), "set_optimizer")
+        self._check_lazy_rows(optimizer, list(self._keys.values()), "set_optimizer")
         self._do_set_optimizer(optimizer)
         self._optimizer = optimizer
 
@@ -325,6 +360,19 @@ class KVStore(KVStoreBase):
                     f"is cut into {len(info.chunks)} chunks over the servers: set KVSTORE_CHUNK_BYTES above "
                     f"the largest key's size ({self._why_no_norms_across_servers(optimizer)})")
 
+    @staticmethod
+    def _check_lazy_rows(optimizer, infos: list, what: str) -> None:
+        """Refuse dynamic keys (kvstore.rows.dynamic) under an optimizer that updates every
+        row of a row-sparse key (``lazy_update=False``): their rows exist once pushed."""
+        if optimizer is None or optimizer.lazy_for(row_sparse_key=True):
+            return
+        for info in infos:
+            if info.dynamic is not None:
+                raise InvalidArgumentError(
+                    f"{what}: {type(optimizer).__name__}(lazy_update=False) updates every row of a row-sparse "
+                    f"key, but key {info.key!r} holds dynamic rows, which exist only once pushed: use "
+                    "lazy_update=True (the default) for it")
+
     def _norms_across_servers(self, optimizer) -> bool:
         """Whether this store runs ``optimizer``'s two-phase update for keys cut into
         chunks over servers (dist_sync: kvstore.worker.dist)."""
@@ -338,7 +386,9 @@ class KVStore(KVStoreBase):
         keeping its state (momentum, Adam moments, update counts), as Gluon's
         ``Trainer.set_learning_rate``. In dist mode every worker calls it (rank 0's
         value is used) and the servers change it between rounds. Raises
-        InvalidArgumentError without an optimizer, ConfigError for a bad value."""
+        InvalidArgumentError without an optimizer, ConfigError for a bad value and
+        while the optimizer has an ``lr_scheduler``, which sets the rate (MXNet's
+        ``set_learning_rate`` raises then too, a ``UserWarning``), changing nothing."""
         self._set_learning_rate(learning_rate)
 
     def _set_learning_rate(self, learning_rate: float, state_scale: float = 1.0) -> None:
@@ -349,9 +399,7 @@ class KVStore(KVStoreBase):
         self._check_open(what)
         if self._optimizer is None:
             raise InvalidArgumentError(f"{what}: no optimizer is set")
-        config = self._optimizer.to_config()
-        optimizer = _optimizer.from_config({**config, "params": {**config["params"],
-                                                                 "learning_rate": learning_rate}})
+        optimizer = self._optimizer.with_learning_rate(learning_rate)   # refuses a scheduled one, as MXNet
         self._do_set_optimizer(optimizer, keep_state=True, state_scale=float(state_scale))
         self._optimizer = optimizer
 
@@ -461,9 +509,12 @@ class KVStore(KVStoreBase):
 
     # -- hooks for subclasses ------------------------------------------------------------
     def _do_init(self, items: list[tuple]) -> None: raise NotImplementedError
-    def _do_push(self, items: list[tuple], wait_sent: bool = True) -> None: raise NotImplementedError
+    # rows: {key: unique row ids} of dense keys pushed row-sparse values whose update is
+    # lazy (MXNet's lazy_update: only those rows and their state move), or None
+    def _do_push(self, items: list[tuple], wait_sent: bool = True, rows: dict | None = None) -> None:
+        raise NotImplementedError
     def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
-    def _do_pushpull(self, items: list[tuple]) -> None: raise NotImplementedError
+    def _do_pushpull(self, items: list[tuple], rows: dict | None = None) -> None: raise NotImplementedError
     # row-sparse keys: (key, shape, dtype, RowInit|None, rows, data); (info, rows, data);
     # pull returns the (len(rows), ...) values of unique sorted rows
     def _do_init_rows(self, items: list[tuple]) -> None: raise NotImplementedError
@@ -474,8 +525,8 @@ class KVStore(KVStoreBase):
     def _do_row_stats(self, info: KeyInfo) -> list[dict]: raise NotImplementedError
 
     # stores whose pushpull cannot run in the background complete it at the start
-    def _do_pushpull_start(self, items: list[tuple]):
-        self._do_pushpull(items)
+    def _do_pushpull_start(self, items: list[tuple], *, rows: dict | None = None):
+        self._do_pushpull(items, rows=rows)
 
     def _do_pushpull_finish(self, handle) -> None:
         pass

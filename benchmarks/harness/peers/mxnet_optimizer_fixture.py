@@ -23,7 +23,10 @@ Besides the cases (issue 44): ``scenarios``, MXNet runs of one weight whose lear
 rate changes (a scheduler of any kind, ``set_learning_rate`` before some steps), with
 the rate of every step; ``schedules``, MXNet's schedulers called for ``t = 1, 2, ...``;
 ``kvstore_row_sparse``, MXNet's local KVStore with an optimizer fed row-sparse pushes,
-some of no rows.
+some of no rows; ``kvstore_lazy``, row-sparse pushes to a dense key (and to a row-sparse
+key) with ``lazy_update`` True and False, the weight after every step (issue 44 item 2);
+``multipliers``, per-parameter ``lr_mult`` / ``wd_mult`` / ``param_idx2name`` /
+``param_dict`` / ``begin_num_update`` through MXNet's local KVStore (issue 44 item 6).
 """
 
 from __future__ import annotations
@@ -315,6 +318,120 @@ def run_ftrl_row_sparse() -> dict:
             "states": [s.tostype("default").asnumpy().tolist() for s in state], "noise": [], "slot": None}
 
 
+# Row-sparse pushes on a dense key (issue 44 item 2): MXNet's local KVStore, each step a list of
+# two row-sparse values (summed: their rows' union, as two dist_sync workers' pushes), some
+# naming no rows; (optimizer, params). lazy_update: MXNet's default True moves only the rows
+# pushed (weights, wd, state); False every row. NAG has no lazy update (its kernel densifies).
+LAZY_SHAPE = (6, 4)
+LAZY_STEPS: list[list[list[int]]] = [[[1, 4], [4, 5]], [[0], []], [[], []], [[2, 3], [3]], [[1], [1, 5]]]
+LAZY_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.05}),
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.05, "lazy_update": False}),
+    ("sgd", {"learning_rate": 0.1, "wd": 0.05, "rescale_grad": 0.5, "clip_gradient": 0.8}),
+    ("sgd", {"learning_rate": 0.1, "wd": 0.05, "lazy_update": False}),
+    ("adam", {"learning_rate": 0.05, "wd": 0.05}),
+    ("adam", {"learning_rate": 0.05, "wd": 0.05, "lazy_update": False}),
+    ("adam", {"learning_rate": 0.05, "wd": 0.05, "rescale_grad": 0.5, "clip_gradient": 0.6}),
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.5, "wd": 0.05}),
+    ("lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.5, "wd": 0.05, "lazy_update": False}),
+    ("nag", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.05}),
+]
+
+
+def _rsp(rows: list, rng, shape=LAZY_SHAPE):
+    data = (2.0 * rng.standard_normal((len(rows), shape[1]))).astype("float32")
+    return data, mx.nd.sparse.row_sparse_array((data, np.array(rows, "int64")), shape=shape)
+
+
+def run_kvstore_lazy() -> dict:
+    """MXNet's local KVStore with row-sparse pushes: on a dense key (every case), and on a
+    row-sparse key (SGD and Adam, ``lazy_update`` True and False; a row-sparse key's
+    weight holds every row, as MXNet's standard update needs)."""
+    out: dict = {"shape": list(LAZY_SHAPE), "dense": [], "row_sparse": []}
+    for index, (name, params) in enumerate(LAZY_CASES):
+        rng = np.random.default_rng(500 + index)
+        w0 = rng.standard_normal(LAZY_SHAPE).astype("float32")
+        for stype in ("dense", "row_sparse"):
+            if stype == "row_sparse" and name not in ("sgd", "adam"):
+                continue
+            kv = mx.kv.create("local")
+            kv.init(0, mx.nd.array(w0) if stype == "dense" else mx.nd.array(w0).tostype("row_sparse"))
+            kv.set_optimizer(mx.optimizer.create(name, **params))
+            step_rng = np.random.default_rng(900 + index)
+            pushes, weights = [], []
+            for step in LAZY_STEPS:
+                values = [_rsp(rows, step_rng) for rows in step]
+                pushes.append([[rows, data.tolist()] for rows, (data, _) in zip(step, values)])
+                kv.push(0, [v for _, v in values])
+                w = mx.nd.zeros(LAZY_SHAPE) if stype == "dense" else mx.nd.sparse.zeros("row_sparse", LAZY_SHAPE)
+                if stype == "dense":
+                    kv.pull(0, out=w)
+                else:
+                    kv.row_sparse_pull(0, out=w, row_ids=mx.nd.arange(LAZY_SHAPE[0]))
+                weights.append(w.asnumpy().tolist())
+            out[stype].append({"optimizer": name, "params": params, "w0": w0.tolist(), "pushes": pushes,
+                               "weights": weights})
+    return out
+
+
+# Per-parameter multipliers (issue 44 item 6): four parameters, MXNet's names; the optimizer
+# made with param_idx2name (MXNet's wd_mult default: 0 unless the name ends in _weight or
+# _gamma, LARS: _weight), then set_lr_mult / set_wd_mult by index and by name; begin_num_update
+# moves every count (Adam's bias correction, the schedule); param_dict (gluon Parameters' lr_mult
+# and wd_mult) comes first. Run through MXNet's local KVStore (int keys: the index) and its
+# Updater, every key pushed every step.
+MULT_NAMES = {0: "fc_weight", 1: "fc_bias", 2: "bn_gamma", 3: "bn_beta"}
+MULT_CASES: list[tuple[str, str, dict[str, Any], dict, dict, dict]] = [
+    # (id, optimizer, params, lr_mult, wd_mult, param_dict {index: (lr_mult, wd_mult)})
+    ("sgd-names", "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1}, {}, {}, {}),
+    ("sgd-set-mults", "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1, "begin_num_update": 3},
+     {1: 2.0, "bn_beta": 0.5}, {"bn_gamma": 0.3, 1: 0.5}, {}),
+    ("adam-begin-num-update", "adam", {"learning_rate": 0.05, "wd": 0.1, "begin_num_update": 5},
+     {"fc_weight": 0.5}, {}, {}),
+    ("lars-names", "lars", {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.5, "wd": 0.1},
+     {3: 3.0}, {}, {}),
+    ("nag-param-dict", "nag", {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.1},
+     {0: 9.0}, {0: 9.0}, {0: (0.5, 2.0), 2: (0.0, 1.0)}),
+    ("adagrad-scheduled", "adagrad", {"learning_rate": 0.1, "wd": 0.05, "begin_num_update": 2},
+     {"fc_bias": 2.0}, {"fc_bias": 1.0}, {}),
+]
+
+
+def run_multipliers() -> list:
+    out = []
+    for index, (cid, name, params, lr_mult, wd_mult, pdict) in enumerate(MULT_CASES):
+        rng = np.random.default_rng(700 + index)
+        w0 = [rng.standard_normal(4).astype("float32") for _ in MULT_NAMES]
+        grads = [[(2.0 * rng.standard_normal(4)).astype("float32") for _ in MULT_NAMES] for _ in range(4)]
+        kwargs = dict(params, param_idx2name=dict(MULT_NAMES))
+        if cid == "adagrad-scheduled":
+            kwargs["lr_scheduler"] = mx.lr_scheduler.FactorScheduler(step=3, factor=0.5, base_lr=0.1)
+        if pdict:
+            kwargs["param_dict"] = {i: mx.gluon.Parameter(f"p{i}", shape=(4,), lr_mult=lr, wd_mult=wd)
+                                    for i, (lr, wd) in pdict.items()}
+        o = mx.optimizer.create(name, **kwargs)
+        o.set_lr_mult(dict(lr_mult))
+        o.set_wd_mult(dict(wd_mult))
+        scales = [[o._get_lr(i) / (o.lr_scheduler(o.begin_num_update + 1) if o.lr_scheduler else o.lr),
+                   o._get_wd(i) / params["wd"]] for i in MULT_NAMES]
+        kv = mx.kv.create("local")
+        kv.init(list(MULT_NAMES), [mx.nd.array(w) for w in w0])
+        kv.set_optimizer(o)
+        weights = []
+        for step in grads:
+            kv.push(list(MULT_NAMES), [mx.nd.array(g) for g in step])
+            ws = [mx.nd.zeros(4) for _ in MULT_NAMES]
+            kv.pull(list(MULT_NAMES), out=ws)
+            weights.append([w.asnumpy().tolist() for w in ws])
+        out.append({"id": cid, "optimizer": name, "params": params, "names": {str(k): v for k, v in MULT_NAMES.items()},
+                    "lr_mult": [[k, v] for k, v in lr_mult.items()], "wd_mult": [[k, v] for k, v in wd_mult.items()],
+                    "param_dict": [[k, lr, wd] for k, (lr, wd) in pdict.items()],
+                    "scheduler": {"step": 3, "factor": 0.5, "base_lr": 0.1} if cid == "adagrad-scheduled" else None,
+                    "scales": scales, "w0": [w.tolist() for w in w0], "grads": [[g.tolist() for g in s] for s in grads],
+                    "weights": weights})
+    return out
+
+
 def main(path: str) -> None:
     cases = [run_dense(i, name, params, extras) for i, (name, params, extras) in enumerate(CASES)]
     cases.append(run_ftrl_row_sparse())
@@ -322,7 +439,8 @@ def main(path: str) -> None:
            "mxnet": mx.__version__, "numpy": np.__version__, "cases": cases,
            "scenarios": [run_scenario(*scenario) for scenario in SCENARIOS],
            "schedules": [run_schedule(*schedule) for schedule in SCHEDULES],
-           "kvstore_row_sparse": run_kvstore_row_sparse()}
+           "kvstore_row_sparse": run_kvstore_row_sparse(),
+           "kvstore_lazy": run_kvstore_lazy(), "multipliers": run_multipliers()}
     with open(path, "w") as f:
         json.dump(out, f, indent=None, separators=(",", ":"))
         f.write("\n")
