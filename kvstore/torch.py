@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from collections.abc import Callable
@@ -52,21 +53,57 @@ def __dir__() -> list[str]:     # dir(kvstore.torch): the public names, not our 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 
-def optimizer_from_torch(opt: torch.optim.Optimizer) -> kvopt.Optimizer:
+def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.Optimizer:
     """The server-side equivalent of a torch optimizer (SGD only: its update is
-    MXNet's SGD with the same hyper-parameters for a constant learning rate)."""
+    MXNet's SGD with the same hyper-parameters for a constant learning rate; torch's
+    SGD moves every row of a sparse gradient's parameter, its momentum included, so
+    ``lazy_update=False``).
+
+    Param groups may differ in ``lr`` and ``weight_decay`` (the usual recipe: no
+    weight decay on biases and norms): the servers' rate and weight decay are the
+    first nonzero ones, and each key of another group gets MXNet's ``lr_mult`` and
+    ``wd_mult`` (``keys``: the (parameter, store key) pairs, needed then). Raises
+    ArgumentTypeError for another optimizer, InvalidArgumentError naming the group
+    for groups that differ in anything else, for dampening or maximize."""
     if type(opt) is not torch.optim.SGD:
         raise ArgumentTypeError(
             f"update_on_kvstore=True runs the optimizer on the servers, which can mirror "
             f"torch.optim.SGD only, not {type(opt).__name__}: pass a kvstore.optimizer optimizer "
             "or use update_on_kvstore=False")
-    if len(opt.param_groups) != 1:
-        raise InvalidArgumentError("update_on_kvstore=True needs a single torch param group")
-    g = opt.param_groups[0]
-    if g.get("dampening", 0) != 0 or g.get("maximize", False):
+    groups = opt.param_groups
+    first = groups[0]
+    for i, g in enumerate(groups[1:], 1):
+        for name in ("momentum", "nesterov", "dampening", "maximize"):
+            if g.get(name) != first.get(name):
+                raise InvalidArgumentError(
+                    f"update_on_kvstore=True: torch param group {i} has {name}={g.get(name)!r}, group 0 "
+                    f"{first.get(name)!r}; the servers' SGD has one (groups may differ in lr and weight_decay, "
+                    "which become each key's lr_mult and wd_mult)")
+    if first.get("dampening", 0) != 0 or first.get("maximize", False):
         raise InvalidArgumentError("torch SGD with dampening or maximize has no server-side equivalent")
-    return kvopt.SGD(learning_rate=float(g["lr"]), momentum=float(g["momentum"]),
-                     wd=float(g["weight_decay"]), nesterov=bool(g["nesterov"]))
+    lr, wd = _base_rates(groups)
+    lr_mult, wd_mult = {}, {}
+    if len(groups) > 1:
+        if keys is None:
+            raise InvalidArgumentError("optimizer_from_torch: several param groups need keys, the (parameter, "
+                                       "store key) pairs, to give their keys lr_mult and wd_mult")
+        key_of = {id(p): k for p, k in keys}
+        for g in groups:
+            mults = (float(g["lr"]) / lr if lr else 1.0, float(g["weight_decay"]) / wd if wd else 1.0)
+            if mults == (1.0, 1.0):
+                continue
+            for p in g["params"]:
+                if id(p) in key_of:
+                    lr_mult[key_of[id(p)]], wd_mult[key_of[id(p)]] = mults
+    return kvopt.SGD(learning_rate=lr, momentum=float(first["momentum"]), wd=wd, nesterov=bool(first["nesterov"]),
+                     lazy_update=False, lr_mult=lr_mult, wd_mult=wd_mult)
+
+
+def _base_rates(groups: list) -> tuple[float, float]:
+    """The servers' learning rate and weight decay for torch param ``groups``: the
+    first nonzero of each (group 0's when all are zero)."""
+    lr = next((float(g["lr"]) for g in groups if g["lr"]), float(groups[0]["lr"]))
+    return lr, next((float(g["weight_decay"]) for g in groups if g["weight_decay"]), 0.0)
 
 
 class Trainer:
@@ -88,6 +125,22 @@ class Trainer:
     at ``step()``) are neither exchanged nor updated; one that got no gradient in a
     step is exchanged as zeros (the other workers may have one), as DDP does with
     ``find_unused_parameters``.
+
+    Per-parameter rates and weight decay on the servers (update_on_kvstore=True):
+    a torch SGD's param groups may differ in ``lr`` and ``weight_decay``, which become
+    each key's ``lr_mult`` and ``wd_mult`` (a torch LR scheduler must then change
+    every group's rate by the same factor); a kvstore optimizer takes MXNet's
+    ``lr_mult`` / ``wd_mult`` by key, which ``model.named_parameters()`` makes the
+    parameters' names. The usual recipe, no weight decay on biases and norms::
+
+        no_decay = {n: 0.0 for n, p in model.named_parameters() if p.ndim == 1}
+        Trainer(model.named_parameters(), kv, kvstore.optimizer.SGD(learning_rate=0.1, wd=1e-4,
+                                                                    wd_mult=no_decay))
+
+    With flat buckets, parameters sharing a bucket must share their multipliers.
+    A sparse gradient (``nn.Embedding(sparse=True)``) updates only its rows with a
+    kvstore SGD, Adam or LARS (MXNet's ``lazy_update``), every row with a torch SGD
+    (as torch's own step does).
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
@@ -141,11 +194,15 @@ class Trainer:
                 "which hold them only with update_on_kvstore=True (a kvstore optimizer on the servers)")
         server_opt = None
         if update_on_kvstore:
-            server_opt = optimizer if not is_torch else optimizer_from_torch(optimizer)
+            server_opt = optimizer if not is_torch else optimizer_from_torch(optimizer, zip(self._params, self._keys))
             if not isinstance(server_opt, kvopt.Optimizer):
                 raise ArgumentTypeError("optimizer must be a kvstore.optimizer optimizer or a torch "
                                         f"optimizer, got {type(optimizer).__name__}")
+        # a torch optimizer's param groups: each group's rate is this multiple of the servers'
+        self._lr_ratios = [] if self._lr_source is None else self._group_ratios()
         self._flat = self._flat_buckets(kv, server_opt, bucket_bytes) if flat_buckets else None
+        if server_opt is not None and self._flat is not None:
+            server_opt = self._bucket_multipliers(server_opt)
         # rank 0's parameters everywhere
         keys, values = self._weights()
         kv.init(keys, [v.detach() for v in values])
@@ -176,6 +233,33 @@ class Trainer:
         else:
             raise InvalidArgumentError("flat_buckets: a parameter is named like a bucket key (bucket.N)")
         return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of, lambda *a: self._grad_memory(kv, *a))
+
+    def _bucket_multipliers(self, server_opt: kvopt.Optimizer) -> kvopt.Optimizer:
+        """``server_opt`` with each flat bucket's key given the lr_mult and wd_mult its
+        parameters share (by their keys or names: a bucket is one key on the servers).
+        Raises InvalidArgumentError naming two parameters of a bucket that differ."""
+        assert self._flat is not None
+        lr_mult, wd_mult = {}, {}
+        for bucket in self._flat.buckets:
+            found = {i: server_opt.multipliers(self._keys[i]) for i in bucket.indices}
+            if len(set(found.values())) > 1:
+                (a, ma), (b, mb) = [next((i, m) for i, m in found.items() if m == want)
+                                    for want in list(dict.fromkeys(found.values()))[:2]]
+                raise InvalidArgumentError(
+                    f"flat_buckets: parameters {self._keys[a]!r} (lr_mult, wd_mult {ma}) and {self._keys[b]!r} "
+                    f"({mb}) share bucket {bucket.key!r}, which the servers update as one key: create the "
+                    "Trainer with flat_buckets=False, or give them the same multipliers")
+            mults = next(iter(found.values()), (1.0, 1.0))
+            if mults != (1.0, 1.0):
+                lr_mult[bucket.key], wd_mult[bucket.key] = mults
+        return server_opt.with_multipliers(lr_mult, wd_mult) if lr_mult else server_opt
+
+    def _group_ratios(self) -> list[float]:
+        """Each param group's learning rate over the servers' (optimizer_from_torch)."""
+        assert self._lr_source is not None
+        groups = self._lr_source.param_groups
+        base, _ = _base_rates(groups)
+        return [float(g["lr"]) / base if base else 1.0 for g in groups]
 
     @staticmethod
     def _grad_memory(kv: KVStore, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -310,9 +394,17 @@ class Trainer:
         follows a torch LR scheduler exactly as update_on_kvstore=False does."""
         if self._lr_source is None:
             return
-        lr = float(self._lr_source.param_groups[0]["lr"])
+        groups = self._lr_source.param_groups
+        base = self._lr_ratios.index(1.0) if 1.0 in self._lr_ratios else 0    # the group whose rate the servers keep
+        lr = float(groups[base]["lr"])
+        for i, (g, ratio) in enumerate(zip(groups, self._lr_ratios)):
+            if not math.isclose(float(g["lr"]), lr * ratio, rel_tol=1e-9, abs_tol=1e-15):
+                raise InvalidArgumentError(
+                    f"step: torch param group {i}'s learning rate is {g['lr']!r}, no longer {ratio:g} times group "
+                    f"{base}'s ({lr!r}): the servers keep one rate and each key's lr_mult, so every group's rate "
+                    "must change by the same factor (as torch's schedulers do with one factor for all groups)")
         if lr != self._lr_sent:
-            group = self._lr_source.param_groups[0]
+            group = groups[base]
             # torch's momentum buffer excludes the lr, MXNet's (the servers') includes it
             torch_momentum = group.get("momentum", 0) > 0 and not group.get("nesterov", False)
             scale = lr / self._lr_sent if torch_momentum and self._lr_sent else 1.0

@@ -239,6 +239,20 @@ class Optimizer:
         self._mults = self._mults.with_wd_mult(args_wd_mult)
         self._views = {}
 
+    def multipliers(self, key) -> tuple[float, float]:
+        """``(lr multiplier, wd multiplier)`` of the parameter ``key`` (a store key), in
+        MXNet's order: ``param_dict``, the key's entry, its name's, else 1."""
+        return self._mults.scales(key)
+
+    def with_multipliers(self, lr_mult: dict | None = None, wd_mult: dict | None = None) -> Optimizer:
+        """This optimizer (a new one: the same config) with these entries added to its
+        ``lr_mult`` and ``wd_mult`` tables (an entry by key wins over one by name).
+        Raises ConfigError for a bad entry."""
+        config = self.to_config()
+        params = config["params"]
+        return from_config({**config, "params": {**params, "lr_mult": {**params["lr_mult"], **(lr_mult or {})},
+                                                 "wd_mult": {**params["wd_mult"], **(wd_mult or {})}}})
+
     def param_name(self, slot) -> str:
         """The name of the parameter of updater slot ``slot`` (a key, or a server's
         ``(key, chunk)``): ``param_idx2name``'s, else ``str(key)``, as MXNet's LARS."""

@@ -329,3 +329,140 @@ def test_a_failure_on_the_communication_thread_is_raised_by_step(make_cluster):
             trainer.step()
     with kvstore.create("local") as kv:
         job(kv)
+
+
+# -- per-parameter rates and weight decay on the servers (issue 44 item 6) ---------------------
+
+def _grouped(params):
+    """The usual recipe: no weight decay on biases, the last layer at a tenth of the rate."""
+    ps = list(params)
+    biases = [p for p in ps if p.ndim == 1]
+    last = [p for p in ps if p.ndim > 1][-1:]
+    rest = [p for p in ps if p.ndim > 1 and all(p is not q for q in last)]
+    return torch.optim.SGD([{"params": rest}, {"params": last, "lr": 0.01},
+                            {"params": biases, "weight_decay": 0.0}], lr=0.1, momentum=0.9, weight_decay=1e-2)
+
+
+def test_torch_param_groups_become_each_keys_multipliers(make_cluster):
+    want = reference_torch(lambda ps: _grouped(ps))
+    results = run_dist(make_cluster, lambda m: (_grouped(m.parameters()), {"update_on_kvstore": True}))
+    for got in results:
+        assert_same(got, want)
+    # the groups matter: one group would train otherwise
+    assert not torch.allclose(reference_torch(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9,
+                                                                         weight_decay=1e-2))[0], want[0])
+    # the servers' optimizer: group 0's rate and decay, lr_mult and wd_mult by key
+    model = make_model()
+    o = kvtorch.optimizer_from_torch(_grouped(model.parameters()), zip(model.parameters(), range(4)))
+    assert (o.learning_rate, o.wd, o.lazy_update) == (0.1, 1e-2, False)
+    assert [o.multipliers(k) for k in range(4)] == [(1.0, 1.0), (1.0, 0.0), (pytest.approx(0.1), 1.0), (1.0, 0.0)]
+
+
+def test_param_groups_follow_a_torch_scheduler_and_refuse_one_that_splits_them(make_cluster):
+    def loop(model, trainer, opt, sched, rank, size):
+        per = W * B // size
+        for x, y in batches():
+            trainer.zero_grad()
+            F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
+            trainer.step()
+            sched.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    model = make_model()
+    opt = _grouped(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for x, y in batches():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+    want = [p.detach().clone() for p in model.parameters()]
+    with kvstore.create("local") as kv:
+        model = make_model()
+        opt = _grouped(model.parameters())
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
+        assert_same(loop(model, trainer, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5), 0, 1),
+                    want)
+    with kvstore.create("local") as kv:
+        model = make_model()
+        opt = _grouped(model.parameters())
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
+        split = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0])
+        with pytest.raises(kvstore.InvalidArgumentError, match="param group 1's learning rate .* no longer"):
+            loop(model, trainer, opt, split, 0, 1)
+
+
+def test_param_groups_that_differ_in_momentum_are_refused_by_name():
+    model = make_model()
+    ps = list(model.parameters())
+    opt = torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:], "momentum": 0.5}], lr=0.1, momentum=0.9)
+    with kvstore.create("local") as kv, pytest.raises(kvstore.InvalidArgumentError,
+                                                      match="param group 1 has momentum=0.5"):
+        kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
+
+
+def test_a_kvstore_optimizer_takes_multipliers_by_parameter_name():
+    """No weight decay on biases, by name (named_parameters: the keys are the names):
+    what torch computes with a param group of biases at weight_decay=0."""
+    want = reference_torch(lambda ps: _grouped(ps))
+    with kvstore.create("local") as kv:
+        model = make_model()
+        names = [n for n, _ in model.named_parameters()]
+        o = kvopt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-2, nesterov=False,
+                      wd_mult={n: 0.0 for n, p in model.named_parameters() if p.ndim == 1},
+                      lr_mult={names[2]: 0.1})
+        trainer = kvtorch.Trainer(model.named_parameters(), kv, o)
+        assert_same(train(model, trainer, 0, 1), want)
+
+
+def test_flat_buckets_carry_their_parameters_multipliers_or_refuse_a_mixed_bucket():
+    want = reference_torch(lambda ps: _grouped(ps))
+    with kvstore.create("local") as kv:       # one bucket per parameter: each keeps its own
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, _grouped(model.parameters()), update_on_kvstore=True,
+                                  flat_buckets=True, bucket_bytes=1)
+        assert_same(train(model, trainer, 0, 1), want)
+    with kvstore.create("local") as kv:       # one bucket for all: biases and weights differ
+        model = make_model()
+        with pytest.raises(kvstore.InvalidArgumentError, match="flat_buckets: parameters .* share bucket"):
+            kvtorch.Trainer(model.parameters(), kv, _grouped(model.parameters()), update_on_kvstore=True,
+                            flat_buckets=True)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_sparse_embedding_with_torch_sgd_moves_every_row_as_torch(momentum):
+    """torch's SGD keeps a sparse gradient's momentum for every row it ever named (row
+    0 keeps moving after its last gradient): the servers' SGD is lazy_update=False."""
+    def run(trainer_kv=None):
+        torch.manual_seed(0)
+        emb = nn.Embedding(5, 3, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1, momentum=momentum)
+        trainer = kvtorch.Trainer(emb.parameters(), trainer_kv, opt, update_on_kvstore=True) if trainer_kv else None
+        for ids in ([0, 2], [1], [1, 3]):
+            (trainer or opt).zero_grad()
+            emb(torch.tensor(ids)).sum().backward()
+            (trainer or opt).step()
+        return emb.weight.detach().clone()
+
+    want = run()
+    with kvstore.create("local") as kv:
+        got = run(kv)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_sparse_embedding_with_a_kvstore_sgd_moves_only_the_rows_of_each_gradient():
+    """MXNet's lazy_update (SGD's default): row 0, named at the first step only, keeps
+    the value of that step, weight decay and momentum included."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(5, 3, sparse=True)
+    with kvstore.create("local") as kv:
+        trainer = kvtorch.Trainer(emb.parameters(), kv, kvopt.SGD(learning_rate=0.1, momentum=0.9, wd=0.1))
+        seen = []
+        for ids in ([0, 2], [1], [1, 3]):
+            trainer.zero_grad()
+            emb(torch.tensor(ids)).sum().backward()
+            trainer.step()
+            seen.append(emb.weight.detach().clone())
+    torch.testing.assert_close(seen[2][0], seen[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(seen[2][4], seen[0][4], rtol=0, atol=0)     # never named
+    assert not torch.equal(seen[1][1], seen[0][1])
