@@ -1,6 +1,9 @@
-"""Row-sparse values pushed to dense keys are summed densely, as MXNet does (how a
-dense weight with sparse gradients trains there): under every store type, with
-compression and an optimizer; the 'local' store is the oracle."""
+"""Row-sparse values pushed to dense keys (how a dense weight with sparse gradients
+trains in MXNet): without an optimizer the sum is assigned densely (zeros outside its
+rows), as MXNet's KVStore copies it; with one the update is MXNet's lazy_update
+(SGD's default: only the rows named move, tests/optimizer/test_lazy_update.py has
+MXNet's numbers), under every store type and with compression; the 'local' store,
+fed every worker's values as one list, is the oracle."""
 
 import numpy as np
 import pytest
@@ -54,7 +57,8 @@ def test_one_process_stores_sum_sparse_values_densely(store_type):
 
 def reference(compression, optimizer, workers: int, steps: int) -> np.ndarray:
     """What every worker of a dist_sync job must see: the local store, fed every
-    worker's dense-made gradients in the order the servers sum them."""
+    worker's values of a step as one list (summed in the order the servers sum them;
+    with compression, each value quantised on its own as a worker's push is)."""
     kv = kvstore.create("local")
     if compression:
         kv.set_gradient_compression(compression)
@@ -62,15 +66,18 @@ def reference(compression, optimizer, workers: int, steps: int) -> np.ndarray:
     if optimizer:
         kv.set_optimizer(optimizer)
     for step in range(steps):
-        total = sum(dense(sparse_grad(r, step)) for r in range(workers))
-        kv.push(3, total.astype(np.float32))
+        kv.push(3, [sparse_grad(r, step) for r in range(workers)])
     out = np.empty(SHAPE, np.float32)
     kv.pull(3, out=out)
     return out
 
 
+LAZY = opt.SGD(learning_rate=0.1, momentum=0.9, wd=0.1)      # rows 3 and 5 are never pushed: they keep 0.5
+
+
 @pytest.mark.parametrize("compression, optimizer", [
-    (None, None), (None, opt.SGD(learning_rate=0.1, momentum=0.9)), ({"type": "fp16"}, None)])
+    (None, None), (None, opt.SGD(learning_rate=0.1, momentum=0.9)), ({"type": "fp16"}, None), (None, LAZY),
+    ({"type": "fp16"}, LAZY), (None, opt.SGD(learning_rate=0.1, momentum=0.9, wd=0.1, lazy_update=False))])
 def test_dist_sync_sums_sparse_values_of_every_worker_densely(make_cluster, compression, optimizer):
     def job(kv):
         if compression:
@@ -85,6 +92,10 @@ def test_dist_sync_sums_sparse_values_of_every_worker_densely(make_cluster, comp
         return out
 
     want = reference(compression, optimizer, 2, 3)
+    # rows nobody pushed: assigned zeros without an optimizer, kept by a lazy update or
+    # without weight decay, decayed by a dense one
+    kept = optimizer is not None and (optimizer.wd == 0 or optimizer.lazy_update)
+    assert np.all(want[[3, 5]] == 0.5) == kept and np.all(want[[3, 5]] == 0) == (optimizer is None)
     for out in make_cluster(2, 2, chunk_bytes=32).run(job):
         np.testing.assert_allclose(out, want, rtol=1e-6)
 
