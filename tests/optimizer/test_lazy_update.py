@@ -203,6 +203,29 @@ def test_a_dist_sync_job_computes_mxnets_numbers(make_cluster):
             _check(ours, case)
 
 
+def test_deterministic_sums_keep_each_rounds_rows(make_cluster):
+    """Sums in rank order: a push that comes before a lower rank's is held, its rows
+    counted in its round all the same."""
+    cases = [c for c in DATA["dense"] if c["optimizer"] in ("sgd", "adam")][:3]
+
+    def job(kv):
+        results = []
+        for i, case in enumerate(cases):
+            kv.init(i, np.array(case["w0"], np.float32))
+            kv.set_optimizer(_optimizer(case))
+            got = []
+            for k in range(len(case["pushes"])):
+                out = np.empty(SHAPE, np.float32)
+                kv.pushpull(i, _values(case, k)[kv.rank], out=out)
+                got.append(out)
+            results.append(got)
+        return results
+
+    for results in make_cluster(2, 2, chunk_bytes=40, deterministic=True).run(job):
+        for got, case in zip(results, cases):
+            _check(got, case)
+
+
 def test_dist_async_updates_lazily(make_cluster):
     """Each push applied on arrival: one worker pushing a step's values one at a time
     is the local store fed the same pushes."""

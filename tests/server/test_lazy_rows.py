@@ -147,3 +147,16 @@ def test_a_malformed_rows_field_is_refused_naming_the_chunk(field, message):
     np.testing.assert_array_equal(value(srv), W0)
     with pytest.raises(ProtocolError, match="chunk A"):
         lazy.parse([2, 0, b""], 8, "chunk A")
+
+
+def test_ssp_applies_a_push_to_its_rows():
+    from kvstore.server.state import ServerState
+    state = ServerState(name="server 0")
+    for rid, (op, fields, arrays) in enumerate([
+            (ops.CONFIGURE, {"mode": "ssp", "num_workers": 2, "staleness": 1}, []),
+            (ops.SET_OPTIMIZER, {"optimizer": sgd().to_config()}, []),
+            (ops.INIT, {"chunks": [list(A)]}, [W0]),
+            (ops.PUSH, {"chunks": [list(A)], "rows": [rows_field(3)]}, [grad(0)])], 1):
+        (reply,) = state.handle(peer(0), {"op": op, "id": rid, "src": 0, **fields}, arrays)
+        expect_ok(reply, peer(0), rid)
+    np.testing.assert_allclose(state.chunks[A].value, stepped(W0, grad(0), np.array([6, 7])), rtol=1e-6)
