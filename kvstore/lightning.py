@@ -74,8 +74,9 @@ class KVStoreStrategy(ParallelStrategy):
     ``kvstore``: a store type for :func:`kvstore.create` (``"dist_sync"``,
     ``"dist_device_sync"``, ``"dist_async"``, ``"local"``...), created when the
     Lightning Trainer is built, or a store you created. ``update_on_kvstore``:
-    whether the servers run the optimizer (the module's ``torch.optim.SGD``, a
-    single param group) or the workers run the module's torch optimizer on the
+    whether the servers run the optimizer (the module's ``torch.optim.SGD``, whose
+    param groups may differ in ``lr`` and ``weight_decay``: each key's ``lr_mult``
+    and ``wd_mult`` on the servers) or the workers run the module's torch optimizer on the
     averaged gradients (any optimizer; the servers only sum, so a synchronous
     store). ``bucket_bytes``, ``overlap``: as :class:`kvstore.torch.Trainer`
     (with ``accumulate_grad_batches > 1`` the exchange runs at the optimizer step
