@@ -271,11 +271,13 @@ def test_a_channel_that_breaks_fails_the_waiting_call_fast(make_cluster):
             data.endpoints["tcp"]._channels[peer]._break(ConnectionError("cut by the test"))
         return intercept(peer, header, arrays)
     data.intercept = break_on_pushpull
+    ready = registered(cluster, [0])   # the channel exists before the pushpull (see registered)
 
     def work(kv):
         kv.init(1, np.zeros(N, np.float32))
         if kv.rank == 1:
             return None              # never pushes: the round cannot complete
+        assert ready.wait(20), "server 0 did not register the workers' data channels"
         start = time.monotonic()
         with pytest.raises(NodeFailedError, match="data channel to server 0") as e:
             kv.pushpull(1, np.ones(N, np.float32), out=np.empty(N, np.float32))
