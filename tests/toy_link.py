@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from kvstore.transport.links import Link, LinkUnavailable
+from kvstore.transport.links import Link, LinkUnavailable, RequestOptions
 from toy_endpoint import HELLO
 
 
@@ -20,8 +20,8 @@ class ToyLink(Link):
 
         def keep(header, values):
             self._answer = header
-        return [self.client.request(self.server, HELLO, f"toy handshake with server {self.server}",
-                                    on_reply=keep, sequenced=False, on_error=self.refused,
+        return [self.client.request(self.server, HELLO, f"toy handshake with server {self.server}", (),
+                                    RequestOptions(on_reply=keep, sequenced=False, on_error=self.refused),
                                     token=self._token)[0]]
 
     def ready(self) -> None:

@@ -22,6 +22,7 @@ from . import dynamic as dynrows, layout as rowshard
 from .dynamic import DynamicRows
 from ..modes import ConsistencyMode
 from ..protocol import ops
+from ..transport.links import RequestOptions
 
 
 class DistRows:
@@ -101,7 +102,7 @@ class DistRows:
         placed, _, pull = self._placed(key, rows)
         for s, where in enumerate(placed):
             if len(where):
-                ids.append(client.request(s, pull, what, [rows[where]], on_reply=_into(data, where, what),
+                ids.append(client.request(s, pull, what, [rows[where]], RequestOptions(on_reply=_into(data, where, what)),
                                           chunk=[key, s])[0])
         client.wait(ids, what)
         return data
@@ -115,7 +116,7 @@ class DistRows:
             def got(header, values):
                 found[server] = dict(header["stats"])
             return got
-        ids = [client.request(s, ops.DYN_STATS, what, [], on_reply=keep(s), chunk=[key, s])[0]
+        ids = [client.request(s, ops.DYN_STATS, what, [], RequestOptions(on_reply=keep(s)), chunk=[key, s])[0]
                for s in range(self.servers)]
         client.wait(ids, what)
         return [found[s] for s in range(self.servers)]

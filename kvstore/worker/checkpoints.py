@@ -24,6 +24,7 @@ import numpy as np
 from ..checkpoint_sets import Entry, choose
 from ..errors import CheckpointError, InvalidArgumentError, KVStoreError, RemoteError
 from ..protocol import ops
+from ..transport.links import RequestOptions
 
 
 class Checkpoints:
@@ -79,7 +80,7 @@ class Checkpoints:
         def keep(header, values):
             found.update(header)
         what = "reading the checkpoint's metadata"
-        self._client.wait([self._client.request(0, ops.GET_META, what, on_reply=keep)[0]], what)
+        self._client.wait([self._client.request(0, ops.GET_META, what, (), RequestOptions(on_reply=keep))[0]], what)
         self.resumed, self.meta = bool(found.get("resumed")), dict(found.get("meta") or {})
         self._pulls = int(found.get("step") or 0)
 

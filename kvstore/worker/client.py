@@ -30,6 +30,7 @@ from ..protocol import encode, ops
 from ..protocol.codec import MAX_HEADER_BYTES
 from ..timeline import Timeline
 from ..transport import Advert, links, memory
+from ..transport.links import PLAIN, RequestOptions
 from ..transport.pace import Pace
 from ..transport.traffic import Traffic
 from ..transport.sockets import Sockets
@@ -53,13 +54,13 @@ MAX_IN_FLIGHT = 512
 class _Request:
     server: int
     what: str
-    on_reply: Callable | None
-    on_error: Callable | None = None   # takes its error instead of the next wait
-    into: list | None = None   # where its reply's arrays go (the link delivers them)
-    urgent: bool = False       # its reply is handled before others that arrived with it
+    options: RequestOptions    # into, on_reply, on_error, urgent (Client.request's)
     aside: bool = False        # its reply comes by the link's aside path (a data channel)
     reads: frozenset | None = None   # the chunks whose values its reply carries
 
+
+# the names of RequestOptions' fields: refused as header fields
+_OPTIONS = frozenset(RequestOptions.__dataclass_fields__)
 
 # requests that may complete a round, changing a chunk's value on a sync server
 CHANGES_VALUES = frozenset({ops.PUSH, ops.PUSHPULL, ops.WRITE})
@@ -89,7 +90,7 @@ class Client:
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
         self._pending: dict[int, _Request] = {}
-        self._progressing = False   # inside _progress (a grant's handler sends `written`)
+        self._progressing = False   # inside progress (a grant's handler sends `written`)
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         # requests of calls that raised before their replies came: those replies must
         # not reach the call's outputs any more (grants to write are still honoured,
@@ -131,34 +132,20 @@ class Client:
             self._shared[name] = make()
         return self._shared[name]
 
-    def pipeline_limits(self) -> list[int]:
-        """Message size per server, for dist.py's pipelining (each link's choice; the
-        pace's for network links with ``KVSTORE_PIPELINE_BYTES=auto``)."""
-        return self.pace.limits()
-
-    def request(self, server: int, op: str, what: str, arrays=(), on_reply=None,
-                track: bool = False, stage=None, shared=None, sequenced: bool = True,
-                in_place: bool = False, into=None, urgent: bool = False, follows=None,
-                on_error=None, reads=None, **fields):
-        """Send one request; returns (request id, zmq MessageTracker or None).
-
-        ``on_reply(header, arrays)`` is called with the reply; ``into``: where the
-        reply's arrays go (one contiguous 1-D array each), delivered by the link
-        (over a data channel, received straight into them). ``stage``: keys (e.g.
-        chunk ids) naming ``arrays``, for a link that copies them into its shared
-        memory; ``in_place``: arrays that already lie in our shared memory (see
-        :meth:`shared_empty`) may go by reference, and the caller leaves them
-        unchanged until the reply; ``shared``: where ``arrays`` lie in our shared
-        memory (see protocol.encode). ``sequenced=False``: no per-connection sequence
-        number (a request that may fail before the server's sequencer sees it,
-        answered before anything else). ``urgent``: its reply is handled before
-        others (other workers wait on it). ``follows``: the request whose reply
-        handler sends this one; if its call gave up, so has this one's. ``on_error(error)``:
-        called with its error instead of raising it at the next wait. ``reads``: the
-        chunk ids whose values its reply (or a request its reply sends) carries; by
-        default its ``chunks`` when it has ``into``."""
+    def request(self, server: int, op: str, what: str, arrays=(), options: RequestOptions = PLAIN,
+                **fields) -> tuple[int, zmq.MessageTracker | None]:
+        """Send one request ``op`` to ``server`` with ``arrays`` and the header
+        ``fields``; returns (request id, ZeroMQ MessageTracker with ``options.track``,
+        else None). ``what`` names the call in errors. ``options``
+        (:class:`~kvstore.transport.links.RequestOptions`): what the arrays may become,
+        where the reply goes (``into``, ``on_reply``, ``on_error``), its order.
+        Raises InvalidArgumentError, before anything is sent, when it cannot be encoded."""
+        if not _OPTIONS.isdisjoint(fields):     # e.g. a caller written for keyword options
+            raise TypeError(f"Client.request: {sorted(_OPTIONS.intersection(fields))} are RequestOptions "
+                            "fields, not header fields")
         if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
-            self._progress(0, what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
+            self.progress(what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
+        into = options.into
         # (only requests that change values or read them need their chunks as a set)
         chunks = _chunk_set(fields.get("chunks")) if op in CHANGES_VALUES or into is not None else None
         if op in CHANGES_VALUES and chunks:
@@ -167,28 +154,26 @@ class Client:
         link = self.links[server]
         payload = _nbytes(arrays)         # counted as sent whichever way the link moves them
         try:
-            arrays, shared, aside = link.prepare(req_id, arrays, fields, stage=stage, in_place=in_place,
-                                                 into=into, shared=shared,
-                                                 replied=on_reply is not None or into is not None)
-            if sequenced:
+            arrays, shared, aside = link.prepare(req_id, arrays, fields, options)
+            if options.sequenced:
                 fields["seq"] = self._seq[server]
-            track = track and shared is None
+            track = options.track and shared is None
             frames = self._encode(server, what, {"op": op, "id": req_id, "src": self.rank, **fields},
                                   arrays, shared)
             tracker = self._send_frames(server, frames, track, what)
         except BaseException:
             link.release(req_id)
             raise
-        if sequenced:
+        if options.sequenced:
             # taken only now that the request is on its way: one that could not be
             # encoded or sent leaves no gap that would hold back the later ones
             self._seq[server] += 1
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
-        reads = _chunk_set(reads) if reads is not None else (chunks if into is not None else None)
-        self._pending[req_id] = _Request(server, what, on_reply, on_error, into, urgent, aside, reads)
+        reads = _chunk_set(options.reads) if options.reads is not None else (chunks if into is not None else None)
+        self._pending[req_id] = _Request(server, what, options, aside, reads)
         if self.timeline is not None:
             self.timeline.request(req_id, server, op, fields.get("chunks"), payload)
-        if follows in self._abandoned:
+        if options.follows in self._abandoned:
             self._abandoned.add(req_id)
         return req_id, (tracker if track else None)
 
@@ -218,8 +203,8 @@ class Client:
                 if on_reply is not None:
                     on_reply(header, arrays)
             return keep
-        self.wait([self.request(s, op, what, on_reply=keeper(s), **fields)[0] for s in range(len(self.links))],
-                  what)
+        self.wait([self.request(s, op, what, (), RequestOptions(on_reply=keeper(s)), **fields)[0]
+                   for s in range(len(self.links))], what)
         return [replies[s] for s in range(len(self.links))]
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
@@ -261,20 +246,6 @@ class Client:
                     "than this worker); raise KVSTORE_TIMEOUT if it is just slow")
             sock.poll(SLICE * 1000, zmq.POLLOUT)
 
-    def write_in(self, server: int, what: str, keys, arrays, into, ids: list, later: list) -> list[int]:
-        """Contribute what ``server``'s link can write straight into the server's sums
-        (sync rounds of a co-located server; see transport/links/write_in.py): the
-        ``write`` request's id goes to ``ids``, the ``written`` one that its grant sends
-        to ``later``; the values after the round go to ``into``. Returns the indices of
-        ``arrays`` left to send as a pushpull (all of them when nothing was written)."""
-        writer = self.links[server].writer
-        if writer is None:
-            return list(range(len(arrays)))
-        left = writer.write(what, keys, arrays, into, ids, later)
-        kept = set(left)
-        self.traffic.sent(self.links[server].kind, _nbytes(a for i, a in enumerate(arrays) if i not in kept))
-        return left
-
     def shared_empty(self, size: int, dtype):
         """A 1-D array that co-located servers can read in place (ordinary memory
         when no link has such memory)."""
@@ -313,7 +284,7 @@ class Client:
         deadline = time.monotonic() + self.config.timeout
         try:
             while any(i in self._pending for i in ids):
-                self._progress(SLICE, what)
+                self.progress(what, SLICE)
                 if raising:
                     self.raise_errors()
                 if time.monotonic() > deadline:
@@ -375,40 +346,34 @@ class Client:
     def progress(self, what: str, timeout: float = 0) -> None:
         """Handle the replies that have arrived (e.g. grants to write, which other workers
         wait on, between the sends of one call), waiting up to ``timeout`` for the first."""
-        self._progress(timeout, what)
-
-    def _progress(self, timeout: float, what: str) -> None:
-        self._progressing = True
+        self._progressing = True      # a grant's handler sends `written`: no progress inside
         try:
-            self._take_replies(timeout, what)
+            self._check_abort()
+            received = []
+            for server, sock in self._socks.poll(timeout):
+                if sock is None:                 # a link's own reader has something
+                    self._from_aside(server)
+                    continue
+                while True:
+                    try:
+                        received.append((server, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+                    except zmq.Again:
+                        break
+            # grants to write first: other workers wait for our turn in those rounds, while
+            # copying results out (the other replies) keeps only ourselves waiting
+            if len(received) > 1 and any(r.options.urgent for r in self._pending.values()):
+                received.sort(key=lambda item: not self._urgent(item[1]))
+            for server, frames in received:
+                self._on_reply(server, frames)
         finally:
             self._progressing = False
-
-    def _take_replies(self, timeout: float, what: str) -> None:
-        self._check_abort()
-        received = []
-        for server, sock in self._socks.poll(timeout):
-            if sock is None:                 # a link's own reader has something
-                self._from_aside(server)
-                continue
-            while True:
-                try:
-                    received.append((server, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
-                except zmq.Again:
-                    break
-        # grants to write first: other workers wait for our turn in those rounds, while
-        # copying results out (the other replies) keeps only ourselves waiting
-        if len(received) > 1 and any(r.urgent for r in self._pending.values()):
-            received.sort(key=lambda item: not self._urgent(item[1]))
-        for server, frames in received:
-            self._on_reply(server, frames)
 
     def _urgent(self, frames) -> bool:
         try:
             req = self._pending.get(msgpack.unpackb(frames[0].bytes).get("id"))
         except Exception:          # malformed: _on_reply reports it
             return False
-        return req is not None and req.urgent
+        return req is not None and req.options.urgent
 
     def _from_aside(self, server: int) -> None:
         """Handle what ``server``'s link received on its aside path."""
@@ -429,7 +394,7 @@ class Client:
             if req is None:
                 raise ProtocolError(f"malformed reply from server {server}: {e}") from e
             link.release(e.request_id)      # that request failed; what it held is free
-            (req.on_error or self._orphan_errors.append)(
+            (req.options.on_error or self._orphan_errors.append)(
                 ProtocolError(f"{req.what}: malformed reply from server {server}: {e}"))
             return
         # a write grant's buffers are where to write in the server's memory, not data
@@ -448,6 +413,7 @@ class Client:
         link = self.links[server]
         link.release(header["id"])   # e.g. the server has finished with our slots
         abandoned = header["id"] in self._abandoned
+        options = req.options
         try:
             if header["op"] == ops.ERROR:
                 error = RemoteError(f"server {server}", str(header.get("kind")), str(header.get("message")))
@@ -455,12 +421,12 @@ class Client:
                 if abandoned:        # its call has raised already
                     log.warning("[worker:%d] late error for a call that had failed: %s", self.rank, error)
                 else:
-                    (req.on_error or self._orphan_errors.append)(error)
-            elif req.urgent or not abandoned:
-                if req.into is not None:
-                    link.deliver(arrays, req.into)
-                if req.on_reply is not None:
-                    req.on_reply(header, arrays)
+                    (options.on_error or self._orphan_errors.append)(error)
+            elif options.urgent or not abandoned:
+                if options.into is not None:
+                    link.deliver(arrays, options.into)
+                if options.on_reply is not None:
+                    options.on_reply(header, arrays)
         finally:
             self._abandoned.discard(header["id"])
 

@@ -40,6 +40,7 @@ from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import ops
 from ..rows import lazy
 from ..sharding import pieces
+from ..transport.links import RequestOptions
 from .store import fill_outputs
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from ..hostgroup.group import Call as HostCall, HostGroup
     from ..modes import ConsistencyMode
     from ..timeline import Call as TimelineCall, Timeline
+    from ..transport.links.write_in import Writer, Writing
     from ..transport.pace import Flight
 
 
@@ -85,16 +87,20 @@ class Wire:
 @dataclass
 class Sent:
     """Requests on their way, which :meth:`Exchange.fill` completes: the request ids,
-    the ``written`` ones their write grants send (``later``), the pace window, what
-    the call is, the outputs to fill from each flat reply buffer, and the call's
-    timeline record (None when off)."""
+    the writes into the servers' sums (each a ``Writing``, whose grant sends its
+    ``written``), the pace window, what the call is, the outputs to fill from each flat
+    reply buffer, and the call's timeline record (None when off)."""
     ids: list
-    later: list
+    writes: list[Writing]
     flight: Flight
     what: str
     fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
     call: TimelineCall | None = None
     keep: list = field(default_factory=list)   # host copies of device sums the servers may read
+
+    def requests(self) -> list[int]:
+        """Every request of the call sent so far (a write's ``written`` once granted)."""
+        return self.ids + [rid for w in self.writes for rid in w.requests()]
 
 
 @dataclass
@@ -188,6 +194,8 @@ class Exchange:
         self._client, self._config, self._mode = client, config, mode
         self._leads, self._wire, self._timeline, self._staging = leads, wire, timeline, staging
         self.host: HostGroup | None = None
+        # each server's link's writer into its sums (shared memory; None: it takes pushes only)
+        self._writers: list[Writer | None] = [link.writer for link in client.links]
 
     # -- collaborators ---------------------------------------------------------------------
     def join_host(self, host: HostGroup) -> None:
@@ -211,7 +219,7 @@ class Exchange:
         return [flat for _, flat, _ in sent.fills]
 
     def _replied_for_host(self, sent: Sent) -> bool:
-        return self._client.replied(sent.ids + sent.later)
+        return self._client.replied(sent.requests())
 
     def flush(self, what: str) -> None:
         """Complete every call in flight (the host group's first) and raise their errors."""
@@ -291,9 +299,6 @@ class Exchange:
     def _shared_bytes(self, nbytes: int) -> np.ndarray:
         return self._client.shared_empty(nbytes, np.uint8)
 
-    def send_and_fill(self, op: str, what: str, sources, targets) -> None:
-        self.fill(self.send(op, what, sources, targets, paced=True))
-
     def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
               group=None, rows: dict | None = None) -> Sent:
         """The requests of one call; ``group``: the workers a host's sum speaks for;
@@ -311,47 +316,52 @@ class Exchange:
         if group is not None:
             fields["group"] = group
         ids: list[int] = []
-        later: list[int] = []
-        flight = self._client.pace.start(dests, what, self._client if paced else None)
+        writes: list[Writing] = []
+        client = self._client
+        flight = client.pace.start(dests, what, client if paced else None)
         # every worker goes in the same order: a round's second writer adds while the
         # first copies the next message, and replies start early (starting at
         # different places was slower: the first rounds complete only half-way)
-        order = cut_for_rows(pieces(dests, self._client.pipeline_limits()), {s: g[0] for s, g in dests.items()},
-                             marks)
+        order = cut_for_rows(pieces(dests, client.pace.limits()), {s: g[0] for s, g in dests.items()}, marks)
         for server, lo, hi in order:
             wire_ids, parts = dests[server][0][lo:hi], dests[server][1][lo:hi]
             payload = wire.compress(wire_ids, datas.get(server, ([], []))[1][lo:hi])
-            if write_in:
+            writer = self._writers[server] if write_in else None
+            if writer is not None:
                 # what the server's link can write straight into its sums (no staging
                 # copy); the rest (small chunks, gradients from empty()) goes as a pushpull,
                 # and so do lazy chunks: a write names every value, a pushpull its rows
                 dense = [i for i, w in enumerate(wire_ids) if tuple(w) not in marks]
-                left = self._client.write_in(server, what, [wire_ids[i] for i in dense], [payload[i] for i in dense],
-                                             [parts[i] for i in dense], ids, later) if dense else []
-                rest = sorted({dense[i] for i in left} | (set(range(len(wire_ids))) - set(dense)))
-                if len(rest) < len(parts):
+                writing = writer.write(what, [wire_ids[i] for i in dense], [payload[i] for i in dense],
+                                       [parts[i] for i in dense]) if dense else None
+                if writing is not None:
+                    writes.append(writing)
+                    rest = sorted(set(range(len(wire_ids))) - {dense[i] for i in writing.chosen})
                     wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
                     if not parts:
                         continue
             # pushpull waits for its replies, so gradients in our shared memory
             # (empty()) may be read by the servers in place
             flight.admit(server)
-            rid, _ = self._client.request(server, op, what, payload, stage=wire_ids if stage else None,
-                                          in_place=stage, into=parts, chunks=wire_ids, **fields,
-                                          **rows_fields(wire_ids, marks))
+            rid, _ = client.request(server, op, what, payload,
+                                    RequestOptions(stage=wire_ids, in_place=True, into=parts) if stage
+                                    else RequestOptions(into=parts),
+                                    chunks=wire_ids, **fields, **rows_fields(wire_ids, marks))
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
             call.sent()
-        return Sent(ids, later, flight, what, [(outs, flat, direct)
-                                               for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
+        return Sent(ids, writes, flight, what, [(outs, flat, direct)
+                                                for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
 
     def _fill_sent(self, sent: Sent) -> None:
         call, what = sent.call, sent.what
         if call is not None:
             call.waiting()
-        self._client.wait(sent.ids, what)     # the replies, and the grants of writes...
-        self._client.wait(sent.later, what)   # ...whose `written` requests they sent
+        # the replies, and the grants of writes...
+        self._client.wait(sent.ids + [w.request for w in sent.writes], what)
+        # ...whose `written` requests they sent (none for a refused write: its error is raised)
+        self._client.wait([w.written for w in sent.writes if w.written is not None], what)
         self._client.pace.done(sent.flight)   # (sizes the next calls' messages)
         if call is not None:
             call.copying()
@@ -381,14 +391,14 @@ class Exchange:
         stage = wire.compressor is None
         groups = by_server(items)
         marks = row_marks([info for info, _ in items], rows, what)
-        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pipeline_limits()),
+        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pace.limits()),
                                            {s: g[0] for s, g in groups.items()}, marks):
             wire_ids = groups[server][0][lo:hi]
             parts = wire.compress(wire_ids, groups[server][1][lo:hi])
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
-            _, tracker = self._client.request(server, ops.PUSH, what, parts, track=big,
-                                              stage=wire_ids if stage else None, chunks=wire_ids, **fields,
-                                              **rows_fields(wire_ids, marks))
+            _, tracker = self._client.request(server, ops.PUSH, what, parts,
+                                              RequestOptions(track=big, stage=wire_ids if stage else None),
+                                              chunks=wire_ids, **fields, **rows_fields(wire_ids, marks))
             if tracker is not None:
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return
@@ -424,11 +434,11 @@ class Exchange:
         groups, fields = by_server(sources), wire.fields()
         marks = row_marks([info for info, _ in sources], rows, what)    # LARS's lazy phase 2
         ids = []
-        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pipeline_limits()),
+        for server, lo, hi in cut_for_rows(pieces(groups, self._client.pace.limits()),
                                            {s: g[0] for s, g in groups.items()}, marks):
             wire_ids = groups[server][0][lo:hi]
             parts = wire.compress(wire_ids, groups[server][1][lo:hi])
-            ids.append(self._client.request(server, ops.PUSH, what, parts, on_reply=keep(wire_ids),
+            ids.append(self._client.request(server, ops.PUSH, what, parts, RequestOptions(on_reply=keep(wire_ids)),
                                             chunks=wire_ids, norms=True, **fields,
                                             **rows_fields(wire_ids, marks))[0])
         self._client.wait(ids, what)
@@ -449,7 +459,7 @@ class Exchange:
         ids = []
         for server, (wire_ids, _) in groups.items():
             ids.append(self._client.request(
-                server, ops.APPLY_NORMS, what, [], into=dests[server][1] if targets else None,
+                server, ops.APPLY_NORMS, what, [], RequestOptions(into=dests[server][1] if targets else None),
                 chunks=wire_ids, sums=[sums[keys[tuple(w)]] for w in wire_ids],
                 rounds=[terms[tuple(w)][0] for w in wire_ids], values=bool(targets))[0])
         self._client.wait(ids, what)

@@ -17,7 +17,7 @@ from kvstore.config import Config
 from kvstore.errors import ConfigError
 from kvstore.transport import Advert, endpoints, links, registry, shm
 from kvstore.transport.endpoints import Endpoint
-from kvstore.transport.links import Link, candidates, factory
+from kvstore.transport.links import Link, candidates
 from kvstore.transport.registry import TRANSPORTS
 
 COLOCATED = Advert.parse("tcp://a:1 ipc://@x shm host=h1 pid=1")
@@ -29,7 +29,7 @@ def names(found):
 
 
 def test_an_unknown_transport_is_a_config_error_naming_the_known_ones():
-    for call in (lambda: factory("udp"), lambda: candidates(COLOCATED, Config(transport="udp"), True)):
+    for call in (lambda: registry.link("udp"), lambda: candidates(COLOCATED, Config(transport="udp"), True)):
         with pytest.raises(ConfigError, match="unknown transport 'udp'.*auto, cuda_ipc, shm, ipc, tcp"):
             call()
 

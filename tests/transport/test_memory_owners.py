@@ -129,6 +129,7 @@ FOREIGN_PUSH = textwrap.dedent("""
     from kvstore.errors import KVStoreError
     from kvstore.protocol import ops
     from kvstore.transport import shm
+    from kvstore.transport.links import RequestOptions
     kv = kvstore.create("dist_sync")
     n, where = 1024, sys.argv[1]
     kv.init(3, np.zeros(n, np.float32))
@@ -145,7 +146,7 @@ FOREIGN_PUSH = textwrap.dedent("""
         desc, offset = json.load(open(where))
         client = kv._client
         rid, _ = client.request(0, ops.PUSH, "a push naming worker 0's memory", [np.zeros(n, np.float32)],
-                                shared=[(tuple(desc), offset)], chunks=[[3, 0]])
+                                RequestOptions(shared=[(tuple(desc), offset)]), chunks=[[3, 0]])
         try:
             client.wait([rid], "a push naming worker 0's memory")
             print("RANK 1 FOREIGN accepted", flush=True)

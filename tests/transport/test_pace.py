@@ -78,7 +78,7 @@ def test_a_tcp_job_times_its_calls_and_cuts_messages_to_the_pace(make_cluster):
         assert client.transports == ["tcp", "tcp"] and client.pace.rate is None
         sent, expected, rates = [], [], []
         for step in range(2):
-            seq, limits = sum(client._seq), client.pipeline_limits()
+            seq, limits = sum(client._seq), client.pace.limits()
             assert limits[0] == limits[1]
             kv.pushpull(0, np.full(n, kv.rank + step, np.float32), out=out)
             np.testing.assert_array_equal(out, 1 + 2 * step)
@@ -115,7 +115,7 @@ def test_a_waiting_call_keeps_a_window_in_flight_per_server(make_cluster):
         kv.init(0, np.zeros(n, np.float32))
         client, out = kv._client, np.empty(n, np.float32)
         client.pace.observe(100 << 20, 10.0)        # a slow link: 256 KiB messages
-        assert client.pipeline_limits() == [MIN_BYTES, MIN_BYTES]
+        assert client.pace.limits() == [MIN_BYTES, MIN_BYTES]
         request, peaks = client.request, {}
 
         def counted(server, *args, **kwargs):      # the real request, counted
@@ -128,7 +128,7 @@ def test_a_waiting_call_keeps_a_window_in_flight_per_server(make_cluster):
             kv.pushpull(0, np.full(n, kv.rank + 1, np.float32), out=out)
             np.testing.assert_array_equal(out, 3)
             windowed, peaks = max(peaks.values()), {}
-            per_server = _messages(kv, client.pipeline_limits()[0]) // 2   # (now at this call's pace)
+            per_server = _messages(kv, client.pace.limits()[0]) // 2   # (now at this call's pace)
             kv.pushpull_async(0, np.full(n, kv.rank, np.float32), out=out).wait()
             np.testing.assert_array_equal(out, 1)
             return windowed, max(peaks.values()), per_server

@@ -25,6 +25,7 @@ from kvstore.errors import DeadlineError, InvalidArgumentError, NodeFailedError,
 from kvstore.protocol import ops
 from kvstore.protocol.codec import MAX_HEADER_BYTES
 from kvstore.transport import shm
+from kvstore.transport.links import RequestOptions
 from kvstore.worker.client import Client
 
 from client_job import jobs
@@ -56,7 +57,8 @@ def test_requests_to_each_server_are_answered_into_their_own_arrays(job, transpo
     for server in (0, 1):
         init(client, server, 10 + server, np.arange(6) * (server + 1))
     outs = [np.full(6, np.nan, F32), np.full(6, np.nan, F32)]
-    ids = [client.request(s, ops.PULL, f"pull of key {10 + s}", into=[outs[s]], chunks=[[10 + s, 0]])[0]
+    ids = [client.request(s, ops.PULL, f"pull of key {10 + s}", (), RequestOptions(into=[outs[s]]),
+                          chunks=[[10 + s, 0]])[0]
            for s in (0, 1)]
     client.wait(ids, "pull")
     assert client.replied(ids)
@@ -73,16 +75,19 @@ def test_replies_reach_their_own_requests_by_id_whatever_order_they_come_in(job)
     init(c0, 0, "b", [5, 6, 7])
     seen: list = []
     out_a, out_b = np.full(3, np.nan, F32), np.full(3, np.nan, F32)
-    push_id, _ = c0.request(0, ops.PUSHPULL, "pushpull of a", [np.ones(3, F32)], into=[out_a],
-                            on_reply=lambda h, a: seen.append(("pushpull", h["id"])), chunks=[["a", 0]])
-    pull_id, _ = c0.request(0, ops.PULL, "pull of b", into=[out_b],
-                            on_reply=lambda h, a: seen.append(("pull", h["id"])), chunks=[["b", 0]])
+    push_id, _ = c0.request(0, ops.PUSHPULL, "pushpull of a", [np.ones(3, F32)],
+                            RequestOptions(into=[out_a], on_reply=lambda h, a: seen.append(("pushpull", h["id"]))),
+                            chunks=[["a", 0]])
+    pull_id, _ = c0.request(0, ops.PULL, "pull of b", (),
+                            RequestOptions(into=[out_b], on_reply=lambda h, a: seen.append(("pull", h["id"]))),
+                            chunks=[["b", 0]])
     c0.wait([pull_id], "pull of b")        # answered first: the pushpull's round waits for worker 1
     assert seen == [("pull", pull_id)] and not c0.replied([push_id])
     np.testing.assert_array_equal(out_b, [5, 6, 7])
     assert np.isnan(out_a).all()           # nothing delivered into the pushpull's outputs yet
     other = np.full(3, np.nan, F32)
-    rid, _ = c1.request(0, ops.PUSHPULL, "pushpull of a", [np.full(3, 2, F32)], into=[other], chunks=[["a", 0]])
+    rid, _ = c1.request(0, ops.PUSHPULL, "pushpull of a", [np.full(3, 2, F32)], RequestOptions(into=[other]),
+                        chunks=[["a", 0]])
     c1.wait([rid], "pushpull of a")
     c0.wait([push_id], "pushpull of a")
     assert seen == [("pull", pull_id), ("pushpull", push_id)]
@@ -95,8 +100,8 @@ def test_a_wait_past_the_deadline_names_the_server_what_it_waited_for_and_the_se
     c0 = j.clients[0]
     for key in (1, 2, 3, 4):
         init(c0, 1, key, [0])
-    ids = [c0.request(1, ops.PUSHPULL, f"pushpull of key {key}", [np.ones(1, F32)], into=[np.empty(1, F32)],
-                      chunks=[[key, 0]])[0] for key in (1, 2, 3, 4)]      # worker 1 never pushes
+    ids = [c0.request(1, ops.PUSHPULL, f"pushpull of key {key}", [np.ones(1, F32)],
+                      RequestOptions(into=[np.empty(1, F32)]), chunks=[[key, 0]])[0] for key in (1, 2, 3, 4)]      # worker 1 never pushes
     started = time.monotonic()
     with pytest.raises(DeadlineError) as caught:
         c0.wait(ids, "a step")
@@ -111,20 +116,22 @@ def test_a_wait_past_the_deadline_names_the_server_what_it_waited_for_and_the_se
 def test_an_error_reply_names_its_server_and_a_pushs_error_is_raised_by_the_next_wait(job):
     client = job(1, 2).clients[0]
     init(client, 1, "w", [1, 2])
-    rid, _ = client.request(1, ops.PULL, "pull of key 'x'", into=[np.empty(2, F32)], chunks=[["x", 0]])
+    rid, _ = client.request(1, ops.PULL, "pull of key 'x'", (), RequestOptions(into=[np.empty(2, F32)]),
+                            chunks=[["x", 0]])
     with pytest.raises(RemoteError, match=r"^pull of key 'x': server 1 rejected the request: "
                                           r"InvalidArgumentError: .*not initialised on server 1") as caught:
         client.wait([rid], "pull of key 'x'")
     assert (caught.value.node, caught.value.kind) == ("server 1", "InvalidArgumentError")
     client.request(1, ops.PUSH, "push of key 'x'", [np.ones(2, F32)], chunks=[["x", 0]])   # not waited for
     # (to the same server: its reply comes after the push's error, so that error is in by then)
-    ok_id, _ = client.request(1, ops.PULL, "pull of key 'w'", into=[np.empty(2, F32)], chunks=[["w", 0]])
+    ok_id, _ = client.request(1, ops.PULL, "pull of key 'w'", (), RequestOptions(into=[np.empty(2, F32)]),
+                              chunks=[["w", 0]])
     with pytest.raises(RemoteError, match="^push of key 'x': server 1 rejected"):
         client.wait([ok_id], "pull of key 'w'")   # the push's error, at the next call that waits
     client.wait([ok_id], "pull of key 'w'")       # raised once
     errors: list = []
-    rid, _ = client.request(1, ops.PUSH, "push of key 'x'", [np.ones(2, F32)], on_error=errors.append,
-                            chunks=[["x", 0]])
+    rid, _ = client.request(1, ops.PUSH, "push of key 'x'", [np.ones(2, F32)],
+                            RequestOptions(on_error=errors.append), chunks=[["x", 0]])
     client.wait([rid], "push of key 'x'")         # its error went to on_error instead
     assert len(errors) == 1 and isinstance(errors[0], RemoteError)
 
@@ -144,7 +151,7 @@ def test_a_request_that_cannot_be_encoded_is_refused_before_sending_and_uses_up_
     # the server handles each connection's requests in sequence: a number taken by a
     # request that never went out would hold this one back until the deadline
     out = np.empty(2, F32)
-    rid, _ = client.request(0, ops.PULL, "pull of key 'w'", into=[out], chunks=[["w", 0]])
+    rid, _ = client.request(0, ops.PULL, "pull of key 'w'", (), RequestOptions(into=[out]), chunks=[["w", 0]])
     client.wait([rid], "pull of key 'w'")
     np.testing.assert_array_equal(out, [3, 4])
 
@@ -153,7 +160,7 @@ def test_an_aborted_job_ends_a_wait_with_node_failed_error_naming_the_reason(job
     j = job(2, 1)
     c0 = j.clients[0]
     init(c0, 0, "a", [0])
-    rid, _ = c0.request(0, ops.PUSHPULL, "pushpull of a", [np.ones(1, F32)], into=[np.empty(1, F32)],
+    rid, _ = c0.request(0, ops.PUSHPULL, "pushpull of a", [np.ones(1, F32)], RequestOptions(into=[np.empty(1, F32)]),
                         chunks=[["a", 0]])
     j.fail(1, "worker 1 hit a bug")                       # the scheduler aborts the job
     with pytest.raises(NodeFailedError, match="the job was aborted: .*worker 1 hit a bug"):

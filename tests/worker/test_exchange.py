@@ -126,7 +126,7 @@ def test_fill_writes_a_keys_value_into_every_output_whatever_its_layout(job, tmp
     plain = np.full((6, 5), np.nan, F32)                  # C-contiguous: replies land in it
     fortran = np.full((6, 5), np.nan, F32, order="F")     # not: filled from a buffer after
     column = np.full((6, 10), np.nan, F32)[:, ::2]        # a strided view
-    s.exchange.send_and_fill(ops.PULL, "pull of 7", None, [(info, [fortran, plain, column])])
+    s.exchange.fill(s.exchange.send(ops.PULL, "pull of 7", None, [(info, [fortran, plain, column])], paced=True))
     for out in (plain, fortran, column):
         np.testing.assert_array_equal(out, value)
     assert [r["op"] for r in s.requests()] == [ops.INIT, ops.INIT, ops.PULL, ops.PULL]
@@ -139,7 +139,7 @@ def test_a_push_is_applied_before_a_later_pull_reads_and_a_servers_error_is_rais
     s.exchange.init("init of w", [(info, np.zeros(40, F32))])
     s.exchange.push("push of w", [(info, np.full(40, 3, F32))])
     out = np.full(40, np.nan, F32)
-    s.exchange.send_and_fill(ops.PULL, "pull of w", None, [(info, [out])])
+    s.exchange.fill(s.exchange.send(ops.PULL, "pull of w", None, [(info, [out])], paced=True))
     np.testing.assert_array_equal(out, 3)
     never = s.key("never", (4,))                          # placed, never initialised
     pending = s.exchange.send(ops.PUSHPULL, "pushpull of never", [(never, np.ones(4, F32))],

@@ -22,13 +22,9 @@ from ...errors import ProtocolError
 from .. import registry
 from ..endpoints import host_identity
 from .base import Link, LinkUnavailable
+from .options import PLAIN, RequestOptions
 
 log = logging.getLogger(__name__)
-
-
-def factory(name: str) -> type[Link]:
-    """The Link class registered as ``name``; ConfigError for an unknown name."""
-    return registry.link(name)
 
 
 def candidates(advert, config, colocated: bool) -> list[tuple[type[Link], str]]:
@@ -84,4 +80,4 @@ def _fall_back(link: Link, error: LinkUnavailable, rest: list) -> None:
                 rest[0][0].kind if rest else "nothing else")
 
 
-__all__ = ["Link", "LinkUnavailable", "candidates", "factory", "open_links"]
+__all__ = ["PLAIN", "Link", "LinkUnavailable", "RequestOptions", "candidates", "open_links"]

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...errors import InvalidArgumentError
 from ...protocol import decode
+from .options import RequestOptions
 
 if TYPE_CHECKING:
     from .write_in import Writer
@@ -94,18 +95,16 @@ class Link:
         that this transport is not used with it (:meth:`ready` says what next)."""
         log.info("[worker:%d] %s", self.client.rank, error)
 
-    def prepare(self, req_id: int, arrays, fields: dict, stage=None, in_place: bool = False,
-                into=None, shared=None, replied: bool = False) -> tuple[list, list | None, bool]:
+    def prepare(self, req_id: int, arrays, fields: dict,
+                options: RequestOptions) -> tuple[list, list | None, bool]:
         """What request ``req_id`` sends: ``(arrays, shared, aside)``, as
         ``protocol.encode`` takes them (``shared``: where arrays lie in our shared
         memory, None for frames); ``aside``: its reply comes by :attr:`aside`. May add
-        header ``fields``. ``stage``: keys naming ``arrays`` (chunk ids) for a transport
-        that copies them somewhere first; ``in_place``: arrays that already lie in
-        our shared memory may be sent by reference (the caller leaves them alone until
-        the reply); ``into``: where the reply's arrays go; ``replied``: the reply
-        carries values the caller reads. What it holds for the request is freed by
+        header ``fields``. ``options`` (:class:`RequestOptions`): ``stage``,
+        ``in_place``, ``shared``, ``into`` and ``replied`` say what the arrays may
+        become and where the reply goes. What it holds for the request is freed by
         :meth:`release`."""
-        return arrays, shared, False
+        return arrays, options.shared, False
 
     def release(self, req_id: int) -> None:
         """Request ``req_id`` is answered, failed, or was never sent: free what

@@ -43,6 +43,7 @@ from ...devices.arrays import flat_view
 from ...devices.slots import DeviceSlots
 from ...devices.staging import copy_into
 from .base import LinkUnavailable
+from .options import RequestOptions
 from .shm_link import ShmLink, _hashable
 
 
@@ -87,8 +88,9 @@ class CudaIpcLink(ShmLink):
                   and self._read(values[0]) == header.get("nonce"))
             self._device_answer = {"ok": ok}
         return ids + [self.client.request(self.server, ops.DEVICE_HELLO, f"device-memory handshake with "
-                                          f"server {self.server}", [probe], keep,
-                                          shared=[(*place, "dev")], sequenced=False, on_error=self.refused,
+                                          f"server {self.server}", [probe],
+                                          RequestOptions(on_reply=keep, shared=[(*place, "dev")],
+                                                         sequenced=False, on_error=self.refused),
                                           nonce=nonce, dev_reply=True)[0]]
 
     def _read(self, value) -> bytes:
@@ -106,21 +108,21 @@ class CudaIpcLink(ShmLink):
         return f"server {self.server} is on this host but device memory with it failed ({why})"
 
     # -- requests --------------------------------------------------------------------------
-    def prepare(self, req_id, arrays, fields, stage=None, in_place=False, into=None, shared=None,
-                replied=False):
+    def prepare(self, req_id, arrays, fields, options):
+        stage, into = options.stage, options.into
         if into is not None and any(self._acc.holds(a) for a in into):
             fields["dev_reply"] = True          # its values may come back as device references
         on_device = [i for i, a in enumerate(arrays) if self._acc.holds(a)]
         # placed by the caller already (the handshakes' probes), or host arrays only
-        if shared is not None or not on_device:
-            return super().prepare(req_id, arrays, fields, stage, in_place, into, shared, replied)
-        if replied:
+        if options.shared is not None or not on_device:
+            return super().prepare(req_id, arrays, fields, options)
+        if options.replied:
             fields["shm_reply"] = True
         # host arrays beside them (keys whose values are on the host) travel as frames
         keys = [_hashable(k) for k in stage] if stage is not None else [("buffer", i) for i in range(len(arrays))]
         # values in our arena (kv.empty(..., device=i)) go as they are, once their devices'
         # queued work is done; the others are copied into slots held until the reply
-        located = [self._arena.locate(arrays[i]) if in_place else None for i in on_device]
+        located = [self._arena.locate(arrays[i]) if options.in_place else None for i in on_device]
         rest = [i for i, place in zip(on_device, located) if place is None]
         places: list = [None] * len(arrays)
         for i, place in zip(rest, self._device_slots.places(req_id, [keys[i] for i in rest],

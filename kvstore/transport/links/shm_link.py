@@ -25,6 +25,7 @@ import numpy as np
 from ...protocol import decode, ops
 from .. import shm
 from .base import Link, LinkUnavailable
+from .options import RequestOptions
 from .write_in import Writer
 
 
@@ -67,8 +68,9 @@ class ShmLink(Link):
         # unsequenced: if the server cannot map our probe, the error must not hold
         # back the requests that follow on this connection
         return [self.client.request(self.server, ops.HELLO, f"shared-memory handshake with server "
-                                    f"{self.server}", [probe], keep, shared=[place],
-                                    sequenced=False, on_error=self.refused,
+                                    f"{self.server}", [probe],
+                                    RequestOptions(on_reply=keep, shared=[place], sequenced=False,
+                                                   on_error=self.refused),
                                     nonce=probe.tobytes())[0]]
 
     def ready(self) -> None:
@@ -82,18 +84,17 @@ class ShmLink(Link):
     def _failed(self, why: str) -> str:
         return f"server {self.server} is on this host but shared memory with it failed ({why})"
 
-    def prepare(self, req_id, arrays, fields, stage=None, in_place=False, into=None, shared=None,
-                replied=False):
-        if replied:
+    def prepare(self, req_id, arrays, fields, options):
+        if options.replied:
             fields["shm_reply"] = True     # values may come back as references
-        if stage is None or not arrays:
-            return arrays, shared, False
+        if options.stage is None or not arrays:
+            return arrays, options.shared, False
         big = [a.nbytes >= self.config.zero_copy_bytes for a in arrays]
         located = [self.arena.locate(a) if b else None for a, b in zip(arrays, big)] \
-            if in_place else None
+            if options.in_place else None
         if located is not None and all(p is not None for p, b in zip(located, big) if b):
             return arrays, located, False    # the caller's own shared memory: no copy
-        return (*self._stage(req_id, stage, arrays, big), False)
+        return (*self._stage(req_id, options.stage, arrays, big), False)
 
     def _stage(self, req_id: int, keys, arrays, big):
         """Copy the ``big`` ones of ``arrays`` into our slots (held for ``req_id``):

@@ -19,6 +19,7 @@ from ...errors import ProtocolError
 from ...protocol import ops
 from .. import channel
 from .base import Link
+from .options import RequestOptions
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,8 @@ class TcpLink(Link):
         def keep(header, values):
             self._offer = header
         return [self.client.request(self.server, ops.CHANNEL, f"opening a data channel to server "
-                                    f"{self.server}", on_reply=keep, sequenced=False,
-                                    on_error=self.refused)[0]]
+                                    f"{self.server}", (),
+                                    RequestOptions(on_reply=keep, sequenced=False, on_error=self.refused))[0]]
 
     def ready(self) -> None:
         offer = self._offer
@@ -75,15 +76,14 @@ class TcpLink(Link):
         if self._wakeup is not None:          # (closed only after the reader was joined)
             self._wakeup.set()
 
-    def prepare(self, req_id, arrays, fields, stage=None, in_place=False, into=None, shared=None,
-                replied=False):
-        via = self.receiver
+    def prepare(self, req_id, arrays, fields, options):
+        via, into = self.receiver, options.into
         if via is None or via.broken is not None or into is None \
                 or sum(a.nbytes for a in into) < self.config.channel_bytes:
-            return arrays, shared, False
+            return arrays, options.shared, False
         fields["channel"] = True
         self._into[req_id] = list(into)
-        return arrays, shared, True
+        return arrays, options.shared, True
 
     def release(self, req_id: int) -> None:
         self._into.pop(req_id, None)

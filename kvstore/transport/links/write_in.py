@@ -10,18 +10,39 @@ That saves the staging copy and the server's pass over the data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...errors import ProtocolError
 from ...protocol import ops
+from .options import RequestOptions
+
+
+@dataclass
+class Writing:
+    """One ``write`` on its way (:meth:`Writer.write` returns it): ``chosen``, the
+    indices of the arrays it writes; ``request``, its id; ``written``, the id of the
+    ``written`` request its grant sent (None until the grant is handled, and for a
+    write that was refused). The values after the round come with ``written``'s reply."""
+    chosen: list[int]
+    request: int = 0
+    written: int | None = None
+
+    def requests(self) -> list[int]:
+        """Its requests so far: ``write``, then ``written`` once granted."""
+        return [self.request] if self.written is None else [self.request, self.written]
 
 
 class Writer:
     """Writes into the sums of the server that ``link`` (a ShmLink) reaches.
 
-    Example (what the client does for ``Client.write_in``)::
+    Example (what the exchange does for a sync pushpull's message)::
 
-        rest = link.writer.write("pushpull of key 3", chunk_ids, grads, outs, ids, later)
+        writing = link.writer.write("pushpull of key 3", chunk_ids, grads, outs)
+        if writing is not None:          # the others of grads go as a pushpull
+            client.wait([writing.request], what)     # the grant: written into, `written` sent
+            client.wait([writing.written], what)     # the round's values are in outs
     """
 
     def __init__(self, link):
@@ -29,32 +50,35 @@ class Writer:
         self._client = link.client
         self._config = link.config
 
-    def write(self, what: str, keys, arrays, into, ids: list, later: list) -> list[int]:
+    def write(self, what: str, keys, arrays, into) -> Writing | None:
         """Write the large ones of ``arrays`` (for the chunks ``keys``; their values
         after the round go to ``into``) into the server's sums, when they come to
-        ``write_in_bytes`` at least. Appends the ``write`` request's id to ``ids``; its
-        grant is handled whenever this worker next waits, and appends the id of the
-        ``written`` request that follows to ``later``. Returns the indices of the
-        arrays left to push as usual: small ones, and those already in our shared
-        memory (which the server reads in place); all of them when nothing is written."""
+        ``write_in_bytes`` at least; None when nothing is written. The others are
+        left to push as usual: small ones, and those already in our shared memory
+        (which the server reads in place). The grant is handled whenever this worker
+        next waits (here first, for grants already in), and sends ``written``."""
         arena = self._link.arena
         chosen = [i for i, a in enumerate(arrays)
                   if a.nbytes >= self._config.zero_copy_bytes and arena.locate(a) is None]
         if not chosen or sum(arrays[i].nbytes for i in chosen) < self._config.write_in_bytes:
-            return list(range(len(arrays)))
+            return None
         written = [keys[i] for i in chosen]
-        granted = self._granted(what, [arrays[i] for i in chosen], [into[i] for i in chosen], later, written)
+        writing = Writing(chosen)
+        granted = self._granted(what, [arrays[i] for i in chosen], [into[i] for i in chosen], written, writing)
         # reads: its `written` carries these chunks' values (the client's order of reads
         # and the next round's pushes: kvstore.worker.client)
-        ids.append(self._client.request(self._link.server, ops.WRITE, what, on_reply=granted,
-                                        urgent=True, chunks=written, values=True, reads=written)[0])
+        writing.request = self._client.request(
+            self._link.server, ops.WRITE, what, (), RequestOptions(on_reply=granted, urgent=True, reads=written),
+            chunks=written, values=True)[0]
+        # written into the server's memory: counted as sent, as a push's arrays are
+        self._client.traffic.sent(self._link.kind, sum(arrays[i].nbytes for i in chosen))
         # grants already here are written now: the other workers' turns wait on ours
         self._client.progress(what)
-        return sorted(set(range(len(arrays))) - set(chosen))
+        return writing
 
-    def _granted(self, what: str, arrays: list, into: list, later: list, chunks: list):
+    def _granted(self, what: str, arrays: list, into: list, chunks: list, writing: Writing):
         """The handler of a grant: copy or add each array into the sum it names,
-        then say ``written``."""
+        then say ``written`` (its id goes to ``writing``)."""
         server = self._link.server
 
         def granted(header, targets):
@@ -73,6 +97,7 @@ class Writer:
                 else:
                     np.add(target, a.reshape(-1), out=target)
             # a late grant (its call gave up): the values of `written` go nowhere either
-            later.append(self._client.request(server, ops.WRITTEN, what, into=into, reads=chunks,
-                                              follows=header["id"], grant=header["id"])[0])
+            writing.written = self._client.request(
+                server, ops.WRITTEN, what, (), RequestOptions(into=into, reads=chunks, follows=header["id"]),
+                grant=header["id"])[0]
         return granted
