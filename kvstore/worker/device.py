@@ -146,14 +146,14 @@ class DeviceStore(LocalStore):
             if read and self._acc is not None:
                 self._acc.settle(read)
 
-    def _do_pull(self, items) -> None:
+    def _do_pull_start(self, items, paced: bool = False) -> None:
         acc = self._acc
         outs: list = []
         values: list = []
         for info, targets in items:
             stored = self._store[info.key]
             if acc is None or not acc.holds(stored):
-                super()._do_pull([(info, targets)])
+                super()._do_pull_start([(info, targets)])
                 continue
             outs += targets
             values += [stored] * len(targets)

@@ -336,13 +336,7 @@ class DistStore(KVStore):
         self._exchange.fill(handle)
         self._checkpoints.pulled()
 
-    def _do_pull(self, items) -> None:
-        self._do_pull_finish(self._do_pull_start(items, paced=True))
-
-    def _do_pushpull(self, items, rows: dict | None = None) -> None:
-        self._do_pushpull_finish(self._do_pushpull_start(items, paced=True, rows=rows))
-
-    def _do_pushpull_start(self, items, paced: bool = False, rows: dict | None = None) -> Pending:
+    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False) -> Pending:
         self._check_can_push()
         what = f"pushpull of {_keys_text(i for i, _, _ in items)}"
         if rows and self._exchange.host is not None:
@@ -380,7 +374,7 @@ class DistStore(KVStore):
         if info.sparse:
             return self._do_pull_rows(info, rows)
         value = np.empty(info.size, info.dtype)
-        self._do_pull([(info, [value])])
+        self._do_pull_finish(self._do_pull_start([(info, [value])], paced=True))
         return value
 
     def _set_states(self, states: dict) -> None:

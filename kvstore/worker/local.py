@@ -115,16 +115,16 @@ class LocalStore(KVStore):
         for info, merged in items:
             self._apply(info, merged, (rows or {}).get(info.key))
 
-    def _do_pull(self, items) -> None:
+    def _do_pull_start(self, items, paced: bool = False) -> None:
         for info, targets in items:
             stored = self._store[info.key].reshape(-1)
             flat, direct = arrays.flat_target(targets[0], "pull")
             np.copyto(flat, stored)
             fill_outputs(targets, flat, direct, "pull")
 
-    def _do_pushpull(self, items, rows: dict | None = None) -> None:
+    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False) -> None:
         self._do_push([(info, merged) for info, merged, _ in items], rows=rows)
-        self._do_pull([(info, targets) for info, _, targets in items])
+        self._do_pull_start([(info, targets) for info, _, targets in items])
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
                           state_scale: float = 1.0) -> None:

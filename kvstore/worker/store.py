@@ -240,13 +240,13 @@ class KVStore(KVStoreBase):
             self.row_sparse_pull([k for k, _ in whole], out=[outs for _, outs in whole], priority=priority,
                                  row_ids=[np.arange(self._args.info(k, what).shape[0]) for k, _ in whole])
         if dense:
-            self._do_pull(dense)
+            self._do_pull_finish(self._do_pull_start(dense, paced=True))
 
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` when
         ``out`` is None), in one round trip."""
         items, rows = self._pushpull_items(key, value, out, priority)
-        self._do_pushpull(items, rows=rows)
+        self._do_pushpull_finish(self._do_pushpull_start(items, rows=rows, paced=True))
 
     def pushpull_async(self, key, value, out=None, priority: int = 0) -> "Handle":
         """pushpull() that returns once the request is on its way: ``out`` (``value``
@@ -513,8 +513,6 @@ class KVStore(KVStoreBase):
     # lazy (MXNet's lazy_update: only those rows and their state move), or None
     def _do_push(self, items: list[tuple], wait_sent: bool = True, rows: dict | None = None) -> None:
         raise NotImplementedError
-    def _do_pull(self, items: list[tuple]) -> None: raise NotImplementedError
-    def _do_pushpull(self, items: list[tuple], rows: dict | None = None) -> None: raise NotImplementedError
     # row-sparse keys: (key, shape, dtype, RowInit|None, rows, data); (info, rows, data);
     # pull returns the (len(rows), ...) values of unique sorted rows
     def _do_init_rows(self, items: list[tuple]) -> None: raise NotImplementedError
@@ -524,17 +522,22 @@ class KVStore(KVStoreBase):
     # dynamic rows (kvstore.rows.dynamic): each server's counters (DynTable.stats), in server order
     def _do_row_stats(self, info: KeyInfo) -> list[dict]: raise NotImplementedError
 
-    # stores whose pushpull cannot run in the background complete it at the start
-    def _do_pushpull_start(self, items: list[tuple], *, rows: dict | None = None):
-        self._do_pushpull(items, rows=rows)
-
-    def _do_pushpull_finish(self, handle) -> None:
-        pass
-
-    def _do_pull_start(self, items: list[tuple]):
-        self._do_pull(items)
+    # A pull or pushpull is a start, which returns a handle, and a finish, which takes
+    # it: pull/pushpull call both at once (``paced``: the caller waits for the call
+    # anyway, so its start may wait for replies to keep a window of messages in
+    # flight, kvstore/transport/pace.py), pull_async/pushpull_async the finish at the
+    # handle's wait(). A store whose calls cannot run in the background completes
+    # them in the start and keeps the default finish.
+    def _do_pull_start(self, items: list[tuple], paced: bool = False):
+        raise NotImplementedError
 
     def _do_pull_finish(self, handle) -> None:
+        pass
+
+    def _do_pushpull_start(self, items: list[tuple], rows: dict | None = None, paced: bool = False):
+        raise NotImplementedError
+
+    def _do_pushpull_finish(self, handle) -> None:
         pass
     # keep_state: the optimizer differs from the current one in hyper-parameters only
     # (set_learning_rate): keep the per-key state and update counts
