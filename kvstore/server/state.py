@@ -89,7 +89,7 @@ class ServerState:
             ops.CONFIGURE: self._on_configure,
             ops.INIT: self._on_init,
             ops.PUSH: self._on_push,
-            ops.PUSHPULL: self._on_pushpull,
+            ops.PUSHPULL: self._on_push,        # a push answered with the values after its round
             ops.PULL: self._on_pull,
             ops.WRITE: self._on_write,
             ops.WRITTEN: self._on_written,
@@ -216,9 +216,11 @@ class ServerState:
             self.table.init(ids, arrays)
         return [ok(peer, header["id"])]
 
-    def _on_push(self, peer, header, arrays, want_values=False):
+    def _on_push(self, peer, header, arrays):
+        """A push, or a pushpull (``want_values``: answered with the values after its round)."""
         strategy = self.consistency
         assert strategy is not None and self.num_workers is not None
+        want_values = header["op"] == ops.PUSHPULL
         worker = self.worker(header)
         group = speaks_for(header, worker, self.num_workers, strategy.mode)   # a host's sum (hostreduce)
         for rank in group or ():
@@ -296,9 +298,6 @@ class ServerState:
             raise InvalidArgumentError(f"norms across servers are for dist_sync; {self.name} runs "
                                        f"dist_{self._mode_name}")
         return strategy
-
-    def _on_pushpull(self, peer, header, arrays):
-        return self._on_push(peer, header, arrays, want_values=True)
 
     def _on_pull(self, peer, header, arrays):
         assert self.consistency is not None
