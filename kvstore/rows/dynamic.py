@@ -136,19 +136,3 @@ def split(ids: np.ndarray, servers: int) -> list[np.ndarray]:
     bounds = np.searchsorted(who[order], np.arange(servers + 1))
     return [order[bounds[s]:bounds[s + 1]] for s in range(servers)]
 
-
-def check_ids(ids: np.ndarray, what: str) -> np.ndarray:
-    """``ids`` as 1-d int64 after checking each is in ``[0, 2**63)``; names the first bad one."""
-    ids = np.asarray(ids)
-    if ids.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"{what}: ids must be integers, got {ids.dtype}")
-    flat = ids.reshape(-1)
-    if flat.dtype == np.uint64:
-        big = np.flatnonzero(flat >= np.uint64(ID_LIMIT))
-        if len(big):
-            raise InvalidArgumentError(f"{what}: id {int(flat[big[0]])} is out of range [0, 2**63)")
-    flat = flat.astype(np.int64, copy=False)
-    bad = np.flatnonzero(flat < 0)
-    if len(bad):
-        raise InvalidArgumentError(f"{what}: id {int(flat[bad[0]])} is out of range [0, 2**63)")
-    return flat
