@@ -16,13 +16,9 @@ their members change). A worker with it off, or alone on its host, pushes as
 before, and mixing is fine: a server counts whoever a push names.
 
 Messages between a member (DEALER) and its leader (ROUTER) are the data plane's
-frames (kvstore.protocol.codec), ``id`` being the call's sequence number::
-
-    member -> leader   hello {rank}                  once, when the group forms
-    leader -> member   welcome
-    member -> leader   sum {id, sig, keys} + gradients   at each pushpull's start
-    leader -> member   result {id} + pulled values       once the servers replied
-    leader -> member   error {id, type, message}     the call failed (nothing changed)
+frames (kvstore.protocol.codec), their ops named in kvstore.hostgroup.wire: ``hello``
+and ``welcome`` when the group forms, ``sum`` (a member's gradients) and ``result``
+or ``error`` (the leader's answer) at each pushpull, ``bye`` at a member's close.
 
 On GPUs (``dist_device_sync`` whose GPUs can export memory, every worker of the
 group alike: ``hello`` and ``welcome`` carry ``devices``), the gradients and the
@@ -60,6 +56,7 @@ from ..devices.slots import DeviceSlots
 from ..devices.staging import copy_into
 from .. import errors
 from ..errors import DeadlineError, InvalidArgumentError, KVStoreError, NodeFailedError, ProtocolError
+from . import wire
 from .link import SLICE, HostLink, names, pid_of
 from ..worker.store import fill_outputs
 from ..transport import endpoints
@@ -68,6 +65,9 @@ log = logging.getLogger(__name__)
 
 LINGER = 2000         # ms a member's close may take to deliver its bye
 PARTS_POLL = 0.002    # seconds a leader waits for members at a time while replies may come
+# the holders of device slots (kvstore.devices.slots): a member's sums by call, the
+# leader's results by (RESULTS, call), reused once every member copied them
+SUMS, RESULTS = "sums", "results"
 RAISED = {name: getattr(errors, name) for name in (
     "InvalidArgumentError", "NodeFailedError", "DeadlineError", "RemoteError", "ProtocolError")}
 
@@ -159,7 +159,7 @@ class HostGroup:
             while set(self._peers) != set(self.ranks[1:]):
                 ident, header, _ = self._link.receive(deadline, "forming the host group",
                                                       [r for r in self.ranks[1:] if r not in self._peers])
-                if header["op"] == "hello" and header.get("rank") in self.ranks[1:]:
+                if header["op"] == wire.HELLO and header.get("rank") in self.ranks[1:]:
                     self._peers[header["rank"]] = ident
                     self._ranks_of[ident] = header["rank"]
                     devices[header["rank"]] = header.get("devices") is True
@@ -168,12 +168,13 @@ class HostGroup:
             # device values by reference only if every worker of the group can
             self.on_device = able and all(devices.values())
             for rank, ident in self._peers.items():
-                self._link.send(ident, {"op": "welcome", "id": 0, "devices": self.on_device}, to=[rank])
+                self._link.send(ident, {"op": wire.WELCOME, "id": 0, "devices": self.on_device}, to=[rank])
         else:
             self._link.connect(adverts[self.leader])
-            self._link.send(None, {"op": "hello", "id": 0, "rank": self._rank, "devices": able}, to=[self.leader])
+            self._link.send(None, {"op": wire.HELLO, "id": 0, "rank": self._rank, "devices": able},
+                            to=[self.leader])
             _, header, _ = self._link.receive(deadline, "joining the host group", [self.leader])
-            if header["op"] != "welcome":
+            if header["op"] != wire.WELCOME:
                 raise ProtocolError(f"host group: expected welcome from worker {self.leader}, got {header['op']!r}")
             self.on_device = able and header.get("devices") is True
         if self.on_device:
@@ -215,8 +216,8 @@ class HostGroup:
             shared = None
             if self.on_device:
                 assert self._slots is not None
-                shared = self._slots.places(call.seq, [("sum", repr(info.key)) for info, _ in sources], flats)
-            self._link.send(None, {"op": "sum", "id": call.seq, "sig": sig, "keys": keys,
+                shared = self._slots.places(call.seq, [(SUMS, repr(info.key)) for info, _ in sources], flats)
+            self._link.send(None, {"op": wire.SUM, "id": call.seq, "sig": sig, "keys": keys,
                                    "consumed": self._consumed}, flats, copy=False, to=[self.leader],
                             shared=shared)
         return call
@@ -350,9 +351,9 @@ class HostGroup:
                 # the outputs may change once the call is done: members read our slots,
                 # reused once every member says it copied them (``consumed``)
                 assert self._slots is not None
-                shared = self._slots.places(("result", call.seq), [("result", i) for i in range(len(flats))], flats)
+                shared = self._slots.places((RESULTS, call.seq), [(RESULTS, i) for i in range(len(flats))], flats)
             for rank in self.ranks[1:]:   # copied: the caller may change its outputs once done
-                self._link.send(self._peers[rank], {"op": "result", "id": call.seq}, flats, to=[rank],
+                self._link.send(self._peers[rank], {"op": wire.RESULT, "id": call.seq}, flats, to=[rank],
                                 shared=shared)
         except NodeFailedError as e:
             call.error = e
@@ -367,12 +368,12 @@ class HostGroup:
         self._consumed_by[rank] = max(self._consumed_by.get(rank, 0), consumed)
         done = min(self._consumed_by.get(r, 0) for r in self.ranks[1:])
         for holder in self._slots.holders():
-            if isinstance(holder, tuple) and holder[0] == "result" and holder[1] <= done:
+            if isinstance(holder, tuple) and holder[0] == RESULTS and holder[1] <= done:
                 self._slots.release(holder)
 
     def _failed(self, call: Call, error: BaseException) -> None:
         call.error, call.done = error, True
-        header = {"op": "error", "id": call.seq, "type": type(error).__name__, "message": str(error)}
+        header = {"op": wire.ERROR, "id": call.seq, "type": type(error).__name__, "message": str(error)}
         for rank in self.ranks[1:]:
             try:
                 self._link.send(self._peers[rank], header, to=[rank])
@@ -387,10 +388,10 @@ class HostGroup:
             rank = self._ranks_of.get(ident)
             if rank is not None:
                 self._consumed_from(rank, header)
-            if header["op"] == "bye" and rank is not None:
+            if header["op"] == wire.BYE and rank is not None:
                 self._byes.add(rank)
                 return
-            if header["op"] != "sum" or rank is None:
+            if header["op"] != wire.SUM or rank is None:
                 log.warning("host group: unexpected %r from %r; ignored", header["op"], rank)
                 return
             call = self._calls.get(seq)
@@ -405,9 +406,9 @@ class HostGroup:
             return
         if self._slots is not None:
             self._slots.release(call.seq)     # the leader has read our sums (or failed the call)
-        if header["op"] == "result":
+        if header["op"] == wire.RESULT:
             call.result = arrays
-        elif header["op"] == "error":
+        elif header["op"] == wire.ERROR:
             kind = RAISED.get(header.get("type"), KVStoreError)
             call.error = kind(f"{header.get('message')} (from worker {self.leader}, which sums this host's pushes)")
 
@@ -415,7 +416,7 @@ class HostGroup:
         """A clean close, after :meth:`flush`: a member says bye (it has every result);
         the leader waits for every member's, since closing drops what it still queues."""
         if not self.leads:
-            self._link.send(None, {"op": "bye", "id": 0, "consumed": self._consumed}, to=[self.leader])
+            self._link.send(None, {"op": wire.BYE, "id": 0, "consumed": self._consumed}, to=[self.leader])
             self._link.linger = LINGER
             return
         deadline = time.monotonic() + self._config.timeout

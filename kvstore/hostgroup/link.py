@@ -33,7 +33,7 @@ class HostLink:
         link = HostLink(config)            # bound: register link.advert
         link.watch(membership, {1: 4242})  # the job's abort flag; pids by rank
         link.connect(leader_advert)        # (a member) DEALER to the leader
-        link.send(None, {"op": "hello", "id": 0, "rank": 1})
+        link.send(None, {"op": wire.HELLO, "id": 0, "rank": 1})   # (kvstore.hostgroup.wire)
         ident, header, arrays = link.receive(deadline, "joining", peers=[0])
     """
 
