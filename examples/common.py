@@ -113,6 +113,14 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--opt-param", action="append", default=[], metavar="NAME=VALUE",
         help="another hyper-parameter of --optimizer, e.g. eta=0.02 for lars (repeatable)")
     add("--seed", type=int, default=0, help="random seed (data order, augmentation, initial weights)")
+    # ours, beyond fit.py: a modern recipe's schedule and weight decay, run by the servers
+    add("--lr-schedule", type=str, default="step", help="step: fit.py's (--lr-step-epochs, --lr-factor); "
+        "cosine: from --lr to 0 over --num-epochs (ours, not MXNet's flag)")
+    add("--lr-warmup-epochs", type=float, default=0.0, help="ramp the lr of --lr-schedule up from 0, "
+        "linearly, over this many epochs (any optimizer; ours, not MXNet's flag)")
+    add("--no-bias-decay", action="store_true", help="no weight decay on biases and normalisation "
+        "parameters (1-d parameters: each key's wd_mult 0, keys named by the model's parameter names; "
+        "ours, not MXNet's flag)")
     add("--async-lr-scale", type=float, default=None,
         help="dist_async and dist_ssp: multiply --lr by this (default 1/workers: each worker's "
              "gradient is applied as its own step, on weights up to a round stale)")
@@ -184,7 +192,13 @@ def check_fit_args(args) -> None:
         raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.load_epoch is not None and not args.model_prefix:
         raise UsageError("--load-epoch needs --model-prefix")
-    lr_steps(args.lr_step_epochs)
+    kind, _ = lr_steps(args.lr_step_epochs)
+    if args.lr_schedule not in ("step", "cosine"):
+        raise UsageError(f"--lr-schedule {args.lr_schedule!r}: expected step or cosine")
+    if not args.lr_warmup_epochs >= 0:
+        raise UsageError(f"--lr-warmup-epochs must be >= 0, got {args.lr_warmup_epochs}")
+    if args.lr_warmup_epochs and args.lr_schedule == "step" and args.lr_factor < 1 and kind == "pow":
+        raise UsageError("--lr-warmup-epochs with --lr-step-epochs powN: use --lr-schedule cosine")
     parse_gpus(args.gpus)
     if getattr(args, "initializer", "default") not in INITIALIZERS:
         raise UsageError(f"--initializer {args.initializer!r}: expected one of {', '.join(INITIALIZERS)}")
@@ -198,6 +212,17 @@ def lr_scheduler(args, updates_per_epoch: int, lr: float):
     MultiFactorScheduler at ``--lr-step-epochs``. Its steps count the servers' updates
     since the start of training (a resumed run restores them), so a resumed run needs
     no shifted steps."""
+    warmup = int(round(args.lr_warmup_epochs * updates_per_epoch))
+    if args.lr_schedule == "cosine":
+        return kvopt.CosineScheduler(max_update=max(1, args.num_epochs * updates_per_epoch), base_lr=lr,
+                                     final_lr=0.0, warmup_steps=warmup, warmup_begin_lr=0.0)
+    if warmup:
+        # fit.py's step schedule (or none: factor 1) after the warm-up
+        steps = [] if args.lr_factor >= 1 else lr_steps(args.lr_step_epochs)[1]
+        assert isinstance(steps, list)       # check_fit_args refused powN with a warm-up
+        return kvopt.MultiFactorScheduler(step=[e * updates_per_epoch for e in steps] or [10 ** 12],
+                                          factor=args.lr_factor if steps else 1.0, base_lr=lr,
+                                          warmup_steps=warmup, warmup_begin_lr=0.0)
     if args.lr_factor >= 1:
         return None
     kind, value = lr_steps(args.lr_step_epochs)
@@ -209,7 +234,7 @@ def lr_scheduler(args, updates_per_epoch: int, lr: float):
     return kvopt.MultiFactorScheduler(step=[e * updates_per_epoch for e in value], factor=args.lr_factor)
 
 
-def make_optimizer(args, batches_per_epoch: int, kv=None) -> kvopt.Optimizer:
+def make_optimizer(args, batches_per_epoch: int, kv=None, no_decay=()) -> kvopt.Optimizer:
     """The optimizer of --optimizer, --lr, --wd, --mom (for fit.py's momentum
     optimizers only), --opt-param and the lr schedule; lbsgd also gets fit.py's
     warm-up (--warmup-epochs, --warmup-strategy, and a batch_scale of
@@ -240,6 +265,8 @@ def make_optimizer(args, batches_per_epoch: int, kv=None) -> kvopt.Optimizer:
                      warmup_strategy=args.warmup_strategy, warmup_epochs=args.warmup_epochs,
                      num_epochs=args.num_epochs)
     extra.update(opt_params(args.opt_param))
+    if no_decay:              # --no-bias-decay: these keys (parameter names) get wd_mult 0
+        extra["wd_mult"] = {**extra.get("wd_mult", {}), **{key: 0.0 for key in no_decay}}
     return kvopt.create(name, learning_rate=lr, wd=args.wd, lr_scheduler=sched, **extra)
 
 
@@ -383,7 +410,13 @@ def fit(args, model: torch.nn.Module, train_batches, val_batches, num_train_samp
         begin = args.load_epoch
         log.info("resumed from %s", params_path)
     with usage_errors():
-        trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, steps_per_epoch, kv))
+        if args.no_bias_decay:      # keys are the parameters' names, so that wd_mult can name them
+            no_decay = [n for n, p in model.named_parameters() if p.ndim == 1]
+            trainer = kvtorch.Trainer(model.named_parameters(), kv,
+                                      make_optimizer(args, steps_per_epoch, kv, no_decay))
+            log.info("no weight decay on %d biases and normalisation parameters", len(no_decay))
+        else:
+            trainer = kvtorch.Trainer(model.parameters(), kv, make_optimizer(args, steps_per_epoch, kv))
     if args.load_epoch is not None:
         if kv.rank == 0:  # the servers' optimizer state, as saved at the end of that epoch
             trainer.load_states(checkpoint_paths(args.model_prefix, args.load_epoch)[1])
