@@ -25,12 +25,19 @@ the job's secret, in both update modes. The strategy listens on no socket of its
 own. Objects travel as msgpack (no pickle): None, bool, int, float, str, bytes,
 lists, dicts, paths and tensors.
 
+Importing this module registers the strategy with Lightning by name, as DDP's
+``"ddp"``: ``strategy="kvstore"`` (``dist_sync``, the workers update) and
+``strategy="kvstore_update_on_kvstore"`` (``dist_sync``, the servers update), which
+LightningCLI takes as ``--trainer.strategy=kvstore`` (the script imports
+``kvstore.lightning``).
+
 Example::
 
     import lightning as L
     from kvstore.lightning import KVStoreStrategy
 
     trainer = L.Trainer(strategy=KVStoreStrategy("dist_sync"), accelerator="cpu", max_epochs=2)
+    # or, by its registered name: L.Trainer(strategy="kvstore", ...)
     trainer.fit(MyLightningModule(), train_dataloaders=loader)
 """
 
@@ -48,7 +55,7 @@ import torch
 try:
     import lightning.pytorch as pl
     from lightning.fabric.utilities.optimizer import _optimizers_to_device
-    from lightning.pytorch.strategies import ParallelStrategy
+    from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
     from lightning.pytorch.utilities import rank_zero as _pl_rank_zero
     from lightning_utilities.core import rank_zero as _utils_rank_zero
@@ -59,7 +66,7 @@ except ImportError as e:   # the optional extra
 from . import create as _create_store
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .worker.store import KVStore
-from .torch import DEFAULT_BUCKET_BYTES, Trainer
+from .torch import Trainer
 
 __all__ = ["KVStoreStrategy"]
 
@@ -78,10 +85,11 @@ class KVStoreStrategy(ParallelStrategy):
     param groups may differ in ``lr`` and ``weight_decay``: each key's ``lr_mult``
     and ``wd_mult`` on the servers) or the workers run the module's torch optimizer on the
     averaged gradients (any optimizer; the servers only sum, so a synchronous
-    store). ``bucket_bytes``, ``overlap``: as :class:`kvstore.torch.Trainer`
-    (with ``accumulate_grad_batches > 1`` the exchange runs at the optimizer step
-    only, ``overlap=False``). ``timeout``: seconds Lightning's collectives wait for
-    every worker (default: the store's KVSTORE_TIMEOUT).
+    store). ``bucket_bytes`` (default: sized by the model), ``overlap``: as
+    :class:`kvstore.torch.Trainer` (with ``accumulate_grad_batches > 1`` the backward
+    passes before an optimizer step run in the Trainer's ``no_sync()``, as under DDP:
+    the exchange overlaps the last one's). ``timeout``: seconds Lightning's
+    collectives wait for every worker (default: the store's KVSTORE_TIMEOUT).
 
     Raises InvalidArgumentError at ``fit`` for what the servers cannot do: more
     than one optimizer, a gradient scaler (``precision="16-mixed"``) or gradient
@@ -90,8 +98,19 @@ class KVStoreStrategy(ParallelStrategy):
 
     strategy_name = "kvstore"
 
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        """Lightning's hook for naming a strategy (DDPStrategy registers "ddp" so):
+        ``"kvstore"`` and ``"kvstore_update_on_kvstore"``, both on ``dist_sync``."""
+        strategy_registry.register(cls.strategy_name, cls, description="kvstore's parameter servers (dist_sync); "
+                                   "the workers run the module's optimizer on the averaged gradients",
+                                   override=True)
+        strategy_registry.register(f"{cls.strategy_name}_update_on_kvstore", cls,
+                                   description="kvstore's parameter servers (dist_sync) run the module's SGD",
+                                   override=True, update_on_kvstore=True)
+
     def __init__(self, kvstore: str | KVStore = "dist_sync", *, update_on_kvstore: bool = False,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, timeout: float | None = None,
+                 bucket_bytes: int | None = None, overlap: bool = True, timeout: float | None = None,
                  accelerator: pl.accelerators.Accelerator | None = None,
                  parallel_devices: list[torch.device] | None = None,
                  checkpoint_io=None, precision_plugin=None) -> None:
@@ -239,10 +258,9 @@ class KVStoreStrategy(ParallelStrategy):
                     "the gradients as they were pushed during backward")
         module = self.lightning_module
         assert module is not None
-        overlap = self._overlap and trainer.accumulate_grad_batches == 1
         self._exchange = Trainer(module.named_parameters(), self.kv, self.optimizers[0],
                                  update_on_kvstore=self.update_on_kvstore,
-                                 bucket_bytes=self._bucket_bytes, overlap=overlap)
+                                 bucket_bytes=self._bucket_bytes, overlap=self._overlap)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any],
                        model=None, **kwargs: Any) -> Any:
@@ -266,9 +284,14 @@ class KVStoreStrategy(ParallelStrategy):
 
     @contextlib.contextmanager
     def block_backward_sync(self) -> Iterator[None]:
-        # accumulating (accumulate_grad_batches > 1): the exchange was made with
-        # overlap=False, so nothing is sent before the optimizer step
-        yield None
+        """Accumulating (``accumulate_grad_batches > 1``), Lightning runs the backward
+        passes before an optimizer step in here: the Trainer's ``no_sync()``, as DDP's
+        strategy uses DDP's, so they are summed locally and exchanged with the last."""
+        if self._exchange is None:
+            yield None
+            return
+        with self._exchange.no_sync():
+            yield None
 
     def teardown(self) -> None:
         if self._exchange is not None:
@@ -406,3 +429,6 @@ def _op_name(reduce_op: Any) -> str:
         raise InvalidArgumentError(f"KVStoreStrategy.reduce: reduce_op {reduce_op!r} is not one of "
                                    "sum, mean, max, min")
     return name
+
+
+KVStoreStrategy.register_strategies(StrategyRegistry)

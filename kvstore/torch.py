@@ -11,9 +11,12 @@ Like MXNet Gluon's ``Trainer(params, optimizer, kvstore, update_on_kvstore)``:
 Gradients are averaged over workers (as DDP does), so W workers on batches of b
 train like one process on batches of W*b. Each gradient is exchanged as soon as
 backward produced it (a post-accumulate-grad hook starts a pushpull per bucket;
-small gradients are grouped into buckets), so both directions of the exchange
-overlap the rest of backward; ``step()`` waits for them. The initial parameters
-are rank 0's. With ``kvstore.create("local")``
+small gradients are grouped into buckets sized by the model), so both directions
+of the exchange overlap the rest of backward, and the exchange is finished when
+``backward()`` returns, as DDP's: with the workers updating, ``.grad`` then holds
+the average, so clipping or unscaling between ``backward()`` and ``step()`` acts on
+it as under DDP. ``with trainer.no_sync():`` accumulates gradients without
+exchanging them. The initial parameters are rank 0's. With ``kvstore.create("local")``
 the same loop runs in one process.
 
 Example::
@@ -29,12 +32,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
+from torch.autograd import Variable
 
 from .devices import gpu
 from . import optimizer as kvopt
@@ -44,13 +49,27 @@ from .fileio import atomic_write
 from .flat_buckets import Bucket, FlatBuckets
 from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)
 
-__all__ = ["Trainer", "ShardedEmbedding", "shard", "optimizer_from_torch", "DEFAULT_BUCKET_BYTES"]
+__all__ = ["Trainer", "ShardedEmbedding", "shard", "optimizer_from_torch", "bucket_bytes_for",
+           "DEFAULT_BUCKET_BYTES", "MIN_BUCKET_BYTES", "BUCKETS_PER_MODEL"]
 
 
 def __dir__() -> list[str]:     # dir(kvstore.torch): the public names, not our imports
     return sorted(__all__)
 
-DEFAULT_BUCKET_BYTES = 4 << 20
+DEFAULT_BUCKET_BYTES = 4 << 20     # the largest bucket a model gets by default
+MIN_BUCKET_BYTES = 256 << 10       # the smallest (a smaller model is one bucket)
+BUCKETS_PER_MODEL = 4              # between the two: the model in this many buckets
+
+
+def bucket_bytes_for(model_bytes: int) -> int:
+    """The Trainer's default ``bucket_bytes`` for ``model_bytes`` of trained
+    parameters: a ``BUCKETS_PER_MODEL``-th of the model, at least ``MIN_BUCKET_BYTES``
+    and at most ``DEFAULT_BUCKET_BYTES`` (4 MiB). A fixed 4 MiB made every model under
+    4 MiB one bucket, sent when backward ended: no overlap at all. A few buckets let
+    the first ones travel while backward computes the rest; the floor keeps a model
+    whose exchange costs more in round trips than in bytes (a bucket under ~256 KiB
+    moves in about one round trip) in one message."""
+    return min(DEFAULT_BUCKET_BYTES, max(MIN_BUCKET_BYTES, -(-int(model_bytes) // BUCKETS_PER_MODEL)))
 
 
 def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.Optimizer:
@@ -113,13 +132,25 @@ class Trainer:
     store already holds str keys, e.g. a :class:`ShardedEmbedding`'s table) or
     ``model.named_parameters()`` (keys are the names). ``optimizer``: a kvstore optimizer (servers update) or a
     torch optimizer over the same parameters. ``bucket_bytes``: gradients smaller
-    than this are grouped into one push of about this size. ``flat_buckets``: the
+    than this are grouped into one push of about this size (default: sized by the
+    model, :func:`bucket_bytes_for`; :attr:`bucket_bytes` says which). ``overlap``:
+    buckets are sent during backward (True) or all in one pushpull when backward ends
+    (False: one round trip, no overlap). ``flat_buckets``: the
     parameters that train become views of flat buffers of about ``bucket_bytes``,
     each exchanged as one key (DDP's ``gradient_as_bucket_view``;
     :mod:`kvstore.flat_buckets`): a few keys instead of one per parameter, which
     the per-key cost of an exchange makes faster for models of many small
     parameters; not with layer-wise server optimizers (LARS, LAMB) or sparse
     gradients, and the set of trained parameters is fixed when the Trainer is made.
+
+    DDP's habits hold (docs/training.md, "DDP's habits"): when ``backward()``
+    returns, the exchange is finished; with the workers updating ``.grad`` holds the
+    average, so ``clip_grad_norm_``, ``scaler.unscale_(trainer)`` and
+    ``scaler.step(trainer)`` (or the torch optimizer's own) act on it as under DDP;
+    ``with trainer.no_sync():`` accumulates without exchanging. With the servers
+    updating, the servers applied the gradients when backward ended: an edit of
+    ``.grad`` before ``step()`` is refused there (it would change nothing), as is a
+    second backward without ``no_sync()`` and a GradScaler.
 
     Every parameter starts from rank 0's value. Frozen ones (``requires_grad=False``
     at ``step()``) are neither exchanged nor updated; one that got no gradient in a
@@ -144,7 +175,7 @@ class Trainer:
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True, flat_buckets: bool = False):
+                 bucket_bytes: int | None = None, overlap: bool = True, flat_buckets: bool = False):
         if not isinstance(kv, KVStore):
             raise ArgumentTypeError(f"kv must be a kvstore store, got {type(kv).__name__}")
         named = list(params)
@@ -170,23 +201,34 @@ class Trainer:
         if not update_on_kvstore and not is_torch:
             raise ArgumentTypeError("update_on_kvstore=False runs a torch optimizer on every worker: "
                                     f"pass a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if bucket_bytes is None:
+            bucket_bytes = bucket_bytes_for(sum(p.numel() * p.element_size() for p in self._params
+                                                if p.requires_grad))
+        elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+            raise ArgumentTypeError(f"bucket_bytes must be a positive int (or None: sized by the model), "
+                                    f"got {bucket_bytes!r}")
         self._bucket_bytes = bucket_bytes
         self._overlap = overlap
         self._bucket: list[int] = []
         self._bucket_size = 0
         self._pushed: set[int] = set()
-        self._handles: list = []      # exchanges started during backward, finished by step()
+        self._handles: list = []      # exchanges started during backward, finished when it ends
         self._hooks = []
-        self._owner = threading.get_ident()  # the store's sockets belong to this thread
         self._lock = threading.Lock()
-        self._seen: set[int] = set()   # parameters whose gradient arrived this step (hooks)
+        self._seen: set[int] = set()   # parameters whose gradient arrived in this round (hooks)
+        self._sync = True              # False inside no_sync(): gradients accumulate, unsent
+        self._finish_queued = False    # autograd will run _finish_backward when this backward ends
+        self._reduced = False          # the exchange finished when backward ended; step() has none to do
+        # servers updating: (parameter index, its .grad, the .grad's version) as pushed,
+        # to tell at step() that the gradients were edited after backward
+        self._sent: list[tuple[int, torch.Tensor, int]] = []
         # CUDA models: autograd runs the hooks on its device threads, which must not
-        # use the store; a communication thread (one per backward, ended by step())
-        # starts their exchanges instead
+        # use the store; a communication thread (one per backward, ended when the
+        # backward ends) starts their exchanges instead
         self._use_comm = overlap and any(p.is_cuda for p in self._params)
         self._comm: _CommThread | None = None
         self._side_streams: dict = {}     # device index -> the communication thread's CUDA stream
-        self._timeline = getattr(kv, "_timeline", None)   # KVSTORE_TIMELINE (kvstore.timeline)
+        self._timeline = kv.timeline       # KVSTORE_TIMELINE (kvstore.timeline), or None
 
         if kv.joined and not update_on_kvstore:
             raise InvalidArgumentError(
@@ -213,10 +255,11 @@ class Trainer:
             params["rescale_grad"] = params.get("rescale_grad", 1.0) / kv.num_workers  # average
             kv.set_optimizer(kvopt.from_config({**config, "params": params}))
             self._lr_sent = params["learning_rate"]
-        if overlap:
-            for index, p in enumerate(self._params):
-                if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
+        # with overlap=False too: the hooks note the gradients and have the exchange
+        # finished when backward ends (one pushpull then)
+        for index, p in enumerate(self._params):
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
 
     def _flat_buckets(self, kv: KVStore, server_opt, bucket_bytes: int) -> FlatBuckets:
         """The flat buckets of the parameters that train (flat_buckets=True)."""
@@ -287,17 +330,33 @@ class Trainer:
     # -- backward hooks -----------------------------------------------------------
     def _hook(self, index: int):
         def ready(param):
-            if index in self._seen:
-                raise InvalidArgumentError(
-                    f"parameter {self._keys[index]!r} got a second gradient before step(): "
-                    "call step() after every backward, or create the Trainer with overlap=False "
-                    "to accumulate gradients over several backward passes")
-            if self._timeline is not None and not self._seen:
+            if not self._sync:
+                return          # no_sync(): accumulated here, exchanged by a later backward
+            with self._lock:
+                if self.update_on_kvstore and (self._reduced or index in self._seen):
+                    raise InvalidArgumentError(
+                        f"parameter {self._keys[index]!r} got a second gradient before step(): the servers "
+                        "applied this step's gradients when the backward before ended (update_on_kvstore="
+                        "True); call step() after every backward, and accumulate over several backward "
+                        "passes inside `with trainer.no_sync():` (all but the last; the last exchanges the "
+                        "sum), as with DDP. A reentrant backward inside this one (torch.utils.checkpoint "
+                        "with use_reentrant=True) does the same: pass use_reentrant=False")
+                first, queue_finish = not self._seen, not self._finish_queued
+                self._seen.add(index)
+                self._finish_queued = True
+                if first:
+                    self._reduced = False      # workers updating: a new round, on the average so far
+            if queue_finish:
+                # the exchange finishes when this backward ends (DDP's reducer does the
+                # same), so .grad is final for whatever runs between backward() and step()
+                Variable._execution_engine.queue_callback(self._finish_backward)
+            if self._timeline is not None and first:
                 self._timeline.instant("trainer", "first gradient")
+            if not self._overlap:
+                return          # sent in one pushpull when backward ends
             if self._flat is not None and index in self._flat.of:
                 self._flat.take(index)
                 with self._lock:
-                    self._seen.add(index)
                     done = self._flat.arrived(index)
                     if done is not None:
                         done.started = True
@@ -305,7 +364,6 @@ class Trainer:
                     self._launch(done.indices, lambda main: self._start_bucket(done, main))
                 return
             with self._lock:
-                self._seen.add(index)
                 self._bucket.append(index)
                 self._bucket_size += param.numel() * param.element_size()
                 full = self._bucket_size >= self._bucket_bytes
@@ -432,12 +490,52 @@ class Trainer:
         if self._flat is not None:
             self._flat.zero_grad()
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's ``no_sync()``: backward passes inside accumulate their gradients in
+        ``.grad`` without exchanging them; the first backward after the context
+        exchanges the sum. The loop for accumulating over k micro-batches::
+
+            trainer.zero_grad()
+            for i, (x, y) in enumerate(micro_batches):
+                with trainer.no_sync() if i < k - 1 else contextlib.nullcontext():
+                    (loss_fn(model(x), y) / k).backward()
+            trainer.step()
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    @property
+    def bucket_bytes(self) -> int:
+        """The bucket size in use: the one given, or :func:`bucket_bytes_for` the model."""
+        return self._bucket_bytes
+
+    @property
+    def param_groups(self) -> list:
+        """The torch optimizer's param groups (workers updating): what a
+        ``torch.amp.GradScaler`` reads, so that ``scaler.unscale_(trainer)`` and
+        ``scaler.step(trainer)`` work as with a torch optimizer. Raises
+        InvalidArgumentError with the servers updating."""
+        if self.update_on_kvstore:
+            raise InvalidArgumentError(self._SCALER_NEEDS_WORKERS)
+        assert self.torch_optimizer is not None      # update_on_kvstore=False has one
+        return self.torch_optimizer.param_groups
+
+    _SCALER_NEEDS_WORKERS = (
+        "a GradScaler needs update_on_kvstore=False (as MXNet's AMP): it skips a step whose "
+        "gradients overflowed, which servers updating key by key cannot decide for the whole "
+        "model; the servers would also apply the scaled gradients")
+
     def step(self, scaler=None) -> None:
-        """Exchange the gradients not sent during backward, wait for every
-        exchange, then (workers updating) average and run the torch optimizer:
-        :meth:`allreduce_grads`, then :meth:`update`. ``scaler``: a
+        """Finish the exchange (when a backward produced gradients, it finished as that
+        backward ended), then (workers updating) run the torch optimizer on the
+        averaged gradients: :meth:`allreduce_grads`, then :meth:`update`. ``scaler``: a
         ``torch.amp.GradScaler`` (mixed precision; workers updating only), which
-        unscales the averaged gradients and skips the step if they overflowed."""
+        unscales the averaged gradients and skips the step if they overflowed;
+        ``scaler.step(trainer)`` is the same."""
         start = self._timeline.now() if self._timeline is not None else 0
         if scaler is not None:
             self._check_scaler(scaler)       # before waiting on the exchange
@@ -448,10 +546,56 @@ class Trainer:
             self._timeline.span("trainer", "step", start)
 
     def allreduce_grads(self) -> None:
-        """The first half of :meth:`step`, as in MXNet Gluon: finish the exchange.
-        Servers updating, the parameters then hold the new weights; workers updating,
-        every ``.grad`` holds the gradient averaged over the workers, to clip or
-        unscale (``scaler.unscale_(trainer.torch_optimizer)``) before :meth:`update`."""
+        """The first half of :meth:`step`, as in MXNet Gluon: finish the exchange
+        (done already when a backward produced gradients: it finishes when backward
+        ends; otherwise, e.g. after backward passes inside :meth:`no_sync` only, the
+        gradients are exchanged here). Servers updating, the parameters then hold the
+        new weights; workers updating, every ``.grad`` holds the gradient averaged over
+        the workers, to clip or unscale (``scaler.unscale_(trainer)``) before
+        :meth:`update`. Raises InvalidArgumentError, with the servers updating, if a
+        gradient was changed after the backward that sent it."""
+        if self._reduced:
+            self._reduced = False
+            self._check_unchanged()
+        else:
+            self._finish_exchange()
+        self._seen.clear()
+        self._sent = []
+
+    def _finish_backward(self) -> None:
+        """Run by autograd when a backward that produced gradients ends (on its thread,
+        with the streams of the caller of ``backward()``): finish the exchange. Workers
+        updating, the next backward starts a new round (on the average so far, as DDP
+        without no_sync); servers updating, :meth:`step` must come first, and finds
+        there what was pushed, to refuse a gradient edited since."""
+        self._finish_queued = False
+        exchanged = self._finish_exchange()
+        if self.update_on_kvstore:
+            self._sent = [(i, g, g._version) for i in exchanged if (g := self._params[i].grad) is not None]
+        else:
+            self._seen.clear()
+        self._reduced = True
+
+    def _check_unchanged(self) -> None:
+        """Servers updating: refuse a gradient changed (in place, or replaced) since it
+        was pushed. torch's version counter counts every in-place change of a tensor
+        and its views (what autograd checks saved tensors with): exact for torch's
+        operations, clip_grad_norm_ and GradScaler included, and one integer read per
+        parameter; an edit through ``.data`` or numpy escapes it, as it escapes autograd."""
+        for i, grad, version in self._sent:
+            now = self._params[i].grad
+            if now is not grad or now._version != version:
+                raise InvalidArgumentError(
+                    f"step: the gradient of parameter {self._keys[i]!r} was changed after backward() (gradient "
+                    "clipping? unscaling?), but the servers applied the gradients as backward produced them "
+                    "(update_on_kvstore=True), so the change would be lost. Let the workers update "
+                    "(update_on_kvstore=False, a torch optimizer): .grad then holds the average when backward() "
+                    "returns, to clip before step() as with DDP, or with trainer.allreduce_grads(), clipping, "
+                    "then trainer.update()")
+
+    def _finish_exchange(self) -> list[int]:
+        """Exchange what was not sent during backward, wait for every exchange and
+        (workers updating) average: the parameters exchanged."""
         self._flush_bucket()
         if self._flat is not None:
             self._start_unstarted_buckets()
@@ -467,12 +611,11 @@ class Trainer:
         exchanged = [i for i, p in enumerate(self._params) if p.requires_grad or i in self._pushed]
         rest = [i for i in exchanged if i not in self._pushed]
         if rest:
-            # overlap=False: everything in one pushpull here (one round trip); so
-            # whatever .grad holds now (accumulated, clipped) is what is averaged
+            # overlap=False: everything in one pushpull here (one round trip); and
+            # the parameters without a gradient this round (zeros)
             self._start(rest)
         handles, self._handles = self._handles, []
         self._pushed.clear()
-        self._seen.clear()
         if self._flat is not None:
             self._flat.new_step()
         start = self._timeline.now() if self._timeline is not None else 0
@@ -491,6 +634,7 @@ class Trainer:
                     self._params[i].grad.div_(self.kv.num_workers)
             for bucket in flat.buckets if flat is not None else []:
                 bucket.grad.div_(self.kv.num_workers)     # (every .grad in it is a view)
+        return exchanged
 
     def _start_unstarted_buckets(self) -> None:
         """The buckets not complete during backward (overlap=False, unused parameters):
@@ -535,10 +679,7 @@ class Trainer:
         if not callable(getattr(scaler, "step", None)) or not callable(getattr(scaler, "unscale_", None)):
             raise ArgumentTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         if self.update_on_kvstore:
-            raise InvalidArgumentError(
-                "a GradScaler needs update_on_kvstore=False (as MXNet's AMP): it skips a step "
-                "whose gradients overflowed, which servers updating key by key cannot decide "
-                "for the whole model; the servers would also apply the scaled gradients")
+            raise InvalidArgumentError(self._SCALER_NEEDS_WORKERS)
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_states(self, path: str) -> None:
@@ -569,8 +710,10 @@ class Trainer:
 class _CommThread:
     """Runs the exchanges a CUDA model's backward hooks start, one after another, on
     one thread (the hooks run on autograd's device threads). The store is used by
-    this thread during backward and by the training loop's thread otherwise: the
-    hand-over is :meth:`drain`, which also re-raises the first failure."""
+    this thread during backward and, once :meth:`drain` (the hand-over, which also
+    re-raises the first failure) returned, by the thread that ends the backward
+    (autograd's, running the Trainer's end-of-backward callback) and then the
+    training loop's, one at a time."""
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()

@@ -60,9 +60,6 @@ ALLOWED = {
     ("kvstore/optimizer/fused.py", "o._terms"):          # fused.py:387, in norm_terms
         "optimizer owner (kvstore/optimizer/*): fused.py calls a layer-wise optimizer's phase 1 "
         "(Optimizer._terms, docs/architecture.md §9), a seam between the optimizers spelled private",
-    ("kvstore/torch.py", "getattr(kv, '_timeline', None)"):   # torch.py:136, in Trainer.__init__
-        "torch.py owner: the public seam exists now, kv.timeline (KVStoreBase.timeline: None for a "
-        "store without one); Trainer.__init__ should read it",
     ("kvstore/torch.py", "self.kv._set_learning_rate"):       # torch.py:319, in Trainer._sync_learning_rate
         "torch.py and kvstore/worker/store.py owner: the Trainer needs set_learning_rate's state_scale "
         "(torch's momentum excludes the lr, MXNet's includes it); store.py should make it public "
@@ -79,6 +76,14 @@ THIRD_PARTY = {
         "torch's accessors of an uncoalesced sparse COO tensor (indices() refuses one; coalescing "
         "first would cost a sort)",
     ("kvstore/rows/sparse.py", "_values"): "as _indices",
+    ("kvstore/torch.py", "_execution_engine"):
+        "torch's autograd engine (torch.autograd.Variable._execution_engine.queue_callback) is the only "
+        "way to run a callback when a backward ends, which DDP's and FSDP's Python code use as the "
+        "Trainer does: its exchange finishes there",
+    ("kvstore/torch.py", "_version"):
+        "a tensor's version counter (Tensor._version), with which autograd itself detects in-place "
+        "changes: torch has no public accessor; the Trainer (servers updating) detects with it a "
+        "gradient edited after backward sent it",
     ("kvstore/lightning.py", "_opt_called"):
         "torch's LR schedulers check the flag torch's own optimizer step sets; the servers stepped, "
         "so the Lightning wrapper sets it (torch has no public way)",

@@ -3,7 +3,12 @@ DDP strategy (gloo) or kvstore.lightning.KVStoreStrategy, started by torchrun or
 tracker.local (tests/torch_integration/test_lightning.py).
 
     python tests/scripts/lightning_job.py OUT.pt --strategy ddp|kvstore [--update-on-kvstore]
-        [--store dist_sync]
+        [--store dist_sync] [--by-name | --cli]
+
+``--by-name``: the kvstore strategy by its registered name (``strategy="kvstore"``,
+or ``"kvstore_update_on_kvstore"``: dist_sync); ``--cli``: the Lightning Trainer
+built by LightningCLI from ``--trainer.strategy=NAME`` and the other settings as
+command-line options.
 
 Every worker starts from other weights (seeded by its rank: the strategy makes them
 rank 0's), the data are fixed and Lightning shards them with a DistributedSampler;
@@ -57,23 +62,41 @@ def data():
     return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
 
 
+def cli_trainer(strategy: str, options: dict) -> L.Trainer:
+    """The Lightning Trainer LightningCLI builds from ``--trainer.strategy=NAME`` and
+    ``options`` as command-line options (the module is made by the caller)."""
+    from lightning.pytorch.cli import LightningCLI
+    argv = [f"--trainer.strategy={strategy}"]
+    argv += [f"--trainer.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    return LightningCLI(Net, run=False, args=argv, save_config_callback=None, seed_everything_default=False).trainer
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--strategy", choices=["ddp", "kvstore"], required=True)
     ap.add_argument("--update-on-kvstore", action="store_true")
     ap.add_argument("--store", default="dist_sync")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--by-name", action="store_true", help="kvstore: the strategy's registered name")
+    how.add_argument("--cli", action="store_true", help="kvstore: the Trainer from LightningCLI")
     args = ap.parse_args()
 
+    options = dict(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                   deterministic=True)
     if args.strategy == "ddp":
         from lightning.pytorch.strategies import DDPStrategy
-        strategy, devices = DDPStrategy(process_group_backend="gloo"), int(os.environ["WORLD_SIZE"])
+        trainer = L.Trainer(strategy=DDPStrategy(process_group_backend="gloo"), devices=int(os.environ["WORLD_SIZE"]),
+                            **options)
+    elif args.by_name or args.cli:
+        import kvstore.lightning  # noqa: F401  (registers the names with Lightning)
+        name = "kvstore_update_on_kvstore" if args.update_on_kvstore else "kvstore"
+        trainer = cli_trainer(name, options) if args.cli else L.Trainer(strategy=name, **options)
     else:
         from kvstore.lightning import KVStoreStrategy
-        strategy, devices = KVStoreStrategy(args.store, update_on_kvstore=args.update_on_kvstore), "auto"
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_epochs=2,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, deterministic=True)
+        trainer = L.Trainer(strategy=KVStoreStrategy(args.store, update_on_kvstore=args.update_on_kvstore),
+                            **options)
     rank = trainer.global_rank
     L.seed_everything(rank, verbose=False)          # other weights on every worker
     model = Net()

@@ -121,6 +121,19 @@ def test_two_workers_end_with_the_weights_of_lightning_ddp(ddp, tmp_path, launch
     assert_listens_on_nothing_of_its_own(text, launcher)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("how, update_on_kvstore", [("--by-name", False), ("--by-name", True), ("--cli", False)])
+def test_the_registered_name_and_lightning_cli_train_as_lightning_ddp(ddp, tmp_path, how, update_on_kvstore):
+    """``L.Trainer(strategy="kvstore")`` (or ``"kvstore_update_on_kvstore"``) and
+    LightningCLI's ``--trainer.strategy=kvstore``, as Lightning names DDP: "ddp"."""
+    if how == "--cli":
+        pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse[signatures]")
+    got, text = run_job("tracker.local", tmp_path, "--strategy", "kvstore", how,
+                        *(["--update-on-kvstore"] if update_on_kvstore else []))
+    assert_like_ddp(got, ddp)
+    assert_collectives(text)
+
+
 # -- one process: the 'local' store --------------------------------------------------------
 def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None):
     """A real lightning.Trainer, a tiny regression and its data (before fit)."""
@@ -163,13 +176,27 @@ def fit(strategy, **kwargs):
 @pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("update_on_kvstore", MODES)
 def test_the_local_store_trains_like_a_single_device(update_on_kvstore, accumulate):
-    if update_on_kvstore and accumulate > 1:
-        pytest.skip("servers updating: the gradients are summed on the servers, accumulation included")
+    """Accumulating, the backward passes before an optimizer step run in the
+    Trainer's no_sync() (Lightning's block_backward_sync, as with DDP): nothing is
+    exchanged there, and the last one's exchange still starts from its hooks, during
+    backward (one bucket per parameter here: the first before the second gradient)."""
     want = fit("auto", accumulate=accumulate)
-    strategy = KVStoreStrategy("local", update_on_kvstore=update_on_kvstore)
-    got = fit(strategy, accumulate=accumulate)
+    strategy = KVStoreStrategy("local", update_on_kvstore=update_on_kvstore, bucket_bytes=1)
+    arrived, when = [], []
+    calls = strategy.kv.pushpull_async
+    strategy.kv.pushpull_async = lambda *a, **k: when.append(len(arrived)) or calls(*a, **k)
+    trainer, model, loader = lightning_fit(strategy, accumulate=accumulate)
+    for p in model.parameters():       # counts the gradients of each backward
+        p.register_post_accumulate_grad_hook(lambda p: arrived.append(1))
+    trainer.fit(model, train_dataloaders=loader)
+    got = [p.detach().clone() for p in model.parameters()]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    steps, params = 6, len(got)
+    assert len(when) == steps * params          # one exchange per parameter per optimizer step
+    for s, first in enumerate(when[::params]):
+        # during the step's last backward: after the gradients of the ones before, before its last
+        assert (s * accumulate + accumulate - 1) * params <= first < (s + 1) * accumulate * params, when
     assert (strategy.world_size, strategy.global_rank, strategy.distributed_sampler_kwargs) == \
         (1, 0, {"num_replicas": 1, "rank": 0})
     assert strategy.broadcast({"a": 1}) == {"a": 1}

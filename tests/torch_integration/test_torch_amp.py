@@ -26,8 +26,19 @@ def scaler():
 
 
 def poison(model):
-    """Make the first layer's gradient infinite (an overflow in backward)."""
+    """Make the first layer's gradient infinite (one process: after backward)."""
     next(model.parameters()).grad.fill_(float("inf"))
+
+
+def overflow_in_backward(model, loss):
+    """``loss.backward()`` in which the first layer's gradient overflows (infinite):
+    on a worker, whose exchange finishes when backward ends (as DDP's), an overflow
+    must happen in backward to reach the others, as a real one does."""
+    hook = next(model.parameters()).register_hook(lambda g: torch.full_like(g, float("inf")))
+    try:
+        loss.backward()
+    finally:
+        hook.remove()
 
 
 def reference(clip=None):
@@ -57,10 +68,11 @@ def job_loop(model, trainer, rank, size, clip=None):
     per = W * B // size
     for step, (x, y) in enumerate(batches()):
         trainer.zero_grad()
-        loss = F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per])
-        s.scale(loss).backward()
+        loss = s.scale(F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]))
         if step == OVERFLOW_STEP and rank == 1:
-            poison(model)
+            overflow_in_backward(model, loss)
+        else:
+            loss.backward()
         if clip is None:
             trainer.step(scaler=s)
         else:
@@ -174,9 +186,11 @@ def test_on_a_gpu_float16_autocast_and_an_overflow_on_one_worker(make_cluster):
             trainer.zero_grad()
             with torch.autocast("cuda", dtype=torch.float16):
                 out = model(x)
-            s.scale(F.cross_entropy(out.float(), y)).backward()
+            loss = s.scale(F.cross_entropy(out.float(), y))
             if step == OVERFLOW_STEP and rank == 1:
-                poison(model)
+                overflow_in_backward(model, loss)
+            else:
+                loss.backward()
             before = [p.detach().clone() for p in model.parameters()]
             trainer.step(scaler=s)
             s.update()

@@ -92,27 +92,37 @@ def test_workers_run_their_torch_optimizer_on_the_averaged_gradient(make_cluster
 
 
 def test_overlap_sends_buckets_during_backward(make_cluster):
-    """With overlap=True each full bucket's pushpull is on the wire before backward
-    returns; step() only waits for them."""
+    """With overlap=True each full bucket's pushpull starts from its gradient's hook,
+    while backward goes on; backward returns with every exchange finished, so step()
+    starts none."""
     cluster = make_cluster(W, 1)
 
     def job(kv):
         model = make_model()
         trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
                                   bucket_bytes=1)         # every gradient is a full bucket
+        arrived, when = [], []
+        for p in model.parameters():       # after the Trainer's hooks: counts the gradients
+            p.register_post_accumulate_grad_hook(lambda p: arrived.append(1))
+        calls = kv.pushpull_async
+        kv.pushpull_async = lambda *a, **k: when.append(len(arrived)) or calls(*a, **k)
         trainer.zero_grad()
         F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
-        started = len(trainer._handles)
+        started, pending = list(when), len(trainer._handles)
         trainer.step()
-        return started, len(trainer._handles)
-    for started, left in cluster.run(job):
-        assert started == len(list(make_model().parameters())) and left == 0
+        return started, pending, len(when)
+    for started, pending, after_step in cluster.run(job):
+        # one per parameter, each before the next gradient arrived
+        assert started == list(range(len(list(make_model().parameters()))))
+        assert pending == 0 and after_step == len(started)
 
 
 @pytest.mark.parametrize("update_on_kvstore", [True, False])
 def test_gradients_accumulated_over_two_backward_passes(make_cluster, update_on_kvstore):
-    """overlap=False: two backward passes on half batches (loss halved), then one
-    step (a single pushpull), train like one process on the whole batch."""
+    """overlap=False and no_sync(): two backward passes on half batches (loss
+    halved), the first inside no_sync(), then one step (a single pushpull, when the
+    second backward ends), train like one process on the whole batch
+    (test_torch_habits.py: every bucket layout)."""
     want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
     models = [make_model(seed=0 if r == 0 else 100 + r) for r in range(W)]
     cluster = make_cluster(W, 2, chunk_bytes=64)
@@ -124,8 +134,9 @@ def test_gradients_accumulated_over_two_backward_passes(make_cluster, update_on_
         for x, y in batches():
             mine, labels = x[kv.rank * per:(kv.rank + 1) * per], y[kv.rank * per:(kv.rank + 1) * per]
             trainer.zero_grad()
-            for half in (slice(0, per // 2), slice(per // 2, per)):
-                (F.cross_entropy(model(mine[half]), labels[half]) / 2).backward()
+            with trainer.no_sync():
+                (F.cross_entropy(model(mine[:per // 2]), labels[:per // 2]) / 2).backward()
+            (F.cross_entropy(model(mine[per // 2:]), labels[per // 2:]) / 2).backward()
             trainer.step()
         return [p.detach().clone() for p in model.parameters()]
     for got in cluster.run(job, "dist_sync"):
@@ -148,17 +159,6 @@ def test_local_store_runs_the_identical_loop():
         trainer = kvtorch.Trainer(model.named_parameters(), kv,
                                   torch.optim.SGD(model.parameters(), **SGD))
         assert_same(train(model, trainer, 0, 1), want)
-
-
-def test_a_second_backward_before_step_is_an_error():
-    with kvstore.create("local") as kv:
-        model = make_model()
-        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1))
-        x = torch.ones(2, 6)
-        model(x).sum().backward()
-        with pytest.raises(kvstore.InvalidArgumentError, match="overlap=False"):
-            model(x).sum().backward()
-        trainer.close()
 
 
 def test_unsupported_server_optimizer_is_a_clear_error():
@@ -316,7 +316,8 @@ def test_the_communication_thread_starts_every_bucket_and_trains_the_same(make_c
     assert threads == [{"kvstore-trainer-comm"}] * W      # every bucket, none inline
 
 
-def test_a_failure_on_the_communication_thread_is_raised_by_step(make_cluster):
+def test_a_failure_on_the_communication_thread_is_raised_by_backward(make_cluster):
+    """...which waits for the communication thread's exchanges as it ends."""
     def job(kv):
         model = make_model()
         trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
@@ -324,9 +325,8 @@ def test_a_failure_on_the_communication_thread_is_raised_by_step(make_cluster):
         trainer._use_comm = True
         trainer._start = lambda indices, main=None: (_ for _ in ()).throw(RuntimeError("boom on the comm thread"))
         trainer.zero_grad()
-        F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
         with pytest.raises(RuntimeError, match="boom on the comm thread"):
-            trainer.step()
+            F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long)).backward()
     with kvstore.create("local") as kv:
         job(kv)
 

@@ -1,0 +1,290 @@
+"""DDP's habits with kvstore.torch.Trainer (issue 43, items 3-5): what a DDP user
+writes works as it does under DDP, or is refused with an error that names the form
+that works.
+
+- clipping between ``backward()`` and ``step()`` clips the averaged gradients (DDP:
+  the all-reduce finished when ``backward()`` returned), whatever the bucket layout;
+  with the servers updating it is refused, naming ``trainer.allreduce_grads()``;
+- ``with trainer.no_sync():`` accumulates locally, the next backward exchanges the sum;
+- ``scaler.unscale_(trainer)`` / ``scaler.step(trainer)`` (and the torch optimizer's
+  own ``scaler.unscale_(opt)`` / ``scaler.step(opt)``) as with a torch optimizer;
+- models under 4 MiB get several buckets (sized by the model), so the exchange
+  starts during backward.
+
+The reference is one process on batches of W*b (what DDP computes, to float
+tolerance: test_torch_trainer.py's oracle), with the same clipping, scaler or
+accumulation."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import kvstore  # noqa: E402
+import kvstore.torch as kvtorch  # noqa: E402
+from kvstore.errors import InvalidArgumentError  # noqa: E402
+from test_torch_trainer import B, SGD, W, assert_same, batches, make_model, reference_torch, run_dist  # noqa: E402
+from test_torch_amp import INIT_SCALE, OVERFLOW_STEP, overflow_in_backward, reference, scaler  # noqa: E402
+
+CLIP = 0.05     # well below the gradients' norm here: every step is clipped
+
+# the bucket layouts the old Trainer mixed: one bucket sent in step() (the default for a
+# small model then), one per parameter sent during backward, flat buckets, no overlap
+LAYOUTS = [pytest.param({}, id="default"), pytest.param({"bucket_bytes": 1}, id="bucket-per-parameter"),
+           pytest.param({"flat_buckets": True, "bucket_bytes": 100}, id="flat-buckets"),
+           pytest.param({"overlap": False}, id="no-overlap")]
+
+
+def per_worker(x, y, rank, size):
+    per = W * B // size
+    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+
+
+def reference_clipped(make_opt, clip=CLIP):
+    """One process on W*b, clipping its gradient (DDP: the average over the workers)."""
+    model = make_model()
+    opt = make_opt(model.parameters())
+    for x, y in batches():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def clipping_loop(model, trainer, rank, size):
+    """DDP's habit: backward, clip, step."""
+    for x, y in batches():
+        x, y = per_worker(x, y, rank, size)
+        trainer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        trainer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# -- clipping between backward() and step() -------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_clipping_between_backward_and_step_clips_the_average_as_ddp(make_cluster, layout):
+    want = reference_clipped(lambda ps: torch.optim.SGD(ps, **SGD))
+    # the clip matters: without it the weights differ
+    assert any(not torch.allclose(a, b) for a, b in zip(want, reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))))
+    results = run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), **SGD), dict(layout)),
+                       loop=clipping_loop)
+    for got in results:
+        assert_same(got, want)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_clipping_between_backward_and_step_is_refused_while_the_servers_update(make_cluster, layout):
+    """The servers applied the gradients as pushed: an edit of .grad after backward
+    would change nothing, so step() refuses it, naming the forms that work."""
+    def loop(model, trainer, rank, size):
+        x, y = per_worker(*next(batches()), rank, size)
+        trainer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        with pytest.raises(InvalidArgumentError, match=r"changed after backward.*allreduce_grads\(\)"):
+            trainer.step()
+        return True
+    assert run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), **SGD),
+                                             {"update_on_kvstore": True, **layout}), loop=loop) == [True] * W
+
+
+def test_allreduce_grads_then_clip_then_update_is_the_same_as_ddp(make_cluster):
+    """Gluon's split step, the form the refusal names: reduce, clip, update."""
+    want = reference_clipped(lambda ps: torch.optim.SGD(ps, **SGD))
+
+    def loop(model, trainer, rank, size):
+        for x, y in batches():
+            x, y = per_worker(x, y, rank, size)
+            trainer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            trainer.allreduce_grads()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            trainer.update()
+        return [p.detach().clone() for p in model.parameters()]
+    for got in run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), **SGD), {"bucket_bytes": 1}),
+                        loop=loop):
+        assert_same(got, want)
+
+
+# -- accumulation: no_sync() --------------------------------------------------------------------
+
+def accumulating_loop(use_no_sync):
+    def loop(model, trainer, rank, size):
+        for x, y in batches():
+            x, y = per_worker(x, y, rank, size)
+            half = len(y) // 2
+            trainer.zero_grad()
+            if use_no_sync:
+                with trainer.no_sync():
+                    (F.cross_entropy(model(x[:half]), y[:half]) / 2).backward()
+            else:
+                (F.cross_entropy(model(x[:half]), y[:half]) / 2).backward()
+            (F.cross_entropy(model(x[half:]), y[half:]) / 2).backward()
+            trainer.step()
+        return [p.detach().clone() for p in model.parameters()]
+    return loop
+
+
+@pytest.mark.parametrize("update_on_kvstore", [pytest.param(False, id="workers-update"),
+                                               pytest.param(True, id="servers-update")])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_no_sync_accumulates_over_backward_passes_like_one_process(make_cluster, update_on_kvstore, layout):
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    handles = []
+
+    def args(model):
+        return torch.optim.SGD(model.parameters(), **SGD), {"update_on_kvstore": update_on_kvstore, **layout}
+
+    def loop(model, trainer, rank, size):
+        calls = trainer.kv.pushpull_async
+        trainer.kv.pushpull_async = lambda *a, **k: handles.append(rank) or calls(*a, **k)
+        return accumulating_loop(True)(model, trainer, rank, size)
+    for got in run_dist(make_cluster, args, loop=loop):
+        assert_same(got, want)
+    # nothing was exchanged inside no_sync(): one exchange a step per bucket, as without accumulation
+    one_step = 1 if layout.get("bucket_bytes") != 1 else len(list(make_model().parameters()))
+    if layout.get("flat_buckets"):
+        one_step = 2
+    assert len(handles) == W * len(list(batches())) * one_step
+
+
+def test_a_second_backward_without_no_sync_averages_again_as_ddp(make_cluster):
+    """DDP without no_sync() all-reduces at every backward: the second adds its own
+    average to the first's. So does the Trainer with the workers updating."""
+    want = reference_torch(lambda ps: torch.optim.SGD(ps, **SGD))
+    for got in run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), **SGD), {}),
+                        loop=accumulating_loop(False)):
+        assert_same(got, want)
+
+
+def test_a_second_backward_without_no_sync_is_refused_while_the_servers_update():
+    with kvstore.create("local") as kv:
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  update_on_kvstore=True)
+        x = torch.ones(2, 6)
+        model(x).sum().backward()
+        with pytest.raises(InvalidArgumentError, match=r"second gradient before step\(\).*no_sync\(\)"):
+            model(x).sum().backward()
+        trainer.close()
+
+
+# -- torch.amp.GradScaler: scaler.unscale_(trainer), scaler.step(trainer) ---------------------
+
+@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("target", ["trainer", "torch-optimizer"])
+def test_a_grad_scaler_takes_the_trainer_or_its_optimizer_as_with_ddp(make_cluster, clip, target):
+    """``scaler.scale(loss).backward(); [scaler.unscale_(t); clip]; scaler.step(t);
+    scaler.update()`` with t the Trainer or the torch optimizer itself (DDP's form);
+    rank 1's gradient overflows once: every worker skips that step alike."""
+    want, want_scales = reference(clip=CLIP if clip else None)
+    assert want_scales == [INIT_SCALE, 2 * INIT_SCALE, INIT_SCALE, INIT_SCALE]     # grew, then halved
+
+    def loop(model, trainer, rank, size):
+        s, scales = scaler(), []
+        t = trainer if target == "trainer" else trainer.torch_optimizer
+        for step, (x, y) in enumerate(batches()):
+            x, y = per_worker(x, y, rank, size)
+            trainer.zero_grad()
+            loss = s.scale(F.cross_entropy(model(x), y))
+            if step == OVERFLOW_STEP and rank == 1:
+                overflow_in_backward(model, loss)
+            else:
+                loss.backward()
+            if clip:
+                s.unscale_(t)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            s.step(t)
+            s.update()
+            scales.append(s.get_scale())
+        return [p.detach().clone() for p in model.parameters()], scales
+    for got, scales in run_dist(make_cluster, lambda m: (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                                         {"bucket_bytes": 1}), loop=loop):
+        assert scales == want_scales
+        assert_same(got, want)
+
+
+def test_a_grad_scaler_on_a_trainer_whose_servers_update_is_refused():
+    with kvstore.create("local") as kv:
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  update_on_kvstore=True)
+        s = scaler()
+        s.scale(model(torch.ones(2, 6)).sum()).backward()
+        with pytest.raises(InvalidArgumentError, match="GradScaler needs update_on_kvstore=False"):
+            s.unscale_(trainer)
+        with pytest.raises(InvalidArgumentError, match="GradScaler needs update_on_kvstore=False"):
+            s.step(trainer)
+        trainer.close()
+
+
+# -- small models: buckets sized by the model -------------------------------------------------------
+
+def mid_model(seed=0):
+    """1.06 MB of float32 parameters in 8 tensors: under the 4 MiB cap."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 512), nn.Tanh(),
+                         nn.Linear(512, 256), nn.Tanh(), nn.Linear(256, 3))
+
+
+def test_a_model_under_4_mib_is_exchanged_in_several_buckets_during_backward(make_cluster):
+    model = mid_model()
+    sizes = [p.numel() * 4 for p in model.parameters()]
+    assert sum(sizes) < kvtorch.DEFAULT_BUCKET_BYTES
+    when = []      # for each exchange: how many gradients had arrived when it started
+
+    models = [mid_model(seed=r) for r in range(W)]    # made here: torch's RNG is shared by the job's threads
+
+    def job(kv):
+        model = models[kv.rank]
+        opt = torch.optim.SGD(model.parameters(), **SGD)
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt)
+        arrived = []
+        for p in model.parameters():       # after the Trainer's hooks: counts the gradients
+            p.register_post_accumulate_grad_hook(lambda p: arrived.append(1))
+        calls = kv.pushpull_async
+        kv.pushpull_async = lambda *a, **k: when.append(len(arrived)) or calls(*a, **k)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            x, y = torch.randn(W * B, 32, generator=g), torch.randint(0, 3, (W * B,), generator=g)
+            x, y = per_worker(x, y, kv.rank, kv.num_workers)
+            arrived.clear()
+            trainer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            trainer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    results = make_cluster(W, 2).run(job)
+    per_step = len(when) // (3 * W)
+    assert per_step >= 3, when                 # several buckets a step
+    assert min(when) < len(sizes) - 1          # the first started with gradients still to come
+    # and it trains as one process does
+    model = mid_model()
+    opt = torch.optim.SGD(model.parameters(), **SGD)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x, y = torch.randn(W * B, 32, generator=g), torch.randint(0, 3, (W * B,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for got in results:
+        assert_same(got, [p.detach() for p in model.parameters()])
+
+
+def test_bucket_bytes_follow_the_model_between_the_floor_and_4_mib():
+    with kvstore.create("local") as kv:
+        model = mid_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1))
+        assert trainer.bucket_bytes == kvtorch.bucket_bytes_for(sum(p.numel() * 4 for p in model.parameters()))
+    assert kvtorch.bucket_bytes_for(100 << 20) == kvtorch.DEFAULT_BUCKET_BYTES       # ResNet-50: 4 MiB
+    assert kvtorch.bucket_bytes_for(1 << 20) == (1 << 20) // kvtorch.BUCKETS_PER_MODEL
+    assert kvtorch.bucket_bytes_for(1000) == kvtorch.MIN_BUCKET_BYTES                # one bucket
+    with kvstore.create("local") as kv:
+        model = make_model()
+        assert kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                               bucket_bytes=1).bucket_bytes == 1                   # given: kept
