@@ -2,9 +2,10 @@
 
 MXNet's schedulers keep mutable counters and return the lr for a *sequence* of
 calls. Here every scheduler is a pure function of ``t`` (the 1-based number of
-updates a slot has received), so a server restarted from a checkpoint computes
-the same learning rate as one that never stopped. For ``t = 1, 2, 3, ...`` the
-values equal those of MXNet 1.9's stateful schedulers, warm-up included.
+updates a slot has received; 0 before the first), so a server restarted from a
+checkpoint computes the same learning rate as one that never stopped. For ``t = 0,
+1, 2, ...`` the values equal those of MXNet 1.9's stateful schedulers at that
+``num_update``, warm-up included.
 
 MXNet's rules for the base rate are kept. ``base_lr`` (default 0.01 when not
 given) is what the scheduler's warm-up ends at, and what CosineScheduler and
@@ -35,7 +36,7 @@ from typing import Any, ClassVar
 
 from ..errors import ConfigError
 from ..registry import Registry, own_name
-from ._util import check_config_shape, check_params, integer, real, update_count
+from ._util import check_config_shape, check_params, integer, real
 
 __all__ = ["LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler", "PolyScheduler",
            "register_scheduler", "scheduler_from_config", "registered_schedulers", "DEFAULT_BASE_LR"]
@@ -130,8 +131,15 @@ class LRScheduler:
     def __call__(self, t, base_lr=None):
         """Return the learning rate for the ``t``-th update (``t >= 1``): the warm-up's
         while ``t < warmup_steps``, then the schedule's from ``base_lr`` (the argument,
-        else the attribute, else 0.01)."""
-        t = update_count(type(self).__name__, t)
+        else the attribute, else 0.01). ``t = 0``, before the first update, gives what
+        MXNet's schedulers give at ``num_update`` 0 (the warm-up's first rate, else the
+        base). Raises TypeError for a non-int ``t`` and ValueError for a negative one."""
+        owner = type(self).__name__
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{owner}: the update count t must be an int, got {type(t).__name__}")
+        if t < 0:
+            raise ValueError(f"{owner}: the update count t must be >= 0 (0: before the first update), got {t}")
+        t = int(t)
         if t < self.warmup_steps:
             return float(self._warmup(t))
         if base_lr is None:
@@ -185,7 +193,7 @@ _WARMUP_DOC = """``warmup_steps``, ``warmup_begin_lr``, ``warmup_mode`` (MXNet's
 class FactorScheduler(LRScheduler):
     """Multiply the lr by ``factor`` every ``step`` updates, floored at ``stop_factor_lr``.
 
-    After the warm-up, ``lr(t) = base_lr`` for ``t <= step``, then ``base_lr``
+    After the warm-up, ``lr(t) = base_lr`` for ``0 <= t <= step``, then ``base_lr``
     multiplied by ``factor`` ``(t - 1) // step`` times, floored at ``stop_factor_lr``
     after each: what MXNet's stateful FactorScheduler returns for ``t = 1, 2, 3, ...``,
     to the last bit (its count of reductions starts at 0, not at the warm-up's end).
@@ -210,7 +218,7 @@ class FactorScheduler(LRScheduler):
     def _lr(self, t, base):
         # MXNet only applies the floor when it multiplies, so an initial lr below
         # stop_factor_lr is returned unchanged until the first reduction.
-        return _reductions(self._reduced, base, (t - 1) // self.step, self.factor, self.stop_factor_lr)
+        return _reductions(self._reduced, base, max(t - 1, 0) // self.step, self.factor, self.stop_factor_lr)
 
 
 @register_scheduler

@@ -497,6 +497,69 @@ def test_nadam():
     assert loss < 0.11, loss
 
 
+def test_factor_scheduler():
+    base_lr, step, factor = 1, 100, 0.1
+    sched = opt.FactorScheduler(step, factor, stop_factor_lr=1e-4, base_lr=base_lr, warmup_steps=20,
+                                warmup_begin_lr=0.1, warmup_mode="constant")
+    assert sched(0) == 0.1
+    np.testing.assert_almost_equal(sched(10), 0.1)
+    assert sched(21) == base_lr, sched(21)
+    np.testing.assert_almost_equal(sched(101), base_lr * factor)
+    np.testing.assert_almost_equal(sched(201), base_lr * factor * factor)
+    np.testing.assert_almost_equal(sched(1000), 1e-4)
+
+
+def test_multifactor_scheduler():
+    base_lr, steps, factor = 0.1, [15, 25], 0.1
+    sched = opt.MultiFactorScheduler(steps, factor, base_lr=base_lr, warmup_steps=10, warmup_begin_lr=0.05,
+                                     warmup_mode="linear")
+    assert sched(0) == 0.05
+    np.testing.assert_almost_equal(sched(5), 0.05 + (base_lr - 0.05) / 2)
+    np.testing.assert_almost_equal(sched(15), base_lr)
+    np.testing.assert_almost_equal(sched(16), base_lr * factor)
+    np.testing.assert_almost_equal(sched(20), base_lr * factor)
+    np.testing.assert_almost_equal(sched(26), base_lr * factor * factor)
+    np.testing.assert_almost_equal(sched(100), base_lr * factor * factor)
+
+
+def test_poly_scheduler():
+    base_lr, final_lr, steps = 3, 0, 1000
+    poly_sched = opt.PolyScheduler(steps, base_lr=base_lr, pwr=2, final_lr=final_lr, warmup_steps=100,
+                                   warmup_begin_lr=0, warmup_mode="linear")
+    np.testing.assert_almost_equal(poly_sched(0), 0)
+    np.testing.assert_almost_equal(poly_sched(50), float(base_lr) / 2)
+    np.testing.assert_almost_equal(poly_sched(100), base_lr)
+    assert poly_sched(101) < poly_sched(100)
+    assert poly_sched(500) < 1.6
+    np.testing.assert_almost_equal(poly_sched(steps), final_lr)
+
+
+def test_cosine_scheduler():
+    # also tests case without warmup
+    base_lr, final_lr, steps = 3, 0.1, 1000
+    cosine_sched = opt.CosineScheduler(steps, base_lr=base_lr, final_lr=final_lr)
+    np.testing.assert_almost_equal(cosine_sched(0), base_lr)
+    np.testing.assert_almost_equal(cosine_sched(steps), final_lr)
+    assert cosine_sched(500) > 1.5
+
+
+def test_schedulers_are_defined_before_the_first_update_as_mxnets():
+    """Not MXNet's test: ``t = 0`` (MXNet's ``num_update`` before any update, which its
+    tests above call) is the warm-up's first rate or the base; below 0, or not an int,
+    is refused. An update's count stays 1-based (Optimizer.update refuses 0)."""
+    assert opt.FactorScheduler(2, 0.5, base_lr=1.0)(0) == 1.0
+    assert [opt.FactorScheduler(2, 0.5, base_lr=1.0)(t) for t in range(6)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25]
+    assert opt.CosineScheduler(10, base_lr=2.0, warmup_steps=2, warmup_begin_lr=0.5)(0) == 0.5
+    with pytest.raises(ValueError, match=">= 0"):
+        opt.PolyScheduler(10, base_lr=1.0)(-1)
+    with pytest.raises(TypeError):
+        opt.PolyScheduler(10, base_lr=1.0)(True)
+    with pytest.raises(ValueError, match="1-based"):
+        o = opt.create("sgd", lr_scheduler=opt.FactorScheduler(2))
+        w = np.zeros(2, np.float32)
+        o.update(w, w.copy(), o.create_state(w), 0)
+
+
 # -- a report: cases, passes and failures by MXNet test and option --------------------------
 
 def report(cases: list[Case], out=print) -> int:
