@@ -17,6 +17,11 @@ test, in MXNet ``mx.optimizer.X(**kwargs)``, is ``kvstore.optimizer.create("x",
 - CSR weight and gradient (test_sgd's "operator fallback", which MXNet computes
   densely): a dense update by a gradient with CSR's zeros.
 
+The dense cases run again through the fused kernels (their CUDA source built for the
+host). MXNet's tolerances pass a 10% error of some steps (RMSProp's: atol 1e-2 against
+a step of 0.003; float16 LAMB's), so each case also compares the steps, within 1%, and
+a test checks that every case that moves the weight fails with its step 10% off.
+
 MXNet's other tests of the file are ported below the cases: the learning-rate rules,
 lr_mult / wd_mult, Nadam's convergence and the schedulers. MXNet seeds each run at
 random (``with_seed``); here every case has its own fixed seed (its id's CRC-32).
@@ -242,9 +247,10 @@ def _data(case: Case, rng):
     return w, g, rows
 
 
-def _update_ours(case: Case, o, w, g, rows) -> list:
+def _update_ours(case: Case, o, w, g, rows, kernels=None) -> list:
     """One update of ``w`` by ``g`` as the stores make it; returns the state arrays (the
-    master copy first), shaped as the weight."""
+    master copy first), shaped as the weight. ``kernels``: tests/optimizer/host_kernels.py,
+    to make a dense update with the fused kernel a GPU server runs, built for the host."""
     if case.w_stype == "row_sparse":          # a row-sparse key: its slot is (rows, width)
         u = opt.Updater(o)
         n = w.shape[0]
@@ -255,7 +261,13 @@ def _update_ours(case: Case, o, w, g, rows) -> list:
         u.update_lazy(0, g, w, rows)
         return [s.reshape(w.shape) for s in u.get_states()[0]["state"]]
     state = o.create_state(w)
-    o.update(w, g, state, 1, slot=0)
+    if kernels is None:
+        o.update(w, g, state, 1, slot=0)
+    elif o.keeps_master(w.dtype):                 # the float32 master copy, as Optimizer.update
+        kernels.fused_update(o, state[0], g.astype(np.float32), state[1:], 1)
+        w[...] = state[0]
+    else:
+        kernels.fused_update(o, w, g, state, 1)
     return list(state)
 
 
@@ -268,11 +280,11 @@ def _ours_as_reference(case: Case, reference, ref_state, ours: list, dtype):
     return ref.nest_like(ref_state, list(arrays))
 
 
-def run_case(case: Case, monkeypatch=None, perturb: float | None = None) -> float:
+def run_case(case: Case, monkeypatch=None, perturb: float | None = None, kernels=None) -> float:
     """MXNet's compare_optimizer (and, for SGLD, compare_optimizer_noise_seeded) for one
     case; raises AssertionError where ours differs beyond the case's tolerance.
     ``perturb``: our update step scaled by 1 + perturb before the comparison (the check
-    that the tolerance catches such an error). Returns the largest change of a weight
+    that the tolerance catches such an error). ``kernels``: see :func:`_update_ours`. Returns the largest change of a weight
     (or of its float32 master copy) that the reference made."""
     rng = np.random.default_rng(zlib.crc32(case.id.encode()))
     reference = case.reference(**case.ref_kwargs)
@@ -291,7 +303,7 @@ def run_case(case: Case, monkeypatch=None, perturb: float | None = None) -> floa
             ref.compare_ndarray_tuple(state1, _ours_as_reference(case, reference, state1, list(o.create_state(w2)),
                                                                  w2.dtype), what="initial state")
         reference.update_multi_precision(index, w1, g1, state1)
-        ours = _update_ours(one, o, w2, g2, rows)
+        ours = _update_ours(one, o, w2, g2, rows, kernels)
         if perturb is not None:
             _scale_step(w2, w0, ours, 1.0 + perturb)
         where = f" of tensor {index}" if len(shapes) > 1 else ""
@@ -345,6 +357,27 @@ def _same_noise(seed: int, reference, monkeypatch) -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_compare_optimizer(case, monkeypatch):
     run_case(case, monkeypatch)
+
+
+# SGLD has no fused kernel (its noise is drawn apart); a row-sparse update is by rows
+FUSED = [c for c in CASES if c.name != "sgld" and "row_sparse" not in (c.w_stype, c.g_stype)]
+
+
+@pytest.mark.parametrize("test", sorted({c.test for c in FUSED}))
+def test_compare_optimizer_with_the_fused_kernels(test):
+    """The dense cases again, each update by the fused kernel of a GPU server (its CUDA
+    source built for the host, as CI checks the kernels): all of a test's cases in one
+    item, the failures listed."""
+    hk = pytest.importorskip("host_kernels")
+    if hk.compiler() is None:
+        pytest.skip("needs a C++ compiler (g++) to build the fused kernels for the host")
+    failed = []
+    for case in (c for c in FUSED if c.test == test):
+        try:
+            run_case(case, kernels=hk)
+        except AssertionError as e:
+            failed.append(f"{case.id}: {str(e).splitlines()[0]}")
+    assert not failed, f"{len(failed)} case(s) differ:\n" + "\n".join(failed)
 
 
 def test_the_port_has_every_compare_optimizer_call_of_mxnets_file():
