@@ -38,7 +38,7 @@ the same SGD hyper-parameters (lr, momentum, weight decay), every process with
                           (each gradient bucket is pushed from a backward hook);
                           update_on_kvstore=True (the servers run SGD with momentum)
   ours-overlap-worker     ... update_on_kvstore=False (torch.optim.SGD on every worker)
-  ours-nooverlap-server   overlap=False (everything is pushed in step()), servers update
+  ours-nooverlap-server   overlap=False (everything is pushed once backward ends), servers update
   ours-nooverlap-worker   overlap=False, workers update
   ddp                     torch DistributedDataParallel over gloo (25 MB buckets, the
                           default), torch.optim.SGD; W ranks rendezvous at

@@ -125,5 +125,6 @@ def test_contiguous_and_reshuffled_shards_partition_the_items_alike(n, workers):
 
 def test_kvstore_torch_lists_only_its_public_names():
     torch_helpers = pytest.importorskip("kvstore.torch")
-    assert dir(torch_helpers) == ["DEFAULT_BUCKET_BYTES", "ShardedEmbedding", "Trainer",
-                                  "optimizer_from_torch", "shard"]
+    assert dir(torch_helpers) == ["BUCKETS_PER_MODEL", "DEFAULT_BUCKET_BYTES", "MIN_BUCKET_BYTES",
+                                  "ShardedEmbedding", "Trainer", "bucket_bytes_for", "optimizer_from_torch",
+                                  "shard"]
