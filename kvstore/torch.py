@@ -466,7 +466,7 @@ class Trainer:
             # torch's momentum buffer excludes the lr, MXNet's (the servers') includes it
             torch_momentum = group.get("momentum", 0) > 0 and not group.get("nesterov", False)
             scale = lr / self._lr_sent if torch_momentum and self._lr_sent else 1.0
-            self.kv._set_learning_rate(lr, state_scale=scale)
+            self.kv.set_learning_rate(lr, state_scale=scale)
             self._lr_sent = lr
 
     # -- the training-loop API ---------------------------------------------------------

@@ -180,7 +180,7 @@ class Updater:
     def replace_optimizer(self, optimizer, state_scale: float = 1.0) -> None:
         """Use ``optimizer`` from now on, keeping every slot's state and count: it must
         be the same kind (its state arrays mean the same), e.g. another learning rate.
-        ``state_scale`` multiplies every state array (see KVStore._set_learning_rate),
+        ``state_scale`` multiplies every state array (see KVStore.set_learning_rate),
         and so does ``optimizer.state_scale_from(old optimizer, t)`` those of a slot
         updated ``t`` times (LARS's momentum correction); a multi_precision master
         copy of the weight is left as it is. Raises TypeError or ValueError

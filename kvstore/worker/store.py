@@ -381,20 +381,17 @@ class KVStore(KVStoreBase):
     def _why_no_norms_across_servers(self, optimizer) -> str:
         return "this store type does not add up norms across servers"
 
-    def set_learning_rate(self, learning_rate: float) -> None:
+    def set_learning_rate(self, learning_rate: float, *, state_scale: float = 1.0) -> None:
         """Change the learning rate of the optimizer set by :meth:`set_optimizer`,
         keeping its state (momentum, Adam moments, update counts), as Gluon's
         ``Trainer.set_learning_rate``. In dist mode every worker calls it (rank 0's
-        value is used) and the servers change it between rounds. Raises
+        value is used) and the servers change it between rounds. ``state_scale``
+        (ours) also multiplies every optimizer state array: kvstore.torch.Trainer
+        mirrors torch's SGD, whose momentum buffer excludes the learning rate while
+        MXNet's includes it, so it scales by new/old rate. Raises
         InvalidArgumentError without an optimizer, ConfigError for a bad value and
         while the optimizer has an ``lr_scheduler``, which sets the rate (MXNet's
         ``set_learning_rate`` raises then too, a ``UserWarning``), changing nothing."""
-        self._set_learning_rate(learning_rate)
-
-    def _set_learning_rate(self, learning_rate: float, state_scale: float = 1.0) -> None:
-        """set_learning_rate(); ``state_scale`` also multiplies every optimizer state
-        array (the Trainer mirrors torch's SGD, whose momentum buffer excludes the
-        learning rate while MXNet's includes it: scaling by new/old lr keeps them equal)."""
         what = "set_learning_rate"
         self._check_open(what)
         if self._optimizer is None:

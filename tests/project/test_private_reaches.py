@@ -60,10 +60,6 @@ ALLOWED = {
     ("kvstore/optimizer/fused.py", "o._terms"):          # fused.py:387, in norm_terms
         "optimizer owner (kvstore/optimizer/*): fused.py calls a layer-wise optimizer's phase 1 "
         "(Optimizer._terms, docs/architecture.md §9), a seam between the optimizers spelled private",
-    ("kvstore/torch.py", "self.kv._set_learning_rate"):       # torch.py:319, in Trainer._sync_learning_rate
-        "torch.py and kvstore/worker/store.py owner: the Trainer needs set_learning_rate's state_scale "
-        "(torch's momentum excludes the lr, MXNet's includes it); store.py should make it public "
-        "(KVStore.set_learning_rate(lr, state_scale=1.0), documented) and the Trainer call that",
 }
 
 # Reaches into third-party packages, where they give no public way: (file, private name) -> why.
