@@ -201,3 +201,37 @@ def test_the_node_answers_every_bad_field_of_its_own_ops_and_of_references(live:
     for server in range(S):
         live.assert_healthy(server)
     live.assert_job_works()
+
+
+# -- the checkpoint ops of a server with a checkpoint directory (kvstore.server.checkpoint_ops) --
+CHECKPOINT_FIELDS = ["checkpoint", "step", "meta", "job", "verify", "id", "src"]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["running", "resuming"])
+def test_the_checkpoint_ops_answer_every_bad_field(tmp_path, resume):
+    """The node hands a job's checkpoint ops to CheckpointOps (a server started with
+    KVSTORE_CHECKPOINT_DIR): every bad value of every field gets a typed error reply
+    (or ok), nothing raises, and no file appears outside the checkpoint directory."""
+    from kvstore.server.checkpoint_ops import CheckpointOps
+    s = _fresh()
+    cops = CheckpointOps(str(tmp_path / "ckpt"), 1, 2, s.state, resume=resume, job="6f1c0a9e8d2b4c57")
+    cops.start(wait=5.0)
+    try:
+        cases = 0
+        for op in sorted(CheckpointOps.HANDLED):
+            fields, _ = TEMPLATES[op]
+            for name in dict.fromkeys([*fields, *CHECKPOINT_FIELDS]):
+                for value in BAD:
+                    header = {"op": op, "id": 77, "src": 0, **fields, name: value}
+                    try:
+                        reply = cops.handle(header)
+                    except Exception as e:   # the node would answer InternalError: a bug
+                        pytest.fail(f"{op} with {name}={value!r:.60}: {type(e).__name__} escaped: {e}")
+                    assert reply["op"] in (ops.OK, ops.ERROR), (op, name, reply)
+                    if reply["op"] == ops.ERROR:
+                        assert reply.get("kind") in TYPED, (op, name, reply)
+                    cases += 1
+        assert cases > 400
+    finally:
+        cops.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
