@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvstore.worker import states_file  # noqa: E402
+from tiny_cifar import write_tiny_cifar  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -91,15 +92,7 @@ def test_minimal_custom_loop_example_runs(mnist_dir):
 @pytest.fixture(scope="module")
 def cifar_dir(tmp_path_factory):
     """96 random images in the python-version format: 2 training batches of 36, a test batch of 24."""
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from cifar10 import write_cifar10_batches
-    d = tmp_path_factory.mktemp("cifar")
-    rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, (96, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, 96)
-    write_cifar10_batches(str(d), images[:72], labels[:72], per_batch=36, test_images=images[72:],
-                          test_labels=labels[72:])
-    return d
+    return write_tiny_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 def test_train_cifar10_on_a_tiny_set_in_the_real_format_and_parse_the_log(cifar_dir, tmp_path):

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import common  # noqa: E402
 import train_cifar10  # noqa: E402
-from cifar10 import write_cifar10_batches  # noqa: E402
+from tiny_cifar import write_tiny_cifar  # noqa: E402
 
 import kvstore  # noqa: E402
 import kvstore.torch as kvtorch  # noqa: E402
@@ -84,11 +84,7 @@ def test_no_bias_decay_leaves_the_one_dimensional_parameters_alone_on_the_server
 
 def test_train_cifar10_runs_the_recipe_on_the_servers(tmp_path):
     """A real job: 2 workers, 2 servers, cosine with a warm-up and no decay on biases."""
-    rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, (96, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, 96)
-    write_cifar10_batches(str(tmp_path), images[:72], labels[:72], per_batch=36, test_images=images[72:],
-                          test_labels=labels[72:])
+    write_tiny_cifar(tmp_path)
     env = {**os.environ, "PYTHONPATH": ROOT, "KVSTORE_HEARTBEAT_TIMEOUT": "20"}
     p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable,
                         "examples/train_cifar10.py", "--kv-store", "dist_sync", "--network", "mlp",

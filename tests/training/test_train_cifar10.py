@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import common  # noqa: E402
 import initializers  # noqa: E402
 import train_cifar10  # noqa: E402
-from cifar10 import write_cifar10_batches  # noqa: E402
+from tiny_cifar import write_tiny_cifar  # noqa: E402
 from datasets import epoch_size, resized_batches  # noqa: E402
 from image_pipeline import NOT_HERE, ImageAug  # noqa: E402
 
@@ -151,13 +151,7 @@ def exit_message(argv) -> str:
 @pytest.fixture(scope="module")
 def tiny_cifar(tmp_path_factory):
     """96 random images in the python-version format: 2 training batches of 36, a test batch of 24."""
-    d = tmp_path_factory.mktemp("cifar")
-    rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, (96, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, 96)
-    write_cifar10_batches(str(d), images[:72], labels[:72], per_batch=36, test_images=images[72:],
-                          test_labels=labels[72:])
-    return d
+    return write_tiny_cifar(tmp_path_factory.mktemp("cifar"))
 
 
 def small(tiny_cifar, *extra):
