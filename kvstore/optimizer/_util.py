@@ -24,6 +24,12 @@ def _array_module(a):
     return numpy
 
 
+def dtype_scalar(weight_dtype):
+    """The scalar type of ``weight_dtype``: scalars computed in the weight's dtype (as
+    Signum's and FTML's _step do, and their fused kernels' plans)."""
+    return numpy.dtype(weight_dtype).type
+
+
 def _to_module(a, xp):
     """Return ``a`` as an array of module ``xp`` (no copy when it already is one)."""
     if _array_module(a) is xp:

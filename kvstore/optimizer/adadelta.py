@@ -42,6 +42,11 @@ class AdaDelta(Optimizer):
         self.rho = unit(owner, "rho", rho)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0, lo_open=True)
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        return "adadelta", {"rho": self.rho, "omr": 1.0 - self.rho, "eps": self.epsilon}
+
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
         acc_g, acc_delta = state

@@ -38,6 +38,12 @@ class Adamax(Optimizer):
         self.beta1 = unit(owner, "beta1", beta1)
         self.beta2 = unit(owner, "beta2", beta2)
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        return "adamax", {"beta1": self.beta1, "omb1": 1.0 - self.beta1, "beta2": self.beta2,
+                          "lr_t": lr / (1.0 - self.beta1 ** t)}
+
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         lr_t = lr / (1.0 - self.beta1 ** t)      # on the host in float64, as MXNet
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)

@@ -330,6 +330,13 @@ class Optimizer:
     #: chunks over several servers gets the one-process formula (LARS, LAMB; dist_sync).
     splits_norms: ClassVar[bool] = False
 
+    #: Which of fused.py's two-phase layer-wise kernels (``"lars"``, ``"lamb"``) runs
+    #: this class's update on CuPy arrays; "" for none. An optimizer with an
+    #: elementwise kernel defines ``fused_plan(state, t, lr, dtype) -> (kernel name,
+    #: {scalar: value})`` instead. Either is used only by the class that defines it
+    #: itself (a subclass keeps its own math: kvstore.optimizer.fused.has_kernel).
+    fused_norms: ClassVar[str] = ""
+
     def learning_rate_at(self, t):
         """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""
         t = update_count(type(self).__name__, t)
@@ -438,7 +445,7 @@ class Optimizer:
         grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         if xp is not numpy and fused.usable(self, weight, grad, state):
             return fused.norm_terms(self, weight, grad, state, t, lr, slot, xp)
-        return self._terms(weight, grad, state, t, lr, xp, slot)
+        return self.chunk_terms(weight, grad, state, t, lr, xp, slot)
 
     def apply_norms(self, weight, grad, state, t, sums, carry, *, slot=None):
         """Phase 2: the update of this chunk with ``sums``, the key's sums of the terms
@@ -457,7 +464,9 @@ class Optimizer:
             return fused.apply_norms(self, weight, grad, state, t, lr, list(sums), carry)
         self._apply(weight, grad, state, t, lr, xp, slot, list(sums), carry)
 
-    def _terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+        """Phase 1 of a :attr:`splits_norms` update (``lr`` already scheduled, arguments
+        checked): ``(terms, carry)`` as :meth:`norm_terms` returns them."""
         raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")
 
     def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry):

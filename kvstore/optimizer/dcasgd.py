@@ -52,6 +52,14 @@ class DCASGD(Optimizer):
         _array_module(weight).copyto(state[-1], weight)
         return state
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        common = {"lamda": self.lamda, "neg_lr": -lr}
+        if self.momentum > 0.0:
+            return "dcasgd_mom", dict(common, momentum=self.momentum)
+        return "dcasgd", common
+
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
         prev = state[-1]

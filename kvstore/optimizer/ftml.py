@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._util import nonzero_lr, real, unit
+from ._util import dtype_scalar, nonzero_lr, real, unit
 from .base import Optimizer, register
 
 __all__ = ["FTML"]
@@ -42,6 +42,16 @@ class FTML(Optimizer):
         self.beta1 = unit(owner, "beta1", beta1)
         self.beta2 = unit(owner, "beta2", beta2)
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0, lo_open=True)
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        nonzero_lr(type(self).__name__, lr, t)        # raised before anything changes, as _step
+        f = dtype_scalar(dtype)
+        one, beta1, beta2 = f(1), f(self.beta1), f(self.beta2)
+        return "ftml", {"beta1": float(beta1), "omb1": float(one - beta1), "beta2": float(beta2),
+                        "omb2": float(one - beta2), "cv": float(one - beta2 ** f(t)),
+                        "eps": float(f(self.epsilon)), "cd": float((one - beta1 ** f(t)) / f(lr))}
 
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         nonzero_lr(type(self).__name__, lr, t)

@@ -43,6 +43,12 @@ class Ftrl(Optimizer):
         self.lamda1 = real(owner, "lamda1", lamda1, lo=0.0)
         self.beta = real(owner, "beta", beta, lo=0.0)
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        nonzero_lr(type(self).__name__, lr, t)
+        return "ftrl", {"lamda1": self.lamda1, "beta": self.beta}
+
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         nonzero_lr(type(self).__name__, lr, t)
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)

@@ -17,15 +17,18 @@ than the generic path (it rounds after every operation) but not identical.
 CuPy is imported on first use only; importing this module needs no GPU.
 Set ``fused.ENABLED = False`` to send every update through ``_step`` (to
 compare the two paths, or to rule the kernels out when chasing a bug).
+
+This module imports no optimizer: each one with a kernel names it and computes its
+scalars itself (``fused_plan``; LARS and LAMB: ``fused_norms``, see
+:func:`has_kernel`), so a new optimizer with a kernel adds its body to ``_SPECS``
+and its plan to its own class.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy
-
-from ._util import nonzero_lr
+from ._util import dtype_scalar
 
 __all__ = ["ENABLED", "fused_step"]
 
@@ -212,7 +215,6 @@ __device__ __forceinline__ acc_t kv_max(acc_t a, acc_t b) {
 """
 
 _kernels: dict = {}   # (kernel name, dtype char) -> cupy.ElementwiseKernel
-_plans = None         # optimizer class -> planner; built on first use (import cycle)
 
 
 def _kernel(name, dtype):
@@ -234,116 +236,6 @@ def _kernel(name, dtype):
     return kern
 
 
-# Planners: (optimizer, state, t, lr, weight dtype) -> (kernel name, {scalar: value}). Scalars are
-# Python floats computed like the generic path computes them (e.g. 1 - beta1 in
-# float64), then rounded to the kernel's scalar type as NumPy rounds them.
-
-def _plan_sgd(o, state, t, lr, dtype):
-    if not state:
-        return "sgd", {}
-    return ("sgd_nesterov" if o.nesterov else "sgd_mom"), {"momentum": o.momentum}
-
-
-def _plan_nag(o, state, t, lr, dtype):
-    if not state:
-        return "sgd", {}
-    return "nag_mom", {"momentum": o.momentum, "mp1": float(_in(dtype)(o.momentum) + 1)}
-
-
-def _plan_adam(o, state, t, lr, dtype):
-    # Bias corrections folded into the lr in float64 on the host, in Adam._step's
-    # operation order, so that lr_t rounds to the same float32.
-    lr_t = lr * math.sqrt(1.0 - o.beta2 ** t) / (1.0 - o.beta1 ** t)
-    return "adam", {"beta1": o.beta1, "omb1": 1.0 - o.beta1, "beta2": o.beta2,
-                    "omb2": 1.0 - o.beta2, "eps": o.epsilon, "lr_t": lr_t}
-
-
-def _plan_adagrad(o, state, t, lr, dtype):
-    return "adagrad", {"eps": o.epsilon}
-
-
-def _plan_rmsprop(o, state, t, lr, dtype):
-    clip_w = math.inf if o.clip_weights is None else o.clip_weights
-    common = {"gm1": o.gamma1, "omg1": 1.0 - o.gamma1, "eps": o.epsilon, "clip_w": clip_w}
-    if o.centered:
-        return "rmspropalex", dict(common, gm2=o.gamma2)
-    return "rmsprop", common
-
-
-def _in(weight_dtype):
-    """Scalars computed in the weight's dtype (as Signum's and FTML's _step do)."""
-    return numpy.dtype(weight_dtype).type
-
-
-def _plan_signum(o, state, t, lr, dtype):
-    f = _in(dtype)
-    one, lr_ = f(1), f(lr)
-    if not state:
-        return "signsgd", {"decay": float(one - lr_ * f(o.wd))}
-    momentum = f(o.momentum)
-    return "signum", {"momentum": float(momentum), "mwd": float((one - momentum) * f(o.wd)),
-                      "omm": float(one - momentum), "wd_lh": o.wd_lh,
-                      "decay_lh": float(one - lr_ * f(o.wd_lh))}
-
-
-def _plan_ftml(o, state, t, lr, dtype):
-    nonzero_lr(type(o).__name__, lr, t)        # raised before anything changes, as _step
-    f = _in(dtype)
-    one, beta1, beta2 = f(1), f(o.beta1), f(o.beta2)
-    return "ftml", {"beta1": float(beta1), "omb1": float(one - beta1), "beta2": float(beta2),
-                    "omb2": float(one - beta2), "cv": float(one - beta2 ** f(t)),
-                    "eps": float(f(o.epsilon)), "cd": float((one - beta1 ** f(t)) / f(lr))}
-
-
-def _plan_dcasgd(o, state, t, lr, dtype):
-    common = {"lamda": o.lamda, "neg_lr": -lr}
-    if o.momentum > 0.0:
-        return "dcasgd_mom", dict(common, momentum=o.momentum)
-    return "dcasgd", common
-
-
-def _plan_adadelta(o, state, t, lr, dtype):
-    return "adadelta", {"rho": o.rho, "omr": 1.0 - o.rho, "eps": o.epsilon}
-
-
-def _plan_ftrl(o, state, t, lr, dtype):
-    nonzero_lr(type(o).__name__, lr, t)
-    return "ftrl", {"lamda1": o.lamda1, "beta": o.beta}
-
-
-def _plan_adamax(o, state, t, lr, dtype):
-    return "adamax", {"beta1": o.beta1, "omb1": 1.0 - o.beta1, "beta2": o.beta2,
-                      "lr_t": lr / (1.0 - o.beta1 ** t)}
-
-
-def _plan_nadam(o, state, t, lr, dtype):
-    mu_t, mu_next, m_schedule = o._mu(t), o._mu(t + 1), o._m_schedule(t)
-    return "nadam", {"beta1": o.beta1, "omb1": 1.0 - o.beta1, "beta2": o.beta2,
-                     "omb2": 1.0 - o.beta2, "c_ms": 1.0 - m_schedule, "c_mu": 1.0 - mu_t,
-                     "c_bar": 1.0 - m_schedule * mu_next, "mu_next": mu_next,
-                     "c_v": 1.0 - o.beta2 ** t, "eps": o.epsilon}
-
-
-def _planners():
-    global _plans
-    if _plans is None:
-        # noqa: PLC0415 - the optimizers import this module
-        from .optimizers import NAG, SGD, AdaGrad, Adam, RMSProp
-        from .adadelta import AdaDelta
-        from .adamax import Adamax
-        from .dcasgd import DCASGD
-        from .ftml import FTML
-        from .ftrl import Ftrl
-        from .nadam import Nadam
-        from .signum import Signum
-
-        _plans = {SGD: _plan_sgd, NAG: _plan_nag, Adam: _plan_adam, AdaGrad: _plan_adagrad,
-                  RMSProp: _plan_rmsprop, Signum: _plan_signum, FTML: _plan_ftml,
-                  DCASGD: _plan_dcasgd, AdaDelta: _plan_adadelta, Ftrl: _plan_ftrl,
-                  Adamax: _plan_adamax, Nadam: _plan_nadam}
-    return _plans
-
-
 def _is_cupy(a):
     return type(a).__module__.split(".")[0] == "cupy"
 
@@ -351,23 +243,18 @@ def _is_cupy(a):
 def usable(optimizer, weight, grad, state) -> bool:
     """Whether :func:`fused_step` (and the layer-wise phases) take this update: on,
     a built-in optimizer exactly (a subclass keeps its own math), CuPy float arrays."""
-    if not ENABLED or type(optimizer) not in _planners() and type(optimizer) not in _layerwise():
+    if not ENABLED or not has_kernel(type(optimizer)):
         return False
     if not _is_cupy(weight) or weight.dtype.char not in "efd":
         return False
     return all(_is_cupy(a) for a in (grad, *state))
 
 
-_layerwise_types: tuple = ()   # (LARS, LAMB); filled on first use (import cycle)
-
-
-def _layerwise() -> tuple:
-    global _layerwise_types
-    if not _layerwise_types:
-        from .lamb import LAMB   # noqa: PLC0415 - the optimizers import this module
-        from .lars import LARS   # noqa: PLC0415
-        _layerwise_types = (LARS, LAMB)
-    return _layerwise_types
+def has_kernel(cls) -> bool:
+    """Whether optimizer class ``cls`` itself (not a base it inherits from) declares a
+    fused kernel: an elementwise ``fused_plan`` or layer-wise ``fused_norms``."""
+    own = vars(cls)
+    return "fused_plan" in own or bool(own.get("fused_norms"))
 
 
 def _common(o, lr) -> list:
@@ -377,17 +264,16 @@ def _common(o, lr) -> list:
 
 def norm_terms(o, weight, grad, state, t, lr, slot, xp, launch=None):
     """Phase 1 of a LARS or LAMB update on the device: ``(terms, carry)`` as their
-    ``_terms`` give them. LARS's are two reductions; LAMB's new moments and
+    ``chunk_terms`` give them. LARS's are two reductions; LAMB's new moments and
     direction come from one kernel (into fresh arrays: the state keeps the old
     moments until phase 2), then two reductions. ``launch(name, dtype)``: the
     kernel builder (the CUDA one; CI passes the host build)."""
-    from .lamb import LAMB   # noqa: PLC0415
     from .layerwise import sum_sq   # noqa: PLC0415
-    if type(o) is not LAMB:
-        return o._terms(weight, grad, state, t, lr, xp, slot)
+    if o.fused_norms != "lamb":
+        return o.chunk_terms(weight, grad, state, t, lr, xp, slot)
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    f = _in(weight.dtype)
+    f = dtype_scalar(weight.dtype)
     one, beta1, beta2 = f(1), f(o.beta1), f(o.beta2)
     c1, c2 = (one - beta1 ** f(t), one - beta2 ** f(t)) if o.bias_correction else (one, one)
     carry = tuple(xp.empty_like(weight) for _ in range(3))
@@ -399,11 +285,10 @@ def norm_terms(o, weight, grad, state, t, lr, slot, xp, launch=None):
 def apply_norms(o, weight, grad, state, t, lr, sums, carry, launch=None) -> None:
     """Phase 2 of a LARS or LAMB update on the device, in one kernel, with the key's
     ``sums`` of the terms and phase 1's ``carry``."""
-    from .lamb import LAMB   # noqa: PLC0415
     kernel = launch or _kernel
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    if type(o) is LAMB:
+    if o.fused_norms == "lamb":
         args = _common(o, lr) + [o.step_scale(list(sums), lr)]
         kernel("lamb_apply", weight.dtype)(grad, *args, weight, *state, *carry)
         return
@@ -433,7 +318,7 @@ def fused_step(optimizer, weight, grad, state, t, lr, slot=None, rows=None):
         return False
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    if type(optimizer) in _layerwise():          # both phases here: the key is whole
+    if optimizer.fused_norms:          # both phases here: the key is whole
         from .layerwise import check_whole   # noqa: PLC0415
         check_whole(type(optimizer).__name__, slot, rows)
         terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, slot, _cupy())
@@ -454,7 +339,7 @@ def plan_call(optimizer, dtype, state, t, lr) -> tuple[str, list]:
     of ``dtype`` (a built-in optimizer of :func:`fused_step`'s). Raises what the
     generic path raises before anything changes (e.g. a zero learning rate where
     the update divides by it)."""
-    name, scalars = _planners()[type(optimizer)](optimizer, state, t, lr, dtype)
+    name, scalars = optimizer.fused_plan(state, t, lr, dtype)
     return name, _common(optimizer, lr) + [scalars[s] for s in _SPECS[name][0]]
 
 

@@ -53,13 +53,14 @@ class LAMB(Optimizer):
         return True
 
     splits_norms = True
+    fused_norms = "lamb"
 
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
         check_whole("LAMB", slot, rows)
-        terms, carry = self._terms(weight, grad, state, t, lr, xp, slot)
+        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, slot)
         self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
 
-    def _terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
         """|w|^2 and |d|^2 of these values; the new moments and ``d`` are carried to
         phase 2, the state keeps the old ones until then."""
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)

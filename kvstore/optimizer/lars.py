@@ -59,13 +59,14 @@ class LARS(Optimizer):
         return self.lazy_update
 
     splits_norms = True
+    fused_norms = "lars"
 
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
         check_whole("LARS", slot, rows)
-        terms, carry = self._terms(weight, grad, state, t, lr, xp, slot)
+        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, slot)
         self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
 
-    def _terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
         if self.param_name(slot).endswith(EXCLUDED_SUFFIXES):
             return [], None

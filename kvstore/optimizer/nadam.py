@@ -71,6 +71,15 @@ class Nadam(Optimizer):
             self._products = products = tuple(grown)
         return products[t] if t < len(products) else 0.0
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        mu_t, mu_next, m_schedule = self._mu(t), self._mu(t + 1), self._m_schedule(t)
+        return "nadam", {"beta1": self.beta1, "omb1": 1.0 - self.beta1, "beta2": self.beta2,
+                         "omb2": 1.0 - self.beta2, "c_ms": 1.0 - m_schedule, "c_mu": 1.0 - mu_t,
+                         "c_bar": 1.0 - m_schedule * mu_next, "mu_next": mu_next,
+                         "c_v": 1.0 - self.beta2 ** t, "eps": self.epsilon}
+
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)
         mu_t, mu_next = self._mu(t), self._mu(t + 1)

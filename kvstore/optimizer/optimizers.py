@@ -15,7 +15,7 @@ import math
 from typing import ClassVar
 
 from ..errors import ConfigError
-from ._util import boolean, momentum_factor, real, unit
+from ._util import boolean, dtype_scalar, momentum_factor, real, unit
 from .base import Optimizer, register
 
 __all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test"]
@@ -68,6 +68,13 @@ class SGD(Optimizer):
     def num_states(self):
         # Like MXNet, no momentum buffer is kept (or updated) when momentum is 0.
         return 1 if self.momentum > 0.0 else 0
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        if not state:
+            return "sgd", {}
+        return ("sgd_nesterov" if self.nesterov else "sgd_mom"), {"momentum": self.momentum}
 
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
@@ -123,6 +130,13 @@ class NAG(SGD):
 
     def lazy_for(self, row_sparse_key: bool) -> bool:
         return Optimizer.lazy_for(self, row_sparse_key)
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        if not state:
+            return "sgd", {}
+        return "nag_mom", {"momentum": self.momentum, "mp1": float(dtype_scalar(dtype)(self.momentum) + 1)}
 
     def _step(self, weight, grad, state, t, lr, xp):
         if not state:
@@ -190,6 +204,15 @@ class Adam(Optimizer):
     def lazy_for(self, row_sparse_key: bool) -> bool:
         return self.lazy_update
 
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        # Bias corrections folded into the lr in float64 on the host, in Adam._step's
+        # operation order, so that lr_t rounds to the same float32.
+        lr_t = lr * math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        return "adam", {"beta1": self.beta1, "omb1": 1.0 - self.beta1, "beta2": self.beta2,
+                        "omb2": 1.0 - self.beta2, "eps": self.epsilon, "lr_t": lr_t}
+
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)
         mean, var = state
@@ -237,6 +260,11 @@ class AdaGrad(Optimizer):
             raise ConfigError(f"{owner}: give epsilon or its MXNet name eps, not both")
         value = eps if eps is not None else epsilon
         self.epsilon = real(owner, "epsilon", 1e-7 if value is None else value, lo=0.0)
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        return "adagrad", {"eps": self.epsilon}
 
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
@@ -294,6 +322,15 @@ class RMSProp(Optimizer):
     @property
     def num_states(self):
         return 3 if self.centered else 1
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        clip_w = math.inf if self.clip_weights is None else self.clip_weights
+        common = {"gm1": self.gamma1, "omg1": 1.0 - self.gamma1, "eps": self.epsilon, "clip_w": clip_w}
+        if self.centered:
+            return "rmspropalex", dict(common, gm2=self.gamma2)
+        return "rmsprop", common
 
     def _step(self, weight, grad, state, t, lr, xp):
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=True)

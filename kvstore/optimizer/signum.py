@@ -4,7 +4,7 @@ the gradient (MXNet 1.x ``Signum``)."""
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ._util import real, momentum_factor
+from ._util import dtype_scalar, real, momentum_factor
 from .base import Optimizer, register
 
 __all__ = ["Signum"]
@@ -52,6 +52,18 @@ class Signum(Optimizer):
     def num_states(self) -> int:
         # As MXNet: no momentum buffer (and signsgd_update) when momentum is 0.
         return 1 if self.momentum > 0.0 else 0
+
+    def fused_plan(self, state, t, lr, dtype) -> tuple[str, dict]:
+        """This update's fused GPU kernel (kvstore.optimizer.fused): ``(kernel name,
+        {scalar: value})``, the scalars computed as :meth:`_step` computes them."""
+        f = dtype_scalar(dtype)
+        one, lr_ = f(1), f(lr)
+        if not state:
+            return "signsgd", {"decay": float(one - lr_ * f(self.wd))}
+        momentum = f(self.momentum)
+        return "signum", {"momentum": float(momentum), "mwd": float((one - momentum) * f(self.wd)),
+                          "omm": float(one - momentum), "wd_lh": self.wd_lh,
+                          "decay_lh": float(one - lr_ * f(self.wd_lh))}
 
     def _step(self, weight, grad, state, t: int, lr: float, xp) -> None:
         # MXNet's kernels do their scalar math in the weight's dtype; so does this

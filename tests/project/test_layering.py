@@ -10,7 +10,7 @@ module of kvstore/ and tracker/, imports inside functions (lazy ones) and under
   ``protocol/``, ``devices/`` and ``transport/``, and the shared modules at the top
   of the package (``config``, ``errors``, ``modes``, ...), which import neither side
   nor an integration; and nothing but an integration imports an integration;
-- no import cycle among modules (ALLOWED_CYCLES names the one left, and its owner);
+- no import cycle among modules (ALLOWED_CYCLES would name one left, and its owner);
 - the pure layers import no sockets, threads or clocks, and nothing imports pickle.
 """
 
@@ -214,19 +214,7 @@ def test_the_layer_rules_catch_what_the_issue_found():
 
 
 # -- cycles ----------------------------------------------------------------------------------
-ALLOWED_CYCLES = [
-    # Owner: the optimizer package's owner (kvstore/optimizer/*, issue 41 item 4). base.py imports
-    # fused.py (the fused GPU kernels), which imports each optimizer with a kernel to build its closed
-    # table (and calls private methods of three of them), and each optimizer imports base.py: adding an
-    # optimizer with a GPU kernel means editing fused.py. Left for that owner; a new module joining
-    # this cycle, or any other cycle, fails.
-    frozenset({
-        "kvstore.optimizer.adadelta", "kvstore.optimizer.adamax", "kvstore.optimizer.base",
-        "kvstore.optimizer.dcasgd", "kvstore.optimizer.ftml", "kvstore.optimizer.ftrl",
-        "kvstore.optimizer.fused", "kvstore.optimizer.lamb", "kvstore.optimizer.lars",
-        "kvstore.optimizer.nadam", "kvstore.optimizer.optimizers", "kvstore.optimizer.signum",
-    }),
-]
+ALLOWED_CYCLES: list[frozenset] = []     # none left (issue 41 item 4 removed the optimizer package's)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[frozenset]:

@@ -51,16 +51,7 @@ PUBLIC_ATTRIBUTES = {
 }
 
 # The reaches into our own classes left: (file, code) -> who owns the file, and what would remove it.
-ALLOWED = {
-    ("kvstore/optimizer/fused.py", "o._mu"):             # fused.py:320 today, in _plan_nadam
-        "optimizer owner (kvstore/optimizer/*): fused.py's closed table reads Nadam's momentum schedule "
-        "(_mu, _m_schedule); a public method on Nadam for what its kernel needs removes it",
-    ("kvstore/optimizer/fused.py", "o._m_schedule"):     # fused.py:320
-        "optimizer owner (kvstore/optimizer/*): as o._mu",
-    ("kvstore/optimizer/fused.py", "o._terms"):          # fused.py:387, in norm_terms
-        "optimizer owner (kvstore/optimizer/*): fused.py calls a layer-wise optimizer's phase 1 "
-        "(Optimizer._terms, docs/architecture.md §9), a seam between the optimizers spelled private",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 # Reaches into third-party packages, where they give no public way: (file, private name) -> why.
 THIRD_PARTY = {
