@@ -19,6 +19,7 @@ GET_META = "get_meta"            # reply {meta, resumed, checkpoint, step}: the 
 WRITE = "write"                  # chunks, no buffers (shared memory, sync): reply {modes} + one
                                  # buffer per chunk in the server's memory, to copy or add into
 WRITTEN = "written"              # {grant: the write's id}: done; replied to as a pushpull
+COPY, ADD = "copy", "add"        # a write grant's modes: overwrite the sum (opens the round) or add to it
 # Row-sparse keys (kvstore.server.tables): one chunk [key, server] per server, global row ids
 INIT_ROWS = "init_rows"          # {chunk, shape, dtype, servers, init: RowInit wire|None} + row ids, rows
 PUSH_ROWS = "push_rows"          # {chunk} + row ids (int64, unique, sorted) + their gradient rows

@@ -55,7 +55,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
 from ..modes import SYNC
-from ..protocol import chunk_label, error_header
+from ..protocol import chunk_label, error_header, ops
 from .chunks import ChunkTable
 from .consistency import Consistency
 from .members import Members
@@ -277,13 +277,13 @@ class Sync(Consistency):
         for chunk, rnd, acc in zip(request.chunks, targets, accs):
             if rnd is None:                # opens the round: copy into a fresh accumulator
                 rnd = self.opened(chunk, acc)
-                modes.append("copy")
+                modes.append(ops.COPY)
             else:
                 if rnd.acc is None:        # its first push came in a message
                     rnd.acc = acc
                     self.xp.copyto(rnd.acc, rnd.first)
                     rnd.first = None
-                modes.append("add")
+                modes.append(ops.ADD)
             rnd.rows = None                # a write names every value: the round is dense
             rnd.writer = request.worker
             rounds.append(rnd)

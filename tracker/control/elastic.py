@@ -293,6 +293,6 @@ class Slots:
                               if s.epoch < joiner.epoch)
             message = (f"{joiner.node.name()} could not join: {names} did not acknowledge membership "
                        f"epoch {joiner.epoch} within {timeout:g}s (KVSTORE_TIMEOUT)")
-            error = {"id": joiner.req_id, "kind": "timeout", "message": message}
+            error = {"id": joiner.req_id, "kind": wire.TIMEOUT, "message": message}
             late.append((joiner.node, Send(joiner.ident, wire.ERROR, error)))
         return late

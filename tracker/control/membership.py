@@ -170,9 +170,9 @@ class Membership:
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
                 if msg["op"] == wire.ERROR:
-                    if msg.get("kind") == "aborted":
+                    if msg.get("kind") == wire.ABORTED:
                         raise JobAborted(str(msg.get("message")))
-                    if msg.get("kind") == "timeout":
+                    if msg.get("kind") == wire.TIMEOUT:
                         raise RendezvousTimeout(f"{self.name}: {msg.get('message')}")
                     raise RendezvousError(f"{what} failed: {msg.get('message')}")
                 return msg

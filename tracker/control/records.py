@@ -111,7 +111,7 @@ class Barrier:
         if sum(sizes.values()) <= budget:
             return []
         detail = ", ".join(f"worker {rank}: {n}" for rank, n in sorted(sizes.items()))
-        return self.end(wire.ERROR, kind="invalid", message=(
+        return self.end(wire.ERROR, kind=wire.INVALID, message=(
             f"a gather's payloads take {sum(sizes.values())} bytes together, more than the "
             f"{budget} bytes one barrier may carry ({detail})"))
 
@@ -132,7 +132,7 @@ class Barrier:
             return self.end(wire.BARRIER_DONE, **done)
         detail = "; ".join(f"worker {nodes[nid].rank}: {w[2]!r}" for nid, w in
                            sorted(self.waiting.items(), key=lambda kv: nodes[kv[0]].rank))
-        return self.end(wire.ERROR, kind="mismatch", message=f"workers disagree at a collective call: {detail}")
+        return self.end(wire.ERROR, kind=wire.MISMATCH, message=f"workers disagree at a collective call: {detail}")
 
     def expire(self, now: float, members: list[Node], nodes: dict) -> list[Send]:
         """A waiter whose deadline passed: the barrier fails for every waiter, naming
@@ -144,7 +144,7 @@ class Barrier:
         waiters = sorted(self.waiting, key=lambda nid: nodes[nid].rank)
         absent = sorted((n for n in members if n.node_id not in self.waiting), key=lambda n: n.ranked)
         names = ", ".join(n.name() for n in absent) or "no worker"
-        return self.end(wire.ERROR, kind="timeout", message=(
+        return self.end(wire.ERROR, kind=wire.TIMEOUT, message=(
             f"a barrier ({token!r}) timed out after {limit:g}s: {names} did not arrive "
             f"(worker{'s' if len(waiters) > 1 else ''} {', '.join(str(nodes[nid].rank) for nid in waiters)} "
             "waited). A worker missing at a collective call failed before it or is stuck; "

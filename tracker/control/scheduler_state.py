@@ -115,14 +115,14 @@ class SchedulerState:
             self._handlers[op](ident, msg)
         except _JobAborted as e:   # a node that has not heard of the abort yet
             log.debug("request after the abort: %s", e)
-            self._send(ident, wire.ERROR, id=_req_id(frame), kind="aborted", message=str(e))
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind=wire.ABORTED, message=str(e))
         except (RendezvousError, KeyError, TypeError, ValueError) as e:
             log.warning("bad control message: %s", e)
-            kind = "aborted" if self.failure is not None else "invalid"
+            kind = wire.ABORTED if self.failure is not None else wire.INVALID
             self._send(ident, wire.ERROR, id=_req_id(frame), kind=kind, message=str(e))
         except Exception as e:  # an input we did not foresee must not kill the job's scheduler
             log.exception("scheduler failed on a control message")
-            self._send(ident, wire.ERROR, id=_req_id(frame), kind="invalid",
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind=wire.INVALID,
                        message=f"the scheduler could not handle this message: {type(e).__name__}")
         return self._flush()
 
@@ -242,7 +242,7 @@ class SchedulerState:
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
-            return self._send(ident, wire.ERROR, id=msg.get("id"), kind="aborted", message=self.failure)
+            return self._send(ident, wire.ERROR, id=msg.get("id"), kind=wire.ABORTED, message=self.failure)
         role, rank = msg["role"], msg.get("rank")
         if role not in ("worker", "server"):
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
@@ -325,7 +325,7 @@ class SchedulerState:
         if gone and self.elastic is None:   # elastic: a finished worker is just no member
             names = ", ".join(n.name() for n in gone)
             self._fail_barrier(f"barrier cannot complete: {names} already finished (called close())",
-                               "invalid")
+                               wire.INVALID)
         else:
             self._out += self._slots.release(self._nodes, self._live_servers(), self._now)
 
@@ -342,7 +342,7 @@ class SchedulerState:
         node.finished = True
         if node.role == "worker" and self._slots.barrier.waiting:
             self._fail_barrier(f"barrier cannot complete: {node.name()} finished (called close())",
-                               "invalid")
+                               wire.INVALID)
         self._maybe_shutdown_servers()
 
     def _op_fail(self, ident: bytes, msg: dict) -> None:
@@ -401,8 +401,8 @@ class SchedulerState:
                 self._send(node.hb_ident, "abort", reason=reason)
         for ident, req_id in ([(i, r) for i, _, r in self._registered_at_start] if self._book is None
                               else self._slots.unanswered()):
-            self._send(ident, wire.ERROR, id=req_id, kind="aborted", message=reason)
-        self._fail_barrier(reason, "aborted")
+            self._send(ident, wire.ERROR, id=req_id, kind=wire.ABORTED, message=reason)
+        self._fail_barrier(reason, wire.ABORTED)
         # keep answering heartbeats with 'abort' for a while so late nodes hear it too
         self._abort_until = self._now + 2 * self.heartbeat_interval + 1.0
 

@@ -89,10 +89,10 @@ class Writer:
                 raise ProtocolError(f"{what}: server {server} granted a write that does not "
                                     "point into its shared memory chunk by chunk")
             for mode, target, a in zip(modes, targets, arrays):
-                if target.dtype != a.dtype or target.size != a.size or mode not in ("copy", "add"):
+                if target.dtype != a.dtype or target.size != a.size or mode not in (ops.COPY, ops.ADD):
                     raise ProtocolError(f"{what}: server {server} granted {mode!r} into "
                                         f"{target.size} x {target.dtype}, for {a.size} x {a.dtype}")
-                if mode == "copy":
+                if mode == ops.COPY:
                     np.copyto(target, a.reshape(-1))
                 else:
                     np.add(target, a.reshape(-1), out=target)
