@@ -481,3 +481,15 @@ def netns_unavailable() -> str | None:
     subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
     assert name not in namespaces()
     return None
+
+
+def killed_while_writing(path: str, nbytes: int = 1 << 20) -> None:
+    """A process killed (SIGKILL) inside ``kvstore.fileio.atomic_write`` after writing
+    ``nbytes`` of ``path``: it leaves the temporary a server killed during its save
+    leaves (tests/faults/test_recovery.py, tests/server/test_checkpoint_sets.py)."""
+    code = ("import os, signal, sys; from kvstore.fileio import atomic_write\n"
+            "with atomic_write(sys.argv[1]) as f:\n"
+            "    f.write(b'x' * int(sys.argv[2])); f.flush(); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, path, str(nbytes)], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == -signal.SIGKILL

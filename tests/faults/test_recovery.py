@@ -4,7 +4,6 @@ same weights as an uninterrupted run; stalled rounds are reported by key and wor
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import kvstore
 from kvstore import optimizer as opt
 from kvstore.errors import CheckpointError, NodeFailedError
 from kvstore.server.checkpoint import part_path, path_for, read_header
+from services import killed_while_writing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SGD = opt.SGD(learning_rate=0.1, momentum=0.9)
@@ -377,17 +377,6 @@ def test_a_second_live_job_on_the_same_directory_is_refused_at_start_naming_the_
     assert sorted(os.listdir(ckpt)) == ["server-0.ckpt", "server-1.ckpt"]
     assert {job_of(ckpt, 0), job_of(ckpt, 1)} == {owner}
     assert read_header(path_for(str(ckpt), 0))[0]["checkpoint"] == 2
-
-
-def killed_while_writing(path: str) -> None:
-    """A process killed (SIGKILL) inside atomic_write while it writes ``path``: the
-    temporary that a server killed during its save leaves (up to the part's size)."""
-    code = ("import os, signal, sys; from kvstore.fileio import atomic_write\n"
-            "with atomic_write(sys.argv[1]) as f:\n"
-            "    f.write(b'x' * (1 << 20)); f.flush(); os.kill(os.getpid(), signal.SIGKILL)")
-    done = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
-    assert done.returncode == -signal.SIGKILL
 
 
 def temporaries(directory) -> list[str]:

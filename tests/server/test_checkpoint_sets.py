@@ -3,17 +3,14 @@ and the choice of the set a resume restores, in every state a crash can leave.""
 
 import hashlib
 import os
-import signal
-import subprocess
-import sys
 
 import msgpack
 import pytest
 
 from kvstore.errors import CheckpointError
 from kvstore.server.checkpoint import FORMAT, CheckpointDir, Entry, choose, load, part_path, path_for
+from services import killed_while_writing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SNAP = {"server": "server 0", "mode": "sync", "num_workers": 2, "optimizer": None, "meta": {},
         "chunks": [["w", 0, "<f4", b"\0" * 64, None, []]]}
@@ -190,22 +187,11 @@ def test_a_version_2_file_is_refused_saying_that_it_names_no_job(tmp_path):
     assert load(path)["job"] == JOB
 
 
-def killed_while_writing(path: str) -> None:
-    """A process killed (SIGKILL) inside atomic_write while it writes ``path``: it
-    leaves the temporary a server killed during its save leaves."""
-    code = ("import os, signal, sys; from kvstore.fileio import atomic_write\n"
-            "with atomic_write(sys.argv[1]) as f:\n"
-            "    f.write(b'x' * 100000); f.flush(); os.kill(os.getpid(), signal.SIGKILL)")
-    done = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
-    assert done.returncode == -signal.SIGKILL
-
-
 def test_temporaries_of_a_killed_save_go_at_the_servers_next_commit(tmp_path):
     dirs = servers(tmp_path)
     save_set(dirs, 1, 10)
-    killed_while_writing(part_path(str(tmp_path), 0, 2))
-    killed_while_writing(part_path(str(tmp_path), 1, 2))
+    killed_while_writing(part_path(str(tmp_path), 0, 2), nbytes=100000)
+    killed_while_writing(part_path(str(tmp_path), 1, 2), nbytes=100000)
     left = sorted(n for n in os.listdir(tmp_path) if n.startswith("."))
     assert [n.split(".part-")[0] for n in left] == [".server-0.ckpt-2", ".server-1.ckpt-2"]
     for d in dirs:

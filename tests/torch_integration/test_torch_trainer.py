@@ -228,9 +228,10 @@ def test_frozen_parameters_are_neither_exchanged_nor_updated(update_on_kvstore):
     torch.testing.assert_close(train(True), train(False))
 
 
-def train_with_scheduler(model, trainer, opt, rank, size):
-    """train() with a torch LR scheduler stepped after every step, as users do."""
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+def train_with_scheduler(model, trainer, opt, rank, size, sched=None):
+    """train() with a torch LR scheduler (by default StepLR, gamma 0.1) stepped after
+    every step, as users do."""
+    sched = sched or torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
     per = W * B // size
     for x, y in batches():
         trainer.zero_grad()
@@ -359,15 +360,6 @@ def test_torch_param_groups_become_each_keys_multipliers(make_cluster):
 
 
 def test_param_groups_follow_a_torch_scheduler_and_refuse_one_that_splits_them(make_cluster):
-    def loop(model, trainer, opt, sched, rank, size):
-        per = W * B // size
-        for x, y in batches():
-            trainer.zero_grad()
-            F.cross_entropy(model(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]).backward()
-            trainer.step()
-            sched.step()
-        return [p.detach().clone() for p in model.parameters()]
-
     model = make_model()
     opt = _grouped(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -381,15 +373,15 @@ def test_param_groups_follow_a_torch_scheduler_and_refuse_one_that_splits_them(m
         model = make_model()
         opt = _grouped(model.parameters())
         trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
-        assert_same(loop(model, trainer, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5), 0, 1),
-                    want)
+        assert_same(train_with_scheduler(model, trainer, opt, 0, 1,
+                                         torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)), want)
     with kvstore.create("local") as kv:
         model = make_model()
         opt = _grouped(model.parameters())
         trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
         split = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0])
         with pytest.raises(kvstore.InvalidArgumentError, match="param group 1's learning rate .* no longer"):
-            loop(model, trainer, opt, split, 0, 1)
+            train_with_scheduler(model, trainer, opt, 0, 1, split)
 
 
 def test_param_groups_that_differ_in_momentum_are_refused_by_name():
