@@ -7,6 +7,7 @@ starts processes its way.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -22,6 +23,60 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
            "help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 PYTHON_NAMES = ("python", "python3")
+
+# other launchers' names for our options (torchrun, mpirun, MXNet's launch.py)
+OTHER_NAMES = {"--nproc-per-node": "-n", "--nproc_per_node": "-n", "-np": "-n", "--num-workers": "-n",
+               "--num_workers": "-n", "--num-servers": "-s", "--num_servers": "-s", "--hostfile": "-H"}
+
+
+class LauncherCommand(click.Command):
+    """A launcher's command: COMMAND follows the options, so an option it does not
+    know would be taken for the start of COMMAND and the error would name a missing
+    required option instead (``Missing option '-n'``). Every word before COMMAND
+    that looks like an option must be one of ours; an unknown one is a usage error
+    naming it, with the option meant where that is clear (``--nproc-per-node``:
+    ``-n``; ``--num-worker``: ``--num-workers``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        unknown = self.unknown_option(ctx, args)
+        if unknown is not None:
+            meant = self.suggestion(ctx, unknown)
+            raise click.UsageError(f"no such option: {unknown}" + (
+                f"; did you mean {meant}?" if meant else " (COMMAND cannot start with '-')"), ctx)
+        return super().parse_args(ctx, args)
+
+    def unknown_option(self, ctx: click.Context, args: list[str]) -> str | None:
+        """The first word before COMMAND that looks like an option and is none of ours."""
+        takes_value = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                for name in (*param.opts, *param.secondary_opts):
+                    takes_value[name] = not (param.is_flag or param.count)
+        words = iter(args)
+        for word in words:
+            if word == "--" or not word.startswith("-") or word == "-":
+                return None
+            name = word.partition("=")[0]
+            if name in OTHER_NAMES and name not in takes_value:   # -np is not -n p
+                return name
+            if name in takes_value:
+                if takes_value[name] and "=" not in word:
+                    next(words, None)
+            elif not (not word.startswith("--") and word[:2] in takes_value):   # -n2
+                return name
+        return None
+
+    def suggestion(self, ctx: click.Context, name: str) -> str:
+        """The option meant by ``name`` (``"-n / --num-workers"``), or ``""``."""
+        options = {n: p for p in self.get_params(ctx) if isinstance(p, click.Option)
+                   for n in (*p.opts, *p.secondary_opts)}
+        meant = OTHER_NAMES.get(name)
+        if meant not in options:
+            close = difflib.get_close_matches(name, [n for n in options if n.startswith("--")], 1, 0.75)
+            meant = close[0] if close else None
+        if meant is None:
+            return ""
+        return " / ".join(options[meant].opts)
 
 
 def common_options(f):

@@ -15,7 +15,7 @@ import click
 from .control import env
 from .cli import (check_elastic, elastic_options, log_level, resume_option, server_device_option,
                   setup_logging)
-from .cli import parse_env
+from .cli import LauncherCommand, parse_env
 from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
 from .process import Child
 from .wrapper import bindable
@@ -28,7 +28,7 @@ here and passed on to every process; see docs/configuration.md.
 """
 
 
-@click.command(context_settings={"ignore_unknown_options": True,
+@click.command(cls=LauncherCommand, context_settings={"ignore_unknown_options": True,
                                  "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]},
                epilog=EXAMPLE)

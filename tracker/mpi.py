@@ -26,7 +26,7 @@ from typing import Callable
 import click
 
 from . import hostfile
-from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
+from .cli import (CONTEXT, LauncherCommand, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group, split_env
 from .addresses import resolve, scheduler_address
@@ -131,7 +131,7 @@ def check_slots(kind: str, hostfile_path: str | None, count: int, oversubscribe:
             f"{count} processes do not fit in {where}; add slots or allow --oversubscribe")
 
 
-@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@click.command(cls=LauncherCommand, context_settings=CONTEXT, epilog=EXAMPLE)
 @common_options
 @click.option("-H", "--hostfile", "hostfile_path", default=None, metavar="FILE",
               help="MPI host file, passed to mpirun as it is [default: this machine only].")

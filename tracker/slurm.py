@@ -24,7 +24,7 @@ import tempfile
 import click
 
 from . import hostfile
-from .cli import (CONTEXT, check_command, common_options, default_threads, env_choice, fail,
+from .cli import (CONTEXT, LauncherCommand, check_command, common_options, default_threads, env_choice, fail,
                   job_spec, refuse_elastic, server_hosts_option, setup_logging)
 from .group import GroupCommand, run_group
 from .addresses import ipaddress_is_loopback, scheduler_address
@@ -94,7 +94,7 @@ def default_addresses(nodes: list[str]) -> list[str]:
     return found
 
 
-@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@click.command(cls=LauncherCommand, context_settings=CONTEXT, epilog=EXAMPLE)
 @common_options
 @click.option("--srun", default="srun", show_default=True, help="The srun program.")
 @click.option("--srun-arg", multiple=True, metavar="ARG", help="Extra srun argument (repeatable).")

@@ -20,7 +20,7 @@ import click
 
 from . import hostfile
 from .control import env
-from .cli import (CONTEXT, check_command, check_elastic, common_options, default_threads,
+from .cli import (CONTEXT, LauncherCommand, check_command, check_elastic, common_options, default_threads,
                   elastic_options, env_choice, fail, job_spec, server_hosts_option, setup_logging)
 from .launcher import run_cli
 from .outcome import plural
@@ -46,7 +46,7 @@ servers over those hosts and workers over the -H hosts. See docs/launching.md.
 """
 
 
-@click.command(context_settings=CONTEXT, epilog=EXAMPLE)
+@click.command(cls=LauncherCommand, context_settings=CONTEXT, epilog=EXAMPLE)
 @common_options
 @click.option("-H", "--hostfile", "hostfile_path", required=True, metavar="FILE",
               help="Hosts to run on: 'host', 'host:port' or 'user@host', optional 'slots=N'.")

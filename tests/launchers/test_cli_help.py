@@ -50,3 +50,20 @@ def test_every_launcher_takes_the_core_options_the_docs_list(module):
     missing = [o for o in options if o not in p.stdout.split()
                and not any(w.startswith(o + ",") or w.startswith(o + "=") for w in p.stdout.split())]
     assert not missing, f"{module} --help lacks {missing}"
+
+
+@pytest.mark.parametrize("module", LAUNCHERS)
+@pytest.mark.parametrize("args, message", [
+    (["--nproc-per-node", "2", "python", "x.py"], "no such option: --nproc-per-node; did you mean -n / --num-workers?"),
+    (["--num-worker", "2", "python", "x.py"], "no such option: --num-worker; did you mean -n / --num-workers?"),
+    (["-np", "2", "python", "x.py"], "no such option: -np; did you mean -n / --num-workers?"),
+    (["--frobnicate", "-n", "2", "python", "x.py"], "no such option: --frobnicate (COMMAND cannot start with '-')"),
+    (["-n", "2", "--dry-run", "--frobnicate", "python", "x.py"], "no such option: --frobnicate"),
+])
+def test_an_unknown_option_is_named_not_taken_for_a_missing_one(module, args, message):
+    """An option the launcher does not know (torchrun's --nproc-per-node) is named,
+    with the one meant where that is clear, before -n is found missing."""
+    p = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "Missing option" not in p.stderr, p.stderr
