@@ -35,11 +35,20 @@ from .nadam import Nadam
 from .sgld import SGLD
 from .signum import Signum
 from .updater import Updater
+# torch.optim's optimizers, torch's own math on the servers (kvstore.optimizer.torch_twin)
+from .torch_adadelta import TorchAdadelta
+from .torch_adagrad import TorchAdagrad
+from .torch_adam import TorchAdam
+from .torch_adamw import TorchAdamW
+from .torch_rmsprop import TorchRMSprop
+from .torch_sgd import TorchSGD
+from .torch_twin import TorchTwin
 
 __all__ = [
     "Optimizer", "create", "from_config", "register", "registered", "Updater", "STATE_VERSION",
     "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test",
     "Signum", "FTML", "DCASGD", "SGLD", "AdaDelta", "Ftrl", "Adamax", "Nadam", "LARS", "LAMB", "LBSGD",
+    "TorchTwin", "TorchSGD", "TorchAdam", "TorchAdamW", "TorchRMSprop", "TorchAdagrad", "TorchAdadelta",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "CosineScheduler", "PolyScheduler",
     "register_scheduler", "registered_schedulers", "scheduler_from_config",
 ]

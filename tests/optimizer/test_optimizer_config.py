@@ -25,7 +25,10 @@ from optimizer_refs import _data
 
 def test_registered_names():
     assert opt.registered() == ["adadelta", "adagrad", "adam", "adamax", "dcasgd", "ftml", "ftrl", "lamb",
-                                "lars", "lbsgd", "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test"]
+                                "lars", "lbsgd", "nadam", "nag", "rmsprop", "sgd", "sgld", "signum", "test",
+                                # torch.optim's twins (kvstore.optimizer.torch_twin): named apart
+                                "torch_adadelta", "torch_adagrad", "torch_adam", "torch_adamw", "torch_rmsprop",
+                                "torch_sgd"]
     assert opt.registered_schedulers() == ["cosine", "factor", "multifactor", "poly"]
 
 

@@ -1,0 +1,241 @@
+"""The base of the servers' twins of ``torch.optim`` optimizers: torch's math, run
+by torch on the servers' chunks.
+
+A twin (``torch_sgd``, ``torch_adam``, ``torch_adamw``, ``torch_rmsprop``,
+``torch_adagrad``, ``torch_adadelta``: one module each) updates a chunk by calling
+torch's own single-tensor functional step (``torch.optim.sgd.sgd(...,
+foreach=False)`` and its siblings, what ``torch.optim.SGD.step`` runs on CPU
+tensors) on torch views of the chunk's arrays (``torch.from_numpy``, no copy), so
+a server computes what a single-process ``torch.optim`` step computes, bit for
+bit. Every twin's update is elementwise (the same formula for every element, with
+scalars that depend on the step count and the hyper-parameters only), so a key cut
+into chunks over several servers is updated exactly as the whole tensor; an
+optimizer that is not elementwise (LBFGS, SparseAdam's lazy rows, ...) has no twin.
+
+Hyper-parameters carry torch's names and defaults, per param group: ``groups`` is
+a list of dicts (torch's ``param_groups`` without ``params``: every hyper-parameter
+of the twin, the top-level values filling in missing ones) and ``key_groups`` maps
+a store key to its group's index (keys not named: group 0). One group is the
+top-level values::
+
+    create("torch_adamw", lr=1e-3, weight_decay=0.01)
+    create("torch_adamw", lr=1e-3, groups=[{"weight_decay": 0.01}, {"weight_decay": 0.0}],
+           key_groups={"fc.bias": 1})
+
+``rescale_grad`` multiplies the gradient first; ``1 / n`` for an integer ``n`` (the
+Trainer's average over n workers) divides it by ``n`` with torch's ``div``, as the
+workers' average does. MXNet's other options (``learning_rate``, ``wd``,
+``clip_gradient``, ``lr_scheduler``, multipliers, ...) do not apply: torch's
+schedulers change the groups, which :meth:`TorchTwin.with_groups` sends again
+(``kv.set_optimizer(..., keep_state=True)``).
+
+The state of a slot is the twin's arrays (:attr:`TorchTwin.state_names`, in that
+order, each like the weight) and the update count ``t``, torch's ``step``. torch
+is imported at the first update, not with this module.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, ClassVar
+
+import numpy
+
+from ..errors import ConfigError
+from ._util import _array_module, boolean, real
+from .base import Optimizer
+from .multipliers import slot_key
+
+__all__ = ["TorchTwin"]
+
+#: How a hyper-parameter is checked (as torch's constructors check it).
+NONNEG, UNIT, CLOSED_UNIT, BETAS, BOOL = "nonneg", "unit", "closed_unit", "betas", "bool"
+
+_TWIN_PARAMS = ("rescale_grad", "groups", "key_groups")
+
+
+def _checked(owner: str, name: str, kind: str, value) -> Any:
+    """``value`` of hyper-parameter ``name`` in its canonical form (float, bool, or a
+    list of two floats for betas); ConfigError for a value torch's constructor refuses."""
+    if kind == BOOL:
+        return boolean(owner, name, value)
+    if kind == BETAS:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ConfigError(f"{owner}: {name} must be a pair of reals in [0, 1), got {value!r}")
+        return [real(owner, f"{name}[{i}]", b, lo=0.0, hi=1.0, hi_open=True) for i, b in enumerate(value)]
+    if kind == UNIT:
+        return real(owner, name, value, lo=0.0, hi=1.0, hi_open=True)
+    if kind == CLOSED_UNIT:
+        return real(owner, name, value, lo=0.0, hi=1.0)
+    return real(owner, name, value, lo=0.0)
+
+
+class TorchTwin(Optimizer):
+    """A ``torch.optim`` optimizer's math on the servers (see the module's docstring).
+
+    Subclasses set ``name``, ``torch_name`` (the class in ``torch.optim``), ``fields``
+    (each hyper-parameter's torch default and kind, in torch's order),
+    ``hyper_params`` (``tuple(fields) + ("groups", "key_groups")``), ``state_names``
+    and implement :meth:`torch_step`. Raises ConfigError for a bad hyper-parameter,
+    group or key, and for MXNet's options other than ``rescale_grad``.
+    """
+
+    torch_name: ClassVar[str] = ""
+    fields: ClassVar[dict[str, tuple[Any, str]]] = {}
+    #: torch's names of the state arrays, in the order the twin keeps them (a slot
+    #: keeps those some group needs: :meth:`state_layout`).
+    state_names: ClassVar[tuple[str, ...]] = ()
+    #: torch keeps ``state["step"]`` (all but SGD, whose count only tells a first step).
+    keeps_step: ClassVar[bool] = True
+
+    @classmethod
+    def param_names(cls):
+        """``rescale_grad``, torch's hyper-parameters, ``groups`` and ``key_groups``."""
+        return ("rescale_grad",) + cls.hyper_params
+
+    def __init__(self, *, rescale_grad=1.0, groups=None, key_groups=None, lr_scheduler=None, **hyper):
+        owner = type(self).__name__
+        if lr_scheduler is not None:
+            raise ConfigError(f"{owner}: torch's schedulers run on the workers (kvstore.torch.Trainer sends the "
+                              "groups they change); an lr_scheduler is MXNet's, for MXNet's optimizers")
+        unknown = sorted(set(hyper) - set(self.fields))
+        if unknown:
+            raise ConfigError(f"{owner}: unknown parameter(s) {', '.join(map(repr, unknown))}; valid parameters "
+                              f"are {', '.join(self.param_names())}")
+        super().__init__(rescale_grad=rescale_grad)
+        top = {n: _checked(owner, n, kind, hyper.get(n, default)) for n, (default, kind) in self.fields.items()}
+        for n, v in top.items():
+            setattr(self, n, v)
+        if groups is None:
+            groups = [{}]
+        if not isinstance(groups, (list, tuple)) or not groups:
+            raise ConfigError(f"{owner}: groups must be a non-empty list of dicts, got {groups!r}")
+        self.groups: list[dict] = []
+        for i, g in enumerate(groups):
+            if not isinstance(g, dict):
+                raise ConfigError(f"{owner}: groups[{i}] must be a dict, got {type(g).__name__}")
+            extra = sorted(str(k) for k in g if k not in self.fields)
+            if extra:
+                raise ConfigError(f"{owner}: groups[{i}] has unknown hyper-parameter(s) {', '.join(extra)}; "
+                                  f"{self.torch_name}'s are {', '.join(self.fields)}")
+            group = {n: _checked(f"{owner} groups[{i}]", n, kind, g.get(n, top[n]))
+                     for n, (_, kind) in self.fields.items()}
+            self.check_group(f"{owner} groups[{i}]", group)
+            self.groups.append(group)
+        key_groups = {} if key_groups is None else key_groups
+        if not isinstance(key_groups, dict):
+            raise ConfigError(f"{owner}: key_groups must be a dict of store key to group index, got "
+                              f"{type(key_groups).__name__}")
+        self.key_groups: dict = {}
+        for k, gi in key_groups.items():
+            if isinstance(k, bool) or not isinstance(k, (numbers.Integral, str)):
+                raise ConfigError(f"{owner}: key_groups' keys must be store keys (int or str), got {k!r}")
+            if isinstance(gi, bool) or not isinstance(gi, numbers.Integral) or not 0 <= gi < len(self.groups):
+                raise ConfigError(f"{owner}: key_groups[{k!r}] must be a group index in 0..{len(self.groups) - 1}, "
+                                  f"got {gi!r}")
+            if gi:      # group 0 is the default: not written
+                self.key_groups[int(k) if isinstance(k, numbers.Integral) else k] = int(gi)
+        self._bits = self._rescale_bits(self.rescale_grad)
+
+    @staticmethod
+    def _rescale_bits(rescale: float) -> tuple[str, float | int]:
+        """How the gradient is rescaled: ("div", n) for 1/n (torch's div, as the workers
+        average), ("mul", r) otherwise, ("none", 1) for 1."""
+        if rescale == 1.0:
+            return "none", 1
+        n = round(1.0 / rescale)
+        if n >= 2 and 1.0 / n == rescale:
+            return "div", int(n)
+        return "mul", rescale
+
+    def check_group(self, owner: str, group: dict) -> None:
+        """Raise ConfigError for a combination torch's constructor refuses (checked
+        values; override to add checks)."""
+
+    def to_config(self):
+        params = {"rescale_grad": self.rescale_grad}
+        params.update({n: getattr(self, n) for n in self.fields})
+        params["groups"] = [dict(g) for g in self.groups]
+        params["key_groups"] = dict(self.key_groups)
+        return {"name": self.name, "params": params, "lr_scheduler": None}
+
+    def group_of(self, key) -> int:
+        """The index of the group of store key ``key``."""
+        return self.key_groups.get(key, 0)
+
+    def with_groups(self, groups: list[dict], key_groups: dict | None = None) -> TorchTwin:
+        """This twin with other groups (a scheduler changed them) and, if given, other
+        ``key_groups``; ``rescale_grad`` kept. Raises ConfigError for a bad group."""
+        config = self.to_config()
+        params = {**config["params"], "groups": groups}
+        if key_groups is not None:
+            params["key_groups"] = key_groups
+        out = type(self)(**params)
+        return out
+
+    @property
+    def learning_rate(self) -> float:
+        """Group 0's ``lr``."""
+        return self.groups[0]["lr"]
+
+    def with_learning_rate(self, learning_rate) -> Optimizer:
+        """Every group's ``lr`` set to ``learning_rate`` (``kv.set_learning_rate``)."""
+        lr = real(type(self).__name__, "learning_rate", learning_rate, lo=0.0)
+        return self.with_groups([{**g, "lr": lr} for g in self.groups])
+
+    def lazy_for(self, row_sparse_key: bool) -> bool:
+        """Never lazy: torch's step moves every element of a parameter."""
+        return False
+
+    def keeps_master(self, dtype) -> bool:
+        return False
+
+    def state_layout(self) -> tuple[str, ...]:
+        """The torch names of the state arrays every slot keeps, in order (those some
+        group needs)."""
+        return self.state_names[:self.num_states]
+
+    def used_states(self, group: dict) -> tuple[str, ...]:
+        """The torch state names a parameter of ``group`` has (a subset of
+        :meth:`state_layout`; torch makes only those)."""
+        return self.state_layout()
+
+    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
+        import torch
+        group = self.groups[self.group_of(slot_key(slot)) if slot is not None else 0]
+        w = _view(torch, weight)
+        g = _view(torch, grad, readonly_ok=True)
+        if g.dtype != w.dtype:
+            g = g.to(w.dtype)
+        how, by = self._bits
+        if how == "div":
+            g = g.div(by)
+        elif how == "mul":
+            g = g.mul(by)
+        with torch.no_grad():
+            self.torch_step(torch, w, g, [_view(torch, s) for s in state], t, group)
+
+    def torch_step(self, torch, param, grad, states: list, t: int, group: dict) -> None:
+        """One step of torch's single-tensor functional update of ``param`` (a torch
+        view of the chunk) by ``grad``, with ``states`` (views of the slot's arrays),
+        this being the slot's update ``t`` (1-based), ``group``'s hyper-parameters."""
+        raise NotImplementedError
+
+
+def step_tensor(torch, t: int):
+    """torch's ``state["step"]`` before update ``t`` (a float32 scalar that the
+    functional step increments to ``t``)."""
+    return torch.tensor(float(t - 1), dtype=torch.float32)
+
+
+def _view(torch, a, readonly_ok: bool = False):
+    """A torch tensor over the memory of array ``a`` (numpy: ``from_numpy``; CuPy:
+    DLPack). A read-only numpy array (a received gradient) is copied first."""
+    if _array_module(a) is numpy:
+        if not a.flags.writeable:
+            if not readonly_ok:
+                raise ValueError("a twin's weight and state must be writeable arrays")
+            a = a.copy()
+        return torch.from_numpy(a)
+    return torch.from_dlpack(a)
+
