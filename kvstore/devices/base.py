@@ -63,6 +63,12 @@ class Device(Protocol):
         """Where ``a``'s memory starts (identifies a device buffer)."""
         ...
 
+    def run_updates(self, group) -> None:
+        """Queue a group of planned optimizer updates of its arrays
+        (kvstore.optimizer.multi_tensor.Group: one kernel, one dtype, many chunks): one
+        multi-tensor kernel launch on a GPU; the host device's equivalent loop."""
+        ...
+
 
 class Accelerators(Protocol):
     """The accelerators of a worker process as the GPU stores use them

@@ -62,6 +62,9 @@ class CudaDevice:
     def address(self, a) -> int:
         return int(a.data.ptr)
 
+    def run_updates(self, group) -> None:
+        group.launch()          # one multi-tensor kernel on the current stream (ours, in scope)
+
 
 class CudaAccelerators:
     """The process's GPUs as the worker stores use them: torch CUDA tensors (viewed

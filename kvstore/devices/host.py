@@ -50,13 +50,17 @@ class HostDevice:
         dev.upload(d, np.ones(4, np.float32)).done     # True
 
     With ``sharing`` (a :class:`~kvstore.devices.host_sharing.HostSharing`) its
-    memory is exportable, as a GPU's is through CUDA IPC: co-located peers open it."""
+    memory is exportable, as a GPU's is through CUDA IPC: co-located peers open it.
+    ``kernels``: what runs a group of batched optimizer updates
+    (:meth:`run_updates`; tests give the multi-tensor kernel built for the host);
+    by default each update's own numpy code, in turn."""
 
     xp = _HostArrayModule()
     index = 0
 
-    def __init__(self, sharing=None):
+    def __init__(self, sharing=None, kernels=None):
         self.sharing = sharing
+        self.kernels = kernels
 
     def describe(self) -> str:
         return "host emulation of a GPU (numpy)"
@@ -101,6 +105,13 @@ class HostDevice:
 
     def address(self, a) -> int:
         return int(a.__array_interface__["data"][0])
+
+    def run_updates(self, group) -> None:
+        """A GPU's one launch over the group (kvstore.optimizer.multi_tensor), as a loop."""
+        if self.kernels is not None:
+            self.kernels(group)
+        else:
+            group.run_each()
 
 
 class HostAccelerators:

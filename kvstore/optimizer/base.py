@@ -21,7 +21,7 @@ import numpy
 
 from ..errors import ConfigError
 from ..registry import Registry, own_name
-from . import fused
+from . import fused, multi_tensor
 from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, integer, real,
                     update_count)
 from .lr_scheduler import DEFAULT_BASE_LR, LRScheduler, scheduler_from_config
@@ -421,9 +421,15 @@ class Optimizer:
             # MXNet's multi_precision: the update runs on the float32 master copy
             # (state[0]) with the float32 state; the float16 weight is its rounding
             self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
+            multi_tensor.settle(state[0])      # a batched update of the master runs first
             xp.copyto(weight, state[0], casting="same_kind")
             return
         grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
+        # A server event's updates on a GPU: one launch for all its chunks (multi_tensor.py).
+        batch = multi_tensor.collecting()
+        if batch is not None and rows is None and batch.add(
+                self, weight, grad, state, t, lr, lambda: self._step_at(weight, grad, state, t, lr, xp, slot, rows)):
+            return
         # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
         if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr, slot, rows):
             return

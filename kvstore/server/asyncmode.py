@@ -28,8 +28,9 @@ class Async(Consistency):
 
     def apply(self, ids, chunks, arrays, rows: list | None = None) -> None:
         assert self.optimizer.updater is not None          # admit() refused pushes before set_optimizer
-        for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
-            self.update(cid, grad.reshape(-1), chunk.value, None if rows is None else rows[i])
+        with self.table.backend.batched():    # on a GPU: one launch for the push's updates
+            for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
+                self.update(cid, grad.reshape(-1), chunk.value, None if rows is None else rows[i])
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         return [reply_values(peer, req_id, self.table.backend, chunks, True, copy=True)]

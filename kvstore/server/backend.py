@@ -18,8 +18,10 @@ the same ``DeviceBackend`` on the layer's host device:
 - a request buffer is sent to the device by an asynchronous copy on the
   server's CUDA stream (the driver stages pageable memory), so the server goes
   back to receiving the next message while the DMA runs;
-- sums and optimizer updates are queued on the same stream (the optimizer runs
-  one fused kernel per chunk, kvstore.optimizer.fused);
+- sums and optimizer updates are queued on the same stream: the updates of one
+  event (the chunks a push completes) in one multi-tensor kernel per optimizer
+  kernel and dtype (:meth:`DeviceBackend.batched`, kvstore.optimizer.multi_tensor),
+  the others in one fused kernel per chunk (kvstore.optimizer.fused);
 - a reply's values are packed into one device buffer and copied device-to-host
   at once on that stream, one synchronisation per reply: a sync round's values
   into one block of the node's shared memory per list of values, which
@@ -41,6 +43,7 @@ import numpy as np
 
 from ..devices.staging import carved_views
 from ..errors import ConfigError
+from ..optimizer.multi_tensor import MultiTensorBatch
 
 
 class ServerDeviceError(ConfigError):
@@ -61,6 +64,14 @@ class HostBackend:
 
     def scope(self):
         return contextlib.nullcontext()
+
+    def batched(self):
+        """One event's optimizer updates (see :meth:`DeviceBackend.batched`): on the host,
+        each runs when it is asked for."""
+        return contextlib.nullcontext()
+
+    def settle(self, a) -> None:
+        """Nothing waits here (see :meth:`DeviceBackend.settle`)."""
 
     def upload(self, host: np.ndarray, out=None):
         """``host`` as an array of this backend: itself (no copy), or copied into ``out``."""
@@ -111,10 +122,25 @@ class DeviceBackend:
         # which co-located workers read in place
         self._host = host
         self._mirrors: dict = {}            # (address, size, dtype) of each value -> (block, views)
+        # the optimizer updates of one event, run as one multi-tensor launch per kernel
+        self.updates = MultiTensorBatch(device)
 
     def scope(self):
         """Make our device and stream current for every array call inside."""
         return self.dev.scope()
+
+    def batched(self):
+        """A context (one server event, inside :meth:`scope`) whose optimizer updates
+        are planned as they come and run together when it closes: one multi-tensor
+        kernel per optimizer kernel and dtype for every chunk the event completes,
+        instead of one launch each (kvstore.optimizer.multi_tensor). A download, and
+        :meth:`settle`, run them first where they must."""
+        return self.updates.collect()
+
+    def settle(self, a) -> None:
+        """The caller is about to read or overwrite device array ``a`` (a chunk's value
+        or its recycled sum): a batched update that uses it runs first."""
+        self.updates.settle(a)
 
     def alloc(self, size: int, dtype):
         return self.dev.empty(size, dtype)
@@ -163,6 +189,7 @@ class DeviceBackend:
         block, views = self._block(on_device, fresh=copy)
         if on_device:
             with self.scope():
+                self.updates.flush()            # batched updates of these values go first
                 if len(on_device) == 1:
                     staged = on_device[0].reshape(-1).view(np.uint8) if on_device[0].size else None
                 else:

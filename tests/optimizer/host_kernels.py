@@ -1,5 +1,6 @@
-"""The fused CUDA optimizer kernels (kvstore/optimizer/fused.py) compiled for the
-host: the same loop bodies and preamble, in a C++ loop over numpy arrays, built
+"""The fused CUDA optimizer kernels (kvstore/optimizer/fused.py), and the
+multi-tensor kernels built from them (kvstore/optimizer/multi_tensor.py), compiled
+for the host: the same loop bodies and preamble, in a C++ loop over numpy arrays, built
 with the machine's C++ compiler and called through ctypes. CI has no GPU, so this
 is how it checks the kernels' math against the generic NumPy path (the GPU tests
 check the CUDA build of the same source on the device).
@@ -22,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from kvstore.optimizer import fused
+from kvstore.optimizer import fused, multi_tensor
 
 _CACHE = os.path.join(tempfile.gettempdir(), f"kvstore-host-kernels-{os.getuid()}")
 _built: dict = {}
@@ -64,18 +65,7 @@ def kernel(name: str, dtype):
     key = (name, np.dtype(dtype).char)
     if key in _built:
         return _built[key]
-    src = _source(name, dtype)
-    os.makedirs(_CACHE, exist_ok=True)
-    lib = os.path.join(_CACHE, hashlib.sha1(src.encode()).hexdigest()[:16] + ".so")
-    if not os.path.exists(lib):
-        cpp = f"{lib[:-3]}.{os.getpid()}.cpp"      # per process: parallel test runs build too
-        with open(cpp, "w") as f:
-            f.write(src)
-        tmp = f"{lib}.{os.getpid()}"
-        subprocess.run([compiler() or "g++", "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared",
-                        "-fPIC", "-o", tmp, cpp], check=True, capture_output=True, text=True, timeout=120)
-        os.replace(tmp, lib)
-    fn = ctypes.CDLL(lib).kernel
+    fn = ctypes.CDLL(_build(_source(name, dtype))).kernel
     params, states, _, _ = fused.kernel_source(name)
     scalar = ctypes.c_double if np.dtype(dtype) == np.float64 else ctypes.c_float
     fn.restype = None
@@ -120,3 +110,79 @@ def fused_update_in_chunks(optimizer, weight, grad, state, t, pieces: int) -> No
     for c, (_, carry) in zip(chunks, found):
         fused.apply_norms(optimizer, weight[c], grad[c], tuple(s[c] for s in state), t, lr, sums, carry,
                           kernel)
+
+
+# -- the multi-tensor kernels (kvstore/optimizer/multi_tensor.py) ------------------------------
+# the CUDA names the kernel uses, for a C++ build that runs every (block, thread) of the grid in turn
+_MULTI_PRELUDE = """
+#include <cmath>
+using std::sqrt;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+struct dim3 { unsigned int x, y, z; };
+static dim3 blockIdx, blockDim, gridDim, threadIdx;
+"""
+_MULTI_DRIVER = """
+extern "C" void run(const unsigned long long* tasks, const %(ctype)s* scalars, unsigned int blocks,
+                    unsigned int rows, unsigned int threads) {
+    gridDim = {blocks, rows, 1};
+    blockDim = {threads, 1, 1};
+    for (unsigned int y = 0; y < rows; ++y)
+        for (unsigned int x = 0; x < blocks; ++x)
+            for (unsigned int t = 0; t < threads; ++t) {
+                blockIdx = {x, y, 0};
+                threadIdx = {t, 0, 0};
+                kvstore_multi_%(name)s(tasks, scalars);
+            }
+}
+"""
+_built_multi: dict = {}
+
+
+def multi_kernel(name: str, dtype):
+    """``run(tasks, scalars, sizes)``: multi-tensor kernel ``name`` for ``dtype`` (float32
+    or float64) built for the host, over the tables of
+    :meth:`kvstore.optimizer.multi_tensor.Group.tables`, with the launch grid a GPU gets."""
+    key = (name, np.dtype(dtype).char)
+    if key in _built_multi:
+        return _built_multi[key]
+    ctype = "double" if np.dtype(dtype) == np.float64 else "float"
+    src = _MULTI_PRELUDE + multi_tensor.source(name, dtype) + _MULTI_DRIVER % {"ctype": ctype, "name": name}
+    fn = ctypes.CDLL(_build(src)).run
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint]
+
+    def run(tasks: np.ndarray, scalars: np.ndarray, sizes: list) -> None:
+        assert tasks.dtype == np.uint64 and scalars.dtype == np.dtype(dtype)
+        blocks, rows = multi_tensor.grid(sizes)
+        fn(tasks.ctypes.data, scalars.ctypes.data, blocks, rows, multi_tensor.THREADS)
+    _built_multi[key] = run
+    return run
+
+
+def run_group(group) -> None:
+    """What a GPU does with a group of batched updates (``Group.launch``), on the host:
+    its tables (host addresses) through the multi-tensor kernel built for the host.
+    ``HostDevice(kernels=run_group)`` runs a GPU server's batches so."""
+    entries = [e for e in group.entries if e.weight.size]
+    if not entries:
+        return
+    part = multi_tensor.Group(group.name, group.dtype, entries)
+    tasks, scalars = part.tables(lambda a: a.ctypes.data)
+    multi_kernel(group.name, group.dtype)(tasks, scalars, [e.weight.size for e in entries])
+
+
+def _build(src: str) -> str:
+    """The shared library of C++ ``src`` (cached by its hash)."""
+    os.makedirs(_CACHE, exist_ok=True)
+    lib = os.path.join(_CACHE, hashlib.sha1(src.encode()).hexdigest()[:16] + ".so")
+    if not os.path.exists(lib):
+        cpp = f"{lib[:-3]}.{os.getpid()}.cpp"      # per process: parallel test runs build too
+        with open(cpp, "w") as f:
+            f.write(src)
+        tmp = f"{lib}.{os.getpid()}"
+        subprocess.run([compiler() or "g++", "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared",
+                        "-fPIC", "-o", tmp, cpp], check=True, capture_output=True, text=True, timeout=120)
+        os.replace(tmp, lib)
+    return lib
