@@ -21,7 +21,8 @@ fused kernel (:func:`kvstore.optimizer.fused.has_kernel`, not LARS or LAMB, whos
 phases need reductions), a whole-chunk update (not a lazy one of some rows), the
 device's own arrays. Everything else (float16 weights, ``multi_precision``'s
 master copies, which the caller rounds into the weight right after, lazy row
-updates, LARS/LAMB, SGLD, LBSGD, user subclasses, ``fused.ENABLED = False``) goes
+updates, LARS/LAMB, SGLD, LBSGD, user subclasses, ``fused.ENABLED = False`` or
+:data:`ENABLED` ``= False``) goes
 through :meth:`~kvstore.optimizer.Optimizer.update`'s per-chunk path as before.
 
 The device runs a group (``device.run_updates(group)``, kvstore/devices): a GPU
@@ -51,7 +52,11 @@ import numpy as np
 
 from . import fused
 
-__all__ = ["Group", "MultiTensorBatch", "collecting", "settle", "source"]
+__all__ = ["ENABLED", "Group", "MultiTensorBatch", "collecting", "settle", "source"]
+
+ENABLED = True
+"""When False, a batch takes nothing: every update runs per chunk, as before (to
+compare the two paths, or to rule the multi-tensor kernels out when chasing a bug)."""
 
 THREADS = 256
 MAX_BLOCKS_PER_TASK = 512     # 512 x 256 threads: a 2 MB float32 chunk in 4 sweeps
@@ -222,7 +227,7 @@ class MultiTensorBatch:
         return True
 
     def _takes(self, optimizer, weight, grad, state) -> bool:
-        if not fused.ENABLED or optimizer.fused_norms or not fused.has_kernel(type(optimizer)):
+        if not (ENABLED and fused.ENABLED) or optimizer.fused_norms or not fused.has_kernel(type(optimizer)):
             return False
         if weight.dtype.char not in DTYPES:
             return False

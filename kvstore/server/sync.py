@@ -312,10 +312,11 @@ class Sync(Consistency):
         for chunk in chunks:
             chunk.waiting.append(pending)
         ready, ranks = [], group or frozenset((worker,))
-        for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
-            pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
-                                                  None if rows is None else rows[i])
-            ready += self.apply_complete(cid, chunk)
+        with self.table.backend.batched():    # on a GPU: one launch for the updates it completes
+            for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
+                pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
+                                                      None if rows is None else rows[i])
+                ready += self.apply_complete(cid, chunk)
         return ready
 
     def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False,
@@ -386,6 +387,7 @@ class Sync(Consistency):
         return rnd
 
     def take_spare(self, chunk: Chunk) -> np.ndarray:
+        self.table.backend.settle(chunk.value)    # a batched update still reading the spare goes first
         if chunk.spare is not None:
             acc, chunk.spare = chunk.spare, None
             return acc
@@ -420,6 +422,7 @@ class Sync(Consistency):
         """Apply ``rnd`` (popped from the queue): ``update(sum, value)`` in place, or
         (None: no optimizer) the sum becomes the value; then answer what waited."""
         self._applied[cid] = self._applied.get(cid, 0) + 1
+        self.table.backend.settle(chunk.value)     # a batched update of it (an earlier round) goes first
         for waiting in self._partial.pop(cid, ()):    # the value is about to change
             if waiting.blocked:                          # (not answered yet)
                 self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
