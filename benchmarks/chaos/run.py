@@ -26,8 +26,8 @@ or a server), exit(1) or an uncaught exception (a worker). A run passes when:
 - no process of the job is left (looked up by a tag in every process's environment);
 - no worker saw a wrong value.
 
-Prints the table and writes it with every run (markdown and JSON) to
-benchmarks/results/chaos/. With root, a sixth fault is a network partition: the
+Prints the table and writes it with every run (markdown and JSON) to --out-dir
+(default: a new scratch directory; ``--record``: benchmarks/results/chaos/). With root, a sixth fault is a network partition: the
 job runs on two emulated machines (network namespaces, benchmarks.harness.netns) and one
 machine's link goes down.
 
@@ -67,9 +67,11 @@ import time
 import uuid
 
 from benchmarks.chaos import phases as chaos_phases
+from benchmarks.harness.output import ResultsDir
 from benchmarks.chaos.jobs import (DEFAULT_BOUND, ENV, LATE, ROOT, WRONG, Job, end_jobs, ended,
                                    finish, job_env, kind_of, launcher_argv, marked_root_cause, pid_of)
 
+OUTPUT = ResultsDir("chaos", "chaos")
 FAULTS = ("SIGKILL", "SIGTERM", "SIGSTOP", "exit", "raise", "partition")
 BOUND = {"SIGSTOP": 30.0, "partition": 30.0}   # seconds from the fault to the job's end
 ELASTIC_FAULTS = FAULTS[:-1]
@@ -332,7 +334,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--seed", type=int, default=None, help="random seed [default: from the clock, printed]")
-    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "chaos"))
+    OUTPUT.add_arguments(p)
     p.add_argument("--ssh", action="store_true",
                    help="half the runs through tracker.ssh, on a loopback sshd started here "
                         "(127.0.0.2-3; needs openssh-server, as the tests)")
@@ -348,6 +350,7 @@ def main(argv=None) -> int:
         p.error(f"--phases: a comma-separated list of distinct phases of {', '.join(every)}")
     if args.elastic and phases != ("run",):
         p.error("--elastic strikes mid-run only (--phases run)")
+    out_dir = OUTPUT.chosen(p, args)
     seed = args.seed if args.seed is not None else int(time.time())
     print(f"seed {seed}, phases {', '.join(phases)}", flush=True)
     rng = random.Random(seed)
@@ -383,12 +386,11 @@ def main(argv=None) -> int:
         sshd.stop()
     summary = table(runs, elastic=True) if args.elastic else phase_table(runs)
     print(summary)
-    os.makedirs(args.out_dir, exist_ok=True)
     name = "chaos-elastic" if args.elastic else "chaos"
-    with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump({"seed": seed, "phases": list(phases), "runs": runs, "seconds": round(time.time() - t0)},
                   f, indent=1)
-    with open(os.path.join(args.out_dir, f"{name}.md"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(f"# Chaos{' (elastic jobs)' if args.elastic else ''}: {len(runs)} runs (seed {seed}, "
                 f"phases {', '.join(phases)}, {time.strftime('%Y-%m-%d')}, "
                 f"{round(time.time() - t0)} s)\n\n{summary}\n")

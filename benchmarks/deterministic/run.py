@@ -35,9 +35,11 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 from benchmarks.harness import common  # noqa: E402
 from benchmarks.harness.contenders import ours  # noqa: E402
 from benchmarks.harness.contenders.base import RunConfig  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RECORD_DIR = os.path.join(REPO, "benchmarks", "results", "deterministic")
+OUTPUT = ResultsDir("deterministic", "deterministic")
+RECORD_DIR = OUTPUT.record_dir
 VARIANTS = {"arrival order": {}, "rank order": {"KVSTORE_DETERMINISTIC": "1"}}
 
 
@@ -99,18 +101,14 @@ def markdown(lines: list[dict], cfg: RunConfig) -> str:
 @click.option("--launches", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--transports", default="shm,tcp", show_default=True,
               help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where to write the results [default: a new scratch directory].")
-@click.option("--record", is_flag=True, help=f"Write the results to {os.path.relpath(RECORD_DIR, REPO)}.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True)
-def main(workers, servers, model, iters, warmup, launches, transports, out_dir, record, timeout) -> int:
+@OUTPUT.click_options
+def main(workers, servers, model, iters, warmup, launches, transports, timeout, out_dir) -> int:
     """Deterministic sums against arrival order: the ResNet-50 exchange, side by side."""
     names = [t for t in transports.split(",") if t]
     unknown = [t for t in names if t not in ours.TRANSPORTS]
     if unknown:
         raise click.BadParameter(f"unknown transport(s) {', '.join(unknown)}", param_hint="--transports")
-    out_dir = RECORD_DIR if record else out_dir or tempfile.mkdtemp(prefix="kvstore-deterministic-")
-    os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstore-det-work-") as work:
         cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                         latency_iters=0, work_dir=work, timeout=timeout)

@@ -1,6 +1,6 @@
 """DLRM against TorchRec on CPU (issue 32): one model, two ways to hold its tables.
 
-    python -m benchmarks.dlrm.run --workers 2,4,8 --steps 40 --out-dir benchmarks/results/dlrm
+    python -m benchmarks.dlrm.run --workers 2,4,8 --steps 40 --record
 
 - :mod:`benchmarks.dlrm.data`: the seeded batches (dense features, Zipf ids per
   table, labels from a fixed random teacher) and the seeded initial values

@@ -2,7 +2,7 @@
 TorchRec (EmbeddingBagCollection + DistributedModelParallel), the same model, data,
 initial values and optimizer, at each W in one run (issue 32).
 
-    python -m benchmarks.dlrm.run --workers 2,4,8 --steps 40 --out-dir benchmarks/results/dlrm
+    python -m benchmarks.dlrm.run --workers 2,4,8 --steps 40 --record   # into benchmarks/results/dlrm
     python -m benchmarks.dlrm.run --workers 2 --steps 5 --tables 4x2000 --out-dir /tmp/d   # seconds
 
 At each W both contenders run one after the other (the first of the pair alternates
@@ -19,7 +19,8 @@ rank's wall time), TCP bytes a worker sent plus received a step (``ss``; ours al
 and the loss of every step, averaged over the workers (each worker's loss on its
 own part of the global batch: the global batch's loss). ``--big-tables`` adds a
 run of both at the smallest W with other tables, to show how a worker's peak
-memory follows the tables' size. Writes <name>.json and <name>.md to --out-dir.
+memory follows the tables' size. Writes <name>.json and <name>.md to --out-dir (default:
+a new scratch directory; ``--record``: benchmarks/results/dlrm).
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ if __package__ in (None, ""):
     __package__ = "benchmarks.dlrm"
 
 from benchmarks.harness import common as bcommon  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.dlrm.data import parse_tables  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, free_port, run_group  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV = os.path.join(ROOT, "benchmarks", ".venv-torchrec")
-DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "dlrm")
+OUTPUT = ResultsDir("dlrm", "dlrm")
 CONTENDERS = ("ours", "torchrec")
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -269,10 +271,10 @@ def targets(data: dict) -> list[str]:
               help="TorchRec's virtual environment.")
 @click.option("--kvstore-at", default=None, metavar="REV",
               help="Run ours with kvstore/ and tracker/ as committed at REV (default: the working tree).")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True)
 @click.option("--name", default="dlrm", show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds one job may take.")
+@OUTPUT.click_options
 def main(workers, servers, tables, big_tables, dim, batch, pooling, n_dense, bottom, top, zipf, lr, seed,
          steps, warmup, contenders, loss_tol, venv, kvstore_at, out_dir, name, timeout):
     """Train the same DLRM with ours and with TorchRec at each W; compare."""

@@ -13,7 +13,8 @@ row: its count in the batch times 0.01, every column), lazy SGD on the servers. 
 evicted (by budget, by age), the hit rate of the pulls (ids that had a row), and
 the elapsed time; the run ends after --ids ids over all workers.
 
-Writes <name>.json (every report) and <name>.md (the table) to --out-dir.
+Writes <name>.json (every report) and <name>.md (the table) to --out-dir (default: a new
+scratch directory; ``--record``: benchmarks/results/dynrows).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ import time
 import click
 import numpy as np
 
+if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "benchmarks.dynrows"
+
+from benchmarks.harness.output import ResultsDir  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUTPUT = ResultsDir("dynrows", "dynrows")
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -111,17 +119,17 @@ def table(reports: list, args: dict, wall: float) -> str:
 @click.option("--report-every", type=int, default=500, help="steps between reports")
 @click.option("--seed", type=int, default=0)
 @click.option("--name", default="dynrows")
-@click.option("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "dynrows"))
 @click.option("--timeout", type=float, default=7200.0, help="seconds before the job is stopped")
 @click.option("--worker-args", default=None, hidden=True)
+@OUTPUT.click_flags
 def main(ids, batch, zipf, dim, budget, evict_after, workers, servers, report_every, seed, name, out_dir,
-         timeout, worker_args):
+         record, timeout, worker_args):
     if worker_args is not None:
         worker(json.loads(worker_args))
         return
     if zipf <= 1 or batch < 1 or budget < 1 or ids < batch * workers:
         raise click.BadParameter("need --zipf > 1, --batch >= 1, --budget >= 1 and --ids >= batch x workers")
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = OUTPUT.click_choose(out_dir, record)
     with tempfile.TemporaryDirectory() as tmp:
         args = {"ids": ids, "batch": batch, "zipf": zipf, "dim": dim, "budget": budget, "evict_after": evict_after,
                 "report_every": report_every, "seed": seed, "workers": workers, "servers": servers,

@@ -13,7 +13,8 @@ so the copies cost little and what is measured is the time per key: the worker's
 Python (argument checks, a view, a slot and a reference per value, a lookup per
 reply value) and the servers' (a contribute and an update per key). On a GPU the
 same Python runs around CuPy calls instead of numpy ones (benchmarks.gpu_check
-measures those). Writes emulated_ipc.md and emulated_ipc.json to --out-dir.
+measures those). Writes emulated_ipc.md and emulated_ipc.json to --out-dir (default: a
+new scratch directory; ``--record``: benchmarks/results/emulated_ipc).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 from benchmarks.harness.key_layouts import LAYOUTS  # noqa: E402
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from tracker.launcher import JobSpec, launch  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUTPUT = ResultsDir("emulated-ipc", "emulated_ipc")
 
 
 def run_layout(name: str, cfg: dict, work: str) -> dict:
@@ -89,7 +92,7 @@ def report(results: dict, cfg: dict) -> str:
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--profile", type=click.Path(file_okay=False), default=None,
               help="write worker 0's cProfile summary and the servers' profiles under DIR/LAYOUT")
-@click.option("--out-dir", type=click.Path(file_okay=False), default="benchmarks/results/emulated_ipc", show_default=True)
+@OUTPUT.click_options
 def main(layouts, scale, workers, servers, iters, warmup, profile, out_dir):
     names = [n for n in layouts.split(",") if n]
     unknown = [n for n in names if n not in LAYOUTS]

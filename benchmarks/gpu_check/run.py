@@ -28,7 +28,8 @@ Sections (each is skipped with its reason where it cannot run, never faked):
 7. ``cifar``: ``examples/train_cifar10.py --benchmark 1 --gpus 0 --kvstore
    dist_device_sync`` with GPU servers for one epoch (195 batches per worker).
 
-Writes ``benchmarks/results/gpu/gpu_check.md`` and ``.json`` with the GPU's name,
+Writes ``gpu_check.md`` and ``.json`` to --out-dir (default: a new scratch directory;
+``--record``: benchmarks/results/gpu) with the GPU's name,
 driver, torch and cupy versions.
 """
 
@@ -44,8 +45,10 @@ import sys
 import time
 
 from benchmarks.gpu_check import ipc as gpu_ipc, phases as gpu_phases
+from benchmarks.harness.output import ResultsDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUTPUT = ResultsDir("gpu-check", "gpu")
 SECTIONS = ("pytest", "aggregation", "phases", "ipc", "exchange", "train", "cifar")
 # seconds each section took on an H100 (2026-11-24 to -28: pytest 73-94, aggregation 0-1,
 # phases 1-2, ipc 6-7, exchange 23-34, train 29-42 with two contenders, cifar 17-22), plus a
@@ -291,7 +294,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
+    OUTPUT.add_arguments(p)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="finish within SECONDS: the GPU tests first, then the measurement sections that "
@@ -303,20 +306,20 @@ def main(argv=None) -> int:
     unknown = set(only) - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s) {', '.join(sorted(unknown))}")
+    out_dir = OUTPUT.chosen(p, args)
     from kvstore.devices import gpu
     from kvstore.devices.cuda import CudaAccelerators, CudaDevice
     if not gpu.available():
         print(f"gpu_check needs a usable NVIDIA GPU with CuPy: {gpu.reason()}", file=sys.stderr)
         return 2
-    os.makedirs(args.out_dir, exist_ok=True)
     results = {"info": info(args.commit)}
-    tmp = os.path.join(args.out_dir, ".tmp")
+    tmp = os.path.join(out_dir, ".tmp")
     os.makedirs(tmp, exist_ok=True)
 
     def save():
-        with open(os.path.join(args.out_dir, "gpu_check.json"), "w") as f:
+        with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
             json.dump(results, f, indent=1)
-        with open(os.path.join(args.out_dir, "gpu_check.md"), "w") as f:
+        with open(os.path.join(out_dir, "gpu_check.md"), "w") as f:
             f.write(report(results))
 
     def until(left):             # the section's deadline (monotonic), None without a budget

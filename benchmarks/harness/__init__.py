@@ -2,6 +2,8 @@
 the peers' virtual environments (MXNet, Ray, TorchRec) import ``common`` and ``zipf`` alone.
 
 - common: the values pushed and their exact sums, statistics, result files, REPO, RESULTS
+- output: where an experiment writes its results (--out-dir; a new scratch directory
+  by default; --record: its directory under benchmarks/results)
 - procs: a group of processes, stopped together when one fails or the deadline passes
 - netns: emulated hosts (network namespaces, rate-limited links); placement: which
   process runs on which; layouts: the layouts of W workers and S servers, their wire model

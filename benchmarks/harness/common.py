@@ -155,7 +155,7 @@ def machine() -> dict:
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULTS = os.path.join(REPO, "benchmarks", "results")   # every experiment's default --out-dir is below
+RESULTS = os.path.join(REPO, "benchmarks", "results")   # the runs of record (--record, output.py)
 
 
 def kvstore_version() -> str:

@@ -23,7 +23,8 @@ on the busiest link direction per exchange / the link rate). A launch fails unle
 worker 0 reports the host group its variant implies (``host_group`` in its result)
 and, in host_reduce, every worker host sent nearer to the grouped model than to the
 ungrouped one (the bytes prove that the sums went once). Writes host_reduce.md and host_reduce.json to
---out-dir. Needs root (network namespaces); without it prints a "skipped" line and
+--out-dir (default: a new scratch directory; ``--record``: benchmarks/results/hostreduce).
+Needs root (network namespaces); without it prints a "skipped" line and
 exits 0.
 """
 
@@ -45,12 +46,13 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.host_reduce"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.exchange import effective_settings, run_ours, versions  # noqa: E402
 from benchmarks.harness.netns import Cluster, Failed, on_sigterm, parse_rate, raw_check  # noqa: E402
 from benchmarks.harness.resnet50_shapes import model_shapes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "hostreduce")
+OUTPUT = ResultsDir("host-reduce", "hostreduce")
 WORKER_HOSTS = ("A", "B")
 SERVER_HOSTS = ("S0", "S1")
 VARIANTS = {"direct": "0", "host_reduce": "1"}   # variant -> KVSTORE_HOST_REDUCE
@@ -315,10 +317,9 @@ def _rates(ctx, param, text: str) -> list[str]:
               help="Untimed exchanges before them.")
 @click.option("--launches", type=click.IntRange(min=1), default=2, show_default=True,
               help="Launches of each variant per rate, interleaved (the order alternates).")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT,
-              show_default=True, help="Where host_reduce.md and host_reduce.json go.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
+@OUTPUT.click_options
 def main(rates, model, workers_per_host, iters, warmup, launches, out_dir, timeout):
     """Time ResNet-50's pushpull from 2 hosts of k workers each to 2 server hosts over
     emulated links, with and without summing on the host (KVSTORE_HOST_REDUCE)."""

@@ -28,7 +28,8 @@ Every process is started as ``ip netns exec NS PYTHON ...`` (an argument list) w
 the environment a launcher would set (tracker/control/env.py ``for_process``; the
 job secret in the environment only). The workers are
 benchmarks/harness/contenders/{ours,gloo}_worker.py, which verify every sum exactly. Writes
-link.md and link.json (every sample) to --out-dir. Needs root (network namespaces);
+link.md and link.json (every sample) to --out-dir (default: a new scratch directory;
+``--record``: benchmarks/results/link). Needs root (network namespaces);
 without it prints a "skipped" line and exits 0. The wire model, the summary and
 link.md are benchmarks/link/report.py.
 """
@@ -51,6 +52,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.link"
 
 from benchmarks.harness import common, layouts as layout_specs  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.contenders.base import read_result  # noqa: E402
 from benchmarks.harness.contenders.gloo import WORKER as GLOO_WORKER  # noqa: E402
 from benchmarks.harness.exchange import effective_settings, modes_of, run_ours, versions  # noqa: E402
@@ -62,7 +64,7 @@ from benchmarks.link.report import expected_link_bytes, markdown, summarise  # n
 from benchmarks.link.timeline import Sampler, render  # noqa: E402
 from tracker.cli import parse_env  # noqa: E402
 
-DEFAULT_OUT = os.path.join(common.RESULTS, "link")
+OUTPUT = ResultsDir("link", "link")
 
 DEFAULT_LAYOUTS = ("ring:2,colo:2,dedicated:2x2,dedicated:2x1,"
                    "ring:4,colo:4,dedicated:4x4,dedicated:4x2")
@@ -138,13 +140,12 @@ def half_rate(rate: str) -> str:
 @click.option("--check-seconds", type=click.FloatRange(min=0.01), default=None,
               help="Duration of the raw TCP check per direction at the nominal rate "
                    "[default: 1.0, tiny: 0.1].")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT,
-              show_default=True, help="Where link.md and link.json go.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds one launch may take before it is stopped and the run fails.")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="Extra environment variable for our processes (repeatable), e.g. "
                    "KVSTORE_PIPELINE_BYTES=4194304.")
+@OUTPUT.click_options
 def main(rates, layout_text, half_text, timeline_text, model, iters, warmup, launches, gloo_modes, colo_modes,
          dedicated_modes, check_seconds, out_dir, timeout, env_pairs):
     """Time the gradient exchange of ResNet-50 between emulated machines (network

@@ -23,7 +23,8 @@ machine, each verifying the summed result of every iteration:
 
 Each launch of each contender runs warm-up iterations, then timed ones; launches
 are interleaved (the order rotates every round). Writes a markdown table, a JSON
-file and a PNG chart to --out-dir; exits 1 if any contender fails or returns a
+file and a PNG chart to --out-dir (default: a new scratch directory; ``--record``:
+benchmarks/results); exits 1 if any contender fails or returns a
 wrong sum, 0 otherwise (skipped peers are reported, not failures).
 """
 
@@ -43,6 +44,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.pushpull"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.pushpull import report  # noqa: E402
 from benchmarks.harness.contenders import ceilings, gloo, ours  # noqa: E402
 from benchmarks.harness.contenders.base import Failed, RunConfig, Skip  # noqa: E402
@@ -51,7 +53,7 @@ from benchmarks.harness.peers import ray_peer  # noqa: E402
 from benchmarks.harness.peers import venvs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results")
+OUTPUT = ResultsDir("pushpull", "")
 
 
 def _ours_version() -> str:
@@ -104,8 +106,6 @@ def _csv(ctx, param, value):
               help="fp32 values per key for the latency test.")
 @click.option("--async-pushes", type=click.IntRange(min=0), default=500, show_default=True,
               help="Pushes per worker and repetition in the dist_async test (0: skip it).")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
-              help="Where the table (.md), JSON and chart (.png) go.")
 @click.option("--name", default="pushpull", show_default=True, help="Base name of the result files.")
 @click.option("--setup-peers", is_flag=True,
               help="Create benchmarks/.venv-mxnet and .venv-ray (pip install) before running.")
@@ -123,6 +123,7 @@ def _csv(ctx, param, value):
               help="Also run ours as git commit REF has it (checked out into a temporary "
                    "worktree, PYTHONPATH pointing there), interleaved launch by launch with this "
                    "tree; its rows are labelled ours@REF. Needs ours in --contenders.")
+@OUTPUT.click_options
 def main(workers, servers, model, iters, warmup, launches, contenders, transports, compression,
          latency_iters,
          latency_sizes, async_pushes, out_dir, name, setup_peers, setup_only, profile, env_pairs,

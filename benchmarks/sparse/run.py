@@ -24,7 +24,8 @@ Per step, medians over the timed steps of worker 0: the time (a barrier, untimed
 before each step), the TCP bytes worker 0 sent plus received (``ss`` on every
 socket of the process), and the worker's peak RSS (ru_maxrss) with its RSS before
 the table. Every step is verified (see sparse_worker.py); a wrong value fails the
-run. Writes <name>.md (the table) and <name>.json (every sample) to --out-dir.
+run. Writes <name>.md (the table) and <name>.json (every sample) to --out-dir (default: a
+new scratch directory; ``--record``: benchmarks/results/sparse).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.sparse"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, free_port, run_group  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness", "sparse_worker.py")
-DEFAULT_OUT = os.path.join(common.RESULTS, "sparse")
+OUTPUT = ResultsDir("sparse", "sparse")
 # name -> (worker arguments, what a step is)
 CONTENDERS = {
     "ours-sgd": (["--contender", "ours", "--optimizer", "sgd"],
@@ -157,11 +159,10 @@ def markdown(data: dict) -> str:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed steps first.")
 @click.option("--contenders", callback=_csv, default=",".join(CONTENDERS), show_default=True,
               help="Which to run (comma-separated), in this order.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
-              help="Where <name>.md and <name>.json go.")
 @click.option("--name", default="sparse", show_default=True, help="Base name of the result files.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds one contender may take.")
+@OUTPUT.click_options
 def main(rows, dim, workers, servers, batch, zipf, steps, warmup, contenders, out_dir, name, timeout):
     """Time a training step of a big embedding table: ours (row-sparse keys, lazy
     SGD and Adam on the servers) vs gloo's dense and sparse all-reduce."""

@@ -24,7 +24,8 @@ control plane (registration, barriers) and TCP/IP framing are not modelled: the
 ratio measured / model says how much they add. The bound of a step is the busiest
 link direction's modelled bytes of one step over the link rate.
 
-Writes <name>.md and <name>.json to --out-dir. Needs root (network namespaces);
+Writes <name>.md and <name>.json to --out-dir (default: a new scratch directory;
+``--record``: benchmarks/results/sparse). Needs root (network namespaces);
 without it prints a "skipped" line and exits 0.
 """
 
@@ -45,6 +46,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.sparse_link"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.contenders.base import read_result  # noqa: E402
 from benchmarks.harness.layouts import server_host, worker_host  # noqa: E402
 from benchmarks.harness.netns import Cluster, on_sigterm, parse_rate  # noqa: E402
@@ -55,7 +57,7 @@ from benchmarks.harness import sparse_worker  # noqa: E402
 from benchmarks.harness.sparse_worker import Batches  # noqa: E402
 
 WORKER = sparse_worker.__file__   # the sparse experiments' worker, its "ours" contender
-DEFAULT_OUT = os.path.join(common.RESULTS, "sparse")
+OUTPUT = ResultsDir("sparse-link", "sparse")
 ID_BYTES = 8                   # row ids travel as int64
 
 
@@ -170,11 +172,10 @@ def markdown(data: dict) -> str:
               help="Exponent of the Zipf law of the ids.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed steps first.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
-              help="Where <name>.md and <name>.json go.")
 @click.option("--name", default="sparse-link", show_default=True, help="Base name of the result files.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=1200, show_default=True,
               help="Seconds the job may take.")
+@OUTPUT.click_options
 def main(rows, dim, workers, servers, rate, batch, zipf, steps, warmup, out_dir, name, timeout):
     """A big row-sparse table over dedicated server hosts on emulated links: bytes per
     link against the wire model, step time against the link bound."""

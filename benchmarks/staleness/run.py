@@ -15,7 +15,8 @@ Every read is checked against the store's bound (a wrong value fails the run).
 Per configuration: the step rate of the fast workers (all of them with rN) and of
 the slowed one over the timed steps, the job's wall time, and the others' pushes
 missing from the fast workers' reads (dist_sync: 0; mostly the straggler's).
-Writes <name>.md (the tables) and <name>.json to --out-dir.
+Writes <name>.md (the tables) and <name>.json to --out-dir (default: a new scratch
+directory; ``--record``: benchmarks/results/staleness).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.staleness"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, run_group  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-DEFAULT_OUT = os.path.join(common.RESULTS, "staleness")
+OUTPUT = ResultsDir("staleness", "staleness")
 # name -> the worker's store arguments
 CONFIGS = {"dist_sync": ["--store", "dist_sync"],
            **{f"ssp{s}": ["--store", "dist_ssp", "--staleness", str(s)] for s in (1, 2, 4)},
@@ -139,11 +141,10 @@ def markdown(data: dict) -> str:
                    "every N-th step. A comma list: one table each.")
 @click.option("--configs", callback=_configs, default=",".join(CONFIGS), show_default=True,
               help="Which stores to run (comma-separated), in this order.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
-              help="Where <name>.md and <name>.json go.")
 @click.option("--name", default="staleness", show_default=True, help="Base name of the result files.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Seconds one job may take.")
+@OUTPUT.click_options
 def main(workers, servers, size, steps, warmup, compute, delay, delays, configs, out_dir, name, timeout):
     """Step rates of dist_sync, dist_ssp (s = 1, 2, 4) and dist_async with a slowed worker."""
     cfg = {"workers": workers, "servers": servers, "size": size, "steps": steps, "warmup": warmup,

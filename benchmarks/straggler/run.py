@@ -21,7 +21,8 @@ images), ``Epoch[e] Time cost=...`` is the epoch's training time, so steps/s =
 the epoch's batches ((N // W) // batch size) / time cost. T is the time the
 fastest slowed configuration's worker 0 needed for all its epochs; "at T" is the
 accuracy of the latest epoch worker 0 had finished by T.
-Writes <name>.md (the tables) and <name>.json (every worker's epochs) to --out-dir.
+Writes <name>.md (the tables) and <name>.json (every worker's epochs) to --out-dir
+(default: a new scratch directory; ``--record``: benchmarks/results/staleness).
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.straggler"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.harness.procs import GroupFailed, run_group  # noqa: E402
 from benchmarks.straggler.report import epochs_by_worker, markdown, summarize  # noqa: E402
 from benchmarks.harness.throttle import DutyCycle  # noqa: E402
 
 ROOT = common.REPO
 EXAMPLE = os.path.join(ROOT, "examples", "train_mnist.py")
-DEFAULT_OUT = os.path.join(common.RESULTS, "staleness")
+OUTPUT = ResultsDir("straggler", "staleness")
 BATCH_SIZE = 64          # examples/train_mnist.py's default, used to count an epoch's batches
 # name -> (--kvstore, KVSTORE_STALENESS or None, slowed)
 CONFIGS = {"unslowed": ("dist_sync", None, False), "dist_sync": ("dist_sync", None, True),
@@ -152,11 +154,10 @@ def run_config(name: str, cfg: dict, work: str) -> dict:
               help="Seconds it runs between stops.")
 @click.option("--configs", callback=_configs, default=",".join(CONFIGS), show_default=True,
               help="Which configurations to run (comma-separated), in this order.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
-              help="Where <name>.md and <name>.json go.")
 @click.option("--name", default="straggler", show_default=True, help="Base name of the result files.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=400, show_default=True,
               help="Seconds one job may take.")
+@OUTPUT.click_options
 def main(workers, servers, network, num_examples, num_epochs, stop, run_s, configs, out_dir, name, timeout):
     """Accuracy over time of dist_sync, dist_ssp (s = 1, 2, 4) and dist_async with a slowed worker."""
     per_worker = num_examples // workers

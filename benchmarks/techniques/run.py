@@ -26,8 +26,11 @@ import time
 
 import click
 
+from benchmarks.harness.output import ResultsDir
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RECORD_DIR = os.path.join(REPO, "benchmarks", "results", "techniques")
+OUTPUT = ResultsDir("techniques", "techniques")
+RECORD_DIR = OUTPUT.record_dir
 NO_PIPE = {"KVSTORE_PIPELINE_BYTES": "0"}
 
 # (name, settings): transports/contenders/-w/-s for benchmarks.pushpull and extra environment
@@ -64,10 +67,8 @@ def _run(cwd: str, c: dict, iters: int, out_dir: str, model: str = "resnet50") -
 @click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50", show_default=True)
 @click.option("--steps", default="", metavar="N,N,...",
               help=f"Only these steps of the ladder (1-{len(LADDER)}, in its order) [default: all].")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where to write the results [default: a new scratch directory].")
-@click.option("--record", is_flag=True, help=f"Write the results to {os.path.relpath(RECORD_DIR, REPO)}.")
-def main(before, rounds, iters, model, steps, out_dir, record):
+@OUTPUT.click_options
+def main(before, rounds, iters, model, steps, out_dir):
     """Time the technique ladder, interleaved; print and save medians per step."""
     try:
         chosen = sorted({int(n) for n in steps.split(",") if n.strip()}) or list(range(1, len(LADDER) + 1))
@@ -76,7 +77,6 @@ def main(before, rounds, iters, model, steps, out_dir, record):
     if not all(1 <= n <= len(LADDER) for n in chosen):
         raise click.BadParameter(f"steps are 1-{len(LADDER)}, got {steps!r}", param_hint="--steps")
     ladder = [LADDER[n - 1] for n in chosen]
-    out_dir = RECORD_DIR if record else out_dir or tempfile.mkdtemp(prefix="kvstore-techniques-")
     work = tempfile.mkdtemp(prefix="kvtech-")
     if before:
         old = os.path.join(work, "before")

@@ -11,8 +11,8 @@ rank 0's median sample per call is the launch's number, in wall-clock time and i
 worker process's CPU time (less disturbed by other load on the machine). Variants are interleaved
 launch by launch (their order rotates). Also times, with timeit, the check each hook
 makes when the timeline is off (``self._timeline is not None``) and counts how many a
-pushpull makes. Prints a table and writes JSON to ``--out`` (default: a scratch directory;
-``--record``: benchmarks/results/timeline_overhead.json).
+pushpull makes. Prints a table and writes timeline_overhead.json into ``--out-dir``
+(default: a new scratch directory; ``--record``: benchmarks/results).
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.timeline_overhead"
 
 from benchmarks.harness.contenders.ours import worktree  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RECORD = os.path.join(REPO, "benchmarks", "results", "timeline_overhead.json")
+OUTPUT = ResultsDir("timeline-overhead", "")
+FILE = "timeline_overhead.json"
+RECORD = os.path.join(OUTPUT.record_dir, FILE)
 # one worker of a launch: argv = calls, floats, block, out (rank 0 writes its samples there)
 WORKER = """
 import json, sys, time
@@ -106,13 +109,10 @@ def _lines(path: str) -> int:
 @click.option("--block", type=click.IntRange(min=1), default=100, show_default=True, help="Calls per sample.")
 @click.option("--launches", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--before", metavar="REF", help="Also run commit REF (a git worktree), e.g. the commit before the hooks.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the JSON [default: a new scratch directory].")
-@click.option("--record", is_flag=True, help=f"Write the JSON to {os.path.relpath(RECORD, REPO)}.")
-def main(workers, servers, calls, floats, block, launches, before, out, record) -> None:
+@OUTPUT.click_options
+def main(workers, servers, calls, floats, block, launches, before, out_dir) -> None:
     """Time small pushpulls with the timeline off, on, and (--before) without its hooks."""
-    out = RECORD if record else out or os.path.join(tempfile.mkdtemp(prefix="kvstore-timeline-overhead-"),
-                                                    "timeline_overhead.json")
+    out = os.path.join(out_dir, FILE)
     check = off_check_ns()
     with contextlib.ExitStack() as stack:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvbench-timeline-"))
@@ -141,7 +141,6 @@ def main(workers, servers, calls, floats, block, launches, before, out, record) 
                f"{CHECKS_PER_PUSHPULL['worker']} on the worker and {CHECKS_PER_PUSHPULL['server']} on the "
                f"server: {per_call:.0f} ns on the worker = {per_call / (base[0] * 1e9) * 100:.3f}% of a call")
     click.echo(f"on: the last launch's files held about {events} lines (events)")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"workers": workers, "servers": servers, "calls": calls, "floats": floats, "block": block,
                    "launches": launches, "seconds_per_call_wall_cpu": results, "off_check_ns": check,

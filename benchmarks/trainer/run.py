@@ -49,7 +49,8 @@ the same SGD hyper-parameters (lr, momentum, weight decay), every process with
 Each launch runs ``--warmup`` untimed steps, then ``--iters`` timed ones; a barrier
 (untimed) and the generation of the step's batch precede every step. Launches are
 interleaved, the order rotating every round, and the load average is recorded
-before each launch. Writes ``<name>.md`` and ``<name>.json`` to --out-dir.
+before each launch. Writes ``<name>.md`` and ``<name>.json`` to --out-dir (default: a
+new scratch directory; ``--record``: benchmarks/results/trainer).
 
 Correctness, checked every run (a wrong answer fails the run, exit status 1): after
 its warm-up and timed steps, every worker of every launch of ours and DDP writes its
@@ -112,6 +113,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 import numpy as np  # noqa: E402
 
 from benchmarks.harness import common, layouts, netns  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
 from benchmarks.trainer.check import check_all, compare, verdict  # noqa: E402
 from benchmarks.trainer.report import last_bucket_bytes, markdown, predict, summarise  # noqa: E402
 from benchmarks.trainer.contenders import (CONTENDERS, DEFAULT_CONTENDERS, Emulated, Failed, link_ready,  # noqa: E402
@@ -121,7 +123,7 @@ from benchmarks.trainer.worker import build, per_slice_needed, worker_main  # no
 __all__ = ["CONTENDERS", "compare", "main", "parse_args"]   # (tests use compare from here)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "trainer")
+OUTPUT = ResultsDir("trainer", "trainer")
 
 
 def _ours_version() -> str:
@@ -169,7 +171,7 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=300, help="seconds one launch may take")
     p.add_argument("--env", dest="env_pairs", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for every process (repeatable)")
-    p.add_argument("--out-dir", default=DEFAULT_OUT)
+    OUTPUT.add_arguments(p)
     p.add_argument("--work-dir", default=None,
                    help="logs and parameter files (default: a new temporary directory); removed "
                         "after a passing run, kept after a failed one")
@@ -228,6 +230,7 @@ def parse_args(argv):
         args.name = "trainer" if args.link is None else f"trainer-link-{args.link}"
         if args.layout is not None:
             args.name += "-" + args.layout.key.replace(":", "-")
+    args.out_dir = OUTPUT.chosen(p, args)
     return args
 
 

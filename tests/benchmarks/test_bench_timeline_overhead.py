@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_off_and_on_are_timed_side_by_side(tmp_path):
-    out = tmp_path / "overhead.json"
-    result = CliRunner().invoke(run.main, ["--calls", "40", "--block", "10", "--launches", "2", "--out", str(out)],
+    out = tmp_path / "timeline_overhead.json"
+    result = CliRunner().invoke(run.main, ["--calls", "40", "--block", "10", "--launches", "2",
+                                           "--out-dir", str(tmp_path)],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
