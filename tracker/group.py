@@ -16,6 +16,7 @@ mpirun/srun (Open MPI: exported by name, ``-x NAME``), never on a command line.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shlex
@@ -96,6 +97,7 @@ class Group:
             (c.spec.role, c.spec.rank): c for c in self.children}
         self._signalled: set[int] = set()
         self.stopping = False   # the launcher began tearing the job down
+        self.own_lines: collections.deque[str] = collections.deque(maxlen=5)   # the command's own output
         self._lock = threading.Lock()
         self._pump = threading.Thread(target=self._read, daemon=True, name=f"output-{name}")
         self._pump.start()
@@ -109,7 +111,11 @@ class Group:
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             msg = parse_status(line)
             if msg is None:
-                self.sink.write(line if PREFIXED.match(line) else f"[{self.name}] {line}")
+                if PREFIXED.match(line):
+                    self.sink.write(line)
+                else:
+                    self.own_lines.append(line)
+                    self.sink.write(f"[{self.name}] {line}")
                 continue
             child = self._by_key.get((msg.get("role"), msg.get("rank")))
             if child is not None:
@@ -121,6 +127,16 @@ class Group:
 
     def drain(self) -> None:
         self._pump.join(2.0)
+
+    def failed_to_start(self) -> str | None:
+        """Once the command ended with a failure before any process of it started
+        (srun outside an allocation, mpirun that cannot reach a host): what to blame,
+        the command and its last words; else None."""
+        code = self.popen.poll()
+        if not code or any(c.remote_pid is not None or c.host is not None for c in self.children):
+            return None
+        said = "; ".join(line.strip() for line in self.own_lines if line.strip())
+        return f"{self.name} failed (status {code}) before starting any process" + (f": {said}" if said else "")
 
     def signal(self, sig: int) -> None:
         """Each signal once: SIGTERM to the command (it forwards it to every task),
@@ -164,6 +180,8 @@ class GroupChild:
         self.host: str | None = None
         self.remote_pid: int | None = None
         self.detail: str | None = None
+        self.blame: str | None = None       # the command failed before starting this process
+        self.exception: str | None = None   # the last traceback's exception (the wrapper saw it)
         self.exit_order: int | None = None
         self._code: int | None = None
 
@@ -181,6 +199,7 @@ class GroupChild:
             self.remote_pid, self.host = msg.get("pid"), msg.get("host")
         elif msg.get("event") == "exit" and self._code is None:
             self.detail = msg.get("error")
+            self.exception = msg.get("exception")
             self.exit_order = next(exit_counter)
             self._code = int(msg.get("code", 1))
 
@@ -202,6 +221,7 @@ class GroupChild:
             if code:
                 self.detail = (f"{self.group.name} ended with status {code} before this "
                                "process reported its exit")
+                self.blame = self.group.failed_to_start()
         return self._code
 
     def signal(self, sig: int) -> None:

@@ -109,13 +109,18 @@ def _culprits(failure: str | None, codes: dict, labels: set) -> tuple[list[str],
     return named[:1], "about"
 
 
-def _describe(child, code) -> str:
+def _describe(child, code, exception: bool = False) -> str:
+    """``worker 1 on h exited with status 1 (detail)``; with ``exception`` (a failure
+    the scheduler did not hear of, e.g. before the process registered) followed by
+    the last exception its output showed (``: ValueError: ...``)."""
     label = child.spec.label
     text = f"{label} {describe_exit(code)}"
     if getattr(child, "host", None):
         text = f"{label} on {child.host} {describe_exit(code)}"
     if getattr(child, "detail", None):
         text += f" ({child.detail})"
+    if exception and code and getattr(child, "exception", None):
+        text += f": {child.exception}"
     return text
 
 
@@ -144,9 +149,12 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
             else:
                 root = f"the scheduler aborted the job: {scheduler_failure}"
                 returncode = 1
+        elif getattr(by_label[label], "blame", None):   # the command meant to start it failed
+            root = by_label[label].blame
+            returncode = _status(code)
         else:
             culprits = [label]
-            root = _describe(by_label[label], code)
+            root = _describe(by_label[label], code, exception=True)
             returncode = _status(code)
     elif interrupted is not None:
         root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
@@ -155,6 +163,8 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
     for child in children:
         label = child.spec.label
         code = codes[label] if label in codes else child.poll()
+        if getattr(child, "blame", None):
+            code = f"not started ({child.blame.split(' ', 1)[0]} failed)"
         note = ""
         if label in culprits:
             note = "root cause"

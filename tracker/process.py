@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable
 
 # shared with the node wrapper, which runs alone on remote hosts (stdlib only)
-from .wrapper import descendants, processes, session_members, subreaper
+from .wrapper import Exceptions, descendants, processes, session_members, subreaper
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,16 @@ class Child:
     """A started process in its own session (so teardown reaches its children too).
 
     The session outlives its leader while a grandchild is in it: :meth:`running`
-    is true and :meth:`signal` reaches it until every member has ended."""
+    is true and :meth:`signal` reaches it until every member has ended.
+    :attr:`exception`: the last line of the last Python traceback in its output
+    (``kvstore.errors.ConfigError: unknown store type ...``), or None."""
 
     _out_lock = threading.Lock()
 
     def __init__(self, spec: ProcSpec, out: IO[str] | None = None):
         self.spec = spec
         self._out = out if out is not None else sys.stdout
+        self._exceptions = Exceptions()
         self.popen = subprocess.Popen(
             list(spec.argv), env={**os.environ, **spec.env}, cwd=spec.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -65,6 +68,10 @@ class Child:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    @property
+    def exception(self) -> str | None:
+        return self._exceptions.last
+
     def running(self) -> bool:
         """True while the process or anything left in its session is alive."""
         return self.popen.poll() is None or bool(session_members(self.popen.pid))
@@ -77,6 +84,7 @@ class Child:
         assert stdout is not None   # a pipe (stdout=PIPE)
         for raw in iter(stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            self._exceptions.feed(line)
             with self._out_lock:
                 write_out(self._out, prefix + line + "\n")
         stdout.close()

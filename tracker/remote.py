@@ -75,6 +75,7 @@ class RemoteChild:
         self.spec = spec
         self.host = host.name
         self.detail: str | None = None
+        self.exception: str | None = None   # the last traceback's exception (the wrapper saw it)
         self.exit_order: int | None = None
         self.remote_pid: int | None = None
         self._sink = sink
@@ -122,6 +123,8 @@ class RemoteChild:
             elif msg.get("event") == "exit":
                 if msg.get("error"):
                     self.detail = str(msg["error"])
+                if msg.get("exception"):
+                    self.exception = str(msg["exception"])
                 self.exit_order = next(exit_counter)
                 try:
                     self._code = int(msg.get("code", 1))

@@ -34,6 +34,7 @@ Modes::
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -172,6 +173,25 @@ def reap_orphans():
             return
 
 
+class Exceptions:
+    """Watches a process's output lines for Python tracebacks: :attr:`last` is the
+    last line of the last one (the exception, ``ValueError: bad value``), or None.
+    Lines of other threads between a traceback's frames (a log line) are skipped:
+    the exception's line names a class (``name.Name: message`` or ``Name``)."""
+
+    LINE = re.compile(r"^[A-Za-z_][\w.]*(?::(?: .*)?)?$")
+
+    def __init__(self):
+        self.last = None
+        self._inside = False
+
+    def feed(self, line):
+        if line.startswith("Traceback (most recent call last):"):
+            self._inside = True
+        elif self._inside and self.LINE.match(line):
+            self.last, self._inside = line.strip()[:500], False
+
+
 class Wrapped:
     def __init__(self, role, rank, label, argv, env, grace):
         self.role, self.rank, self.grace = role, rank, grace
@@ -179,6 +199,7 @@ class Wrapped:
         self.stop = threading.Event()
         self.kill = threading.Event()
         self.forward = []
+        self.exceptions = Exceptions()
         try:
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -193,7 +214,9 @@ class Wrapped:
 
     def _copy(self):
         for raw in iter(self.proc.stdout.readline, b""):
-            emit(self.prefix + raw.decode("utf-8", "replace").rstrip("\n"))
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.exceptions.feed(line)
+            emit(self.prefix + line)
 
     def group(self, sig):
         """``sig`` to the process's group, every member of its session (a
@@ -307,7 +330,8 @@ def main(argv):
     if mode == "ssh":
         threading.Thread(target=_watch_stdin, args=(w,), daemon=True).start()
     code = w.run()
-    status(role, rank, event="exit", code=code)
+    status(role, rank, event="exit", code=code, **({"exception": w.exceptions.last}
+                                                    if code and w.exceptions.last else {}))
     return code if code >= 0 else 128 - code
 
 

@@ -264,6 +264,19 @@ def test_the_culprit_is_marked_in_every_failure_mode(mode):
     assert_no_leftovers(p)
 
 
+def test_a_worker_that_fails_before_registering_has_its_exception_in_the_summary():
+    """create() with a bad store type fails before the worker registers, so the
+    scheduler has no report of it: the summary quotes the exception's last line
+    from the worker's output, not only its exit status."""
+    p = launch("-n", "2", "-s", "1", sys.executable, "-c", "import kvstore; kvstore.create('dist_sync_cpu')",
+               env=FAST_FAILURE)
+    assert p.wait(60) == 1, p.text
+    cause = p.text.split("job failed:")[1].splitlines()[0]
+    assert re.fullmatch(r" worker [01] exited with status 1: kvstore\.errors\.ConfigError: unknown store "
+                        r"type 'dist_sync_cpu'; valid types: .*", cause), p.text
+    assert_no_leftovers(p)
+
+
 def test_the_worker_absent_from_a_timed_out_barrier_is_the_root_cause():
     """Workers 0 and 2 wait at a barrier that worker 1 (alive, heartbeating) never
     reaches: their barrier times out naming worker 1, they fail, and the table

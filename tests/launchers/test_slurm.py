@@ -4,6 +4,7 @@ nothing left behind, too many tasks for the allocation refused up front."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import uuid
@@ -81,6 +82,23 @@ def test_more_tasks_than_the_allocation_is_refused(slurm):
     assert p.wait(30) == 2, p.text
     assert "4 tasks (2 servers + 2 workers) exceed the allocation's 3 tasks" in p.text
     assert "scheduler listening" not in p.text
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="srun is not installed")
+def test_srun_that_fails_before_starting_a_task_is_blamed_not_server_0(tmp_path):
+    """srun outside a working Slurm (here: an empty slurm.conf) fails before any task
+    starts: the summary blames srun with its own words, not server 0, which never ran."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    env = {name: "" for name in os.environ if name.startswith("SLURM_")}
+    p = python_launcher("tracker.slurm", "-n", "2", "-s", "1", "python", "x.py",
+                        env={**env, "SLURM_CONF": str(conf)})
+    assert p.wait(60) == 1, p.text
+    cause = p.text.split("job failed:")[1].splitlines()[0]
+    assert cause.startswith(" srun failed (status 1) before starting any process: srun: "), p.text
+    assert "configuration file" in cause, p.text
+    assert "root cause" not in p.text, p.text
+    assert re.search(r"^server 0 +- +not started \(srun failed\)$", p.text, re.M), p.text
 
 
 def test_every_task_gets_one_thread_count_and_the_culprit_is_marked(slurm):

@@ -58,3 +58,18 @@ def test_the_processes_that_never_registered_are_marked_when_registration_times_
                                          "time; the scheduler reported: registration did not complete")
     none = failure.replace("1 of 1 servers registered", "0 of 1 servers registered")
     assert marked(conclude(children, {}, ("scheduler", 1), None, none)) == ["server 0", "worker 1", "worker 2"]
+
+
+def test_the_exception_of_a_traceback_is_found_among_other_threads_log_lines():
+    from tracker.wrapper import Exceptions
+    seen = Exceptions()
+    for line in ["starting", "Traceback (most recent call last):", '  File "x.py", line 2, in <module>',
+                 "2026-12-07 05:28:56,243 [worker:0] ERROR a log line of another thread",
+                 "[worker 0] job aborted: something", "    kvstore.create('dist_sync_cpu')",
+                 "kvstore.errors.ConfigError: unknown store type 'dist_sync_cpu'", "after"]:
+        seen.feed(line)
+    assert seen.last == "kvstore.errors.ConfigError: unknown store type 'dist_sync_cpu'"
+    for line in ["During handling of the above exception, another exception occurred:", "",
+                 "Traceback (most recent call last):", '  File "y.py", line 1', "KeyboardInterrupt"]:
+        seen.feed(line)
+    assert seen.last == "KeyboardInterrupt"
