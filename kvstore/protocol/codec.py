@@ -15,6 +15,10 @@ A buffer may instead be passed by reference into memory both ends can reach
 CUDA IPC, kvstore.devices), each ``{"segs": [...], "refs": [...]}``; the receiver
 resolves each kind with its own resolver, so whose memory a reference names is
 never ambiguous.
+
+Small buffers may travel packed into one frame (``pack``: the indices of the buffers
+in it, docs/protocol.md 2.1): one frame of many small values costs ZeroMQ one part
+instead of one each, which for a call of 161 keys was most of a message's cost.
 """
 
 from __future__ import annotations
@@ -36,13 +40,19 @@ MAX_SEGMENT_WORDS = 16     # ints naming one segment (a CUDA IPC handle is 8 x 6
 REF_KINDS = ("shm", "dev")
 # resolve(segment, offset, dtype, shape) -> the referenced array, or ProtocolError
 Resolver = Callable[..., np.ndarray]
+# buffers under this many bytes are packed into one frame when the sender asks
+# (encode's ``pack``); each starts at a multiple of PACK_ALIGN bytes in it
+PACK_BYTES = 64 << 10
+PACK_ALIGN = 8
+_PADS = [bytes(n) for n in range(PACK_ALIGN)]
 
 ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64"))
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None,
+           pack: bool = False) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
@@ -51,16 +61,25 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     ``(segment, offset, kind)`` for a reference of another kind (``"dev"``: device
     memory); ``segment`` is a tuple of ints, opaque here. See the header fields
     ``shm`` and ``dev``. Device arrays may be passed when referenced (only their
-    dtype and shape are read)."""
+    dtype and shape are read).
+
+    ``pack``: the buffers sent in the message that are under :data:`PACK_BYTES`, if
+    there are two or more, are copied into one frame (the header's ``pack`` lists
+    them), the first after the header; only for messages that go through ZeroMQ as
+    they are (a data channel writes each buffer on its own, docs/protocol.md 2.8)."""
     header = dict(header, v=VERSION, bufs=[[_dtype_str(a), list(a.shape)] for a in arrays])
     if not shared or not any(place is not None for place in shared):
+        if pack:
+            packed = _packed(header, arrays, range(len(arrays)))
+            if packed is not None:
+                return [msgpack.packb(header, use_bin_type=True), *packed]
         return [msgpack.packb(header, use_bin_type=True), *arrays]
     segments: dict[str, dict] = {kind: {} for kind in REF_KINDS}
     refs: dict[str, list] = {kind: [None] * len(arrays) for kind in REF_KINDS}
-    frames: list = []
+    inline: list = []
     for i, (a, place) in enumerate(zip(arrays, shared)):
         if place is None:
-            frames.append(a)
+            inline.append(i)
             continue
         kind = place[2] if len(place) > 2 else "shm"
         if kind not in REF_KINDS:
@@ -69,7 +88,30 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     for kind in REF_KINDS:
         if segments[kind]:
             header[kind] = {"segs": [list(s) for s in segments[kind]], "refs": refs[kind]}
+    frames = _packed(header, arrays, inline) if pack else None
+    if frames is None:
+        frames = [arrays[i] for i in inline]
     return [msgpack.packb(header, use_bin_type=True), *frames]
+
+
+def _packed(header: dict, arrays: Sequence, inline) -> list | None:
+    """The buffer frames of the ``inline`` arrays with the small ones packed into the
+    first (``header["pack"]`` set), or None when fewer than two are small."""
+    small = [i for i in inline if arrays[i].nbytes < PACK_BYTES]
+    if len(small) < 2:
+        return None
+    parts: list = []
+    offset = 0
+    for i in small:
+        a = arrays[i]
+        pad = -offset % PACK_ALIGN
+        if pad:
+            parts.append(_PADS[pad])
+        parts.append(memoryview(a).cast("B") if a.ndim else memoryview(a.reshape(1)).cast("B"))
+        offset += pad + a.nbytes
+    header["pack"] = small
+    chosen = set(small)
+    return [b"".join(parts), *(arrays[i] for i in inline if i not in chosen)]
 
 
 def _dtype_str(a) -> str:
@@ -94,29 +136,58 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     header = parse_header(_buffer(frames[0]))
     bufs = header["bufs"]
     found = _references(header, len(bufs), resolve or {})
-    inline = len(bufs) - len(found)
+    packed = _pack_field(header, len(bufs), found)
+    inline = len(bufs) - len(found) - len(packed) + (1 if packed else 0)
     if inline != len(frames) - 1:
         raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
                      "(truncated message?)", header)
-    arrays = []
+    arrays: list = []
     pending = iter(frames[1:])
+    pack = _buffer(next(pending)) if packed else None
+    offset = 0
     for i, (dtype, shape, expected) in enumerate(buffer_specs(header, max_buffer_bytes)):
         if i in found:
-            resolver, segment, offset = found[i]
+            resolver, segment, offset_ = found[i]
             try:
-                arrays.append(resolver(segment, offset, dtype, shape))
+                arrays.append(resolver(segment, offset_, dtype, shape))
             except ProtocolError as e:
                 raise _error(f"buffer {i}: {e}", header) from None
             continue
-        data = _buffer(next(pending))
-        if data.nbytes != expected:
-            raise _error(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
-                         f"({dtype.name} x {shape})", header)
+        if i in packed:
+            assert pack is not None
+            offset += -offset % PACK_ALIGN
+            if expected >= PACK_BYTES or offset + expected > pack.nbytes:
+                raise _error(f"buffer {i} ({expected} bytes) does not fit in the packed frame of "
+                             f"{pack.nbytes} bytes", header)
+            data = pack[offset:offset + expected]
+            offset += expected
+        else:
+            data = _buffer(next(pending))
+            if data.nbytes != expected:
+                raise _error(f"buffer {i} has {data.nbytes} bytes; its header says {expected} "
+                             f"({dtype.name} x {shape})", header)
         try:
             arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
         except ValueError as e:   # e.g. a zero-sized shape whose other dimensions overflow
             raise _error(f"buffer {i}: shape {shape} is unusable: {e}", header) from None
+    if pack is not None and offset != pack.nbytes:
+        raise _error(f"the packed frame has {pack.nbytes} bytes; its buffers take {offset}", header)
     return header, arrays
+
+
+def _pack_field(header: dict, count: int, found: dict) -> frozenset:
+    """The buffers a checked header says are packed into its first buffer frame
+    (``pack``: ascending indices of buffers not passed by reference, two or more)."""
+    pack = header.get("pack")
+    if pack is None:
+        return frozenset()
+    if not (isinstance(pack, list) and 2 <= len(pack) <= count
+            and all(type(i) is int for i in pack)
+            and all(0 <= a < b for a, b in zip(pack, pack[1:])) and pack[-1] < count
+            and not any(i in found for i in pack)):
+        raise _error("invalid 'pack' field: expected ascending indices of two or more buffers "
+                     "that are not passed by reference", header)
+    return frozenset(pack)
 
 
 def parse_header(head) -> dict:

@@ -30,6 +30,7 @@ from ..errors import ArgumentTypeError, InvalidArgumentError
 from .exchange import Exchange, Pending, Wire
 from ..hostgroup.group import HostGroup
 from .job import JobMember
+from .plans import CallPlan
 from .leaving import Departure
 from ..protocol import ops
 from ..sharding import Placement
@@ -200,7 +201,15 @@ class DistStore(KVStore):
         running job passes alone until its first :meth:`barrier`."""
         if self._joining:
             return
-        _, self._members = self._job.collective(token, deadline)
+        _, members = self._job.collective(token, deadline)
+        self._now_members(members)
+
+    def _now_members(self, members) -> None:
+        """The members as of the last collective call; a change forgets the call plans."""
+        members = tuple(members)
+        if members != self._members:
+            self._plans.clear()
+        self._members = members
 
     @property
     def staleness(self) -> int | float | None:
@@ -336,7 +345,8 @@ class DistStore(KVStore):
         self._exchange.fill(handle)
         self._checkpoints.pulled()
 
-    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False) -> Pending:
+    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False,
+                           plan: CallPlan | None = None) -> Pending:
         self._check_can_push()
         what = f"pushpull of {_keys_text(i for i, _, _ in items)}"
         if rows and self._exchange.host is not None:
@@ -345,7 +355,8 @@ class DistStore(KVStore):
                 f"({type(self._optimizer).__name__}'s lazy_update), which a host's sum (KVSTORE_HOST_REDUCE=1) "
                 "does not carry: push it with kv.push, or set lazy_update=False, or KVSTORE_HOST_REDUCE=0")
         return self._exchange.send(ops.PUSHPULL, what, [(info, merged) for info, merged, _ in items],
-                                   [(info, targets) for info, _, targets in items], paced, rows)
+                                   [(info, targets) for info, _, targets in items], paced, rows,
+                                   plan.routes() if plan is not None else None)
 
     def _do_pushpull_finish(self, handle: Pending) -> None:
         self._exchange.fill(handle)
@@ -399,6 +410,7 @@ class DistStore(KVStore):
     def close(self) -> None:
         """Wait for pushes in flight, tell the scheduler this worker is done, release
         sockets (kvstore.worker.leaving.Departure)."""
+        self._plans.clear()
         try:
             self._departure.close()
         finally:
@@ -430,7 +442,8 @@ class DistStore(KVStore):
                 "barrier(), where it meets the others (docs/elastic.md)")
         # through the scheduler (tracker.control.membership.Membership.allgather): its
         # control channel authenticates every peer; the members come back with the payloads
-        self._members, parts = self._job.allgather(data, "allgather_bytes", timeout)
+        members, parts = self._job.allgather(data, "allgather_bytes", timeout)
+        self._now_members(members)
         return parts
 
 

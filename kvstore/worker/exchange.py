@@ -41,6 +41,7 @@ from ..protocol import ops
 from ..rows import lazy
 from ..sharding import pieces
 from ..transport.links import RequestOptions
+from .plans import Routes
 from .store import fill_outputs
 
 if TYPE_CHECKING:
@@ -228,13 +229,17 @@ class Exchange:
         self._client.flush(what)
 
     # -- calls -----------------------------------------------------------------------------
-    def send(self, op: str, what: str, sources, targets, paced: bool = False, rows: dict | None = None) -> Pending:
+    def send(self, op: str, what: str, sources, targets, paced: bool = False, rows: dict | None = None,
+             routes: Routes | None = None) -> Pending:
         """Send ``op`` with ``sources`` [(info, flat)] (None: no data) for ``targets``
         [(info, [outs])]; :meth:`fill` completes it. Replies that arrive in between
         are copied into the outputs' buffers whenever this worker next waits for
         anything. ``paced``: it may wait for replies to keep a window in flight
         (transport/pace.py). ``rows``: {key: row ids} of sources whose update is lazy
-        (a row-sparse push on a dense key; they go with the ``rows`` field)."""
+        (a row-sparse push on a dense key; they go with the ``rows`` field).
+        ``routes``: where the chunks of ``targets`` (and of ``sources``, the same keys
+        in the same order) go, from the call's plan (kvstore.worker.plans); None:
+        grouped here."""
         pending = Pending(what)
         wire = self._wire()
         via_group = self.host is not None and op == ops.PUSHPULL and sources is not None
@@ -265,7 +270,8 @@ class Exchange:
                                  [t for t, lw in zip(targets, layered) if lw], wire, rows)
             sources = [s for s, lw in zip(sources, layered) if not lw]
             targets = [t for t, lw in zip(targets, layered) if not lw]
-        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows)
+            routes = None                       # (made for every key of the call)
+        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows, routes=routes)
         return pending
 
     def fill(self, pending: Pending) -> None:
@@ -300,15 +306,19 @@ class Exchange:
         return self._client.shared_empty(nbytes, np.uint8)
 
     def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
-              group=None, rows: dict | None = None) -> Sent:
+              group=None, rows: dict | None = None, routes: Routes | None = None) -> Sent:
         """The requests of one call; ``group``: the workers a host's sum speaks for;
-        ``rows``: see :meth:`send`."""
+        ``rows``, ``routes``: see :meth:`send`."""
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         if sources is not None:
             wire.check([info for info, _ in sources], what)
         flats = [(info, *self._flat_target(outs[0], what)) for info, outs in targets]
-        dests = by_server([(info, flat) for info, flat, _ in flats])
-        datas = by_server(sources) if sources is not None else {}
+        if routes is not None:
+            dests = routes.pick([flat for _, flat, _ in flats])
+            datas = routes.pick([flat for _, flat in sources]) if sources is not None else {}
+        else:
+            dests = by_server([(info, flat) for info, flat, _ in flats])
+            datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
         marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
         stage = sources is not None and wire.compressor is None

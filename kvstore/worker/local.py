@@ -122,7 +122,7 @@ class LocalStore(KVStore):
             np.copyto(flat, stored)
             fill_outputs(targets, flat, direct, "pull")
 
-    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False) -> None:
+    def _do_pushpull_start(self, items, rows: dict | None = None, paced: bool = False, plan=None) -> None:
         self._do_push([(info, merged) for info, merged, _ in items], rows=rows)
         self._do_pull_start([(info, targets) for info, _, targets in items])
 

@@ -16,6 +16,7 @@ from ..rows import sparse as rowsparse
 from ..rows.dynamic import DynamicRows
 from . import states_file
 from .arguments import KeyInfo, Keys, check_priority
+from .plans import CallPlan, Plans
 from ..compression import Compressor
 from .. import optimizer as _optimizer
 from ..errors import ArgumentTypeError, InvalidArgumentError
@@ -42,6 +43,9 @@ class KVStore(KVStoreBase):
         self._type = name
         self._args = Keys()          # the keys held, and the checks of call arguments (kvstore.worker.arguments)
         self._keys = self._args.infos     # key -> KeyInfo, filled by the stores' init hooks
+        # repeated calls' resolutions (kvstore.worker.plans), cleared whenever what they
+        # depend on changes (init, optimizer, compression, members, close)
+        self._plans = Plans()
         self._optimizer = None
         self._compressor: Compressor | None = None
         self._closed = False
@@ -65,6 +69,7 @@ class KVStore(KVStoreBase):
         hold them. Raises InvalidArgumentError for a key initialised twice."""
         what = "init"
         self._check_open(what)
+        self._plans.clear()
         items, rows_items, seen, names = [], [], set(), {}
         for k, vals in self._args.pairs(key, value, what):
             if len(vals) != 1:
@@ -245,8 +250,8 @@ class KVStore(KVStoreBase):
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Push ``value`` then pull the result into ``out`` (into ``value`` when
         ``out`` is None), in one round trip."""
-        items, rows = self._pushpull_items(key, value, out, priority)
-        self._do_pushpull_finish(self._do_pushpull_start(items, rows=rows, paced=True))
+        items, rows, plan = self._pushpull_items(key, value, out, priority)
+        self._do_pushpull_finish(self._do_pushpull_start(items, rows=rows, paced=True, plan=plan))
 
     def pushpull_async(self, key, value, out=None, priority: int = 0) -> "Handle":
         """pushpull() that returns once the request is on its way: ``out`` (``value``
@@ -262,8 +267,8 @@ class KVStore(KVStoreBase):
             ...                                  # compute something else
             h.wait()
         """
-        items, rows = self._pushpull_items(key, value, out, priority)
-        handle = self._do_pushpull_start(items, rows=rows)
+        items, rows, plan = self._pushpull_items(key, value, out, priority)
+        handle = self._do_pushpull_start(items, rows=rows, plan=plan)
         return Handle(lambda: self._do_pushpull_finish(handle))
 
     def pull_async(self, key, out=None, priority: int = 0) -> "Handle":
@@ -277,19 +282,28 @@ class KVStore(KVStoreBase):
         handle = self._do_pull_start(self._args.grouped(key, out, what))
         return Handle(lambda: self._do_pull_finish(handle))
 
-    def _pushpull_items(self, key, value, out, priority: int) -> tuple[list[tuple], dict | None]:
-        """``([(info, merged, targets)], rows)``: what the pushpull hooks take (rows:
-        :meth:`_lazy_rows`, or None)."""
+    def _pushpull_items(self, key, value, out, priority: int) -> tuple[list[tuple], dict | None, CallPlan | None]:
+        """``([(info, merged, targets)], rows, plan)``: what the pushpull hooks take (rows:
+        :meth:`_lazy_rows`, or None; plan: the call's :class:`CallPlan`, or None). A call
+        that a plan takes (the same keys, and values and outputs of the same kind, as an
+        earlier call that passed every check) skips the checks it passed."""
         what = "pushpull"
         self._check_open(what)
         check_priority(priority, what)
+        found = self._plans.find(what, key, value, out)
+        if found is not None:
+            taken, values, outs = found
+            targets = values if outs is None else outs
+            return [(info, self._merged(info, [values[i] for i in at], what), [targets[i] for i in at])
+                    for info, at in taken.groups], None, taken
         pairs = self._args.pairs(key, value, what)
         named = self._lazy_rows(pairs, what)
         pushes = self._args.grouped_pairs(self._args.densify(pairs, what, written_back=out is None), what)
         self._check_optimizable(pushes, what)
         outs = pushes if out is None else self._args.grouped(key, out, what)
         merged = {info.key: self._merged(info, vals, what) for info, vals in pushes}
-        return [(info, merged[info.key], targets) for info, targets in outs], named or None
+        plan = None if named else self._plans.record(what, key, value, out, pushes)
+        return [(info, merged[info.key], targets) for info, targets in outs], named or None, plan
 
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Initialise keys with rank 0's ``value`` and pull it into ``out`` on every worker."""
@@ -307,19 +321,30 @@ class KVStore(KVStoreBase):
         (float16: at most 65504)."""
         self._check_open("set_gradient_compression")
         compressor = Compressor(compression_params)
+        self._plans.clear()
         self._compressor = compressor if compressor.active else None
 
-    def set_optimizer(self, optimizer) -> None:
+    def set_optimizer(self, optimizer, *, keep_state: bool = False) -> None:
         """Apply ``optimizer`` to every push (on the servers in dist mode). In dist
-        mode every worker calls it; rank 0's optimizer is used."""
+        mode every worker calls it; rank 0's optimizer is used. ``keep_state`` (ours):
+        ``optimizer`` differs from the one set in hyper-parameters only (the same kind,
+        the same state arrays), and every key keeps its state and update count, as
+        with :meth:`set_learning_rate` (kvstore.torch.Trainer sends a torch scheduler's
+        changes so); raises InvalidArgumentError without an optimizer set, or for
+        another kind, changing nothing."""
         self._check_open("set_optimizer")
         if not isinstance(optimizer, _optimizer.Optimizer):
             raise ArgumentTypeError("set_optimizer: expected a kvstore.optimizer.Optimizer "
                                     f"(e.g. kvstore.optimizer.SGD(...)), got {type(optimizer).__name__}")
         optimizer = _optimizer.from_config(optimizer.to_config())  # validated, and our own copy
+        if keep_state and (self._optimizer is None or type(optimizer) is not type(self._optimizer)
+                           or optimizer.num_states != self._optimizer.num_states):
+            raise InvalidArgumentError(f"set_optimizer(keep_state=True): {optimizer!r} cannot keep the state of "
+                                       f"{self._optimizer!r}: only hyper-parameters may change")
         self._check_whole_keys(optimizer, list(self._keys.values()), "set_optimizer")
         self._check_lazy_rows(optimizer, list(self._keys.values()), "set_optimizer")
-        self._do_set_optimizer(optimizer)
+        self._plans.clear()
+        self._do_set_optimizer(optimizer, keep_state=keep_state)
         self._optimizer = optimizer
 
     def _check_optimizable(self, groups, what: str) -> None:
@@ -397,6 +422,7 @@ class KVStore(KVStoreBase):
         if self._optimizer is None:
             raise InvalidArgumentError(f"{what}: no optimizer is set")
         optimizer = self._optimizer.with_learning_rate(learning_rate)   # refuses a scheduled one, as MXNet
+        self._plans.clear()
         self._do_set_optimizer(optimizer, keep_state=True, state_scale=float(state_scale))
         self._optimizer = optimizer
 
@@ -492,6 +518,7 @@ class KVStore(KVStoreBase):
 
     def close(self) -> None:
         """Release the store; in dist mode tell the job this worker is done."""
+        self._plans.clear()
         self._closed = True
 
     def __enter__(self):
@@ -531,7 +558,10 @@ class KVStore(KVStoreBase):
     def _do_pull_finish(self, handle) -> None:
         pass
 
-    def _do_pushpull_start(self, items: list[tuple], rows: dict | None = None, paced: bool = False):
+    # plan: the call's CallPlan (kvstore.worker.plans; None: none), whose routes a store
+    # may use instead of grouping the call's chunks by server again
+    def _do_pushpull_start(self, items: list[tuple], rows: dict | None = None, paced: bool = False,
+                           plan: CallPlan | None = None):
         raise NotImplementedError
 
     def _do_pushpull_finish(self, handle) -> None:
@@ -547,6 +577,7 @@ class KVStore(KVStoreBase):
         return [data]     # the one worker of a store without servers
 
     def _set_optimizer_only(self, optimizer) -> None:
+        self._plans.clear()
         self._do_set_optimizer(optimizer, collective=False)
         self._optimizer = optimizer
 

@@ -85,7 +85,9 @@ class ShmEndpoint(Endpoint):
         # small values travel in the message (cheaper than a reference), except the
         # hello reply's probe, which must prove the shared memory works
         least = 0 if header.get("shm_ok") is True else self.config.zero_copy_bytes
-        return encode(header, arrays, [self._locate(a) if a.nbytes >= least else None for a in arrays])
+        # (the small ones packed into one frame: this reply never goes to a data channel)
+        return encode(header, arrays, [self._locate(a) if a.nbytes >= least else None for a in arrays],
+                      pack=True)
 
     def _locate(self, a: np.ndarray):
         return self.memory.locate(a) if self.memory is not None else None
