@@ -173,6 +173,10 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     spawn = spawn or (lambda p: Child(p, out))
     # one secret per job, handed to the children in their environment (never argv)
     secret = settings.secret or new_secret()
+    refusal = _refuse_replicas(spec, start_all is not None)
+    if refusal is not None:
+        log.error("%s", refusal)
+        return Outcome(2, refusal, [], spec.num_workers, spec.num_servers, 0.0)
     scheduler = Scheduler.for_job(settings, spec.num_workers, spec.num_servers,
                                   host=spec.scheduler_host,
                                   security=Security(secret, settings.secure)).start()
@@ -232,6 +236,23 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     return outcome
 
 
+def _refuse_replicas(spec: JobSpec, all_at_once: bool) -> str | None:
+    """Why a job with KVSTORE_REPLICAS=1 cannot run as launched (None: it can):
+    fewer than 2 servers, or a launcher (mpirun, srun) that ends every process
+    when one fails, so that no server's death could be survived."""
+    if not spec.settings.replicas:
+        return None
+    if spec.num_servers < 2:
+        return (f"KVSTORE_REPLICAS=1 needs at least 2 servers (each server's chunks have a backup on "
+                f"another server); this job has {spec.num_servers} (-s)")
+    if all_at_once:
+        return ("KVSTORE_REPLICAS=1 is set, but this launcher (mpirun, srun) ends every process when one "
+                "fails: run replicated jobs with tracker.local or tracker.ssh")
+    if spec.settings.elastic is not None:
+        return "KVSTORE_REPLICAS=1 with elastic workers (--elastic) is not built yet"
+    return None
+
+
 class _Replacements:
     """Elastic jobs: a worker that ended with a non-zero status left the job (the
     scheduler decides; below the minimum it aborts), and up to ``max_restarts``
@@ -263,8 +284,11 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
     """Wait until every worker succeeded (and servers ended), something failed
     (returned: the first failure), or a signal came (None). ``replace``: an elastic
     job's :class:`_Replacements`; a worker's failure is then the scheduler's to
-    judge (it aborts the job below the minimum, returned as a scheduler failure)."""
+    judge (it aborts the job below the minimum, returned as a scheduler failure).
+    With replicated servers (``settings.replicas``) a server's death is the
+    scheduler's to judge too (tracker.control.failover)."""
     servers_done_by = done_at = None
+    failed_over_ended: set = set()     # replicated servers the scheduler failed over, then killed here
     while not signals.received:
         # read before polling: an exit seen after the scheduler found a failure may
         # be a consequence of it (it told every node to stop), not its cause
@@ -282,9 +306,17 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
                 if replace is not None and child.spec.role == "worker" and not failed_before:
                     replace(child, code)
                     continue
+                if settings.replicas and child.spec.role == "server" and not failed_before:
+                    # replicated servers: the scheduler hands its chunks to their backups, or
+                    # (a chain's second failure) aborts the job, found at the next turn
+                    log.warning("%s %s: its chunks are served by their backups (KVSTORE_REPLICAS=1)",
+                                label, describe_exit(code))
+                    continue
                 if not failed_before:
                     return label, code
                 nonzero = True
+        if settings.replicas:
+            _end_failed_over(children, codes, scheduler.failed_over, failed_over_ended)
         if scheduler.failure is not None and (nonzero or len(codes) < len(children)):
             return "scheduler", 1  # e.g. a stuck process (heartbeats), a reported exception
         if replace is not None and scheduler.done and scheduler.failure is None:
@@ -306,6 +338,19 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
                 return None
         time.sleep(TICK)  # a poll interval of the monitor, not synchronisation
     return None
+
+
+def _end_failed_over(children, codes, failed_over: frozenset, ended: set) -> None:
+    """Replicated servers: a server whose chunks the scheduler handed to their backups
+    (it went silent: stopped, cut off) must not come back to serve stale values: if
+    its process still runs, it is killed (SIGKILL) now (once: ``ended`` keeps their labels)."""
+    for child in children:
+        label = child.spec.label
+        if child.spec.role == "server" and child.spec.rank in failed_over and label not in codes \
+                and label not in ended and child.poll() is None:
+            log.warning("%s was failed over (its backup serves its chunks) but still runs: killing it", label)
+            child.signal(signal.SIGKILL)
+            ended.add(label)
 
 
 def _settle(children, codes, scheduler, signals) -> None:

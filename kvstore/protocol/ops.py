@@ -30,11 +30,14 @@ INIT_DYN = "init_dyn"            # {chunk, servers, spec: DynamicRows wire}, no 
 PUSH_DYN = "push_dyn"            # {chunk} + ids (int64, unique, sorted) + their gradient rows
 PULL_DYN = "pull_dyn"            # {chunk} + ids; reply carries their rows (initial values for ids with none)
 DYN_STATS = "dyn_stats"          # {chunk}; reply {stats: {rows, created, evicted, hits, misses, ...}}
+# Replicated servers (kvstore.server.replication): a primary to its backup, server to server
+REPLICATE = "replicate"          # {kind: init|rounds, chunks, rounds, updated} + one buffer per chunk: the
+                                 # values an init stored, or each applied round's sum (the value without optimizer)
 
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
                       GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,
-                      PULL_ROWS, SET_ROWS, INIT_DYN, PUSH_DYN, PULL_DYN, DYN_STATS, APPLY_NORMS})
+                      PULL_ROWS, SET_ROWS, INIT_DYN, PUSH_DYN, PULL_DYN, DYN_STATS, APPLY_NORMS, REPLICATE})
 # requests that contribute to rounds: only members of an elastic job send them
 PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS, PUSH_DYN})
 

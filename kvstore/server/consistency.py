@@ -24,6 +24,7 @@ from ..modes import ConsistencyMode
 from .chunks import ChunkTable
 from .members import Members
 from .optimizer_slot import ServerOptimizer
+from .replication import Replication
 from .rounds import Reply
 
 
@@ -33,6 +34,9 @@ class Consistency:
     only); ``ordered``: deterministic sums (refused unless the mode has them)."""
 
     mode: ClassVar[ConsistencyMode]     # what it allows (kvstore.modes), shared with the worker
+    # the server's replication strategy (kvstore.server.replication), told each applied
+    # round by the modes that replicate (dist_sync); the state sets it after configure
+    replication: Replication = Replication()
 
     def __init__(self, table: ChunkTable, num_workers: int, members: Members, optimizer: ServerOptimizer,
                  bound: int | None = None, ordered: bool = False):
@@ -77,6 +81,10 @@ class Consistency:
             updater(cid, grad, value)
         else:
             updater.update_lazy(cid, grad, value, self.table.backend.upload(np.flatnonzero(rows)))
+
+    def adopt(self, cid, rounds: int) -> None:
+        """Chunk ``cid`` (a promoted replica: kvstore.server.replication) has had
+        ``rounds`` rounds applied already; its next round is ``rounds + 1``."""
 
     def workers_finished(self) -> list[Reply]:
         """The table's ``gone`` workers grew: what waits for them fails."""

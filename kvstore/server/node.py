@@ -20,6 +20,7 @@ from . import backend as _backend
 from .checkpoint_ops import CheckpointOps
 from .commands import ServerCommands
 from .dataplane import DataPlane
+from .replica_link import BackupFailed, ReplicaLink
 from .budget import MemoryBudget
 from .sequencer import Sequencer
 from .state import ServerState
@@ -65,6 +66,7 @@ class ServerNode:
         self._checkpoints: CheckpointOps | None = None   # with KVSTORE_CHECKPOINT_DIR
         self._commands: ServerCommands | None = None     # _send_command_to_servers
         self._timeline: Timeline | None = None           # KVSTORE_TIMELINE (kvstore.timeline)
+        self._replica: ReplicaLink | None = None        # KVSTORE_REPLICAS=1 (kvstore.server.replica_link)
 
     @property
     def _live(self) -> ServerState:
@@ -96,6 +98,15 @@ class ServerNode:
         self.rank, self.num_servers = reg.rank, reg.num_servers
         self._elastic = reg.elastic is not None
         self._commands = ServerCommands(reg.rank, self.config.profile_dir)
+        if self.config.replicas:
+            refusal = _replicas_refusal(self.config, reg.num_servers)
+            if refusal is not None:
+                log.error("%s cannot start: %s", self._live.name, refusal)
+                self.membership.fail(f"{self._live.name} cannot start: {refusal}")
+                self._close()
+                return 1
+            self._replica = ReplicaLink(self.config, self._ctx, reg.rank, reg.servers, self.state)
+            self._replica.book(*self.membership.servers)
         if self.config.checkpoint_dir:
             try:     # its lock on the directory: another live job's there fails this one, named
                 self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
@@ -120,6 +131,8 @@ class ServerNode:
             self._timeline = open_timeline(self.config.timeline, "server", reg.rank)
             while True:
                 self._apply_members()
+                if self._replica is not None and not self._replicate_events():
+                    return 1
                 if self.membership.finished_workers != finished:
                     # rounds that wait for a worker that finished fail now, naming it
                     finished = self.membership.finished_workers
@@ -141,7 +154,7 @@ class ServerNode:
                     log.info("server %d: all workers finished, shutting down", reg.rank)
                     self.membership.finish()
                     return 0
-                if self._sock.poll(POLL_MS):
+                if self._poll():
                     self._serve_ready()
                 elif self._timeline is not None:
                     self._timeline.idle()
@@ -149,6 +162,32 @@ class ServerNode:
             for line in self._live.dyn.summary():      # dynamic rows' counters (kvstore.server.dyntables)
                 log.info("%s: %s", self._live.name, line)
             self._close()
+
+    def _poll(self) -> bool:
+        """Wait up to POLL_MS for a request (or, replicated, the backup's answers);
+        True when a request came."""
+        backup = self._replica.sock if self._replica is not None else None
+        if backup is None:
+            return bool(self._sock.poll(POLL_MS))
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(backup, zmq.POLLIN)
+        ready = dict(poller.poll(POLL_MS))
+        return self._sock in ready
+
+    def _replicate_events(self) -> bool:
+        """(Replicated servers) apply a new epoch of the servers' book and send the
+        replies the backup's answers release. False when the backup refused a round:
+        the job is failed, naming both servers."""
+        assert self._replica is not None
+        try:
+            self._send_all(self._replica.book(*self.membership.servers), gated=False)
+            self._send_all(self._replica.acks(), gated=False)
+        except BackupFailed as e:
+            log.error("%s", e)
+            self.membership.fail(str(e))
+            return False
+        return True
 
     def _serve_ready(self) -> None:
         while True:
@@ -227,7 +266,14 @@ class ServerNode:
                 self._send(peer, error_header(header["id"], "CheckpointError", refusal), [])
                 return None
         self._apply_members()
+        if self._replica is not None:
+            self._send_all(self._replica.book(*self.membership.servers), gated=False)
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
+        if self._replica is not None and header["op"] != ops.REPLICATE:
+            # the backup applies this event's rounds before any of its replies leaves (a
+            # backup's own acknowledgements never wait: two servers backing up each other
+            # would wait for each other)
+            replies = self._replica.after(replies)
         if self._checkpoints is not None and header["op"] == ops.SET_OPTIMIZER:
             # after a resume: a warning when it dropped the restored optimizer state
             self._checkpoints.optimizer_set(header, ok=all(r.header.get("op") == ops.OK for r in replies))
@@ -258,7 +304,11 @@ class ServerNode:
         except Exception:   # a bug must not end the server: its rounds then stall, and are reported
             log.exception("%s: failed to apply the members of epoch %s", self._live.name, epoch)
 
-    def _send_all(self, replies) -> None:
+    def _send_all(self, replies, gated: bool = True) -> None:
+        """Send the replies of one state-machine event (``gated``: replicated, after the
+        backup acknowledged what the event made it apply)."""
+        if gated and self._replica is not None:
+            replies = self._replica.after(replies)
         with self._data.batch():
             for reply in replies:
                 self._send(reply.peer, reply.header, reply.arrays)
@@ -278,6 +328,8 @@ class ServerNode:
             self._timeline.replied(start, peer, header, arrays)
 
     def _close(self) -> None:
+        if self._replica is not None:
+            self._replica.close()
         if self._checkpoints is not None:
             self._checkpoints.close()      # lets go of the directory (kvstore.server.checkpoint_lock)
         if self._timeline is not None:
@@ -290,6 +342,18 @@ class ServerNode:
         self._sock.close(linger=0)
         self._ctx.term()
         self._data.close()
+
+
+def _replicas_refusal(config: Config, num_servers: int) -> str | None:
+    """Why this server cannot run with KVSTORE_REPLICAS=1 (None: it can)."""
+    if num_servers < 2:
+        return (f"KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another server); this job has "
+                f"{num_servers}")
+    if config.checkpoint_dir:
+        return "KVSTORE_REPLICAS=1 with KVSTORE_CHECKPOINT_DIR is not built yet (checkpoints of replicated servers)"
+    if config.server_device != "cpu":
+        return "KVSTORE_REPLICAS=1 with KVSTORE_SERVER_DEVICE=gpu is not built yet (replicas in host memory only)"
+    return None
 
 
 def _sequence_number(body):

@@ -23,7 +23,11 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
 - the optimizer and its state: kvstore.server.optimizer_slot; checkpoints as
   data: kvstore.server.snapshot;
 - an elastic job's members: kvstore.server.members; rounds that wait long:
-  kvstore.server.stalls.
+  kvstore.server.stalls;
+- replicated servers (``KVSTORE_REPLICAS=1``): the replication strategy beside the
+  mode, the primary's side (:class:`~kvstore.server.replication.Replication`: what
+  the backup must apply) and the backup's (:class:`~kvstore.server.replication.Replicas`:
+  the replicas it holds, promoted into this table when their primary dies).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .consistency import Consistency
 from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .optimizer_slot import ServerOptimizer
+from .replication import Replicas, Replication
 from .requests import chunk_ids, ok
 from .rounds import Chunk, Reply, is_int, speaks_for
 from .stalls import StallInspector
@@ -79,6 +84,10 @@ class ServerState:
         self.rows = RowTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.dyn = DynTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.stalls = StallInspector()
+        # replicated servers (kvstore.server.replication): what this server's backup must
+        # apply, and the replicas this server holds for others (both idle unless set up)
+        self.replication = Replication()
+        self.replicas = Replicas(name, self.optimizer, self.table.alloc)
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
         self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
@@ -102,6 +111,7 @@ class ServerState:
             ops.PULL_DYN: self.dyn.on_pull,
             ops.DYN_STATS: self.dyn.on_stats,
             ops.APPLY_NORMS: self._on_apply_norms,
+            ops.REPLICATE: self.replicas.on_replicate,
             ops.SET_OPTIMIZER: self._on_set_optimizer,
             ops.GET_STATES: self._on_get_states,
             ops.SET_STATES: self._on_set_states,
@@ -204,6 +214,7 @@ class ServerState:
     def _configure(self, strategy: type[Consistency], workers: int, bound: int | None,
                    ordered: bool = False) -> None:
         self.consistency = strategy(self.table, workers, self.members, self.optimizer, bound, ordered)
+        self.consistency.replication = self.replication
         self.job.mode, self.job.num_workers = strategy.mode, workers
 
     # -- dense chunks ---------------------------------------------------------------------
@@ -214,6 +225,7 @@ class ServerState:
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
         with self.budget.holding(sum(fresh.values()), what):
             self.table.init(ids, arrays)
+        self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
         return [ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays):
@@ -226,6 +238,7 @@ class ServerState:
         for rank in group or ():
             self.members.refuse(rank)
         ids = chunk_ids(header, arrays)
+        rounds = self._round_numbers(header, ids)
         norms = self._layerwise(header, want_values, group)
         if header.get("compression") is not None:
             config = _compression.validate(header["compression"])
@@ -247,7 +260,21 @@ class ServerState:
         arrays = [self.backend.upload(a) for a in arrays]
         # (rows only when the push has them: a strategy without lazy updates need not take them)
         return strategy.push(peer, header["id"], worker, ids, chunks, arrays, want_values, group, norms,
-                             **({} if rows is None else {"rows": rows}))
+                             **({} if rows is None else {"rows": rows}),
+                             **({} if rounds is None else {"rounds": rounds}))
+
+    def _round_numbers(self, header, ids) -> list | None:
+        """A push's ``rounds`` field (replicated servers: the worker's number of this
+        push of each chunk, 1, 2, ...), or None without it."""
+        rounds = header.get("rounds")
+        if rounds is None:
+            return None
+        if not (isinstance(rounds, list) and len(rounds) == len(ids) and all(is_int(n) and n >= 1 for n in rounds)):
+            raise ProtocolError("'rounds' must be a list of round numbers >= 1, one per chunk")
+        if self.consistency is None or not self.consistency.mode.ordered_sums:
+            raise InvalidArgumentError(f"numbered pushes (replicated servers) are for dist_sync; {self.name} "
+                                       f"runs dist_{self._mode_name}")
+        return rounds
 
     @staticmethod
     def _lazy_rows(header, ids, chunks) -> list | None:
@@ -274,6 +301,9 @@ class ServerState:
             raise ProtocolError("a layer-wise push (norms) is a plain push from one worker: its reply "
                                 "carries its chunks' terms; pull (or apply_norms) for the values")
         self._splitting_norms()
+        if self.replication.active:
+            raise InvalidArgumentError("layer-wise pushes (norms across servers: LARS, LAMB on keys cut over "
+                                       "servers) are not replicated yet: unset KVSTORE_REPLICAS")
         if self.updater is None or not self.updater.optimizer.splits_norms:
             raise InvalidArgumentError("a layer-wise push (norms) needs an optimizer that splits its update "
                                        "by norms (LARS, LAMB): call set_optimizer() first")
@@ -384,6 +414,18 @@ class ServerState:
                 and not strategy.mode.bounded:   # dist_ssp's bound comes with the next configure
             self._configure(strategy, restored.num_workers, None)
         self.meta, self.resumed, self.resumed_from = restored.meta, True, restored.checkpoint
+
+    # -- replicated servers (kvstore.server.replication) ---------------------------------
+    def promote(self, primary: int) -> list[Reply]:
+        """Server ``primary`` died and this server serves its chunks now: the replicas
+        join this table with their round counts (the next push of each is numbered
+        one more). Returns the replies now ready (none: nothing waits on them yet)."""
+        adopted = self.replicas.promote(primary)
+        self.table.chunks.update({cid: Chunk(value) for cid, (value, _) in adopted.items()})
+        if self.consistency is not None:
+            for cid, (_, rounds) in adopted.items():
+                self.consistency.adopt(cid, rounds)
+        return []
 
     # -- what the scheduler reports ------------------------------------------------------
     def workers_finished(self, ranks) -> list[Reply]:

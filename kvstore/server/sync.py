@@ -101,11 +101,15 @@ class Sync(Consistency):
                 raise InvalidArgumentError(self.gone_message(cid, pos, workers))
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
+             group: frozenset | None, norms: bool = False, rows: list | None = None,
+             rounds: list | None = None) -> list[Reply]:
         """A validated push (for ``group``, a host's sum; ``norms``: a layer-wise one;
         ``rows``: per chunk the values a row-sparse push named, see :class:`Round`)
         joins the rounds, or waits behind an earlier write of its worker that is not
-        granted yet."""
+        granted yet. ``rounds`` (replicated servers: the worker's number of this push
+        of each chunk, 1, 2, ...): a chunk whose numbered round was applied already (a
+        push re-sent after a failover, kvstore.server.replication) is not applied again."""
+        done = self._applied_already(worker, ids, chunks, rounds) if rounds is not None else set()
         for cid, chunk in zip(ids, chunks):
             pos = self.round_to_join(chunk, worker)
             if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise != norms:
@@ -119,7 +123,24 @@ class Sync(Consistency):
             # that write takes its round first (kvstore.server.writein), then this push the next one
             self.writes.hold(HeldPush(peer, req_id, worker, ids, chunks, arrays, want_values, rows))
             return []
-        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms, rows)
+        return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms, rows, done)
+
+    def _applied_already(self, worker: int, ids, chunks, rounds: list) -> set:
+        """Of a numbered push (``rounds``), the chunks whose round was applied already;
+        InvalidArgumentError for a number that is neither that nor the next round."""
+        done = set()
+        for cid, chunk, number in zip(ids, chunks, rounds):
+            applied = self._applied.get(cid, 0)
+            expected = applied + self.round_to_join(chunk, worker) + 1
+            if number <= applied:
+                done.add(cid)
+            elif number != expected:
+                raise InvalidArgumentError(f"{chunk_label(cid)}: worker {worker} pushes its round {number}, but "
+                                           f"its next round on {self.table.name} is {expected}")
+        return done
+
+    def adopt(self, cid, rounds: int) -> None:
+        self._applied[cid] = rounds
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = Pending(peer, req_id, worker, ids, True,
@@ -304,16 +325,23 @@ class Sync(Consistency):
 
     # -- rounds ---------------------------------------------------------------------------
     def join(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None = None, norms: bool = False, rows: list | None = None) -> list[Reply]:
-        """A validated push (for ``group``, a host's sum) joins the rounds; the replies now ready."""
+             group: frozenset | None = None, norms: bool = False, rows: list | None = None,
+             done: set | frozenset = frozenset()) -> list[Reply]:
+        """A validated push (for ``group``, a host's sum) joins the rounds; the replies
+        now ready. ``done``: chunks whose round of this push was applied already."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, req_id, worker, ids, want_values, set(ids), norms=norms)
-        for chunk in chunks:
-            chunk.waiting.append(pending)
+        pending = Pending(peer, req_id, worker, ids, want_values, set(ids) - done, norms=norms)
+        if not pending.blocked:
+            return [self.finish(pending)]
+        for cid, chunk in zip(ids, chunks):
+            if cid not in done:
+                chunk.waiting.append(pending)
         ready, ranks = [], group or frozenset((worker,))
         with self.table.backend.batched():    # on a GPU: one launch for the updates it completes
             for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
+                if cid in done:
+                    continue
                 pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
                                                       None if rows is None else rows[i])
                 ready += self.apply_complete(cid, chunk)
@@ -427,6 +455,8 @@ class Sync(Consistency):
             if waiting.blocked:                          # (not answered yet)
                 self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
         acc = self._summed(chunk, rnd)
+        # replicated servers: the backup applies the same sum before anyone is answered
+        self.replication.round_applied(cid, self._applied[cid], acc, update is not None)
         if update is None:
             # no optimizer: the merged sum becomes the value; the old value
             # buffer is recycled as the next round's accumulator

@@ -34,6 +34,7 @@ from ..transport.links import PLAIN, RequestOptions
 from ..transport.pace import Pace
 from ..transport.traffic import Traffic
 from ..transport.sockets import Sockets
+from .failover import Failover
 
 if TYPE_CHECKING:
     from ..devices.base import Accelerators
@@ -100,6 +101,9 @@ class Client:
         self.traffic = Traffic()  # headers + array bytes, by transport (shared memory too)
         self.pace = Pace(self.links)   # message size for network links (KVSTORE_PIPELINE_BYTES=auto)
         self.timeline: Timeline | None = None   # KVSTORE_TIMELINE: the store's, closed with us
+        # KVSTORE_REPLICAS=1: which server serves each share now, push numbers, requests
+        # kept until answered (kvstore.worker.failover); None: each share is its server
+        self.failover = Failover(len(servers)) if config.replicas else None
         try:
             links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
         except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
@@ -145,6 +149,14 @@ class Client:
                             "fields, not header fields")
         if len(self._pending) >= MAX_IN_FLIGHT and not self._progressing:
             self.progress(what)   # take in what arrived; never wait (see MAX_IN_FLIGHT)
+        share = server
+        if self.failover is not None:       # replicated servers: where the share is served now
+            self._fail_over()
+            server = self.failover.route(share)
+            arrays = self.failover.owned(arrays)
+            rounds = self.failover.number(op, fields.get("chunks"))
+            if rounds is not None:
+                fields["rounds"] = rounds
         into = options.into
         # (only requests that change values or read them need their chunks as a set)
         chunks = _chunk_set(fields.get("chunks")) if op in CHANGES_VALUES or into is not None else None
@@ -171,6 +183,8 @@ class Client:
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
         reads = _chunk_set(options.reads) if options.reads is not None else (chunks if into is not None else None)
         self._pending[req_id] = _Request(server, what, options, aside, reads)
+        if self.failover is not None:
+            self.failover.keep(req_id, share, op, fields, arrays)
         if self.timeline is not None:
             self.timeline.request(req_id, server, op, fields.get("chunks"), payload)
         if options.follows in self._abandoned:
@@ -203,9 +217,12 @@ class Client:
                 if on_reply is not None:
                     on_reply(header, arrays)
             return keep
+        # (replicated servers: each live server once; a dead one's share answers as its new server)
+        live = self.failover.live() if self.failover is not None else range(len(self.links))
         self.wait([self.request(s, op, what, (), RequestOptions(on_reply=keeper(s)), **fields)[0]
-                   for s in range(len(self.links))], what)
-        return [replies[s] for s in range(len(self.links))]
+                   for s in live], what)
+        route = self.failover.route if self.failover is not None else (lambda s: s)
+        return [replies[route(s)] for s in range(len(self.links))]
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
         """The frames of one request, or InvalidArgumentError (before anything is
@@ -326,6 +343,29 @@ class Client:
                 if req_id not in spare:
                     self._orphan_errors.append(NodeFailedError(f"{req.what}: {why}"))
 
+    def _fail_over(self) -> None:
+        """Replicated servers: when the scheduler's book says a server died, send
+        every request it had not answered again, in order, to the server that serves
+        its share now (kvstore.worker.failover); the numbers of pushes let that server
+        apply no round twice."""
+        assert self.failover is not None
+        dead = self.failover.moved(self.membership.servers)
+        if not dead:
+            return
+        for req_id, req in list(self._pending.items()):
+            kept = self.failover.kept(req_id)
+            if req.server not in dead or kept is None:
+                continue
+            share, op, fields, arrays = kept
+            server = self.failover.route(share)
+            log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
+                        self.rank, req.server, req_id, req.what, server)
+            frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
+                                                     "seq": self._seq[server]}, arrays, None)
+            self._send_frames(server, frames, False, req.what)
+            self._seq[server] += 1
+            req.server = server
+
     def replied(self, ids) -> bool:   # every reply (or error) of ``ids`` is in
         return not any(i in self._pending for i in ids)
 
@@ -349,6 +389,8 @@ class Client:
         self._progressing = True      # a grant's handler sends `written`: no progress inside
         try:
             self._check_abort()
+            if self.failover is not None:
+                self._fail_over()
             received = []
             for server, sock in self._socks.poll(timeout):
                 if sock is None:                 # a link's own reader has something
@@ -408,6 +450,8 @@ class Client:
             log.warning("reply from server %d to unknown request %s", server, header["id"])
             return
         del self._pending[header["id"]]
+        if self.failover is not None:
+            self.failover.answered(header["id"])
         if self.timeline is not None:
             self.timeline.reply(header["id"], header["op"] == ops.ERROR)
         link = self.links[server]

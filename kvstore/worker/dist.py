@@ -28,6 +28,7 @@ from ..rows.dynamic import DynamicRows
 from ..config import Config
 from ..errors import ArgumentTypeError, InvalidArgumentError
 from .exchange import Exchange, Pending, Wire
+from .failover import replicated_config
 from ..hostgroup.group import HostGroup
 from .job import JobMember
 from .plans import CallPlan
@@ -59,6 +60,8 @@ class DistStore(KVStore):
                     "True) need dist_sync; this store applies each push as it arrives, in arrival order")
             # the servers add a round's pushes in rank order: nothing writes into their sums
             config = config.replace(write_in=False)
+        if config.replicas:     # servers with backups (kvstore.worker.failover): what is built
+            config = replicated_config(config, self._mode, kind)
         self._config = config
         self._staleness = staleness
         # summing on the host first (kvstore.hostgroup.group): its endpoint is registered
@@ -290,6 +293,9 @@ class DistStore(KVStore):
     def _do_init_rows(self, items) -> None:
         if not self._mode.takes_rows:
             raise InvalidArgumentError(f"init: {self._mode.no_rows}")
+        if self._config.replicas:
+            raise InvalidArgumentError("init: row-sparse and dynamic keys on replicated servers "
+                                       "(KVSTORE_REPLICAS=1) are not built yet; unset KVSTORE_REPLICAS")
         self._rows.init(items)
         self._keys.update({k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
                                       dynamic=spec if isinstance(spec, DynamicRows) else None)

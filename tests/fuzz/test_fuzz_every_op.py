@@ -70,6 +70,8 @@ TEMPLATES: dict[str, tuple[dict, list]] = {
     ops.PUSH_DYN: ({"chunk": DYN}, [np.array([9], I64), np.ones((1, 2), F32)]),
     ops.PULL_DYN: ({"chunk": DYN}, [np.array([9], I64)]),
     ops.DYN_STATS: ({"chunk": DYN}, []),
+    # a primary's rounds to its backup (replicated servers): this server backs nobody up
+    ops.REPLICATE: ({"kind": "rounds", "chunks": [list(A)], "rounds": [1], "updated": True}, [np.zeros(6, F32)]),
     # answered by the node and its transports, not the state machine (the live job below)
     ops.COMMAND: ({"head": "profile_stop", "body": ""}, []),
     ops.HELLO: ({"nonce": b"\0" * 16}, [np.zeros(16, np.uint8)]),

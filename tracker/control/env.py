@@ -137,6 +137,14 @@ def _elastic(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+@_returns(int)
+def _replicas(text: str) -> int:
+    value = text.strip()
+    if value not in ("0", "1"):
+        raise ValueError("must be 0 (no replica) or 1 (one backup per server's share)")
+    return int(value)
+
+
 @_returns(int | str)      # bytes, or "auto"
 def _pipeline(text: str) -> int | str:
     value = text.strip().lower()
@@ -269,6 +277,13 @@ VARIABLES: tuple[Var, ...] = (
         "the same job on the same data gives the same bits (as torch.use_deterministic_algorithms "
         "asks); workers then push instead of writing into the servers' sums. kvstore.create(..., "
         "deterministic=True) overrides it. Read by workers; dist_async and dist_ssp refuse it."),
+    Var("KVSTORE_REPLICAS", (), 0, _replicas,
+        "1: each server's share of chunks has a backup on another server (the next in the ring, on "
+        "another host where there is one) that applies every dist_sync round before any worker is "
+        "answered; when a server dies the backup takes over its chunks and the job goes on "
+        "(docs/reliability.md). Needs 2 or more servers, dist_sync, dense keys, host memory, no "
+        "checkpoint directory, no host groups, not elastic: other combinations are refused at start. "
+        "0: a dead server ends the job. Set it for the whole job (the launcher and every process)."),
     Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),

@@ -4,7 +4,8 @@ all-gather that rides on it), finish.
 Every server and worker holds one :class:`Membership`. Requests (register,
 barrier, progress, finish) go over a control socket owned by the calling thread;
 a background thread owns a second socket that sends heartbeats and hears
-``abort``, ``shutdown`` and (elastic jobs) ``members`` from the scheduler. Both
+``abort``, ``shutdown``, (elastic jobs) ``members`` and (replicated servers)
+``servers`` from the scheduler. Both
 sockets have deadlines, so no call waits for a dead scheduler forever.
 """
 
@@ -97,6 +98,9 @@ class Membership:
         self.workers: tuple = ()
         self._members: tuple[int, frozenset] = (-1, frozenset())
         self._members_lock = threading.Lock()   # set by the heartbeat and the calling thread
+        # replicated servers (tracker.control.failover): (epoch, owner of each share, backup of
+        # each share or None), as last heard; (-1, (), ()) in a job without replicas
+        self._servers: tuple[int, tuple, tuple] = (-1, (), ())
         self._on_abort = on_abort
         self._security = security
         self._ids = itertools.count(1)
@@ -117,6 +121,25 @@ class Membership:
         the registration, barriers, and the scheduler's ``members`` messages); the
         epoch grows by one at every change ((-1, frozenset()) before registration)."""
         return self._members
+
+    @property
+    def servers(self) -> tuple[int, tuple, tuple]:
+        """Replicated servers: ``(epoch, owners, backups)`` of the servers' book as last
+        heard: ``owners[s]`` serves server s's share of chunks now, ``backups[s]`` holds
+        its replica (None: none any more); the epoch grows at every server's death.
+        ``(-1, (), ())`` in a job without replicas."""
+        return self._servers
+
+    def _note_servers(self, msg: dict) -> None:
+        """Keep a newer servers' book (the registration's, an ``ack``'s or ``servers``)."""
+        epoch, owners, backups = msg.get("book_epoch"), msg.get("owners"), msg.get("backups")
+        if type(epoch) is not int or not isinstance(owners, list) or not isinstance(backups, list) \
+                or not all(type(o) is int for o in owners) \
+                or not all(b is None or type(b) is int for b in backups):
+            return
+        with self._members_lock:
+            if epoch > self._servers[0]:
+                self._servers = (epoch, tuple(owners), tuple(backups))
 
     def _note_members(self, epoch, ranks, workers=None) -> None:
         """Keep a newer membership (the two threads may hear them out of order)."""
@@ -195,6 +218,7 @@ class Membership:
             worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))
         self.progress = self.registration.progress
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
+        self._note_servers(msg)
         return self.registration
 
     def barrier(self, token: str = "", timeout: float | None = None) -> tuple[int, tuple]:
@@ -325,7 +349,10 @@ class Membership:
                     elif msg["op"] == wire.MEMBERS:   # acknowledged at once by a heartbeat
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
                         next_beat = 0.0
+                    elif msg["op"] == wire.SERVERS:
+                        self._note_servers(msg)
                     elif msg["op"] == wire.ACK:
+                        self._note_servers(msg)
                         self._note_finished(msg.get("workers_finished"))
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
                 elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout:

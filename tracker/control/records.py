@@ -64,7 +64,7 @@ class Node:
 
     def removal(self) -> str:
         """What a removed worker hears (its heartbeats get it as ``abort``)."""
-        return f"worker {self.rank} was removed from the job: {self.removed}"
+        return f"{self.role} {self.rank} was removed from the job: {self.removed}"
 
 
 # A barrier may carry a payload from each waiter (an all-gather: the workers'

@@ -41,7 +41,8 @@ class Scheduler:
                  port: int = 0, timeout: float = env.default("KVSTORE_TIMEOUT"),
                  heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
                  heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
-                 security: Security = Security(), elastic: tuple[int, int] | None = None):
+                 security: Security = Security(), elastic: tuple[int, int] | None = None,
+                 replicas: int = env.default("KVSTORE_REPLICAS")):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.host = host
@@ -50,7 +51,8 @@ class Scheduler:
         # or for num_workers outside elastic's MIN:MAX)
         self._state = SchedulerState(num_workers, num_servers, now=time.monotonic(), timeout=timeout,
                                      heartbeat_interval=heartbeat_interval,
-                                     heartbeat_timeout=heartbeat_timeout, elastic=elastic)
+                                     heartbeat_timeout=heartbeat_timeout, elastic=elastic,
+                                     replicas=replicas)
         self._crash: str | None = None
         self._requested_port = port
         self._port: int | None = None   # start() binds it
@@ -64,11 +66,12 @@ class Scheduler:
 
     @classmethod
     def for_job(cls, settings: env.Settings, num_workers: int, num_servers: int, **kwargs) -> "Scheduler":
-        """A scheduler with the timeout, heartbeat and elastic settings of ``settings``
+        """A scheduler with the timeout, heartbeat, elastic and replica settings of ``settings``
         (:class:`tracker.control.env.Settings`); ``kwargs``: host, port, security."""
         return cls(num_workers, num_servers, timeout=settings.timeout,
                    heartbeat_interval=settings.heartbeat_interval,
-                   heartbeat_timeout=settings.heartbeat_timeout, elastic=settings.elastic, **kwargs)
+                   heartbeat_timeout=settings.heartbeat_timeout, elastic=settings.elastic,
+                   replicas=settings.replicas, **kwargs)
 
     # -- public, thread-safe -------------------------------------------------
     @property
@@ -116,6 +119,13 @@ class Scheduler:
     def abort(self, reason: str) -> None:
         """Abort the job: every node is told ``reason``."""
         self._events.put(("abort", reason))
+
+    @property
+    def failed_over(self) -> frozenset[int]:
+        """Replicated servers: the ranks of the servers whose chunks their backups serve
+        now (dead, or silent: a launcher ends those still running)."""
+        book = self._state.servers_book
+        return frozenset(book.dead) if book is not None else frozenset()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job finished or failed. True when every node finished."""

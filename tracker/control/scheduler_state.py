@@ -23,7 +23,11 @@ Any failure (a node silent too long, a launcher reporting a dead process, a
 registration that cannot complete in time) aborts the job: every node is told
 why, and :attr:`SchedulerState.failure` names the culprit. In elastic jobs
 (``elastic=(MIN, MAX)``) workers leave instead (while MIN remain) and join later:
-the rules are in :mod:`tracker.control.elastic`.
+the rules are in :mod:`tracker.control.elastic`. With replicated servers
+(``replicas=1``) a server that dies is replaced by the backup of its chunks: the
+scheduler publishes a new epoch of the servers' book to every node
+(:mod:`tracker.control.failover`) and the job goes on, unless that was the second
+failure of one replication chain.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import logging
 import secrets
 from collections.abc import Callable
 
-from . import wire
+from . import env, wire
 from .elastic import FINISH_GRACE, Slots  # noqa: F401 (FINISH_GRACE: for the tests)
 from .errors import RendezvousError
+from .failover import ServerBook
 from .records import Node, Send, describe_exit, gather_budget, missing
 
 log = logging.getLogger(__name__)
@@ -63,9 +68,17 @@ class SchedulerState:
 
     def __init__(self, num_workers: int, num_servers: int, *, now: float, timeout: float,
                  heartbeat_interval: float, heartbeat_timeout: float,
-                 elastic: tuple[int, int] | None = None, job: str | None = None):
+                 elastic: tuple[int, int] | None = None, job: str | None = None,
+                 replicas: int = env.default("KVSTORE_REPLICAS")):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
+        if replicas and num_servers < 2:
+            raise ValueError(f"KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another server); "
+                             f"this job has {num_servers}")
+        if replicas and elastic is not None:
+            raise ValueError("KVSTORE_REPLICAS=1 with elastic workers (--elastic) is not built yet")
+        self.replicas = replicas
+        self.servers_book: ServerBook | None = None   # replicas: who serves each share, once formed
         self._slots = Slots(num_workers, elastic)   # raises ValueError naming --elastic
         self.num_workers = num_workers
         self.num_servers = num_servers
@@ -133,7 +146,13 @@ class SchedulerState:
         node = next((n for n in reversed(self._nodes.values()) if n.role == role and n.rank == rank),
                     None)   # the last to register with that rank: a replacement if one joined
         what = f"{role} {rank}" if node is None else node.name()
-        if self.elastic is not None and role == "worker" and self._book is not None:
+        if role == "server" and node is not None and self.servers_book is not None \
+                and node.rank in self.servers_book.dead:
+            log.info("%s %s (its chunks were handed to their backups)", what, describe_exit(code))
+        elif self._replicated(node, role) and code != 0:
+            assert node is not None
+            self._server_died(node, describe_exit(code))
+        elif self.elastic is not None and role == "worker" and self._book is not None:
             if node is not None and self._slots.holds(node):   # a clean exit is no failure
                 self._leave(node, describe_exit(code) if code else "exited with status 0 without "
                             "finishing (close())", failure=code != 0)
@@ -199,6 +218,10 @@ class SchedulerState:
                     self._leave(node, why, failure=True)
                     if self.failure is None:
                         continue
+                if self._replicated(node, node.role):
+                    self._server_died(node, why)
+                    if self.failure is None:
+                        continue
                 self._abort(f"{node.name()} {why}")
                 return True
         if self._shutdown_at is not None and now > self._shutdown_at + self.timeout:
@@ -235,10 +258,10 @@ class SchedulerState:
         elif node is not None and node.role == "server" and self._shutdown_sent:
             self._send(ident, wire.SHUTDOWN)
         elif node is not None and node.role == "server" and self._book is not None:
-            self._send(ident, wire.ACK, **self._slots.acknowledgement(self._now))
+            self._send(ident, wire.ACK, **self._slots.acknowledgement(self._now), **self._book_news())
             self._out += self._slots.answers(self._live_servers(), self._book)   # (elastic) joiners
         else:
-            self._send(ident, wire.ACK)
+            self._send(ident, wire.ACK, **self._book_news())
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
@@ -276,6 +299,9 @@ class SchedulerState:
         by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),
                                       key=lambda n: n.ranked)
         self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
+        if self.replicas:
+            self.servers_book = ServerBook(self.num_servers, [n.host for n in by_rank("server")])
+            self._book.update(self.servers_book.fields())
         self._slots.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
             node = self._nodes[node_id]
@@ -305,6 +331,34 @@ class SchedulerState:
         if abort is not None:
             return self._abort(abort)
         self._maybe_shutdown_servers()
+
+    # -- replicated servers (tracker.control.failover) -------------------------------------
+    def _replicated(self, node: Node | None, role: str) -> bool:
+        """Whether the death of ``node`` is the servers' book's to handle: a server of a
+        replicated job that formed, before the servers were told to shut down."""
+        return (role == "server" and node is not None and self.servers_book is not None
+                and not node.finished and not self._shutdown_sent and self.failure is None)
+
+    def _server_died(self, node: Node, why: str) -> None:
+        """Server ``node`` died ``why``: the backups of its chunks take over (every node
+        hears the new book at once, and with every ``ack``), or the job ends naming
+        both servers of a chain that failed twice."""
+        book = self.servers_book
+        assert book is not None
+        lost = book.server_died(node.ranked, why)
+        if lost is not None:
+            return self._abort(lost)
+        node.finished, node.removed = True, f"{why}; its chunks are served by their backups now"
+        log.warning("%s %s: its chunks are served by their backups (servers' book epoch %d: owners %s)",
+                    node.name(), why, book.epoch, book.owners)
+        for other in self._nodes.values():
+            if other.hb_ident is not None and not other.finished:
+                self._send(other.hb_ident, wire.SERVERS, **book.fields())
+        self._maybe_shutdown_servers()
+
+    def _book_news(self) -> dict:
+        """The servers' book for an ``ack`` (replicated jobs; repairs a lost ``servers``)."""
+        return {} if self.servers_book is None or not self.servers_book.epoch else self.servers_book.fields()
 
     def _live_servers(self) -> list[Node]:
         return [n for n in self._nodes.values() if n.role == "server" and not n.finished]

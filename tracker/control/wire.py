@@ -20,6 +20,7 @@ REQUESTS = (HEARTBEAT, REGISTER, BARRIER, FINISH, FAIL, PROGRESS)
 # ... and what the scheduler sends: replies, and pushes on a node's heartbeat socket
 REGISTERED, BARRIER_DONE, FINISHED, ACK, ERROR = "registered", "barrier_done", "finished", "ack", "error"
 SHUTDOWN, ABORT, WORKERS_FINISHED, MEMBERS = "shutdown", "abort", "workers_finished", "members"
+SERVERS = "servers"    # replicated servers: a new epoch of who serves each share (tracker.control.failover)
 # an error reply's kind (docs/protocol.md §8.1): what the node raises for it
 ABORTED, MISMATCH, TIMEOUT, INVALID = "aborted", "mismatch", "timeout", "invalid"
 

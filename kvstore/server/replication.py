@@ -1,0 +1,243 @@
+"""Replicated servers (``KVSTORE_REPLICAS=1``): the server's replication strategy,
+beside its consistency mode (docs/architecture.md, "Replicated servers").
+
+Primary-backup per server share, *replication after aggregation* (Li et al.,
+OSDI 2014): a server replicates what it applies, not what it receives. Three
+collaborators, all pure (no sockets, threads or clocks):
+
+- :class:`Replication`, the primary's side. The sync strategy
+  (kvstore.server.sync) tells it each round it applies: the round's number and
+  its aggregated gradient (the sum, before the optimizer sees it), or the new
+  value itself when there is no optimizer; the state tells it the values an
+  ``init`` stored. It collects them into ``replicate`` requests for the backup,
+  which the node sends; one without a backup (``KVSTORE_REPLICAS`` unset, or its
+  backup died) collects nothing.
+- :class:`ReplyGate`, also the primary's: no reply leaves before the backup
+  acknowledged every ``replicate`` request made before it (replies keep their
+  order; those with values are copied when held, since a later round may change
+  the value before they leave).
+- :class:`Replicas`, the backup's side: for each server it backs up, a replica of
+  every chunk (values in the backup's own memory) with the number of rounds
+  applied to it. A ``replicate`` request applies each round with the backup's own
+  optimizer (every server gets the same ``set_optimizer``; optimizer state is per
+  chunk, so the replica's slots are its own), the same code on the same bits: the
+  replica equals the primary's value bit for bit. When the primary dies the
+  scheduler promotes the backup, and :meth:`Replicas.promote` hands the chunks and
+  their round counts to the server's own table.
+
+Round numbers make the failover exact: a worker numbers its pushes of each chunk
+(1, 2, ...; the ``rounds`` field), so a push re-sent to the promoted backup of a
+round the replica already applied is answered without being applied again, and
+one of a round still open joins it (kvstore.server.sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, ProtocolError
+from ..protocol import chunk_label, ops
+from .optimizer_slot import ServerOptimizer
+from .requests import chunk_ids, ok
+from .rounds import Reply, is_int
+
+INIT, ROUNDS = "init", "rounds"      # what a ``replicate`` request carries (its ``kind``)
+
+
+class Replication:
+    """The primary's side: the ``replicate`` requests its applied rounds and inits
+    make, for the backup (``backup``: its rank, None: nothing is replicated)."""
+
+    def __init__(self) -> None:
+        self.backup: int | None = None
+        self._own: set = set()          # the chunks of its own share (inited here): promoted ones are not
+        self._inits: tuple[list, list] = ([], [])
+        self._rounds: tuple[list, list, list] = ([], [], [])
+        self._updated: bool | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.backup is not None
+
+    def initialized(self, ids, values) -> None:
+        """An ``init`` stored ``values`` (the chunks' arrays) for ``ids``."""
+        self._own.update(ids)
+        if self.backup is None:
+            return
+        self._inits[0].extend(ids)
+        self._inits[1].extend(np.array(v, copy=True) for v in values)
+
+    def round_applied(self, cid, number: int, total, updated: bool) -> None:
+        """Round ``number`` of chunk ``cid`` is being applied: ``total`` is its sum,
+        given to the optimizer (``updated``) or, without one, the new value. A copy
+        is kept: the optimizer may change its gradient, and the sum's buffer is the
+        next round's. Chunks not of its own share (promoted replicas) have no backup."""
+        if self.backup is None or cid not in self._own:
+            return
+        if self._updated is not None and self._updated != updated:
+            raise InvalidArgumentError("a round applied with and one without an optimizer in one event")
+        self._updated = updated
+        ids, numbers, arrays = self._rounds
+        ids.append(cid)
+        numbers.append(number)
+        arrays.append(np.array(total, copy=True))
+
+    def take(self) -> list[tuple[dict, list]]:
+        """The ``replicate`` requests made since the last call: (header fields, arrays)."""
+        out = []
+        if self._inits[0]:
+            out.append(({"kind": INIT, "chunks": [list(c) for c in self._inits[0]]}, self._inits[1]))
+            self._inits = ([], [])
+        if self._rounds[0]:
+            ids, numbers, arrays = self._rounds
+            fields: dict = {"kind": ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
+                            "updated": bool(self._updated)}
+            out.append((fields, arrays))
+            self._rounds, self._updated = ([], [], []), None
+        return out
+
+
+class ReplyGate:
+    """The primary's replies held until the backup acknowledged every ``replicate``
+    request sent before them; in order. Example::
+
+        gate = ReplyGate()
+        gate.sent(7)                      # a replicate request with sequence 7 is out
+        gate.hold(replies)                # -> []: they wait for 7
+        gate.acknowledged(7)              # -> replies
+    """
+
+    def __init__(self) -> None:
+        self._unacked: set[int] = set()
+        self._held: list[tuple[int, list[Reply]]] = []    # (the last sequence before them, replies)
+        self._last = -1
+
+    def sent(self, seq: int) -> None:
+        self._unacked.add(seq)
+        self._last = max(self._last, seq)
+
+    @property
+    def waiting(self) -> int:
+        """Replicate requests not acknowledged yet."""
+        return len(self._unacked)
+
+    def hold(self, replies: list[Reply]) -> list[Reply]:
+        """``replies`` made now: those that may leave (all, when nothing is unacknowledged
+        and nothing is held), the others kept (values copied)."""
+        if not self._unacked and not self._held:
+            return replies
+        if replies:
+            self._held.append((self._last, [Reply(r.peer, r.header, [np.array(a, copy=True) for a in r.arrays])
+                                            for r in replies]))
+        return []
+
+    def acknowledged(self, seq: int) -> list[Reply]:
+        """The backup acknowledged ``seq``: the replies that may leave now."""
+        self._unacked.discard(seq)
+        return self._release()
+
+    def open(self) -> list[Reply]:
+        """The backup is gone (its replica with it): every held reply leaves."""
+        self._unacked.clear()
+        return self._release()
+
+    def _release(self) -> list[Reply]:
+        oldest = min(self._unacked, default=None)
+        out: list[Reply] = []
+        while self._held and (oldest is None or self._held[0][0] < oldest):
+            out += self._held.pop(0)[1]
+        return out
+
+
+class Replicas:
+    """The backup's side: replicas of other servers' chunks, by their primary's rank.
+    ``alloc(size, dtype)``: memory for a replica's values."""
+
+    def __init__(self, name: str, optimizer: ServerOptimizer, alloc: Callable):
+        self.name = name
+        self.optimizer = optimizer
+        self.alloc = alloc
+        self.primaries: frozenset[int] = frozenset()   # the servers whose chunks it backs up
+        self.held: dict[int, dict[tuple, list]] = {}    # primary -> {chunk id: [value, rounds applied]}
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for chunks in self.held.values() for v, _ in chunks.values())
+
+    def on_replicate(self, peer, header: dict, arrays: list) -> list[Reply]:
+        """A ``replicate`` request from a primary. Everything is checked before anything
+        changes; a wrong request (not from a server this one backs up, a round out of
+        order, a shape that differs) is an error reply."""
+        primary = header.get("src")
+        if not (is_int(primary) and primary in self.primaries):
+            raise InvalidArgumentError(f"{self.name} holds no replica for server {primary!r} "
+                                       "(replicate comes from the primaries it backs up, KVSTORE_REPLICAS=1)")
+        kind = header.get("kind")
+        ids = chunk_ids(header, arrays)
+        held = self.held.setdefault(primary, {})
+        flat = [np.asarray(a).reshape(-1) for a in arrays]
+        if kind == INIT:
+            for cid, a in zip(ids, flat):
+                if cid in held and (held[cid][0].shape != a.shape or held[cid][0].dtype != a.dtype):
+                    raise InvalidArgumentError(f"replicate init of {chunk_label(cid)}: it holds a replica of "
+                                               "another shape")
+            for cid, a in zip(ids, flat):
+                if cid not in held:
+                    value = self.alloc(a.size, a.dtype)
+                    value[...] = a
+                    held[cid] = [value, 0]
+            return [ok(peer, header["id"])]
+        if kind != ROUNDS:
+            raise ProtocolError(f"'kind' must be {INIT!r} or {ROUNDS!r}, got {kind!r}")
+        numbers, updated = header.get("rounds"), header.get("updated")
+        if not (isinstance(numbers, list) and len(numbers) == len(ids) and all(is_int(n) for n in numbers)):
+            raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
+        if not isinstance(updated, bool):
+            raise ProtocolError("'updated' must be true or false")
+        updater = self.optimizer.updater
+        if updated and updater is None:
+            raise InvalidArgumentError(f"server {primary} applied a round with an optimizer, but {self.name} "
+                                       "has none: set_optimizer must reach every server")
+        expected: dict = {}
+        for cid, n, a in zip(ids, numbers, flat):
+            entry = held.get(cid)
+            if entry is None:
+                raise InvalidArgumentError(f"replicate: {self.name} holds no replica of {chunk_label(cid)}")
+            if a.shape != entry[0].shape or a.dtype != entry[0].dtype:
+                raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} is {a.size} x "
+                                           f"{a.dtype.name}, the replica {entry[0].size} x {entry[0].dtype.name}")
+            want = expected.get(cid, entry[1]) + 1
+            if n != want:
+                raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} came, but the replica's "
+                                           f"next round is {want} (a replicate request was lost or repeated)")
+            expected[cid] = n
+        for cid, a in zip(ids, flat):
+            entry = held[cid]
+            if updated:
+                assert updater is not None
+                try:
+                    updater(cid, np.array(a, copy=True), entry[0])
+                except Exception:   # the primary's update failed the same way: the round is counted
+                    pass
+            else:
+                entry[0][...] = a
+            entry[1] += 1
+        return [ok(peer, header["id"])]
+
+    def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int]]:
+        """Server ``primary`` died and this one serves its chunks now: each chunk's
+        replica and the rounds applied to it, handed over (held no more)."""
+        self.primaries = self.primaries - {primary}
+        return {cid: (value, rounds) for cid, (value, rounds) in self.held.pop(primary, {}).items()}
+
+    def drop(self, primary: int) -> None:
+        """Server ``primary`` is served elsewhere now: its replica is of no use."""
+        self.primaries = self.primaries - {primary}
+        self.held.pop(primary, None)
+
+
+def replicate_request(req_id: int, src: int, seq: int, fields: dict) -> dict:
+    """The header of a ``replicate`` request from server ``src`` (its ``seq`` on the
+    connection to its backup, as a worker's request has on its own)."""
+    return {"op": ops.REPLICATE, "id": req_id, "src": src, "seq": seq, **fields}

@@ -1,0 +1,122 @@
+"""A worker's side of replicated servers (``KVSTORE_REPLICAS=1``): where each
+server's share of chunks is served now, the numbers of its pushes, and what it
+must send again when a server dies (docs/reliability.md, "Replicated servers").
+
+The placement of chunks never changes (kvstore.sharding: a chunk belongs to the
+*share* of server s). :class:`Failover` maps each share to the server that serves
+it now, as the scheduler's book says (tracker.control.failover; the heartbeat
+thread keeps the latest, :attr:`tracker.control.membership.Membership.servers`).
+The :class:`~kvstore.worker.client.Client` asks it at every request and every
+wait:
+
+- :meth:`Failover.route`: the server a request for a share goes to;
+- :meth:`Failover.number`: a push's ``rounds`` field, this worker's count of its
+  pushes of each chunk (1, 2, ...), by which the promoted backup applies no round
+  twice and loses none;
+- :meth:`Failover.keep`: a copy of every request until its reply came (the
+  caller's buffers may change once a push returns), which the client sends again,
+  in order, to the new server of its share when the book says its server died
+  (:meth:`Failover.moved`).
+
+:func:`replicated_config` checks at ``create`` what replicated servers support
+and refuses the rest, naming the setting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Config
+from ..errors import ConfigError
+from ..modes import ConsistencyMode
+from ..protocol import ops
+
+
+def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Config:
+    """The store's configuration with replicated servers: requests go over plain
+    ZeroMQ tcp (no shared memory, no writes into the servers' sums, no data
+    channel), so that any of them can be sent again to another server. Raises
+    ConfigError for what is not built yet."""
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"kvstore.create({kind!r}): KVSTORE_REPLICAS=1 with {what} is not built yet "
+                           "(docs/reliability.md, replicated servers); unset KVSTORE_REPLICAS")
+    if config.num_servers is not None and config.num_servers < 2:
+        raise ConfigError(f"kvstore.create({kind!r}): KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on "
+                          f"another server); this job has {config.num_servers}")
+    if not mode.ordered_sums:      # rounds that every worker joins: dist_sync
+        raise refuse(f"{kind} (replicated servers apply dist_sync rounds)")
+    if config.host_reduce:
+        raise refuse("KVSTORE_HOST_REDUCE=1")
+    if config.checkpoint_dir:
+        raise refuse("KVSTORE_CHECKPOINT_DIR (checkpoints)")
+    if config.server_device != "cpu":
+        raise refuse("KVSTORE_SERVER_DEVICE=gpu")
+    if config.elastic is not None:
+        raise refuse("elastic workers (--elastic)")
+    return config.replace(transport="tcp", data_channel=False, write_in=False)
+
+
+class Failover:
+    """Routes, push numbers and kept requests of one worker's client for
+    ``num_servers`` shares. Example (what Client does)::
+
+        failover = Failover(3)
+        server = failover.route(share)                   # where to send now
+        fields["rounds"] = failover.number(op, chunks)   # pushes only
+        failover.keep(req_id, share, op, fields, arrays)
+        for server in failover.moved(membership.servers): ...   # dead ones: send again
+    """
+
+    def __init__(self, num_servers: int):
+        self._route = list(range(num_servers))
+        self._epoch = 0
+        self._pushes: dict[tuple, int] = {}
+        self._kept: dict[int, tuple[int, str, dict, list]] = {}
+
+    def route(self, share: int) -> int:
+        """The server that serves ``share`` now."""
+        return self._route[share]
+
+    def live(self) -> list[int]:
+        """The servers that serve some share now, ascending."""
+        return sorted(set(self._route))
+
+    def number(self, op: str, chunks) -> list[int] | None:
+        """A push's (or pushpull's) ``rounds``: this worker's count of its pushes of
+        each chunk, this one included; None for other requests."""
+        if op not in (ops.PUSH, ops.PUSHPULL) or not chunks:
+            return None
+        numbers = []
+        for chunk in chunks:
+            cid = tuple(chunk)
+            self._pushes[cid] = n = self._pushes.get(cid, 0) + 1
+            numbers.append(n)
+        return numbers
+
+    @staticmethod
+    def owned(arrays) -> list:
+        """Copies of a request's buffers, which stay valid whatever the caller does
+        with its own (they are what is sent, and sent again after a failover)."""
+        return [np.array(a, copy=True) for a in arrays]
+
+    def keep(self, req_id: int, share: int, op: str, fields: dict, arrays: list) -> None:
+        """Keep request ``req_id`` (for ``share``) until :meth:`answered`."""
+        self._kept[req_id] = (share, op, {k: v for k, v in fields.items() if k != "seq"}, arrays)
+
+    def answered(self, req_id: int) -> None:
+        self._kept.pop(req_id, None)
+
+    def kept(self, req_id: int) -> tuple[int, str, dict, list] | None:
+        """(share, op, header fields without ``seq``, buffers) of a kept request."""
+        return self._kept.get(req_id)
+
+    def moved(self, book: tuple[int, tuple, tuple]) -> set[int]:
+        """Apply the servers' book ``(epoch, owners, backups)`` if newer: the servers
+        that serve no share any more (dead: their requests are sent again)."""
+        epoch, owners, _ = book
+        if epoch <= self._epoch or len(owners) != len(self._route):
+            return set()
+        self._epoch = epoch
+        before = set(self._route)
+        self._route = [int(o) for o in owners]
+        return before - set(self._route)

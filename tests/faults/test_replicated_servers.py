@@ -1,0 +1,99 @@
+"""Replicated servers (KVSTORE_REPLICAS=1, docs/reliability.md): real jobs through
+``python -m tracker.local -n 2 -s 3`` running tests/scripts/replicated.py (dist_sync,
+keys cut over every server, SGD with momentum on the servers, deterministic sums).
+
+A server killed (SIGKILL, by worker 0 right after its push of a step, so that the
+step's rounds are open or unanswered) or stopped (SIGSTOP: found by heartbeats)
+mid-training: the job ends with exit 0 and every worker's final weights equal the
+uninterrupted run's bit for bit. Two failures of one replication chain end the
+job naming both servers; what is not built is refused at start, naming the setting."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "replicated.py")
+BASE = {"KVSTORE_DETERMINISTIC": "1", "KVSTORE_CHUNK_BYTES": "4096", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
+        "KVSTORE_HEARTBEAT_TIMEOUT": "2", "KVSTORE_TIMEOUT": "30", "KVSTORE_ABORT_GRACE": "2"}
+
+
+def run(*command, servers=3, timeout=90, **env) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}, "PYTHONPATH": path,
+            **BASE, **env}
+    cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", str(servers), "--kill-grace", "1",
+           *(command or (sys.executable, SCRIPT))]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def digests(out: subprocess.CompletedProcess) -> list[str]:
+    found = sorted(re.findall(r"\[worker:(\d)\] digest (\w+)", out.stdout))
+    assert [w for w, _ in found] == ["0", "1"], out.stdout + out.stderr
+    return [d for _, d in found]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> str:
+    """The final weights of the job without replicas and without a fault."""
+    out = run()
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, second = digests(out)
+    assert first == second
+    return first
+
+
+@pytest.mark.parametrize("kill", ["1:4", "0:2", "2:8"])
+def test_a_server_killed_mid_training_leaves_the_uninterrupted_weights(uninterrupted, kill):
+    server, step = kill.split(":")
+    out = run(KVSTORE_REPLICAS="1", KILL=kill)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"killed server {server} at step {step}" in out.stdout
+    assert f"server {server} was killed by SIGKILL: its chunks are served by their backups" in log
+    assert re.search(rf"server \d serves server {server}'s chunks now", log), log
+    assert digests(out) == [uninterrupted, uninterrupted], log
+
+
+def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
+    out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "server 1 (pid" in log and "sent no heartbeat" in log, log
+    assert "served by their backups" in log
+    assert digests(out) == [uninterrupted, uninterrupted], log
+
+
+def test_two_failures_of_one_chain_end_the_job_naming_both_servers():
+    out = run(KVSTORE_REPLICAS="1", KILL="1:2,2:6")
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "Two failures of one replication chain (servers 1 and 2)" in log, log
+    assert "job failed" in log
+
+
+def test_without_replicas_a_killed_server_still_ends_the_job():
+    out = run(KILL="1:2")
+    assert out.returncode != 0
+    assert "server 1 was killed by SIGKILL" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case, env, servers, text", [
+    ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
+    ("dist_async", {"STORE": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2, "KVSTORE_REPLICAS=1 with dist_async"),
+    ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
+    ("row-sparse", {"STORE": "rows"}, 2, "row-sparse and dynamic keys on replicated servers"),
+])
+def test_what_is_not_built_is_refused_at_start_naming_the_setting(case, env, servers, text):
+    code = ("import os, numpy as np, kvstore\n"
+            "kv = kvstore.create('dist_async' if os.environ.get('STORE') == 'dist_async' else 'dist_sync')\n"
+            "if os.environ.get('STORE') == 'rows':\n"
+            "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n")
+    out = run(sys.executable, "-c", code, servers=servers, timeout=60, KVSTORE_REPLICAS="1", **env)
+    assert out.returncode != 0
+    assert text in out.stdout + out.stderr, (case, out.stdout + out.stderr)

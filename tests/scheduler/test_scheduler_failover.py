@@ -1,0 +1,108 @@
+"""Replicated servers in the scheduler (KVSTORE_REPLICAS=1; tracker.control.failover):
+the servers' book (who serves each share, who holds its replica) and what the
+scheduler does when a server dies: a new epoch to every node, or, for a chain's
+second failure, an abort naming both servers. The state machine alone, with a
+made-up clock (the real job: tests/faults/test_replicated_servers.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tracker.control import wire
+from tracker.control.failover import ServerBook
+from tracker.control.scheduler_state import SchedulerState
+
+INTERVAL, HB_TIMEOUT = 1.0, 5.0
+
+
+def test_a_backup_is_the_next_server_on_another_host_where_there_is_one():
+    assert ServerBook(3, ["h", "h", "h"]).backups == [1, 2, 0]
+    assert ServerBook(4, ["a", "a", "b", "b"]).backups == [2, 2, 0, 0]
+    assert ServerBook(2, ["a", "b"]).backups == [1, 0]
+    with pytest.raises(ValueError, match="at least 2 servers"):
+        ServerBook(1, ["a"])
+
+
+def test_a_death_promotes_the_backup_and_a_second_in_the_chain_names_both():
+    book = ServerBook(3, ["h"] * 3)
+    assert book.server_died(1, "was killed by SIGKILL") is None
+    assert (book.epoch, book.owners, book.backups) == (1, [0, 2, 2], [None, None, 0])
+    assert book.promoted(2) == [1]
+    lost = book.server_died(2, "sent no heartbeat for 3.1s")
+    assert lost is not None and "servers 1 and 2" in lost and "was killed by SIGKILL" in lost
+    assert book.epoch == 1, "a lost share changes nothing"
+    again = ServerBook(3, ["h"] * 3)
+    again.server_died(1, "was killed")
+    lost = again.server_died(0, "was killed")      # server 0's replica lived on server 1
+    assert lost is not None and "servers 1 and 0" in lost and "server 0's share" in lost
+
+
+def test_failures_in_different_chains_are_survived():
+    book = ServerBook(4, ["h"] * 4)
+    assert book.server_died(0, "was killed") is None
+    assert book.server_died(2, "was killed") is None
+    assert book.owners == [1, 1, 3, 3] and book.backups == [None, None, None, None]
+
+
+class Job:
+    def __init__(self, workers=2, servers=3):
+        self.now = 0.0
+        self.state = SchedulerState(workers, servers, now=0.0, timeout=30.0, heartbeat_interval=INTERVAL,
+                                    heartbeat_timeout=HB_TIMEOUT, replicas=1)
+        self.ids = itertools.count(1)
+        self.nodes = [f"server-{r}" for r in range(servers)] + [f"worker-{r}" for r in range(workers)]
+        for node in self.nodes:
+            self.beat(node)
+            role, rank = node.split("-")
+            sends = self.state.receive(node.encode(), wire.encode(
+                "register", id=next(self.ids), node=node, role=role, rank=int(rank), host="h",
+                addr=f"tcp://{node}", pid=100 + int(rank)), self.now)
+        self.registered = {s.ident: s.fields for s in sends}
+
+    def beat(self, node: str):
+        return self.state.receive(b"hb:" + node.encode(), wire.encode("heartbeat", node=node), self.now)
+
+
+def test_the_book_comes_with_the_registration_and_a_death_goes_to_every_live_node():
+    job = Job()
+    reply = job.registered[b"worker-0"]
+    assert (reply["book_epoch"], reply["owners"], reply["backups"]) == (0, [0, 1, 2], [1, 2, 0])
+    sends = job.state.node_exited("server", 1, -9, now=1.0)
+    assert job.state.failure is None
+    told = {s.ident for s in sends if s.op == wire.SERVERS}
+    assert told == {b"hb:" + n.encode() for n in job.nodes if n != "server-1"}
+    assert all(s.fields["owners"] == [0, 2, 2] and s.fields["book_epoch"] == 1 for s in sends)
+    ack = [s for s in job.beat("worker-1") if s.op == wire.ACK][0]     # repairs a lost `servers`
+    assert ack.fields["owners"] == [0, 2, 2]
+    assert [s.op for s in job.beat("server-1")] == [wire.ABORT]        # the dead one, if it was only stuck
+    # the launcher reports the same death again (it saw the exit): nothing more happens
+    assert job.state.node_exited("server", 1, -9, now=1.1) == [] and job.state.failure is None
+
+
+def test_a_silent_server_is_failed_over_by_heartbeats():
+    job = Job()
+    for t in range(1, 7):
+        job.now = float(t)
+        for node in job.nodes:
+            if node != "server-2":
+                job.beat(node)
+        job.state.tick(job.now)
+    assert job.state.failure is None and job.state.servers_book.owners == [0, 1, 0]
+
+
+def test_a_chains_second_failure_aborts_naming_both_servers():
+    job = Job()
+    job.state.node_exited("server", 1, -9, now=1.0)
+    sends = job.state.node_exited("server", 2, -9, now=2.0)
+    assert "servers 1 and 2" in job.state.failure
+    assert {s.op for s in sends} == {wire.ABORT}
+
+
+def test_replicas_need_two_servers_and_no_elastic_workers():
+    with pytest.raises(ValueError, match="at least 2 servers"):
+        SchedulerState(2, 1, now=0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1, replicas=1)
+    with pytest.raises(ValueError, match="elastic"):
+        SchedulerState(2, 2, now=0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1, replicas=1,
+                       elastic=(1, 2))

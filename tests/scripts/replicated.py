@@ -1,0 +1,61 @@
+"""A dist_sync training loop for replicated servers (KVSTORE_REPLICAS=1): keys cut
+into chunks over every server, SGD with momentum and weight decay on the servers.
+With KILL=R:S (a server rank and a step, several comma-separated), worker 0 sends
+server R SIGKILL (or KILL_SIGNAL, e.g. SIGSTOP) right after its push of step S (so
+that step's rounds are open or unanswered when it dies) and goes on. Prints a digest of the final weights.
+
+    python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
+"""
+
+import hashlib
+import os
+import signal
+
+import numpy as np
+
+import kvstore
+from kvstore import optimizer as opt
+
+STEPS = 10
+SIZES = {"w": 3000, "b": 7, "v": 1500}
+
+
+def server_pid(rank: int) -> int:
+    """The pid of this job's server `rank` (same scheduler port), from /proc."""
+    port = os.environ["KVSTORE_SCHEDULER_PORT"].encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        if env.get(b"KVSTORE_ROLE") == b"server" and env.get(b"KVSTORE_RANK") == str(rank).encode() \
+                and env.get(b"KVSTORE_SCHEDULER_PORT") == port:
+            return int(pid)
+    raise RuntimeError(f"server {rank} not found")
+
+
+kills = {}
+for item in filter(None, os.environ.get("KILL", "").split(",")):
+    server, step = item.split(":")
+    kills.setdefault(int(step), []).append(int(server))
+kv = kvstore.create("dist_sync")
+keys = list(SIZES)
+kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
+kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
+outs = [np.empty(n, np.float32) for n in SIZES.values()]
+for step in range(STEPS):
+    grads = [np.sin(np.arange(n, dtype=np.float32) * (kv.rank + 1) * 0.37 + step).astype(np.float32)
+             for n in SIZES.values()]
+    if step % 2:
+        kv.pushpull(keys, grads, out=outs)
+    else:
+        kv.push(keys, grads)
+        if kv.rank == 0:
+            for server in kills.get(step, ()):
+                os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
+                print(f"killed server {server} at step {step}", flush=True)
+        kv.pull(keys, out=outs)
+    print(f"step {step} done", flush=True)
+kv.pull(keys, out=outs)
+print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
+kv.close()

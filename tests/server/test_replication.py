@@ -1,0 +1,135 @@
+"""Replicated servers (KVSTORE_REPLICAS=1) in the state machine: a primary's
+``replicate`` requests applied by a backup's state keep a replica equal to the
+primary's values bit for bit after every round (and init); the backup refuses
+rounds out of order or from a server it does not back up; the reply gate holds
+replies until the backup acknowledged; a promoted replica serves re-sent pushes
+without applying a round twice. Real ServerStates, driven as the node drives them
+(kvstore.server.replica_link carries the same requests over ZeroMQ; the failover of
+a real job is tests/faults/test_replicated_servers.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore import optimizer
+from kvstore.protocol import ops
+from kvstore.server.replication import ReplyGate, replicate_request
+from kvstore.server.rounds import Reply
+from state_driver import A, B, Server, expect_error, expect_ok, only, peer
+
+W = 3
+F32 = np.float32
+OPTIMIZERS = {
+    "sgd-momentum-wd": optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3),
+    "adam": optimizer.Adam(learning_rate=0.01),
+    "none": None,
+}
+
+
+def pair(opt):
+    """Server 0 (primary, backed up by server 1) and server 1, both configured for
+    W workers in deterministic sync mode, with ``opt``; returns (primary, backup)."""
+    primary, backup = Server(num_workers=W, opt=opt), Server(num_workers=W, opt=opt)
+    primary.state.replication.backup = 1
+    backup.state.replicas.primaries = frozenset({0})
+    return primary, backup
+
+
+def forward(primary: Server, backup: Server, seq=[0]) -> None:
+    """Hand what the primary's last event made it replicate to the backup, as the node does."""
+    for fields, arrays in primary.state.replication.take():
+        header = replicate_request(1000 + seq[0], 0, seq[0], fields)
+        seq[0] += 1
+        expect_ok(only(backup.state.handle(b"server 0", header, arrays)), b"server 0")
+
+
+def replica(backup: Server, cid) -> np.ndarray:
+    return backup.state.replicas.held[0][cid][0]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_backup_holds_the_primarys_values_bit_for_bit_after_every_round(name):
+    primary, backup = pair(OPTIMIZERS[name])
+    rng = np.random.default_rng(7)
+    primary.init({A: rng.standard_normal(1000).astype(F32), B: rng.standard_normal(37).astype(F32)})
+    forward(primary, backup)
+    for cid in (A, B):
+        assert replica(backup, cid).tobytes() == primary.state.chunks[cid].value.tobytes()
+    for step in range(6):
+        for w in (2, 0, 1):                                  # any arrival order
+            _, replies = primary.push(w, {A: rng.standard_normal(1000).astype(F32),
+                                          B: rng.standard_normal(37).astype(F32)})
+            forward(primary, backup)
+        for cid in (A, B):
+            assert replica(backup, cid).tobytes() == primary.state.chunks[cid].value.tobytes(), (name, step, cid)
+            assert backup.state.replicas.held[0][cid][1] == step + 1
+    assert backup.state.chunks.keys().isdisjoint({A, B}), "a replica is the backup's own memory, not its chunks"
+
+
+def test_the_backup_refuses_rounds_out_of_order_and_servers_it_does_not_back_up():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.zeros(4, F32)})
+    forward(primary, backup)
+    before = replica(backup, A).copy()
+    fields = {"kind": "rounds", "chunks": [list(A)], "rounds": [2], "updated": True}
+    expect_error(only(backup.state.handle(b"p", replicate_request(5, 0, 1, fields), [np.ones(4, F32)])),
+                 b"p", 5, "InvalidArgumentError", "round 2", "next round is 1")
+    expect_error(only(backup.state.handle(b"p", replicate_request(6, 2, 0, {**fields, "rounds": [1]}),
+                                          [np.ones(4, F32)])),
+                 b"p", 6, "InvalidArgumentError", "no replica for server 2")
+    expect_error(only(backup.state.handle(b"p", replicate_request(7, 0, 2, {**fields, "rounds": [1]}),
+                                          [np.ones(5, F32)])),
+                 b"p", 7, "InvalidArgumentError", "round 1")
+    assert replica(backup, A).tobytes() == before.tobytes()
+
+
+def test_the_gate_holds_replies_until_every_earlier_replicate_is_acknowledged():
+    gate = ReplyGate()
+    value = np.arange(3, dtype=F32)
+    assert gate.hold([Reply(b"a", {"id": 1})]) == [Reply(b"a", {"id": 1})]     # nothing out: passes
+    gate.sent(10)
+    held = gate.hold([Reply(b"a", {"id": 2}, [value])])
+    gate.sent(11)
+    assert held == [] and gate.hold([Reply(b"b", {"id": 3})]) == []
+    value[:] = -1                                  # a later round changes the value: the held reply kept its own
+    assert gate.acknowledged(11) == []             # 10 still out: nothing may pass it
+    out = gate.acknowledged(10)
+    assert [r.header["id"] for r in out] == [2, 3] and out[0].arrays[0].tolist() == [0, 1, 2]
+    gate.sent(12)
+    assert gate.hold([Reply(b"c", {"id": 4})]) == []
+    assert [r.header["id"] for r in gate.open()] == [4]   # the backup died: everything leaves
+
+
+def test_a_promoted_replica_applies_no_round_twice_and_completes_the_open_one():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.linspace(0, 1, 8, dtype=F32)})
+    forward(primary, backup)
+    grads = {w: np.full(8, w + 1, F32) for w in range(W)}
+    for w in range(W):                        # round 1, complete and replicated
+        primary.send(w, ops.PUSH, [A], [grads[w]], rounds=[1])
+        forward(primary, backup)
+    for w in (0, 1):                          # round 2: open when the primary dies
+        primary.send(w, ops.PUSH, [A], [grads[w]], rounds=[2])
+    after_round_1 = primary.state.chunks[A].value.copy()
+    backup.state.promote(0)                   # the scheduler promoted the backup
+    assert backup.state.chunks[A].value.tobytes() == after_round_1.tobytes()
+    # worker 2's round-1 push was not answered before the primary died: sent again, not applied again
+    rid, r = backup.send(2, ops.PUSHPULL, [A], [grads[2]], rounds=[1])
+    assert expect_ok(only(r), peer(2), rid).arrays[0].tobytes() == after_round_1.tobytes()
+    # round 2 again from workers 0 and 1, then worker 2's: applied once, as the primary would have
+    for w in (0, 1):
+        assert backup.send(w, ops.PUSH, [A], [grads[w]], rounds=[2])[1] == []
+    _, replies = backup.send(2, ops.PUSH, [A], [grads[2]], rounds=[2])
+    assert len(replies) == 3 and all(r.header["op"] == ops.OK for r in replies)
+    _, replies = primary.send(2, ops.PUSH, [A], [grads[2]], rounds=[2])     # the uninterrupted reference
+    assert backup.state.chunks[A].value.tobytes() == primary.state.chunks[A].value.tobytes()
+    rid, r = backup.send(0, ops.PUSH, [A], [grads[0]], rounds=[4])
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "round 4", "next round", "is 3")
+
+
+def test_layerwise_pushes_are_refused_with_a_backup():
+    primary, _ = pair(optimizer.LAMB(learning_rate=0.01))
+    primary.init({A: np.zeros(4, F32)})
+    rid, r = primary.send(0, ops.PUSH, [A], [np.ones(4, F32)], norms=True)
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "not replicated yet", "KVSTORE_REPLICAS")
