@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
+from .control import disagreement
 from .control.records import absent_at_barrier, absent_at_registration, describe_exit
 
 # how the scheduler names a node in its messages: "worker 1 (pid 4242 on node2)"
@@ -80,8 +81,10 @@ def named_nodes(text: str | None) -> list[str]:
 
 def _culprits(failure: str | None, codes: dict, labels: set) -> tuple[list[str], str]:
     """Who caused a failure the scheduler found: (labels, how they were found:
-    ``named`` a process the report mentions, ``absent`` the workers a barrier
-    timeout names, ``about`` the node the failure is about). A worker the
+    ``named`` a process the report mentions, ``disagreed`` the worker a
+    disagreement at a collective call blames (:mod:`tracker.control.disagreement`),
+    ``absent`` the workers a barrier timeout names, ``about`` the node the failure
+    is about). A worker the
     report blames (``barrier cannot complete: worker 1 (...) already finished``,
     ``worker 1 closed its store while ...``) that ended with a non-zero status by
     itself is the real cause, the report only its consequence; the deepest
@@ -95,6 +98,11 @@ def _culprits(failure: str | None, codes: dict, labels: set) -> tuple[list[str],
     for label in sorted(labels):
         if (codes.get(label) or 0) < 0 and re.search(rf"\b{label}\b", failure or ""):
             return [label], "named"
+    # workers that disagreed at a collective call all fail at once, each reporting the
+    # same error: the worker it blames (the same every run), whoever reported first
+    odd = [label for label in disagreement.blamed(failure) if label in labels]
+    if odd:
+        return odd, "disagreed"
     absent = [label for label in absent_at_barrier(failure) if label in labels]
     if absent:
         return absent, "absent"
@@ -141,6 +149,10 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
                 code = codes[culprits[0]]
                 root = f"{_describe(by_label[culprits[0]], code)}; the scheduler reported: {scheduler_failure}"
                 returncode = _status(code)
+            elif found == "disagreed":
+                root = (f"{culprits[0]} differs from the other workers at a collective call; "
+                        f"the scheduler reported: {scheduler_failure}")
+                returncode = 1
             elif found in ("absent", "unregistered"):
                 what = "arrive at a barrier" if found == "absent" else "register with the scheduler"
                 root = (f"{' and '.join(culprits)} did not {what} in time; "

@@ -31,7 +31,7 @@ class DistRows:
     collective through ``collective(token)``, and ``leads()`` says whether this worker
     sends for all."""
 
-    def __init__(self, client, mode: ConsistencyMode, collective: Callable[[str], None], leads: Callable[[], bool]):
+    def __init__(self, client, mode: ConsistencyMode, collective: Callable[..., None], leads: Callable[[], bool]):
         self._client, self._mode, self._collective, self._leads = client, mode, collective, leads
         self._dynamic: set = set()          # keys of dynamic rows
 
@@ -52,8 +52,8 @@ class DistRows:
         """``items``: (key, shape, dtype, spec (RowInit, DynamicRows or None), rows, data).
         Collective, as a dense init: rank 0 sends, nobody returns before the servers
         hold the rows. The store records the keys (kvstore.worker.dist)."""
-        self._collective("init rows " + ", ".join(f"{k!r}:{tuple(shape)}:{np.dtype(dtype).name}"
-                                                  for k, shape, dtype, *_ in items))
+        self._collective("init rows", items=[f"key {k!r} {tuple(shape)} {np.dtype(dtype).name}"
+                                             for k, shape, dtype, *_ in items])
         if self._leads():
             self._send_init(items)
         self._collective("init rows done")

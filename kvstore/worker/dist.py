@@ -14,6 +14,7 @@ states on the servers :mod:`kvstore.worker.remote_states`, finishing or failing
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -198,13 +199,14 @@ class DistStore(KVStore):
         which every worker computes alike from the members of the same barrier."""
         return not self._joining and self._rank == self._members[0]
 
-    def _collective(self, token: str, deadline: bool = True) -> None:
-        """Wait for every worker's same collective call (the scheduler's barrier);
-        learn the members (they change in an elastic job). A worker that joined a
-        running job passes alone until its first :meth:`barrier`."""
+    def _collective(self, token: str, deadline: bool = True, items: Sequence[str] = ()) -> None:
+        """Wait for every worker's same collective call (the scheduler's barrier;
+        ``items``: what it agrees on key by key, named in the error when the workers
+        differ); learn the members (they change in an elastic job). A worker that
+        joined a running job passes alone until its first :meth:`barrier`."""
         if self._joining:
             return
-        _, members = self._job.collective(token, deadline)
+        _, members = self._job.collective(token, deadline, items)
         self._now_members(members)
 
     def _now_members(self, members) -> None:
@@ -273,8 +275,7 @@ class DistStore(KVStore):
     # -- hooks ---------------------------------------------------------------------------------
     def _do_init(self, items) -> None:
         call = self._timeline.begin(ops.INIT, [k for k, *_ in items]) if self._timeline is not None else None
-        desc = ", ".join(f"{k!r}:{tuple(shape)}:{dtype.name}" for k, shape, dtype, _ in items)
-        self._collective(f"init {desc}")
+        self._collective("init", items=[f"key {k!r} {tuple(shape)} {dtype.name}" for k, shape, dtype, _ in items])
         infos, flats = [], []
         for key, shape, dtype, value in items:
             size = int(np.prod(shape, dtype=np.int64))

@@ -15,8 +15,10 @@ import hashlib
 import logging
 import os
 import threading
+from typing import Sequence
 
-from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout
+from tracker.control import disagreement
+from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout, TrackerError
 from tracker.control.membership import Membership
 
 from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError
@@ -24,6 +26,7 @@ from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError
 log = logging.getLogger(__name__)
 
 NO_DEADLINE = 1e9   # seconds: a barrier timeout the scheduler treats as none (tracker Barrier.arrive)
+DISAGREEMENT_TIMEOUT = 10.0   # seconds the workers take to learn where their calls differ
 
 
 class JobMember:
@@ -49,21 +52,48 @@ class JobMember:
         """Join the job: the registration (rank, number of workers, server adverts)."""
         return self._translate(self.membership.register)
 
-    def collective(self, token: str, deadline: bool = True) -> tuple[int, tuple]:
-        """Wait until every worker made the call described by ``token``; an error if
-        another worker's token differs. Returns (membership epoch, member ranks);
-        ``membership.progress`` is then the job's progress. Without ``deadline``
-        (a worker joining an elastic job, whose first barrier the others reach at
-        their next epoch) it waits as long as the job runs, not KVSTORE_TIMEOUT."""
-        if len(token) > 200:
-            token = f"{token[:150]}... #{hashlib.sha1(token.encode()).hexdigest()[:16]}"
-        return self._translate(self.membership.barrier, token, None if deadline else NO_DEADLINE)
+    def collective(self, token: str, deadline: bool = True, items: Sequence[str] = ()) -> tuple[int, tuple]:
+        """Wait until every worker made the call described by ``token`` and ``items``
+        (what it agrees on item by item, e.g. each key's shape and dtype); an
+        InvalidArgumentError if another worker's differs, naming the worker blamed
+        and the first item that differs, both sides
+        (:mod:`tracker.control.disagreement`). Returns (membership epoch, member
+        ranks); ``membership.progress`` is then the job's progress. Without
+        ``deadline`` (a worker joining an elastic job, whose first barrier the others
+        reach at their next epoch) it waits as long as the job runs, not KVSTORE_TIMEOUT."""
+        whole = f"{token} {', '.join(items)}" if items else token
+        if len(whole) > 200:
+            whole = f"{whole[:150]}... #{hashlib.sha1(whole.encode()).hexdigest()[:16]}"
+        return self._agreed(token, items, self.membership.barrier, whole, None if deadline else NO_DEADLINE)
+
+    def _disagreement(self, token: str, items: Sequence[str]) -> str | None:
+        """After a barrier whose tokens differed (every worker got that answer at
+        once): every worker's call, item by item, through the scheduler, and where
+        they first differ; None if that cannot be learnt within a few seconds."""
+        try:
+            members, payloads = self.membership.allgather(disagreement.encode(token, items), "disagreement",
+                                                          min(self._config.timeout, DISAGREEMENT_TIMEOUT))
+            return disagreement.describe({rank: disagreement.decode(p) for rank, p in zip(members, payloads)})
+        except (TrackerError, ValueError, TypeError) as e:
+            log.debug("could not learn where the workers' calls differ: %s", e)
+            return None
 
     def allgather(self, data: bytes, token: str, timeout: float | None) -> tuple[tuple, list]:
         """Every member's ``data`` through the scheduler's authenticated barrier
         (:meth:`tracker.control.membership.Membership.allgather`): ``(members, payloads)``,
         sorted ranks and each one's bytes in that order; tracker errors as kvstore's."""
-        return self._translate(self.membership.allgather, data, token, timeout)
+        return self._agreed(f"allgather {token}", (), self.membership.allgather, data, token, timeout)
+
+    def _agreed(self, token: str, items: Sequence[str], fn, *args):
+        """``fn(*args)`` (a barrier) through :meth:`_translate`; when the workers'
+        calls differed, the error says where (:meth:`_disagreement`)."""
+        try:
+            return self._translate(fn, *args)
+        except InvalidArgumentError as e:
+            detail = self._disagreement(token, items) if disagreement.PHRASE in str(e) else None
+            if detail is None:
+                raise
+            raise InvalidArgumentError(detail) from None   # (the scheduler's answer says less)
 
     def save_progress(self, progress: dict) -> None:
         """Record the job's progress with the scheduler (what joining workers read)."""

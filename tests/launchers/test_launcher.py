@@ -277,6 +277,31 @@ def test_a_worker_that_fails_before_registering_has_its_exception_in_the_summary
     assert_no_leftovers(p)
 
 
+@pytest.mark.parametrize("mode, workers, blamed, error", [
+    ("init", 3, 0, "workers disagree at a collective call (init): worker 0 differs from worker 1 at item 6 "
+                   "(of 10): worker 1 has key 6 (11, 32) float32, worker 0 has key 6 (11, 64) float32"),
+    ("trainer", 2, 1, "workers disagree at a collective call (init): worker 1 differs from worker 0 at item 4 "
+                      "(of 8): worker 0 has key '2.weight' (64, 16) float32, worker 1 has key '2.weight' "
+                      "(32, 16) float32"),
+])
+def test_workers_whose_models_differ_are_told_the_first_parameter_that_differs(mode, workers, blamed, error):
+    """Models that differ in one parameter (kv.init, kvstore.torch.Trainer): every
+    worker's error names the first differing key, its index and both shapes (not two
+    digests), and the root cause is the worker that differs from the others (the
+    same every run, whichever worker's report reached the scheduler first)."""
+    p = launch("-n", str(workers), "-s", "1", sys.executable, os.path.join(SCRIPTS, "mismatch.py"), mode,
+               env=FAST_FAILURE)
+    assert p.wait(120) == 1, p.text
+    for rank in range(workers):
+        assert f"[worker:{rank}] error: {error}" in p.text, p.text
+    cause = p.text.split("job failed:")[1]
+    assert cause.startswith(f" worker {blamed} differs from the other workers at a collective call; "), p.text
+    row = re.search(rf"^worker {blamed} +\d+  (.*)$", p.text, re.M)
+    assert row and row.group(1).endswith("<- root cause"), p.text
+    assert p.text.count("<- root cause") == 1, p.text
+    assert_no_leftovers(p)
+
+
 def test_the_worker_absent_from_a_timed_out_barrier_is_the_root_cause():
     """Workers 0 and 2 wait at a barrier that worker 1 (alive, heartbeating) never
     reaches: their barrier times out naming worker 1, they fail, and the table
