@@ -114,12 +114,15 @@ def run_pytest(timeout: float) -> dict:
             "tail": "\n".join(lines[-60:]) if p.returncode else ""}
 
 
-def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
+def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer, batched: bool = False):
     """A server state on ``backend`` with ``count`` chunks of ``n`` float32 values
     (configured for ``workers``, ``optimizer`` set) and a function that runs one
     sync round on every chunk exactly as the server does once pushes are uploaded:
     each worker's gradient (``xp`` arrays, worker w's all ``0.5 * (w + 1)``) is
-    contributed, then the complete rounds are applied. CI runs it on the host
+    contributed, then the complete rounds are applied. ``batched``: as Sync.join
+    runs a push, each worker's push of every chunk one event, whose updates a GPU
+    server runs in one multi-tensor launch (kvstore/optimizer/multi_tensor.py);
+    otherwise chunk by chunk, one fused kernel each. CI runs it on the host
     backend with numpy (tests/benchmarks/test_gpu_check.py); the GPU run times it on CuPy."""
     import numpy as np
     from kvstore.server.state import ServerState
@@ -137,6 +140,13 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer):
     assert isinstance(sync, Sync)   # configured "sync" above
 
     def one_round() -> None:
+        if batched:
+            for w in range(workers):
+                with backend.batched():         # one push: the last one completes every chunk
+                    for cid, chunk in chunks:
+                        sync.contribute(cid, chunk, frozenset({w}), grads[w])
+                        sync.apply_complete(cid, chunk)
+            return
         for cid, chunk in chunks:
             for w in range(workers):
                 sync.contribute(cid, chunk, frozenset({w}), grads[w])
@@ -170,9 +180,14 @@ def aggregation(total_mb: int = 64, chunk_mbs=(2, 16, 64), workers: int = 2, rep
     for chunk_mb in chunk_mbs:
         n = (chunk_mb << 20) // 4
         count = total_mb // chunk_mb
-        for name, optimizer in (("sum", None), ("sgd momentum", opt.SGD(learning_rate=0.1, momentum=0.9)),
-                                ("adam", opt.Adam(learning_rate=0.001))):
-            _, one_round = server_rounds(backend, cupy, n, count, workers, optimizer)
+        # the updates per chunk (one fused kernel each), then (issue 45 item 2) each push's
+        # updates in one multi-tensor launch, as GPU servers run them now
+        for name, optimizer, batched in (("sum", None, False),
+                                         ("sgd momentum", opt.SGD(learning_rate=0.1, momentum=0.9), False),
+                                         ("adam", opt.Adam(learning_rate=0.001), False),
+                                         ("sgd momentum, multi-tensor", opt.SGD(learning_rate=0.1, momentum=0.9), True),
+                                         ("adam, multi-tensor", opt.Adam(learning_rate=0.001), True)):
+            _, one_round = server_rounds(backend, cupy, n, count, workers, optimizer, batched)
             ms = gpu_ms(one_round)
             states = 0 if optimizer is None else optimizer.num_states
             least = n_total * 4 * (workers + 2 * (1 + states) - (1 if optimizer is None else 0))
@@ -262,6 +277,8 @@ def report(results: dict) -> str:
                   "| chunk MB | update | ms per round | GB/s (least bytes) | vs copy |", "|---:|---|---:|---:|---:|"]
         lines += [f"| {r['chunk_mb']} | {r['update']} | {r['ms']} | {r['gb_s']} | {r['vs_copy']:.2f} |"
                   for r in a["rows"]] + [""]
+        lines += ["Targets (issue 45): the multi-tensor update at 2 MB chunks >= 0.5x of the copy, "
+                  "at 64 MB >= 0.7x.", ""]
     if "phases" in results:
         lines += ["## Where a ResNet-50 exchange's time goes (benchmarks/gpu_check/phases.py)", ""]
         lines += gpu_phases.report(results["phases"])

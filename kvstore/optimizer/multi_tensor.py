@@ -74,8 +74,9 @@ def collecting() -> MultiTensorBatch | None:
 
 
 def settle(a) -> None:
-    """Run the open batch now if it holds an update that writes or reads ``a`` (the
-    caller is about to read or overwrite it); nothing when no batch is open."""
+    """Run the open batch now if it holds an update of weight ``a`` (the caller is
+    about to read it, or to reuse what that update reads); nothing when no batch is
+    open."""
     batch = _OPEN.get()
     if batch is not None:
         batch.settle(a)
@@ -187,7 +188,7 @@ class MultiTensorBatch:
     def __init__(self, device):
         self.device = device
         self._entries: list[Entry] = []
-        self._touched: set[int] = set()      # addresses of every array a pending update uses
+        self._touched: set[int] = set()      # addresses of the weights of the pending updates
         self.launches = 0                    # groups run (one kernel each on a GPU; tests count them)
         self.updates = 0                     # updates run by this batch
 
@@ -218,12 +219,11 @@ class MultiTensorBatch:
         if grad.dtype != weight.dtype:
             grad = grad.astype(weight.dtype)
         name, scalars = fused.plan_call(optimizer, weight.dtype, state, t, lr)
-        arrays = (weight, grad, *state)
-        where = {self.device.address(a) for a in arrays}
-        if where & self._touched:         # the same chunk twice: the first update goes first
+        where = self.device.address(weight)
+        if where in self._touched:        # the same chunk twice: the first update goes first
             self.flush()
         self._entries.append(Entry(name, grad, scalars, weight, tuple(state), generic))
-        self._touched |= where
+        self._touched.add(where)
         return True
 
     def _takes(self, optimizer, weight, grad, state) -> bool:
@@ -235,7 +235,8 @@ class MultiTensorBatch:
         return all(dev.is_device_array(a) and a.flags.c_contiguous for a in (weight, grad, *state))
 
     def settle(self, a) -> None:
-        """Run what the batch holds now if an update in it uses ``a``."""
+        """Run what the batch holds now if it updates weight ``a`` (a chunk's value: its
+        state, and its round's sum that the update reads, go with it)."""
         if self._entries and self.device.address(a) in self._touched:
             self.flush()
 

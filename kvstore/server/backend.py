@@ -138,8 +138,8 @@ class DeviceBackend:
         return self.updates.collect()
 
     def settle(self, a) -> None:
-        """The caller is about to read or overwrite device array ``a`` (a chunk's value
-        or its recycled sum): a batched update that uses it runs first."""
+        """The caller is about to read chunk value ``a``, or to reuse the sum its last
+        update read (the chunk's spare): a batched update of it runs first."""
         self.updates.settle(a)
 
     def alloc(self, size: int, dtype):

@@ -27,6 +27,24 @@ def test_one_benchmark_round_applies_one_sync_round_on_every_chunk(optimizer):
         assert not state.chunks[("k", i)].rounds            # nothing left waiting
 
 
+def test_the_multi_tensor_rounds_run_each_push_as_one_event_on_the_host_device():
+    """``batched``: each worker's push one event, as Sync.join runs it; the GPU server's
+    code path (the host device) updates every chunk of the round in one group."""
+    from kvstore.devices import HostDevice
+    from kvstore.server.backend import DeviceBackend
+    sgd = opt.SGD(learning_rate=0.1, momentum=0.9)
+    backend = DeviceBackend(HostDevice())
+    state, one_round = server_rounds(backend, backend.xp, n=1000, count=3, workers=2, optimizer=sgd, batched=True)
+    want, per_chunk = server_rounds(HostBackend(), np, n=1000, count=3, workers=2, optimizer=sgd)
+    for _ in range(2):
+        one_round()
+        per_chunk()
+    assert (backend.updates.launches, backend.updates.updates) == (2, 6)
+    for i in range(3):
+        np.testing.assert_array_equal(state.chunks[("k", i)].value, want.chunks[("k", i)].value)
+        assert not state.chunks[("k", i)].rounds
+
+
 def test_sections_are_isolated_and_a_budget_runs_what_fits():
     """--budget: the sections in order while their expected time fits; a failing one
     is recorded with its error and the next one runs; every result is saved as it comes."""
