@@ -114,8 +114,18 @@ def _packed(header: dict, arrays: Sequence, inline) -> list | None:
     return [b"".join(parts), *(arrays[i] for i in inline if i not in chosen)]
 
 
+_STRS: dict = {}      # dtype -> its string (np.dtype(...).str costs ~1 us, on every buffer)
+
+
 def _dtype_str(a) -> str:
-    return np.dtype(a.dtype).str
+    dtype = a.dtype
+    try:
+        return _STRS[dtype]
+    except (KeyError, TypeError):     # (TypeError: an unhashable dtype-like, left to numpy)
+        text = np.dtype(dtype).str
+        if len(_STRS) < 64:
+            _STRS[dtype] = text
+        return text
 
 
 def _buffer(frame) -> memoryview:
@@ -278,17 +288,24 @@ def _error(message: str, header: dict) -> ProtocolError:
     return error
 
 
+_DIM_LIMIT = 1 << 40
+_ALLOWED = {text: np.dtype(text) for text in ALLOWED_DTYPES}     # (np.dtype(str) on every buffer cost ~1 us)
+
+
 def _check_meta(i: int, meta) -> tuple[np.dtype, list[int]]:
     if not (isinstance(meta, list) and len(meta) == 2 and isinstance(meta[0], str)
             and isinstance(meta[1], list)):
         raise ProtocolError(f"buffer {i}: description must be [dtype, shape]")
-    if meta[0] not in ALLOWED_DTYPES:
+    dtype = _ALLOWED.get(meta[0])
+    if dtype is None:
         raise ProtocolError(f"buffer {i}: dtype {meta[0]!r} is not allowed")
     shape = meta[1]
-    if len(shape) > 32 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40
-                                  for d in shape):
+    if len(shape) > 32:
         raise ProtocolError(f"buffer {i}: invalid shape {shape!r}")
-    return np.dtype(meta[0]), shape
+    for d in shape:       # (a loop: a generator in all() cost more than the rest of the check)
+        if not ((type(d) is int or (isinstance(d, int) and not isinstance(d, bool))) and 0 <= d < _DIM_LIMIT):
+            raise ProtocolError(f"buffer {i}: invalid shape {shape!r}")
+    return dtype, shape
 
 
 def error_header(req_id, kind: str, message: str) -> dict:

@@ -256,7 +256,7 @@ class Sync(Consistency):
     def _writing(self, worker: int, cid, chunk: Chunk) -> bool:
         """Whether ``worker`` has a write on ``cid`` that is granted and not ``written``,
         or queued (or a push queued behind one): its round is still to come."""
-        return any(r.writer == worker for r in chunk.rounds) or self.writes.queued(worker, cid)
+        return (bool(chunk.rounds) and any(r.writer == worker for r in chunk.rounds)) or self.writes.queued(worker, cid)
 
     def _grant_ready(self) -> list[Reply]:
         """Grant every queued write whose rounds have no writer now, oldest first; a
@@ -534,7 +534,9 @@ class Sync(Consistency):
         no other chunk)."""
         replies, still = [], []
         for pending in chunk.waiting:
-            if self._waits(pending, cid, chunk):
+            # (a push whose round was applied, nothing queued after it: done here, the
+            # common case, decided without _waits' calls)
+            if (chunk.rounds or cid not in pending.rounds) and self._waits(pending, cid, chunk):
                 still.append(pending)
                 continue
             pending.blocked.discard(cid)
@@ -568,9 +570,11 @@ class Sync(Consistency):
         # may complete before the reply is read, so it gets a copy.
         values = [captured.get(cid, chunks[cid].value) for cid in pending.chunks] \
             if pending.want_values else []
-        ahead = bool(values) and any(
-            chunks[cid].pending_from(pending.worker) or self._writing(pending.worker, cid, chunks[cid])
-            for cid in pending.chunks)
+        worker = pending.worker
+        ahead = bool(values) and (
+            any(self._writing(worker, cid, chunks[cid]) or chunks[cid].pending_from(worker)
+                for cid in pending.chunks if chunks[cid].rounds)
+            or (self.writes.waiting() and any(self.writes.queued(worker, cid) for cid in pending.chunks)))
         # a captured value is a copy made for this reply alone: it must not be left on
         # the device for a worker to read by reference after the reply dropped it
         return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead or bool(captured)))

@@ -93,7 +93,11 @@ class WriteIn:
     # -- a worker's order: a write counts as its push from the moment it arrives --------
     def queued(self, worker: int, cid) -> bool:
         """Whether ``worker`` has a write on ``cid`` (or a push behind one) still queued."""
-        return any(e.worker == worker and cid in e.ids for e in self._queue)
+        return bool(self._queue) and any(e.worker == worker and cid in e.ids for e in self._queue)
+
+    def waiting(self) -> bool:
+        """Whether any write (or push held behind one) is queued."""
+        return bool(self._queue)
 
     def ahead(self, worker: int, ids) -> bool:
         """Whether a queued write (or held push) of ``worker`` shares a chunk with ``ids``."""
