@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, ops
+from .budget import MemoryBudget
 from .optimizer_slot import ServerOptimizer
 from .requests import chunk_ids, ok
 from .rounds import Reply, is_int
@@ -153,10 +154,13 @@ class ReplyGate:
 
 class Replicas:
     """The backup's side: replicas of other servers' chunks, by their primary's rank.
-    ``alloc(size, dtype)``: memory for a replica's values."""
+    ``alloc(size, dtype)``: memory for a replica's values, counted in ``budget``
+    (``KVSTORE_SERVER_MEMORY``) as the server's own values are."""
 
-    def __init__(self, name: str, optimizer: ServerOptimizer, alloc: Callable):
+    def __init__(self, name: str, optimizer: ServerOptimizer, alloc: Callable,
+                 budget: MemoryBudget | None = None):
         self.name = name
+        self.budget = budget or MemoryBudget(None)
         self.optimizer = optimizer
         self.alloc = alloc
         self.primaries: frozenset[int] = frozenset()   # the servers whose chunks it backs up
@@ -182,8 +186,10 @@ class Replicas:
                 if cid in held and (held[cid][0].shape != a.shape or held[cid][0].dtype != a.dtype):
                     raise InvalidArgumentError(f"replicate init of {chunk_label(cid)}: it holds a replica of "
                                                "another shape")
-            for cid, a in zip(ids, flat):
-                if cid not in held:
+            fresh = [(cid, a) for cid, a in zip(ids, flat) if cid not in held]
+            with self.budget.holding(sum(a.nbytes for _, a in fresh),
+                                     f"the replicas of {len(fresh)} chunk(s) of server {primary} on {self.name}"):
+                for cid, a in fresh:
                     value = self.alloc(a.size, a.dtype)
                     value[...] = a
                     held[cid] = [value, 0]
@@ -234,7 +240,8 @@ class Replicas:
     def drop(self, primary: int) -> None:
         """Server ``primary`` is served elsewhere now: its replica is of no use."""
         self.primaries = self.primaries - {primary}
-        self.held.pop(primary, None)
+        gone = self.held.pop(primary, {})
+        self.budget.give(sum(value.nbytes for value, _ in gone.values()))
 
 
 def replicate_request(req_id: int, src: int, seq: int, fields: dict) -> dict:

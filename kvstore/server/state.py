@@ -87,7 +87,8 @@ class ServerState:
         # replicated servers (kvstore.server.replication): what this server's backup must
         # apply, and the replicas this server holds for others (both idle unless set up)
         self.replication = Replication()
-        self.replicas = Replicas(name, self.optimizer, self.table.alloc)
+        self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
+        self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
         self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
@@ -220,6 +221,13 @@ class ServerState:
     # -- dense chunks ---------------------------------------------------------------------
     def _on_init(self, peer, header, arrays):
         ids = chunk_ids(header, arrays)
+        if self._adopted.intersection(ids):
+            # (replicated servers) an init the dead primary applied, and its replica holds,
+            # sent again by a worker it had not answered: the replica's value stays
+            again = [cid in self._adopted for cid in ids]
+            self.table.existing([c for c, a in zip(ids, again) if a], [x for x, a in zip(arrays, again) if a])
+            self._adopted.difference_update(ids)
+            ids, arrays = [c for c, a in zip(ids, again) if not a], [x for x, a in zip(arrays, again) if not a]
         fresh = {cid: a.nbytes for cid, a in zip(ids, arrays) if cid not in self.table.chunks}
         what = f"init of {len(fresh)} chunk(s) ({', '.join(map(chunk_label, list(fresh)[:3]))}" \
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
@@ -422,6 +430,7 @@ class ServerState:
         one more). Returns the replies now ready (none: nothing waits on them yet)."""
         adopted = self.replicas.promote(primary)
         self.table.chunks.update({cid: Chunk(value) for cid, (value, _) in adopted.items()})
+        self._adopted |= set(adopted)
         if self.consistency is not None:
             for cid, (_, rounds) in adopted.items():
                 self.consistency.adopt(cid, rounds)

@@ -357,6 +357,13 @@ class Client:
             if req.server not in dead or kept is None:
                 continue
             share, op, fields, arrays = kept
+            if not fields.get("chunks"):
+                # a request to every server (set_optimizer, configure, get_states, ...): the
+                # server that serves the dead one's share got its own copy; request_all
+                # takes that one's reply for both (sent again, it would apply it twice)
+                del self._pending[req_id]
+                self.failover.answered(req_id)
+                continue
             server = self.failover.route(share)
             log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
                         self.rank, req.server, req_id, req.what, server)

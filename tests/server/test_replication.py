@@ -133,3 +133,19 @@ def test_layerwise_pushes_are_refused_with_a_backup():
     primary.init({A: np.zeros(4, F32)})
     rid, r = primary.send(0, ops.PUSH, [A], [np.ones(4, F32)], norms=True)
     expect_error(only(r), peer(0), rid, "InvalidArgumentError", "not replicated yet", "KVSTORE_REPLICAS")
+
+
+def test_an_init_sent_again_to_the_promoted_backup_keeps_the_replicas_value():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.ones(4, F32)})
+    forward(primary, backup)
+    for w in range(W):
+        primary.send(w, ops.PUSH, [A], [np.full(4, 2, F32)], rounds=[1])
+        forward(primary, backup)
+    backup.state.promote(0)
+    value = backup.state.chunks[A].value.copy()
+    rid, r = backup.send(0, ops.INIT, [A, B], [np.ones(4, F32), np.zeros(3, F32)])   # its reply was lost
+    expect_ok(only(r), peer(0), rid)
+    assert backup.state.chunks[A].value.tobytes() == value.tobytes() and B in backup.state.chunks
+    rid, r = backup.send(0, ops.INIT, [A], [np.ones(4, F32)])                        # a second one is an error
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "already initialised")
