@@ -45,12 +45,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from . import fused
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ENABLED", "Group", "MultiTensorBatch", "collecting", "settle", "source"]
 
@@ -191,6 +194,7 @@ class MultiTensorBatch:
         self._touched: set[int] = set()      # addresses of the weights of the pending updates
         self.launches = 0                    # groups run (one kernel each on a GPU; tests count them)
         self.updates = 0                     # updates run by this batch
+        self.failed: str | None = None       # why a launch failed (the batch then takes nothing)
 
     @contextlib.contextmanager
     def collect(self) -> Iterator[MultiTensorBatch]:
@@ -227,7 +231,8 @@ class MultiTensorBatch:
         return True
 
     def _takes(self, optimizer, weight, grad, state) -> bool:
-        if not (ENABLED and fused.ENABLED) or optimizer.fused_norms or not fused.has_kernel(type(optimizer)):
+        if not (ENABLED and fused.ENABLED) or self.failed is not None or optimizer.fused_norms \
+                or not fused.has_kernel(type(optimizer)):
             return False
         if weight.dtype.char not in DTYPES:
             return False
@@ -250,6 +255,23 @@ class MultiTensorBatch:
             groups.setdefault((e.name, e.weight.dtype.char), []).append(e)
         self._entries, self._touched = [], set()
         for (name, char), entries in groups.items():
-            self.device.run_updates(Group(name, np.dtype(char), entries))
+            group = Group(name, np.dtype(char), entries)
+            try:
+                self.device.run_updates(group)
+            except Exception as e:
+                self._broken(group, e)
+                continue
             self.launches += 1
             self.updates += len(entries)
+
+    def _broken(self, group: Group, error: Exception) -> None:
+        """A group failed to launch (its kernel did not build, say): its chunks' counts
+        have moved and their replies are being made, so they are updated by their
+        optimizer's own code now, and the batch takes nothing more (later updates go
+        per chunk, where a failure fails its round): logged as an error, naming it."""
+        self.failed = f"{type(error).__name__}: {error}"
+        log.error("the multi-tensor update of %d chunk(s) (kernel %s, %s) failed; they are updated by "
+                  "their optimizer's own code, and this batch hands every later update to the "
+                  "per-chunk path: %s", len(group.entries), group.name, group.dtype.name, self.failed,
+                  exc_info=error)
+        group.run_each()

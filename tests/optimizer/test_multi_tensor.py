@@ -255,3 +255,24 @@ def test_a_planning_error_leaves_the_slot_as_it_was():
             updater(("k", 0), _on_device(dev, np.ones(3, np.float32)), w)
     assert batch.updates == 0 and updater.get_states() == {}
     np.testing.assert_array_equal(w, 1.0)
+
+
+def test_a_group_that_fails_to_launch_is_updated_by_its_optimizer_and_batching_stops(caplog):
+    """A kernel that does not build (say) must not leave planned updates unapplied: the
+    group's updates run by the optimizer's own code, the error is logged naming the
+    kernel, and later updates go per chunk (where a failure fails its round)."""
+    def broken(group):
+        raise RuntimeError("nvrtc: the kernel did not compile")
+    dev = HostDevice(kernels=broken)
+    batch = MultiTensorBatch(dev)
+    updater = opt.Updater(opt.SGD(learning_rate=0.5, momentum=0.9))
+    w = _on_device(dev, np.ones(4, np.float32))
+    with batch.collect():
+        updater("k", _on_device(dev, np.ones(4, np.float32)), w)
+    np.testing.assert_array_equal(w, 0.5)                   # applied, by the numpy code
+    assert batch.failed == "RuntimeError: nvrtc: the kernel did not compile" and batch.launches == 0
+    assert "kernel sgd_mom, float32" in caplog.text and "did not compile" in caplog.text
+    with batch.collect():
+        updater("k", _on_device(dev, np.ones(4, np.float32)), w)      # per chunk now: at once
+        np.testing.assert_allclose(w, 0.5 + (0.9 * -0.5 - 0.5), rtol=1e-6)     # mom -0.95
+        assert batch.updates == 0
