@@ -164,6 +164,27 @@ def test_without_launcher_a_dead_server_is_found_by_heartbeats():
     assert leftovers(tag) == []
 
 
+def test_a_hand_started_job_without_its_server_says_so_within_seconds_and_forms_when_it_comes():
+    """Scheduler and workers started by hand, the server forgotten: within
+    FORMING_NOTICE (10 s), not KVSTORE_TIMEOUT (300 s), the scheduler and every
+    waiting worker say who is missing and which settings count them; a server
+    started after that still forms the job, which succeeds."""
+    port, tag = _free_port(), uuid.uuid4().hex
+    scheduler = Proc([sys.executable, "-m", "tracker.scheduler"], _dmlc_env("scheduler", port), tag)
+    script = [sys.executable, os.path.join(SCRIPTS, "formulas.py")]
+    workers = [Proc(script, _dmlc_env("worker", port), tag) for _ in range(2)]
+    said = ("the job has not formed {}s after the scheduler started: 2 of 2 workers registered; "
+            "0 of 1 servers registered. Start the missing processes")
+    for w in workers:
+        w.wait_for(re.escape(said).replace(re.escape("{}"), r"\d+"), timeout=40)
+        assert "DMLC_NUM_SERVER" in w.text and "(KVSTORE_TIMEOUT)" in w.text, w.text
+    scheduler.wait_for(re.escape(said).replace(re.escape("{}"), r"\d+"), timeout=10)
+    server = Proc([sys.executable, "-m", "kvstore.server"], _dmlc_env("server", port), tag)
+    codes = [p.wait(120) for p in (*workers, server, scheduler)]
+    assert codes == [0, 0, 0, 0], "\n---\n".join(p.text for p in (*workers, server, scheduler))
+    assert leftovers(tag) == []
+
+
 # -- teardown, output and reporting (docs/launching.md, "Failure handling") ----------
 
 CASES = os.path.join(SCRIPTS, "launcher_cases.py")

@@ -301,3 +301,23 @@ def test_an_exit_before_the_job_formed_aborts_and_a_clean_exit_after_finish_does
 def test_an_empty_job_is_refused():
     with pytest.raises(ValueError, match="at least one worker and one server"):
         SchedulerState(0, 1, now=0.0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1)
+
+
+def test_a_job_that_has_not_formed_is_told_to_its_waiting_nodes_after_the_notice_not_the_timeout():
+    from tracker.control.scheduler_state import FORMING_NOTICE
+    job = Job(workers=2, servers=1)
+    for rank in range(2):
+        job.register("worker", rank)
+    for _ in range(int(FORMING_NOTICE) - 1):              # alive (heartbeats), waiting
+        job.tick(1.0)
+        assert "forming" not in only(job.beat("worker-0")).fields
+        job.beat("worker-1")
+    job.tick(1.5)
+    said = only(job.beat("worker-1")).fields["forming"]
+    assert said.startswith(f"the job has not formed {FORMING_NOTICE + 0.5:.0f}s after the scheduler started: "
+                           "2 of 2 workers registered; 0 of 1 servers registered. ")
+    assert "KVSTORE_NUM_SERVERS" in said and "(KVSTORE_TIMEOUT)" in said
+    assert job.state.failure is None                      # only said: the job goes on waiting
+    _, sends = job.register("server", 0)                  # a late server forms it
+    assert {s.op for s in sends} == {"registered"} and len(sends) == 3
+    assert "forming" not in only(job.beat("worker-0")).fields

@@ -321,6 +321,7 @@ class Membership:
         sock = self._socket()
         last_contact = time.monotonic()
         contacted = False   # before the scheduler first answers, registration's timeout applies
+        told_forming = False   # the scheduler said the job has not formed yet (logged once)
         next_beat = 0.0
         try:
             while not self._stop_hb.is_set():
@@ -352,6 +353,9 @@ class Membership:
                     elif msg["op"] == wire.SERVERS:
                         self._note_servers(msg)
                     elif msg["op"] == wire.ACK:
+                        if isinstance(msg.get("forming"), str) and not told_forming:   # once
+                            told_forming = True
+                            log.warning("%s waits to register: %s", self.name, msg["forming"])
                         self._note_servers(msg)
                         self._note_finished(msg.get("workers_finished"))
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))

@@ -45,6 +45,12 @@ from .records import Node, Send, describe_exit, gather_budget, missing
 log = logging.getLogger(__name__)
 
 
+# seconds after which a job that has not formed (a process not started: a hand-started
+# job without its servers) is reported, by the scheduler and to every node waiting in
+# its registration, long before KVSTORE_TIMEOUT ends it
+FORMING_NOTICE = 10.0
+
+
 class _JobAborted(RendezvousError):
     """A request after the job was aborted: answered 'aborted', not a bad message."""
 
@@ -100,6 +106,8 @@ class SchedulerState:
         self._shutdown_at: float | None = None
         self._abort_until: float | None = None
         self._deadline = now + timeout
+        self._started = now
+        self._noticed = False   # that the job has not formed after FORMING_NOTICE (logged once)
         self._hb_idents: dict[str, bytes] = {}
         self._handlers: dict[str, Callable[[bytes, dict], None]] = {
             wire.HEARTBEAT: self._op_heartbeat, wire.REGISTER: self._op_register, wire.BARRIER: self._op_barrier,
@@ -184,6 +192,9 @@ class SchedulerState:
         """Time passed: registration, heartbeat, shutdown and barrier deadlines;
         finished workers whose grace passed are reported to the servers."""
         self._now = now
+        if self._abort_until is None and not self._noticed and (notice := self._forming()):
+            self._noticed = True
+            log.warning("%s", notice["forming"])
         if self._abort_until is not None:
             self.over = now >= self._abort_until or all(n.finished for n in self._nodes.values())
         elif self._book is None and now > self._deadline:
@@ -261,7 +272,19 @@ class SchedulerState:
             self._send(ident, wire.ACK, **self._slots.acknowledgement(self._now), **self._book_news())
             self._out += self._slots.answers(self._live_servers(), self._book)   # (elastic) joiners
         else:
-            self._send(ident, wire.ACK, **self._book_news())
+            self._send(ident, wire.ACK, **self._book_news(), **self._forming())
+
+    def _forming(self) -> dict:
+        """``{"forming": why}`` once the job has not formed for FORMING_NOTICE seconds
+        (who registered and who is missing, the settings, the deadline); else {}."""
+        if self._book is not None or self._now < self._started + min(FORMING_NOTICE, self.timeout / 2):
+            return {}
+        who = missing(self._nodes.values(), self.num_workers, self.num_servers)
+        return {"forming": (
+            f"the job has not formed {self._now - self._started:.0f}s after the scheduler started: {who}. "
+            "Start the missing processes (a server: DMLC_ROLE=server, or python -m kvstore.server), or make "
+            "KVSTORE_NUM_WORKERS / KVSTORE_NUM_SERVERS (DMLC_NUM_WORKER / DMLC_NUM_SERVER) match what runs; "
+            f"registration gives up {self.timeout:g}s after the start (KVSTORE_TIMEOUT)")}
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
