@@ -10,8 +10,10 @@ pushed by post-accumulate-grad hooks while backward runs), held by the strategy:
   ``.grad`` gets the average over the workers and the LightningModule's own torch
   optimizer steps on it, as with DDP.
 - ``update_on_kvstore=True``: the servers run the optimizer, the
-  LightningModule's ``torch.optim.SGD`` translated exactly
-  (:func:`kvstore.torch.optimizer_from_torch`; a torch LR scheduler is followed);
+  LightningModule's torch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad or
+  Adadelta) by its twin, torch's own step on the servers
+  (:func:`kvstore.torch.optimizer_from_torch`; what a torch scheduler changes in any
+  param group is followed);
   the workers push gradients and pull the new weights.
 
 The processes come from our launchers or torch's: ``python -m tracker.local -n 2
@@ -81,9 +83,8 @@ class KVStoreStrategy(ParallelStrategy):
     ``kvstore``: a store type for :func:`kvstore.create` (``"dist_sync"``,
     ``"dist_device_sync"``, ``"dist_async"``, ``"local"``...), created when the
     Lightning Trainer is built, or a store you created. ``update_on_kvstore``:
-    whether the servers run the optimizer (the module's ``torch.optim.SGD``, whose
-    param groups may differ in ``lr`` and ``weight_decay``: each key's ``lr_mult``
-    and ``wd_mult`` on the servers) or the workers run the module's torch optimizer on the
+    whether the servers run the optimizer (the module's torch optimizer by its twin,
+    every param group with its hyper-parameters: kvstore.optimizer.torch_twin) or the workers run the module's torch optimizer on the
     averaged gradients (any optimizer; the servers only sum, so a synchronous
     store). ``bucket_bytes`` (default: sized by the model), ``overlap``: as
     :class:`kvstore.torch.Trainer` (with ``accumulate_grad_batches > 1`` the backward

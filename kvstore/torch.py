@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -44,7 +43,7 @@ from torch.autograd import Variable
 from .devices import gpu
 from . import optimizer as kvopt
 from .worker.store import KVStore
-from .errors import ArgumentTypeError, InvalidArgumentError
+from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
 from .fileio import atomic_write
 from .flat_buckets import Bucket, FlatBuckets
 from .embedding import ShardedEmbedding  # noqa: F401  (re-exported: kvstore.torch.ShardedEmbedding)
@@ -72,57 +71,122 @@ def bucket_bytes_for(model_bytes: int) -> int:
     return min(DEFAULT_BUCKET_BYTES, max(MIN_BUCKET_BYTES, -(-int(model_bytes) // BUCKETS_PER_MODEL)))
 
 
-def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.Optimizer:
-    """The server-side equivalent of a torch optimizer (SGD only: its update is
-    MXNet's SGD with the same hyper-parameters for a constant learning rate; torch's
-    SGD moves every row of a sparse gradient's parameter, its momentum included, so
-    ``lazy_update=False``).
+# torch.optim's optimizers with a twin on the servers (kvstore.optimizer.torch_twin), by
+# exact type: a subclass may change the step
+_TWINS: dict[type, type[kvopt.TorchTwin]] = {
+    torch.optim.SGD: kvopt.TorchSGD, torch.optim.Adam: kvopt.TorchAdam, torch.optim.AdamW: kvopt.TorchAdamW,
+    torch.optim.RMSprop: kvopt.TorchRMSprop, torch.optim.Adagrad: kvopt.TorchAdagrad,
+    torch.optim.Adadelta: kvopt.TorchAdadelta}
 
-    Param groups may differ in ``lr`` and ``weight_decay`` (the usual recipe: no
-    weight decay on biases and norms): the servers' rate and weight decay are the
-    first nonzero ones, and each key of another group gets MXNet's ``lr_mult`` and
-    ``wd_mult`` (``keys``: the (parameter, store key) pairs, needed then). Raises
-    ArgumentTypeError for another optimizer, InvalidArgumentError naming the group
-    for groups that differ in anything else, for dampening or maximize."""
-    if type(opt) is not torch.optim.SGD:
-        raise ArgumentTypeError(
-            f"update_on_kvstore=True runs the optimizer on the servers, which can mirror "
-            f"torch.optim.SGD only, not {type(opt).__name__}: pass a kvstore.optimizer optimizer "
-            "or use update_on_kvstore=False")
-    groups = opt.param_groups
-    first = groups[0]
-    for i, g in enumerate(groups[1:], 1):
-        for name in ("momentum", "nesterov", "dampening", "maximize"):
-            if g.get(name) != first.get(name):
+# torch's options that choose an implementation, not the math, and the values the
+# twins honour: they run the single-tensor step, which foreach=True computes too (on
+# CPU tensors the default); the fused, capturable and differentiable steps compute
+# otherwise (torch's fused Adam its own way), so the twins refuse them.
+_IMPLEMENTATION = {"foreach": (None, False, True), "fused": (None, False), "capturable": (False,),
+                   "differentiable": (False,)}
+
+
+def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.TorchTwin:
+    """The servers' twin of torch optimizer ``opt``: ``torch.optim.SGD``, ``Adam``,
+    ``AdamW``, ``RMSprop``, ``Adagrad`` or ``Adadelta`` (exactly those classes), whose
+    update the servers compute with torch's own single-tensor step, bit for bit
+    (kvstore.optimizer.torch_twin), every param group with its hyper-parameters.
+
+    ``keys``: the (parameter, store key) pairs; each key gets its parameter's group
+    (needed for several groups). Raises ArgumentTypeError for another optimizer and
+    InvalidArgumentError, naming the group and the option, for what a twin cannot
+    honour: ``fused``, ``capturable`` or ``differentiable`` steps, a hyper-parameter
+    the twin does not know, a tensor hyper-parameter that requires grad, a parameter
+    of ``keys`` in no group (torch would not update it). Group entries that are no
+    hyper-parameter of the optimizer (``initial_lr``, ``max_momentum``: a scheduler's
+    bookkeeping, which torch's step never reads) are left out.
+
+    Example::
+
+        opt = torch.optim.AdamW([{"params": weights}, {"params": biases, "weight_decay": 0.0}], lr=1e-3)
+        twin = kvstore.torch.optimizer_from_torch(opt, zip(params, keys))   # a torch_adamw
+    """
+    twin = _twin_class(opt)
+    top = {n: _plain(opt, "its constructor", n, v) for n, v in opt.defaults.items() if n in twin.fields}
+    groups = torch_groups(opt, twin)
+    key_groups: dict = {}
+    if keys is not None:
+        group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
+        for p, key in keys:
+            if id(p) not in group_of:
                 raise InvalidArgumentError(
-                    f"update_on_kvstore=True: torch param group {i} has {name}={g.get(name)!r}, group 0 "
-                    f"{first.get(name)!r}; the servers' SGD has one (groups may differ in lr and weight_decay, "
-                    "which become each key's lr_mult and wd_mult)")
-    if first.get("dampening", 0) != 0 or first.get("maximize", False):
-        raise InvalidArgumentError("torch SGD with dampening or maximize has no server-side equivalent")
-    lr, wd = _base_rates(groups)
-    lr_mult, wd_mult = {}, {}
-    if len(groups) > 1:
-        if keys is None:
-            raise InvalidArgumentError("optimizer_from_torch: several param groups need keys, the (parameter, "
-                                       "store key) pairs, to give their keys lr_mult and wd_mult")
-        key_of = {id(p): k for p, k in keys}
-        for g in groups:
-            mults = (float(g["lr"]) / lr if lr else 1.0, float(g["weight_decay"]) / wd if wd else 1.0)
-            if mults == (1.0, 1.0):
+                    f"update_on_kvstore=True: parameter {key!r} is in no param group of the torch "
+                    f"{type(opt).__name__}, which would not update it; the servers update every key: pass "
+                    "the optimizer's parameters only (or freeze it: requires_grad=False)")
+            if group_of[id(p)]:
+                key_groups[key] = group_of[id(p)]
+    elif len(groups) > 1:
+        raise InvalidArgumentError("optimizer_from_torch: several param groups need keys, the (parameter, "
+                                   "store key) pairs, to give each key its group")
+    try:
+        return twin(**top, groups=groups, key_groups=key_groups)
+    except ConfigError as e:
+        raise InvalidArgumentError(f"update_on_kvstore=True: torch {type(opt).__name__}: {e}") from None
+
+
+def _twin_class(opt) -> type[kvopt.TorchTwin]:
+    twin = _TWINS.get(type(opt))
+    if twin is None:
+        names = ", ".join(f"torch.optim.{c.__name__}" for c in _TWINS)
+        raise ArgumentTypeError(
+            f"update_on_kvstore=True runs the optimizer on the servers, which have twins of {names} only (exactly "
+            f"those classes), not {type(opt).__module__}.{type(opt).__name__}: pass a kvstore.optimizer optimizer "
+            "or use update_on_kvstore=False")
+    if twin is kvopt.TorchAdam and opt.defaults.get("decoupled_weight_decay"):
+        return kvopt.TorchAdamW     # Adam(decoupled_weight_decay=True) is AdamW's step
+    return twin
+
+
+def torch_groups(opt: torch.optim.Optimizer, twin: type[kvopt.TorchTwin]) -> list[dict]:
+    """The hyper-parameters of every param group of ``opt`` as ``twin`` takes them
+    (plain floats, bools and lists), read now: what a scheduler wrote is included.
+    Raises InvalidArgumentError naming the group and option the twin cannot honour."""
+    out = []
+    for i, g in enumerate(opt.param_groups):
+        where = f"param group {i}"
+        for name in opt.defaults:
+            if name in twin.fields:
                 continue
-            for p in g["params"]:
-                if id(p) in key_of:
-                    lr_mult[key_of[id(p)]], wd_mult[key_of[id(p)]] = mults
-    return kvopt.SGD(learning_rate=lr, momentum=float(first["momentum"]), wd=wd, nesterov=bool(first["nesterov"]),
-                     lazy_update=False, lr_mult=lr_mult, wd_mult=wd_mult)
+            value = g.get(name, opt.defaults[name])
+            if name == "decoupled_weight_decay":
+                if bool(value) != (twin is kvopt.TorchAdamW):
+                    raise InvalidArgumentError(
+                        f"update_on_kvstore=True: torch {type(opt).__name__} {where} has decoupled_weight_decay="
+                        f"{value!r}, its other groups not: the servers' twin is Adam or AdamW for all groups")
+            elif name in _IMPLEMENTATION:
+                if value not in _IMPLEMENTATION[name]:
+                    raise InvalidArgumentError(
+                        f"update_on_kvstore=True: torch {type(opt).__name__} {where} has {name}={value!r}, which "
+                        f"the servers' twin cannot honour: it runs torch's single-tensor step (foreach=False), "
+                        f"bit for bit; use {name}={_IMPLEMENTATION[name][0]!r}, or update_on_kvstore=False")
+            else:
+                raise InvalidArgumentError(
+                    f"update_on_kvstore=True: torch {type(opt).__name__} {where} has hyper-parameter {name!r} "
+                    f"(= {value!r}), which the servers' twin ({twin.name}) does not know, so it cannot honour it; "
+                    "use update_on_kvstore=False")
+        out.append({n: _plain(opt, where, n, g[n]) for n in twin.fields if n in g})
+    return out
 
 
-def _base_rates(groups: list) -> tuple[float, float]:
-    """The servers' learning rate and weight decay for torch param ``groups``: the
-    first nonzero of each (group 0's when all are zero)."""
-    lr = next((float(g["lr"]) for g in groups if g["lr"]), float(groups[0]["lr"]))
-    return lr, next((float(g["weight_decay"]) for g in groups if g["weight_decay"]), 0.0)
+def _plain(opt, where: str, name: str, value):
+    """A hyper-parameter as a twin takes it: a tensor read as its number (as torch's
+    step reads it), a tuple as a list. Raises InvalidArgumentError for a tensor that
+    requires grad (torch's differentiable step) or has several elements."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(opt, where, f"{name}[{i}]", v) for i, v in enumerate(value)]
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad or value.numel() != 1:
+            raise InvalidArgumentError(
+                f"update_on_kvstore=True: torch {type(opt).__name__} {where} has {name} = a tensor of "
+                f"{value.numel()} element(s){' that requires grad' if value.requires_grad else ''}; the servers' "
+                "twin takes numbers (a one-element tensor is read as its value, as torch's step does)")
+        return value.item()
+    return value
 
 
 class Trainer:
@@ -194,10 +258,10 @@ class Trainer:
             update_on_kvstore = not is_torch
         self.update_on_kvstore = update_on_kvstore
         self.torch_optimizer = None if update_on_kvstore else optimizer
-        # servers updating for a torch optimizer follow its learning rate, which a
-        # torch LR scheduler changes between steps (sent before the next push)
-        self._lr_source = optimizer if update_on_kvstore and is_torch else None
-        self._lr_sent = None
+        # servers updating for a torch optimizer follow its param groups, whose
+        # hyper-parameters a torch scheduler changes between steps (sent before the next push)
+        self._torch_source = optimizer if update_on_kvstore and is_torch else None
+        self._twin: kvopt.TorchTwin | None = None      # the servers' twin of it, as last sent
         if not update_on_kvstore and not is_torch:
             raise ArgumentTypeError("update_on_kvstore=False runs a torch optimizer on every worker: "
                                     f"pass a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -236,12 +300,10 @@ class Trainer:
                 "which hold them only with update_on_kvstore=True (a kvstore optimizer on the servers)")
         server_opt = None
         if update_on_kvstore:
-            server_opt = optimizer if not is_torch else optimizer_from_torch(optimizer, zip(self._params, self._keys))
+            server_opt = optimizer if not is_torch else self._twin_of(optimizer)
             if not isinstance(server_opt, kvopt.Optimizer):
                 raise ArgumentTypeError("optimizer must be a kvstore.optimizer optimizer or a torch "
                                         f"optimizer, got {type(optimizer).__name__}")
-        # a torch optimizer's param groups: each group's rate is this multiple of the servers'
-        self._lr_ratios = [] if self._lr_source is None else self._group_ratios()
         self._flat = self._flat_buckets(kv, server_opt, bucket_bytes) if flat_buckets else None
         if server_opt is not None and self._flat is not None:
             server_opt = self._bucket_multipliers(server_opt)
@@ -253,8 +315,10 @@ class Trainer:
             config = server_opt.to_config()
             params = dict(config["params"])
             params["rescale_grad"] = params.get("rescale_grad", 1.0) / kv.num_workers  # average
-            kv.set_optimizer(kvopt.from_config({**config, "params": params}))
-            self._lr_sent = params["learning_rate"]
+            sent = kvopt.from_config({**config, "params": params})
+            kv.set_optimizer(sent)
+            if isinstance(sent, kvopt.TorchTwin):
+                self._twin = sent
         # with overlap=False too: the hooks note the gradients and have the exchange
         # finished when backward ends (one pushpull then)
         for index, p in enumerate(self._params):
@@ -279,11 +343,29 @@ class Trainer:
 
     def _bucket_multipliers(self, server_opt: kvopt.Optimizer) -> kvopt.Optimizer:
         """``server_opt`` with each flat bucket's key given the lr_mult and wd_mult its
-        parameters share (by their keys or names: a bucket is one key on the servers).
-        Raises InvalidArgumentError naming two parameters of a bucket that differ."""
+        parameters share (by their keys or names: a bucket is one key on the servers),
+        or for a torch optimizer's twin the param group they share. Raises
+        InvalidArgumentError naming two parameters of a bucket that differ."""
         assert self._flat is not None
-        lr_mult, wd_mult = {}, {}
+        twin = server_opt if isinstance(server_opt, kvopt.TorchTwin) else None
+        lr_mult: dict = {}
+        wd_mult: dict = {}
+        key_groups: dict = {}
         for bucket in self._flat.buckets:
+            if twin is not None:
+                groups = {i: twin.group_of(self._keys[i]) for i in bucket.indices}
+                shared = set(groups.values())
+                if len(shared) > 1:
+                    a, b = [next(i for i, g in groups.items() if g == want)
+                            for want in list(dict.fromkeys(groups.values()))[:2]]
+                    raise InvalidArgumentError(
+                        f"flat_buckets: parameters {self._keys[a]!r} (param group {groups[a]}) and {self._keys[b]!r} "
+                        f"(param group {groups[b]}) share bucket {bucket.key!r}, which the servers update as one key: "
+                        "create the Trainer with flat_buckets=False, or put them in one group")
+                group = shared.pop() if shared else 0
+                if group:
+                    key_groups[bucket.key] = group
+                continue
             found = {i: server_opt.multipliers(self._keys[i]) for i in bucket.indices}
             if len(set(found.values())) > 1:
                 (a, ma), (b, mb) = [next((i, m) for i, m in found.items() if m == want)
@@ -295,14 +377,22 @@ class Trainer:
             mults = next(iter(found.values()), (1.0, 1.0))
             if mults != (1.0, 1.0):
                 lr_mult[bucket.key], wd_mult[bucket.key] = mults
+        if twin is not None:
+            return twin.with_groups(twin.groups, {**twin.key_groups, **key_groups})
         return server_opt.with_multipliers(lr_mult, wd_mult) if lr_mult else server_opt
 
-    def _group_ratios(self) -> list[float]:
-        """Each param group's learning rate over the servers' (optimizer_from_torch)."""
-        assert self._lr_source is not None
-        groups = self._lr_source.param_groups
-        base, _ = _base_rates(groups)
-        return [float(g["lr"]) / base if base else 1.0 for g in groups]
+    def _twin_of(self, optimizer: torch.optim.Optimizer) -> kvopt.TorchTwin:
+        """The servers' twin of the torch optimizer (:func:`optimizer_from_torch`), for
+        the parameters that train. Raises InvalidArgumentError for a bfloat16 one: the
+        stores keep bfloat16 values in float32, so the servers would step in float32
+        where torch steps in bfloat16."""
+        for key, p in zip(self._keys, self._params):
+            if p.dtype == torch.bfloat16:
+                raise InvalidArgumentError(
+                    f"update_on_kvstore=True with a torch optimizer: parameter {key!r} is bfloat16, which the stores "
+                    "keep in float32, so the servers' twin would step in float32 where torch steps in bfloat16; "
+                    "keep float32 parameters (bfloat16 autocast), or use update_on_kvstore=False")
+        return optimizer_from_torch(optimizer, zip(self._params, self._keys))
 
     @staticmethod
     def _grad_memory(kv: KVStore, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -420,7 +510,7 @@ class Trainer:
         after its parameter's last use in this backward, so writing the parameter
         early is safe; ``step()`` waits for all of them."""
         if not self._pushed:           # the step's first exchange
-            self._sync_learning_rate()
+            self._sync_hyper_params()
         grads, outs = [], []
         for i in indices:
             p = self._params[i]
@@ -441,33 +531,39 @@ class Trainer:
         """:meth:`_start` for a flat bucket: one key, its gradient buffer pushed, the
         result into its weight buffer (servers updating) or back into the gradients."""
         if not self._pushed:           # the step's first exchange
-            self._sync_learning_rate()
+            self._sync_hyper_params()
         out = bucket.weight if self.update_on_kvstore else bucket.grad
         self._handles.append(self.kv.pushpull_async(bucket.key, bucket.grad, out=out))
         self._pushed.update(bucket.indices)
 
-    def _sync_learning_rate(self) -> None:
-        """Send the torch optimizer's learning rate to the servers if it changed
-        (kv.set_learning_rate keeps their momentum), so that update_on_kvstore=True
-        follows a torch LR scheduler exactly as update_on_kvstore=False does."""
-        if self._lr_source is None:
+    def _sync_hyper_params(self) -> None:
+        """Send the torch optimizer's param groups to the servers if any hyper-parameter
+        of any group changed since they were last sent (a torch scheduler's lr,
+        momentum, betas, ...), keeping the servers' state (``kv.set_optimizer(...,
+        keep_state=True)``), so that the update this step's gradients get uses them,
+        as torch's step would. Raises InvalidArgumentError for a change the twin
+        cannot honour (a group added, one that changes which state arrays a key keeps)."""
+        if self._torch_source is None or self._twin is None:
             return
-        groups = self._lr_source.param_groups
-        base = self._lr_ratios.index(1.0) if 1.0 in self._lr_ratios else 0    # the group whose rate the servers keep
-        lr = float(groups[base]["lr"])
-        for i, (g, ratio) in enumerate(zip(groups, self._lr_ratios)):
-            if not math.isclose(float(g["lr"]), lr * ratio, rel_tol=1e-9, abs_tol=1e-15):
-                raise InvalidArgumentError(
-                    f"step: torch param group {i}'s learning rate is {g['lr']!r}, no longer {ratio:g} times group "
-                    f"{base}'s ({lr!r}): the servers keep one rate and each key's lr_mult, so every group's rate "
-                    "must change by the same factor (as torch's schedulers do with one factor for all groups)")
-        if lr != self._lr_sent:
-            group = groups[base]
-            # torch's momentum buffer excludes the lr, MXNet's (the servers') includes it
-            torch_momentum = group.get("momentum", 0) > 0 and not group.get("nesterov", False)
-            scale = lr / self._lr_sent if torch_momentum and self._lr_sent else 1.0
-            self.kv.set_learning_rate(lr, state_scale=scale)
-            self._lr_sent = lr
+        twin = self._twin
+        groups = torch_groups(self._torch_source, type(twin))
+        if groups == twin.groups:
+            return
+        if len(groups) != len(twin.groups):
+            raise InvalidArgumentError(
+                f"step: the torch optimizer has {len(groups)} param groups, {len(twin.groups)} when the Trainer was "
+                "made; the servers' keys keep their groups: make a new Trainer after add_param_group")
+        try:
+            new = twin.with_groups(groups)
+        except ConfigError as e:
+            raise InvalidArgumentError(f"step: a param group's new hyper-parameters: {e}") from None
+        if new.state_layout() != twin.state_layout():
+            raise InvalidArgumentError(
+                f"step: the param groups' new hyper-parameters change the state the servers keep for each key "
+                f"({', '.join(twin.state_layout()) or 'none'} -> {', '.join(new.state_layout()) or 'none'}), "
+                "which they cannot honour mid-run; make the Trainer with them from the start")
+        self.kv.set_optimizer(new, keep_state=True)
+        self._twin = new
 
     # -- the training-loop API ---------------------------------------------------------
     def pull_weights(self) -> None:
@@ -542,6 +638,10 @@ class Trainer:
         self.allreduce_grads()
         if not self.update_on_kvstore:
             self._optimizer_step(scaler)
+        elif self._torch_source is not None:
+            # what torch's own step records for its LR schedulers (the servers stepped):
+            # without it, the first scheduler step warns it came before optimizer.step()
+            self._torch_source._opt_called = True  # type: ignore[attr-defined]
         if self._timeline is not None:
             self._timeline.span("trainer", "step", start)
 

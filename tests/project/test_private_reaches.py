@@ -71,6 +71,9 @@ THIRD_PARTY = {
         "a tensor's version counter (Tensor._version), with which autograd itself detects in-place "
         "changes: torch has no public accessor; the Trainer (servers updating) detects with it a "
         "gradient edited after backward sent it",
+    ("kvstore/torch.py", "_opt_called"):
+        "torch's LR schedulers check the flag torch's own optimizer step sets; the servers stepped, "
+        "so the Trainer sets it (torch has no public way)",
     ("kvstore/lightning.py", "_opt_called"):
         "torch's LR schedulers check the flag torch's own optimizer step sets; the servers stepped, "
         "so the Lightning wrapper sets it (torch has no public way)",

@@ -149,6 +149,8 @@ def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None
         def configure_optimizers(self):
             if optimizer == "adam":
                 return torch.optim.Adam(self.parameters(), lr=0.01)
+            if optimizer == "nadam":        # no twin on the servers
+                return torch.optim.NAdam(self.parameters(), lr=0.01)
             if optimizer == "two":
                 return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
             return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
@@ -228,7 +230,7 @@ def test_gradient_clipping_applies_to_the_averaged_gradients():
 
 
 @pytest.mark.parametrize("kwargs, update_on_kvstore, match", [
-    ({"optimizer": "adam"}, True, "torch.optim.SGD only"),
+    ({"optimizer": "nadam"}, True, "twins of torch.optim.SGD, .* not torch.optim.nadam.NAdam"),
     ({"clip": 1.0}, True, "gradient clipping needs update_on_kvstore=False"),
     ({"optimizer": "two"}, False, "one optimizer per step"),
 ])

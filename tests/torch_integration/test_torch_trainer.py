@@ -162,11 +162,14 @@ def test_local_store_runs_the_identical_loop():
 
 
 def test_unsupported_server_optimizer_is_a_clear_error():
+    class MySGD(torch.optim.SGD):       # a subclass may change the step: no twin
+        pass
     with kvstore.create("local") as kv:
         model = make_model()
-        with pytest.raises(kvstore.ArgumentTypeError, match="update_on_kvstore=False"):
-            kvtorch.Trainer(model.parameters(), kv, torch.optim.Adam(model.parameters()),
-                            update_on_kvstore=True)
+        for opt in (torch.optim.NAdam(model.parameters()), MySGD(model.parameters())):
+            with pytest.raises(kvstore.ArgumentTypeError, match="twins of torch.optim.SGD, .* not .*update_on_kvstore"
+                                                                "=False"):
+                kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
 
 
 def test_states_save_and_load_resume_exactly(tmp_path):
@@ -332,7 +335,7 @@ def test_a_failure_on_the_communication_thread_is_raised_by_backward(make_cluste
         job(kv)
 
 
-# -- per-parameter rates and weight decay on the servers (issue 44 item 6) ---------------------
+# -- per-parameter rates and weight decay on the servers (issue 44 item 6; torch's groups: issue 43) ---------------------
 
 def _grouped(params):
     """The usual recipe: no weight decay on biases, the last layer at a tenth of the rate."""
@@ -344,7 +347,7 @@ def _grouped(params):
                             {"params": biases, "weight_decay": 0.0}], lr=0.1, momentum=0.9, weight_decay=1e-2)
 
 
-def test_torch_param_groups_become_each_keys_multipliers(make_cluster):
+def test_torch_param_groups_become_each_keys_group_on_the_servers(make_cluster):
     want = reference_torch(lambda ps: _grouped(ps))
     results = run_dist(make_cluster, lambda m: (_grouped(m.parameters()), {"update_on_kvstore": True}))
     for got in results:
@@ -352,45 +355,51 @@ def test_torch_param_groups_become_each_keys_multipliers(make_cluster):
     # the groups matter: one group would train otherwise
     assert not torch.allclose(reference_torch(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9,
                                                                          weight_decay=1e-2))[0], want[0])
-    # the servers' optimizer: group 0's rate and decay, lr_mult and wd_mult by key
+    # the servers' optimizer: torch's SGD, every group's hyper-parameters, each key's group
     model = make_model()
     o = kvtorch.optimizer_from_torch(_grouped(model.parameters()), zip(model.parameters(), range(4)))
-    assert (o.learning_rate, o.wd, o.lazy_update) == (0.1, 1e-2, False)
-    assert [o.multipliers(k) for k in range(4)] == [(1.0, 1.0), (1.0, 0.0), (pytest.approx(0.1), 1.0), (1.0, 0.0)]
+    assert type(o) is kvopt.TorchSGD and o.key_groups == {1: 2, 2: 1, 3: 2}
+    assert [(g["lr"], g["weight_decay"], g["momentum"]) for g in o.groups] == [(0.1, 1e-2, 0.9), (0.01, 1e-2, 0.9),
+                                                                                (0.1, 0.0, 0.9)]
 
 
-def test_param_groups_follow_a_torch_scheduler_and_refuse_one_that_splits_them(make_cluster):
+def _steps_alike(make_opt, sched=None):
+    """The weights of torch's own loop and of the Trainer's (local store, servers
+    updating) with the optimizer ``make_opt(params)`` and the scheduler ``sched(opt)``."""
+    def loop(model, stepper, opt):
+        s = sched(opt) if sched else None
+        for x, y in batches():
+            stepper.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            stepper.step()
+            if s is not None:
+                s.step()
+        return [p.detach().clone() for p in model.parameters()]
     model = make_model()
-    opt = _grouped(model.parameters())
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    for x, y in batches():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        sched.step()
-    want = [p.detach().clone() for p in model.parameters()]
+    opt = make_opt(model.parameters())
+    want = loop(model, opt, opt)
     with kvstore.create("local") as kv:
         model = make_model()
-        opt = _grouped(model.parameters())
-        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
-        assert_same(train_with_scheduler(model, trainer, opt, 0, 1,
-                                         torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)), want)
-    with kvstore.create("local") as kv:
-        model = make_model()
-        opt = _grouped(model.parameters())
-        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
-        split = torch.optim.lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0])
-        with pytest.raises(kvstore.InvalidArgumentError, match="param group 1's learning rate .* no longer"):
-            train_with_scheduler(model, trainer, opt, 0, 1, split)
+        opt = make_opt(model.parameters())
+        got = loop(model, kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True), opt)
+    return got, want
 
 
-def test_param_groups_that_differ_in_momentum_are_refused_by_name():
-    model = make_model()
-    ps = list(model.parameters())
-    opt = torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:], "momentum": 0.5}], lr=0.1, momentum=0.9)
-    with kvstore.create("local") as kv, pytest.raises(kvstore.InvalidArgumentError,
-                                                      match="param group 1 has momentum=0.5"):
-        kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
+def test_param_groups_follow_any_torch_scheduler_bit_for_bit():
+    """A scheduler that changes each group its own way (LambdaLR with a lambda per
+    group): every group's rate reaches the servers before the step it applies to."""
+    got, want = _steps_alike(_grouped, lambda o: torch.optim.lr_scheduler.LambdaLR(
+        o, [lambda e: 1.0, lambda e: 0.5 ** e, lambda e: 1.0 + e]))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_param_groups_that_differ_in_momentum_train_as_torch():
+    def make(params):
+        ps = list(params)
+        return torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:], "momentum": 0.5, "dampening": 0.1}],
+                               lr=0.1, momentum=0.9, nesterov=False)
+    got, want = _steps_alike(make)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_a_kvstore_optimizer_takes_multipliers_by_parameter_name():
