@@ -385,6 +385,10 @@ class ServerState:
         return [ok(peer, header["id"], out, states=meta)]
 
     def _on_set_states(self, peer, header, arrays):
+        if self.replication.active or self.replicas.primaries:
+            # a primary's new state would not reach its replica (nor a replica's its primary)
+            raise InvalidArgumentError("load_optimizer_states on replicated servers (KVSTORE_REPLICAS=1) is not "
+                                       "built yet: the replicas' optimizer state would differ from the primaries'")
         self.optimizer.set_states(header, arrays, lambda cid: self.table.existing([cid], rows_too=True)[0])
         return [ok(peer, header["id"])]
 

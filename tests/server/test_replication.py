@@ -149,3 +149,12 @@ def test_an_init_sent_again_to_the_promoted_backup_keeps_the_replicas_value():
     assert backup.state.chunks[A].value.tobytes() == value.tobytes() and B in backup.state.chunks
     rid, r = backup.send(0, ops.INIT, [A], [np.ones(4, F32)])                        # a second one is an error
     expect_error(only(r), peer(0), rid, "InvalidArgumentError", "already initialised")
+
+
+def test_loading_optimizer_states_is_refused_on_replicated_servers():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.ones(4, F32)})
+    forward(primary, backup)
+    for server in (primary, backup):
+        rid, r = server.send(0, ops.SET_STATES, states=[["w", 0, 1, 1]], arrays=[np.zeros(4, F32)])
+        expect_error(only(r), peer(0), rid, "InvalidArgumentError", "KVSTORE_REPLICAS=1", "not built yet")
