@@ -19,11 +19,12 @@ What a batch takes (:meth:`MultiTensorBatch.add`), and what stays per chunk:
 float32 and float64 weights, C-contiguous, of an optimizer with an elementwise
 fused kernel (:func:`kvstore.optimizer.fused.has_kernel`, not LARS or LAMB, whose
 phases need reductions), a whole-chunk update (not a lazy one of some rows), the
-device's own arrays. Everything else (float16 weights, ``multi_precision``'s
-master copies, which the caller rounds into the weight right after, lazy row
-updates, LARS/LAMB, SGLD, LBSGD, user subclasses, ``fused.ENABLED = False`` or
-:data:`ENABLED` ``= False``) goes
-through :meth:`~kvstore.optimizer.Optimizer.update`'s per-chunk path as before.
+device's own arrays. Everything else (float16 weights, lazy row updates,
+LARS/LAMB, SGLD, LBSGD, the torch.optim twins, user subclasses, ``fused.ENABLED =
+False`` or :data:`ENABLED` ``= False``) goes through
+:meth:`~kvstore.optimizer.Optimizer.update`'s per-chunk path as before.
+``multi_precision``'s float32 master copy is taken, and the batch run (:func:`settle`)
+before the float16 weight is rounded from it.
 
 The device runs a group (``device.run_updates(group)``, kvstore/devices): a GPU
 with one launch (:meth:`Group.launch`); the host device that CI runs the GPU
