@@ -31,6 +31,11 @@ OPTIMIZERS = {
     "nadam": lambda: opt.create("nadam", learning_rate=0.01, wd=1e-3, **MULTS),
 }
 ROUNDS = 3
+GPU_CASES = {name: (name, np.float32) for name in OPTIMIZERS}
+GPU_CASES.update({"adam_float64": ("adam", np.float64),
+                  "sgd_momentum_multi_precision": ("sgd_momentum_mp", np.float16)})
+OPTIMIZERS_GPU = dict(OPTIMIZERS, sgd_momentum_mp=lambda: opt.SGD(learning_rate=0.05, momentum=0.9, wd=1e-3,
+                                                                  multi_precision=True, **MULTS))
 
 
 def grad(rank, step, n):
@@ -103,26 +108,42 @@ def test_float16_chunks_stay_per_chunk_and_float64_ones_are_batched():
             np.testing.assert_array_equal(got, ref)
 
 
+def test_float16_weights_with_float32_master_copies_are_batched_and_rounded_after(hk):
+    """multi_precision: the master copy's update is taken, and run before the float16
+    weight is rounded from it (one launch per chunk, then), as the CPU server's."""
+    backend = DeviceBackend(HostDevice(kernels=hk.run_group))
+    _, final = train(backend, OPTIMIZERS_GPU["sgd_momentum_mp"](), dtype=np.float16)
+    assert (backend.updates.launches, backend.updates.updates) == (ROUNDS * len(SIZES), ROUNDS * len(SIZES))
+    _, want = train(HostBackend(), OPTIMIZERS_GPU["sgd_momentum_mp"](), dtype=np.float16)
+    for got, ref in zip(final, want):
+        np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3)
+
+
 # ==== GPU: runs on the next GPU loan =========================================================
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_a_gpu_servers_one_launch_per_event_gives_the_per_chunk_kernels_bits(name, monkeypatch):
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_a_gpu_servers_one_launch_per_event_gives_the_per_chunk_kernels_bits(case, monkeypatch):
     """The CUDA build of the multi-tensor kernel in a GPU server (GpuBackend), against
     the same server with one fused kernel per chunk (multi_tensor.ENABLED off): the
-    same bits in every reply and value; and the CPU server's values (rtol 1e-5)."""
+    same bits in every reply and value; and the CPU server's values (rtol 1e-5; float16
+    weights with float32 master copies: 2e-3)."""
     if not gpu.available():
         pytest.skip(f"needs a usable GPU with CuPy: {gpu.reason()}")
     from kvstore.server.backend import GpuBackend
+    name, dtype = GPU_CASES[case]
     backend = GpuBackend(0)
-    seen, final = train(backend, OPTIMIZERS[name]())
-    assert (backend.updates.launches, backend.updates.updates) == (ROUNDS, ROUNDS * len(SIZES))
+    seen, final = train(backend, OPTIMIZERS_GPU[name](), dtype=dtype)
+    assert (backend.updates.launches, backend.updates.updates) == (ROUNDS * len(SIZES) if dtype == np.float16
+                                                                   else ROUNDS, ROUNDS * len(SIZES))
+    assert backend.updates.failed is None
     monkeypatch.setattr(multi_tensor, "ENABLED", False)
     per_chunk = GpuBackend(0)
-    want_seen, want = train(per_chunk, OPTIMIZERS[name]())
+    want_seen, want = train(per_chunk, OPTIMIZERS_GPU[name](), dtype=dtype)
     assert per_chunk.updates.launches == 0
     for got, ref in zip(final + sum(seen, []), want + sum(want_seen, [])):
         np.testing.assert_array_equal(got, ref)
-    _, on_cpu = train(HostBackend(), OPTIMIZERS[name]())
+    _, on_cpu = train(HostBackend(), OPTIMIZERS_GPU[name](), dtype=dtype)
+    tol = 2e-3 if dtype == np.float16 else 1e-5
     for got, ref in zip(final, on_cpu):
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
