@@ -51,8 +51,7 @@ ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "float16", "float32", "float64"))
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None,
-           pack: bool = False) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
@@ -63,11 +62,13 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     ``shm`` and ``dev``. Device arrays may be passed when referenced (only their
     dtype and shape are read).
 
-    ``pack``: the buffers sent in the message that are under :data:`PACK_BYTES`, if
-    there are two or more, are copied into one frame (the header's ``pack`` lists
-    them), the first after the header; only for messages that go through ZeroMQ as
-    they are (a data channel writes each buffer on its own, docs/protocol.md 2.8)."""
+    ``header["pack"] is True`` asks for the buffers sent in the message that are under
+    :data:`PACK_BYTES`, if there are two or more, to be copied into one frame, the
+    first after the header (the header's ``pack`` then lists them; without two such
+    buffers it is dropped); only for messages that go through ZeroMQ as they are (a
+    data channel writes each buffer on its own, docs/protocol.md 2.8)."""
     header = dict(header, v=VERSION, bufs=[[_dtype_str(a), list(a.shape)] for a in arrays])
+    pack = header.pop("pack", None) is True
     if not shared or not any(place is not None for place in shared):
         if pack:
             packed = _packed(header, arrays, range(len(arrays)))

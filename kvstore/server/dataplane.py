@@ -138,6 +138,7 @@ class DataPlane:
         if not self._resolve:
             return self._resolve
         seen: list = []
+        passed: set = set()       # (kind, segment) checked for this message: the same answer again
 
         def header() -> dict:
             if not seen:
@@ -146,7 +147,11 @@ class DataPlane:
 
         def checked(kind: str, resolve: Resolver) -> Resolver:
             def resolver(segment, offset, dtype, shape):
-                self.owners.check(peer, header(), kind, segment, self._owner[kind].owner(kind, segment))
+                # (a message's many references into one segment: checked once, not per buffer)
+                key = (kind, tuple(segment))
+                if key not in passed:
+                    self.owners.check(peer, header(), kind, segment, self._owner[kind].owner(kind, segment))
+                    passed.add(key)
                 return resolve(segment, offset, dtype, shape)
             return resolver
         return {kind: checked(kind, resolve) for kind, resolve in self._resolve.items()}

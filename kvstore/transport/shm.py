@@ -170,10 +170,11 @@ class Mapper:
     def view(self, desc, offset: int, dtype: np.dtype, shape) -> np.ndarray:
         """The array at ``offset`` of the segment ``desc`` = [pid, fd, size].
         Raises ProtocolError if it is not a segment of a peer or out of bounds."""
-        if not (isinstance(desc, (list, tuple)) and len(desc) == 3
-                and all(type(v) is int and v >= 0 for v in desc)):
+        if not (isinstance(desc, (list, tuple)) and len(desc) == 3):
             raise ProtocolError(f"bad shared-memory segment {desc!r}: expected [pid, fd, size]")
         pid, fd, size = desc
+        if not (type(pid) is int and type(fd) is int and type(size) is int and pid >= 0 and fd >= 0 and size >= 0):
+            raise ProtocolError(f"bad shared-memory segment {desc!r}: expected [pid, fd, size]")
         entry = self._maps.get((pid, fd))
         if entry is None or entry[1] < size:
             entry = self._open(pid, fd, size)

@@ -228,7 +228,7 @@ class Client:
         """The frames of one request, or InvalidArgumentError (before anything is
         sent) when it cannot be encoded or a frame exceeds what the server accepts."""
         try:
-            frames = encode(header, arrays, shared, pack=True)     # small buffers in one frame
+            frames = encode(dict(header, pack=True), arrays, shared)     # small buffers in one frame
         except (TypeError, ValueError, OverflowError) as e:
             raise InvalidArgumentError(
                 f"{what}: the request to server {server} cannot be encoded ({type(e).__name__}: {e}); "

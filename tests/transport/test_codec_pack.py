@@ -1,5 +1,5 @@
-"""Small buffers packed into one frame (kvstore.protocol.codec, ``encode(..., pack=True)``
-and the header's ``pack``, docs/protocol.md 2.1): what is encoded decodes to exactly
+"""Small buffers packed into one frame (kvstore.protocol.codec: a header's ``pack: true``
+asks encode for it, docs/protocol.md 2.1): what is encoded decodes to exactly
 the same arrays, with or without references beside them; a ``pack`` field or packed
 frame that does not describe its buffers exactly is a ProtocolError naming it."""
 
@@ -33,7 +33,7 @@ def arrays_of(sizes_and_dtypes):
                 max_size=8))
 def test_packed_messages_decode_to_what_was_encoded(specs):
     arrays = arrays_of(specs)
-    frames = encode({"op": "push", "id": 3}, arrays, pack=True)
+    frames = encode({"op": "push", "id": 3, "pack": True}, arrays)
     header = msgpack.unpackb(frames[0])
     small = [i for i, a in enumerate(arrays) if a.nbytes < PACK_BYTES]
     if len(small) >= 2:
@@ -49,7 +49,7 @@ def test_packed_messages_decode_to_what_was_encoded(specs):
 
 def test_packing_keeps_shapes_scalars_and_alignment():
     arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7.5), np.ones(3, np.int8), np.arange(3.0)]
-    frames = encode({"op": "pushpull", "id": 1}, arrays, pack=True)
+    frames = encode({"op": "pushpull", "id": 1, "pack": True}, arrays)
     assert len(frames) == 2
     _, got = decode(wire(frames))
     for a, b in zip(arrays, got):
@@ -61,7 +61,7 @@ def test_packing_keeps_shapes_scalars_and_alignment():
 def test_packing_beside_references():
     arrays = [np.ones(2, np.float32), np.full(3, 2.0, np.float32), np.full(4, 3.0, np.float32)]
     resolved = np.full(3, 9.0, np.float32)
-    frames = encode({"op": "pushpull", "id": 1}, arrays, [None, ((5,), 64), None], pack=True)
+    frames = encode({"op": "pushpull", "id": 1, "pack": True}, arrays, [None, ((5,), 64), None])
     header = msgpack.unpackb(frames[0])
     assert header["pack"] == [0, 2] and len(frames) == 2
     _, got = decode(wire(frames), resolve={"shm": lambda seg, off, dtype, shape: resolved})

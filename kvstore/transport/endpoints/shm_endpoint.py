@@ -86,8 +86,8 @@ class ShmEndpoint(Endpoint):
         # hello reply's probe, which must prove the shared memory works
         least = 0 if header.get("shm_ok") is True else self.config.zero_copy_bytes
         # (the small ones packed into one frame: this reply never goes to a data channel)
-        return encode(header, arrays, [self._locate(a) if a.nbytes >= least else None for a in arrays],
-                      pack=True)
+        return encode(dict(header, pack=True), arrays,
+                      [self._locate(a) if a.nbytes >= least else None for a in arrays])
 
     def _locate(self, a: np.ndarray):
         return self.memory.locate(a) if self.memory is not None else None
