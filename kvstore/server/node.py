@@ -183,6 +183,10 @@ class ServerNode:
         try:
             self._send_all(self._replica.book(*self.membership.servers), gated=False)
             self._send_all(self._replica.acks(), gated=False)
+            ready, late = self._replica.ready(time.monotonic())
+            self._send_all(late, gated=False)
+            for peer, header, arrays in ready:      # requests that waited for this server's book
+                self._handle(peer, header, arrays, waited=True)
         except BackupFailed as e:
             log.error("%s", e)
             self.membership.fail(str(e))
@@ -233,13 +237,14 @@ class ServerNode:
                 start = self._timeline.now()
                 self._timeline.served(start, peer, header, self._handle(peer, header, arrays))
 
-    def _handle(self, peer: bytes, header: dict, arrays) -> list | None:
+    def _handle(self, peer: bytes, header: dict, arrays, waited: bool = False) -> list | None:
         """Handle one request and send its replies: the state machine's, returned
-        (None for a request the node answers itself)."""
+        (None for a request the node answers itself, or one that waits for this
+        server's servers' book; ``waited``: one that did)."""
         log.debug("%s: %s id=%s from worker %s", self._live.name, header["op"],
                   header["id"], header["src"])
         try:
-            return self._handle_request(peer, header, arrays)
+            return self._handle_request(peer, header, arrays, waited)
         except Exception as e:  # a bug or an input we did not foresee: answer it, keep serving
             log.exception("%s: failed on %s request %s", self._live.name, header.get("op"),
                           header.get("id"))
@@ -248,7 +253,7 @@ class ServerNode:
                                           f"{type(e).__name__}: {e}"), [])
             return None
 
-    def _handle_request(self, peer: bytes, header: dict, arrays) -> list | None:
+    def _handle_request(self, peer: bytes, header: dict, arrays, waited: bool = False) -> list | None:
         handled = self._data.intercept(peer, header, arrays)   # e.g. hello
         if handled is not None:
             self._send(peer, *handled)
@@ -268,6 +273,8 @@ class ServerNode:
         self._apply_members()
         if self._replica is not None:
             self._send_all(self._replica.book(*self.membership.servers), gated=False)
+            if not waited and self._replica.waits(peer, header, arrays, time.monotonic()):
+                return None       # sent by a newer servers' book than this server heard of yet
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
         if self._replica is not None and header["op"] != ops.REPLICATE:
             # the backup applies this event's rounds before any of its replies leaves (a

@@ -10,6 +10,12 @@ worker's requests) and passes the event's replies through the
 backup's answers and returns the replies they release. :meth:`ReplicaLink.book`
 applies a new epoch of the servers' book: a dead primary's replica is promoted
 into the state, a dead backup's replica is given up (the held replies leave).
+
+Workers and servers hear a new book at about the same time, in no set order: a
+worker's request carries the epoch it routed by (``book``), and a request from a
+newer epoch than this server holds waits (:meth:`ReplicaLink.waits`), with every
+request after it, until the server holds that epoch (:meth:`ReplicaLink.ready`),
+or ``KVSTORE_TIMEOUT`` passed (they are then answered with an error).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import zmq
 
 from ..config import Config
 from ..errors import ProtocolError
-from ..protocol import decode, encode, ops
+from ..protocol import decode, encode, error_header, ops
 from .replication import ReplyGate, replicate_request
 from .rounds import Reply
 from .state import ServerState
@@ -57,6 +63,7 @@ class ReplicaLink:
         self._seq = 0
         self._epoch = -1
         self.promoted: list[int] = []      # the shares this server took over, in order
+        self._waiting: list[tuple[float, bytes, dict, list]] = []   # (since, peer, header, arrays), in order
 
     # -- the servers' book -----------------------------------------------------------------
     def book(self, epoch: int, owners: tuple, backups: tuple) -> list[Reply]:
@@ -135,6 +142,36 @@ class ReplicaLink:
                                    f"{header.get('kind')}: {header.get('message')}")
             released += self.gate.acknowledged(header["id"])
         return released
+
+    # -- requests from a newer book --------------------------------------------------------
+    def waits(self, peer: bytes, header: dict, arrays: list, now: float) -> bool:
+        """Whether this request must wait (kept here): it was routed by a newer book
+        than this server holds, or an earlier one waits (the order stays)."""
+        book = header.get("book")
+        newer = type(book) is int and book > self._epoch
+        if not newer and not self._waiting:
+            return False
+        self._waiting.append((now, peer, header, arrays))
+        return True
+
+    def ready(self, now: float) -> tuple[list[tuple[bytes, dict, list]], list[Reply]]:
+        """The waiting requests that may be handled now, in order (up to the first that
+        still waits), and the error replies of those that waited past the deadline."""
+        ready: list[tuple[bytes, dict, list]] = []
+        late: list[Reply] = []
+        while self._waiting:
+            since, peer, header, arrays = self._waiting[0]
+            book = header.get("book")
+            if type(book) is int and book > self._epoch:
+                if now - since <= self.config.timeout:
+                    break
+                late.append(Reply(peer, error_header(header["id"], "DeadlineError", (
+                    f"{self.state.name} never heard of the servers' book epoch {book} the request was "
+                    f"sent by (it holds {self._epoch}) within {self.config.timeout:g}s (KVSTORE_TIMEOUT)"))))
+            else:
+                ready.append((peer, header, arrays))
+            self._waiting.pop(0)
+        return ready, late
 
     def close(self) -> None:
         if self.sock is not None:

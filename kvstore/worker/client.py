@@ -157,6 +157,8 @@ class Client:
             rounds = self.failover.number(op, fields.get("chunks"))
             if rounds is not None:
                 fields["rounds"] = rounds
+            if self.failover.epoch:       # a server that has not heard of this book yet waits for it
+                fields["book"] = self.failover.epoch
         into = options.into
         # (only requests that change values or read them need their chunks as a set)
         chunks = _chunk_set(fields.get("chunks")) if op in CHANGES_VALUES or into is not None else None
@@ -368,7 +370,8 @@ class Client:
             log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
                         self.rank, req.server, req_id, req.what, server)
             frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
-                                                     "seq": self._seq[server]}, arrays, None)
+                                                     "book": self.failover.epoch, "seq": self._seq[server]},
+                                  arrays, None)
             self._send_frames(server, frames, False, req.what)
             self._seq[server] += 1
             req.server = server

@@ -73,6 +73,11 @@ class Failover:
         self._pushes: dict[tuple, int] = {}
         self._kept: dict[int, tuple[int, str, dict, list]] = {}
 
+    @property
+    def epoch(self) -> int:
+        """The epoch of the servers' book this worker routes by (0: as the job formed)."""
+        return self._epoch
+
     def route(self, share: int) -> int:
         """The server that serves ``share`` now."""
         return self._route[share]

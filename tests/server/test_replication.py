@@ -158,3 +158,31 @@ def test_loading_optimizer_states_is_refused_on_replicated_servers():
     for server in (primary, backup):
         rid, r = server.send(0, ops.SET_STATES, states=[["w", 0, 1, 1]], arrays=[np.zeros(4, F32)])
         expect_error(only(r), peer(0), rid, "InvalidArgumentError", "KVSTORE_REPLICAS=1", "not built yet")
+
+
+def test_a_request_routed_by_a_newer_book_waits_with_those_after_it_until_the_server_holds_it():
+    import zmq
+
+    from kvstore.config import Config
+    from kvstore.server.replica_link import ReplicaLink
+    ctx = zmq.Context()
+    server = Server(num_workers=W)
+    link = ReplicaLink(Config(timeout=5.0), ctx, 2, ["tcp://127.0.0.1:9"] * 3, server.state)
+    try:
+        link.book(0, (0, 1, 2), (1, 2, 0))
+        first = {"op": ops.PULL, "id": 1, "src": 0, "chunks": [list(A)], "book": 1}
+        second = {"op": ops.PULL, "id": 2, "src": 1, "chunks": [list(B)]}        # no book: waits behind it
+        assert link.waits(b"w0", first, [], now=0.0) and link.waits(b"w1", second, [], now=0.1)
+        assert link.ready(now=1.0) == ([], [])
+        link.book(1, (0, 2, 2), (None, None, 0))                                   # server 1 died
+        ready, late = link.ready(now=1.2)
+        assert [h["id"] for _, h, _ in ready] == [1, 2] and late == []
+        assert link.promoted == [1] and not link.waits(b"w0", second, [], now=1.3)
+        stale = {"op": ops.PULL, "id": 3, "src": 0, "chunks": [list(A)], "book": 2}  # never comes
+        assert link.waits(b"w0", stale, [], now=2.0)
+        assert link.ready(now=6.9) == ([], [])
+        ready, late = link.ready(now=7.1)
+        assert ready == [] and expect_error(only(late), b"w0", 3, "DeadlineError", "book epoch 2", "KVSTORE_TIMEOUT")
+    finally:
+        link.close()
+        ctx.term()
