@@ -33,15 +33,19 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from torch.autograd import Variable
 
 from .devices import gpu
 from . import optimizer as kvopt
+from .worker import states_file
 from .worker.store import KVStore
 from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
 from .fileio import atomic_write
@@ -782,6 +786,87 @@ class Trainer:
             raise InvalidArgumentError(self._SCALER_NEEDS_WORKERS)
 
     # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The optimizer state in torch's format (``torch.optim.Optimizer.state_dict()``:
+        ``{"state": {index: {"step", "exp_avg", ...}}, "param_groups": [...]}``), in
+        both update modes: workers updating, the torch optimizer's own; servers
+        updating, the servers' state of every key (gathered as ``save_states`` does)
+        under the torch optimizer's param groups, so that a state saved in one mode
+        loads in the other, or into a plain torch optimizer. Raises
+        InvalidArgumentError with the servers updating for a kvstore optimizer (use
+        :meth:`save_states`) or flat buckets (a bucket's state spans parameters)."""
+        if not self.update_on_kvstore:
+            assert self.torch_optimizer is not None      # update_on_kvstore=False has one
+            return self.torch_optimizer.state_dict()
+        opt, twin = self._torch_twin("state_dict")
+        with tempfile.TemporaryDirectory(prefix="kvstore-state-") as folder:
+            path = os.path.join(folder, "states")
+            self.kv.save_optimizer_states(path)
+            _, states = states_file.load(path)
+        key_of = {id(p): k for p, k in zip(self._params, self._keys)}
+        layout = twin.state_layout()
+        out = opt.state_dict()       # the groups as torch writes them; its own state is empty
+        state: dict = {}
+        index = 0
+        for gi, group in enumerate(opt.param_groups):
+            for p in group["params"]:
+                entry = states.get(key_of.get(id(p)))
+                if entry is not None and entry["t"] > 0:
+                    one = {"step": torch.tensor(float(entry["t"]))} if twin.keeps_step else {}
+                    for name in twin.used_states(twin.groups[gi]):
+                        one[name] = torch.from_numpy(entry["state"][layout.index(name)].copy()).reshape(p.shape)
+                    state[index] = one
+                index += 1
+        out["state"] = state
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what :meth:`state_dict` returned (or a torch optimizer's
+        ``state_dict()`` over the same parameters): the groups' hyper-parameters and
+        every parameter's state, as ``torch.optim.Optimizer.load_state_dict`` does;
+        with the servers updating, sent to the servers (the torch optimizer keeps no
+        copy). Raises as torch's for a state of other parameters, and as
+        :meth:`state_dict`."""
+        if not self.update_on_kvstore:
+            assert self.torch_optimizer is not None      # update_on_kvstore=False has one
+            self.torch_optimizer.load_state_dict(state_dict)
+            return
+        opt, twin = self._torch_twin("load_state_dict")
+        opt.load_state_dict(state_dict)      # torch checks it, casts the state to each parameter's dtype
+        new = twin.with_groups(torch_groups(opt, type(twin)))
+        layout = new.state_layout()
+        states = {}
+        key_of = {id(p): k for p, k in zip(self._params, self._keys)}
+        for p, one in opt.state.items():
+            if not one or id(p) not in key_of or (twin.keeps_step and int(one.get("step", 1)) == 0):
+                continue         # no step yet (Adagrad's constructor makes its sum): a fresh state
+            if twin.keeps_step and "step" not in one:
+                raise InvalidArgumentError(f"load_state_dict: the state of parameter {key_of[id(p)]!r} has no step")
+            t = int(one["step"].item()) if twin.keeps_step else 1
+            arrays = [one[n].detach().cpu().reshape(-1).numpy().copy() if n in one else
+                      np.zeros(p.numel(), torch.empty(0, dtype=p.dtype).numpy().dtype) for n in layout]
+            states[key_of[id(p)]] = {"t": t, "state": [a.reshape(tuple(p.shape)) for a in arrays]}
+        opt.state.clear()            # the servers hold it
+        # the twin with the loaded groups (collective: every worker is here, no round in
+        # flight), the states (every worker sends the same), then a barrier, so that no
+        # worker reads or pushes before every state is in place
+        self.kv.set_optimizer(new)
+        self._twin = new
+        with tempfile.TemporaryDirectory(prefix="kvstore-state-") as folder:
+            path = os.path.join(folder, "states")
+            states_file.dump(path, None, states)
+            self.kv.load_optimizer_states(path)
+        self.kv.barrier()
+
+    def _torch_twin(self, what: str) -> tuple[torch.optim.Optimizer, kvopt.TorchTwin]:
+        if self._torch_source is None or self._twin is None:
+            raise InvalidArgumentError(f"{what}: torch's format needs a torch optimizer; the servers run a kvstore "
+                                       "optimizer here: use save_states() / load_states()")
+        if self._flat is not None:
+            raise InvalidArgumentError(f"{what}: with flat_buckets the servers keep one state per bucket, not per "
+                                       "parameter: use save_states() / load_states()")
+        return self._torch_source, self._twin
+
     def save_states(self, path: str) -> None:
         """Save the optimizer state atomically: the servers' (update_on_kvstore) or
         the local torch optimizer's."""
