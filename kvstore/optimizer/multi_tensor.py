@@ -185,14 +185,14 @@ def _cuda_kernel(name: str, dtype):
 class MultiTensorBatch:
     """The updates planned on ``device``'s arrays while :meth:`collect` is open, run
     together when it closes (or earlier, where :meth:`settle` or a second update of
-    the same array needs them done). ``device``: ``is_device_array(a)``,
-    ``address(a)`` and ``run_updates(group)`` (kvstore.devices.Device). Not
+    the same array needs them done). ``device``: ``is_device_array(a)`` and
+    ``run_updates(group)`` (kvstore.devices.Device). Not
     thread-safe: one owner (a server's backend), one event at a time."""
 
     def __init__(self, device):
         self.device = device
         self._entries: list[Entry] = []
-        self._touched: set[int] = set()      # addresses of the weights of the pending updates
+        self._touched: set[int] = set()      # id() of the weights of the pending updates (held by them)
         self.launches = 0                    # groups run (one kernel each on a GPU; tests count them)
         self.updates = 0                     # updates run by this batch
         self.failed: str | None = None       # why a launch failed (the batch then takes nothing)
@@ -224,11 +224,10 @@ class MultiTensorBatch:
         if grad.dtype != weight.dtype:
             grad = grad.astype(weight.dtype)
         name, scalars = fused.plan_call(optimizer, weight.dtype, state, t, lr)
-        where = self.device.address(weight)
-        if where in self._touched:        # the same chunk twice: the first update goes first
+        if id(weight) in self._touched:   # the same chunk twice: the first update goes first
             self.flush()
         self._entries.append(Entry(name, grad, scalars, weight, tuple(state), generic))
-        self._touched.add(where)
+        self._touched.add(id(weight))
         return True
 
     def _takes(self, optimizer, weight, grad, state) -> bool:
@@ -241,9 +240,10 @@ class MultiTensorBatch:
         return all(dev.is_device_array(a) and a.flags.c_contiguous for a in (weight, grad, *state))
 
     def settle(self, a) -> None:
-        """Run what the batch holds now if it updates weight ``a`` (a chunk's value: its
-        state, and its round's sum that the update reads, go with it)."""
-        if self._entries and self.device.address(a) in self._touched:
+        """Run what the batch holds now if it updates weight ``a`` (the array object a
+        chunk's value is, not a view of it: its state, and its round's sum that the
+        update reads, go with it)."""
+        if self._entries and id(a) in self._touched:
             self.flush()
 
     def flush(self) -> None:
