@@ -108,7 +108,7 @@ def _packed(header: dict, arrays: Sequence, inline) -> list | None:
         pad = -offset % PACK_ALIGN
         if pad:
             parts.append(_PADS[pad])
-        parts.append(memoryview(a).cast("B") if a.ndim else memoryview(a.reshape(1)).cast("B"))
+        parts.append(a)             # (bytes.join takes the C-contiguous array's buffer as it is)
         offset += pad + a.nbytes
     header["pack"] = small
     chosen = set(small)
