@@ -82,9 +82,10 @@ class Consistency:
         else:
             updater.update_lazy(cid, grad, value, self.table.backend.upload(np.flatnonzero(rows)))
 
-    def adopt(self, cid, rounds: int) -> None:
+    def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
         """Chunk ``cid`` (a promoted replica: kvstore.server.replication) has had
-        ``rounds`` rounds applied already; its next round is ``rounds + 1``."""
+        ``rounds`` rounds (or pushes) applied already; ``last``: per worker, the
+        number of its last push applied (where pushes are applied one by one)."""
 
     def workers_finished(self) -> list[Reply]:
         """The table's ``gone`` workers grew: what waits for them fails."""

@@ -55,7 +55,7 @@ class Replication:
         self.backup: int | None = None
         self._own: set = set()          # the chunks of its own share (inited here): promoted ones are not
         self._inits: tuple[list, list] = ([], [])
-        self._rounds: tuple[list, list, list] = ([], [], [])
+        self._rounds: tuple[list, list, list, list] = ([], [], [], [])
         self._updated: bool | None = None
 
     @property
@@ -70,20 +70,23 @@ class Replication:
         self._inits[0].extend(ids)
         self._inits[1].extend(np.array(v, copy=True) for v in values)
 
-    def round_applied(self, cid, number: int, total, updated: bool) -> None:
+    def round_applied(self, cid, number: int, total, updated: bool, pusher: tuple | None = None) -> None:
         """Round ``number`` of chunk ``cid`` is being applied: ``total`` is its sum,
         given to the optimizer (``updated``) or, without one, the new value. A copy
         is kept: the optimizer may change its gradient, and the sum's buffer is the
-        next round's. Chunks not of its own share (promoted replicas) have no backup."""
+        next round's. Chunks not of its own share (promoted replicas) have no backup.
+        ``pusher`` (dist_async, where each push is a round): (worker, its number of
+        the push), which the replica keeps to apply no push twice after a failover."""
         if self.backup is None or cid not in self._own:
             return
         if self._updated is not None and self._updated != updated:
             raise InvalidArgumentError("a round applied with and one without an optimizer in one event")
         self._updated = updated
-        ids, numbers, arrays = self._rounds
+        ids, numbers, arrays, pushers = self._rounds
         ids.append(cid)
         numbers.append(number)
         arrays.append(np.array(total, copy=True))
+        pushers.append(None if pusher is None else list(pusher))
 
     def take(self) -> list[tuple[dict, list]]:
         """The ``replicate`` requests made since the last call: (header fields, arrays)."""
@@ -92,11 +95,13 @@ class Replication:
             out.append(({"kind": INIT, "chunks": [list(c) for c in self._inits[0]]}, self._inits[1]))
             self._inits = ([], [])
         if self._rounds[0]:
-            ids, numbers, arrays = self._rounds
+            ids, numbers, arrays, pushers = self._rounds
             fields: dict = {"kind": ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
                             "updated": bool(self._updated)}
+            if any(p is not None for p in pushers):
+                fields["pushes"] = pushers
             out.append((fields, arrays))
-            self._rounds, self._updated = ([], [], []), None
+            self._rounds, self._updated = ([], [], [], []), None
         return out
 
 
@@ -164,10 +169,11 @@ class Replicas:
         self.optimizer = optimizer
         self.alloc = alloc
         self.primaries: frozenset[int] = frozenset()   # the servers whose chunks it backs up
-        self.held: dict[int, dict[tuple, list]] = {}    # primary -> {chunk id: [value, rounds applied]}
+        # primary -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async)]}
+        self.held: dict[int, dict[tuple, list]] = {}
 
     def nbytes(self) -> int:
-        return sum(v.nbytes for chunks in self.held.values() for v, _ in chunks.values())
+        return sum(entry[0].nbytes for chunks in self.held.values() for entry in chunks.values())
 
     def on_replicate(self, peer, header: dict, arrays: list) -> list[Reply]:
         """A ``replicate`` request from a primary. Everything is checked before anything
@@ -192,7 +198,7 @@ class Replicas:
                 for cid, a in fresh:
                     value = self.alloc(a.size, a.dtype)
                     value[...] = a
-                    held[cid] = [value, 0]
+                    held[cid] = [value, 0, {}]
             return [ok(peer, header["id"])]
         if kind != ROUNDS:
             raise ProtocolError(f"'kind' must be {INIT!r} or {ROUNDS!r}, got {kind!r}")
@@ -201,6 +207,11 @@ class Replicas:
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
         if not isinstance(updated, bool):
             raise ProtocolError("'updated' must be true or false")
+        pushes = header.get("pushes", [None] * len(ids))
+        if not (isinstance(pushes, list) and len(pushes) == len(ids) and all(
+                p is None or (isinstance(p, list) and len(p) == 2 and all(is_int(x) and x >= 0 for x in p))
+                for p in pushes)):
+            raise ProtocolError("'pushes' must be a list with one [worker, number] (or null) per chunk")
         updater = self.optimizer.updater
         if updated and updater is None:
             raise InvalidArgumentError(f"server {primary} applied a round with an optimizer, but {self.name} "
@@ -218,8 +229,10 @@ class Replicas:
                 raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} came, but the replica's "
                                            f"next round is {want} (a replicate request was lost or repeated)")
             expected[cid] = n
-        for cid, a in zip(ids, flat):
+        for cid, a, pusher in zip(ids, flat, pushes):
             entry = held[cid]
+            if pusher is not None:
+                entry[2][pusher[0]] = pusher[1]
             if updated:
                 assert updater is not None
                 try:
@@ -231,17 +244,18 @@ class Replicas:
             entry[1] += 1
         return [ok(peer, header["id"])]
 
-    def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int]]:
+    def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict]]:
         """Server ``primary`` died and this one serves its chunks now: each chunk's
-        replica and the rounds applied to it, handed over (held no more)."""
+        replica, the rounds applied to it and (dist_async) each worker's last push
+        applied, handed over (held no more)."""
         self.primaries = self.primaries - {primary}
-        return {cid: (value, rounds) for cid, (value, rounds) in self.held.pop(primary, {}).items()}
+        return {cid: (value, rounds, last) for cid, (value, rounds, last) in self.held.pop(primary, {}).items()}
 
     def drop(self, primary: int) -> None:
         """Server ``primary`` is served elsewhere now: its replica is of no use."""
         self.primaries = self.primaries - {primary}
         gone = self.held.pop(primary, {})
-        self.budget.give(sum(value.nbytes for value, _ in gone.values()))
+        self.budget.give(sum(entry[0].nbytes for entry in gone.values()))
 
 
 def replicate_request(req_id: int, src: int, seq: int, fields: dict) -> dict:

@@ -86,7 +86,9 @@ class Staleness(Async):
             self.refuse_if_gone(worker, ids, ahead=1)
 
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
-             group: frozenset | None, norms: bool = False, rows: list | None = None) -> list[Reply]:
+             group: frozenset | None, norms: bool = False, rows: list | None = None,
+             rounds: list | None = None) -> list[Reply]:
+        # (``rounds``, numbered pushes of replicated servers, are refused in this mode by the state)
         for cid in ids:          # a new member's clocks start at its first push
             if self.members.start(worker, cid):
                 self.joined(worker, cid)

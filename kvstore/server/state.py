@@ -208,6 +208,9 @@ class ServerState:
         if pending is not None:
             self.members.check(pending[1], workers)
             self.members.pending = None
+        if bounded and self.replication.active:
+            raise InvalidArgumentError(f"dist_ssp on replicated servers (KVSTORE_REPLICAS=1) is not built yet; "
+                                       f"{self.name} replicates dist_sync and dist_async")
         if fresh:                          # also after a resume: ssp clocks start at 0
             self._configure(strategy, workers, bound if bounded else None, ordered)
         return [ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
@@ -279,9 +282,9 @@ class ServerState:
             return None
         if not (isinstance(rounds, list) and len(rounds) == len(ids) and all(is_int(n) and n >= 1 for n in rounds)):
             raise ProtocolError("'rounds' must be a list of round numbers >= 1, one per chunk")
-        if self.consistency is None or not self.consistency.mode.ordered_sums:
-            raise InvalidArgumentError(f"numbered pushes (replicated servers) are for dist_sync; {self.name} "
-                                       f"runs dist_{self._mode_name}")
+        if self.consistency is None or self.consistency.mode.bounded:
+            raise InvalidArgumentError(f"numbered pushes (replicated servers) are for dist_sync and dist_async; "
+                                       f"{self.name} runs dist_{self._mode_name}")
         return rounds
 
     @staticmethod
@@ -433,11 +436,11 @@ class ServerState:
         join this table with their round counts (the next push of each is numbered
         one more). Returns the replies now ready (none: nothing waits on them yet)."""
         adopted = self.replicas.promote(primary)
-        self.table.chunks.update({cid: Chunk(value) for cid, (value, _) in adopted.items()})
+        self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _) in adopted.items()})
         self._adopted |= set(adopted)
         if self.consistency is not None:
-            for cid, (_, rounds) in adopted.items():
-                self.consistency.adopt(cid, rounds)
+            for cid, (_, rounds, last) in adopted.items():
+                self.consistency.adopt(cid, rounds, last)
         return []
 
     # -- what the scheduler reports ------------------------------------------------------

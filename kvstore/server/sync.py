@@ -139,7 +139,7 @@ class Sync(Consistency):
                                            f"its next round on {self.table.name} is {expected}")
         return done
 
-    def adopt(self, cid, rounds: int) -> None:
+    def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
         self._applied[cid] = rounds
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:

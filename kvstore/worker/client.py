@@ -457,7 +457,9 @@ class Client:
     def _complete(self, server: int, header: dict, arrays: list) -> None:
         req = self._pending.get(header["id"])
         if req is None or req.server != server:
-            log.warning("reply from server %d to unknown request %s", server, header["id"])
+            # (replicated servers: a dead server's late reply to a request sent again elsewhere)
+            (log.debug if req is not None and self.failover is not None else log.warning)(
+                "reply from server %d to unknown request %s", server, header["id"])
             return
         del self._pending[header["id"]]
         if self.failover is not None:

@@ -5,8 +5,10 @@ keys cut over every server, SGD with momentum on the servers, deterministic sums
 A server killed (SIGKILL, by worker 0 right after its push of a step, so that the
 step's rounds are open or unanswered) or stopped (SIGSTOP: found by heartbeats)
 mid-training: the job ends with exit 0 and every worker's final weights equal the
-uninterrupted run's bit for bit. Two failures of one replication chain end the
-job naming both servers; what is not built is refused at start, naming the setting."""
+uninterrupted run's bit for bit. dist_async (tests/scripts/replicated_async.py):
+every push applied exactly once across a failover (exact integer sums). Two
+failures of one replication chain end the job naming both servers; what is not
+built is refused at start, naming the setting."""
 
 from __future__ import annotations
 
@@ -69,6 +71,16 @@ def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     assert digests(out) == [uninterrupted, uninterrupted], log
 
 
+@pytest.mark.parametrize("kill", ["1:10", "0:25"])
+def test_dist_async_applies_every_acknowledged_push_exactly_once_across_a_failover(kill):
+    out = run(sys.executable, os.path.join(ROOT, "tests", "scripts", "replicated_async.py"),
+              KVSTORE_REPLICAS="1", KVSTORE_DETERMINISTIC="0", KILL=kill)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"killed server {kill.split(':')[0]}" in out.stdout
+    assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
+
+
 def test_two_failures_of_one_chain_end_the_job_naming_both_servers():
     out = run(KVSTORE_REPLICAS="1", KILL="1:2,2:6")
     log = out.stdout + out.stderr
@@ -85,13 +97,13 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
 
 @pytest.mark.parametrize("case, env, servers, text", [
     ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
-    ("dist_async", {"STORE": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2, "KVSTORE_REPLICAS=1 with dist_async"),
+    ("dist_ssp", {"STORE": "dist_ssp", "KVSTORE_DETERMINISTIC": "0"}, 2, "KVSTORE_REPLICAS=1 with dist_ssp"),
     ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
     ("row-sparse", {"STORE": "rows"}, 2, "row-sparse and dynamic keys on replicated servers"),
 ])
 def test_what_is_not_built_is_refused_at_start_naming_the_setting(case, env, servers, text):
     code = ("import os, numpy as np, kvstore\n"
-            "kv = kvstore.create('dist_async' if os.environ.get('STORE') == 'dist_async' else 'dist_sync')\n"
+            "kv = kvstore.create('dist_ssp' if os.environ.get('STORE') == 'dist_ssp' else 'dist_sync')\n"
             "if os.environ.get('STORE') == 'rows':\n"
             "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n")
     out = run(sys.executable, "-c", code, servers=servers, timeout=60, KVSTORE_REPLICAS="1", **env)

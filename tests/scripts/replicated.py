@@ -34,28 +34,39 @@ def server_pid(rank: int) -> int:
     raise RuntimeError(f"server {rank} not found")
 
 
-kills = {}
-for item in filter(None, os.environ.get("KILL", "").split(",")):
-    server, step = item.split(":")
-    kills.setdefault(int(step), []).append(int(server))
-kv = kvstore.create("dist_sync")
-keys = list(SIZES)
-kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
-kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
-outs = [np.empty(n, np.float32) for n in SIZES.values()]
-for step in range(STEPS):
-    grads = [np.sin(np.arange(n, dtype=np.float32) * (kv.rank + 1) * 0.37 + step).astype(np.float32)
-             for n in SIZES.values()]
-    if step % 2:
-        kv.pushpull(keys, grads, out=outs)
-    else:
-        kv.push(keys, grads)
-        if kv.rank == 0:
-            for server in kills.get(step, ()):
-                os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
-                print(f"killed server {server} at step {step}", flush=True)
-        kv.pull(keys, out=outs)
-    print(f"step {step} done", flush=True)
-kv.pull(keys, out=outs)
-print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
-kv.close()
+def kills_by_step() -> dict[int, list[int]]:
+    """KILL=R:S[,R:S...] as {step: [server ranks]}."""
+    kills: dict[int, list[int]] = {}
+    for item in filter(None, os.environ.get("KILL", "").split(",")):
+        server, step = item.split(":")
+        kills.setdefault(int(step), []).append(int(server))
+    return kills
+
+
+def main() -> None:
+    kills = kills_by_step()
+    kv = kvstore.create("dist_sync")
+    keys = list(SIZES)
+    kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
+    kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
+    outs = [np.empty(n, np.float32) for n in SIZES.values()]
+    for step in range(STEPS):
+        grads = [np.sin(np.arange(n, dtype=np.float32) * (kv.rank + 1) * 0.37 + step).astype(np.float32)
+                 for n in SIZES.values()]
+        if step % 2:
+            kv.pushpull(keys, grads, out=outs)
+        else:
+            kv.push(keys, grads)
+            if kv.rank == 0:
+                for server in kills.get(step, ()):
+                    os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
+                    print(f"killed server {server} at step {step}", flush=True)
+            kv.pull(keys, out=outs)
+        print(f"step {step} done", flush=True)
+    kv.pull(keys, out=outs)
+    print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()

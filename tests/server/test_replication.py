@@ -3,7 +3,7 @@
 primary's values bit for bit after every round (and init); the backup refuses
 rounds out of order or from a server it does not back up; the reply gate holds
 replies until the backup acknowledged; a promoted replica serves re-sent pushes
-without applying a round twice. Real ServerStates, driven as the node drives them
+without applying a round twice (dist_sync) or a push twice (dist_async). Real ServerStates, driven as the node drives them
 (kvstore.server.replica_link carries the same requests over ZeroMQ; the failover of
 a real job is tests/faults/test_replicated_servers.py)."""
 
@@ -16,6 +16,7 @@ from kvstore import optimizer
 from kvstore.protocol import ops
 from kvstore.server.replication import ReplyGate, replicate_request
 from kvstore.server.rounds import Reply
+from kvstore.server.state import ServerState
 from state_driver import A, B, Server, expect_error, expect_ok, only, peer
 
 W = 3
@@ -186,3 +187,47 @@ def test_a_request_routed_by_a_newer_book_waits_with_those_after_it_until_the_se
     finally:
         link.close()
         ctx.term()
+
+
+def async_pair():
+    opt = optimizer.SGD(learning_rate=0.5, momentum=0.9)
+    primary, backup = Server(mode="async", num_workers=W, opt=opt), Server(mode="async", num_workers=W, opt=opt)
+    primary.state.replication.backup = 1
+    backup.state.replicas.primaries = frozenset({0})
+    return primary, backup
+
+
+def test_dist_async_replicas_follow_every_push_and_a_promoted_one_applies_none_twice():
+    primary, backup = async_pair()
+    primary.init({A: np.linspace(-1, 1, 16, dtype=F32)})
+    forward(primary, backup)
+    rng = np.random.default_rng(3)
+    numbers = {w: 0 for w in range(W)}
+    sent = []
+    for w in (0, 2, 2, 1, 0, 1, 2):            # any order, several pushes of a worker in a row
+        numbers[w] += 1
+        grad = rng.standard_normal(16).astype(F32)
+        sent.append((w, numbers[w], grad))
+        expect_ok(only(primary.send(w, ops.PUSH, [A], [grad], rounds=[numbers[w]])[1]), peer(w))
+        forward(primary, backup)
+        assert replica(backup, A).tobytes() == primary.state.chunks[A].value.tobytes()
+    assert backup.state.replicas.held[0][A][2] == {0: 2, 1: 2, 2: 3}
+    backup.state.promote(0)
+    before = backup.state.chunks[A].value.copy()
+    for w, n, grad in sent[-3:]:              # their acknowledgements were lost: sent again, not applied
+        expect_ok(only(backup.send(w, ops.PUSHPULL, [A], [grad], rounds=[n])[1]), peer(w))
+    assert backup.state.chunks[A].value.tobytes() == before.tobytes()
+    grad = rng.standard_normal(16).astype(F32)     # worker 0's next push is applied, once
+    for state in (backup, primary):
+        expect_ok(only(state.send(0, ops.PUSH, [A], [grad], rounds=[3])[1]), peer(0))
+    assert backup.state.chunks[A].value.tobytes() == primary.state.chunks[A].value.tobytes()
+    rid, r = backup.send(1, ops.PUSH, [A], [grad], rounds=[5])
+    expect_error(only(r), peer(1), rid, "InvalidArgumentError", "push 5", "last one applied", "is 2")
+
+
+def test_dist_ssp_is_refused_with_a_backup():
+    state = ServerState(name="server 0")
+    state.replication.backup = 1
+    reply = only(state.handle(peer(0), {"op": ops.CONFIGURE, "id": 1, "src": 0, "mode": "ssp", "num_workers": W,
+                                        "staleness": 2}, []))
+    expect_error(reply, peer(0), 1, "InvalidArgumentError", "dist_ssp on replicated servers")
