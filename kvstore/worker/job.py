@@ -18,7 +18,7 @@ import threading
 from typing import Sequence
 
 from tracker.control import disagreement
-from tracker.control.errors import JobAborted, RendezvousError, RendezvousTimeout, TrackerError
+from tracker.control.errors import Disagreement, JobAborted, RendezvousError, RendezvousTimeout, TrackerError
 from tracker.control.membership import Membership
 
 from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError
@@ -76,7 +76,10 @@ class JobMember:
             return disagreement.describe({rank: disagreement.decode(p) for rank, p in zip(members, payloads)})
         except (TrackerError, ValueError, TypeError) as e:
             log.debug("could not learn where the workers' calls differ: %s", e)
-            return None
+            # the others may have learnt it and failed first, aborting the job under this one
+            if not isinstance(e, JobAborted):
+                return None
+            return disagreement.quoted(str(e)) or disagreement.quoted(self.membership.abort_reason)
 
     def allgather(self, data: bytes, token: str, timeout: float | None) -> tuple[tuple, list]:
         """Every member's ``data`` through the scheduler's authenticated barrier
@@ -90,7 +93,7 @@ class JobMember:
         try:
             return self._translate(fn, *args)
         except InvalidArgumentError as e:
-            detail = self._disagreement(token, items) if disagreement.PHRASE in str(e) else None
+            detail = self._disagreement(token, items) if isinstance(e.__cause__, Disagreement) else None
             if detail is None:
                 raise
             raise InvalidArgumentError(detail) from None   # (the scheduler's answer says less)

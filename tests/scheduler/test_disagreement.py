@@ -13,6 +13,11 @@ def test_two_workers_blame_worker_1_at_the_first_item_that_differs():
     assert text == ("workers disagree at a collective call (init): worker 1 differs from worker 0 at item 1 "
                     "(of 2): worker 0 has key 1 (4, 4) float32, worker 1 has key 1 (4, 5) float32")
     assert disagreement.blamed(f"worker 0 (pid 1 on h) failed: InvalidArgumentError: {text}") == ["worker 1"]
+    # a worker whose exchange the abort cut short raises what the others quote
+    assert disagreement.quoted(f"worker 0 (pid 1 on h) failed: InvalidArgumentError: {text}") == text
+    assert disagreement.quoted("worker 0 (pid 1 on h) failed: ValueError: workers disagree at a collective "
+                               "call, says the user") is None
+    assert disagreement.quoted(None) is None
 
 
 def test_the_majority_call_is_the_reference_and_every_odd_worker_is_named():
@@ -40,3 +45,20 @@ def test_the_launcher_marks_the_blamed_worker_whichever_reported_first():
         outcome = conclude(children, {f"worker {r}": 1 for r in range(3)}, ("scheduler", 1), None, failure)
         assert [row[0] for row in outcome.rows if row[3] == "root cause"] == ["worker 2"], failure
         assert outcome.root_cause.startswith("worker 2 differs from the other workers at a collective call")
+
+
+def test_the_schedulers_own_answer_blames_the_same_worker_as_the_exchange_would():
+    """When the exchange cannot complete, the scheduler's answer (each worker's token)
+    still blames the worker the exchange would, and the launcher marks it."""
+    from tracker.control.records import Barrier, Node
+    nodes = {f"w{r}": Node(node_id=f"w{r}", role="worker", rank=r, host="h", pid=100 + r, addr="", ident=b"",
+                           last_seen=0.0) for r in range(3)}
+    barrier = Barrier()
+    for r, token in enumerate(["init a", "init b", "init b"]):
+        barrier.arrive(f"w{r}", f"w{r}".encode(), r, token, 10.0, 0.0, nodes)
+    sends = barrier.release(list(nodes.values()), nodes)
+    text = sends[0].fields["message"]
+    assert text == ("workers disagree at a collective call: worker 0 differs from worker 1: worker 0: 'init a'; "
+                    "worker 1: 'init b'; worker 2: 'init b'")
+    assert disagreement.blamed(f"worker 2 (pid 102 on h) failed: InvalidArgumentError: a barrier failed: {text}") \
+        == ["worker 0"]

@@ -528,7 +528,7 @@ def test_members_that_disagree_fail_the_barrier_of_a_waiting_joiner_which_stays_
     job.joined("worker-new")
     ids = job.wait(["worker-new", "worker-0"], token="b")
     ids[b"worker-1"], sends = job.request("worker-1", "barrier", token="c")
-    text = "workers disagree at a collective call: worker 0: 'b'; worker 1: 'c'; worker 2: 'b'"
+    text = "workers disagree at a collective call: worker 1 differs from worker 0: worker 0: 'b'; worker 1: 'c'; worker 2: 'b'"
     assert by_ident(sends) == by_ident(Send(ident, "error", {"id": req_id, "kind": "mismatch",
                                                              "message": text})
                                        for ident, req_id in ids.items())

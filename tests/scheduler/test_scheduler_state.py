@@ -170,7 +170,8 @@ def test_workers_that_disagree_at_a_barrier_all_get_each_others_tokens():
     assert len(sends) == 2
     for send in sends:
         assert send.fields["kind"] == "mismatch"
-        assert "worker 0: 'init a'; worker 1: 'init b'" in send.fields["message"]
+        assert send.fields["message"] == ("workers disagree at a collective call: worker 1 differs from worker 0: "
+                                          "worker 0: 'init a'; worker 1: 'init b'")
 
 
 def test_a_barrier_deadline_fails_every_waiter_naming_the_absent_worker():

@@ -14,15 +14,16 @@ import kvstore
 from kvstore.errors import InvalidArgumentError
 
 mode = sys.argv[1]
+if mode == "trainer":   # imported before the job starts: a long import would delay heartbeats
+    import torch
+
+    from kvstore.torch import Trainer
 kv = kvstore.create("dist_sync")
 try:
     if mode == "init":
         shapes = [(16, 16), (16,)] * 3 + [(11, 64 if kv.rank == 0 else 32), (11,)] + [(5,)] * 2
         kv.init(list(range(10)), [np.zeros(s, np.float32) for s in shapes])
     else:
-        import torch
-
-        from kvstore.torch import Trainer
         width = 64 if kv.rank == 0 else 32
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, width),
                                     torch.nn.Linear(width, 11))

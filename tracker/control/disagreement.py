@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Hashable, Mapping
 
 PHRASE = "workers disagree at a collective call"   # the scheduler's answer starts so (records.py)
 
@@ -46,11 +47,7 @@ def describe(calls: dict[int, tuple[str, tuple[str, ...]]]) -> str | None:
     both sides). None if the calls are all the same."""
     if len(set(calls.values())) < 2:
         return None
-    ranks = sorted(calls)
-    counts = Counter(calls.values())
-    reference = max(ranks, key=lambda r: (counts[calls[r]], -r))    # most common, then lowest rank
-    odd = [r for r in ranks if calls[r] != calls[reference]]
-    ref = min(r for r in ranks if calls[r] == calls[reference])
+    ref, odd = odd_ones(calls)
     blamed = odd[0]
     (head_a, items_a), (head_b, items_b) = calls[ref], calls[blamed]
     more = f" (so do worker{'s' if len(odd) > 2 else ''} {', '.join(map(str, odd[1:]))})" if len(odd) > 1 else ""
@@ -67,8 +64,27 @@ def describe(calls: dict[int, tuple[str, tuple[str, ...]]]) -> str | None:
             f"worker {ref} has {has(ref, items_a)}, worker {blamed} has {has(blamed, items_b)}")
 
 
+def odd_ones(calls: Mapping[int, Hashable]) -> tuple[int, list[int]]:
+    """``(reference, odd)``: the lowest rank of the most common call (the lowest
+    rank's among equally common ones) and the ranks whose call differs from it, in
+    order; the first of those is the worker blamed."""
+    ranks = sorted(calls)
+    counts = Counter(calls.values())
+    common = calls[max(ranks, key=lambda r: (counts[calls[r]], -r))]
+    return min(r for r in ranks if calls[r] == common), [r for r in ranks if calls[r] != common]
+
+
 def _call(head: str, items: tuple[str, ...]) -> str:
     return repr(head) + (f" with {len(items)} item{'s' if len(items) != 1 else ''}" if items else "")
+
+
+def quoted(text: str | None) -> str | None:
+    """The disagreement a failure report quotes (``worker 1 (...) failed:
+    InvalidArgumentError: workers disagree ...``: from the phrase on), or None. A
+    worker whose exchange was cut short by the job's abort (another worker, done
+    with it, reported the error first) raises the same error from it."""
+    at = (text or "").find(PHRASE)
+    return None if at < 0 or not _BLAMED.match(text or "", at) else (text or "")[at:]
 
 
 def blamed(text: str | None) -> list[str]:

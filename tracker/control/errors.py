@@ -9,6 +9,11 @@ class RendezvousError(TrackerError):
     """The scheduler refused a request (bad role or rank, disagreeing barrier tokens...)."""
 
 
+class Disagreement(RendezvousError):
+    """The workers' tokens at a barrier differed (``mismatch``): each made another
+    collective call, or the same with other arguments."""
+
+
 class RendezvousTimeout(TrackerError, TimeoutError):
     """A rendezvous step (registration, barrier) did not complete in time."""
 

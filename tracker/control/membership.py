@@ -23,7 +23,7 @@ from typing import Callable
 import zmq
 
 from . import env, wire
-from .errors import JobAborted, RendezvousError, RendezvousTimeout
+from .errors import Disagreement, JobAborted, RendezvousError, RendezvousTimeout
 from .records import gather_budget
 from .security import Security
 
@@ -197,6 +197,8 @@ class Membership:
                         raise JobAborted(str(msg.get("message")))
                     if msg.get("kind") == wire.TIMEOUT:
                         raise RendezvousTimeout(f"{self.name}: {msg.get('message')}")
+                    if msg.get("kind") == wire.MISMATCH:
+                        raise Disagreement(f"{what} failed: {msg.get('message')}")
                     raise RendezvousError(f"{what} failed: {msg.get('message')}")
                 return msg
             if time.monotonic() > deadline:

@@ -11,7 +11,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from . import wire
+from . import disagreement, wire
 from .errors import RendezvousError
 
 
@@ -132,7 +132,9 @@ class Barrier:
             return self.end(wire.BARRIER_DONE, **done)
         detail = "; ".join(f"worker {nodes[nid].rank}: {w[2]!r}" for nid, w in
                            sorted(self.waiting.items(), key=lambda kv: nodes[kv[0]].rank))
-        return self.end(wire.ERROR, kind=wire.MISMATCH, message=f"workers disagree at a collective call: {detail}")
+        ref, odd = disagreement.odd_ones({nodes[nid].rank: w[2] for nid, w in self.waiting.items()})
+        return self.end(wire.ERROR, kind=wire.MISMATCH, message=(
+            f"{disagreement.PHRASE}: worker {odd[0]} differs from worker {ref}: {detail}"))
 
     def expire(self, now: float, members: list[Node], nodes: dict) -> list[Send]:
         """A waiter whose deadline passed: the barrier fails for every waiter, naming
