@@ -132,6 +132,22 @@ def _describe(child, code, exception: bool = False) -> str:
     return text
 
 
+def _first_of_twins(children, first, code: int) -> str:
+    """The label of the root cause among processes that failed alike: ``first``
+    failed first as the launcher saw it, but processes of its role that ended by
+    themselves with its status and the same last exception (every worker's
+    ``create()`` refusing the store type) failed in a race the launcher's polling
+    decides; the first of them in launch order is reported, the same every run."""
+    exception = getattr(first, "exception", None)
+    if not exception:
+        return first.spec.label
+    for child in children:
+        if child.spec.role == first.spec.role and getattr(child, "exception", None) == exception \
+                and child.poll() == code:
+            return child.spec.label
+    return first.spec.label
+
+
 def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
@@ -165,6 +181,7 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
             root = by_label[label].blame
             returncode = _status(code)
         else:
+            label = _first_of_twins(children, by_label[label], code)
             culprits = [label]
             root = _describe(by_label[label], code, exception=True)
             returncode = _status(code)

@@ -73,3 +73,21 @@ def test_the_exception_of_a_traceback_is_found_among_other_threads_log_lines():
                  "Traceback (most recent call last):", '  File "y.py", line 1', "KeyboardInterrupt"]:
         seen.feed(line)
     assert seen.last == "KeyboardInterrupt"
+
+
+def test_of_workers_that_failed_alike_before_the_scheduler_heard_the_first_in_launch_order_is_marked():
+    @dataclass
+    class Failed(Ended):
+        exception: str | None = None
+
+    same = "kvstore.errors.ConfigError: unknown store type 'dist_sync_cpu'"
+    children = [Failed(ProcSpec("worker", 0, ("x",)), 100, -15, same),     # stopped by the teardown
+                Failed(ProcSpec("worker", 1, ("x",)), 101, 1, same),
+                Failed(ProcSpec("worker", 2, ("x",)), 102, 1, same),
+                Failed(ProcSpec("worker", 3, ("x",)), 103, 1, "ValueError: other")]
+    for first in ("worker 2", "worker 1"):       # whichever the launcher's polling saw first
+        outcome = conclude(children, {first: 1}, (first, 1), None, None)
+        assert marked(outcome) == ["worker 1"]
+        assert outcome.root_cause == f"worker 1 exited with status 1: {same}"
+    outcome = conclude(children, {"worker 3": 1}, ("worker 3", 1), None, None)
+    assert marked(outcome) == ["worker 3"]
