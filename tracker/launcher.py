@@ -301,6 +301,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
             if code is None:
                 continue
             codes[label] = code
+            if code and getattr(child, "blame", None):   # never started: its command failed
+                scheduler.abort(child.blame)
             scheduler.node_exited(child.spec.role, child.spec.rank, code)
             if code != 0:
                 if replace is not None and child.spec.role == "worker" and not failed_before:
