@@ -184,3 +184,46 @@ def test_state_layout_names_torchs_state_for_every_group():
     assert adam.used_states(adam.groups[0]) == ("exp_avg", "exp_avg_sq")
     rms = kvopt.create("torch_rmsprop", groups=[{"centered": True}, {}])
     assert rms.state_layout() == ("square_avg", "grad_avg")
+
+
+def test_a_servers_checkpoint_of_a_twin_resumes_exactly():
+    """The servers' side of a checkpoint (kvstore.server.optimizer_slot.ServerOptimizer,
+    pure): a twin's per-chunk state saved mid-run, restored into a fresh server with
+    the checkpoint's config and the job's same set_optimizer, goes on as if never
+    stopped; a set_optimizer with other groups and keep_state (a scheduler's change)
+    keeps it too."""
+    from kvstore.server.optimizer_slot import ServerOptimizer
+
+    twin = kvopt.create("torch_adamw", lr=1e-2, groups=[{}, {"weight_decay": 0.0, "amsgrad": True}],
+                        key_groups={"b": 1})
+    rng = np.random.default_rng(0)
+    grads = [{k: rng.standard_normal(40).astype(np.float32) for k in "wb"} for _ in range(4)]
+
+    def steps(slot, values, rounds):
+        for g in rounds:
+            for k in "wb":
+                for c in range(2):
+                    slot.updater((k, c), g[k][c * 20:(c + 1) * 20], values[k][c * 20:(c + 1) * 20])
+
+    straight = ServerOptimizer()
+    straight.set({"optimizer": twin.to_config()})
+    want = {k: np.ones(40, np.float32) for k in "wb"}
+    steps(straight, want, grads)
+
+    first = ServerOptimizer()
+    first.set({"optimizer": twin.to_config()})
+    got = {k: np.ones(40, np.float32) for k in "wb"}
+    steps(first, got, grads[:2])
+    saved = {cid: {"t": e["t"], "state": [s.copy() for s in e["state"]]}
+             for cid, e in first.updater.get_states().items()}
+    resumed = ServerOptimizer()
+    resumed.restore(first.config(), saved)
+    resumed.set({"optimizer": twin.to_config()})          # the job's set_optimizer: the same twin, state kept
+    steps(resumed, got, grads[2:])
+    for k in "wb":
+        np.testing.assert_array_equal(got[k], want[k])
+    # new hyper-parameters for the same twin (keep_state) keep every chunk's state and count
+    resumed.set({"optimizer": twin.with_groups([{"lr": 5e-3}, {"weight_decay": 0.0, "amsgrad": True}]).to_config(),
+                 "keep_state": True})
+    assert {cid: e["t"] for cid, e in resumed.updater.get_states().items()} == {(k, c): 4 for k in "wb"
+                                                                               for c in range(2)}
