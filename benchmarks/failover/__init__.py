@@ -1,0 +1,1 @@
+"""How long a replicated job pauses when a server dies (benchmarks/failover/run.py)."""
