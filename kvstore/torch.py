@@ -4,7 +4,9 @@ Like MXNet Gluon's ``Trainer(params, optimizer, kvstore, update_on_kvstore)``:
 
 - ``update_on_kvstore=True``: the servers run the optimizer. Workers push
   gradients and pull the updated weights. Pass a :mod:`kvstore.optimizer`
-  optimizer, or a ``torch.optim.SGD`` (translated exactly).
+  optimizer, or a ``torch.optim`` SGD, Adam, AdamW, RMSprop, Adagrad or Adadelta
+  (run on the servers by its twin, torch's own step: bit for bit, every param group
+  and every change a torch scheduler makes to them followed).
 - ``update_on_kvstore=False``: the servers only sum. Workers pull the summed
   gradient into ``.grad`` and run their own torch optimizer.
 
@@ -225,21 +227,21 @@ class Trainer:
     step is exchanged as zeros (the other workers may have one), as DDP does with
     ``find_unused_parameters``.
 
-    Per-parameter rates and weight decay on the servers (update_on_kvstore=True):
-    a torch SGD's param groups may differ in ``lr`` and ``weight_decay``, which become
-    each key's ``lr_mult`` and ``wd_mult`` (a torch LR scheduler must then change
-    every group's rate by the same factor); a kvstore optimizer takes MXNet's
-    ``lr_mult`` / ``wd_mult`` by key, which ``model.named_parameters()`` makes the
-    parameters' names. The usual recipe, no weight decay on biases and norms::
+    Per-parameter hyper-parameters on the servers (update_on_kvstore=True): a torch
+    optimizer's param groups become each key's group on the servers, with every
+    hyper-parameter (:func:`optimizer_from_torch`); :meth:`state_dict` gives the
+    servers' state in torch's format. A kvstore optimizer takes MXNet's ``lr_mult`` /
+    ``wd_mult`` by key, which ``model.named_parameters()`` makes the parameters'
+    names. The usual recipe, no weight decay on biases and norms::
 
         no_decay = {n: 0.0 for n, p in model.named_parameters() if p.ndim == 1}
         Trainer(model.named_parameters(), kv, kvstore.optimizer.SGD(learning_rate=0.1, wd=1e-4,
                                                                     wd_mult=no_decay))
 
-    With flat buckets, parameters sharing a bucket must share their multipliers.
-    A sparse gradient (``nn.Embedding(sparse=True)``) updates only its rows with a
-    kvstore SGD, Adam or LARS (MXNet's ``lazy_update``), every row with a torch SGD
-    (as torch's own step does).
+    With flat buckets, parameters sharing a bucket must share their multipliers (or
+    torch param group). A sparse gradient (``nn.Embedding(sparse=True)``) updates only
+    its rows with a kvstore SGD, Adam or LARS (MXNet's ``lazy_update``), every row
+    with a torch optimizer's twin (as torch's own SGD step does).
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
