@@ -73,7 +73,9 @@ BAD_CALLS = {
     "str key": lambda kv: kv.pushpull([0, "1", 2], values(), out=values()),
     "too few values": lambda kv: kv.pushpull([0, 1, 2], values()[:2], out=values()),
     "row-sparse written back": lambda kv: kv.pushpull(
-        [0, 1, 2], [RowSparse([1], np.ones((1,), F32), (3,)), *values()[1:]]),
+        [0, 1, 2], [RowSparse(np.ones((1,), F32), np.array([1]), (3,)), *values()[1:]]),
+    "bad row id": lambda kv: kv.pushpull(
+        [0, 1, 2], [RowSparse(np.ones((1,), F32), np.array([5]), (3,)), *values()[1:]], out=values()),
     "torch sparse out": lambda kv: kv.pushpull(
         [0, 1, 2], values(), out=[torch.zeros(3).to_sparse(), *values()[1:]]),
     "a device the plan did not see": lambda kv: kv.pushpull(
