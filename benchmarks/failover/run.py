@@ -14,9 +14,14 @@ deterministic sums. Per variant:
   instead of shared memory, which the second row isolates, and each round's sum
   goes to the backup before the reply);
 - ``SIGKILL`` (the launcher sees the exit at once) and ``SIGSTOP`` (only the
-  heartbeats, ``--heartbeat-timeout``): a random server stopped at a random step;
-  the pause is worker 0's time from the signal to the end of the step it was
-  sent in (the next completed round), against the median step of that run.
+  heartbeats, ``--heartbeat-timeout``): a random server stopped at a random moment
+  of a random step (a delay of up to 1.5 median steps after the step starts); the
+  pause is worker 0's time from the signal to the end of the step it was sent in
+  (the next completed round), against the median step of that run.
+
+Every run's final weights (worker 0's digest) are compared with the first
+``no replicas`` run's: with deterministic sums a failover must leave them equal,
+bit for bit (the ``same weights`` column counts the runs that do).
 
 Reported, never asserted (docs/reliability.md quotes the run of record). Writes
 ``failover.md`` and ``failover.json`` to a scratch directory (printed), or to
@@ -56,11 +61,13 @@ def job(workers: int, servers: int, env: dict, timeout: float) -> tuple[int, str
     return out.returncode, out.stdout + out.stderr
 
 
-def timings(output: str) -> tuple[list[float], float | None]:
-    """(the end time of each step, the kill's time or None) from worker 0's lines."""
+def timings(output: str) -> tuple[list[float], float | None, str | None]:
+    """(the end time of each step, the kill's time or None, the final weights' digest
+    or None) from worker 0's lines."""
     ends = [float(t) for _, t in re.findall(r"step (\d+) (\d+\.\d+)", output)]
     kill = re.search(r"kill (\d+\.\d+)", output)
-    return ends, float(kill.group(1)) if kill else None
+    digest = re.search(r"digest (\w+)", output)
+    return ends, float(kill.group(1)) if kill else None, digest.group(1) if digest else None
 
 
 VARIANTS = ("no replicas", "no replicas, tcp", "replicas", "SIGKILL", "SIGSTOP")
@@ -76,6 +83,12 @@ def measure(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed,
                 ("replicas", {"KVSTORE_REPLICAS": "1"}, None),
                 ("SIGKILL", {"KVSTORE_REPLICAS": "1"}, "SIGKILL"), ("SIGSTOP", {"KVSTORE_REPLICAS": "1"}, "SIGSTOP")]
     variants = [v for v in variants if v[0] in only]
+    code, output = job(workers, servers, base, timeout=120)       # the reference weights
+    reference = timings(output)[2]
+    ends = timings(output)[0]
+    typical = statistics.median([b - a for a, b in zip(ends, ends[1:])]) if len(ends) > 2 else 0.01
+    if code != 0 or reference is None:
+        raise click.ClickException(f"the reference job failed:\n{output[-3000:]}")
     rows = []
     for run in range(runs):
         for name, extra, signal_name in variants:
@@ -83,14 +96,17 @@ def measure(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed,
             victim = step = None
             if signal_name:
                 victim, step = rng.randrange(servers), rng.randrange(steps // 3, 2 * steps // 3)
-                env.update(KILL=f"{victim}:{step}", KILL_SIGNAL=signal_name)
+                env.update(KILL=f"{victim}:{step}", KILL_SIGNAL=signal_name,
+                           KILL_DELAY=f"{rng.uniform(0, 1.5 * typical):.4f}")
             code, output = job(workers, servers, env, timeout=120 + 3 * heartbeat_timeout)
-            ends, kill = timings(output)
+            ends, kill, digest = timings(output)
             gaps = [b - a for a, b in zip(ends, ends[1:])]
             row = {"variant": name, "run": run, "exit": code, "steps": len(ends),
-                   "median_step_ms": 1e3 * statistics.median(gaps) if gaps else None}
+                   "median_step_ms": 1e3 * statistics.median(gaps) if gaps else None,
+                   "same_weights": digest == reference}
             if kill is not None and step is not None and len(ends) > step:
-                row.update(victim=victim, at_step=step, pause_s=ends[step] - kill)
+                row.update(victim=victim, at_step=step, delay_s=float(env["KILL_DELAY"]),
+                           pause_s=next(e for e in ends[step:] if e > kill) - kill)
             if code != 0:
                 row["tail"] = output[-2000:]
             rows.append(row)
@@ -102,17 +118,17 @@ def table(rows: list[dict], workers: int, servers: int, keys: int, size: int, he
     lines = [f"W={workers}, S={servers}, {keys} keys x {size} fp32 ({keys * size * 4 / 1e6:.1f} MB per worker), "
              f"KVSTORE_HEARTBEAT_TIMEOUT={heartbeat_timeout:g}, deterministic sums, one machine "
              "(processes share its cores).", "",
-             "| variant | runs | exit 0 | median step (ms) | pause from the signal to the next completed round (s) |",
-             "|---|---:|---:|---:|---|"]
+             "| variant | runs | exit 0 | same weights | median step (ms) | pause from the signal to the next completed round (s) |",
+             "|---|---:|---:|---:|---:|---|"]
     for name in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == name]
         steps = [r["median_step_ms"] for r in mine if r["median_step_ms"] is not None]
         pauses = sorted(r["pause_s"] for r in mine if "pause_s" in r)
         shown = "-" if not pauses else (f"median {statistics.median(pauses):.3f}, min {pauses[0]:.3f}, "
                                         f"max {pauses[-1]:.3f} ({', '.join(f'{p:.3f}' for p in pauses)})")
-        lines.append(f"| {name} | {len(mine)} | {sum(r['exit'] == 0 for r in mine)} | "
-                     f"{statistics.median(steps):.1f} | {shown} |" if steps else f"| {name} | {len(mine)} | "
-                     f"{sum(r['exit'] == 0 for r in mine)} | - | {shown} |")
+        same = sum(bool(r.get("same_weights")) for r in mine)
+        median = f"{statistics.median(steps):.1f}" if steps else "-"
+        lines.append(f"| {name} | {len(mine)} | {sum(r['exit'] == 0 for r in mine)} | {same} | {median} | {shown} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,16 +1,20 @@
 """The worker of benchmarks.failover: STEPS dist_sync pushpulls of KEYS fp32 keys of
 SIZE values (cut over every server), SGD with momentum on the servers; prints one
-line per completed step with its wall-clock time (``step I T``). With KILL=R:S,
-worker 0 sends server R SIGKILL (KILL_SIGNAL: another signal) at the start of step
-S, prints ``kill T``, and goes on; the step's pushpull then waits for the failover.
+line per completed step with its wall-clock time (``step I T``) and, at the end,
+a digest of the final weights (``digest HEX``). With KILL=R:S, worker 0 sends
+server R SIGKILL (KILL_SIGNAL: another signal) KILL_DELAY seconds (default 0) after
+the start of step S, from a thread, so that the signal falls anywhere in the
+step's exchange; it prints ``kill T`` and goes on.
 
     python -m tracker.local -n 2 -s 3 python benchmarks/failover/worker.py
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -44,14 +48,22 @@ def main() -> None:
     names = [f"k{i}" for i in range(keys)]
     kv.init(names, [np.zeros(size, np.float32) for _ in names])
     kv.set_optimizer(opt.SGD(learning_rate=0.01, momentum=0.9))
-    grads = [np.full(size, kv.rank + 1, np.float32) for _ in names]
+    base = np.sin(np.arange(size, dtype=np.float32) * 0.01 * (kv.rank + 1)).astype(np.float32)
     outs = [np.empty(size, np.float32) for _ in names]
+    pid = server_pid(victim) if kv.rank == 0 and victim >= 0 else None
+    sig = getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL"))
+
+    def signal_victim() -> None:
+        assert pid is not None
+        os.kill(pid, sig)
+        print(f"kill {time.time():.6f}", flush=True)
     for step in range(steps):
-        if step == at and kv.rank == 0:
-            os.kill(server_pid(victim), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
-            print(f"kill {time.time():.6f}", flush=True)
-        kv.pushpull(names, grads, out=outs)
+        if step == at and pid is not None:
+            threading.Timer(float(os.environ.get("KILL_DELAY", "0")), signal_victim).start()
+        kv.pushpull(names, [base * (k + 1) + step for k in range(keys)], out=outs)
         print(f"step {step} {time.time():.6f}", flush=True)
+    kv.pull(names, out=outs)
+    print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
     kv.close()
 
 

@@ -1,6 +1,7 @@
-"""benchmarks.failover at tiny size: a replicated job whose server is killed mid-run
-ends with exit 0 and its pause is measured from the worker's own times; the table
-and JSON are written where asked. Never asserts on speed."""
+"""benchmarks.failover at tiny size: a replicated job whose server is killed at a
+random moment of a step ends with exit 0 and the reference run's weights, and its
+pause is measured from the worker's own times; the table and JSON are written
+where asked. Never asserts on speed."""
 
 from __future__ import annotations
 
@@ -27,4 +28,5 @@ def test_a_killed_server_is_measured_from_the_signal_to_the_next_round(tmp_path)
     [row] = json.loads((tmp_path / "failover.json").read_text())
     assert (row["variant"], row["exit"], row["steps"]) == ("SIGKILL", 0, 9), row
     assert 3 <= row["at_step"] < 6 and 0 < row["pause_s"] < 60 and row["median_step_ms"] > 0
-    assert "| SIGKILL | 1 | 1 |" in (tmp_path / "failover.md").read_text()
+    assert row["same_weights"], "a failover with deterministic sums must leave the uninterrupted weights"
+    assert "| SIGKILL | 1 | 1 | 1 |" in (tmp_path / "failover.md").read_text()
