@@ -13,7 +13,8 @@ pushed by post-accumulate-grad hooks while backward runs), held by the strategy:
   LightningModule's torch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad or
   Adadelta) by its twin, torch's own step on the servers
   (:func:`kvstore.torch.optimizer_from_torch`; what a torch scheduler changes in any
-  param group is followed);
+  param group is followed; Lightning's checkpoints keep the servers' optimizer state,
+  in torch's format, and resuming sends it back);
   the workers push gradients and pull the new weights.
 
 The processes come from our launchers or torch's: ``python -m tracker.local -n 2
@@ -282,6 +283,26 @@ class KVStoreStrategy(ParallelStrategy):
             exchange.allreduce_grads()
             return result
         return super().optimizer_step(optimizer, then_average, model, **kwargs)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """What Lightning's checkpoints keep of the optimizer: with the servers
+        updating, their state in torch's format (:meth:`Trainer.state_dict`), which
+        the module's torch optimizer does not hold; else the optimizer's own."""
+        if self.update_on_kvstore and self._exchange is not None:
+            return self._exchange.state_dict()
+        return super().optimizer_state(optimizer)
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        """Resuming from a Lightning checkpoint: with the servers updating, its
+        optimizer state goes to the servers (:meth:`Trainer.load_state_dict`, every
+        worker together); else into the module's optimizer, as Lightning's own."""
+        if self.update_on_kvstore:
+            if self._exchange is None:      # the servers would never see it
+                raise InvalidArgumentError("KVStoreStrategy: an optimizer state to load before fit() set up the "
+                                           "exchange; the servers hold it with update_on_kvstore=True")
+            self._exchange.load_state_dict(checkpoint["optimizer_states"][0])
+            return
+        super().load_optimizer_state_dict(checkpoint)
 
     @contextlib.contextmanager
     def block_backward_sync(self) -> Iterator[None]:

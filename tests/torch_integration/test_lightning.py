@@ -175,6 +175,37 @@ def fit(strategy, **kwargs):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def test_a_checkpoint_carries_the_servers_optimizer_state_and_resumes_from_it(tmp_path):
+    """With the servers updating, Lightning's checkpoint holds the servers' Adam state
+    in torch's format (Trainer.state_dict): the bits of Lightning's own single-device
+    run; resuming from it (the state sent back to the servers) ends with the weights
+    of that run resumed the same way, bit for bit."""
+    def run(strategy, steps, ckpt=None, save=None):
+        trainer, model, loader = lightning_fit(strategy, optimizer="adam", steps=steps)
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt)
+        if save is not None:
+            trainer.save_checkpoint(save)
+        return [p.detach().clone() for p in model.parameters()]
+
+    for name, strategy in (("auto", lambda: "auto"),
+                           ("servers", lambda: KVStoreStrategy("local", update_on_kvstore=True))):
+        run(strategy(), 3, save=tmp_path / f"{name}.ckpt")
+    want = torch.load(tmp_path / "auto.ckpt", weights_only=False)["optimizer_states"][0]
+    got = torch.load(tmp_path / "servers.ckpt", weights_only=False)["optimizer_states"][0]
+    assert got["state"].keys() == want["state"].keys() and len(want["state"]) == 2
+    for i, one in want["state"].items():
+        assert sorted(one) == sorted(got["state"][i]) == ["exp_avg", "exp_avg_sq", "step"]
+        assert all(torch.equal(v, got["state"][i][n]) for n, v in one.items())
+    resumed = run(KVStoreStrategy("local", update_on_kvstore=True), 6, ckpt=tmp_path / "servers.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(resumed, run("auto", 6, ckpt=tmp_path / "auto.ckpt")))
+    # the state mattered: resumed without it (a fresh Adam) the weights differ
+    fresh = torch.load(tmp_path / "servers.ckpt", weights_only=False)
+    fresh["optimizer_states"][0]["state"] = {}
+    torch.save(fresh, tmp_path / "fresh.ckpt")
+    assert not all(torch.equal(a, b) for a, b in zip(
+        resumed, run(KVStoreStrategy("local", update_on_kvstore=True), 6, ckpt=tmp_path / "fresh.ckpt")))
+
+
 @pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("update_on_kvstore", MODES)
 def test_the_local_store_trains_like_a_single_device(update_on_kvstore, accumulate):
