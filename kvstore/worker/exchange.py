@@ -262,7 +262,8 @@ class Exchange:
             assert self.host is not None
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
             return pending
-        if op == ops.PUSHPULL and sources is not None and any(wire.layerwise(info) for info, _ in sources):
+        if (op == ops.PUSHPULL and sources is not None and wire.splits_norms
+                and any(wire.layerwise(info) for info, _ in sources)):
             # keys cut over servers under LARS/LAMB: two phases, done before this returns
             wire.check([info for info, _ in sources], what)
             layered = [wire.layerwise(info) for info, _ in sources]
@@ -294,7 +295,7 @@ class Exchange:
         (:meth:`send`)."""
         if not self._client.reads_device or wire.compressor is not None:
             return False
-        return sources is None or not any(wire.layerwise(info) for info, _ in sources)
+        return sources is None or not (wire.splits_norms and any(wire.layerwise(info) for info, _ in sources))
 
     def _flat_target(self, out, what: str) -> tuple[Any, bool]:
         """``arrays.flat_target``, and a device block of the staging as it is."""

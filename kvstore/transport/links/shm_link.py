@@ -128,4 +128,6 @@ class ShmLink(Link):
 
 
 def _hashable(key):
+    if type(key) is list and len(key) == 2 and type(key[0]) in (int, str) and type(key[1]) is int:
+        return (key[0], key[1])       # a chunk's wire id, the common case (once per chunk and call)
     return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
