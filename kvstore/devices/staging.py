@@ -32,6 +32,12 @@ def device_sum(acc: Accelerators, vals: list, dtype, what: str, host_flat: Calla
     value (a view of that value when it is the only one), or None when no value is
     on a device. ``host_flat(value)``: a host value as a flat numpy array of
     ``dtype`` (it is uploaded)."""
+    if len(vals) == 1 and acc.holds(vals[0]):
+        # one device value (a key's gradient, every call): its flat view, made without
+        # switching devices when it needs no copy (a contiguous view is no kernel)
+        view = acc.view(vals[0], what)
+        if view.ndim == 1 or view.flags.c_contiguous:
+            return flat_view(view)
     index = next((acc.index_of(v) for v in vals if acc.holds(v)), None)
     if index is None:
         return None
