@@ -47,6 +47,8 @@ def signature(value) -> tuple:
     kind = type(value)
     if kind is np.ndarray:
         return (kind, value.shape, value.dtype)
+    if isinstance(value, np.ndarray):         # a subclass (the host devices' emulated device memory)
+        return (kind, value.shape, value.dtype, getattr(value, "device", None))
     if arrays.is_torch(value):
         return (kind, tuple(value.shape), value.dtype, value.layout, value.device)
     return (kind, tuple(value.shape), value.dtype, getattr(value, "device", None))
