@@ -41,7 +41,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 from torch.autograd import Variable
 
@@ -99,7 +98,8 @@ def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.TorchTw
     (kvstore.optimizer.torch_twin), every param group with its hyper-parameters.
 
     ``keys``: the (parameter, store key) pairs; each key gets its parameter's group
-    (needed for several groups). Raises ArgumentTypeError for another optimizer and
+    (needed for several groups), and bfloat16 parameters' keys are stepped in
+    bfloat16 (the stores keep them in float32). Raises ArgumentTypeError for another optimizer and
     InvalidArgumentError, naming the group and the option, for what a twin cannot
     honour: ``fused``, ``capturable`` or ``differentiable`` steps, a hyper-parameter
     the twin does not know, a tensor hyper-parameter that requires grad, a parameter
@@ -116,9 +116,12 @@ def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.TorchTw
     top = {n: _plain(opt, "its constructor", n, v) for n, v in opt.defaults.items() if n in twin.fields}
     groups = torch_groups(opt, twin)
     key_groups: dict = {}
+    bfloat16_keys = []
     if keys is not None:
         group_of = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
         for p, key in keys:
+            if p.dtype == torch.bfloat16:       # kept in float32 by the stores, stepped in bfloat16
+                bfloat16_keys.append(key)
             if id(p) not in group_of:
                 raise InvalidArgumentError(
                     f"update_on_kvstore=True: parameter {key!r} is in no param group of the torch "
@@ -130,7 +133,7 @@ def optimizer_from_torch(opt: torch.optim.Optimizer, keys=None) -> kvopt.TorchTw
         raise InvalidArgumentError("optimizer_from_torch: several param groups need keys, the (parameter, "
                                    "store key) pairs, to give each key its group")
     try:
-        return twin(**top, groups=groups, key_groups=key_groups)
+        return twin(**top, groups=groups, key_groups=key_groups, bfloat16_keys=bfloat16_keys)
     except ConfigError as e:
         raise InvalidArgumentError(f"update_on_kvstore=True: torch {type(opt).__name__}: {e}") from None
 
@@ -357,6 +360,7 @@ class Trainer:
         lr_mult: dict = {}
         wd_mult: dict = {}
         key_groups: dict = {}
+        bfloat16_keys: list = []
         for bucket in self._flat.buckets:
             if twin is not None:
                 groups = {i: twin.group_of(self._keys[i]) for i in bucket.indices}
@@ -371,6 +375,8 @@ class Trainer:
                 group = shared.pop() if shared else 0
                 if group:
                     key_groups[bucket.key] = group
+                if bucket.indices and self._params[bucket.indices[0]].dtype == torch.bfloat16:
+                    bfloat16_keys.append(bucket.key)      # a bucket holds one dtype
                 continue
             found = {i: server_opt.multipliers(self._keys[i]) for i in bucket.indices}
             if len(set(found.values())) > 1:
@@ -384,20 +390,12 @@ class Trainer:
             if mults != (1.0, 1.0):
                 lr_mult[bucket.key], wd_mult[bucket.key] = mults
         if twin is not None:
-            return twin.with_groups(twin.groups, {**twin.key_groups, **key_groups})
+            return twin.with_groups(twin.groups, {**twin.key_groups, **key_groups},
+                                    twin.bfloat16_keys + bfloat16_keys)
         return server_opt.with_multipliers(lr_mult, wd_mult) if lr_mult else server_opt
 
     def _twin_of(self, optimizer: torch.optim.Optimizer) -> kvopt.TorchTwin:
-        """The servers' twin of the torch optimizer (:func:`optimizer_from_torch`), for
-        the parameters that train. Raises InvalidArgumentError for a bfloat16 one: the
-        stores keep bfloat16 values in float32, so the servers would step in float32
-        where torch steps in bfloat16."""
-        for key, p in zip(self._keys, self._params):
-            if p.dtype == torch.bfloat16:
-                raise InvalidArgumentError(
-                    f"update_on_kvstore=True with a torch optimizer: parameter {key!r} is bfloat16, which the stores "
-                    "keep in float32, so the servers' twin would step in float32 where torch steps in bfloat16; "
-                    "keep float32 parameters (bfloat16 autocast), or use update_on_kvstore=False")
+        """The servers' twin of the torch optimizer (:func:`optimizer_from_torch`)."""
         return optimizer_from_torch(optimizer, zip(self._params, self._keys))
 
     @staticmethod
@@ -815,8 +813,9 @@ class Trainer:
                 entry = states.get(key_of.get(id(p)))
                 if entry is not None and entry["t"] > 0:
                     one = {"step": torch.tensor(float(entry["t"]))} if twin.keeps_step else {}
-                    for name in twin.used_states(twin.groups[gi]):
-                        one[name] = torch.from_numpy(entry["state"][layout.index(name)].copy()).reshape(p.shape)
+                    for name in twin.used_states(twin.groups[gi]):    # (bfloat16: kept in float32, exactly)
+                        array = entry["state"][layout.index(name)]
+                        one[name] = torch.from_numpy(array.copy()).reshape(p.shape).to(p.dtype)
                     state[index] = one
                 index += 1
         out["state"] = state
@@ -845,8 +844,9 @@ class Trainer:
             if twin.keeps_step and "step" not in one:
                 raise InvalidArgumentError(f"load_state_dict: the state of parameter {key_of[id(p)]!r} has no step")
             t = int(one["step"].item()) if twin.keeps_step else 1
-            arrays = [one[n].detach().cpu().reshape(-1).numpy().copy() if n in one else
-                      np.zeros(p.numel(), torch.empty(0, dtype=p.dtype).numpy().dtype) for n in layout]
+            kept = torch.float32 if p.dtype == torch.bfloat16 else p.dtype     # what the stores keep
+            arrays = [(one[n].detach().cpu().reshape(-1).to(kept) if n in one else
+                       torch.zeros(p.numel(), dtype=kept)).numpy().copy() for n in layout]
             states[key_of[id(p)]] = {"t": t, "state": [a.reshape(tuple(p.shape)) for a in arrays]}
         opt.state.clear()            # the servers hold it
         # the twin with the loaded groups (collective: every worker is here, no round in

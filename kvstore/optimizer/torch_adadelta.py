@@ -5,7 +5,7 @@ per param group (kvstore.optimizer.torch_twin)."""
 from __future__ import annotations
 
 from .base import register
-from .torch_twin import BOOL, CLOSED_UNIT, NONNEG, TorchTwin, step_tensor
+from .torch_twin import BOOL, CLOSED_UNIT, NONNEG, TWIN_PARAMS, TorchTwin, step_tensor
 
 __all__ = ["TorchAdadelta"]
 
@@ -19,7 +19,7 @@ class TorchAdadelta(TorchTwin):
     torch_name = "Adadelta"
     fields = {"lr": (1.0, NONNEG), "rho": (0.9, CLOSED_UNIT), "eps": (1e-6, NONNEG),
               "weight_decay": (0.0, NONNEG), "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     state_names = ("square_avg", "acc_delta")
 
     @property

@@ -6,7 +6,7 @@ initial_accumulator_value, eps, maximize, per param group
 from __future__ import annotations
 
 from .base import register
-from .torch_twin import BOOL, NONNEG, TorchTwin, step_tensor
+from .torch_twin import BOOL, NONNEG, TWIN_PARAMS, TorchTwin, step_tensor
 
 __all__ = ["TorchAdagrad"]
 
@@ -22,7 +22,7 @@ class TorchAdagrad(TorchTwin):
     torch_name = "Adagrad"
     fields = {"lr": (1e-2, NONNEG), "lr_decay": (0.0, NONNEG), "weight_decay": (0.0, NONNEG),
               "initial_accumulator_value": (0.0, NONNEG), "eps": (1e-10, NONNEG), "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     state_names = ("sum",)
 
     @property

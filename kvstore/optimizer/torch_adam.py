@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .base import register
-from .torch_twin import BETAS, BOOL, NONNEG, TorchTwin, step_tensor
+from .torch_twin import BETAS, BOOL, NONNEG, TWIN_PARAMS, TorchTwin, step_tensor
 
 __all__ = ["TorchAdam"]
 
@@ -21,7 +21,7 @@ class TorchAdam(TorchTwin):
     torch_name = "Adam"
     fields = {"lr": (1e-3, NONNEG), "betas": ([0.9, 0.999], BETAS), "eps": (1e-8, NONNEG),
               "weight_decay": (0.0, NONNEG), "amsgrad": (False, BOOL), "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     state_names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     #: AdamW's decoupled weight decay (torch's Adam(decoupled_weight_decay=True))
     decoupled: ClassVar[bool] = False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .base import register
 from .torch_adam import TorchAdam
-from .torch_twin import BETAS, BOOL, NONNEG
+from .torch_twin import BETAS, BOOL, NONNEG, TWIN_PARAMS
 
 __all__ = ["TorchAdamW"]
 
@@ -19,5 +19,5 @@ class TorchAdamW(TorchAdam):
     torch_name = "AdamW"
     fields = {"lr": (1e-3, NONNEG), "betas": ([0.9, 0.999], BETAS), "eps": (1e-8, NONNEG),
               "weight_decay": (1e-2, NONNEG), "amsgrad": (False, BOOL), "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     decoupled = True

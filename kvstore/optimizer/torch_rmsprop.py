@@ -5,7 +5,7 @@ centered, maximize, per param group (kvstore.optimizer.torch_twin)."""
 from __future__ import annotations
 
 from .base import register
-from .torch_twin import BOOL, NONNEG, TorchTwin, step_tensor
+from .torch_twin import BOOL, NONNEG, TWIN_PARAMS, TorchTwin, step_tensor
 
 __all__ = ["TorchRMSprop"]
 
@@ -21,7 +21,7 @@ class TorchRMSprop(TorchTwin):
     fields = {"lr": (1e-2, NONNEG), "alpha": (0.99, NONNEG), "eps": (1e-8, NONNEG),
               "weight_decay": (0.0, NONNEG), "momentum": (0.0, NONNEG), "centered": (False, BOOL),
               "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     state_names = ("square_avg", "momentum_buffer", "grad_avg")
 
     def state_layout(self) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .base import register
-from .torch_twin import BOOL, NONNEG, TorchTwin
+from .torch_twin import BOOL, NONNEG, TWIN_PARAMS, TorchTwin
 
 __all__ = ["TorchSGD"]
 
@@ -21,7 +21,7 @@ class TorchSGD(TorchTwin):
     torch_name = "SGD"
     fields = {"lr": (1e-3, NONNEG), "momentum": (0.0, NONNEG), "dampening": (0.0, NONNEG),
               "weight_decay": (0.0, NONNEG), "nesterov": (False, BOOL), "maximize": (False, BOOL)}
-    hyper_params = tuple(fields) + ("groups", "key_groups")
+    hyper_params = tuple(fields) + TWIN_PARAMS
     state_names = ("momentum_buffer",)
     keeps_step = False
 

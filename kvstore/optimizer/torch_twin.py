@@ -22,7 +22,9 @@ top-level values::
     create("torch_adamw", lr=1e-3, groups=[{"weight_decay": 0.01}, {"weight_decay": 0.0}],
            key_groups={"fc.bias": 1})
 
-``rescale_grad`` multiplies the gradient first; ``1 / n`` for an integer ``n`` (the
+``bfloat16_keys``: the keys of bfloat16 parameters, which the stores keep in
+float32: their step runs in bfloat16, as torch's. ``rescale_grad`` multiplies the
+gradient first; ``1 / n`` for an integer ``n`` (the
 Trainer's average over n workers) divides it by ``n`` with torch's ``div``, as the
 workers' average does. MXNet's other options (``learning_rate``, ``wd``,
 ``clip_gradient``, ``lr_scheduler``, multipliers, ...) do not apply: torch's
@@ -51,7 +53,8 @@ __all__ = ["TorchTwin"]
 #: How a hyper-parameter is checked (as torch's constructors check it).
 NONNEG, UNIT, CLOSED_UNIT, BETAS, BOOL = "nonneg", "unit", "closed_unit", "betas", "bool"
 
-_TWIN_PARAMS = ("rescale_grad", "groups", "key_groups")
+#: The twins' own parameters after torch's hyper-parameters (``hyper_params`` ends with them).
+TWIN_PARAMS = ("groups", "key_groups", "bfloat16_keys")
 
 
 def _checked(owner: str, name: str, kind: str, value) -> Any:
@@ -75,7 +78,7 @@ class TorchTwin(Optimizer):
 
     Subclasses set ``name``, ``torch_name`` (the class in ``torch.optim``), ``fields``
     (each hyper-parameter's torch default and kind, in torch's order),
-    ``hyper_params`` (``tuple(fields) + ("groups", "key_groups")``), ``state_names``
+    ``hyper_params`` (``tuple(fields) + TWIN_PARAMS``), ``state_names``
     and implement :meth:`torch_step`. Raises ConfigError for a bad hyper-parameter,
     group or key, and for MXNet's options other than ``rescale_grad``.
     """
@@ -90,10 +93,12 @@ class TorchTwin(Optimizer):
 
     @classmethod
     def param_names(cls):
-        """``rescale_grad``, torch's hyper-parameters, ``groups`` and ``key_groups``."""
+        """``rescale_grad``, torch's hyper-parameters, ``groups``, ``key_groups`` and
+        ``bfloat16_keys``."""
         return ("rescale_grad",) + cls.hyper_params
 
-    def __init__(self, *, rescale_grad=1.0, groups=None, key_groups=None, lr_scheduler=None, **hyper):
+    def __init__(self, *, rescale_grad=1.0, groups=None, key_groups=None, bfloat16_keys=None, lr_scheduler=None,
+                 **hyper):
         owner = type(self).__name__
         if lr_scheduler is not None:
             raise ConfigError(f"{owner}: torch's schedulers run on the workers (kvstore.torch.Trainer sends the "
@@ -135,6 +140,14 @@ class TorchTwin(Optimizer):
                                   f"got {gi!r}")
             if gi:      # group 0 is the default: not written
                 self.key_groups[int(k) if isinstance(k, numbers.Integral) else k] = int(gi)
+        bfloat16_keys = [] if bfloat16_keys is None else bfloat16_keys
+        if not isinstance(bfloat16_keys, (list, tuple)) or any(
+                isinstance(k, bool) or not isinstance(k, (numbers.Integral, str)) for k in bfloat16_keys):
+            raise ConfigError(f"{owner}: bfloat16_keys must be a list of store keys (int or str), got "
+                              f"{bfloat16_keys!r}")
+        self.bfloat16_keys = sorted({int(k) if isinstance(k, numbers.Integral) else k for k in bfloat16_keys},
+                                    key=repr)
+        self._bf16 = set(self.bfloat16_keys)
         self._bits = self._rescale_bits(self.rescale_grad)
 
     @staticmethod
@@ -157,19 +170,24 @@ class TorchTwin(Optimizer):
         params.update({n: getattr(self, n) for n in self.fields})
         params["groups"] = [dict(g) for g in self.groups]
         params["key_groups"] = dict(self.key_groups)
+        params["bfloat16_keys"] = list(self.bfloat16_keys)
         return {"name": self.name, "params": params, "lr_scheduler": None}
 
     def group_of(self, key) -> int:
         """The index of the group of store key ``key``."""
         return self.key_groups.get(key, 0)
 
-    def with_groups(self, groups: list[dict], key_groups: dict | None = None) -> TorchTwin:
+    def with_groups(self, groups: list[dict], key_groups: dict | None = None,
+                    bfloat16_keys: list | None = None) -> TorchTwin:
         """This twin with other groups (a scheduler changed them) and, if given, other
-        ``key_groups``; ``rescale_grad`` kept. Raises ConfigError for a bad group."""
+        ``key_groups`` and ``bfloat16_keys``; ``rescale_grad`` kept. Raises ConfigError
+        for a bad group."""
         config = self.to_config()
         params = {**config["params"], "groups": groups}
         if key_groups is not None:
             params["key_groups"] = key_groups
+        if bfloat16_keys is not None:
+            params["bfloat16_keys"] = bfloat16_keys
         out = type(self)(**params)
         return out
 
@@ -202,18 +220,32 @@ class TorchTwin(Optimizer):
 
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
         import torch
-        group = self.groups[self.group_of(slot_key(slot)) if slot is not None else 0]
+        key = slot_key(slot) if slot is not None else None
+        group = self.groups[self.group_of(key) if key is not None else 0]
         w = _view(torch, weight)
         g = _view(torch, grad, readonly_ok=True)
-        if g.dtype != w.dtype:
-            g = g.to(w.dtype)
+        states = [_view(torch, s) for s in state]
+        # a bfloat16 parameter (the stores keep it in float32): torch steps it in
+        # bfloat16, its state too, so the step runs on bfloat16 copies, written back
+        # exactly (float32 holds every bfloat16); its summed gradient rounded to
+        # bfloat16 first, as the workers' .grad receives it
+        dtype = torch.bfloat16 if key in self._bf16 else w.dtype
+        if g.dtype != dtype:
+            g = g.to(dtype)
         how, by = self._bits
         if how == "div":
             g = g.div(by)
         elif how == "mul":
             g = g.mul(by)
-        with torch.no_grad():
-            self.torch_step(torch, w, g, [_view(torch, s) for s in state], t, group)
+        if dtype == w.dtype:
+            self.torch_step(torch, w, g, states, t, group)
+            return
+        low = [s.to(dtype) for s in states]
+        param = w.to(dtype)
+        self.torch_step(torch, param, g, low, t, group)
+        w.copy_(param)
+        for s, b in zip(states, low):
+            s.copy_(b)
 
     def torch_step(self, torch, param, grad, states: list, t: int, group: dict) -> None:
         """One step of torch's single-tensor functional update of ``param`` (a torch

@@ -37,18 +37,18 @@ CASES = [
 IDS = [f"{c[1]}-{i}" for i, c in enumerate(CASES)]
 
 
-def twin_for(torch_opt, name, rescale_grad=1.0, perturb=1.0):
+def twin_for(torch_opt, name, rescale_grad=1.0, perturb=1.0, bfloat16_keys=None):
     """The twin of ``torch_opt`` (its constructor's values on top, its groups), keys
     0, 1, 2 in the groups of GROUP_OF; ``perturb`` multiplies every group's lr."""
     cls = type(kvopt.from_config({"name": name}))
     top = {k: (list(v) if isinstance(v, tuple) else v) for k, v in torch_opt.defaults.items() if k in cls.fields}
     groups = [{k: v * perturb if k == "lr" else list(v) if isinstance(v, tuple) else v
                for k, v in g.items() if k in cls.fields} for g in torch_opt.param_groups]
-    return kvopt.create(name, rescale_grad=rescale_grad, groups=groups,
+    return kvopt.create(name, rescale_grad=rescale_grad, groups=groups, bfloat16_keys=bfloat16_keys,
                         key_groups={k: g for k, g in enumerate(GROUP_OF)}, **top)
 
 
-def run(case, *, steps=5, chunk=17, dtype=torch.float32, rescale=1, perturb=1.0, twin_hook=None):
+def run(case, *, steps=5, chunk=17, dtype=torch.float32, rescale=1, perturb=1.0, twin_hook=None, mark_bf16=True):
     """torch.optim's parameters and the twin's (numpy, updated chunk by chunk) after
     ``steps`` steps on the same gradients (``rescale`` > 1: the twin gets the sum
     over ``rescale`` workers and rescale_grad 1/rescale, torch the sum ``div_``ided
@@ -56,22 +56,24 @@ def run(case, *, steps=5, chunk=17, dtype=torch.float32, rescale=1, perturb=1.0,
     cls, name, ctor, hyper = case
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in SHAPES]
-    flat = [p.detach().numpy().reshape(-1).copy() for p in params]
+    bf16 = dtype == torch.bfloat16            # the stores keep bfloat16 keys in float32
+    flat = [(p.detach().float() if bf16 else p.detach()).numpy().reshape(-1).copy() for p in params]
     groups = [{"params": [p for p, g in zip(params, GROUP_OF) if g == i], **h} for i, h in enumerate(hyper)]
     torch_opt = cls(groups, foreach=False, **ctor)
-    updater = kvopt.Updater(twin_for(torch_opt, name, 1.0 / rescale if rescale != 1 else 1.0, perturb))
+    updater = kvopt.Updater(twin_for(torch_opt, name, 1.0 / rescale if rescale != 1 else 1.0, perturb,
+                                     bfloat16_keys=list(range(len(SHAPES))) if bf16 and mark_bf16 else None))
     for _ in range(steps):
         grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
         for p, g in zip(params, grads):
             p.grad = g.clone() if rescale == 1 else g.clone().div_(rescale)
         torch_opt.step()
         for key, (w, g) in enumerate(zip(flat, grads)):
-            pushed = g.numpy().reshape(-1)
+            pushed = (g.float() if bf16 else g).numpy().reshape(-1)
             for c, start in enumerate(range(0, w.size, chunk)):
                 updater((key, c), pushed[start:start + chunk], w[start:start + chunk])
         if twin_hook is not None:
             updater = twin_hook(updater)
-    return [p.detach().numpy().reshape(-1) for p in params], flat, torch_opt, updater
+    return [p.detach().float().numpy().reshape(-1) for p in params], flat, torch_opt, updater
 
 
 def same(a, b):
@@ -104,6 +106,20 @@ def test_float16_weights_are_updated_in_float16_as_torch(case):
     and scalar loops round float16 differently, so a chunk boundary elsewhere may move
     the last elements of a chunk by an ulp)."""
     want, got, _, _ = run(case, dtype=torch.float16, chunk=64)
+    assert same(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_bfloat16_keys_are_stepped_in_bfloat16_as_torch(case):
+    """A bfloat16 parameter, kept in float32 by the stores, listed in bfloat16_keys:
+    the twin steps it (and its state) in bfloat16, as torch, bit for bit for chunks
+    that start at multiples of 64 elements; at rescale 1/3 too (the summed gradient
+    rounded to bfloat16, then torch's div, as the workers' .grad)."""
+    want, got, _, _ = run(case, dtype=torch.bfloat16, chunk=64)
+    assert same(got, want)
+    # the comparison sees it: the keys not listed (stepped in float32) end elsewhere
+    assert not same(run(case, dtype=torch.bfloat16, chunk=64, mark_bf16=False)[1], want)
+    want, got, _, _ = run(case, dtype=torch.bfloat16, chunk=64, rescale=3)
     assert same(got, want)
 
 

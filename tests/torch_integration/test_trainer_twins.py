@@ -180,9 +180,24 @@ def test_an_unknown_hyper_parameter_is_refused_not_dropped():
         kvtorch.optimizer_from_torch(opt)
 
 
-def test_bfloat16_parameters_are_refused_with_the_servers_updating():
+@pytest.mark.parametrize("case", ["sgd", "adamw", "rmsprop"])
+def test_bfloat16_parameters_are_stepped_in_bfloat16_as_torch(case):
+    """The stores keep a bfloat16 parameter in float32; its twin steps it, and its
+    state, in bfloat16 as torch does: the same bits, state_dict() included (bfloat16)."""
+    make_opt, make_sched = CASES[case]
     model = make_model().to(torch.bfloat16)
-    _refused(lambda m: OPT.SGD(m.parameters(), lr=0.1), "parameter 0 is bfloat16", model=model)
+    opt = make_opt(model.parameters())
+    data = [(x.to(torch.bfloat16), y) for x, y in batches()]
+    want = loop(model, opt, make_sched(opt), data)
+    want_state = opt.state_dict()
+    with kvstore.create("local") as kv:
+        model = make_model().to(torch.bfloat16)
+        opt = make_opt(model.parameters())
+        trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=True)
+        assert kvtorch.optimizer_from_torch(opt, zip(model.parameters(), range(4))).bfloat16_keys == [0, 1, 2, 3]
+        got = loop(model, trainer, make_sched(opt), data)
+        _same_state(trainer.state_dict(), want_state)
+    assert equal(got, want)
 
 
 def test_changes_the_servers_cannot_follow_mid_run_are_refused_at_step():
