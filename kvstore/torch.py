@@ -318,7 +318,10 @@ class Trainer:
             server_opt = self._bucket_multipliers(server_opt)
         # rank 0's parameters everywhere
         keys, values = self._weights()
-        kv.init(keys, [v.detach() for v in values])
+        try:
+            kv.init(keys, [v.detach() for v in values])
+        except InvalidArgumentError as e:   # the workers' models differ: name the parameters
+            raise InvalidArgumentError(f"{e}{self._bucket_contents(str(e), kv.rank)}") from None
         kv.pull(keys, out=values)
         if server_opt is not None:
             config = server_opt.to_config()
@@ -349,6 +352,16 @@ class Trainer:
         else:
             raise InvalidArgumentError("flat_buckets: a parameter is named like a bucket key (bucket.N)")
         return FlatBuckets(self._params, trained[::-1], bucket_bytes, key_of, lambda *a: self._grad_memory(kv, *a))
+
+    def _bucket_contents(self, message: str, rank: int) -> str:
+        """For an init error naming a flat bucket's key (workers whose models differ
+        differ in their buckets' sizes): the parameters that bucket holds on this
+        worker, with their shapes (``""`` when it names none)."""
+        for bucket in self._flat.buckets if self._flat is not None else ():
+            if f"key {bucket.key!r} " in message:
+                held = ", ".join(f"{self._keys[i]!r} {tuple(self._params[i].shape)}" for i in bucket.indices)
+                return f"; on worker {rank}, flat bucket {bucket.key!r} holds parameters {held}"
+        return ""
 
     def _bucket_multipliers(self, server_opt: kvopt.Optimizer) -> kvopt.Optimizer:
         """``server_opt`` with each flat bucket's key given the lr_mult and wd_mult its

@@ -304,17 +304,21 @@ def test_a_worker_that_fails_before_registering_has_its_exception_in_the_summary
     ("trainer", 2, 1, "workers disagree at a collective call (init): worker 1 differs from worker 0 at item 4 "
                       "(of 8): worker 0 has key '2.weight' (64, 16) float32, worker 1 has key '2.weight' "
                       "(32, 16) float32"),
+    ("trainer-flat", 2, 1, "workers disagree at a collective call (init): worker 1 differs from worker 0 at item 0 "
+                           "(of 1): worker 0 has key 'bucket.0' (2347,) float32, worker 1 has key 'bucket.0' (1451,) "
+                           "float32; on worker {rank}, flat bucket 'bucket.0' holds parameters '3.bias' (11,), "
+                           "'3.weight' (11, {width}), '2.bias' ({width},), '2.weight' ({width}, 16), '1.bias' (16,)"),
 ])
 def test_workers_whose_models_differ_are_told_the_first_parameter_that_differs(mode, workers, blamed, error):
     """Models that differ in one parameter (kv.init, kvstore.torch.Trainer): every
     worker's error names the first differing key, its index and both shapes (not two
-    digests), and the root cause is the worker that differs from the others (the
+    digests; with flat buckets, the bucket and the parameters it holds), and the root cause is the worker that differs from the others (the
     same every run, whichever worker's report reached the scheduler first)."""
     p = launch("-n", str(workers), "-s", "1", sys.executable, os.path.join(SCRIPTS, "mismatch.py"), mode,
                env=FAST_FAILURE)
     assert p.wait(120) == 1, p.text
-    for rank in range(workers):
-        assert f"[worker:{rank}] error: {error}" in p.text, p.text
+    for rank in range(workers):   # (with flat buckets: each names its own bucket's parameters)
+        assert f"[worker:{rank}] error: {error.format(rank=rank, width=64 if rank == 0 else 32)}" in p.text, p.text
     cause = p.text.split("job failed:")[1]
     assert cause.startswith(f" worker {blamed} differs from the other workers at a collective call; "), p.text
     row = re.search(rf"^worker {blamed} +\d+  (.*)$", p.text, re.M)

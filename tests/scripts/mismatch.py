@@ -3,6 +3,7 @@
     python mismatch.py init      worker 0's key 6 is (11, 64), the others' (11, 32): kv.init of 10 keys
     python mismatch.py trainer   worker 1's model is narrower from its third layer on: kvstore.torch.Trainer
                                  over named_parameters()
+    python mismatch.py trainer-flat   the same with flat_buckets=True
 Each worker prints 'error: ' and the InvalidArgumentError it got, then exits 1.
 """
 
@@ -14,7 +15,7 @@ import kvstore
 from kvstore.errors import InvalidArgumentError
 
 mode = sys.argv[1]
-if mode == "trainer":   # imported before the job starts: a long import would delay heartbeats
+if mode.startswith("trainer"):   # imported before the job starts: a long import would delay heartbeats
     import torch
 
     from kvstore.torch import Trainer
@@ -27,7 +28,8 @@ try:
         width = 64 if kv.rank == 0 else 32
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, width),
                                     torch.nn.Linear(width, 11))
-        Trainer(model.named_parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1))
+        Trainer(model.named_parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                flat_buckets=mode == "trainer-flat")
 except InvalidArgumentError as e:
     print(f"error: {e}", flush=True)
     raise
