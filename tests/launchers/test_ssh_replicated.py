@@ -1,0 +1,41 @@
+"""Replicated servers (KVSTORE_REPLICAS=1) through `python -m tracker.ssh` against a
+real sshd on 127.0.0.2-3 (two emulated hosts, CURVE on, as between machines): the
+launcher's code path is tracker.local's (tracker/launcher.py), so a server killed
+mid-training is reported and survived, each backup on the other host, and the
+workers end with the weights of an uninterrupted run without replicas, bit for
+bit; nothing is left on any host."""
+
+import os
+import re
+
+import pytest
+
+from services import SCRIPTS, eventually_empty, python_launcher, tagged
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = {"KVSTORE_DETERMINISTIC": "1", "KVSTORE_CHUNK_BYTES": "4096", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
+            "KVSTORE_HEARTBEAT_TIMEOUT": "3", "KVSTORE_TIMEOUT": "30"}
+
+
+def digests(text: str) -> set[str]:
+    return set(re.findall(r"\[worker:\d[^\]]*\] digest (\w+)", text))
+
+
+def test_a_server_killed_over_ssh_is_survived_with_the_uninterrupted_weights(sshd):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
+    reference = python_launcher("tracker.local", "-n", "2", "-s", "3", "python",
+                                os.path.join(SCRIPTS, "replicated.py"), env={**base, **SETTINGS})
+    assert reference.wait(120) == 0, reference.text
+    [want] = digests(reference.text)
+    hosts = sshd.hostfile("# two loopback hosts", "127.0.0.2:{port}", "", "127.0.0.3:{port}")
+    p = python_launcher("tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG", "--env", "KILL",
+                        "-n", "2", "-s", "3", "-H", hosts, "--kill-grace", "1",
+                        "python", os.path.join(SCRIPTS, "replicated.py"),
+                        env={**base, **SETTINGS, "KVSTORE_REPLICAS": "1", "KILL": "1:4"})
+    assert p.wait(120) == 0, p.text
+    assert "server 1 was killed by SIGKILL: its chunks are served by their backups" in p.text, p.text
+    assert re.search(r"server \d serves server 1's chunks now", p.text), p.text
+    assert digests(p.text) == {want}, p.text
+    assert eventually_empty(lambda: tagged(p.tag)) == [], f"processes left behind:\n{p.text}"
+    assert eventually_empty(sshd.sessions) == [], f"ssh sessions left behind:\n{p.text}"
