@@ -140,6 +140,19 @@ def test_a_failing_rank_ends_the_mpi_job(mode, culprit, code):
 
 
 @needs_openmpi
+def test_a_rank_that_fails_before_registering_has_its_exception_in_the_summary():
+    """The node wrapper watches its process's output: a worker whose create() refuses
+    the store type (before it registers) is summarised with the exception's last line."""
+    p = mpi_launch(OPENMPI, "-n", "2", "-s", "1", "--oversubscribe", "--kill-grace", "2", "python", "-c",
+                   "import kvstore; kvstore.create('dist_sync_cpu')", env=FAST_FAILURE)
+    assert p.wait(60) == 1, p.text
+    cause = p.text.split("job failed:")[1].splitlines()[0]
+    assert re.fullmatch(r" worker [01] on \S+ exited with status 1: kvstore\.errors\.ConfigError: unknown store "
+                        r"type 'dist_sync_cpu'; valid types: .*", cause), p.text
+    assert_nothing_left(p)
+
+
+@needs_openmpi
 def test_sigint_to_the_mpi_launcher_ends_every_rank():
     p = mpi_launch(OPENMPI, "-n", "2", "-s", "2", "--oversubscribe", "--worker-env", "MY_TOKEN",
                    "python", os.path.join(SCRIPTS, "faulty.py"), "loop",
