@@ -3,7 +3,7 @@
 keys cut over every server, SGD with momentum on the servers, deterministic sums).
 
 A server killed (SIGKILL, by worker 0 right after its push of a step, so that the
-step's rounds are open or unanswered) or stopped (SIGSTOP: found by heartbeats)
+step's rounds are open or unanswered, or between init and set_optimizer) or stopped (SIGSTOP: found by heartbeats)
 mid-training: the job ends with exit 0 and every worker's final weights equal the
 uninterrupted run's bit for bit. dist_async (tests/scripts/replicated_async.py):
 every push applied exactly once across a failover (exact integer sums). Two
@@ -50,7 +50,7 @@ def uninterrupted() -> str:
     return first
 
 
-@pytest.mark.parametrize("kill", ["1:4", "0:2", "2:8"])
+@pytest.mark.parametrize("kill", ["1:4", "0:2", "2:8", "1:-1"])
 def test_a_server_killed_mid_training_leaves_the_uninterrupted_weights(uninterrupted, kill):
     server, step = kill.split(":")
     out = run(KVSTORE_REPLICAS="1", KILL=kill)

@@ -2,7 +2,8 @@
 into chunks over every server, SGD with momentum and weight decay on the servers.
 With KILL=R:S (a server rank and a step, several comma-separated), worker 0 sends
 server R SIGKILL (or KILL_SIGNAL, e.g. SIGSTOP) right after its push of step S (so
-that step's rounds are open or unanswered when it dies) and goes on. Prints a digest of the final weights.
+that step's rounds are open or unanswered when it dies; step -1: between init and
+set_optimizer) and goes on. Prints a digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -48,6 +49,10 @@ def main() -> None:
     kv = kvstore.create("dist_sync")
     keys = list(SIZES)
     kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
+    if kv.rank == 0:
+        for server in kills.get(-1, ()):        # step -1: between init and set_optimizer
+            os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
+            print(f"killed server {server} at step -1", flush=True)
     kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
     outs = [np.empty(n, np.float32) for n in SIZES.values()]
     for step in range(STEPS):
