@@ -62,6 +62,14 @@ def test_a_server_killed_mid_training_leaves_the_uninterrupted_weights(uninterru
     assert digests(out) == [uninterrupted, uninterrupted], log
 
 
+def test_compressed_pushes_are_sent_again_as_they_were_compressed():
+    reference = run(COMPRESS="1")
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    out = run(KVSTORE_REPLICAS="1", KILL="1:4", COMPRESS="1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert digests(out) == digests(reference)
+
+
 def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
     log = out.stdout + out.stderr

@@ -3,7 +3,7 @@ into chunks over every server, SGD with momentum and weight decay on the servers
 With KILL=R:S (a server rank and a step, several comma-separated), worker 0 sends
 server R SIGKILL (or KILL_SIGNAL, e.g. SIGSTOP) right after its push of step S (so
 that step's rounds are open or unanswered when it dies; step -1: between init and
-set_optimizer) and goes on. Prints a digest of the final weights.
+set_optimizer) and goes on. COMPRESS=1: pushes are 2-bit compressed. Prints a digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -47,6 +47,8 @@ def kills_by_step() -> dict[int, list[int]]:
 def main() -> None:
     kills = kills_by_step()
     kv = kvstore.create("dist_sync")
+    if os.environ.get("COMPRESS"):              # 2-bit gradient compression (error feedback on the workers)
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     keys = list(SIZES)
     kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
     if kv.rank == 0:
