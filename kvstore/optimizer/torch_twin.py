@@ -24,9 +24,9 @@ top-level values::
 
 ``bfloat16_keys``: the keys of bfloat16 parameters, which the stores keep in
 float32: their step runs in bfloat16, as torch's. ``rescale_grad`` multiplies the
-gradient first; ``1 / n`` for an integer ``n`` (the
-Trainer's average over n workers) divides it by ``n`` with torch's ``div``, as the
-workers' average does. MXNet's other options (``learning_rate``, ``wd``,
+gradient first; ``1 / n`` for an integer ``n`` (the Trainer's average over n
+workers) divides it by ``n`` with torch's ``div``, as the workers' average does.
+MXNet's other options (``learning_rate``, ``wd``,
 ``clip_gradient``, ``lr_scheduler``, multipliers, ...) do not apply: torch's
 schedulers change the groups, which :meth:`TorchTwin.with_groups` sends again
 (``kv.set_optimizer(..., keep_state=True)``).

@@ -298,10 +298,13 @@ def test_layerwise_fused_phases_over_chunks_match_the_whole_key(host_kernels, va
 def test_every_builtin_elementwise_optimizer_has_a_fused_kernel():
     """The optimizers left on the generic path on GPUs, and why: LBSGD's warm-up and
     norms of the whole weight (reductions), SGLD draws its noise per position from
-    the host's counter-based stream."""
-    generic = {"LBSGD", "SGLD", "Test"}
+    the host's counter-based stream; torch.optim's twins run torch's own step (on a
+    GPU through DLPack, torch's kernels: kvstore.optimizer.torch_twin)."""
+    twins = {"TorchTwin", "TorchSGD", "TorchAdam", "TorchAdamW", "TorchRMSprop", "TorchAdagrad", "TorchAdadelta"}
+    generic = {"LBSGD", "SGLD", "Test"} | twins
     classes = [*opt.Optimizer.__subclasses__()]
     classes += [sub for cls in classes for sub in cls.__subclasses__()]
+    classes += [sub for cls in classes for sub in cls.__subclasses__()]     # TorchAdamW: a twin's subclass
     builtin = {cls.__name__ for cls in classes if cls.__module__.startswith("kvstore.optimizer")}
     planned = {cls.__name__ for cls in classes if fused.has_kernel(cls)}
     assert builtin - generic <= planned, builtin - generic - planned
