@@ -1,8 +1,9 @@
 """Call plans: what a repeated call's arguments resolved to, kept so that the next
 call with the same keys and arrays of the same kind checks them in one pass.
 
-A training loop calls ``kv.pushpull(keys, grads, out=weights)`` every step with the
-same keys and arrays of the same shapes, dtypes and devices. The first call goes
+A training loop calls ``kv.pushpull(keys, grads, out=weights)`` (or ``push`` and
+``pull``) every step with the same keys and arrays of the same shapes, dtypes and
+devices. The first call goes
 through every check of :class:`~kvstore.worker.arguments.Keys` (key kinds, keys
 initialised, dense keys, each value's shape and dtype, no row-sparse values) and
 its resolution is kept as a :class:`CallPlan`: the distinct keys with the positions
@@ -85,7 +86,8 @@ class CallPlan:
     """One call's resolution. ``groups``: ``(KeyInfo, positions)`` per distinct key in
     the order first named (a key listed twice has two positions, whose values are
     summed); ``values``/``outs``: the signature of each value and output (``outs``
-    None: the call had none); ``single``: the call named one key, not a list."""
+    None: the call had none; a pull's outputs are its ``values``); ``single``: the
+    call named one key, not a list."""
     keys: tuple
     key_types: tuple
     single: bool
@@ -164,7 +166,7 @@ class Plans:
         Calls in other forms, with lists of values for a key, or with values that are
         not dense arrays are not kept (None)."""
         form = _form(keys, values, outs)
-        if form is None:
+        if form is None or not form[0]:      # (a call of no keys does nothing to plan)
             return None
         keys, values, outs, single = form
         every = values + (outs or [])

@@ -189,6 +189,12 @@ def test_dist_plans_exchange_right_values_and_refuse_bad_input_before_sending(ma
             want = sum((r + 1) * (step + 1) for r in range(kv.num_workers))
             assert all((o == want).all() for o in outs), step
         planned = len(kv._plans)
+        for step in range(3):           # push and pull, planned too (the push assigns the round's sum)
+            kv.push(keys, [np.full(n, (kv.rank + 1) * (step + 1), F32) for n in sizes])
+            kv.pull(keys, out=outs)
+            want = sum((r + 1) * (step + 1) for r in range(kv.num_workers))
+            assert all((o == want).all() for o in outs), step
+        planned = (planned, len(kv._plans))
         sent = kv.comm_stats()["bytes_sent"]
         with pytest.raises(InvalidArgumentError, match="has shape"):
             kv.pushpull(keys, [np.ones(n + 1, F32) for n in sizes], out=outs)
@@ -201,7 +207,7 @@ def test_dist_plans_exchange_right_values_and_refuse_bad_input_before_sending(ma
         kv._now_members(kv.members[:-1])
         kv.barrier()
         return planned, forgotten
-    assert cluster.run(work) == [(1, 0), (1, 0)]
+    assert cluster.run(work) == [((1, 3), 0), ((1, 3), 0)]
 
 
 def test_a_call_in_a_new_form_is_checked_in_full():
@@ -209,3 +215,39 @@ def test_a_call_in_a_new_form_is_checked_in_full():
     refill(kv)
     with pytest.raises(ArgumentTypeError):
         kv.pushpull([0, 1, 2], [np.ones(3, F32), "no array", np.ones(5, F32)])
+
+
+PUSH_PULL_BAD = {
+    "push shape": lambda kv: kv.push([0, 1, 2], [np.ones(4, F32), *values()[1:]]),
+    "push dtype": lambda kv: kv.push([0, 1, 2], values(dtype=np.float64)),
+    "push bad row id": lambda kv: kv.push([0, 1, 2], [RowSparse(np.ones((1,), F32), np.array([5]), (3,)),
+                                                     *values()[1:]]),
+    "pull shape": lambda kv: kv.pull([0, 1, 2], out=[np.zeros(4, F32), *values()[1:]]),
+    "pull dtype": lambda kv: kv.pull([0, 1, 2], out=values(dtype=np.float16)),
+    "pull key not initialised": lambda kv: kv.pull([0, 1, 8], out=values()),
+    "pull sparse out": lambda kv: kv.pull([0, 1, 2], out=[torch.zeros(3).to_sparse(), *values()[1:]]),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(PUSH_PULL_BAD))
+def test_push_and_pull_have_plans_that_refuse_bad_input_as_without_one(bad):
+    expected = refusal(lambda: PUSH_PULL_BAD[bad](local_store()))
+    kv = local_store()
+    outs = values(0.0)
+    for step in range(2):
+        kv.push([0, 1, 2], values(step + 1.0))
+        kv.pull([0, 1, 2], out=outs)
+        assert all((o == step + 1.0).all() for o in outs)
+    assert len(kv._plans) == 2
+    assert refusal(lambda: PUSH_PULL_BAD[bad](kv)) == expected
+    assert all((o == 2.0).all() for o in outs)
+    kv.pull([0, 1, 2], out=outs, ignore_sparse=False)      # the same dense keys, the same plan
+    assert all((o == 2.0).all() for o in outs) and len(kv._plans) == 2
+
+
+def test_a_call_of_no_keys_is_never_planned():
+    kv = local_store()
+    for _ in range(2):
+        kv.push([], [])
+        kv.pushpull([], [], out=[])
+    assert len(kv._plans) == 0
