@@ -829,7 +829,8 @@ class Trainer:
                     for name in twin.used_states(twin.groups[gi]):    # (bfloat16: kept in float32, exactly)
                         array = entry["state"][layout.index(name)]
                         one[name] = torch.from_numpy(array.copy()).reshape(p.shape).to(p.dtype)
-                    state[index] = one
+                    if one:      # (torch keeps nothing for SGD without momentum)
+                        state[index] = one
                 index += 1
         out["state"] = state
         return out

@@ -43,8 +43,15 @@ def step_lr(opt):
     return OPT.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 
 
+def momentum_on_weights_only(params):
+    ps = list(params)
+    return OPT.SGD([{"params": [p for p in ps if p.ndim > 1], "momentum": 0.9},
+                    {"params": [p for p in ps if p.ndim == 1]}], lr=0.05, weight_decay=1e-2)
+
+
 CASES = {
     "sgd": (two_groups(OPT.SGD, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-2), one_cycle),
+    "sgd-some-momentum": (momentum_on_weights_only, step_lr),
     "sgd-nesterov": (two_groups(OPT.SGD, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2), one_cycle),
     "adam": (two_groups(OPT.Adam, lr=0.01, weight_decay=1e-2, amsgrad=True), one_cycle),
     "adamw": (two_groups(OPT.AdamW, lr=0.01, betas=(0.8, 0.99)), one_cycle),
