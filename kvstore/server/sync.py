@@ -109,7 +109,7 @@ class Sync(Consistency):
         granted yet. ``rounds`` (replicated servers: the worker's number of this push
         of each chunk, 1, 2, ...): a chunk whose numbered round was applied already (a
         push re-sent after a failover, kvstore.server.replication) is not applied again."""
-        done = self._applied_already(worker, ids, chunks, rounds) if rounds is not None else set()
+        done = self._applied_already(worker, ids, chunks, rounds) if rounds is not None else None
         for cid, chunk in zip(ids, chunks):
             pos = self.round_to_join(chunk, worker)
             if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise != norms:
@@ -326,21 +326,22 @@ class Sync(Consistency):
     # -- rounds ---------------------------------------------------------------------------
     def join(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
              group: frozenset | None = None, norms: bool = False, rows: list | None = None,
-             done: set | frozenset = frozenset()) -> list[Reply]:
+             done: set | None = None) -> list[Reply]:
         """A validated push (for ``group``, a host's sum) joins the rounds; the replies
-        now ready. ``done``: chunks whose round of this push was applied already."""
+        now ready. ``done`` (replicated servers): chunks whose round of this push was
+        applied already."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, req_id, worker, ids, want_values, set(ids) - done, norms=norms)
+        pending = Pending(peer, req_id, worker, ids, want_values, set(ids) - done if done else set(ids), norms=norms)
         if not pending.blocked:
             return [self.finish(pending)]
         for cid, chunk in zip(ids, chunks):
-            if cid not in done:
+            if not done or cid not in done:
                 chunk.waiting.append(pending)
         ready, ranks = [], group or frozenset((worker,))
         with self.table.backend.batched():    # on a GPU: one launch for the updates it completes
             for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
-                if cid in done:
+                if done and cid in done:
                     continue
                 pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
                                                       None if rows is None else rows[i])
