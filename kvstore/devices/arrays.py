@@ -179,6 +179,17 @@ def pinned_host(size: int, dtype, like=None) -> np.ndarray:
     return gpu.pinned_empty(size, dtype)
 
 
+def bfloat16_bits(value) -> np.ndarray:
+    """The raw 2-byte patterns of a torch bfloat16 tensor as a flat host ``uint16``
+    array (a view for a contiguous CPU tensor, else a copy): how bfloat16 travels
+    on the wire (kvstore.precision), in half float32's bytes."""
+    import torch  # the caller handed us a tensor: torch is imported already
+    t = value.detach().resolve_conj().resolve_neg()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1)
+
+
 def to_numpy(value, what: str) -> np.ndarray:
     """A numpy view of ``value`` where possible (torch CPU, numpy), else a host copy
     (through pinned memory for GPU values; the caller owns it)."""

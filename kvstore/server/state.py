@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import compression as _compression
+from .. import precision as _precision
 from ..errors import InvalidArgumentError, KVStoreError, ProtocolError
 from ..modes import ConsistencyMode
 from ..protocol import chunk_label, error_header, ops
@@ -259,6 +260,12 @@ class ServerState:
                                                "gradient compression applies to float values only")
             arrays = [_compression.decompress(config, a, c.value.size, c.value.dtype)
                       for a, c in zip(arrays, self.table.existing(ids))]
+        if header.get("precision") is not None:     # float16/bfloat16 for float32 keys (kvstore.precision)
+            if header.get("compression") is not None:
+                raise ProtocolError("a push is either compressed or in low precision, not both")
+            names = _precision.parse(header["precision"], len(ids))
+            arrays = [a if name is None else _precision.widen(name, a, c.value.size, chunk_label(cid), c.value.dtype)
+                      for name, a, cid, c in zip(names, arrays, ids, self.table.existing(ids))]
         chunks = self.table.existing(ids, arrays)
         rows = self._lazy_rows(header, ids, chunks)
         strategy.admit(worker, ids, want_values)

@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import precision
 from ..devices import arrays
 from ..rows import sparse
 from ..errors import ArgumentTypeError, InvalidArgumentError
@@ -69,6 +70,9 @@ class Keys:
         self.infos: dict[object, KeyInfo] = {}
         self.dtype_names: dict[object, str] = {}
         self.kind: type | None = None
+        # kv.set_multi_precision(True): float32 keys also take float16/bfloat16 values
+        # and outputs (kvstore.precision); off, a value's dtype must be its key's
+        self.low_precision = False
 
     def check_key(self, key, what: str):
         if isinstance(key, (bool, np.bool_)):
@@ -131,8 +135,11 @@ class Keys:
             raise InvalidArgumentError(f"{what}: key {info.key!r} has shape {info.shape}, "
                                        f"got an array of shape {shape}")
         want, got = self.dtype_names.get(info.key, info.dtype.name), arrays.dtype_name(value)
-        if got != want:
-            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}")
+        if got != want and not (self.low_precision and got in precision.WIRE_DTYPES
+                                and info.dtype == precision.MASTER):
+            hint = (" (float16/bfloat16 values for float32 keys: kv.set_multi_precision(True))"
+                    if got in precision.WIRE_DTYPES and info.dtype == precision.MASTER else "")
+            raise InvalidArgumentError(f"{what}: key {info.key!r} has dtype {want}, got {got}{hint}")
 
     def grouped(self, keys, values, what: str) -> list[tuple[KeyInfo, list]]:
         """Validated (info, values) per distinct key; a key listed twice gets both lists."""

@@ -270,7 +270,16 @@ class DistStore(KVStore):
     def _wire(self) -> Wire:
         """How this call's values go on the wire (kvstore.worker.exchange): the compression
         and whether the servers' optimizer needs whole keys' norms."""
-        return Wire(self._compressor, self._optimizer is not None and self._optimizer.splits_norms)
+        return Wire(self._compressor, self._optimizer is not None and self._optimizer.splits_norms,
+                    self._args.low_precision)
+
+    def _multi_precision_refusal(self) -> str | None:
+        if self._exchange.staging is not None:
+            return (f"{self._type!r} stages device values through the host, which does not carry "
+                    "float16/bfloat16 values for float32 keys yet (dist_sync, dist_async, dist_ssp do)")
+        if self._exchange.host is not None:
+            return "a host's sum (KVSTORE_HOST_REDUCE=1) is summed in its keys' dtypes: set KVSTORE_HOST_REDUCE=0"
+        return None
 
     # -- hooks ---------------------------------------------------------------------------------
     def _do_init(self, items) -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .. import precision
 from ..devices import arrays
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import ops
@@ -63,11 +64,45 @@ class Wire:
     optimizer needs each key's norms over all its chunks: LARS, LAMB)."""
     compressor: Compressor | None = None
     splits_norms: bool = False
+    low_precision: bool = False      # float16/bfloat16 values for float32 keys (kvstore.precision)
 
     def check(self, infos, what: str) -> None:
         """Refuse what compression cannot carry, before the first message is sent."""
         if self.compressor is not None:
             self.compressor.check(infos, what)
+
+    def precisions(self, sources, what: str) -> dict:
+        """{wire id: "float16" | "bfloat16"} for the chunks of ``sources`` [(info, flat)]
+        that go in low precision (a flat whose dtype is not its key's: only
+        multi-precision lets one through the argument checks). Raises
+        InvalidArgumentError, before anything is sent, where compression or a
+        layer-wise optimizer's two phases would have to carry them."""
+        marks: dict = {}
+        if not self.low_precision:
+            return marks
+        for info, flat in sources:
+            if flat.dtype == info.dtype:
+                continue
+            name = next((n for n, dt in precision.WIRE_DTYPES.items() if dt == flat.dtype), None)
+            if name is None or info.dtype != precision.MASTER:     # (the argument checks make this impossible)
+                raise InvalidArgumentError(f"{what}: key {info.key!r} holds {info.dtype.name}, got {flat.dtype.name}")
+            if self.compressor is not None:
+                raise InvalidArgumentError(f"{what}: key {info.key!r} got {name} values, which gradient "
+                                           "compression does not take: push float32 or turn compression off")
+            if self.layerwise(info):
+                raise InvalidArgumentError(f"{what}: key {info.key!r} is cut over servers under a layer-wise "
+                                           f"optimizer (norms across servers), whose pushes carry no {name}: "
+                                           "push float32")
+            for chunk in info.chunks:
+                marks[tuple(chunk.wire_id)] = name
+        return marks
+
+    def out_buffer(self, info, out) -> np.ndarray | None:
+        """A float32 buffer for a float16/bfloat16 output of a float32 key (the
+        reply is float32, written into ``out`` rounded once), else None."""
+        if not self.low_precision or info.dtype != precision.MASTER or arrays.dtype_name(out) not in precision.WIRE_DTYPES:
+            return None
+        return np.empty(info.size, info.dtype)
 
     def compress(self, wire_ids, parts) -> list:
         """``parts`` as they go on the wire. Called per message just before it is sent,
@@ -145,6 +180,14 @@ def row_marks(infos, rows: dict | None, what: str) -> dict:
     return marks
 
 
+def precision_fields(wire_ids, marks: dict) -> dict:
+    """The ``precision`` header field of a message of these chunks ({} when all are
+    in their keys' dtypes; kvstore.precision)."""
+    if not marks or not any(tuple(w) in marks for w in wire_ids):
+        return {}
+    return {"precision": [marks.get(tuple(w)) for w in wire_ids]}
+
+
 def rows_fields(wire_ids, marks: dict) -> dict:
     """The ``rows`` header field of a message of these chunks ({} when none is lazy)."""
     if not marks or not any(tuple(w) in marks for w in wire_ids):
@@ -199,6 +242,11 @@ class Exchange:
         self._writers: list[Writer | None] = [link.writer for link in client.links]
 
     # -- collaborators ---------------------------------------------------------------------
+    @property
+    def staging(self) -> Staging | None:
+        """How device values cross to the host (None: host values only)."""
+        return self._staging
+
     def join_host(self, host: HostGroup) -> None:
         """Hand pushpulls to ``host``'s group (formed); its leader pushes through here."""
         host.attach(self._push_for_host, self._fill_for_host, self._replied_for_host, self._client.progress)
@@ -297,10 +345,14 @@ class Exchange:
             return False
         return sources is None or not (wire.splits_norms and any(wire.layerwise(info) for info, _ in sources))
 
-    def _flat_target(self, out, what: str) -> tuple[Any, bool]:
-        """``arrays.flat_target``, and a device block of the staging as it is."""
+    def _flat_target(self, info, out, what: str, wire: Wire) -> tuple[Any, bool]:
+        """``arrays.flat_target``, a device block of the staging as it is, and a float32
+        buffer for a float16/bfloat16 output of a float32 key (multi-precision)."""
         if self._staging is not None and self._staging.holds(out):
             return out.reshape(-1), True
+        buffer = wire.out_buffer(info, out) if wire.low_precision else None
+        if buffer is not None:
+            return buffer, False
         return arrays.flat_target(out, what)
 
     def _shared_bytes(self, nbytes: int) -> np.ndarray:
@@ -311,9 +363,11 @@ class Exchange:
         """The requests of one call; ``group``: the workers a host's sum speaks for;
         ``rows``, ``routes``: see :meth:`send`."""
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
+        lowp: dict = {}
         if sources is not None:
             wire.check([info for info, _ in sources], what)
-        flats = [(info, *self._flat_target(outs[0], what)) for info, outs in targets]
+            lowp = wire.precisions(sources, what)
+        flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets]
         if routes is not None:
             dests = routes.pick([flat for _, flat, _ in flats])
             datas = routes.pick([flat for _, flat in sources]) if sources is not None else {}
@@ -322,7 +376,8 @@ class Exchange:
             datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
         marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
-        stage = sources is not None and wire.compressor is None
+        # (low-precision chunks go as messages: a write or a staged read would take them as float32)
+        stage = sources is not None and wire.compressor is None and not lowp
         write_in = stage and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
             fields["group"] = group
@@ -357,7 +412,8 @@ class Exchange:
             rid, _ = client.request(server, op, what, payload,
                                     RequestOptions(stage=wire_ids, in_place=True, into=parts) if stage
                                     else RequestOptions(into=parts),
-                                    chunks=wire_ids, **fields, **rows_fields(wire_ids, marks))
+                                    chunks=wire_ids, **fields, **rows_fields(wire_ids, marks),
+                                    **precision_fields(wire_ids, lowp))
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
@@ -390,6 +446,7 @@ class Exchange:
         if self._staging is not None and not self._device_direct(ops.PUSH, items, wire):
             items, keep = self._staging.to_host(items, None)
         wire.check([info for info, _ in items], what)
+        lowp = wire.precisions(items, what)
         layered = [item for item in items if wire.layerwise(item[0])]
         if layered:                     # keys cut over servers under LARS/LAMB: two phases
             self._push_layerwise(what, layered, None, wire, rows)
@@ -399,7 +456,7 @@ class Exchange:
         call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
         trackers = []
         fields = wire.fields()
-        stage = wire.compressor is None
+        stage = wire.compressor is None and not lowp
         groups = by_server(items)
         marks = row_marks([info for info, _ in items], rows, what)
         for server, lo, hi in cut_for_rows(pieces(groups, self._client.pace.limits()),
@@ -409,7 +466,8 @@ class Exchange:
             big = wait_sent and any(p.nbytes >= self._config.zero_copy_bytes for p in parts)
             _, tracker = self._client.request(server, ops.PUSH, what, parts,
                                               RequestOptions(track=big, stage=wire_ids if stage else None),
-                                              chunks=wire_ids, **fields, **rows_fields(wire_ids, marks))
+                                              chunks=wire_ids, **fields, **rows_fields(wire_ids, marks),
+                                              **precision_fields(wire_ids, lowp))
             if tracker is not None:
                 trackers.append(tracker)
         # the caller may reuse its gradient buffers once we return
@@ -453,7 +511,7 @@ class Exchange:
                                             chunks=wire_ids, norms=True, **fields,
                                             **rows_fields(wire_ids, marks))[0])
         self._client.wait(ids, what)
-        flats = [(info, *arrays.flat_target(outs[0], what)) for info, outs in targets or ()]
+        flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets or ()]
         if not self._leads():
             if targets:
                 self._fill_sent(self._send(ops.PULL, what, None, targets, wire))

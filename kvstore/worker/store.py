@@ -340,6 +340,32 @@ class KVStore(KVStoreBase):
         self._plans.clear()
         self._compressor = compressor if compressor.active else None
 
+    def set_multi_precision(self, enabled: bool = True) -> None:
+        """Let float32 keys take float16 and bfloat16 values (AMP gradients) and
+        outputs, as MXNet's ``multi_precision``: a pushed float16/bfloat16 gradient goes
+        to the servers as it is, in half the bytes (bfloat16 as its raw 2-byte
+        patterns), and they widen it exactly and sum, store and update in float32
+        (kvstore.precision); a float16/bfloat16 output gets the float32 value rounded
+        once (to nearest even), a float32 output the float32 value itself. Several
+        values for one key in one call are summed in float32 here and sent in float32.
+        Off (the default) a value whose dtype is not its key's is refused before
+        anything is sent. Each worker sets it for its own pushes (no collective step).
+        Raises InvalidArgumentError on a store type that cannot carry it (see
+        :meth:`_multi_precision_refusal`); ArgumentTypeError for a non-bool."""
+        what = "set_multi_precision"
+        self._check_open(what)
+        if not isinstance(enabled, bool):
+            raise ArgumentTypeError(f"{what}: enabled must be True or False, got {enabled!r}")
+        refusal = self._multi_precision_refusal() if enabled else None
+        if refusal is not None:
+            raise InvalidArgumentError(f"{what}: {refusal}")
+        self._plans.clear()       # (plans were made under the checks of the old setting)
+        self._args.low_precision = enabled
+
+    def _multi_precision_refusal(self) -> str | None:
+        """Why this store cannot carry float16/bfloat16 values for float32 keys, or None."""
+        return f"{self._type!r} stores keep values in their keys' dtypes only (use a dist store)"
+
     def set_optimizer(self, optimizer, *, keep_state: bool = False) -> None:
         """Apply ``optimizer`` to every push (on the servers in dist mode). In dist
         mode every worker calls it; rank 0's optimizer is used. ``keep_state`` (ours):
@@ -372,7 +398,12 @@ class KVStore(KVStoreBase):
                                            "optimizers update floating-point values only")
 
     def _merged(self, info: KeyInfo, vals: list, what: str) -> np.ndarray:
-        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one)."""
+        """The sum of ``vals`` as a flat C-contiguous numpy array (a view if only one);
+        with multi-precision a single float16 value stays float16 and a single bfloat16
+        value becomes its uint16 patterns (kvstore.precision), several are summed in
+        the key's dtype."""
+        if len(vals) == 1 and self._args.low_precision and arrays.dtype_name(vals[0]) == arrays.BFLOAT16:
+            return arrays.bfloat16_bits(vals[0])     # (kvstore.precision: on the wire as it is)
         first = arrays.to_numpy(vals[0], what)
         if len(vals) == 1:
             return np.ascontiguousarray(first).reshape(-1)

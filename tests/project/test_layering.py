@@ -67,7 +67,7 @@ def test_control_plane_never_imports_a_launcher(path):
     assert not absolute and not (relative_imports(path) & LAUNCHERS)
 
 
-PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + \
+PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + files("kvstore", "precision.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
     files("kvstore", "server", "writein.py") + files("kvstore", "optimizer") + \
     files("kvstore", "server", "optimizer_slot.py") + files("kvstore", "server", "snapshot.py") + \
@@ -168,7 +168,7 @@ LAYERS = {
     "kvstore.rows": BELOW, "kvstore.optimizer": BELOW, "kvstore.protocol": BELOW, "kvstore.devices": BELOW,
     "kvstore.transport": BELOW,
     # the few modules both ends share, at the top of the package
-    "kvstore.checkpoint_sets": SHARED, "kvstore.compression": SHARED, "kvstore.config": SHARED,
+    "kvstore.checkpoint_sets": SHARED, "kvstore.compression": SHARED, "kvstore.precision": SHARED, "kvstore.config": SHARED,
     "kvstore.errors": SHARED, "kvstore.fileio": SHARED, "kvstore.flat_buckets": SHARED,
     "kvstore.modes": SHARED, "kvstore.registry": SHARED, "kvstore.sharding": SHARED,
     "kvstore.timeline": SHARED,
