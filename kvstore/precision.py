@@ -61,4 +61,6 @@ def widen(name: str, payload, size: int, label: str, dtype=MASTER):
     flat = payload.reshape(-1)
     if name == FLOAT16:
         return flat.astype(MASTER)
+    if isinstance(flat, np.ndarray):        # one pass (astype, then a shift: two)
+        return np.left_shift(flat, 16, dtype=np.uint32).view(MASTER)
     return (flat.astype(np.uint32) << 16).view(MASTER)

@@ -65,6 +65,9 @@ class Wire:
     compressor: Compressor | None = None
     splits_norms: bool = False
     low_precision: bool = False      # float16/bfloat16 values for float32 keys (kvstore.precision)
+    # a whole-model optimizer's Optimizer.model_sums (every key takes the two phases,
+    # every chunk gets the sums of the whole call), None: each key's own sums
+    model_sums: Callable[[list], list] | None = None
 
     def check(self, infos, what: str) -> None:
         """Refuse what compression cannot carry, before the first message is sent."""
@@ -117,7 +120,7 @@ class Wire:
     def layerwise(self, info) -> bool:
         """Whether pushes of ``info`` run in two phases: a key cut into chunks over
         the servers under an optimizer whose step needs the whole key's norms."""
-        return self.splits_norms and len(info.chunks) > 1
+        return self.splits_norms and (self.model_sums is not None or len(info.chunks) > 1)
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Sent:
     fills: list            # (outputs, flat buffer, whether the buffer is the output itself)
     call: TimelineCall | None = None
     keep: list = field(default_factory=list)   # host copies of device sums the servers may read
+    wide: list = field(default_factory=list)   # (key, float32 buffer) of low-precision outputs, reused
 
     def requests(self) -> list[int]:
         """Every request of the call sent so far (a write's ``written`` once granted)."""
@@ -240,6 +244,9 @@ class Exchange:
         self.host: HostGroup | None = None
         # each server's link's writer into its sums (shared memory; None: it takes pushes only)
         self._writers: list[Writer | None] = [link.writer for link in client.links]
+        # float32 reply buffers of float16/bfloat16 outputs (multi-precision), by key, while no
+        # call holds them: fresh memory each call would cost its page faults every step
+        self._wide: dict = {}
 
     # -- collaborators ---------------------------------------------------------------------
     @property
@@ -367,7 +374,16 @@ class Exchange:
         if sources is not None:
             wire.check([info for info, _ in sources], what)
             lowp = wire.precisions(sources, what)
-        flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets]
+        flats, wide = [], []
+        for info, outs in targets:
+            buffer = self._wide.pop(info.key, None) if wire.low_precision else None
+            if buffer is None or buffer.size != info.size:
+                buffer = wire.out_buffer(info, outs[0]) if wire.low_precision else None
+            if buffer is not None and not (self._staging is not None and self._staging.holds(outs[0])):
+                flats.append((info, buffer, False))
+                wide.append((info.key, buffer))
+            else:
+                flats.append((info, *self._flat_target(info, outs[0], what, wire)))
         if routes is not None:
             dests = routes.pick([flat for _, flat, _ in flats])
             datas = routes.pick([flat for _, flat in sources]) if sources is not None else {}
@@ -376,9 +392,9 @@ class Exchange:
             datas = by_server(sources) if sources is not None else {}
         fields = wire.fields() if sources is not None else {}
         marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
-        # (low-precision chunks go as messages: a write or a staged read would take them as float32)
-        stage = sources is not None and wire.compressor is None and not lowp
-        write_in = stage and op == ops.PUSHPULL and self._mode.write_in and group is None
+        stage = sources is not None and wire.compressor is None
+        # (a write into the servers' float32 sums cannot take low-precision chunks: they are pushed)
+        write_in = stage and not lowp and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
             fields["group"] = group
         ids: list[int] = []
@@ -419,7 +435,8 @@ class Exchange:
         if call is not None:
             call.sent()
         return Sent(ids, writes, flight, what, [(outs, flat, direct)
-                                                for (_, outs), (_, flat, direct) in zip(targets, flats)], call)
+                                                for (_, outs), (_, flat, direct) in zip(targets, flats)], call,
+                    wide=wide)
 
     def _fill_sent(self, sent: Sent) -> None:
         call, what = sent.call, sent.what
@@ -434,6 +451,7 @@ class Exchange:
             call.copying()
         for outs, flat, direct in sent.fills:
             fill_outputs(outs, flat, direct, what)
+        self._wide.update(sent.wide)      # (free for the next call of these keys)
         if call is not None:
             call.done()
 
@@ -456,7 +474,7 @@ class Exchange:
         call = self._timeline.begin(ops.PUSH, [info.key for info, _ in items]) if self._timeline is not None else None
         trackers = []
         fields = wire.fields()
-        stage = wire.compressor is None and not lowp
+        stage = wire.compressor is None
         groups = by_server(items)
         marks = row_marks([info for info, _ in items], rows, what)
         for server, lo, hi in cut_for_rows(pieces(groups, self._client.pace.limits()),
@@ -512,6 +530,9 @@ class Exchange:
                                             **rows_fields(wire_ids, marks))[0])
         self._client.wait(ids, what)
         flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets or ()]
+        whole = None
+        if wire.model_sums is not None:     # every worker, from the same terms: the same sums
+            whole = wire.model_sums([[terms[tuple(c.wire_id)][1] for c in info.chunks] for info, _ in sources])
         if not self._leads():
             if targets:
                 self._fill_sent(self._send(ops.PULL, what, None, targets, wire))
@@ -522,7 +543,7 @@ class Exchange:
             for chunk in info.chunks:
                 part = terms[tuple(chunk.wire_id)][1]
                 total = list(part) if not total else [a + b for a, b in zip(total, part)]
-            sums[info.key] = total
+            sums[info.key] = total if whole is None else whole
         dests = by_server([(info, flat) for info, flat, _ in flats]) if targets else {}
         keys = {tuple(c.wire_id): info.key for info, _ in sources for c in info.chunks}
         ids = []

@@ -39,32 +39,61 @@ COMPRESSION = {
 }
 
 
+# Mixed precision on the wire (kv.set_multi_precision, kvstore/precision.py): pushpull of
+# torch gradients in this dtype into outputs of it, the keys float32 on the servers. The
+# benchmark's values are small integers, which bfloat16 carries exactly.
+LOW_PRECISION = {"pushpull_bf16": "bfloat16"}
+
+
+class _TorchFilled:
+    """A torch tensor with numpy's ``fill`` (what common.fill_grads calls)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def fill(self, value: float) -> None:
+        self.t.fill_(value)
+
+
 def sync_task(kv, args) -> dict:
     rank, w = kv.rank, kv.num_workers
     shapes = model_shapes(args.model)
     keys = list(range(len(shapes)))
-    grads = [np.zeros(s, np.float32) for s in shapes]
-    outs = [np.zeros(s, np.float32) for s in shapes]
+    grads: list[Any] = [np.zeros(s, np.float32) for s in shapes]
+    outs: list[Any] = [np.zeros(s, np.float32) for s in shapes]
     kv.init(keys, grads)
     result: dict[str, Any] = {"modes": {}}   # the JSON result
     base = 0
+    wide = (grads, outs)
     for mode in args.modes.split(","):
+        grads, outs = wide
         if mode == "pushpull_shared":   # gradients in kv.empty() memory (read in place over shm)
             grads = [kv.empty(s, np.float32) for s in shapes]
+            wide = (grads, outs)         # (kept by the modes after it, as before)
+        kv.set_multi_precision(mode in LOW_PRECISION)
+        if mode in LOW_PRECISION:
+            import torch
+            dtype = getattr(torch, LOW_PRECISION[mode])
+            grads, outs = ([torch.zeros(s, dtype=dtype) for s in shapes] for _ in range(2))
         compression, expected = COMPRESSION.get(mode, ({"type": "none"}, common.expected_sum))
         kv.set_gradient_compression(compression)   # fresh residuals for every mode
         traffic = {"bytes_sent": 0, "bytes_received": 0, "exchanges": 0}
-        def prepare(i, base=base):
+        def prepare(i, base=base, grads=grads, outs=outs, mode=mode):
+            if mode in LOW_PRECISION:
+                common.fill_grads([_TorchFilled(g) for g in grads], rank, base + i)
+                for o in outs:
+                    o.fill_(-1.0)
+                return
             common.fill_grads(grads, rank, base + i)
             for o in outs:
                 o.fill(-1.0)
 
         if mode == "push_pull":
-            def step(i):
+            def step(i, grads=grads, outs=outs):
                 kv.push(keys, grads)
                 kv.pull(keys, out=outs)
-        elif mode in ("pushpull", "pushpull_shared") or mode in COMPRESSION:
-            def step(i):
+        elif mode in ("pushpull", "pushpull_shared") or mode in COMPRESSION or mode in LOW_PRECISION:
+            def step(i, grads=grads, outs=outs):
                 kv.pushpull(keys, grads, out=outs)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
@@ -77,8 +106,9 @@ def sync_task(kv, args) -> dict:
                 traffic[f] += after[f] - before[f]
             traffic["exchanges"] += 1
 
-        def check(i, base=base, mode=mode, expected=expected):
-            common.verify(outs, w, base + i, f"ours {mode} worker {rank}", expected)
+        def check(i, base=base, mode=mode, expected=expected, outs=outs):
+            shown = [o.float() for o in outs] if mode in LOW_PRECISION else outs   # (numpy has no bfloat16)
+            common.verify(shown, w, base + i, f"ours {mode} worker {rank}", expected)
         times, per = common.timed_loop(counted, prepare, check, args.iters, args.warmup, kv.barrier,
                                        profiler=args.profiler)
         n = max(1, traffic["exchanges"])
@@ -86,6 +116,7 @@ def sync_task(kv, args) -> dict:
                                  "bytes_received": traffic["bytes_received"] / n}
         base += args.iters + args.warmup
     kv.set_gradient_compression({"type": "none"})
+    kv.set_multi_precision(False)
     if args.latency_iters:
         result["latency"] = {}
         for j, n in enumerate(int(x) for x in args.latency_sizes.split(",")):

@@ -1,0 +1,130 @@
+"""Mixed precision on the wire: the ResNet-50 exchange (``pushpull`` of 161 tensors,
+25.6 M values per worker) with float32 gradients and with bfloat16 ones pushed as
+they are to float32 keys (``kv.set_multi_precision(True)``, kvstore/precision.py),
+pulled into bfloat16 outputs, side by side.
+
+    python -m benchmarks.mixed_precision                       # W=2, S=2, shm and tcp, 5 launches
+    python -m benchmarks.mixed_precision --record              # also into benchmarks/results/mixed_precision
+    python -m benchmarks.mixed_precision --model tiny --launches 1 --iters 2   # a smoke run
+
+Each launch is one real job (tracker's launcher, this machine) per transport running
+both variants, their order rotating launch by launch; the workers
+(benchmarks/harness/contenders/ours_worker.py, modes ``pushpull`` and
+``pushpull_bf16``) verify every sum. Per variant: the median over launches of rank 0's
+median exchange, the range of those medians, the bytes rank 0 sent and received per
+exchange, and the machine's load average around the launches (this machine is shared:
+read the spread before the medians). Prints a markdown table and writes
+``mixed_precision.md`` and ``mixed_precision.json`` to a scratch directory (printed),
+or to ``--out-dir`` / with ``--record`` to benchmarks/results/mixed_precision.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+
+import click
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    __package__ = "benchmarks.mixed_precision"
+
+from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.contenders import ours  # noqa: E402
+from benchmarks.harness.contenders.base import RunConfig  # noqa: E402
+from benchmarks.harness.output import ResultsDir  # noqa: E402
+
+OUTPUT = ResultsDir("mixed_precision", "mixed_precision")
+RECORD_DIR = OUTPUT.record_dir
+VARIANTS = {"float32": "pushpull", "bfloat16": "pushpull_bf16"}     # variant -> ours_worker's mode
+
+
+def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
+    """One row per (transport, variant, launch): rank 0's exchange times, bytes per
+    exchange, and the 1-minute load average before and after the launch."""
+    rows = []
+    names = list(VARIANTS)
+    for launch in range(launches):
+        order = names[launch % len(names):] + names[:launch % len(names)]
+        for name in transports:
+            load_before = os.getloadavg()[0]
+            res = ours.run_job(cfg, ours.TRANSPORTS[name],
+                               cfg.worker_args() + ["--modes", ",".join(VARIANTS[v] for v in order)],
+                               f"mp-{name}-{launch}")
+            load_after = os.getloadavg()[0]
+            for variant in order:
+                got = res["modes"][VARIANTS[variant]]
+                rows.append({"transport": name, "variant": variant, "launch": launch,
+                             "samples_s": got["times"], "bytes_sent": got["bytes_sent"],
+                             "bytes_received": got["bytes_received"],
+                             "load_before": load_before, "load_after": load_after})
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per transport and variant: the median over launches of each launch's median,
+    their range, bytes per exchange, the load's range, and bfloat16 against float32."""
+    out = []
+    for name in dict.fromkeys(r["transport"] for r in rows):
+        base = None
+        for variant in VARIANTS:
+            mine = [r for r in rows if r["transport"] == name and r["variant"] == variant]
+            medians = [statistics.median(r["samples_s"]) * 1e3 for r in mine]
+            loads = [r["load_before"] for r in mine] + [r["load_after"] for r in mine]
+            line = {"transport": name, "variant": variant, "median_ms": statistics.median(medians),
+                    "min_ms": min(medians), "max_ms": max(medians), "launches": len(mine),
+                    "sent_mb": statistics.median(r["bytes_sent"] for r in mine) / 1e6,
+                    "received_mb": statistics.median(r["bytes_received"] for r in mine) / 1e6,
+                    "load_min": min(loads), "load_max": max(loads)}
+            base = base or line
+            line["vs_float32"] = line["median_ms"] / base["median_ms"]
+            out.append(line)
+    return out
+
+
+def markdown(lines: list[dict], cfg: RunConfig) -> str:
+    head = (f"W={cfg.workers} workers, S={cfg.servers} servers, model {cfg.model}, {cfg.iters} timed "
+            f"pushpulls per launch (median of each launch; the median and range over launches; rank 0's "
+            f"bytes per exchange; the 1-minute load average around the launches)\n\n"
+            "| transport | gradients | pushpull ms | range ms | vs float32 | sent MB | received MB | load |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(
+        f"| {x['transport']} | {x['variant']} | {x['median_ms']:.1f} | {x['min_ms']:.1f}-{x['max_ms']:.1f} | "
+        f"{x['vs_float32']:.2f}x | {x['sent_mb']:.1f} | {x['received_mb']:.1f} | "
+        f"{x['load_min']:.1f}-{x['load_max']:.1f} |\n" for x in lines)
+
+
+@click.command()
+@click.option("-w", "--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("-s", "--servers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50", show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--launches", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--transports", default="shm,tcp", show_default=True,
+              help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True)
+@OUTPUT.click_options
+def main(workers, servers, model, iters, warmup, launches, transports, timeout, out_dir) -> int:
+    """bfloat16 gradients on the wire against float32: the ResNet-50 exchange, side by side."""
+    names = [t for t in transports.split(",") if t]
+    unknown = [t for t in names if t not in ours.TRANSPORTS]
+    if unknown:
+        raise click.BadParameter(f"unknown transport(s) {', '.join(unknown)}", param_hint="--transports")
+    with tempfile.TemporaryDirectory(prefix="kvstore-mp-work-") as work:
+        cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
+                        latency_iters=0, work_dir=work, timeout=timeout)
+        rows = measure(cfg, names, launches)
+    lines = summary(rows)
+    text = markdown(lines, cfg)
+    print(text)
+    with open(os.path.join(out_dir, "mixed_precision.md"), "w") as f:
+        f.write(text)
+    common.write_json(os.path.join(out_dir, "mixed_precision.json"),
+                      {"config": {"workers": workers, "servers": servers, "model": model, "iters": iters,
+                                  "launches": launches}, "summary": lines, "rows": rows,
+                       "machine": common.machine(), "kvstore": common.kvstore_version()})
+    print(f"results in {out_dir}")
+    return 0
