@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import kvstore
+import kvstore.optimizer
 from kvstore import precision
 from kvstore.devices import HostDevice
 from kvstore.errors import InvalidArgumentError, ProtocolError
@@ -158,3 +159,60 @@ def test_a_2_worker_job_gets_the_float32_pushes_bits_in_half_the_bytes(tmp_path,
     for _, rank, name, step, low, wide in byte_lines:
         # the gradients' bytes halve; each message's header stays (a few dozen bytes)
         assert 0.49 < int(low) / int(wide) < 0.51, (rank, name, step, low, wide)
+
+
+@pytest.mark.parametrize("update_on_kvstore", [False, True])
+def test_a_trainer_of_bfloat16_parameters_sends_half_the_bytes_and_trains_the_same(make_cluster, update_on_kvstore):
+    """kvstore.torch.Trainer with bfloat16 parameters: their keys are float32 on the
+    servers; with multi-precision their gradients travel as bfloat16 (before, upcast to
+    float32) and every worker ends with the same bits as without."""
+    from kvstore import torch as kvtorch
+
+    def train(multi: bool):
+        cluster = make_cluster(2, 2, chunk_bytes=1024)
+
+        def work(kv):
+            if multi:
+                kv.set_multi_precision(True)
+            g = torch.Generator().manual_seed(3)
+            model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Tanh(), torch.nn.Linear(40, 5))
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            model = model.to(torch.bfloat16)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            trainer = kvtorch.Trainer(model.parameters(), kv, opt, update_on_kvstore=update_on_kvstore)
+            data = torch.Generator().manual_seed(10 + kv.rank)
+            sent = kv.comm_stats()["bytes_sent"]
+            for _ in range(4):
+                trainer.zero_grad()
+                x = torch.randn(8, 24, generator=data).to(torch.bfloat16)
+                (model(x).float() ** 2).mean().backward()
+                trainer.step()
+            return [p.detach().clone() for p in model.parameters()], kv.comm_stats()["bytes_sent"] - sent
+        return cluster.run(work)
+
+    wide, low = train(False), train(True)
+    for (w_params, w_sent), (l_params, l_sent) in zip(wide, low):
+        assert all(torch.equal(a, b) and a.dtype == torch.bfloat16 for a, b in zip(w_params, l_params))
+        assert l_sent < 0.6 * w_sent, (l_sent, w_sent)
+    assert all(torch.equal(a, b) for a, b in zip(low[0][0], low[1][0]))      # the workers agree
+
+
+@pytest.mark.parametrize("store", ["dist_async", "dist_ssp"])
+def test_async_and_ssp_servers_update_from_low_precision_pushes_as_from_float32(make_cluster, store):
+    cluster = make_cluster(1, 2, chunk_bytes=64)
+
+    def work(kv):
+        kv.init(["low", "twin"], [np.linspace(-1, 1, 50, dtype=np.float32)] * 2)
+        kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+        kv.set_multi_precision(True)
+        g = torch.Generator().manual_seed(1)
+        outs = [torch.empty(50, dtype=torch.bfloat16), torch.empty(50)]
+        for _ in range(3):
+            grad = torch.randn(50, generator=g).to(torch.bfloat16)
+            kv.pushpull(["low", "twin"], [grad, grad.float()], out=outs)
+        low, twin = np.empty(50, np.float32), np.empty(50, np.float32)
+        kv.pull(["low", "twin"], out=[low, twin])
+        return low.tobytes() == twin.tobytes(), torch.equal(outs[0], outs[1].to(torch.bfloat16))
+    assert cluster.run(work, store_type=store) == [(True, True)]
