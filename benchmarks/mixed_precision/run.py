@@ -13,7 +13,12 @@ both variants, their order rotating launch by launch; the workers
 ``pushpull_bf16``) verify every sum. Per variant: the median over launches of rank 0's
 median exchange, the range of those medians, the bytes rank 0 sent and received per
 exchange, and the machine's load average around the launches (this machine is shared:
-read the spread before the medians). Prints a markdown table and writes
+read the spread before the medians). The workers run torch with ``--torch-threads``
+intra-op threads (``OMP_NUM_THREADS``, default 1, what torchrun sets for several
+processes a machine): rounding the float32 replies into bfloat16 outputs is torch's
+``copy_``, whose OpenMP threads spin when the machine has fewer free cores than
+threads (measured on this 2-core machine at load 8-10: 1251 ms with 2 threads, 433 ms
+with 1, the float32 variant, which runs no torch, 398-408 ms). Prints a markdown table and writes
 ``mixed_precision.md`` and ``mixed_precision.json`` to a scratch directory (printed),
 or to ``--out-dir`` / with ``--record`` to benchmarks/results/mixed_precision.
 """
@@ -87,7 +92,8 @@ def summary(rows: list[dict]) -> list[dict]:
 def markdown(lines: list[dict], cfg: RunConfig) -> str:
     head = (f"W={cfg.workers} workers, S={cfg.servers} servers, model {cfg.model}, {cfg.iters} timed "
             f"pushpulls per launch (median of each launch; the median and range over launches; rank 0's "
-            f"bytes per exchange; the 1-minute load average around the launches)\n\n"
+            f"bytes per exchange; the 1-minute load average around the launches; torch's threads: "
+            f"{cfg.env.get('OMP_NUM_THREADS', 'default')})\n\n"
             "| transport | gradients | pushpull ms | range ms | vs float32 | sent MB | received MB | load |\n"
             "|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
@@ -106,8 +112,10 @@ def markdown(lines: list[dict], cfg: RunConfig) -> str:
 @click.option("--transports", default="shm,tcp", show_default=True,
               help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True)
+@click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The workers' OMP_NUM_THREADS (torch's intra-op threads).")
 @OUTPUT.click_options
-def main(workers, servers, model, iters, warmup, launches, transports, timeout, out_dir) -> int:
+def main(workers, servers, model, iters, warmup, launches, transports, timeout, torch_threads, out_dir) -> int:
     """bfloat16 gradients on the wire against float32: the ResNet-50 exchange, side by side."""
     names = [t for t in transports.split(",") if t]
     unknown = [t for t in names if t not in ours.TRANSPORTS]
@@ -115,7 +123,8 @@ def main(workers, servers, model, iters, warmup, launches, transports, timeout, 
         raise click.BadParameter(f"unknown transport(s) {', '.join(unknown)}", param_hint="--transports")
     with tempfile.TemporaryDirectory(prefix="kvstore-mp-work-") as work:
         cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
-                        latency_iters=0, work_dir=work, timeout=timeout)
+                        latency_iters=0, work_dir=work, timeout=timeout,
+                        env={"OMP_NUM_THREADS": str(torch_threads)})
         rows = measure(cfg, names, launches)
     lines = summary(rows)
     text = markdown(lines, cfg)
@@ -124,7 +133,7 @@ def main(workers, servers, model, iters, warmup, launches, transports, timeout, 
         f.write(text)
     common.write_json(os.path.join(out_dir, "mixed_precision.json"),
                       {"config": {"workers": workers, "servers": servers, "model": model, "iters": iters,
-                                  "launches": launches}, "summary": lines, "rows": rows,
+                                  "launches": launches, "torch_threads": torch_threads}, "summary": lines, "rows": rows,
                        "machine": common.machine(), "kvstore": common.kvstore_version()})
     print(f"results in {out_dir}")
     return 0

@@ -20,7 +20,8 @@ import torch
 import kvstore
 import kvstore.optimizer
 from kvstore import precision
-from kvstore.devices import HostDevice
+from kvstore import devices
+from kvstore.devices import HostAccelerators, HostDevice
 from kvstore.errors import InvalidArgumentError, ProtocolError
 from kvstore.protocol import ops
 from kvstore.server.backend import DeviceBackend, HostBackend
@@ -216,3 +217,28 @@ def test_async_and_ssp_servers_update_from_low_precision_pushes_as_from_float32(
         kv.pull(["low", "twin"], out=[low, twin])
         return low.tobytes() == twin.tobytes(), torch.equal(outs[0], outs[1].to(torch.bfloat16))
     assert cluster.run(work, store_type=store) == [(True, True)]
+
+
+def test_the_device_stores_staging_refuses_the_opt_in_and_async_calls_take_low_precision(make_cluster,
+                                                                                        monkeypatch):
+    """dist_device_sync on (emulated) GPUs stages device values: refused; without a GPU
+    it is dist_sync, which takes them, through pushpull_async and pull_async too."""
+    cluster = make_cluster(1, 1)
+
+    def device(kv):
+        with pytest.raises(InvalidArgumentError, match="'dist_device_sync' stages device values"):
+            kv.set_multi_precision(True)
+        return kv.device_memory
+    with monkeypatch.context() as patch:
+        patch.setattr(devices, "worker_accelerators", lambda: HostAccelerators(2))
+        assert cluster.run(device, store_type="dist_device_sync") == [True]
+
+    def handles(kv):
+        kv.init(3, np.arange(6, dtype=np.float32))
+        kv.set_multi_precision(True)
+        out = torch.empty(6, dtype=torch.float16)
+        kv.pushpull_async(3, torch.full((6,), 0.5, dtype=torch.bfloat16), out=out).wait()
+        back = torch.empty(6, dtype=torch.bfloat16)
+        kv.pull_async(3, out=back).wait()
+        return out.tolist(), back.tolist()
+    assert make_cluster(1, 1).run(handles, store_type="dist_device_sync") == [([0.5] * 6, [0.5] * 6)]   # (no GPU here)
