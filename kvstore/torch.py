@@ -223,7 +223,20 @@ class Trainer:
     ``with trainer.no_sync():`` accumulates without exchanging. With the servers
     updating, the servers applied the gradients when backward ended: an edit of
     ``.grad`` before ``step()`` is refused there (it would change nothing), as is a
-    second backward without ``no_sync()`` and a GradScaler.
+    second backward without ``no_sync()`` and a GradScaler used on the Trainer.
+
+    Mixed precision and clipping in both modes: ``clip_grad_norm`` (``max_norm``
+    of ``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of every
+    trained parameter) and ``grad_scaler`` (a ``torch.amp.GradScaler``, whose
+    ``scale(loss).backward()`` the loop calls, then ``step()``, then
+    ``scaler.update()``). Workers updating, ``step()`` runs ``scaler.unscale_``,
+    ``clip_grad_norm_`` and ``scaler.step`` on the torch optimizer (DDP's loop).
+    Servers updating (a torch optimizer's twin; dist_sync), the whole model's
+    gradient goes in one pushpull when backward ends and the servers, in two
+    phases, unscale it, clip it by its norm over every server and step, or skip
+    the step everywhere when any gradient overflowed; ``step()`` then tells the
+    scaler, so ``scaler.update()`` backs off as under DDP: the same bits as the
+    workers updating (docs/training.md). No overlap with backward then.
 
     Every parameter starts from rank 0's value. Frozen ones (``requires_grad=False``
     at ``step()``) are neither exchanged nor updated; one that got no gradient in a
@@ -248,7 +261,8 @@ class Trainer:
     """
 
     def __init__(self, params, kv: KVStore, optimizer, *, update_on_kvstore: bool | None = None,
-                 bucket_bytes: int | None = None, overlap: bool = True, flat_buckets: bool = False):
+                 bucket_bytes: int | None = None, overlap: bool = True, flat_buckets: bool = False,
+                 clip_grad_norm: float | None = None, grad_scaler=None):
         if not isinstance(kv, KVStore):
             raise ArgumentTypeError(f"kv must be a kvstore store, got {type(kv).__name__}")
         named = list(params)
@@ -274,6 +288,11 @@ class Trainer:
         if not update_on_kvstore and not is_torch:
             raise ArgumentTypeError("update_on_kvstore=False runs a torch optimizer on every worker: "
                                     f"pass a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self._clip, self._scaler = self._whole_model_options(clip_grad_norm, grad_scaler, is_torch)
+        # servers updating with clipping or a scaler: the whole model's gradient in one
+        # pushpull when backward ends, stepped by the servers in two phases
+        self._whole_model = update_on_kvstore and (self._clip is not None or self._enabled(self._scaler))
+        self._overflow = _Overflow()       # how the servers' skip reaches the scaler (scaler.step)
         if bucket_bytes is None:
             bucket_bytes = bucket_bytes_for(sum(p.numel() * p.element_size() for p in self._params
                                                 if p.requires_grad))
@@ -313,6 +332,8 @@ class Trainer:
             if not isinstance(server_opt, kvopt.Optimizer):
                 raise ArgumentTypeError("optimizer must be a kvstore.optimizer optimizer or a torch "
                                         f"optimizer, got {type(optimizer).__name__}")
+            if self._whole_model:
+                server_opt = self._with_whole_model(server_opt)
         self._flat = self._flat_buckets(kv, server_opt, bucket_bytes) if flat_buckets else None
         if server_opt is not None and self._flat is not None:
             server_opt = self._bucket_multipliers(server_opt)
@@ -340,9 +361,11 @@ class Trainer:
     def _flat_buckets(self, kv: KVStore, server_opt, bucket_bytes: int) -> FlatBuckets:
         """The flat buckets of the parameters that train (flat_buckets=True)."""
         if server_opt is not None and server_opt.splits_norms:
+            what = "clip_grad_norm_ computes a norm per parameter" if server_opt.whole_model else \
+                f"{type(server_opt).__name__} computes a norm per key"
             raise InvalidArgumentError(
-                f"flat_buckets: {type(server_opt).__name__} computes a norm per key, which on a flat "
-                "bucket would span several parameters; create the Trainer with flat_buckets=False")
+                f"flat_buckets: {what}, which on a flat bucket (one key on the servers) would span several "
+                "parameters; create the Trainer with flat_buckets=False")
         trained = [i for i, p in enumerate(self._params) if p.requires_grad]
         key_of: Callable[[int], object]
         if kv.key_type is not str and all(isinstance(k, int) for k in self._keys):
@@ -407,6 +430,41 @@ class Trainer:
                                     twin.bfloat16_keys + bfloat16_keys)
         return server_opt.with_multipliers(lr_mult, wd_mult) if lr_mult else server_opt
 
+    def _whole_model_options(self, clip_grad_norm, grad_scaler, is_torch: bool) -> tuple:
+        """The checked ``clip_grad_norm`` and ``grad_scaler``. Raises ArgumentTypeError
+        for a wrong type, InvalidArgumentError where the servers would run a kvstore
+        optimizer (which neither clips nor unscales: its twin of a torch one does)."""
+        if clip_grad_norm is not None:
+            if isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float)) \
+                    or not clip_grad_norm >= 0 or clip_grad_norm == float("inf"):
+                raise ArgumentTypeError(f"clip_grad_norm must be a finite number >= 0 (max_norm) or None, got "
+                                        f"{clip_grad_norm!r}")
+            clip_grad_norm = float(clip_grad_norm)
+        if grad_scaler is not None:
+            if not all(callable(getattr(grad_scaler, n, None)) for n in ("get_scale", "is_enabled", "step", "update")):
+                raise ArgumentTypeError(f"grad_scaler must be a torch.amp.GradScaler, got "
+                                        f"{type(grad_scaler).__name__}")
+        if self.update_on_kvstore and not is_torch and (clip_grad_norm is not None or grad_scaler is not None):
+            raise InvalidArgumentError(
+                "clip_grad_norm and grad_scaler with the servers updating need a torch optimizer, whose twin the "
+                "servers run with them (a kvstore optimizer has MXNet's clip_gradient and rescale_grad instead)")
+        return clip_grad_norm, grad_scaler
+
+    @staticmethod
+    def _enabled(scaler) -> bool:
+        return scaler is not None and bool(scaler.is_enabled())
+
+    def _scale_now(self) -> float | None:
+        """The loss scale of the gradients being pushed (the GradScaler's), or None."""
+        return float(self._scaler.get_scale()) if self._enabled(self._scaler) else None
+
+    def _with_whole_model(self, twin: kvopt.Optimizer) -> kvopt.Optimizer:
+        """The servers' twin with ``clip_grad_norm`` and the scaler's current scale
+        (kvstore.optimizer.torch_twin: whole-model steps)."""
+        config = twin.to_config()
+        return kvopt.from_config({**config, "params": {**config["params"], "clip_grad_norm": self._clip,
+                                                       "grad_scale": self._scale_now()}})
+
     def _twin_of(self, optimizer: torch.optim.Optimizer) -> kvopt.TorchTwin:
         """The servers' twin of the torch optimizer (:func:`optimizer_from_torch`)."""
         return optimizer_from_torch(optimizer, zip(self._params, self._keys))
@@ -459,7 +517,7 @@ class Trainer:
                 Variable._execution_engine.queue_callback(self._finish_backward)
             if self._timeline is not None and first:
                 self._timeline.instant("trainer", "first gradient")
-            if not self._overlap:
+            if not self._overlap or self._whole_model:
                 return          # sent in one pushpull when backward ends
             if self._flat is not None and index in self._flat.of:
                 self._flat.take(index)
@@ -564,8 +622,13 @@ class Trainer:
             return
         twin = self._twin
         groups = torch_groups(self._torch_source, type(twin))
-        if groups == twin.groups:
+        scale = self._scale_now()
+        if groups == twin.groups and scale == twin.grad_scale:
             return
+        if scale != twin.grad_scale:     # the scaler backed off or grew: the servers unscale by it
+            config = twin.to_config()
+            twin = kvopt.from_config({**config, "params": {**config["params"], "grad_scale": scale}})
+            assert isinstance(twin, kvopt.TorchTwin)
         if len(groups) != len(twin.groups):
             raise InvalidArgumentError(
                 f"step: the torch optimizer has {len(groups)} param groups, {len(twin.groups)} when the Trainer was "
@@ -631,31 +694,41 @@ class Trainer:
         """The torch optimizer's param groups (workers updating): what a
         ``torch.amp.GradScaler`` reads, so that ``scaler.unscale_(trainer)`` and
         ``scaler.step(trainer)`` work as with a torch optimizer. Raises
-        InvalidArgumentError with the servers updating."""
+        InvalidArgumentError with the servers updating (they unscale: give the scaler
+        to the Trainer)."""
         if self.update_on_kvstore:
-            raise InvalidArgumentError(self._SCALER_NEEDS_WORKERS)
+            raise InvalidArgumentError(self._SCALER_ON_SERVERS)
         assert self.torch_optimizer is not None      # update_on_kvstore=False has one
         return self.torch_optimizer.param_groups
 
-    _SCALER_NEEDS_WORKERS = (
-        "a GradScaler needs update_on_kvstore=False (as MXNet's AMP): it skips a step whose "
-        "gradients overflowed, which servers updating key by key cannot decide for the whole "
-        "model; the servers would also apply the scaled gradients")
+    _SCALER_ON_SERVERS = (
+        "with the servers updating (update_on_kvstore=True) they unscale the gradients and skip a step that "
+        "overflowed, for the whole model, when the backward that pushed them ends: give the GradScaler to the "
+        "Trainer, Trainer(..., grad_scaler=scaler) (and clip with Trainer(..., clip_grad_norm=max_norm)), then "
+        "scaler.scale(loss).backward(); trainer.step(); scaler.update(); scaler.unscale_(trainer) and "
+        "scaler.step(trainer) work with the workers updating only")
 
     def step(self, scaler=None) -> None:
         """Finish the exchange (when a backward produced gradients, it finished as that
         backward ended), then (workers updating) run the torch optimizer on the
         averaged gradients: :meth:`allreduce_grads`, then :meth:`update`. ``scaler``: a
-        ``torch.amp.GradScaler`` (mixed precision; workers updating only), which
-        unscales the averaged gradients and skips the step if they overflowed;
-        ``scaler.step(trainer)`` is the same."""
+        ``torch.amp.GradScaler`` (mixed precision), which unscales the averaged
+        gradients and skips the step if they overflowed (``scaler.step(trainer)`` is
+        the same, workers updating); the Trainer's ``grad_scaler`` when none is given.
+        Servers updating, the scaler must be the Trainer's ``grad_scaler``: the servers
+        unscaled, clipped (``clip_grad_norm``) and stepped, or skipped the step, as
+        the backward ended; here the scaler records whether they skipped, for
+        ``scaler.update()``."""
         start = self._timeline.now() if self._timeline is not None else 0
         if scaler is not None:
             self._check_scaler(scaler)       # before waiting on the exchange
+        scaler = self._scaler if scaler is None else scaler
         self.allreduce_grads()
         if not self.update_on_kvstore:
             self._optimizer_step(scaler)
         elif self._torch_source is not None:
+            if self._enabled(scaler):
+                self._record_overflow(scaler)
             # what torch's own step records for its LR schedulers (the servers stepped):
             # without it, the first scheduler step warns it came before optimizer.step()
             self._torch_source._opt_called = True  # type: ignore[attr-defined]
@@ -705,7 +778,8 @@ class Trainer:
                 raise InvalidArgumentError(
                     f"step: the gradient of parameter {self._keys[i]!r} was changed after backward() (gradient "
                     "clipping? unscaling?), but the servers applied the gradients as backward produced them "
-                    "(update_on_kvstore=True), so the change would be lost. Let the workers update "
+                    "(update_on_kvstore=True), so the change would be lost. Have the servers clip and unscale: "
+                    "Trainer(..., clip_grad_norm=max_norm, grad_scaler=scaler); or let the workers update "
                     "(update_on_kvstore=False, a torch optimizer): .grad then holds the average when backward() "
                     "returns, to clip before step() as with DDP, or with trainer.allreduce_grads(), clipping, "
                     "then trainer.update()")
@@ -773,18 +847,24 @@ class Trainer:
         """The second half of :meth:`step` (workers updating): run the torch
         optimizer on the averaged gradients, through ``scaler.step`` if a
         ``torch.amp.GradScaler`` is given (call ``scaler.update()`` after, as with
-        any optimizer). Every worker holds the same averaged gradients, so every
-        worker's scaler finds the same overflow and skips or steps alike."""
+        any optimizer; the Trainer's ``grad_scaler`` when none is given, which also
+        unscales before the Trainer's ``clip_grad_norm`` clips). Every worker holds
+        the same averaged gradients, so every worker's scaler finds the same overflow
+        and skips or steps alike."""
         if self.update_on_kvstore:
             raise InvalidArgumentError("update: the servers run the optimizer "
                                        "(update_on_kvstore=True); call step()")
         if scaler is not None:
             self._check_scaler(scaler)
-        self._optimizer_step(scaler)
+        self._optimizer_step(self._scaler if scaler is None else scaler)
 
     def _optimizer_step(self, scaler) -> None:
         start = self._timeline.now() if self._timeline is not None else 0
         assert self.torch_optimizer is not None      # update_on_kvstore=False has one
+        if self._clip is not None:      # the Trainer's clip_grad_norm: unscaled first, as DDP's loop does
+            if self._enabled(scaler):
+                scaler.unscale_(self.torch_optimizer)
+            torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self._clip)
         if scaler is None:
             self.torch_optimizer.step()
         else:
@@ -792,11 +872,26 @@ class Trainer:
         if self._timeline is not None:
             self._timeline.span("trainer", "optimizer step", start)
 
+    def _record_overflow(self, scaler) -> None:
+        """Servers updating: give ``scaler`` the servers' verdict on this step (an inf
+        or nan anywhere in the model's averaged gradient, the same on every worker:
+        ``kv.last_model_sums``), through ``scaler.step`` on a stand-in optimizer whose
+        one gradient is inf or 0, so that ``scaler.update()`` backs off or grows the
+        scale as after ``scaler.step(optimizer)`` under DDP."""
+        sums = self.kv.last_model_sums
+        if sums is None:
+            raise InvalidArgumentError("step: the servers gave no whole-model verdict for this step (no pushpull "
+                                       "ran their two phases): was the Trainer made with grad_scaler=?")
+        self._overflow.grad = torch.full((1,), float("inf") if sums[1] else 0.0)
+        scaler.step(self._overflow)
+
     def _check_scaler(self, scaler) -> None:
         if not callable(getattr(scaler, "step", None)) or not callable(getattr(scaler, "unscale_", None)):
             raise ArgumentTypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
-        if self.update_on_kvstore:
-            raise InvalidArgumentError(self._SCALER_NEEDS_WORKERS)
+        if self._scaler is not None and scaler is not self._scaler:
+            raise InvalidArgumentError("step: scaler is not the Trainer's grad_scaler; pass the same one (or none)")
+        if self.update_on_kvstore and scaler is not self._scaler:
+            raise InvalidArgumentError(self._SCALER_ON_SERVERS)
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -906,6 +1001,28 @@ class Trainer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+class _Overflow:
+    """What ``torch.amp.GradScaler.step`` takes for an optimizer, standing in for the
+    servers (servers updating, :meth:`Trainer._record_overflow`): one parameter whose
+    gradient is inf when they skipped the step, 0 otherwise; ``step()`` does
+    nothing (the servers stepped already)."""
+
+    def __init__(self) -> None:
+        self.param = torch.zeros(1)
+        self.param_groups = [{"params": [self.param]}]
+
+    @property
+    def grad(self) -> torch.Tensor | None:
+        return self.param.grad
+
+    @grad.setter
+    def grad(self, value: torch.Tensor) -> None:
+        self.param.grad = value
+
+    def step(self, *args, **kwargs) -> None:
+        """Nothing: the servers stepped (or skipped) as the backward ended."""
 
 
 class _CommThread:

@@ -328,7 +328,28 @@ class Optimizer:
     #: The update splits into :meth:`norm_terms` (a chunk's partial sums of squares)
     #: and :meth:`apply_norms` (the step with the whole key's sums), so a key cut into
     #: chunks over several servers gets the one-process formula (LARS, LAMB; dist_sync).
-    splits_norms: ClassVar[bool] = False
+    #: A class sets it, or an instance whose hyper-parameters need it (a torch twin
+    #: with ``clip_grad_norm`` or ``grad_scale``: :attr:`whole_model`).
+    splits_norms: bool = False
+
+    #: The sums phase 2 needs span the whole model, not one key: every key's pushes
+    #: take the two phases (not only keys cut over servers) and the leading worker
+    #: gives every chunk :meth:`model_sums` of all the keys' terms, instead of its
+    #: key's sums (a torch twin clipping by the global norm, or unscaling a
+    #: GradScaler's gradients and skipping a step that overflowed). Implies
+    #: :attr:`splits_norms`.
+    whole_model: bool = False
+
+    def model_sums(self, terms: list) -> list:
+        """:attr:`whole_model`: from ``terms``, every key's chunks' terms (keys in the
+        call's order, each a list of its chunks' term lists, in chunk order), the sums
+        every chunk's :meth:`apply_norms` gets (the same length as a chunk's terms)."""
+        raise NotImplementedError(f"{type(self).__name__} has no whole-model sums")
+
+    def skips(self, sums) -> bool:
+        """Whether :meth:`apply_norms` with ``sums`` leaves the slot unchanged, its
+        update count included (a step skipped: a GradScaler's overflow)."""
+        return False
 
     #: Which of fused.py's two-phase layer-wise kernels (``"lars"``, ``"lamb"``) runs
     #: this class's update on CuPy arrays; "" for none. An optimizer with an

@@ -31,6 +31,22 @@ MXNet's other options (``learning_rate``, ``wd``,
 schedulers change the groups, which :meth:`TorchTwin.with_groups` sends again
 (``kv.set_optimizer(..., keep_state=True)``).
 
+**Whole-model steps** (``clip_grad_norm``, ``grad_scale``; what a worker's
+``torch.amp.GradScaler`` and ``torch.nn.utils.clip_grad_norm_`` do between
+backward and step, done on the servers): the twin then runs in two phases over the
+whole model (:attr:`~kvstore.optimizer.Optimizer.whole_model`; the servers' phases
+of LARS and LAMB, docs/architecture.md §9). Phase 1, per chunk: the averaged
+gradient unscaled by ``grad_scale`` (as ``GradScaler.unscale_``: times the float32
+reciprocal the scaler uses), whether it held an inf or nan, and its 2-norm
+(``torch.linalg.vector_norm``, what ``clip_grad_norm_`` computes per tensor). The leading worker's :meth:`TorchTwin.model_sums`: the
+norm of the keys' norms (in the call's key order, as ``clip_grad_norm_`` stacks
+them), ``clip_coef = max_norm / (total + 1e-6)`` clamped to 1, with torch's ops;
+phase 2 multiplies the gradient by it and steps, or (an inf or nan anywhere in the
+model, with ``grad_scale``) leaves every key as it is, its step count too, as
+``scaler.step`` skips ``optimizer.step()``. A key cut into chunks over several
+servers gets its norm from its chunks' norms (the square root of the sum of their
+squares, in float64), which is not torch's reduction: exact only for keys held whole.
+
 The state of a slot is the twin's arrays (:attr:`TorchTwin.state_names`, in that
 order, each like the weight) and the update count ``t``, torch's ``step``. torch
 is imported at the first update, not with this module.
@@ -54,7 +70,7 @@ __all__ = ["TorchTwin"]
 NONNEG, UNIT, CLOSED_UNIT, BETAS, BOOL = "nonneg", "unit", "closed_unit", "betas", "bool"
 
 #: The twins' own parameters after torch's hyper-parameters (``hyper_params`` ends with them).
-TWIN_PARAMS = ("groups", "key_groups", "bfloat16_keys")
+TWIN_PARAMS = ("groups", "key_groups", "bfloat16_keys", "clip_grad_norm", "grad_scale")
 
 
 def _checked(owner: str, name: str, kind: str, value) -> Any:
@@ -98,7 +114,7 @@ class TorchTwin(Optimizer):
         return ("rescale_grad",) + cls.hyper_params
 
     def __init__(self, *, rescale_grad=1.0, groups=None, key_groups=None, bfloat16_keys=None, lr_scheduler=None,
-                 **hyper):
+                 clip_grad_norm=None, grad_scale=None, **hyper):
         owner = type(self).__name__
         if lr_scheduler is not None:
             raise ConfigError(f"{owner}: torch's schedulers run on the workers (kvstore.torch.Trainer sends the "
@@ -149,6 +165,11 @@ class TorchTwin(Optimizer):
                                     key=repr)
         self._bf16 = set(self.bfloat16_keys)
         self._bits = self._rescale_bits(self.rescale_grad)
+        self.clip_grad_norm = None if clip_grad_norm is None else real(owner, "clip_grad_norm", clip_grad_norm,
+                                                                        lo=0.0)
+        self.grad_scale = None if grad_scale is None else real(owner, "grad_scale", grad_scale, lo=0.0,
+                                                                lo_open=True)
+        self.whole_model = self.splits_norms = clip_grad_norm is not None or grad_scale is not None
 
     @staticmethod
     def _rescale_bits(rescale: float) -> tuple[str, float | int]:
@@ -171,6 +192,8 @@ class TorchTwin(Optimizer):
         params["groups"] = [dict(g) for g in self.groups]
         params["key_groups"] = dict(self.key_groups)
         params["bfloat16_keys"] = list(self.bfloat16_keys)
+        params["clip_grad_norm"] = self.clip_grad_norm
+        params["grad_scale"] = self.grad_scale
         return {"name": self.name, "params": params, "lr_scheduler": None}
 
     def group_of(self, key) -> int:
@@ -219,17 +242,23 @@ class TorchTwin(Optimizer):
         return self.state_layout()
 
     def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
+        if self.whole_model:
+            raise ConfigError(f"{type(self).__name__}: clip_grad_norm and grad_scale need the whole model's "
+                              "gradient, which only dist_sync's two phases give (norms across servers); this "
+                              "store updates key by key")
         import torch
+        self._torch_update(torch, weight, self._gradient(torch, weight, grad, slot), state, t, slot)
+
+    def _gradient(self, torch, weight, grad, slot):
+        """The gradient as torch's step takes it: in the parameter's dtype, averaged
+        (``rescale_grad``)."""
         key = slot_key(slot) if slot is not None else None
-        group = self.groups[self.group_of(key) if key is not None else 0]
-        w = _view(torch, weight)
         g = _view(torch, grad, readonly_ok=True)
-        states = [_view(torch, s) for s in state]
         # a bfloat16 parameter (the stores keep it in float32): torch steps it in
         # bfloat16, its state too, so the step runs on bfloat16 copies, written back
         # exactly (float32 holds every bfloat16); its summed gradient rounded to
         # bfloat16 first, as the workers' .grad receives it
-        dtype = torch.bfloat16 if key in self._bf16 else w.dtype
+        dtype = torch.bfloat16 if key in self._bf16 else _view(torch, weight).dtype
         if g.dtype != dtype:
             g = g.to(dtype)
         how, by = self._bits
@@ -237,6 +266,73 @@ class TorchTwin(Optimizer):
             g = g.div(by)
         elif how == "mul":
             g = g.mul(by)
+        return g
+
+    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+        """Phase 1 of a whole-model step: ``([norm, overflowed], gradient)``, the norm
+        of this chunk's averaged gradient unscaled by ``grad_scale`` (0.0 without
+        ``clip_grad_norm``), whether it held an inf or nan (1.0 or 0.0; 0.0 without
+        ``grad_scale``), and that gradient, for phase 2."""
+        import torch
+        g = self._gradient(torch, weight, grad, slot)
+        if g.data_ptr() == _view(torch, grad, readonly_ok=True).data_ptr():
+            g = g.clone()       # unscaled in place below: not the round's sum
+        found = False
+        if self.grad_scale is not None:
+            # what GradScaler.unscale_ runs (_amp_foreach_non_finite_check_and_unscale_):
+            # inf/nan noted, every element times inv_scale, the scale's reciprocal in
+            # float64 as float32 (the same bits: tests/optimizer/test_torch_twin_whole_model.py)
+            inv = torch.tensor(self.grad_scale, dtype=torch.float64, device=g.device).reciprocal().float()
+            found = not bool(torch.isfinite(g).all())
+            g.mul_(inv)
+        # clip_grad_norm_'s per-tensor norm (its foreach path's _foreach_norm gives the same bits on CPU)
+        norm = float(torch.linalg.vector_norm(g, 2.0)) if self.clip_grad_norm is not None else 0.0
+        return [norm, 1.0 if found else 0.0], g
+
+    def model_sums(self, terms: list) -> list:
+        """``[clip_coef, overflowed]`` for every chunk from every key's chunks' terms
+        (:meth:`chunk_terms`): the coefficient as ``clip_grad_norm_`` computes it (the
+        norm of the keys' norms, in key order, in float32; ``max_norm / (total +
+        1e-6)`` clamped to 1; 1.0 without ``clip_grad_norm`` or when the step is
+        skipped), and 1.0 if any chunk held an inf or nan (``grad_scale``: the step
+        is skipped everywhere). Raises ValueError for a non-finite norm without
+        ``grad_scale`` (an inf or nan gradient that nothing skips)."""
+        import torch
+        overflowed = any(chunk[1] for key in terms for chunk in key)
+        if overflowed:
+            return [1.0, 1.0]
+        if self.clip_grad_norm is None:
+            return [1.0, 0.0]
+        norms = [key[0][0] if len(key) == 1 else float(numpy.sqrt(sum(c[0] * c[0] for c in key)))
+                 for key in terms]
+        if not all(numpy.isfinite(n) for n in norms):
+            raise ValueError(f"{type(self).__name__}: the gradient norm is not finite (an inf or nan gradient) and "
+                             "no GradScaler skips the step: clip_grad_norm cannot clip it")
+        if not norms:
+            return [1.0, 0.0]
+        total = torch.linalg.vector_norm(torch.stack([torch.tensor(n, dtype=torch.float32) for n in norms]), 2.0)
+        clip_coef = self.clip_grad_norm / (total + 1e-6)
+        return [float(torch.clamp(clip_coef, max=1.0)), 0.0]
+
+    def skips(self, sums) -> bool:
+        """A whole-model step whose gradients overflowed (``sums[1]``) is skipped."""
+        return self.whole_model and bool(sums[1])
+
+    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry):
+        """Phase 2 of a whole-model step: the phase-1 gradient times ``sums[0]`` (the
+        clip coefficient, as ``clip_grad_norm_`` multiplies), then torch's step."""
+        import torch
+        g = carry
+        if self.clip_grad_norm is not None:
+            g.mul_(torch.tensor(sums[0], dtype=torch.float32, device=g.device))
+        self._torch_update(torch, weight, g, state, t, slot)
+
+    def _torch_update(self, torch, weight, g, state, t, slot) -> None:
+        key = slot_key(slot) if slot is not None else None
+        group = self.groups[self.group_of(key) if key is not None else 0]
+        w = _view(torch, weight)
+        states = [_view(torch, s) for s in state]
+        dtype = g.dtype
         if dtype == w.dtype:
             self.torch_step(torch, w, g, states, t, group)
             return

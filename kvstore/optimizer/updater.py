@@ -88,6 +88,8 @@ class Updater:
         key = _key(index)
         state, inner = carry
         t = self._count(key) + 1
+        if self.optimizer.skips(sums):        # a skipped step: no update, the count stays
+            return
         if rows is not None and self.optimizer.lazy_for(row_sparse_key=False):
             self._on_rows(weight, grad, state, rows, lambda w, g, st: self.optimizer.apply_norms(
                 w, g, st, t, sums, inner, slot=key))

@@ -270,8 +270,15 @@ class DistStore(KVStore):
     def _wire(self) -> Wire:
         """How this call's values go on the wire (kvstore.worker.exchange): the compression
         and whether the servers' optimizer needs whole keys' norms."""
-        return Wire(self._compressor, self._optimizer is not None and self._optimizer.splits_norms,
-                    self._args.low_precision)
+        opt = self._optimizer
+        return Wire(self._compressor, opt is not None and opt.splits_norms, self._args.low_precision,
+                    self._model_sums if opt is not None and opt.whole_model else None)
+
+    def _model_sums(self, terms: list) -> list:
+        """A whole-model optimizer's sums of a call's terms, kept as ``last_model_sums``."""
+        assert self._optimizer is not None
+        self.last_model_sums = self._optimizer.model_sums(terms)
+        return self.last_model_sums
 
     def _multi_precision_refusal(self) -> str | None:
         if self._exchange.staging is not None:

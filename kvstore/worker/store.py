@@ -49,6 +49,10 @@ class KVStore(KVStoreBase):
         self._optimizer = None
         self._compressor: Compressor | None = None
         self._closed = False
+        #: A whole-model optimizer's sums of the last pushpull that ran its two phases
+        #: (``Optimizer.model_sums``: a torch twin's ``[clip_coef, overflowed]``), the
+        #: same on every worker; None before one.
+        self.last_model_sums: list | None = None
 
     @property
     def key_type(self) -> type | None:
@@ -417,6 +421,11 @@ class KVStore(KVStoreBase):
         every value at once (LARS, LAMB: norms over the layer; kvstore.optimizer.layerwise):
         row-sparse keys (updated row by row), and keys cut into chunks over servers
         unless this store adds up their norms across servers (:meth:`_norms_across_servers`)."""
+        if optimizer is not None and optimizer.whole_model and not self._norms_across_servers(optimizer):
+            raise InvalidArgumentError(
+                f"{what}: {type(optimizer).__name__} with clip_grad_norm or grad_scale steps on the whole model's "
+                f"gradient, which the servers' two phases give ({self._why_no_norms_across_servers(optimizer)}); "
+                "let the workers update (a torch optimizer, update_on_kvstore=False) to clip or scale here")
         if optimizer is None or not optimizer.needs_whole_keys():
             return
         name = type(optimizer).__name__

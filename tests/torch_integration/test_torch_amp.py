@@ -124,12 +124,14 @@ def one_worker(make_cluster, update_on_kvstore: bool, body):
     return cluster.run(job)[0]
 
 
-def test_a_scaler_with_servers_updating_is_refused(make_cluster):
+def test_a_scaler_not_given_to_a_trainer_whose_servers_update_is_refused(make_cluster):
+    """The servers unscale as the backward ends: the scaler must be the Trainer's
+    (``Trainer(..., grad_scaler=)``, tests/torch_integration/test_torch_amp_clip_job.py)."""
     def body(model, trainer):
         before = [p.detach().clone() for p in model.parameters()]
         s = scaler()
         s.scale(F.cross_entropy(model(torch.ones(B, 6)), torch.zeros(B, dtype=torch.long))).backward()
-        with pytest.raises(InvalidArgumentError, match="update_on_kvstore=False"):
+        with pytest.raises(InvalidArgumentError, match=r"Trainer\(\.\.\., grad_scaler=scaler\)"):
             trainer.step(scaler=s)
         with pytest.raises(InvalidArgumentError, match="call step"):
             trainer.update()

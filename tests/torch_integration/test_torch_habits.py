@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 
 import kvstore  # noqa: E402
 import kvstore.torch as kvtorch  # noqa: E402
-from kvstore.errors import InvalidArgumentError  # noqa: E402
+from kvstore.errors import ArgumentTypeError, InvalidArgumentError  # noqa: E402
 from test_torch_trainer import B, SGD, W, assert_same, batches, make_model, reference_torch, run_dist  # noqa: E402
 from test_torch_amp import INIT_SCALE, OVERFLOW_STEP, overflow_in_backward, reference, scaler  # noqa: E402
 
@@ -209,18 +209,37 @@ def test_a_grad_scaler_takes_the_trainer_or_its_optimizer_as_with_ddp(make_clust
         assert_same(got, want)
 
 
-def test_a_grad_scaler_on_a_trainer_whose_servers_update_is_refused():
+def test_a_grad_scaler_used_on_a_trainer_whose_servers_update_names_the_trainers_option():
+    """The servers unscale as backward ends: the scaler goes to the Trainer
+    (tests/torch_integration/test_torch_amp_clip_job.py runs it), not to
+    ``scaler.unscale_(trainer)`` / ``scaler.step(trainer)`` / ``step(scaler=)``."""
     with kvstore.create("local") as kv:
         model = make_model()
         trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
                                   update_on_kvstore=True)
         s = scaler()
         s.scale(model(torch.ones(2, 6)).sum()).backward()
-        with pytest.raises(InvalidArgumentError, match="GradScaler needs update_on_kvstore=False"):
-            s.unscale_(trainer)
-        with pytest.raises(InvalidArgumentError, match="GradScaler needs update_on_kvstore=False"):
-            s.step(trainer)
+        for call in (lambda: s.unscale_(trainer), lambda: s.step(trainer), lambda: trainer.step(scaler=s)):
+            with pytest.raises(InvalidArgumentError, match=r"Trainer\(\.\.\., grad_scaler=scaler\)"):
+                call()
         trainer.close()
+
+
+def test_clipping_or_a_scaler_on_the_servers_of_a_store_without_their_two_phases_is_refused_up_front():
+    """Only dist_sync's servers run the whole-model phases: a local store (or
+    dist_async) refuses the Trainer's clip_grad_norm / grad_scaler with the servers
+    updating when it is made, naming the workers-updating alternative."""
+    model = make_model()
+    for options in ({"clip_grad_norm": 1.0}, {"grad_scaler": scaler()}):
+        with kvstore.create("local") as kv, \
+                pytest.raises(InvalidArgumentError, match="update_on_kvstore=False.*to clip or scale here"):
+            kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                            update_on_kvstore=True, **options)
+    with kvstore.create("local") as kv:
+        with pytest.raises(InvalidArgumentError, match="need a torch optimizer"):
+            kvtorch.Trainer(model.parameters(), kv, kvstore.optimizer.SGD(learning_rate=0.1), clip_grad_norm=1.0)
+        with pytest.raises(ArgumentTypeError, match="clip_grad_norm must be"):
+            kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_norm="1")
 
 
 # -- small models: buckets sized by the model -------------------------------------------------------

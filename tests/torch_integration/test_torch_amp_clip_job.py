@@ -1,0 +1,77 @@
+"""A real 2-worker, 2-server job (``python -m tracker.local -n 2 -s 2``,
+tests/scripts/amp_clip_job.py): bfloat16 autocast, a ``torch.amp.GradScaler`` and
+global-norm clipping, with an inf injected into worker 1's loss at one step, run
+three ways: DDP's loop with the workers updating (``scaler.unscale_(trainer)``,
+``clip_grad_norm_``, ``scaler.step(trainer)``), the Trainer's options
+(``clip_grad_norm=``, ``grad_scaler=``) with the workers updating, and the same
+options with the servers updating (they unscale, clip by the whole model's norm
+over both servers, and skip the overflowed step). Every run's weights are the same
+bits, every worker's scale is the same after every step, and the injected step was
+skipped (the scale backed off there) and clipping was active."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from services import eventually_empty, tagged  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "amp_clip_job.py")
+DEADLINE = 120      # seconds for the job (4 processes importing torch on 2 cores, 3 short runs)
+RUNS = ("ddp", "workers", "servers")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("amp_clip")
+    out, tag = folder / "result.pt", uuid.uuid4().hex
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KVSTORE_", "DMLC_"))},
+           "PYTHONPATH": path, "KVSTORE_TEST_TAG": tag, "KVSTORE_TIMEOUT": "30",
+           "KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "3"}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, SCRIPT, str(out)],
+                       cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=DEADLINE, check=False)
+    assert p.returncode == 0, p.stdout
+    assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
+    return [torch.load(f"{out}.{rank}", weights_only=True) for rank in (0, 1)]
+
+
+def _script():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        import amp_clip_job_settings as s
+    finally:
+        sys.path.pop(0)
+    return s
+
+
+@pytest.mark.parametrize("how", ["workers", "servers"])
+def test_the_trainers_clipping_and_scaler_give_ddps_weights_bit_for_bit(job, how):
+    for rank in (0, 1):
+        for a, b in zip(job[rank]["ddp"]["weights"], job[rank][how]["weights"]):
+            assert torch.equal(a, b), (rank, how)
+
+
+@pytest.mark.parametrize("how", RUNS)
+def test_the_overflow_on_one_worker_is_skipped_by_both_and_the_scales_stay_equal(job, how):
+    s = _script()
+    scales = job[0][how]["scales"]
+    assert scales == job[1][how]["scales"]
+    # growth_interval=3: grown after steps 0-2, backed off by the inf at INF_STEP, grown again 3 steps on
+    assert scales[s.INF_STEP - 1] == 2 * scales[0] and scales[s.INF_STEP] == scales[s.INF_STEP - 1] / 2
+    assert scales[s.INF_STEP + 3] == 2 * scales[s.INF_STEP]
+
+
+def test_clipping_was_active_and_the_weights_moved(job):
+    s = _script()
+    norms = job[0]["ddp"]["norms"]
+    finite = [n for n in norms if n == n and n != float("inf")]
+    assert len(finite) == s.STEPS - 1 and all(n > s.MAX_NORM for n in finite)   # every finite step clipped
+    start = s.model()
+    assert not any(torch.equal(a, b.detach()) for a, b in zip(job[0]["servers"]["weights"], start.parameters()))
