@@ -17,7 +17,8 @@ path, which raises its errors or records a new plan).
 
 :class:`Plans` is the one owner of a store's plans. The store calls
 :meth:`Plans.clear` whenever what a plan depends on changes: a key initialised, the
-optimizer or its learning rate set, compression set, optimizer states loaded, the
+optimizer or its learning rate set, compression or multi-precision set (which
+changes the dtypes the checks take), optimizer states loaded, the
 members of an elastic job changed, the store closed.
 
 Example (what :class:`~kvstore.worker.store.KVStore` does)::
