@@ -240,6 +240,9 @@ def test_clipping_or_a_scaler_on_the_servers_of_a_store_without_their_two_phases
             kvtorch.Trainer(model.parameters(), kv, kvstore.optimizer.SGD(learning_rate=0.1), clip_grad_norm=1.0)
         with pytest.raises(ArgumentTypeError, match="clip_grad_norm must be"):
             kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_norm="1")
+        with pytest.raises(InvalidArgumentError, match="flat_buckets: clip_grad_norm_ computes a norm per parameter"):
+            kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                            update_on_kvstore=True, clip_grad_norm=1.0, flat_buckets=True)
 
 
 # -- small models: buckets sized by the model -------------------------------------------------------
