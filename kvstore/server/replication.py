@@ -42,9 +42,9 @@ from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
 from .optimizer_slot import ServerOptimizer
 from .requests import chunk_ids, ok
-from .rounds import Reply, is_int
+from .rounds import Chunk, Reply, is_int
 
-INIT, ROUNDS = "init", "rounds"      # what a ``replicate`` request carries (its ``kind``)
+INIT, ROUNDS, STATES = "init", "rounds", "states"   # what a ``replicate`` request carries (its ``kind``)
 
 
 class Replication:
@@ -57,6 +57,7 @@ class Replication:
         self._inits: tuple[list, list] = ([], [])
         self._rounds: tuple[list, list, list, list] = ([], [], [], [])
         self._updated: bool | None = None
+        self._states: tuple[list, list] = ([], [])     # load_optimizer_states: [key, index, t, count], arrays
 
     @property
     def active(self) -> bool:
@@ -88,6 +89,22 @@ class Replication:
         arrays.append(np.array(total, copy=True))
         pushers.append(None if pusher is None else list(pusher))
 
+    def states_set(self, meta: list, arrays: list) -> None:
+        """A ``set_states`` request (``load_optimizer_states``) set these chunks'
+        optimizer state (``meta``: ``[key, index, t, count]`` per chunk, ``arrays``
+        their state arrays in order): the backup sets the same on its replicas, so
+        that their next rounds make the primary's bits. Chunks not of its own share
+        (promoted replicas) have no backup."""
+        if self.backup is None:
+            return
+        pos = 0
+        for entry in meta:
+            parts = arrays[pos:pos + entry[3]]
+            pos += entry[3]
+            if (entry[0], entry[1]) in self._own:
+                self._states[0].append(list(entry))
+                self._states[1].extend(np.array(a, copy=True).reshape(-1) for a in parts)
+
     def take(self) -> list[tuple[dict, list]]:
         """The ``replicate`` requests made since the last call: (header fields, arrays)."""
         out = []
@@ -102,6 +119,9 @@ class Replication:
                 fields["pushes"] = pushers
             out.append((fields, arrays))
             self._rounds, self._updated = ([], [], [], []), None
+        if self._states[0]:
+            out.append(({"kind": STATES, "states": self._states[0]}, self._states[1]))
+            self._states = ([], [])
         return out
 
 
@@ -184,8 +204,10 @@ class Replicas:
             raise InvalidArgumentError(f"{self.name} holds no replica for server {primary!r} "
                                        "(replicate comes from the primaries it backs up, KVSTORE_REPLICAS=1)")
         kind = header.get("kind")
-        ids = chunk_ids(header, arrays)
         held = self.held.setdefault(primary, {})
+        if kind == STATES:
+            return self._set_states(peer, header, arrays, primary, held)
+        ids = chunk_ids(header, arrays)
         flat = [np.asarray(a).reshape(-1) for a in arrays]
         if kind == INIT:
             for cid, a in zip(ids, flat):
@@ -201,7 +223,7 @@ class Replicas:
                     held[cid] = [value, 0, {}]
             return [ok(peer, header["id"])]
         if kind != ROUNDS:
-            raise ProtocolError(f"'kind' must be {INIT!r} or {ROUNDS!r}, got {kind!r}")
+            raise ProtocolError(f"'kind' must be {INIT!r}, {ROUNDS!r} or {STATES!r}, got {kind!r}")
         numbers, updated = header.get("rounds"), header.get("updated")
         if not (isinstance(numbers, list) and len(numbers) == len(ids) and all(is_int(n) for n in numbers)):
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
@@ -242,6 +264,20 @@ class Replicas:
             else:
                 entry[0][...] = a
             entry[1] += 1
+        return [ok(peer, header["id"])]
+
+    def _set_states(self, peer, header: dict, arrays: list, primary: int, held: dict) -> list[Reply]:
+        """``load_optimizer_states`` reached the primary: the same state set on the
+        replicas, checked as the primary checked it (kvstore.server.optimizer_slot)."""
+        def replica_of(cid) -> Chunk:
+            if cid not in held:
+                raise InvalidArgumentError(f"replicate states: {self.name} holds no replica of {chunk_label(cid)} "
+                                           f"of server {primary}")
+            return Chunk(held[cid][0])
+        if self.optimizer.updater is None:
+            raise InvalidArgumentError(f"server {primary} loaded optimizer states, but {self.name} has no "
+                                       "optimizer: set_optimizer must reach every server")
+        self.optimizer.set_states(header, arrays, replica_of)
         return [ok(peer, header["id"])]
 
     def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict]]:

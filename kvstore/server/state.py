@@ -395,11 +395,9 @@ class ServerState:
         return [ok(peer, header["id"], out, states=meta)]
 
     def _on_set_states(self, peer, header, arrays):
-        if self.replication.active or self.replicas.primaries:
-            # a primary's new state would not reach its replica (nor a replica's its primary)
-            raise InvalidArgumentError("load_optimizer_states on replicated servers (KVSTORE_REPLICAS=1) is not "
-                                       "built yet: the replicas' optimizer state would differ from the primaries'")
         self.optimizer.set_states(header, arrays, lambda cid: self.table.existing([cid], rows_too=True)[0])
+        # replicated servers: the backup sets the same state on its replicas before the reply leaves
+        self.replication.states_set(header["states"], arrays)
         return [ok(peer, header["id"])]
 
     def _on_get_meta(self, peer, header, arrays):

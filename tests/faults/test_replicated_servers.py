@@ -70,6 +70,35 @@ def test_compressed_pushes_are_sent_again_as_they_were_compressed():
     assert digests(out) == digests(reference)
 
 
+@pytest.mark.parametrize("kill", ["1:8", "0:8"])
+def test_loaded_optimizer_states_reach_the_replicas_so_a_later_failover_keeps_the_uninterrupted_weights(
+        tmp_path, kill):
+    """load_optimizer_states after step 6 (states saved after step 3: the momentum
+    changes), a server killed in step 8: the promoted backup's replicas had the loaded
+    state, so the weights are those of the same job without replicas or fault."""
+    reference = run(STATES=str(tmp_path / "reference.states"))
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    out = run(KVSTORE_REPLICAS="1", KILL=kill, STATES=str(tmp_path / "replicated.states"))
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"killed server {kill.split(':')[0]} at step 8" in out.stdout
+    assert digests(out) == digests(reference), log
+
+
+def test_the_trainers_load_state_dict_with_the_servers_updating_reaches_the_replicas():
+    """kvstore.torch.Trainer (torch Adam's twin on the servers): state_dict() after
+    step 3 loaded back after step 6, server 1 killed after step 8: the weights of
+    the same job without replicas or fault."""
+    script = os.path.join(ROOT, "tests", "scripts", "replicated_trainer.py")
+    reference = run(sys.executable, script, timeout=120)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    out = run(sys.executable, script, timeout=120, KVSTORE_REPLICAS="1", KILL="1:8")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "killed server 1 at step 8" in out.stdout and "served by their backups" in log, log
+    assert digests(out) == digests(reference), log
+
+
 def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
     log = out.stdout + out.stderr

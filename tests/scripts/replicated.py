@@ -3,7 +3,10 @@ into chunks over every server, SGD with momentum and weight decay on the servers
 With KILL=R:S (a server rank and a step, several comma-separated), worker 0 sends
 server R SIGKILL (or KILL_SIGNAL, e.g. SIGSTOP) right after its push of step S (so
 that step's rounds are open or unanswered when it dies; step -1: between init and
-set_optimizer) and goes on. COMPRESS=1: pushes are 2-bit compressed. Prints a digest of the final weights.
+set_optimizer) and goes on. COMPRESS=1: pushes are 2-bit compressed. STATES=path:
+worker 0 saves the optimizer states there after step 3 and every worker loads them
+after step 6 (load_optimizer_states: a momentum unlike the one the rounds made).
+Prints a digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -69,6 +72,14 @@ def main() -> None:
                     os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
                     print(f"killed server {server} at step {step}", flush=True)
             kv.pull(keys, out=outs)
+        states = os.environ.get("STATES")
+        if states and step == 3:
+            if kv.rank == 0:
+                kv.save_optimizer_states(states)
+            kv.barrier()
+        if states and step == 6:          # every round of step 6 applied (pulled): no round in flight
+            kv.load_optimizer_states(states)
+            kv.barrier()                  # no push of step 7 before every state is in place
         print(f"step {step} done", flush=True)
     kv.pull(keys, out=outs)
     print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)

@@ -152,13 +152,53 @@ def test_an_init_sent_again_to_the_promoted_backup_keeps_the_replicas_value():
     expect_error(only(r), peer(0), rid, "InvalidArgumentError", "already initialised")
 
 
-def test_loading_optimizer_states_is_refused_on_replicated_servers():
+def states_of(server: Server, cids) -> list[tuple]:
+    """(t, state bytes) of each chunk's optimizer slot on ``server`` (own chunks and replicas alike)."""
+    got = server.state.updater.get_states()
+    return [(int(got[c]["t"]), [np.asarray(a).tobytes() for a in got[c]["state"]]) for c in cids]
+
+
+def test_loaded_optimizer_states_reach_the_replicas_bit_for_bit_and_a_promoted_one_goes_on_as_the_primary():
+    primary, backup = pair(optimizer.Adam(learning_rate=0.01, wd=1e-3))
+    rng = np.random.default_rng(11)
+    primary.init({A: rng.standard_normal(6).astype(F32), B: rng.standard_normal(5).astype(F32)})
+    forward(primary, backup)
+
+    def round_(number):
+        for w in range(W):
+            primary.send(w, ops.PUSH, [A, B], [rng.standard_normal(6).astype(F32),
+                                               rng.standard_normal(5).astype(F32)], rounds=[number, number])
+            forward(primary, backup)
+    round_(1)
+    round_(2)
+    # load_optimizer_states: a state unlike the one the rounds made (t 7, moments of our own)
+    loaded = [rng.standard_normal(n).astype(F32) for n in (6, 6, 5, 5)]
+    loaded[1], loaded[3] = np.abs(loaded[1]), np.abs(loaded[3])       # Adam's second moments
+    rid, r = primary.send(0, ops.SET_STATES, states=[["w", 0, 7, 2], ["w", 1, 3, 2]], arrays=loaded)
+    expect_ok(only(r), peer(0), rid)
+    forward(primary, backup)
+    want = [(7, [loaded[0].tobytes(), loaded[1].tobytes()]), (3, [loaded[2].tobytes(), loaded[3].tobytes()])]
+    assert states_of(primary, [A, B]) == want and states_of(backup, [A, B]) == want
+    round_(3)
+    for cid in (A, B):
+        assert replica(backup, cid).tobytes() == primary.state.chunks[cid].value.tobytes()
+    assert states_of(backup, [A, B]) == states_of(primary, [A, B])
+    backup.state.promote(0)                   # the primary died: the promoted replica's next round is the primary's
+    grads = [(rng.standard_normal(6).astype(F32), rng.standard_normal(5).astype(F32)) for _ in range(W)]
+    for server in (primary, backup):
+        for w in range(W):
+            server.send(w, ops.PUSH, [A, B], list(grads[w]), rounds=[4, 4])
+    for cid in (A, B):
+        assert backup.state.chunks[cid].value.tobytes() == primary.state.chunks[cid].value.tobytes()
+
+
+def test_a_backup_refuses_states_for_chunks_it_holds_no_replica_of():
     primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
     primary.init({A: np.ones(4, F32)})
     forward(primary, backup)
-    for server in (primary, backup):
-        rid, r = server.send(0, ops.SET_STATES, states=[["w", 0, 1, 1]], arrays=[np.zeros(4, F32)])
-        expect_error(only(r), peer(0), rid, "InvalidArgumentError", "KVSTORE_REPLICAS=1", "not built yet")
+    fields = {"kind": "states", "states": [["w", 1, 1, 1]]}
+    expect_error(only(backup.state.handle(b"p", replicate_request(9, 0, 1, fields), [np.zeros(4, F32)])),
+                 b"p", 9, "InvalidArgumentError", "no replica of", "server 0")
 
 
 def test_a_request_routed_by_a_newer_book_waits_with_those_after_it_until_the_server_holds_it():
