@@ -78,8 +78,8 @@ class Wire:
         """{wire id: "float16" | "bfloat16"} for the chunks of ``sources`` [(info, flat)]
         that go in low precision (a flat whose dtype is not its key's: only
         multi-precision lets one through the argument checks). Raises
-        InvalidArgumentError, before anything is sent, where compression or a
-        layer-wise optimizer's two phases would have to carry them."""
+        InvalidArgumentError, before anything is sent, where compression would have
+        to carry them."""
         marks: dict = {}
         if not self.low_precision:
             return marks
@@ -92,10 +92,6 @@ class Wire:
             if self.compressor is not None:
                 raise InvalidArgumentError(f"{what}: key {info.key!r} got {name} values, which gradient "
                                            "compression does not take: push float32 or turn compression off")
-            if self.layerwise(info):
-                raise InvalidArgumentError(f"{what}: key {info.key!r} is cut over servers under a layer-wise "
-                                           f"optimizer (norms across servers), whose pushes carry no {name}: "
-                                           "push float32")
             for chunk in info.chunks:
                 marks[tuple(chunk.wire_id)] = name
         return marks
@@ -519,6 +515,7 @@ class Exchange:
                     terms[tuple(wid)] = (number, np.asarray(a, np.float64).reshape(-1).tolist())
             return on_reply
         groups, fields = by_server(sources), wire.fields()
+        lowp = wire.precisions(sources, what)       # (the servers widen them before taking the terms)
         marks = row_marks([info for info, _ in sources], rows, what)    # LARS's lazy phase 2
         ids = []
         for server, lo, hi in cut_for_rows(pieces(groups, self._client.pace.limits()),
@@ -527,7 +524,7 @@ class Exchange:
             parts = wire.compress(wire_ids, groups[server][1][lo:hi])
             ids.append(self._client.request(server, ops.PUSH, what, parts, RequestOptions(on_reply=keep(wire_ids)),
                                             chunks=wire_ids, norms=True, **fields,
-                                            **rows_fields(wire_ids, marks))[0])
+                                            **rows_fields(wire_ids, marks), **precision_fields(wire_ids, lowp))[0])
         self._client.wait(ids, what)
         flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets or ()]
         whole = None

@@ -242,3 +242,25 @@ def test_the_device_stores_staging_refuses_the_opt_in_and_async_calls_take_low_p
         kv.pull_async(3, out=back).wait()
         return out.tolist(), back.tolist()
     assert make_cluster(1, 1).run(handles, store_type="dist_device_sync") == [([0.5] * 6, [0.5] * 6)]   # (no GPU here)
+
+
+def test_lamb_on_keys_cut_over_servers_takes_low_precision_pushes_in_its_two_phases(make_cluster):
+    """LAMB's norms across servers (phase 1 terms from the widened values, phase 2
+    step): the same bits as the float32 twin's."""
+    cluster = make_cluster(2, 2, chunk_bytes=64)
+
+    def work(kv):
+        kv.init(["low", "twin"], [np.linspace(-1, 1, 100, dtype=np.float32)] * 2)
+        kv.set_optimizer(kvstore.optimizer.create("lamb", learning_rate=0.01))
+        kv.set_multi_precision(True)
+        g = torch.Generator().manual_seed(7 + kv.rank)
+        outs = [torch.empty(100, dtype=torch.bfloat16), torch.empty(100)]
+        for _ in range(3):
+            grad = torch.randn(100, generator=g).to(torch.bfloat16)
+            kv.pushpull(["low", "twin"], [grad, grad.float()], out=outs)
+        low, twin = np.empty(100, np.float32), np.empty(100, np.float32)
+        kv.pull(["low", "twin"], out=[low, twin])
+        kv.barrier()
+        return len(kv._keys["low"].chunks) > 1, low.tobytes() == twin.tobytes(), not np.array_equal(
+            low, np.linspace(-1, 1, 100, dtype=np.float32))
+    assert cluster.run(work) == [(True, True, True)] * 2
