@@ -78,14 +78,24 @@ def _batched(variant, chunks, dev, **extra):
     o = _optimizer(variant, **extra)
     _forbid_step(o)
     updater = opt.Updater(o)
+    weights, batch = _steps_in_batches(updater, chunks, dev)
+    states = updater.get_states()
+    return {slot: (weights[slot], tuple(states[slot]["state"])) for slot in chunks}, batch
+
+
+def _steps_in_batches(updater, chunks, dev, planned=None):
+    """``STEPS`` server events: each step's update of every chunk (on ``dev``) planned
+    while one batch is open; ``planned(t, slot, weight)`` runs after each plan, inside
+    the batch. Returns the weights and the batch."""
     batch = MultiTensorBatch(dev)
     weights = {slot: _on_device(dev, w0) for slot, (w0, _) in chunks.items()}
     for t in range(STEPS):
         with batch.collect():
             for slot, (_, grads) in chunks.items():
                 updater(slot, _on_device(dev, grads[t]), weights[slot])
-    states = updater.get_states()
-    return {slot: (weights[slot], tuple(states[slot]["state"])) for slot in chunks}, batch
+                if planned is not None:
+                    planned(t, slot, weights[slot])
+    return weights, batch
 
 
 def _generic(variant, chunks):
@@ -130,14 +140,10 @@ def test_the_host_device_loop_runs_each_update_by_its_own_code(variant):
     name, hp = VARIANTS[variant]
     o = _optimizer(variant)
     updater = opt.Updater(o)
-    dev = HostDevice()
-    batch = MultiTensorBatch(dev)
-    weights = {slot: _on_device(dev, w0) for slot, (w0, _) in chunks.items()}
-    for t in range(STEPS):
-        with batch.collect():
-            for slot, (_, grads) in chunks.items():
-                updater(slot, _on_device(dev, grads[t]), weights[slot])
-                np.testing.assert_array_equal(weights[slot], chunks[slot][0] if t == 0 else weights[slot])
+
+    def planned(t, slot, weight):
+        np.testing.assert_array_equal(weight, chunks[slot][0] if t == 0 else weight)
+    weights, batch = _steps_in_batches(updater, chunks, HostDevice(), planned)
     assert (batch.launches, batch.updates) == (STEPS, STEPS * len(chunks))
     for slot, (w, _) in want.items():
         np.testing.assert_array_equal(np.asarray(weights[slot]), w)
