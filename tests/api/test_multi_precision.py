@@ -200,21 +200,30 @@ def test_a_trainer_of_bfloat16_parameters_sends_half_the_bytes_and_trains_the_sa
     assert all(torch.equal(a, b) for a, b in zip(low[0][0], low[1][0]))      # the workers agree
 
 
+def _low_and_twin(kv, size: int, optimizer, seed: int) -> tuple[np.ndarray, np.ndarray, list[torch.Tensor]]:
+    """Keys "low" and "twin" of the same float32 values updated by ``optimizer`` on the
+    servers (multi precision on): 3 pushpulls of a bfloat16 gradient (drawn from
+    ``seed``) to "low" and of it upcast to float32 to "twin". Returns both keys pulled
+    in float32 and the last pushpull's outputs (bfloat16, float32)."""
+    kv.init(["low", "twin"], [np.linspace(-1, 1, size, dtype=np.float32)] * 2)
+    kv.set_optimizer(optimizer)
+    kv.set_multi_precision(True)
+    g = torch.Generator().manual_seed(seed)
+    outs = [torch.empty(size, dtype=torch.bfloat16), torch.empty(size)]
+    for _ in range(3):
+        grad = torch.randn(size, generator=g).to(torch.bfloat16)
+        kv.pushpull(["low", "twin"], [grad, grad.float()], out=outs)
+    low, twin = np.empty(size, np.float32), np.empty(size, np.float32)
+    kv.pull(["low", "twin"], out=[low, twin])
+    return low, twin, outs
+
+
 @pytest.mark.parametrize("store", ["dist_async", "dist_ssp"])
 def test_async_and_ssp_servers_update_from_low_precision_pushes_as_from_float32(make_cluster, store):
     cluster = make_cluster(1, 2, chunk_bytes=64)
 
     def work(kv):
-        kv.init(["low", "twin"], [np.linspace(-1, 1, 50, dtype=np.float32)] * 2)
-        kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.1, momentum=0.9))
-        kv.set_multi_precision(True)
-        g = torch.Generator().manual_seed(1)
-        outs = [torch.empty(50, dtype=torch.bfloat16), torch.empty(50)]
-        for _ in range(3):
-            grad = torch.randn(50, generator=g).to(torch.bfloat16)
-            kv.pushpull(["low", "twin"], [grad, grad.float()], out=outs)
-        low, twin = np.empty(50, np.float32), np.empty(50, np.float32)
-        kv.pull(["low", "twin"], out=[low, twin])
+        low, twin, outs = _low_and_twin(kv, 50, kvstore.optimizer.SGD(learning_rate=0.1, momentum=0.9), seed=1)
         return low.tobytes() == twin.tobytes(), torch.equal(outs[0], outs[1].to(torch.bfloat16))
     assert cluster.run(work, store_type=store) == [(True, True)]
 
@@ -250,16 +259,7 @@ def test_lamb_on_keys_cut_over_servers_takes_low_precision_pushes_in_its_two_pha
     cluster = make_cluster(2, 2, chunk_bytes=64)
 
     def work(kv):
-        kv.init(["low", "twin"], [np.linspace(-1, 1, 100, dtype=np.float32)] * 2)
-        kv.set_optimizer(kvstore.optimizer.create("lamb", learning_rate=0.01))
-        kv.set_multi_precision(True)
-        g = torch.Generator().manual_seed(7 + kv.rank)
-        outs = [torch.empty(100, dtype=torch.bfloat16), torch.empty(100)]
-        for _ in range(3):
-            grad = torch.randn(100, generator=g).to(torch.bfloat16)
-            kv.pushpull(["low", "twin"], [grad, grad.float()], out=outs)
-        low, twin = np.empty(100, np.float32), np.empty(100, np.float32)
-        kv.pull(["low", "twin"], out=[low, twin])
+        low, twin, _ = _low_and_twin(kv, 100, kvstore.optimizer.create("lamb", learning_rate=0.01), seed=7 + kv.rank)
         kv.barrier()
         return len(kv._keys["low"].chunks) > 1, low.tobytes() == twin.tobytes(), not np.array_equal(
             low, np.linspace(-1, 1, 100, dtype=np.float32))
