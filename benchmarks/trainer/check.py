@@ -40,12 +40,11 @@ def check_all(done: list[tuple[str, int, str]], ref_prefix: str, workers: int, p
 
     - DDP and ours with workers updating (torch SGD): against the torch-SGD reference,
       and ours against DDP; all checked.
-    - ours with servers updating: against the reference with kvstore's SGD (checked).
-      Its distance from the torch-SGD reference and from DDP is reported, not checked:
-      kvstore's SGD (MXNet's form, ``mom = m*mom - lr*(g + wd*w); w += mom``) equals
-      torch's for a constant lr but rounds differently, and a few dozen steps of a
-      network with BatchNorm, max pooling and dropout amplify rounding far beyond any
-      useful tolerance.
+    - ours with servers updating: against the single-process loop with the servers'
+      update on a ``local`` store (``reference-kvsgd``: the Trainer with
+      ``update_on_kvstore=True``; checked). The servers run torch SGD's twin (torch's
+      own step, bit for bit), so their distance from the torch-SGD reference and from
+      DDP, reported, is rounding only (0 at W=2: ResNet-20, VGG-11).
     - the floor: against the torch-SGD reference only where one pass on W*b is what the
       reference computes (no BatchNorm, no dropout)."""
     checks = []

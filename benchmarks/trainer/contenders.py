@@ -25,13 +25,13 @@ from benchmarks.trainer.worker import THIS as WORKER
 class Contender(NamedTuple):
     kind: str                         # ours, ddp or floor
     overlap: bool | None              # ours: the Trainer's overlap=
-    update_on_kvstore: bool | None    # ours: servers update (kvstore SGD) or workers (torch SGD)
+    update_on_kvstore: bool | None    # ours: servers update (torch SGD's twin) or workers (torch SGD)
     shown: str                        # its name in the report
     flat: bool = False                # ours: the Trainer's flat_buckets=
 
 
 CONTENDERS = {
-    "ours-overlap-server": Contender("ours", True, True, "ours, overlap, servers update (kvstore SGD)"),
+    "ours-overlap-server": Contender("ours", True, True, "ours, overlap, servers update (torch SGD's twin)"),
     "ours-overlap-worker": Contender("ours", True, False, "ours, overlap, workers update (torch SGD)"),
     "ours-nooverlap-server": Contender("ours", False, True, "ours, no overlap, servers update"),
     "ours-nooverlap-worker": Contender("ours", False, False, "ours, no overlap, workers update"),
@@ -148,7 +148,7 @@ def run_contender(name: str, tag: str, cfg: dict, work: str, timeout: float, cor
 def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: bool,
              corrupt: bool, timeout: float, emulated: Emulated | None = None, flat: bool = False) -> list[dict]:
     from tracker.control import env as tracker_env
-    from tracker.launcher import JobSpec, launch
+    from tracker.launcher import JobSpec, cpu_count, launch, with_default_threads
     prefix = os.path.join(work, tag)
     _clean(prefix, cfg["workers"])
     argv = _worker_argv(cfg, "ours", prefix, overlap=overlap, update_on_kvstore=update_on_kvstore,
@@ -158,6 +158,13 @@ def run_ours(cfg: dict, work: str, tag: str, overlap: bool, update_on_kvstore: b
         return _run_ours_emulated(cfg, prefix, tag, argv, extra, timeout, emulated)
     spec = JobSpec(num_workers=cfg["workers"], num_servers=cfg["servers"], command=tuple(argv),
                    env=extra, settings=tracker_env.read({**os.environ, **extra}))
+    # the threads python -m tracker.local gives every process (OMP_NUM_THREADS = cores //
+    # processes, unless set): without it the servers' torch (torch.optim twins) runs
+    # one OpenMP thread per core, whose spinning between operations cost ~90 ms of CPU
+    # per ResNet-20 step on this 2-core machine, taken from the workers
+    total = cfg["workers"] + cfg["servers"]
+    spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},
+                                {**os.environ, **extra})
     log_path = f"{prefix}.log"
     with open(log_path, "w") as log:
         outcome = launch(spec, out=log)
@@ -262,5 +269,7 @@ def row(name: str, launch_no: int, got: list[dict], load, load_after, wall0: flo
             "losses": [r["losses"] for r in got],
             "transports": res0.get("transports"),
             "server_urls": res0.get("server_urls"),
+            "servers_cpu_s": res0.get("servers_cpu_s"),
+            "bucket_bytes": res0.get("bucket_bytes"),
             "parts": res0.get("parts"),
             "phases_s": phases(wall0, time.time(), res0.get("stamps", {}))}

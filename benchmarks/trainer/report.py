@@ -142,6 +142,9 @@ def summarise(rows: list[dict], ddp_name: str = "ddp", workers: int = 2) -> dict
                      "launch_medians": [statistics.median(r["times"]) for r in mine],
                      "loadavg_before": [r["loadavg_before"] for r in mine],
                      "cpu_s_per_step": statistics.fmean(r["cpu_s"] for r in mine)}
+        servers = [r["servers_cpu_s"] for r in mine if r.get("servers_cpu_s") is not None]
+        if servers:   # ours: what its S servers used per timed step, all of them together
+            out[name]["servers_cpu_s_per_step"] = statistics.fmean(servers)
         parts = [r["parts"] for r in mine if r.get("parts")]
         if parts:   # rank 0's forward (with zero_grad), backward, step() medians
             out[name]["parts_median"] = {k: statistics.median(t for p in parts for t in p[k])
@@ -174,8 +177,8 @@ def markdown(data: dict) -> str:
              "**Caveat: this is a shared 2-core machine; other jobs may have run during this "
              "run.** The 1-minute load average before each launch is in the last column "
              "(a load above ~1 before a launch means someone else was using a core).", "",
-             "| contender | median ms | p10-p90 ms | per-launch medians ms | vs DDP | worker CPU ms/step | steps | load avg before each launch |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
+             "| contender | median ms | p10-p90 ms | per-launch medians ms | vs DDP | worker CPU ms/step | servers' CPU ms/step | steps | load avg before each launch |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---|"]
     for name, s in summ.items():
         if not s.get("n"):
             continue
@@ -183,7 +186,8 @@ def markdown(data: dict) -> str:
         lines.append(
             f"| {s['shown']} | {s['median'] * ms:.1f} | {s['p10'] * ms:.1f}-{s['p90'] * ms:.1f} | "
             f"{', '.join(f'{x * ms:.1f}' for x in s['launch_medians'])} | {ratio} | "
-            f"{s['cpu_s_per_step'] * ms:.0f} | {s['n']} | "
+            f"{s['cpu_s_per_step'] * ms:.0f} | "
+            f"{format(s['servers_cpu_s_per_step'] * ms, '.1f') if 'servers_cpu_s_per_step' in s else '-'} | {s['n']} | "
             f"{', '.join(f'{x:.2f}' for x in s['loadavg_before'])} |")
     kinds = sorted({t for r in data["rows"] for t in (r.get("transports") or [])})
     if kinds:
@@ -192,6 +196,9 @@ def markdown(data: dict) -> str:
                       + ("checked for every worker: shared memory to a server on its own emulated "
                          "host, tcp to the others)." if data.get("link")
                          else "the default on one host).")]
+    buckets = sorted({r["bucket_bytes"] for r in data["rows"] if r.get("bucket_bytes")})
+    if buckets:
+        lines += ["", f"Ours' buckets (the Trainer's bucket_bytes): {', '.join(f'{b:,}' for b in buckets)} bytes."]
     if "floor" in summ:
         lines += ["", f"Perfect scaling would be the floor's time / W = "
                       f"{summ['floor']['per_worker_share'] * ms:.1f} ms per step (each worker "
@@ -204,12 +211,10 @@ def markdown(data: dict) -> str:
               "parameters of every launch against one process trained on the concatenated "
               f"batches ({chk['reference']}), `numpy.allclose(rtol={cfg['rtol']}, "
               f"atol={cfg['atol']})`; ours also against DDP of the same round. Largest absolute "
-              "difference over all launches and ranks; in parentheses: reported, not checked "
-              "(servers updating run kvstore's SGD, MXNet's form of the same update, which rounds "
-              "differently from torch's; they are checked against the same single-process loop "
-              "with kvstore's SGD on a `local` store, and their distance from torch's SGD shows "
-              "how far a few dozen steps amplify rounding).", "",
-              "| contender | vs reference, torch SGD | vs reference, kvstore SGD | vs DDP | checks | passed |",
+              "difference over all launches and ranks; in parentheses: reported, not checked. "
+              "Servers updating run torch SGD's twin (torch's own step, bit for bit), checked "
+              "against the single-process loop with the servers' update on a `local` store.", "",
+              "| contender | vs reference, torch SGD | vs reference, servers' update on a local store | vs DDP | checks | passed |",
               "|---|---:|---:|---:|---:|---|"]
 
     def cell(c, which):

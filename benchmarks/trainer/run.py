@@ -34,9 +34,12 @@ the same SGD hyper-parameters (lr, momentum, weight decay), every process with
 ``torch.set_num_threads(1)``:
 
   ours-overlap-server     kvstore.torch.Trainer, dist_sync, S servers, started by
-                          tracker.launcher.launch (the real launcher); overlap=True
-                          (each gradient bucket is pushed from a backward hook);
-                          update_on_kvstore=True (the servers run SGD with momentum)
+                          tracker.launcher.launch (the real launcher) with the threads
+                          python -m tracker.local gives (OMP_NUM_THREADS = cores //
+                          processes); overlap=True (each gradient bucket is pushed
+                          from a backward hook; --bucket-bytes, default sized by the
+                          model); update_on_kvstore=True (the servers run torch SGD's
+                          twin); rank 0 also reports the servers' CPU per timed step
   ours-overlap-worker     ... update_on_kvstore=False (torch.optim.SGD on every worker)
   ours-nooverlap-server   overlap=False (everything is pushed once backward ends), servers update
   ours-nooverlap-worker   overlap=False, workers update
@@ -59,14 +62,11 @@ parameters (raw float32 ``.npy``, no pickle), and they must equal, to ``--rtol``
 run, untimed, by one process on the concatenation of all workers' batches (after the
 first floor launch, in the floor's process): DDP and ours with workers updating
 against the reference with torch's SGD, and ours also against DDP of the same round.
-Ours with servers updating runs kvstore's SGD on the servers: MXNet's form of the same
-update (``mom = m*mom - lr*(g + wd*w); w += mom``), equal to torch's for a constant lr
-but rounded differently, and a few dozen steps of a network with BatchNorm, max
-pooling and dropout amplify a last-bit difference to ~1e-2 (VGG-11, 25 steps). Those
-two variants are therefore checked against a second reference, the same
-single-process loop with kvstore's SGD (``kvstore.torch.Trainer`` on a ``local``
-store, ``update_on_kvstore=True``); their distance from torch's SGD and from DDP is
-reported, not checked. At W = 2 (VGG-11) every checked comparison came out
+Ours with servers updating runs torch SGD's twin on the servers (torch's own step, bit
+for bit: kvstore.optimizer.torch_twin); those two variants are checked against a second
+reference, the same single-process loop with the servers' update
+(``kvstore.torch.Trainer`` on a ``local`` store, ``update_on_kvstore=True``); their
+distance from torch's SGD and from DDP is reported, not checked. At W = 2 (VGG-11) every checked comparison came out
 bit-identical on this machine (difference 0), which the tolerance does not require. With
 W > 2 it cannot: W gradients are added in different orders (gloo's ring per chunk, our
 servers as pushes arrive, the reference's autograd), so the last bits differ (W = 4: mlp,
@@ -155,6 +155,9 @@ def parse_args(argv):
     p.add_argument("--num-layers", type=int, default=None,
                    help="depth (default: 11 for vgg, 20 for resnet, none otherwise)")
     p.add_argument("--batch-size", type=int, default=16, help="b per worker (default 16)")
+    p.add_argument("--bucket-bytes", type=int, default=None,
+                   help="ours: the Trainer's bucket_bytes (default: sized by the model, "
+                        "kvstore.torch.bucket_bytes_for)")
     p.add_argument("--image-size", type=int, default=32, help="inputs are 3xNxN (default 32)")
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
@@ -197,6 +200,8 @@ def parse_args(argv):
     p.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     _workers_and_servers(p, args)
+    if args.bucket_bytes is not None and args.bucket_bytes < 1:
+        p.error("--bucket-bytes must be at least 1")
     for flag in ("workers", "servers", "batch_size", "image_size", "iters", "launches"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -265,7 +270,7 @@ def main(argv=None) -> int:
     import torch
     cfg = {k: getattr(args, k) for k in ("workers", "servers", "network", "num_layers", "batch_size",
                                          "image_size", "num_classes", "lr", "momentum", "wd", "seed",
-                                         "iters", "warmup", "rtol", "atol", "env")}
+                                         "iters", "warmup", "rtol", "atol", "env", "bucket_bytes")}
     model, _ = build(cfg)
     cfg["num_params"] = sum(p.numel() for p in model.parameters())
     last_buckets = last_bucket_bytes([p.numel() * p.element_size() for p in model.parameters()])

@@ -84,11 +84,31 @@ def flat_params(model) -> np.ndarray:
 
 # ----------------------------------------------------------------- the processes
 
-def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool = True):
+def servers_cpu_s() -> float:
+    """CPU seconds used so far by this worker's sibling servers (processes of the same
+    parent running ``kvstore.server``: the launcher's job on this host), from /proc."""
+    total, parent, tick = 0.0, os.getppid(), os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == parent and b"kvstore.server" in cmd:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool = True,
+          at_timed=None):
     """Run warm-up + timed steps. ``role``: ours/ddp (rank ``rank``'s batch), floor
     (one pass on the concatenated batch) or reference (per-slice passes when the
     network needs them). ``stepper`` has zero_grad() and step() (Trainer or torch
-    optimizer). Returns (rank 0-style result dict without parameters)."""
+    optimizer); ``at_timed()``, if given, runs untimed before the first timed step and
+    after the last. Returns (rank 0-style result dict without parameters)."""
     import torch
     import torch.nn.functional as F
     w = cfg["workers"]
@@ -129,6 +149,8 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
 
     def check(i):
         losses.append(float(batch["loss"].detach()))
+        if at_timed is not None and i in (cfg["warmup"] - 1, cfg["warmup"] + cfg["iters"] - 1):
+            at_timed()
 
     if not timed:
         for i in range(cfg["warmup"] + cfg["iters"]):
@@ -136,6 +158,8 @@ def train(cfg: dict, role: str, rank: int, net, stepper, sync=None, timed: bool 
             step(i)
             check(i)
         return {"losses": losses, "per_slice": slices}
+    if at_timed is not None and cfg["warmup"] == 0:
+        at_timed()
     times, per = common.timed_loop(step, prepare, check, cfg["iters"], cfg["warmup"], sync)
     return {"times": times, **per, "losses": losses, "parts": parts}
 
@@ -151,8 +175,8 @@ def _save(prefix: str, model, corrupt: bool) -> int:
 def train_references(cfg: dict, prefix: str) -> None:
     """The single-process references, untimed, from the same seeded initial weights:
     ``prefix-rank0.npy`` with torch's SGD (what DDP and ours with workers updating
-    compute) and ``prefix-kvsgd-rank0.npy`` with kvstore's SGD, the servers' update
-    rule, run by the same loop on a ``local`` store (update_on_kvstore=True)."""
+    compute) and ``prefix-kvsgd-rank0.npy`` with the servers' update (torch SGD's
+    twin), run by the same loop on a ``local`` store (update_on_kvstore=True)."""
     import kvstore
     import kvstore.torch as kvtorch
     t0 = time.time()
@@ -204,7 +228,8 @@ def worker_main(argv: list[str]) -> int:
             raise SystemExit(f"expected {w} workers, the job has {kv.num_workers}")
         trainer = kvtorch.Trainer(model.parameters(), kv, opt,
                                   update_on_kvstore=bool(args.update_on_kvstore),
-                                  overlap=bool(args.overlap), flat_buckets=bool(args.flat_buckets))
+                                  overlap=bool(args.overlap), flat_buckets=bool(args.flat_buckets),
+                                  bucket_bytes=cfg.get("bucket_bytes"))
         net, stepper, sync = model, trainer, kv.barrier
     elif args.role == "ddp":
         import torch.distributed as dist
@@ -220,12 +245,18 @@ def worker_main(argv: list[str]) -> int:
     if args.role == "reference":
         train_references(cfg, args.out_prefix)
         os._exit(0)
-    result = train(cfg, args.role, rank, net, stepper, sync)
+    servers_cpu: list[float] = []    # ours, rank 0: the servers' CPU seconds at the timed steps' ends
+    at_timed = (lambda: servers_cpu.append(servers_cpu_s())) if args.role == "ours" and rank == 0 else None
+    result = train(cfg, args.role, rank, net, stepper, sync, at_timed=at_timed)
+    if len(servers_cpu) == 2:
+        result["servers_cpu_s"] = (servers_cpu[1] - servers_cpu[0]) / cfg["iters"]
     stamps["trained"] = time.time()
     # the last worker's answer goes wrong with --corrupt (tests: the check must catch it)
     n = _save(f"{args.out_prefix}-rank{rank}", model, bool(args.corrupt) and rank == w - 1)
     result.update(role=args.role, rank=rank, loadavg_start=load, loadavg_end=os.getloadavg(),
                   num_params=n, torch=torch.__version__, torch_threads=torch.get_num_threads())
+    if trainer is not None:
+        result["bucket_bytes"] = trainer.bucket_bytes
     if kv is not None:
         client = getattr(kv, "_client", None)
         kinds = getattr(client, "transports", None)
