@@ -109,13 +109,26 @@ class CheckpointOps:
         path = self.files.write_part(ckpt_id, step, self.state.snapshot(meta))
         log.info("%s: part of checkpoint %d (step %d, job %s) written to %s", self.state.name, ckpt_id, step,
                  self.files.job, path)
+        for share in sorted(self.state.served):     # replicated: the dead servers' shares served here
+            other = self._files_of(share).write_part(ckpt_id, step, self.state.snapshot(meta, share))
+            log.info("%s: server %d's part of checkpoint %d (its share, served here) written to %s",
+                     self.state.name, share, ckpt_id, other)
         return {"path": path}
 
     def _commit(self, header: dict) -> dict:
         ckpt_id = _count(header, "checkpoint", 1)
+        for share in sorted(self.state.served):
+            self._files_of(share).commit(ckpt_id)
         path = self.files.commit(ckpt_id)
         log.info("%s: checkpoint %d committed: %s", self.state.name, ckpt_id, path)
         return {"path": path}
+
+    def _files_of(self, share: int) -> CheckpointDir:
+        """(Replicated servers) the files of server ``share``, whose chunks this server
+        serves since it died: its parts are written here under its rank, in this
+        server's directory, where a resume's server ``share`` finds them when the
+        servers share a host or a directory."""
+        return CheckpointDir(self.files.directory, share, self.files.num_servers, self.files.job)
 
     def _list(self, header: dict) -> dict:
         verify = header.get("verify", True)

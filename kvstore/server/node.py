@@ -356,8 +356,6 @@ def _replicas_refusal(config: Config, num_servers: int) -> str | None:
     if num_servers < 2:
         return (f"KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another server); this job has "
                 f"{num_servers}")
-    if config.checkpoint_dir:
-        return "KVSTORE_REPLICAS=1 with KVSTORE_CHECKPOINT_DIR is not built yet (checkpoints of replicated servers)"
     if config.server_device != "cpu":
         return "KVSTORE_REPLICAS=1 with KVSTORE_SERVER_DEVICE=gpu is not built yet (replicas in host memory only)"
     return None

@@ -90,6 +90,9 @@ class ServerState:
         self.replication = Replication()
         self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
         self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
+        # the shares of dead servers this one serves now: their chunks (promoted, or
+        # inited here since, by a request naming the ``share``), saved as those servers' parts
+        self.served: dict[int, set] = {}
         self.meta: dict = {}               # carried by the checkpoint this state came from
         self.resumed = False
         self.resumed_from: tuple = (None, 0)   # (checkpoint id, step) of that checkpoint
@@ -232,12 +235,19 @@ class ServerState:
             self.table.existing([c for c, a in zip(ids, again) if a], [x for x, a in zip(arrays, again) if a])
             self._adopted.difference_update(ids)
             ids, arrays = [c for c, a in zip(ids, again) if not a], [x for x, a in zip(arrays, again) if not a]
+        share = header.get("share")      # (replicated servers) a dead server's share, served here
+        if share is not None and not (is_int(share) and share in self.served):
+            raise InvalidArgumentError(f"init for server {share!r}'s share: {self.name} does not serve it "
+                                       f"(it serves {sorted(self.served) or 'no other server'}'s)")
         fresh = {cid: a.nbytes for cid, a in zip(ids, arrays) if cid not in self.table.chunks}
         what = f"init of {len(fresh)} chunk(s) ({', '.join(map(chunk_label, list(fresh)[:3]))}" \
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
         with self.budget.holding(sum(fresh.values()), what):
             self.table.init(ids, arrays)
-        self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
+        if share is not None:            # no backup: its own backup was the promoted one
+            self.served[share].update(fresh)
+        else:
+            self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
         return [ok(peer, header["id"])]
 
     def _on_push(self, peer, header, arrays):
@@ -410,12 +420,21 @@ class ServerState:
         raise InvalidArgumentError("this server cannot write checkpoints (it has no checkpoint "
                                    "directory): set KVSTORE_CHECKPOINT_DIR for the job")
 
-    def snapshot(self, meta: dict) -> dict:
+    def snapshot(self, meta: dict, share: int | None = None) -> dict:
         """Everything acknowledged so far (kvstore.server.snapshot): values after
-        their last applied round, the optimizer and its state."""
-        return _snapshot.take(self.name, self.mode and self.mode.name, self.num_workers, self.table.chunks,
-                              self.optimizer,
-                              self.backend.to_numpy, meta, self.dyn.snapshot())
+        their last applied round, the optimizer and its state. Replicated servers:
+        the chunks of this server's own share, or (``share``) those of a dead
+        server's share it serves now (that server's part of a checkpoint); never
+        the replicas it holds."""
+        chunks = self.table.chunks
+        if share is not None:
+            chunks = {cid: chunks[cid] for cid in self.served[share]}
+        elif self.served:
+            foreign = set().union(*self.served.values())
+            chunks = {cid: c for cid, c in chunks.items() if cid not in foreign}
+        return _snapshot.take(self.name, self.mode and self.mode.name, self.num_workers, chunks,
+                              self.optimizer, self.backend.to_numpy, meta,
+                              self.dyn.snapshot() if share is None else [])
 
     def restore(self, snap: dict) -> None:
         """Start from a checkpoint: the next init of a restored chunk keeps the
@@ -434,6 +453,17 @@ class ServerState:
                 and not strategy.mode.bounded:   # dist_ssp's bound comes with the next configure
             self._configure(strategy, restored.num_workers, None)
         self.meta, self.resumed, self.resumed_from = restored.meta, True, restored.checkpoint
+        # replicated servers: the backup rebuilds its replicas from the restored values and
+        # optimizer state (sent with this server's next event: every server has restored
+        # by then, since the leading worker waits for all restores before anything else)
+        ids = list(restored.chunks)
+        self.replication.initialized(ids, [self.backend.to_numpy(restored.chunks[cid].value) for cid in ids])
+        if self.replication.active and self.updater is not None:
+            states = self.updater.get_states()
+            kept = [cid for cid in ids if cid in states]
+            self.replication.states_set(
+                [[cid[0], cid[1], int(states[cid]["t"]), len(states[cid]["state"])] for cid in kept],
+                [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
 
     # -- replicated servers (kvstore.server.replication) ---------------------------------
     def promote(self, primary: int) -> list[Reply]:
@@ -443,6 +473,7 @@ class ServerState:
         adopted = self.replicas.promote(primary)
         self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _) in adopted.items()})
         self._adopted |= set(adopted)
+        self.served.setdefault(primary, set()).update(adopted)
         if self.consistency is not None:
             for cid, (_, rounds, last) in adopted.items():
                 self.consistency.adopt(cid, rounds, last)

@@ -159,6 +159,8 @@ class Client:
                 fields["rounds"] = rounds
             if self.failover.epoch:       # a server that has not heard of this book yet waits for it
                 fields["book"] = self.failover.epoch
+            if op == ops.INIT and server != share:     # a dead server's chunks: saved as its part
+                fields["share"] = share
         into = options.into
         # (only requests that change values or read them need their chunks as a set)
         chunks = _chunk_set(fields.get("chunks")) if op in CHANGES_VALUES or into is not None else None
@@ -369,6 +371,8 @@ class Client:
             server = self.failover.route(share)
             log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
                         self.rank, req.server, req_id, req.what, server)
+            if op == ops.INIT:
+                fields = {**fields, "share": share}
             frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
                                                      "book": self.failover.epoch, "seq": self._seq[server]},
                                   arrays, None)

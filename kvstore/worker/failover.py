@@ -47,8 +47,6 @@ def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Confi
         raise refuse(f"{kind} (replicated servers apply dist_sync rounds and dist_async pushes)")
     if config.host_reduce:
         raise refuse("KVSTORE_HOST_REDUCE=1")
-    if config.checkpoint_dir:
-        raise refuse("KVSTORE_CHECKPOINT_DIR (checkpoints)")
     if config.server_device != "cpu":
         raise refuse("KVSTORE_SERVER_DEVICE=gpu")
     if config.elastic is not None:

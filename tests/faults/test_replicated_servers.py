@@ -99,6 +99,45 @@ def test_the_trainers_load_state_dict_with_the_servers_updating_reaches_the_repl
     assert digests(out) == digests(reference), log
 
 
+def saved_chunks(folder) -> list[list[tuple]]:
+    """The chunk ids in each server's committed checkpoint file, by server rank."""
+    from kvstore.server import checkpoint
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".ckpt"))
+    assert names == [f"server-{r}.ckpt" for r in range(3)], names
+    return [[(c[0], c[1]) for c in checkpoint.load(os.path.join(folder, n))["chunks"]] for n in names]
+
+
+@pytest.mark.parametrize("first, save, second", [
+    ("1:6", 3, "2:8"),      # saved with every server alive, failed over after; resumed, then a failover
+    ("1:2", 5, "0:8"),      # saved after a failover (server 2 writes server 1's part)
+])
+def test_a_checkpoint_before_or_after_a_failover_resumes_to_the_uninterrupted_weights(
+        uninterrupted, tmp_path, first, save, second):
+    """A replicated job saves a checkpoint after step ``save`` and a server dies
+    (before or after the save); the job ends after step 7 and is resumed with
+    --resume, where another server dies: the weights of the uninterrupted job. Each
+    chunk is in exactly one server's file (the primary's, never a replica), and the
+    resumed primaries rebuild their backups' replicas (values and optimizer state)
+    before the second failover needs them."""
+    folder = str(tmp_path / "ckpt")
+    out = run(KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KILL=first, SAVE=str(save), STOP="7")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"killed server {first.split(':')[0]}" in out.stdout, log
+    if first == "1:2":
+        assert "server 2: server 1's part of checkpoint 1 (its share, served here) written" in log, log
+    chunks = saved_chunks(folder)
+    every = [c for part in chunks for c in part]
+    assert len(every) == len(set(every)), chunks            # each chunk saved once
+    assert {k for k, _ in every} == {"w", "b", "v"} and all(part for part in chunks), chunks
+    resumed = run(KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KVSTORE_RESUME="1", KILL=second)
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log
+    assert f"resumed=True start={save + 1}" in resumed.stdout, log
+    assert f"killed server {second.split(':')[0]} at step 8" in resumed.stdout, log
+    assert digests(resumed) == [uninterrupted, uninterrupted], log
+
+
 def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
     log = out.stdout + out.stderr

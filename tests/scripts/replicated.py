@@ -6,7 +6,9 @@ that step's rounds are open or unanswered when it dies; step -1: between init an
 set_optimizer) and goes on. COMPRESS=1: pushes are 2-bit compressed. STATES=path:
 worker 0 saves the optimizer states there after step 3 and every worker loads them
 after step 6 (load_optimizer_states: a momentum unlike the one the rounds made).
-Prints a digest of the final weights.
+SAVE=S: save_checkpoint({"step": S + 1}) after step S (KVSTORE_CHECKPOINT_DIR set);
+STOP=S: every worker ends the job after step S (a resume, --resume, goes on from
+the checkpoint's step to the last). Prints a digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -53,14 +55,17 @@ def main() -> None:
     if os.environ.get("COMPRESS"):              # 2-bit gradient compression (error feedback on the workers)
         kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     keys = list(SIZES)
-    kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
+    start = kv.resume_meta.get("step", 0) if kv.resumed else 0
+    print(f"resumed={kv.resumed} start={start}", flush=True)
+    kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])   # resumed: kept
     if kv.rank == 0:
         for server in kills.get(-1, ()):        # step -1: between init and set_optimizer
             os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
             print(f"killed server {server} at step -1", flush=True)
     kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
     outs = [np.empty(n, np.float32) for n in SIZES.values()]
-    for step in range(STEPS):
+    save, stop = int(os.environ.get("SAVE", -1)), int(os.environ.get("STOP", STEPS))
+    for step in range(start, STEPS):
         grads = [np.sin(np.arange(n, dtype=np.float32) * (kv.rank + 1) * 0.37 + step).astype(np.float32)
                  for n in SIZES.values()]
         if step % 2:
@@ -80,7 +85,12 @@ def main() -> None:
         if states and step == 6:          # every round of step 6 applied (pulled): no round in flight
             kv.load_optimizer_states(states)
             kv.barrier()                  # no push of step 7 before every state is in place
+        if step == save:
+            kv.save_checkpoint({"step": step + 1})
         print(f"step {step} done", flush=True)
+        if step == stop:
+            kv.close()
+            return
     kv.pull(keys, out=outs)
     print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
     kv.close()

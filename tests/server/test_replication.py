@@ -271,3 +271,43 @@ def test_dist_ssp_is_refused_with_a_backup():
     reply = only(state.handle(peer(0), {"op": ops.CONFIGURE, "id": 1, "src": 0, "mode": "ssp", "num_workers": W,
                                         "staleness": 2}, []))
     expect_error(reply, peer(0), 1, "InvalidArgumentError", "dist_ssp on replicated servers")
+
+
+
+U = ("u", 0)        # a chunk of the backup's own share
+
+
+def saved(snapshot: dict) -> list[tuple]:
+    return sorted((c[0], c[1]) for c in snapshot["chunks"])
+
+
+def test_a_snapshot_holds_own_chunks_never_replicas_and_a_promoted_share_is_its_dead_servers_part():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.ones(4, F32)})
+    forward(primary, backup)
+    backup.init({U: np.zeros(3, F32)})                 # the backup's own share
+    assert saved(backup.state.snapshot({})) == [U]     # the replica of A is server 0's to save
+    backup.state.promote(0)
+    rid, r = backup.send(1, ops.INIT, [B], [np.full(5, 2, F32)], share=0)   # server 0's share, after its death
+    expect_ok(only(r), peer(1), rid)
+    assert saved(backup.state.snapshot({})) == [U]
+    assert saved(backup.state.snapshot({}, share=0)) == [A, B]
+    assert backup.state.replication.take() == []       # the dead server's chunks have no backup now
+    rid, r = backup.send(1, ops.INIT, [("x", 0)], [np.ones(2, F32)], share=2)
+    expect_error(only(r), peer(1), rid, "InvalidArgumentError", "server 2's share", "does not serve it")
+
+
+def test_a_restored_primary_rebuilds_its_backups_replicas_with_their_optimizer_state():
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    primary.init({A: np.linspace(0, 1, 6, dtype=F32)})
+    forward(primary, backup)
+    for w in range(W):
+        primary.send(w, ops.PUSH, [A], [np.full(6, w + 1, F32)], rounds=[1])
+        forward(primary, backup)
+    snap = primary.state.snapshot({"step": 1})
+    restored, fresh_backup = pair(OPTIMIZERS["sgd-momentum-wd"])   # the resumed job's servers
+    restored.state.restore(snap)
+    fresh_backup.state.restore(backup.state.snapshot({"step": 1}))
+    forward(restored, fresh_backup)                    # the rebuild goes with the primary's next event
+    assert replica(fresh_backup, A).tobytes() == restored.state.chunks[A].value.tobytes()
+    assert states_of(fresh_backup, [A]) == states_of(restored, [A]) == states_of(primary, [A])
