@@ -10,6 +10,7 @@ the tests can skip cleanly; ``.ci/run`` installs them.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,6 +191,35 @@ def eventually_empty(probe, timeout=10.0):
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)  # polling process state: there is no event to wait on
+
+
+def run_local_job(script: str, *args: str, cwd: str | os.PathLike[str], env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """Run ``script`` as a 2-worker, 2-server job (``python -m tracker.local -n 2 -s 2
+    python script args``) in ``cwd``, with this environment less its KVSTORE_/DMLC_
+    variables, the repository on PYTHONPATH, a fresh KVSTORE_TEST_TAG, a 30 s
+    KVSTORE_TIMEOUT, quick heartbeats, and then ``env``. Fails the test unless the job
+    exits 0 within ``timeout`` seconds and leaves no process behind; returns its output
+    (stdout and stderr)."""
+    tag = uuid.uuid4().hex
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KVSTORE_", "DMLC_"))},
+           "PYTHONPATH": path, "KVSTORE_TEST_TAG": tag, "KVSTORE_TIMEOUT": "30",
+           "KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "3", **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, script, *args],
+                       cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, check=False)
+    assert p.returncode == 0, p.stdout
+    assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
+    return p.stdout
+
+
+def import_script(name: str) -> types.ModuleType:
+    """The module ``name`` of tests/scripts (what a job script shares with its test)."""
+    sys.path.insert(0, SCRIPTS)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
 
 
 def run_with_output_closed(argv, env, timeout: float) -> tuple[str, int, str]:

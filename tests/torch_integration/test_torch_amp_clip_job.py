@@ -10,15 +10,12 @@ bits, every worker's scale is the same after every step, and the injected step w
 skipped (the scale backed off there) and clipping was active."""
 
 import os
-import subprocess
-import sys
-import uuid
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from services import eventually_empty, tagged  # noqa: E402
+from services import import_script, run_local_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "amp_clip_job.py")
@@ -29,26 +26,13 @@ RUNS = ("ddp", "workers", "servers")
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     folder = tmp_path_factory.mktemp("amp_clip")
-    out, tag = folder / "result.pt", uuid.uuid4().hex
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KVSTORE_", "DMLC_"))},
-           "PYTHONPATH": path, "KVSTORE_TEST_TAG": tag, "KVSTORE_TIMEOUT": "30",
-           "KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "3"}
-    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, SCRIPT, str(out)],
-                       cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=DEADLINE, check=False)
-    assert p.returncode == 0, p.stdout
-    assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
+    out = folder / "result.pt"
+    run_local_job(SCRIPT, str(out), cwd=folder, timeout=DEADLINE)
     return [torch.load(f"{out}.{rank}", weights_only=True) for rank in (0, 1)]
 
 
 def _script():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    try:
-        import amp_clip_job_settings as s
-    finally:
-        sys.path.pop(0)
-    return s
+    return import_script("amp_clip_job_settings")
 
 
 @pytest.mark.parametrize("how", ["workers", "servers"])

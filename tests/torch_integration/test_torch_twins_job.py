@@ -7,16 +7,13 @@ the weights, every optimizer state and the param groups are the same bits, and t
 servers' ``state_dict()`` loads back (``load_state_dict``) to the same bits."""
 
 import os
-import subprocess
-import sys
-import uuid
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from services import eventually_empty, tagged  # noqa: E402
+from services import import_script, run_local_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "twin_job.py")
@@ -27,16 +24,8 @@ RECIPES = ["sgd", "adamw"]
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     folder = tmp_path_factory.mktemp("twins")
-    out, tag = folder / "result.pt", uuid.uuid4().hex
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("KVSTORE_", "DMLC_"))},
-           "PYTHONPATH": path, "KVSTORE_TEST_TAG": tag, "KVSTORE_CHUNK_BYTES": "256", "KVSTORE_TIMEOUT": "30",
-           "KVSTORE_HEARTBEAT_INTERVAL": "0.2", "KVSTORE_HEARTBEAT_TIMEOUT": "3"}
-    p = subprocess.run([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "2", sys.executable, SCRIPT, str(out)],
-                       cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=DEADLINE, check=False)
-    assert p.returncode == 0, p.stdout
-    assert not eventually_empty(lambda: tagged(tag)), "processes of the job outlived it"
+    out = folder / "result.pt"
+    run_local_job(SCRIPT, str(out), cwd=folder, env={"KVSTORE_CHUNK_BYTES": "256"}, timeout=DEADLINE)
     return torch.load(out, weights_only=True)
 
 
@@ -73,11 +62,7 @@ def test_the_servers_state_dict_is_torchs_and_loads_back(job, recipe):
 
 def _one_process(recipe: str, cycle_momentum: bool = True, lr_scale: float = 1.0) -> list:
     """The job's recipe in one process on the whole batches (tests/scripts/twin_job.py)."""
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    try:
-        import twin_job_recipes as r
-    finally:
-        sys.path.pop(0)
+    r = import_script("twin_job_recipes")
     m = r.model()
     opt, sched = r.RECIPES[recipe](m, cycle_momentum=cycle_momentum, lr_scale=lr_scale)
     g = torch.Generator().manual_seed(1)
