@@ -32,9 +32,10 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "benchmarks.deterministic"
 
-from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness import common, side_by_side  # noqa: E402
 from benchmarks.harness.contenders import ours  # noqa: E402
 from benchmarks.harness.contenders.base import RunConfig  # noqa: E402
+from benchmarks.harness.options import exchange_options  # noqa: E402
 from benchmarks.harness.output import ResultsDir  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,9 +47,8 @@ VARIANTS = {"arrival order": {}, "rank order": {"KVSTORE_DETERMINISTIC": "1"}}
 def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
     """One row per (transport, variant, launch): rank 0's exchange times and the servers' usage."""
     rows = []
-    names = list(VARIANTS)
     for launch in range(launches):
-        order = names[launch % len(names):] + names[:launch % len(names)]
+        order = side_by_side.rotated(VARIANTS, launch)
         for name in transports:
             transport = ours.TRANSPORTS[name]
             for variant in order:
@@ -66,20 +66,10 @@ def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
 def summary(rows: list[dict]) -> list[dict]:
     """Per transport and variant: the median over launches of each launch's median,
     the spread of those medians, and rank order against arrival order."""
-    out = []
-    for name in dict.fromkeys(r["transport"] for r in rows):
-        base = None
-        for variant in VARIANTS:
-            mine = [r for r in rows if r["transport"] == name and r["variant"] == variant]
-            medians = [statistics.median(r["samples_s"]) * 1e3 for r in mine]
-            line = {"transport": name, "variant": variant, "median_ms": statistics.median(medians),
-                    "min_ms": min(medians), "max_ms": max(medians), "launches": len(mine),
-                    "server_cpu_s": statistics.median(r["server_cpu_s"] for r in mine),
-                    "server_peak_rss_mb": max(r["server_peak_rss_mb"] for r in mine)}
-            base = base or line
-            line["vs_arrival"] = line["median_ms"] / base["median_ms"]
-            out.append(line)
-    return out
+    def servers(mine: list[dict]) -> dict:
+        return {"server_cpu_s": statistics.median(r["server_cpu_s"] for r in mine),
+                "server_peak_rss_mb": max(r["server_peak_rss_mb"] for r in mine)}
+    return side_by_side.summary(rows, VARIANTS, servers, "vs_arrival")
 
 
 def markdown(lines: list[dict], cfg: RunConfig) -> str:
@@ -93,26 +83,14 @@ def markdown(lines: list[dict], cfg: RunConfig) -> str:
 
 
 @click.command()
-@click.option("-w", "--workers", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("-s", "--servers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50", show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--launches", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--transports", default="shm,tcp", show_default=True,
-              help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True)
+@exchange_options(workers=4, launches=3)
 @OUTPUT.click_options
 def main(workers, servers, model, iters, warmup, launches, transports, timeout, out_dir) -> int:
     """Deterministic sums against arrival order: the ResNet-50 exchange, side by side."""
-    names = [t for t in transports.split(",") if t]
-    unknown = [t for t in names if t not in ours.TRANSPORTS]
-    if unknown:
-        raise click.BadParameter(f"unknown transport(s) {', '.join(unknown)}", param_hint="--transports")
     with tempfile.TemporaryDirectory(prefix="kvstore-det-work-") as work:
         cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                         latency_iters=0, work_dir=work, timeout=timeout)
-        rows = measure(cfg, names, launches)
+        rows = measure(cfg, transports, launches)
     lines = summary(rows)
     text = markdown(lines, cfg)
     print(text)

@@ -36,9 +36,10 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     __package__ = "benchmarks.mixed_precision"
 
-from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness import common, side_by_side  # noqa: E402
 from benchmarks.harness.contenders import ours  # noqa: E402
 from benchmarks.harness.contenders.base import RunConfig  # noqa: E402
+from benchmarks.harness.options import exchange_options  # noqa: E402
 from benchmarks.harness.output import ResultsDir  # noqa: E402
 
 OUTPUT = ResultsDir("mixed_precision", "mixed_precision")
@@ -50,9 +51,8 @@ def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
     """One row per (transport, variant, launch): rank 0's exchange times, bytes per
     exchange, and the 1-minute load average before and after the launch."""
     rows = []
-    names = list(VARIANTS)
     for launch in range(launches):
-        order = names[launch % len(names):] + names[:launch % len(names)]
+        order = side_by_side.rotated(VARIANTS, launch)
         for name in transports:
             load_before = os.getloadavg()[0]
             res = ours.run_job(cfg, ours.TRANSPORTS[name],
@@ -71,22 +71,12 @@ def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
 def summary(rows: list[dict]) -> list[dict]:
     """Per transport and variant: the median over launches of each launch's median,
     their range, bytes per exchange, the load's range, and bfloat16 against float32."""
-    out = []
-    for name in dict.fromkeys(r["transport"] for r in rows):
-        base = None
-        for variant in VARIANTS:
-            mine = [r for r in rows if r["transport"] == name and r["variant"] == variant]
-            medians = [statistics.median(r["samples_s"]) * 1e3 for r in mine]
-            loads = [r["load_before"] for r in mine] + [r["load_after"] for r in mine]
-            line = {"transport": name, "variant": variant, "median_ms": statistics.median(medians),
-                    "min_ms": min(medians), "max_ms": max(medians), "launches": len(mine),
-                    "sent_mb": statistics.median(r["bytes_sent"] for r in mine) / 1e6,
-                    "received_mb": statistics.median(r["bytes_received"] for r in mine) / 1e6,
-                    "load_min": min(loads), "load_max": max(loads)}
-            base = base or line
-            line["vs_float32"] = line["median_ms"] / base["median_ms"]
-            out.append(line)
-    return out
+    def bytes_and_load(mine: list[dict]) -> dict:
+        loads = [r["load_before"] for r in mine] + [r["load_after"] for r in mine]
+        return {"sent_mb": statistics.median(r["bytes_sent"] for r in mine) / 1e6,
+                "received_mb": statistics.median(r["bytes_received"] for r in mine) / 1e6,
+                "load_min": min(loads), "load_max": max(loads)}
+    return side_by_side.summary(rows, VARIANTS, bytes_and_load, "vs_float32")
 
 
 def markdown(lines: list[dict], cfg: RunConfig) -> str:
@@ -103,29 +93,17 @@ def markdown(lines: list[dict], cfg: RunConfig) -> str:
 
 
 @click.command()
-@click.option("-w", "--workers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("-s", "--servers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--model", type=click.Choice(["resnet50", "tiny"]), default="resnet50", show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--launches", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--transports", default="shm,tcp", show_default=True,
-              help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True)
+@exchange_options(workers=2, launches=5)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="The workers' OMP_NUM_THREADS (torch's intra-op threads).")
 @OUTPUT.click_options
 def main(workers, servers, model, iters, warmup, launches, transports, timeout, torch_threads, out_dir) -> int:
     """bfloat16 gradients on the wire against float32: the ResNet-50 exchange, side by side."""
-    names = [t for t in transports.split(",") if t]
-    unknown = [t for t in names if t not in ours.TRANSPORTS]
-    if unknown:
-        raise click.BadParameter(f"unknown transport(s) {', '.join(unknown)}", param_hint="--transports")
     with tempfile.TemporaryDirectory(prefix="kvstore-mp-work-") as work:
         cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                         latency_iters=0, work_dir=work, timeout=timeout,
                         env={"OMP_NUM_THREADS": str(torch_threads)})
-        rows = measure(cfg, names, launches)
+        rows = measure(cfg, transports, launches)
     lines = summary(rows)
     text = markdown(lines, cfg)
     print(text)
