@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 from benchmarks.harness.key_layouts import LAYOUTS  # noqa: E402
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.options import layout_options  # noqa: E402
 from benchmarks.harness.output import ResultsDir  # noqa: E402
 from tracker.launcher import JobSpec, launch  # noqa: E402
 
@@ -84,25 +85,16 @@ def report(results: dict, cfg: dict) -> str:
 
 
 @click.command()
-@click.option("--layouts", default=",".join(LAYOUTS), show_default=True, help="comma-separated, of: " + ", ".join(LAYOUTS))
-@click.option("--scale", type=click.IntRange(min=1), default=64, show_default=True, help="divide every size by this")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--servers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=30, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@layout_options(LAYOUTS, workers=2, servers=2, iters=30, warmup=3)
 @click.option("--profile", type=click.Path(file_okay=False), default=None,
               help="write worker 0's cProfile summary and the servers' profiles under DIR/LAYOUT")
 @OUTPUT.click_options
 def main(layouts, scale, workers, servers, iters, warmup, profile, out_dir):
-    names = [n for n in layouts.split(",") if n]
-    unknown = [n for n in names if n not in LAYOUTS]
-    if unknown:
-        raise click.BadParameter(f"unknown layout(s) {', '.join(unknown)}", param_hint="--layouts")
     cfg = {"scale": scale, "workers": workers, "servers": servers, "iters": iters, "warmup": warmup,
            "profile": profile}
     results = {}
     with tempfile.TemporaryDirectory(prefix="emulated-ipc-") as work:
-        for name in names:
+        for name in layouts:
             results[name] = run_layout(name, cfg, work)
             click.echo(f"{name}: {results[name]['keys']} keys, {results[name]['median_ms']:.2f} ms, "
                        f"{results[name]['us_per_key']:.0f} us per key")

@@ -7,6 +7,10 @@
   side over launches (benchmarks.deterministic, benchmarks.mixed_precision): ``-w``,
   ``-s``, ``--model``, ``--iters``, ``--warmup``, ``--launches``, ``--transports`` (of
   our transports) and ``--timeout``.
+- ``layout_options(layouts, workers=, servers=, iters=, warmup=)``: ResNet-50's values
+  in key layouts (key_layouts.py) divided by a scale (benchmarks.per_key,
+  benchmarks.emulated_ipc): ``--layouts``, ``--scale``, ``--workers``, ``--servers``,
+  ``--iters``, ``--warmup``.
 
 The option decorators go below ``@click.command`` and list their options in that
 order (``--help`` shows them so).
@@ -63,3 +67,17 @@ def exchange_options(*, workers: int, launches: int) -> Decorator:
                      help=f"Comma-separated, of {', '.join(ours.TRANSPORTS)}."),
         click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True))
 
+
+def layout_options(layouts: tuple[str, ...], *, workers: int, servers: int, iters: int, warmup: int) -> Decorator:
+    """The key-layout experiments' options: ``layouts`` (a list, of ``layouts``, all by
+    default), ``scale`` (every size divided by it), ``workers``, ``servers``, ``iters``
+    and ``warmup`` (their defaults given here)."""
+    return _stacked(
+        click.option("--layouts", default=",".join(layouts), show_default=True,
+                     callback=comma_choices(layouts, "layout"), help="comma-separated, of: " + ", ".join(layouts)),
+        click.option("--scale", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="divide every size by this"),
+        click.option("--workers", type=click.IntRange(min=1), default=workers, show_default=True),
+        click.option("--servers", type=click.IntRange(min=1), default=servers, show_default=True),
+        click.option("--iters", type=click.IntRange(min=1), default=iters, show_default=True),
+        click.option("--warmup", type=click.IntRange(min=0), default=warmup, show_default=True))

@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
 
 from benchmarks.harness import common  # noqa: E402
 from benchmarks.harness.key_layouts import layout  # noqa: E402
+from benchmarks.harness.options import layout_options  # noqa: E402
 from benchmarks.harness.output import ResultsDir  # noqa: E402
 
 OUTPUT = ResultsDir("per-key", "per_key")
@@ -124,29 +125,20 @@ def _trees(values) -> dict[str, str]:
 
 
 @click.command()
-@click.option("--layouts", default=",".join(LAYOUTS), show_default=True, help="comma-separated, of: keys, flat")
-@click.option("--scale", type=click.IntRange(min=1), default=64, show_default=True, help="divide every size by this")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@layout_options(LAYOUTS, workers=1, servers=1, iters=100, warmup=5)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="launches per checkout and layout")
 @click.option("--tree", "trees", multiple=True, metavar="LABEL=DIR",
               help="also measure the checkout in DIR (e.g. a git worktree of an earlier commit)")
 @OUTPUT.click_options
 def main(layouts, scale, workers, servers, iters, warmup, repeats, trees, out_dir):
-    names = [n for n in layouts.split(",") if n]
-    unknown = [n for n in names if n not in LAYOUTS]
-    if unknown:
-        raise click.BadParameter(f"unknown layout(s) {', '.join(unknown)}", param_hint="--layouts")
     checkouts = _trees(trees)
     cfg = {"scale": scale, "workers": workers, "servers": servers, "iters": iters, "warmup": warmup,
            "repeats": repeats, "trees": {label: {"path": tree, "commit": _commit(tree)} for label, tree in checkouts.items()},
            "load": [os.getloadavg()[0]]}
-    runs: dict = {label: {name: [] for name in names} for label in checkouts}
+    runs: dict = {label: {name: [] for name in layouts} for label in checkouts}
     for _ in range(repeats):
-        for name in names:
+        for name in layouts:
             sizes = layout(name, scale)
             for label, tree in checkouts.items():
                 runs[label][name].append(launch(tree, sizes, cfg))
