@@ -4,12 +4,12 @@ and JSON are written where asked. Never asserts on speed."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import pytest
-from click.testing import CliRunner
+
+from experiments import run_experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -20,15 +20,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_both_variants_run_and_bfloat16_sends_half_the_bytes(tmp_path):
-    result = CliRunner().invoke(run.main, ["--model", "tiny", "--launches", "2", "--iters", "2", "--warmup", "1",
-                                           "--transports", "tcp", "--out-dir", str(tmp_path)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    data = json.loads((tmp_path / "mixed_precision.json").read_text())
+    data, text = run_experiment(run.main, ["--model", "tiny", "--launches", "2", "--iters", "2", "--warmup", "1",
+                                           "--transports", "tcp"], tmp_path, "mixed_precision")
     assert [(x["transport"], x["variant"]) for x in data["summary"]] == [("tcp", "float32"), ("tcp", "bfloat16")]
     assert {(r["variant"], r["launch"]) for r in data["rows"]} == {
         (v, n) for v in ("float32", "bfloat16") for n in (0, 1)}
     wide, low = data["summary"]
     assert wide["vs_float32"] == 1.0
     assert 0.45 < low["sent_mb"] / wide["sent_mb"] < 0.55, (low, wide)   # (headers stay)
-    assert "| tcp | bfloat16 |" in (tmp_path / "mixed_precision.md").read_text()
+    assert "| tcp | bfloat16 |" in text
