@@ -14,7 +14,8 @@ pushed by post-accumulate-grad hooks while backward runs), held by the strategy:
   Adadelta) by its twin, torch's own step on the servers
   (:func:`kvstore.torch.optimizer_from_torch`; what a torch scheduler changes in any
   param group is followed; Lightning's checkpoints keep the servers' optimizer state,
-  in torch's format, and resuming sends it back);
+  in torch's format, and resuming sends it back; the precision plugin's GradScaler
+  and ``gradient_clip_val`` act on the servers, for the whole model);
   the workers push gradients and pull the new weights.
 
 The processes come from our launchers or torch's: ``python -m tracker.local -n 2
@@ -60,6 +61,8 @@ try:
     from lightning.fabric.utilities.optimizer import _optimizers_to_device
     from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
+    from lightning.pytorch.utilities import GradClipAlgorithmType
+    from lightning.pytorch.utilities.model_helpers import is_overridden
     from lightning.pytorch.utilities import rank_zero as _pl_rank_zero
     from lightning_utilities.core import rank_zero as _utils_rank_zero
 except ImportError as e:   # the optional extra
@@ -93,9 +96,19 @@ class KVStoreStrategy(ParallelStrategy):
     the exchange overlaps the last one's). ``timeout``: seconds Lightning's
     collectives wait for every worker (default: the store's KVSTORE_TIMEOUT).
 
-    Raises InvalidArgumentError at ``fit`` for what the servers cannot do: more
-    than one optimizer, a gradient scaler (``precision="16-mixed"``) or gradient
-    clipping while the servers update.
+    Mixed precision and clipping with the servers updating: the precision plugin's
+    GradScaler (``precision="16-mixed"``; on a CPU, whose ``"16-mixed"`` Lightning
+    turns into ``"bf16-mixed"``, ``plugins=[MixedPrecision("16-mixed", "cpu")]``) and
+    ``L.Trainer(gradient_clip_val=max_norm)`` become the exchange's ``grad_scaler``
+    and ``clip_grad_norm``: the servers unscale the averaged gradient, clip it by the
+    whole model's norm and step, or skip the step on every worker, and the scaler
+    backs off as under DDP.
+
+    Raises InvalidArgumentError at ``fit`` for what it cannot do: more than one
+    optimizer; with the servers updating, ``gradient_clip_algorithm="value"``, an
+    overridden ``configure_gradient_clipping`` and a gradient scaler with manual
+    optimization (the servers apply the gradients when backward ends, before any of
+    them could act).
     """
 
     strategy_name = "kvstore"
@@ -108,7 +121,7 @@ class KVStoreStrategy(ParallelStrategy):
                                    "the workers run the module's optimizer on the averaged gradients",
                                    override=True)
         strategy_registry.register(f"{cls.strategy_name}_update_on_kvstore", cls,
-                                   description="kvstore's parameter servers (dist_sync) run the module's SGD",
+                                   description="kvstore's parameter servers (dist_sync) run the module's torch optimizer",
                                    override=True, update_on_kvstore=True)
 
     def __init__(self, kvstore: str | KVStore = "dist_sync", *, update_on_kvstore: bool = False,
@@ -134,6 +147,7 @@ class KVStoreStrategy(ParallelStrategy):
             raise ArgumentTypeError(f"KVStoreStrategy: timeout must be a number of seconds > 0, got {timeout!r}")
         self._timeout = None if timeout is None else float(timeout)   # None: the store's KVSTORE_TIMEOUT
         self._exchange: Trainer | None = None
+        self._servers_step: _ServersStep | None = None     # the optimizer as Lightning steps it, servers updating
 
     # -- the store and the job ---------------------------------------------------------
     @property
@@ -248,21 +262,55 @@ class KVStoreStrategy(ParallelStrategy):
             raise InvalidArgumentError(
                 f"KVStoreStrategy exchanges the gradients of one optimizer per step; "
                 f"configure_optimizers returned {len(self.optimizers)}")
-        if self.update_on_kvstore:
-            if getattr(self.precision_plugin, "scaler", None) is not None:
-                raise InvalidArgumentError(
-                    "a gradient scaler (precision='16-mixed') needs update_on_kvstore=False: it skips "
-                    "a step whose gradients overflowed, which servers updating key by key cannot "
-                    "decide for the whole model; use 'bf16-mixed' or let the workers update")
-            if trainer.gradient_clip_val:
-                raise InvalidArgumentError(
-                    "gradient clipping needs update_on_kvstore=False: the servers' optimizer takes "
-                    "the gradients as they were pushed during backward")
+        clip, scaler = self._servers_clip_and_scaler(trainer) if self.update_on_kvstore else (None, None)
         module = self.lightning_module
         assert module is not None
-        self._exchange = Trainer(module.named_parameters(), self.kv, self.optimizers[0],
-                                 update_on_kvstore=self.update_on_kvstore,
-                                 bucket_bytes=self._bucket_bytes, overlap=self._overlap)
+        try:
+            self._exchange = Trainer(module.named_parameters(), self.kv, self.optimizers[0],
+                                     update_on_kvstore=self.update_on_kvstore,
+                                     bucket_bytes=self._bucket_bytes, overlap=self._overlap,
+                                     clip_grad_norm=clip, grad_scaler=scaler)
+        except InvalidArgumentError as e:
+            if clip is None and scaler is None:
+                raise
+            given = [f"gradient_clip_val={clip} as clip_grad_norm"] if clip is not None else []
+            given += ["the precision plugin's GradScaler as grad_scaler"] if scaler is not None else []
+            raise InvalidArgumentError(f"KVStoreStrategy (servers updating) gave kvstore.torch.Trainer "
+                                       f"{' and '.join(given)}: {e}") from None
+        self._servers_step = _ServersStep(self.optimizers[0]) if self.update_on_kvstore else None
+
+    def _servers_clip_and_scaler(self, trainer: pl.Trainer) -> tuple[float | None, Any]:
+        """Servers updating: what Lightning's settings ask of the servers, for
+        :class:`kvstore.torch.Trainer`'s ``clip_grad_norm`` and ``grad_scaler``: the
+        clip value (``L.Trainer(gradient_clip_val=...)``, by the norm; None without)
+        and the precision plugin's GradScaler (``MixedPrecision.scaler``:
+        ``precision="16-mixed"`` on a GPU, or ``plugins=[MixedPrecision("16-mixed",
+        "cpu")]``; None without). Raises InvalidArgumentError, naming the option, for
+        what the servers cannot do: they clip the whole model's averaged gradient by
+        its norm when backward ends, before any hook of the worker could change it."""
+        module = self.lightning_module
+        assert module is not None
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        clip_val = trainer.gradient_clip_val
+        algorithm = trainer.gradient_clip_algorithm or GradClipAlgorithmType.NORM
+        if is_overridden("configure_gradient_clipping", module):
+            raise InvalidArgumentError(
+                f"{type(module).__name__}.configure_gradient_clipping is overridden, but with the servers updating "
+                "(update_on_kvstore=True) they apply the gradients when backward ends, before that hook runs; "
+                "clip with L.Trainer(gradient_clip_val=max_norm) (by the norm, on the servers), or let the workers "
+                "update (strategy='kvstore')")
+        if clip_val and algorithm == GradClipAlgorithmType.VALUE:
+            raise InvalidArgumentError(
+                "gradient_clip_algorithm='value' with the servers updating (update_on_kvstore=True): the servers "
+                "clip by the whole model's norm only (gradient_clip_algorithm='norm'); let the workers update "
+                "(strategy='kvstore') to clip by value")
+        if scaler is not None and not module.automatic_optimization:
+            raise InvalidArgumentError(
+                "a gradient scaler (precision='16-mixed') with manual optimization (automatic_optimization=False) "
+                "and the servers updating (update_on_kvstore=True): the servers unscale when each manual_backward "
+                "ends, so the loop's own unscaling and clipping would be lost; use automatic optimization, "
+                "'bf16-mixed' (no scaler), or let the workers update (strategy='kvstore')")
+        return (float(clip_val) if clip_val else None), scaler
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any],
                        model=None, **kwargs: Any) -> Any:
@@ -270,13 +318,30 @@ class KVStoreStrategy(ParallelStrategy):
         optimizer's step, as Lightning does it; the exchange finishes right after it.
         Workers updating: the module's optimizer then steps on the averaged gradients
         (after Lightning's clipping and unscaling). Servers updating: the parameters
-        then hold the servers' new weights and the torch optimizer does not step."""
+        then hold the servers' new weights (unscaled, clipped and stepped there, or
+        the step skipped on an overflow: :meth:`Trainer.step
+        <kvstore.torch.Trainer.step>` gives the precision plugin's scaler that verdict
+        before the plugin's ``scaler.step`` and ``scaler.update()``), and the torch
+        optimizer does not step."""
         exchange = self._exchange
         if exchange is None:
             raise InvalidArgumentError("KVStoreStrategy.optimizer_step outside fit()")
         if self.update_on_kvstore:
-            stand_in = _ServersStep(optimizer, exchange)
-            return super().optimizer_step(stand_in, closure, model, **kwargs)  # type: ignore[arg-type]
+            stand_in = self._servers_step
+            assert stand_in is not None and stand_in.optimizer is optimizer
+
+            def then_step():
+                result = closure()
+                owner = model if model is not None else self.lightning_module
+                if result is None and getattr(owner, "automatic_optimization", True):
+                    # training_step returned None: no backward and, with a scaler,
+                    # no scaler.step or update() after (Lightning skips them); the
+                    # round still completes (zeros), as every worker's must
+                    exchange.allreduce_grads()
+                else:
+                    exchange.step()      # the servers' new weights; their skip verdict to the scaler
+                return result
+            return super().optimizer_step(stand_in, then_step, model, **kwargs)  # type: ignore[arg-type]
 
         def then_average():
             result = closure()
@@ -385,25 +450,24 @@ class KVStoreStrategy(ParallelStrategy):
 
 
 class _ServersStep:
-    """Stands for the module's torch optimizer while the servers update: ``step``
-    runs the closure (forward and backward, whose hooks push the gradients) and
-    waits for the servers' new weights; the torch optimizer itself never steps.
-    Everything else (``param_groups``, read by Lightning's hooks) is the optimizer's."""
+    """Stands for the module's torch optimizer while the servers update, in what
+    Lightning's precision plugin does with it: ``step(closure)`` only runs the
+    closure (forward, backward, whose hooks push the gradients, then
+    :meth:`Trainer.step <kvstore.torch.Trainer.step>`, which waits for the servers'
+    new weights and hands a GradScaler their skip verdict); the torch optimizer
+    itself never steps. Everything else is the optimizer's: ``param_groups`` (read by
+    Lightning's hooks; with ``"16-mixed"`` the plugin's ``scaler.unscale_`` and the
+    clipping of ``gradient_clip_val`` act on this worker's own ``.grad``, after the
+    servers used the gradients as pushed, which changes nothing on the servers)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, exchange: Trainer):
-        self._optimizer = optimizer
-        self._exchange = exchange
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        result = closure() if closure is not None else None
-        self._exchange.allreduce_grads()
-        # what torch's own step records for its LR schedulers (the servers stepped):
-        # without it, the first scheduler step warns it came before optimizer.step()
-        self._optimizer._opt_called = True  # type: ignore[attr-defined]
-        return result
+        return closure() if closure is not None else None
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
+        return getattr(self.optimizer, name)
 
 
 # -- objects as bytes (msgpack, no pickle) ------------------------------------------------

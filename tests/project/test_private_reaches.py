@@ -74,9 +74,6 @@ THIRD_PARTY = {
     ("kvstore/torch.py", "_opt_called"):
         "torch's LR schedulers check the flag torch's own optimizer step sets; the servers stepped, "
         "so the Trainer sets it (torch has no public way)",
-    ("kvstore/lightning.py", "_opt_called"):
-        "torch's LR schedulers check the flag torch's own optimizer step sets; the servers stepped, "
-        "so the Lightning wrapper sets it (torch has no public way)",
     ("kvstore/lightning.py", "_optimizers_to_device"):
         "what Lightning's own strategies call to move optimizer state to a device; Lightning exports "
         "no public equivalent",

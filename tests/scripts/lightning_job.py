@@ -3,12 +3,17 @@ DDP strategy (gloo) or kvstore.lightning.KVStoreStrategy, started by torchrun or
 tracker.local (tests/torch_integration/test_lightning.py).
 
     python tests/scripts/lightning_job.py OUT.pt --strategy ddp|kvstore [--update-on-kvstore]
-        [--store dist_sync] [--by-name | --cli]
+        [--store dist_sync] [--by-name | --cli] [--amp | --precision P] [--clip MAX_NORM] [--inf-step N]
 
 ``--by-name``: the kvstore strategy by its registered name (``strategy="kvstore"``,
 or ``"kvstore_update_on_kvstore"``: dist_sync); ``--cli``: the Lightning Trainer
 built by LightningCLI from ``--trainer.strategy=NAME`` and the other settings as
-command-line options.
+command-line options. ``--amp``: float16 autocast and Lightning's GradScaler (on a CPU,
+``plugins=[MixedPrecision("16-mixed", "cpu", scaler)]``: Lightning turns
+``precision="16-mixed"`` into ``"bf16-mixed"`` there), its scale grown every 3 steps;
+``--clip``: ``gradient_clip_val`` (by the norm); ``--inf-step``: worker 1's loss is
+inf at that step, which every worker must skip (the scale backs off). ``--precision``:
+``L.Trainer(precision=P)`` (``"16-mixed"`` on a CPU is Lightning's ``"bf16-mixed"``).
 
 Every worker starts from other weights (seeded by its rank: the strategy makes them
 rank 0's), the data are fixed and Lightning shards them with a DistributedSampler;
@@ -33,8 +38,11 @@ from listening import listening      # tests/scripts/, this script's folder
 
 
 class Net(L.LightningModule):
-    def __init__(self):
+    def __init__(self, inf_step: int = -1):
         super().__init__()
+        self.inf_step = inf_step
+        self.scales: list[float] = []     # the GradScaler's scale after every step (--amp)
+        self.norms: list[float] = []      # the gradient's norm before clipping, at every step (ddp)
         self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
         # torchmetrics sync their states at compute(): over torch.distributed under DDP,
         # through the store under KVStoreStrategy (a worker's own count without it)
@@ -47,7 +55,19 @@ class Net(L.LightningModule):
         self.labels.update(y[: 1 + self.global_rank])         # 1 label on rank 0, 2 on rank 1: uneven
         loss = F.cross_entropy(self.net(x), y)
         self.log("loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        if self.trainer.global_step == self.inf_step and self.global_rank == 1:
+            loss = loss * float("inf")        # an overflow on one worker: every worker skips the step
         return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        if isinstance(self.trainer.strategy, L.pytorch.strategies.DDPStrategy):   # the average, unscaled
+            self.norms.append(float(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in self.parameters() if p.grad is not None]))))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            self.scales.append(float(scaler.get_scale()))
 
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -80,11 +100,24 @@ def main():
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--by-name", action="store_true", help="kvstore: the strategy's registered name")
     how.add_argument("--cli", action="store_true", help="kvstore: the Trainer from LightningCLI")
+    amp = ap.add_mutually_exclusive_group()
+    amp.add_argument("--amp", action="store_true", help="float16 autocast and a GradScaler")
+    amp.add_argument("--precision", default=None, help="L.Trainer(precision=...)")
+    ap.add_argument("--clip", type=float, default=None, help="gradient_clip_val (by the norm)")
+    ap.add_argument("--inf-step", type=int, default=-1, help="worker 1's loss is inf at this step")
     args = ap.parse_args()
 
     options = dict(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                    deterministic=True)
+    if args.clip is not None:
+        options["gradient_clip_val"] = args.clip
+    if args.precision is not None:
+        options["precision"] = args.precision
+    if args.amp:
+        from lightning.pytorch.plugins import MixedPrecision
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+        options["plugins"] = [MixedPrecision("16-mixed", "cpu", scaler=scaler)]
     if args.strategy == "ddp":
         from lightning.pytorch.strategies import DDPStrategy
         trainer = L.Trainer(strategy=DDPStrategy(process_group_backend="gloo"), devices=int(os.environ["WORLD_SIZE"]),
@@ -99,7 +132,7 @@ def main():
                             **options)
     rank = trainer.global_rank
     L.seed_everything(rank, verbose=False)          # other weights on every worker
-    model = Net()
+    model = Net(args.inf_step)
     L.seed_everything(0, verbose=False)             # the same data order everywhere
     trainer.fit(model, train_dataloaders=data())
     if args.strategy == "kvstore":
@@ -119,7 +152,8 @@ def main():
     if rank == 0:
         torch.save({"seen": seen, "labels": labels,
                     "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                    "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step}, args.out)
+                    "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step,
+                    "scales": model.scales, "norms": model.norms}, args.out)
     print(f"rank {rank}: done after {trainer.global_step} steps", flush=True)
     if args.strategy == "ddp" and torch.distributed.is_initialized():
         # end gloo's process group before the interpreter does: left to exit, its

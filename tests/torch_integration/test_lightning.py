@@ -134,9 +134,60 @@ def test_the_registered_name_and_lightning_cli_train_as_lightning_ddp(ddp, tmp_p
     assert_collectives(text)
 
 
+AMP_CLIP = ["--amp", "--clip", "0.5", "--inf-step", "2"]
+
+
+@pytest.fixture(scope="module")
+def ddp_amp_clip(tmp_path_factory):
+    """Lightning's DDP (gloo) with float16 autocast, Lightning's GradScaler, gradient_clip_val
+    and an inf on worker 1 at step 2: the reference for both update modes."""
+    if not os.path.exists(TORCHRUN):
+        pytest.skip("torchrun is not installed")
+    result, _ = run_job("torchrun", tmp_path_factory.mktemp("ddp-amp-clip"), "--strategy", "ddp", *AMP_CLIP)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("update_on_kvstore", MODES)
+def test_a_grad_scaler_and_gradient_clipping_train_as_lightning_ddp(ddp_amp_clip, tmp_path, update_on_kvstore):
+    """``strategy="kvstore_update_on_kvstore"`` with Lightning's GradScaler (float16
+    autocast: ``plugins=[MixedPrecision("16-mixed", "cpu", scaler)]``, as Lightning
+    turns ``precision="16-mixed"`` into bf16 on a CPU) and ``gradient_clip_val``: the
+    servers unscale, clip by the whole model's norm, skip worker 1's overflow on every
+    worker, and the scale backs off and grows as under DDP; the weights are DDP's. The
+    workers updating (``strategy="kvstore"``) too, where Lightning itself unscales and clips."""
+    want = ddp_amp_clip
+    assert max(want["norms"]) > 0.5, want["norms"]    # the clipping mattered at some step
+    assert want["scales"][2] == want["scales"][1] / 2 and want["scales"][-1] > want["scales"][2], want["scales"]
+    got, _ = run_job("tracker.local", tmp_path, "--strategy", "kvstore", "--by-name", *AMP_CLIP,
+                     *(["--update-on-kvstore"] if update_on_kvstore else []))
+    assert got["scales"] == want["scales"]
+    assert_like_ddp(got, want)
+    assert all(torch.equal(w, got["weights"][n]) for n, w in want["weights"].items())    # bit for bit
+
+
+@pytest.mark.slow
+def test_gradient_clipping_on_the_servers_with_lightnings_cpu_16_mixed_trains_as_lightning_ddp(tmp_path):
+    """``precision="16-mixed"`` on a CPU is Lightning's bfloat16 autocast without a
+    scaler; with ``gradient_clip_val`` and the servers updating (the servers clip by
+    the whole model's norm) the weights are those of Lightning's DDP with the same settings."""
+    if not os.path.exists(TORCHRUN):
+        pytest.skip("torchrun is not installed")
+    settings = ["--precision", "16-mixed", "--clip", "0.5"]
+    want, _ = run_job("torchrun", tmp_path, "--strategy", "ddp", *settings)
+    assert max(want["norms"]) > 0.5 and want["scales"] == [], want     # clipped; no scaler: bf16
+    got, _ = run_job("tracker.local", tmp_path, "--strategy", "kvstore", "--by-name", "--update-on-kvstore",
+                     *settings)
+    assert_like_ddp(got, want)
+    assert all(torch.equal(w, got["weights"][n]) for n, w in want["weights"].items())    # bit for bit
+
+
 # -- one process: the 'local' store --------------------------------------------------------
-def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None):
-    """A real lightning.Trainer, a tiny regression and its data (before fit)."""
+def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None, clip_algorithm=None,
+                  own_clipping=False, manual=False, scaler=False):
+    """A real lightning.Trainer, a tiny regression and its data (before fit).
+    ``own_clipping``: the module overrides configure_gradient_clipping; ``manual``:
+    manual optimization; ``scaler``: float16 autocast and Lightning's GradScaler."""
     class Net(L.LightningModule):
         def __init__(self):
             super().__init__()
@@ -144,7 +195,17 @@ def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return torch.nn.functional.mse_loss(self.lin(x), y)
+            loss = torch.nn.functional.mse_loss(self.lin(x), y)
+            if manual and optimizer != "two":
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+            return loss
+
+        if own_clipping:
+            def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+                self.clip_gradients(optimizer, 0.1, "norm")
 
         def configure_optimizers(self):
             if optimizer == "adam":
@@ -159,9 +220,14 @@ def lightning_fit(strategy, *, accumulate=1, optimizer="sgd", steps=6, clip=None
     data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=g), torch.randn(24, 2, generator=g))
     torch.manual_seed(0)
     model = Net()
-    if optimizer == "two":
+    if optimizer == "two" or manual:
         model.automatic_optimization = False
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=steps,
+    plugins = []
+    if scaler:
+        from lightning.pytorch.plugins import MixedPrecision   # on a CPU "16-mixed" alone is bf16, no scaler
+        plugins.append(MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu")))
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=steps, plugins=plugins,
+                        gradient_clip_algorithm=clip_algorithm,
                         accumulate_grad_batches=accumulate, gradient_clip_val=clip, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)   # Lightning's shuffles training data
@@ -262,7 +328,12 @@ def test_gradient_clipping_applies_to_the_averaged_gradients():
 
 @pytest.mark.parametrize("kwargs, update_on_kvstore, match", [
     ({"optimizer": "nadam"}, True, "twins of torch.optim.SGD, .* not torch.optim.nadam.NAdam"),
-    ({"clip": 1.0}, True, "gradient clipping needs update_on_kvstore=False"),
+    # (the local store has one server and no two phases: dist_sync clips and unscales)
+    ({"clip": 1.0}, True, r"gradient_clip_val=1.0 as clip_grad_norm: .*does not add up norms"),
+    ({"scaler": True}, True, r"precision plugin's GradScaler as grad_scaler: .*does not add up norms"),
+    ({"clip": 1.0, "clip_algorithm": "value"}, True, "gradient_clip_algorithm='value'"),
+    ({"own_clipping": True}, True, "Net.configure_gradient_clipping is overridden"),
+    ({"manual": True, "scaler": True}, True, r"manual optimization \(automatic_optimization=False\)"),
     ({"optimizer": "two"}, False, "one optimizer per step"),
 ])
 def test_what_the_strategy_cannot_do_is_a_clear_error(kwargs, update_on_kvstore, match):
