@@ -65,7 +65,8 @@ class Async(Consistency):
                     self._last.setdefault(cid, {})[worker] = number
                     self._applied[cid] = self._applied.get(cid, 0) + 1
                     self.replication.round_applied(cid, self._applied[cid], grad.reshape(-1), True,
-                                                   pusher=(worker, number))
+                                                   pusher=(worker, number),
+                                                   rows=None if rows is None else rows[i])
                 self.update(cid, grad.reshape(-1), chunk.value, None if rows is None else rows[i])
 
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:

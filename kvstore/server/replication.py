@@ -44,7 +44,9 @@ from .optimizer_slot import ServerOptimizer
 from .requests import chunk_ids, ok
 from .rounds import Chunk, Reply, is_int
 
-INIT, ROUNDS, STATES = "init", "rounds", "states"   # what a ``replicate`` request carries (its ``kind``)
+# what a ``replicate`` request carries (its ``kind``): inits, dense rounds, loaded optimizer
+# states, row-sparse rounds (merged rows, lazily updated) and row assignments (set_rows)
+INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET = "init", "rounds", "states", "row_rounds", "row_set"
 
 
 class Replication:
@@ -54,30 +56,57 @@ class Replication:
     def __init__(self) -> None:
         self.backup: int | None = None
         self._own: set = set()          # the chunks of its own share (inited here): promoted ones are not
-        self._inits: tuple[list, list] = ([], [])
+        self._inits: tuple[list, list, list] = ([], [], [])     # ids, values, row tables' [shape, servers]
+        self._row_rounds: tuple[list, list, list, list] = ([], [], [], [])   # ids, numbers, [rows, data], updated
+        self._row_sets: list[tuple] = []                          # (id, local rows, data)
         self._rounds: tuple[list, list, list, list] = ([], [], [], [])
         self._updated: bool | None = None
+        self._lazy: list = []        # per round of _rounds: the values a lazy update changes, or None
         self._states: tuple[list, list] = ([], [])     # load_optimizer_states: [key, index, t, count], arrays
 
     @property
     def active(self) -> bool:
         return self.backup is not None
 
-    def initialized(self, ids, values) -> None:
-        """An ``init`` stored ``values`` (the chunks' arrays) for ``ids``."""
+    def initialized(self, ids, values, tables: list | None = None) -> None:
+        """An ``init`` stored ``values`` (the chunks' arrays) for ``ids``; ``tables``
+        (row-sparse tables, kvstore.server.tables): per chunk its ``[shape, servers]``."""
         self._own.update(ids)
         if self.backup is None:
             return
         self._inits[0].extend(ids)
         self._inits[1].extend(np.array(v, copy=True) for v in values)
+        self._inits[2].extend(tables or [None] * len(ids))
 
-    def round_applied(self, cid, number: int, total, updated: bool, pusher: tuple | None = None) -> None:
+    def rows_applied(self, cid, number: int, local, data, updated: bool) -> None:
+        """Round ``number`` of row table ``cid`` is being applied: ``local`` (its merged
+        rows, as the table's local row indices) and ``data`` (their summed gradient, or
+        without an optimizer their new values); the replica applies them lazily, as
+        the primary does (copies: the optimizer may change its gradient)."""
+        if self.backup is None or cid not in self._own:
+            return
+        ids, numbers, arrays, flags = self._row_rounds
+        ids.append(cid)
+        numbers.append(number)
+        arrays += [np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)]
+        flags.append(updated)
+
+    def rows_set(self, cid, local, data) -> None:
+        """``set_rows`` assigned ``data`` to the local rows ``local`` of row table ``cid``."""
+        if self.backup is None or cid not in self._own:
+            return
+        self._row_sets.append((cid, np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)))
+
+    def round_applied(self, cid, number: int, total, updated: bool, pusher: tuple | None = None,
+                      rows=None) -> None:
         """Round ``number`` of chunk ``cid`` is being applied: ``total`` is its sum,
         given to the optimizer (``updated``) or, without one, the new value. A copy
         is kept: the optimizer may change its gradient, and the sum's buffer is the
         next round's. Chunks not of its own share (promoted replicas) have no backup.
         ``pusher`` (dist_async, where each push is a round): (worker, its number of
-        the push), which the replica keeps to apply no push twice after a failover."""
+        the push), which the replica keeps to apply no push twice after a failover.
+        ``rows``: the mask of the values a row-sparse push named (a lazy update of
+        those alone), or None."""
         if self.backup is None or cid not in self._own:
             return
         if self._updated is not None and self._updated != updated:
@@ -88,6 +117,7 @@ class Replication:
         numbers.append(number)
         arrays.append(np.array(total, copy=True))
         pushers.append(None if pusher is None else list(pusher))
+        self._lazy.append(None if rows is None or not updated else np.flatnonzero(rows).astype(np.int64))
 
     def states_set(self, meta: list, arrays: list) -> None:
         """A ``set_states`` request (``load_optimizer_states``) set these chunks'
@@ -108,17 +138,32 @@ class Replication:
     def take(self) -> list[tuple[dict, list]]:
         """The ``replicate`` requests made since the last call: (header fields, arrays)."""
         out = []
+        fields: dict
         if self._inits[0]:
-            out.append(({"kind": INIT, "chunks": [list(c) for c in self._inits[0]]}, self._inits[1]))
-            self._inits = ([], [])
+            fields = {"kind": INIT, "chunks": [list(c) for c in self._inits[0]]}
+            if any(t is not None for t in self._inits[2]):
+                fields["tables"] = self._inits[2]
+            out.append((fields, self._inits[1]))
+            self._inits = ([], [], [])
         if self._rounds[0]:
             ids, numbers, arrays, pushers = self._rounds
-            fields: dict = {"kind": ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
+            fields = {"kind": ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
                             "updated": bool(self._updated)}
             if any(p is not None for p in pushers):
                 fields["pushes"] = pushers
+            if any(x is not None for x in self._lazy):     # their indices follow the sums
+                fields["lazy"] = [x is not None for x in self._lazy]
+                arrays = arrays + [x for x in self._lazy if x is not None]
             out.append((fields, arrays))
-            self._rounds, self._updated = ([], [], [], []), None
+            self._rounds, self._updated, self._lazy = ([], [], [], []), None, []
+        if self._row_rounds[0]:
+            ids, numbers, arrays, flags = self._row_rounds
+            out.append(({"kind": ROW_ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
+                         "updated": flags}, arrays))
+            self._row_rounds = ([], [], [], [])
+        for cid, local, data in self._row_sets:
+            out.append(({"kind": ROW_SET, "chunks": [list(cid)]}, [local, data]))
+        self._row_sets = []
         if self._states[0]:
             out.append(({"kind": STATES, "states": self._states[0]}, self._states[1]))
             self._states = ([], [])
@@ -189,7 +234,8 @@ class Replicas:
         self.optimizer = optimizer
         self.alloc = alloc
         self.primaries: frozenset[int] = frozenset()   # the servers whose chunks it backs up
-        # primary -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async)]}
+        # primary -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async),
+        #                        a row table's [shape, servers] or None]}
         self.held: dict[int, dict[tuple, list]] = {}
 
     def nbytes(self) -> int:
@@ -207,9 +253,29 @@ class Replicas:
         held = self.held.setdefault(primary, {})
         if kind == STATES:
             return self._set_states(peer, header, arrays, primary, held)
+        if kind in (ROW_ROUNDS, ROW_SET):
+            return self._rows(peer, header, arrays, primary, held)
+        lazy = header.get("lazy")
+        indices: list = []
+        if kind == ROUNDS and lazy is not None:   # lazy updates: the values' indices after the sums
+            if not (isinstance(lazy, list) and isinstance(header.get("chunks"), list)
+                    and len(lazy) == len(header["chunks"]) and all(isinstance(x, bool) for x in lazy)
+                    and len(arrays) == len(lazy) + sum(lazy)):
+                raise ProtocolError("'lazy' must be a list of true or false, one per chunk, with one index "
+                                    "buffer after the sums for each true")
+            extra = iter(arrays[len(lazy):])
+            arrays = arrays[:len(lazy)]
+            indices = [np.asarray(next(extra)) if x else None for x in lazy]
         ids = chunk_ids(header, arrays)
+        indices = indices or [None] * len(ids)
         flat = [np.asarray(a).reshape(-1) for a in arrays]
         if kind == INIT:
+            tables = header.get("tables", [None] * len(ids))
+            if not (isinstance(tables, list) and len(tables) == len(ids) and all(
+                    t is None or (isinstance(t, list) and len(t) == 2 and isinstance(t[0], list) and t[0]
+                                  and all(is_int(n) and n >= 0 for n in t[0]) and is_int(t[1]) and t[1] >= 1)
+                    for t in tables)):
+                raise ProtocolError("'tables' must be a list with one [shape, servers] (or null) per chunk")
             for cid, a in zip(ids, flat):
                 if cid in held and (held[cid][0].shape != a.shape or held[cid][0].dtype != a.dtype):
                     raise InvalidArgumentError(f"replicate init of {chunk_label(cid)}: it holds a replica of "
@@ -217,13 +283,14 @@ class Replicas:
             fresh = [(cid, a) for cid, a in zip(ids, flat) if cid not in held]
             with self.budget.holding(sum(a.nbytes for _, a in fresh),
                                      f"the replicas of {len(fresh)} chunk(s) of server {primary} on {self.name}"):
+                meta = dict(zip(ids, tables))
                 for cid, a in fresh:
                     value = self.alloc(a.size, a.dtype)
                     value[...] = a
-                    held[cid] = [value, 0, {}]
+                    held[cid] = [value, 0, {}, meta[cid]]
             return [ok(peer, header["id"])]
         if kind != ROUNDS:
-            raise ProtocolError(f"'kind' must be {INIT!r}, {ROUNDS!r} or {STATES!r}, got {kind!r}")
+            raise ProtocolError(f"'kind' must be one of {[INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET]}, got {kind!r}")
         numbers, updated = header.get("rounds"), header.get("updated")
         if not (isinstance(numbers, list) and len(numbers) == len(ids) and all(is_int(n) for n in numbers)):
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
@@ -251,19 +318,81 @@ class Replicas:
                 raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} came, but the replica's "
                                            f"next round is {want} (a replicate request was lost or repeated)")
             expected[cid] = n
-        for cid, a, pusher in zip(ids, flat, pushes):
+        for cid, a, idx in zip(ids, flat, indices):
+            if idx is not None and (idx.dtype != np.int64 or idx.ndim != 1
+                                    or (idx.size and (idx.min() < 0 or idx.max() >= a.size))):
+                raise InvalidArgumentError(f"replicate: the lazy indices of {chunk_label(cid)} do not fit it")
+        for cid, a, pusher, idx in zip(ids, flat, pushes, indices):
             entry = held[cid]
             if pusher is not None:
                 entry[2][pusher[0]] = pusher[1]
             if updated:
                 assert updater is not None
                 try:
-                    updater(cid, np.array(a, copy=True), entry[0])
+                    if idx is None:
+                        updater(cid, np.array(a, copy=True), entry[0])
+                    else:            # a row-sparse push on a dense key: the named values alone
+                        updater.update_lazy(cid, np.array(a, copy=True), entry[0], idx)
                 except Exception:   # the primary's update failed the same way: the round is counted
                     pass
             else:
                 entry[0][...] = a
             entry[1] += 1
+        return [ok(peer, header["id"])]
+
+    def _rows(self, peer, header: dict, arrays: list, primary: int, held: dict) -> list[Reply]:
+        """Row-sparse rounds (each chunk: its local rows and their data) applied to the
+        replicas of row tables as the primary applied them (lazily, with the
+        optimizer, or assigned), or a ``set_rows`` assignment; checked first."""
+        ids = chunk_ids(header, None)
+        if len(arrays) != 2 * len(ids):
+            raise ProtocolError("a row replicate carries two buffers per chunk: local rows and data")
+        rounding = header["kind"] == ROW_ROUNDS
+        numbers = header.get("rounds") if rounding else [None] * len(ids)
+        flags = header.get("updated") if rounding else [False] * len(ids)
+        if not (isinstance(numbers, list) and len(numbers) == len(ids)
+                and (not rounding or all(is_int(n) for n in numbers))):
+            raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
+        if not (isinstance(flags, list) and len(flags) == len(ids) and all(isinstance(f, bool) for f in flags)):
+            raise ProtocolError("'updated' must be a list of true or false, one per chunk")
+        updater = self.optimizer.updater
+        expected: dict = {}
+        work = []
+        for i, (cid, n, updated) in enumerate(zip(ids, numbers, flags)):
+            entry = held.get(cid)
+            if entry is None or entry[3] is None:
+                raise InvalidArgumentError(f"replicate: {self.name} holds no replica of the row table "
+                                           f"{chunk_label(cid)}")
+            width = int(np.prod(entry[3][0][1:], dtype=np.int64))
+            local, data = np.asarray(arrays[2 * i]), np.asarray(arrays[2 * i + 1])
+            rows = entry[0].size // width if width else 0
+            if local.dtype != np.int64 or local.ndim != 1 or data.dtype != entry[0].dtype \
+                    or data.size != local.size * width or (local.size and (local.min() < 0 or local.max() >= rows)):
+                raise InvalidArgumentError(f"replicate: rows of {chunk_label(cid)} that do not fit its replica")
+            if updated and updater is None:
+                raise InvalidArgumentError(f"server {primary} applied a round with an optimizer, but "
+                                           f"{self.name} has none: set_optimizer must reach every server")
+            if rounding:
+                want = expected.get(cid, entry[1]) + 1
+                if n != want:
+                    raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} came, but the "
+                                               f"replica's next round is {want} (a replicate request was lost "
+                                               "or repeated)")
+                expected[cid] = n
+            work.append((cid, entry, width, local, data, updated))
+        for cid, entry, width, local, data, updated in work:
+            weights = entry[0].reshape(-1, width)
+            grad = np.array(data, copy=True).reshape(len(local), width)
+            if updated:
+                assert updater is not None
+                try:
+                    updater.update_rows(cid, local, grad, weights)
+                except Exception:   # the primary's update failed the same way: the round is counted
+                    pass
+            else:
+                weights[local] = grad
+            if rounding:
+                entry[1] += 1
         return [ok(peer, header["id"])]
 
     def _set_states(self, peer, header: dict, arrays: list, primary: int, held: dict) -> list[Reply]:
@@ -280,12 +409,13 @@ class Replicas:
         self.optimizer.set_states(header, arrays, replica_of)
         return [ok(peer, header["id"])]
 
-    def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict]]:
+    def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict, list | None]]:
         """Server ``primary`` died and this one serves its chunks now: each chunk's
-        replica, the rounds applied to it and (dist_async) each worker's last push
-        applied, handed over (held no more)."""
+        replica, the rounds applied to it, (dist_async) each worker's last push
+        applied and (a row table) its ``[shape, servers]``, handed over (held no more)."""
         self.primaries = self.primaries - {primary}
-        return {cid: (value, rounds, last) for cid, (value, rounds, last) in self.held.pop(primary, {}).items()}
+        return {cid: (value, rounds, last, table)
+                for cid, (value, rounds, last, table) in self.held.pop(primary, {}).items()}
 
     def drop(self, primary: int) -> None:
         """Server ``primary`` is served elsewhere now: its replica is of no use."""

@@ -89,6 +89,7 @@ class ServerState:
         # apply, and the replicas this server holds for others (both idle unless set up)
         self.replication = Replication()
         self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
+        self.rows.replication = self.replication
         self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
         # the shares of dead servers this one serves now: their chunks (promoted, or
         # inited here since, by a request naming the ``share``), saved as those servers' parts
@@ -111,7 +112,7 @@ class ServerState:
             ops.PUSH_ROWS: self.rows.on_push,
             ops.PULL_ROWS: self.rows.on_pull,
             ops.SET_ROWS: self.rows.on_set,
-            ops.INIT_DYN: self.dyn.on_init,
+            ops.INIT_DYN: self._on_init_dyn,
             ops.PUSH_DYN: self.dyn.on_push,
             ops.PULL_DYN: self.dyn.on_pull,
             ops.DYN_STATS: self.dyn.on_stats,
@@ -249,6 +250,12 @@ class ServerState:
         else:
             self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
         return [ok(peer, header["id"])]
+
+    def _on_init_dyn(self, peer, header, arrays):
+        if self.replication.active:
+            raise InvalidArgumentError("dynamic rows on replicated servers (KVSTORE_REPLICAS=1) are not built "
+                                       "yet: unset KVSTORE_REPLICAS")
+        return self.dyn.on_init(peer, header, arrays)
 
     def _on_push(self, peer, header, arrays):
         """A push, or a pushpull (``want_values``: answered with the values after its round)."""
@@ -457,7 +464,8 @@ class ServerState:
         # optimizer state (sent with this server's next event: every server has restored
         # by then, since the leading worker waits for all restores before anything else)
         ids = list(restored.chunks)
-        self.replication.initialized(ids, [self.backend.to_numpy(restored.chunks[cid].value) for cid in ids])
+        if self.replication.active:
+            self.replication.initialized(ids, [self.backend.to_numpy(restored.chunks[cid].value) for cid in ids])
         if self.replication.active and self.updater is not None:
             states = self.updater.get_states()
             kept = [cid for cid in ids if cid in states]
@@ -471,11 +479,15 @@ class ServerState:
         join this table with their round counts (the next push of each is numbered
         one more). Returns the replies now ready (none: nothing waits on them yet)."""
         adopted = self.replicas.promote(primary)
-        self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _) in adopted.items()})
-        self._adopted |= set(adopted)
+        for cid, (value, rounds, _, table) in adopted.items():
+            if table is not None:        # a row-sparse table (kvstore.server.tables)
+                self.rows.adopt(cid, value, table, rounds)
+        dense = {cid: entry for cid, entry in adopted.items() if entry[3] is None}
+        self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _, _) in dense.items()})
+        self._adopted |= set(dense)
         self.served.setdefault(primary, set()).update(adopted)
         if self.consistency is not None:
-            for cid, (_, rounds, last) in adopted.items():
+            for cid, (_, rounds, last, _) in dense.items():
                 self.consistency.adopt(cid, rounds, last)
         return []
 

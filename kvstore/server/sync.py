@@ -457,7 +457,7 @@ class Sync(Consistency):
                 self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
         acc = self._summed(chunk, rnd)
         # replicated servers: the backup applies the same sum before anyone is answered
-        self.replication.round_applied(cid, self._applied[cid], acc, update is not None)
+        self.replication.round_applied(cid, self._applied[cid], acc, update is not None, rows=rnd.rows)
         if update is None:
             # no optimizer: the merged sum becomes the value; the old value
             # buffer is recycled as the next round's accumulator

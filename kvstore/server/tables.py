@@ -41,6 +41,7 @@ from .chunks import ChunkTable
 from .members import Members
 from .modes import Job
 from .optimizer_slot import ServerOptimizer
+from .replication import Replication
 from .requests import ok
 from .rounds import Chunk, Reply, is_int
 
@@ -99,6 +100,10 @@ class RowTables:
         self.members = members
         self.budget = budget
         self.tables: dict[tuple, Table] = {}
+        # replicated servers (kvstore.server.replication): what the backup must apply, and
+        # each table's rounds applied (a numbered push re-sent after a failover is not applied twice)
+        self.replication = Replication()       # idle; the state gives its own
+        self._applied: dict[tuple, int] = {}
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
@@ -123,6 +128,13 @@ class RowTables:
         what = f"init_rows of {chunk_label(cid)} (shape {shape}, {dtype.name}: {size:,} values on {self.table.name})"
         self.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
+        replicated = self.replication.active
+        if replicated and not self._mode().rounds:
+            raise InvalidArgumentError(f"row-sparse keys on replicated servers (KVSTORE_REPLICAS=1) in "
+                                       f"dist_{self._mode().name} are not built yet (dist_sync's are)")
+        if replicated and restored:
+            raise InvalidArgumentError("row-sparse keys resumed from a checkpoint on replicated servers "
+                                       "(KVSTORE_REPLICAS=1 with KVSTORE_CHECKPOINT_DIR) are not built yet")
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
         if spec is not None and math.prod(spec.shape[1:]) != width:
             raise InvalidArgumentError(f"{chunk_label(cid)}: its initializer is for rows of {spec.shape[1:]}, "
@@ -150,9 +162,20 @@ class RowTables:
                 if not in_place:
                     self.table.backend.upload(host.reshape(-1), out=value)
             self.table.chunks[cid] = Chunk(value)
+            if replicated:
+                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]])
         self.tables[cid] = Table(layout, tuple(shape[1:]))
         self.table.row_tables.add(cid)
         return [ok(peer, header["id"])]
+
+    def adopt(self, cid, value, table: list, rounds: int) -> None:
+        """(Replicated servers) the replica of a dead server's row table ``cid``
+        (``table``: its ``[shape, servers]``) serves here now, ``rounds`` applied."""
+        shape, servers = table
+        self.table.chunks[cid] = Chunk(value)
+        self.tables[cid] = Table(RowLayout(shape[0], math.prod(shape[1:]), cid[1], servers), tuple(shape[1:]))
+        self.table.row_tables.add(cid)
+        self._applied[cid] = rounds
 
     def on_push(self, peer, header, arrays) -> list[Reply]:
         worker = self.job.worker(header)
@@ -172,6 +195,8 @@ class RowTables:
             self._apply(cid, table, chunk, local, data)
             return [ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
+        if self._applied_already(header, cid, table, worker):
+            return [ok(peer, header["id"])]       # a push re-sent after a failover, its round applied
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
             absent = self.members.absent(self._slots())
@@ -207,12 +232,32 @@ class RowTables:
                 f"set_rows on {chunk_label(cid)}: a round of pushes is still open (from worker(s) "
                 f"{', '.join(map(str, waiting))}); assign rows between steps, after a barrier")
         backend, width = self.table.backend, table.layout.width
-        local = backend.upload(table.layout.local(rows, chunk_label(cid)))
+        host_local = table.layout.local(rows, chunk_label(cid))
+        self.replication.rows_set(cid, host_local, data)
+        local = backend.upload(host_local)
         weights = chunk.value.reshape(table.layout.local_rows, width)
         weights[local] = backend.upload(np.ascontiguousarray(data).reshape(len(rows), width))
         return [ok(peer, header["id"])]
 
     # -- rounds ------------------------------------------------------------------------
+    def _applied_already(self, header, cid, table: Table, worker: int) -> bool:
+        """Of a numbered push (``rounds``: replicated servers, the worker's number of its
+        push of this table), whether its round was applied already; InvalidArgumentError
+        for a number out of order."""
+        numbers = header.get("rounds")
+        if numbers is None:
+            return False
+        if not (isinstance(numbers, list) and len(numbers) == 1 and is_int(numbers[0]) and numbers[0] >= 1):
+            raise ProtocolError("'rounds' of a row push must be a list of one round number >= 1")
+        applied = self._applied.get(cid, 0)
+        pos = next((i for i, r in enumerate(table.rounds) if worker not in r.parts), len(table.rounds))
+        if numbers[0] <= applied:
+            return True
+        if numbers[0] != applied + pos + 1:
+            raise InvalidArgumentError(f"push {numbers[0]} of {chunk_label(cid)} from worker {worker}: its next "
+                                       f"round is {applied + pos + 1}")
+        return False
+
     def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
         replies = []
         while table.rounds and len(table.rounds[0].parts) == self._slots():
@@ -220,6 +265,10 @@ class RowTables:
             parts = [rnd.parts[w] for w in sorted(rnd.parts)]
             rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
             kind, error = "RemoteError", ""
+            self._applied[cid] = self._applied.get(cid, 0) + 1
+            if self.replication.active:      # the backup applies the merged rows too
+                self.replication.rows_applied(cid, self._applied[cid], self._rows_at(cid, table, rows), data,
+                                              self.optimizer.updater is not None)
             try:
                 self._apply(cid, table, chunk, self._rows_at(cid, table, rows), data)
             except KVStoreError as e:    # a round the table refuses (a dynamic table's budget)

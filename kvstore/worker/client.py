@@ -154,7 +154,8 @@ class Client:
             self._fail_over()
             server = self.failover.route(share)
             arrays = self.failover.owned(arrays)
-            rounds = self.failover.number(op, fields.get("chunks"))
+            rounds = self.failover.number(op, fields.get("chunks") or
+                                          ([fields["chunk"]] if op == ops.PUSH_ROWS else None))
             if rounds is not None:
                 fields["rounds"] = rounds
             if self.failover.epoch:       # a server that has not heard of this book yet waits for it
@@ -361,7 +362,7 @@ class Client:
             if req.server not in dead or kept is None:
                 continue
             share, op, fields, arrays = kept
-            if not fields.get("chunks"):
+            if not fields.get("chunks") and "chunk" not in fields:
                 # a request to every server (set_optimizer, configure, get_states, ...): the
                 # server that serves the dead one's share got its own copy; request_all
                 # takes that one's reply for both (sent again, it would apply it twice)

@@ -85,9 +85,10 @@ class Failover:
         return sorted(set(self._route))
 
     def number(self, op: str, chunks) -> list[int] | None:
-        """A push's (or pushpull's) ``rounds``: this worker's count of its pushes of
-        each chunk, this one included; None for other requests."""
-        if op not in (ops.PUSH, ops.PUSHPULL) or not chunks:
+        """A push's (pushpull's, row-sparse push's) ``rounds``: this worker's count of
+        its pushes of each chunk (a row table's chunk: ``[key, server]``), this one
+        included; None for other requests."""
+        if op not in (ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS) or not chunks:
             return None
         numbers = []
         for chunk in chunks:

@@ -138,6 +138,24 @@ def test_a_checkpoint_before_or_after_a_failover_resumes_to_the_uninterrupted_we
     assert digests(resumed) == [uninterrupted, uninterrupted], log
 
 
+@pytest.mark.parametrize("kill", ["1:4", "0:7", "2:3"])
+def test_row_sparse_rounds_are_replicated_so_a_failover_keeps_the_uninterrupted_table(kill):
+    """A row-sparse table (lazy Adam on the servers, an assign_rows after step 3)
+    beside a dense key and a dense key pushed row-sparse gradients (lazy updates of
+    the rows named); a server killed after the pushes of a step: the weights of the
+    same job without replicas, bit for bit."""
+    script = os.path.join(ROOT, "tests", "scripts", "replicated_rows.py")
+    reference = run(sys.executable, script)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    out = run(sys.executable, script, KVSTORE_REPLICAS="1", KILL=kill)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    for item in kill.split(","):
+        server, step = item.split(":")
+        assert f"killed server {server} at step {step}" in out.stdout, log
+    assert digests(out) == digests(reference), log
+
+
 def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
     log = out.stdout + out.stderr
@@ -175,13 +193,21 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
     ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
     ("dist_ssp", {"STORE": "dist_ssp", "KVSTORE_DETERMINISTIC": "0"}, 2, "KVSTORE_REPLICAS=1 with dist_ssp"),
     ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
-    ("row-sparse", {"STORE": "rows"}, 2, "row-sparse and dynamic keys on replicated servers"),
+    ("dynamic keys", {"STORE": "dyn"}, 2, "dynamic keys on replicated servers (KVSTORE_REPLICAS=1) are not built"),
+    ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
+     "row-sparse keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
+    ("row-sparse, checkpoints", {"STORE": "rows", "KVSTORE_CHECKPOINT_DIR": "{tmp}"}, 2,
+     "row-sparse keys with KVSTORE_CHECKPOINT_DIR on replicated servers (KVSTORE_REPLICAS=1) are not built"),
 ])
-def test_what_is_not_built_is_refused_at_start_naming_the_setting(case, env, servers, text):
+def test_what_is_not_built_is_refused_at_start_naming_the_setting(tmp_path, case, env, servers, text):
     code = ("import os, numpy as np, kvstore\n"
-            "kv = kvstore.create('dist_ssp' if os.environ.get('STORE') == 'dist_ssp' else 'dist_sync')\n"
+            "kind = 'dist_ssp' if os.environ.get('STORE') == 'dist_ssp' else os.environ.get('KIND', 'dist_sync')\n"
+            "kv = kvstore.create(kind)\n"
             "if os.environ.get('STORE') == 'rows':\n"
-            "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n")
+            "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n"
+            "if os.environ.get('STORE') == 'dyn':\n"
+            "    kv.init('e', kvstore.DynamicRows(2))\n")
+    env = {k: v.replace("{tmp}", str(tmp_path / "ckpt")) for k, v in env.items()}
     out = run(sys.executable, "-c", code, servers=servers, timeout=60, KVSTORE_REPLICAS="1", **env)
     assert out.returncode != 0
     assert text in out.stdout + out.stderr, (case, out.stdout + out.stderr)

@@ -311,3 +311,74 @@ def test_a_restored_primary_rebuilds_its_backups_replicas_with_their_optimizer_s
     forward(restored, fresh_backup)                    # the rebuild goes with the primary's next event
     assert replica(fresh_backup, A).tobytes() == restored.state.chunks[A].value.tobytes()
     assert states_of(fresh_backup, [A]) == states_of(restored, [A]) == states_of(primary, [A])
+
+
+E = ["e", 1]          # row table "e", server 1's shard of 2
+I64 = np.int64
+
+
+def test_row_sparse_rounds_and_assignments_keep_the_replica_equal_and_a_promoted_one_applies_none_twice():
+    primary, backup = pair(optimizer.Adam(learning_rate=0.05))
+    cid = ("e", 1)
+    expect_ok(only(primary.send(0, ops.INIT_ROWS, arrays=[np.array([1, 5], I64), np.ones(6, F32)], chunk=E,
+                                shape=[10, 3], dtype="float32", servers=2,
+                                init={"kind": "normal", "scale": 0.1, "shape": [10, 3], "seed": 2,
+                                      "dtype": "float32"})[1]), peer(0))
+    forward(primary, backup)
+    assert replica(backup, cid).tobytes() == primary.state.chunks[cid].value.tobytes()
+    rng = np.random.default_rng(4)
+
+    def round_(number, server=primary, send=True):
+        for w in range(W):
+            rows = np.array(sorted({1 + 2 * int(r) for r in rng.integers(0, 5, 2)}), I64)   # this shard's rows
+            server.send(w, ops.PUSH_ROWS, arrays=[rows, rng.standard_normal(3 * len(rows)).astype(F32)],
+                        chunk=E, rounds=[number])
+            if send:
+                forward(primary, backup)
+    round_(1)
+    expect_ok(only(primary.send(0, ops.SET_ROWS, arrays=[np.array([3], I64), np.full(3, 7, F32)], chunk=E)[1]),
+              peer(0))
+    forward(primary, backup)
+    round_(2)
+    assert replica(backup, cid).tobytes() == primary.state.chunks[cid].value.tobytes()
+    assert states_of(backup, [cid]) == states_of(primary, [cid])
+    backup.state.promote(0)
+    rid, r = backup.send(0, ops.PUSH_ROWS, arrays=[np.array([1], I64), np.ones(3, F32)], chunk=E, rounds=[2])
+    expect_ok(only(r), peer(0), rid)                 # round 2 applied already: not again
+    assert backup.state.chunks[cid].value.tobytes() == primary.state.chunks[cid].value.tobytes()
+    pushes = [(w, np.array([3, 7], I64), rng.standard_normal(6).astype(F32)) for w in range(W)]
+    for server in (primary, backup):                 # round 3 on both: the same bits
+        for w, rows, data in pushes:
+            server.send(w, ops.PUSH_ROWS, arrays=[rows, data], chunk=E, rounds=[3])
+    assert backup.state.chunks[cid].value.tobytes() == primary.state.chunks[cid].value.tobytes()
+    rid, r = backup.send(1, ops.PULL_ROWS, arrays=[np.array([3, 7], I64)], chunk=E)
+    assert expect_ok(only(r), peer(1), rid).arrays[0].tobytes() == \
+        primary.state.chunks[cid].value.reshape(5, 3)[[1, 3]].tobytes()
+
+
+def test_dynamic_rows_are_refused_with_a_backup():
+    primary, _ = pair(OPTIMIZERS["sgd-momentum-wd"])
+    rid, r = primary.send(0, ops.INIT_DYN, chunk=["d", 0], servers=2, spec={"row_shape": [2]})
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "dynamic rows on replicated servers")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_row_sparse_push_on_a_dense_key_is_updated_lazily_on_the_replica_too(mode):
+    from kvstore.rows import lazy
+    opt = optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01)     # lazy: weight decay on named rows only
+    primary, backup = Server(mode=mode, num_workers=W, opt=opt), Server(mode=mode, num_workers=W, opt=opt)
+    primary.state.replication.backup = 1
+    backup.state.replicas.primaries = frozenset({0})
+    primary.init({A: np.linspace(-1, 1, 12, dtype=F32)})       # 4 rows of 3
+    forward(primary, backup)
+    for number in (1, 2):
+        for w in range(W):
+            named = np.array([w % 4, (w + number) % 4], I64) if w != 1 else np.array([2], I64)
+            grad = np.zeros(12, F32)
+            for r in named:
+                grad[3 * r:3 * r + 3] = w + number
+            primary.send(w, ops.PUSH, [A], [grad], rounds=[number],
+                         rows=[lazy.chunk_field(np.unique(named), 3, 0, 12)])
+            forward(primary, backup)
+    assert replica(backup, A).tobytes() == primary.state.chunks[A].value.tobytes()
+    assert states_of(backup, [A]) == states_of(primary, [A])
