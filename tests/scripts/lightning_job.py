@@ -4,6 +4,7 @@ tracker.local (tests/torch_integration/test_lightning.py).
 
     python tests/scripts/lightning_job.py OUT.pt --strategy ddp|kvstore [--update-on-kvstore]
         [--store dist_sync] [--by-name | --cli] [--amp | --precision P] [--clip MAX_NORM] [--inf-step N]
+        [--accumulate K]
 
 ``--by-name``: the kvstore strategy by its registered name (``strategy="kvstore"``,
 or ``"kvstore_update_on_kvstore"``: dist_sync); ``--cli``: the Lightning Trainer
@@ -13,7 +14,8 @@ command-line options. ``--amp``: float16 autocast and Lightning's GradScaler (on
 ``precision="16-mixed"`` into ``"bf16-mixed"`` there), its scale grown every 3 steps;
 ``--clip``: ``gradient_clip_val`` (by the norm); ``--inf-step``: worker 1's loss is
 inf at that step, which every worker must skip (the scale backs off). ``--precision``:
-``L.Trainer(precision=P)`` (``"16-mixed"`` on a CPU is Lightning's ``"bf16-mixed"``).
+``L.Trainer(precision=P)`` (``"16-mixed"`` on a CPU is Lightning's ``"bf16-mixed"``);
+``--accumulate``: ``accumulate_grad_batches``.
 
 Every worker starts from other weights (seeded by its rank: the strategy makes them
 rank 0's), the data are fixed and Lightning shards them with a DistributedSampler;
@@ -105,11 +107,12 @@ def main():
     amp.add_argument("--precision", default=None, help="L.Trainer(precision=...)")
     ap.add_argument("--clip", type=float, default=None, help="gradient_clip_val (by the norm)")
     ap.add_argument("--inf-step", type=int, default=-1, help="worker 1's loss is inf at this step")
+    ap.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
     args = ap.parse_args()
 
     options = dict(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                   deterministic=True)
+                   deterministic=True, accumulate_grad_batches=args.accumulate)
     if args.clip is not None:
         options["gradient_clip_val"] = args.clip
     if args.precision is not None:

@@ -81,8 +81,8 @@ def ddp(tmp_path_factory):
     return result
 
 
-def assert_like_ddp(got, want):
-    assert got["steps"] == want["steps"] == 8
+def assert_like_ddp(got, want, steps=8):
+    assert got["steps"] == want["steps"] == steps
     for name, w in want["weights"].items():
         torch.testing.assert_close(got["weights"][name], w, rtol=1e-5, atol=1e-7)
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)     # logged with sync_dist=True
@@ -163,6 +163,23 @@ def test_a_grad_scaler_and_gradient_clipping_train_as_lightning_ddp(ddp_amp_clip
                      *(["--update-on-kvstore"] if update_on_kvstore else []))
     assert got["scales"] == want["scales"]
     assert_like_ddp(got, want)
+    assert all(torch.equal(w, got["weights"][n]) for n, w in want["weights"].items())    # bit for bit
+
+
+@pytest.mark.slow
+def test_accumulated_batches_with_a_grad_scaler_and_clipping_on_the_servers_train_as_lightning_ddp(tmp_path):
+    """accumulate_grad_batches=2 (Lightning's block_backward_sync: the Trainer's
+    no_sync()) with the GradScaler, clipping and an inf on worker 1 at step 1, the
+    servers updating: DDP's weights bit for bit and its scales."""
+    if not os.path.exists(TORCHRUN):
+        pytest.skip("torchrun is not installed")
+    settings = ["--amp", "--clip", "0.5", "--inf-step", "1", "--accumulate", "2"]
+    want, _ = run_job("torchrun", tmp_path, "--strategy", "ddp", *settings)
+    assert max(want["norms"]) > 0.5 and want["scales"][3] == want["scales"][2] / 2, want    # clipped; skipped
+    got, _ = run_job("tracker.local", tmp_path, "--strategy", "kvstore", "--by-name", "--update-on-kvstore",
+                     *settings)
+    assert got["scales"] == want["scales"]
+    assert_like_ddp(got, want, steps=4)
     assert all(torch.equal(w, got["weights"][n]) for n, w in want["weights"].items())    # bit for bit
 
 
