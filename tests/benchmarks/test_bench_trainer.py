@@ -19,6 +19,7 @@ sys.path.insert(0, REPO)
 from benchmarks.trainer import run as trainer  # noqa: E402
 
 pytest.importorskip("torch")
+import kvstore.torch as kvtorch  # noqa: E402
 
 # ResNet-20 (BatchNorm: the per-worker-slice reference) on 3x8x8 inputs, b=4, W=2, S=1
 TINY = ["--network", "resnet", "--num-layers", "20", "--batch-size", "4", "--image-size", "8",
@@ -57,8 +58,14 @@ def test_every_default_contender_runs_and_trains_to_the_same_weights(tmp_path):
     assert all(c["ok"] for c in chk["checks"] if c["checked"])
     assert {r["transports"] and r["transports"][0] for r in data["rows"]
             if r["contender"].startswith("ours")} <= {"shm", "ipc", "tcp"}
+    ours = [r for r in data["rows"] if r["contender"].startswith("ours")]
+    # the servers' CPU per timed step was read (from /proc) and the model-sized buckets recorded
+    assert all(r["servers_cpu_s"] is not None and r["servers_cpu_s"] >= 0 for r in ours)
+    model_bytes = data["config"]["num_params"] * 4
+    assert all(r["bucket_bytes"] == kvtorch.bucket_bytes_for(model_bytes) for r in ours)
     md = (tmp_path / "trainer.md").read_text()
     assert "Caveat" in md and "torch DDP over gloo" in md and "Overall: passed" in md
+    assert "servers' CPU ms/step" in md
     assert not os.path.exists(data["work_dir"])    # cleaned up after a passing run
 
 
