@@ -21,6 +21,12 @@ def main() -> int:
     status = env.entry_point_arguments("kvstore.server", __doc__, sys.argv[1:])
     if status is not None:
         return status
+    # A server's torch (the torch.optim twins' steps, imported at the first update)
+    # gains nothing from threads on a chunk, and idle OpenMP threads spin on the cores
+    # the workers need (benchmarks/trainer measured 92-131 ms of server CPU per step
+    # with torch's default threads, 17-19 ms with one). The launchers set it already;
+    # this covers a server started by hand. Set OMP_NUM_THREADS to choose.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         config = Config.from_env(os.environ)
     except ConfigError as e:
