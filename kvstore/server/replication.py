@@ -280,6 +280,9 @@ class Replicas:
                 if cid in held and (held[cid][0].shape != a.shape or held[cid][0].dtype != a.dtype):
                     raise InvalidArgumentError(f"replicate init of {chunk_label(cid)}: it holds a replica of "
                                                "another shape")
+            for cid, t in zip(ids, tables):     # a resumed row table: its replica came with the restore
+                if cid in held and t is not None:
+                    held[cid][3] = t
             fresh = [(cid, a) for cid, a in zip(ids, flat) if cid not in held]
             with self.budget.holding(sum(a.nbytes for _, a in fresh),
                                      f"the replicas of {len(fresh)} chunk(s) of server {primary} on {self.name}"):

@@ -108,7 +108,7 @@ class ServerState:
             ops.PULL: self._on_pull,
             ops.WRITE: self._on_write,
             ops.WRITTEN: self._on_written,
-            ops.INIT_ROWS: self.rows.on_init,
+            ops.INIT_ROWS: self._on_init_rows,
             ops.PUSH_ROWS: self.rows.on_push,
             ops.PULL_ROWS: self.rows.on_pull,
             ops.SET_ROWS: self.rows.on_set,
@@ -236,10 +236,7 @@ class ServerState:
             self.table.existing([c for c, a in zip(ids, again) if a], [x for x, a in zip(arrays, again) if a])
             self._adopted.difference_update(ids)
             ids, arrays = [c for c, a in zip(ids, again) if not a], [x for x, a in zip(arrays, again) if not a]
-        share = header.get("share")      # (replicated servers) a dead server's share, served here
-        if share is not None and not (is_int(share) and share in self.served):
-            raise InvalidArgumentError(f"init for server {share!r}'s share: {self.name} does not serve it "
-                                       f"(it serves {sorted(self.served) or 'no other server'}'s)")
+        share = self._share(header)      # (replicated servers) a dead server's share, served here
         fresh = {cid: a.nbytes for cid, a in zip(ids, arrays) if cid not in self.table.chunks}
         what = f"init of {len(fresh)} chunk(s) ({', '.join(map(chunk_label, list(fresh)[:3]))}" \
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
@@ -250,6 +247,28 @@ class ServerState:
         else:
             self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
         return [ok(peer, header["id"])]
+
+    def _on_init_rows(self, peer, header, arrays):
+        share = self._share(header)
+        cid = self.rows.chunk_of(header)
+        if share is not None and cid in self._adopted:
+            # an init_rows the dead primary applied, and its replica holds, sent again by a
+            # worker it had not answered: the replica's rows stay
+            self._adopted.discard(cid)
+            return [ok(peer, header["id"])]
+        replies = self.rows.init_table(peer, header, arrays, foreign=share is not None)
+        if share is not None:            # a dead server's row table, made here: saved as its part
+            self.served[share].add(cid)
+        return replies
+
+    def _share(self, header) -> int | None:
+        """An init's ``share`` (replicated servers: the dead server whose share it is
+        for, served here now), or None; InvalidArgumentError for one not served here."""
+        share = header.get("share")
+        if share is not None and not (is_int(share) and share in self.served):
+            raise InvalidArgumentError(f"init for server {share!r}'s share: {self.name} does not serve it "
+                                       f"(it serves {sorted(self.served) or 'no other server'}'s)")
+        return share
 
     def _on_init_dyn(self, peer, header, arrays):
         if self.replication.active:
@@ -484,7 +503,7 @@ class ServerState:
                 self.rows.adopt(cid, value, table, rounds)
         dense = {cid: entry for cid, entry in adopted.items() if entry[3] is None}
         self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _, _) in dense.items()})
-        self._adopted |= set(dense)
+        self._adopted |= set(adopted)
         self.served.setdefault(primary, set()).update(adopted)
         if self.consistency is not None:
             for cid, (_, rounds, last, _) in dense.items():

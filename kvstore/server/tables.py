@@ -107,6 +107,11 @@ class RowTables:
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
+        return self.init_table(peer, header, arrays)
+
+    def init_table(self, peer, header, arrays, foreign: bool = False) -> list[Reply]:
+        """``init_rows``; ``foreign``: (replicated servers) the table of a dead server's
+        share, served here now: it has no backup."""
         cid = self._cid(header)
         if not self._mode().takes_rows:
             raise InvalidArgumentError(self._mode().no_rows)
@@ -128,13 +133,10 @@ class RowTables:
         what = f"init_rows of {chunk_label(cid)} (shape {shape}, {dtype.name}: {size:,} values on {self.table.name})"
         self.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
-        replicated = self.replication.active
+        replicated = self.replication.active and not foreign
         if replicated and not self._mode().rounds:
             raise InvalidArgumentError(f"row-sparse keys on replicated servers (KVSTORE_REPLICAS=1) in "
                                        f"dist_{self._mode().name} are not built yet (dist_sync's are)")
-        if replicated and restored:
-            raise InvalidArgumentError("row-sparse keys resumed from a checkpoint on replicated servers "
-                                       "(KVSTORE_REPLICAS=1 with KVSTORE_CHECKPOINT_DIR) are not built yet")
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
         if spec is not None and math.prod(spec.shape[1:]) != width:
             raise InvalidArgumentError(f"{chunk_label(cid)}: its initializer is for rows of {spec.shape[1:]}, "
@@ -147,6 +149,8 @@ class RowTables:
                 raise InvalidArgumentError(f"{chunk_label(cid)}: the checkpoint holds {value.size} x "
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
             self.table.restored.discard(cid)
+            if replicated:       # the replica (rebuilt with the restore) learns it is a row table
+                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]])
         else:
             with self.budget.holding(nbytes, what):
                 value = self.table.alloc(size, dtype)
@@ -382,6 +386,10 @@ class RowTables:
     def _slots(self) -> int:
         assert self.job.num_workers is not None
         return self.job.num_workers
+
+    def chunk_of(self, header) -> tuple:
+        """The row table a request names (its ``chunk``: ``[key, server]``)."""
+        return self._cid(header)
 
     def _cid(self, header) -> tuple:
         item = header["chunk"]

@@ -160,7 +160,7 @@ class Client:
                 fields["rounds"] = rounds
             if self.failover.epoch:       # a server that has not heard of this book yet waits for it
                 fields["book"] = self.failover.epoch
-            if op == ops.INIT and server != share:     # a dead server's chunks: saved as its part
+            if op in (ops.INIT, ops.INIT_ROWS) and server != share:   # a dead server's chunks: saved as its part
                 fields["share"] = share
         into = options.into
         # (only requests that change values or read them need their chunks as a set)
@@ -372,7 +372,7 @@ class Client:
             server = self.failover.route(share)
             log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
                         self.rank, req.server, req_id, req.what, server)
-            if op == ops.INIT:
+            if op in (ops.INIT, ops.INIT_ROWS):
                 fields = {**fields, "share": share}
             frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
                                                      "book": self.failover.epoch, "seq": self._seq[server]},

@@ -312,9 +312,7 @@ class DistStore(KVStore):
             raise InvalidArgumentError(f"init: {self._mode.no_rows}")
         if self._config.replicas:     # dist_sync's row-sparse tables are replicated (kvstore.server.tables)
             what = "dynamic keys" if any(isinstance(spec, DynamicRows) for _, _, _, spec, *_ in items) else \
-                None if self._mode.rounds and not self._config.checkpoint_dir else \
-                f"row-sparse keys in dist_{self._mode.name}" if not self._mode.rounds else \
-                "row-sparse keys with KVSTORE_CHECKPOINT_DIR"
+                None if self._mode.rounds else f"row-sparse keys in dist_{self._mode.name}"
             if what is not None:
                 raise InvalidArgumentError(f"init: {what} on replicated servers (KVSTORE_REPLICAS=1) are not "
                                            "built yet; unset KVSTORE_REPLICAS")

@@ -156,6 +156,30 @@ def test_row_sparse_rounds_are_replicated_so_a_failover_keeps_the_uninterrupted_
     assert digests(out) == digests(reference), log
 
 
+@pytest.mark.parametrize("first, save, second", [("1:6", 4, "2:8"), ("1:2", 5, "0:8")])
+def test_row_sparse_tables_checkpointed_before_or_after_a_failover_resume_to_the_uninterrupted_table(
+        tmp_path, first, save, second):
+    """tests/scripts/replicated_rows.py saved after step ``save`` with a server
+    killed before or after, ended after step 7, resumed with another server killed:
+    the weights of the job without replicas or fault (the resumed row tables'
+    replicas rebuilt, values and lazy Adam state)."""
+    script = os.path.join(ROOT, "tests", "scripts", "replicated_rows.py")
+    reference = run(sys.executable, script)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    folder = str(tmp_path / "ckpt")
+    out = run(sys.executable, script, KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KILL=first,
+              SAVE=str(save), STOP="7")
+    assert out.returncode == 0, out.stdout + out.stderr
+    every = [c for part in saved_chunks(folder) for c in part]
+    assert len(every) == len(set(every)) and {("emb", s) for s in range(3)} <= set(every), every
+    resumed = run(sys.executable, script, KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder,
+                  KVSTORE_RESUME="1", KILL=second)
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log
+    assert f"resumed=True start={save + 1}" in resumed.stdout and "killed server" in resumed.stdout, log
+    assert digests(resumed) == digests(reference), log
+
+
 def test_a_stopped_server_is_failed_over_by_heartbeats_and_ended(uninterrupted):
     out = run(KVSTORE_REPLICAS="1", KILL="1:4", KILL_SIGNAL="SIGSTOP")
     log = out.stdout + out.stderr
@@ -196,8 +220,6 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
     ("dynamic keys", {"STORE": "dyn"}, 2, "dynamic keys on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
      "row-sparse keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
-    ("row-sparse, checkpoints", {"STORE": "rows", "KVSTORE_CHECKPOINT_DIR": "{tmp}"}, 2,
-     "row-sparse keys with KVSTORE_CHECKPOINT_DIR on replicated servers (KVSTORE_REPLICAS=1) are not built"),
 ])
 def test_what_is_not_built_is_refused_at_start_naming_the_setting(tmp_path, case, env, servers, text):
     code = ("import os, numpy as np, kvstore\n"
