@@ -42,6 +42,7 @@ SEED = 20240607
 RSS_SLACK = 16 << 20            # bytes RSS may grow between warm-up and the end (seen: < 4 MiB)
 BLOCK_SLACK = 1000              # sys.getallocatedblocks(), every small object (seen: +150..+300)
 OBJECT_SLACK = 1000             # gc-tracked objects likewise (seen: +-10; a per-round leak: thousands)
+FRESH_KEY = 10_000              # keys initialised at the marks (above every key of the rounds)
 
 
 def shape_of(k: int) -> tuple:
@@ -91,6 +92,18 @@ def snapshot() -> dict:
             "blocks": sys.getallocatedblocks()}
 
 
+def mark(kv, pause, marks: list) -> None:
+    """Append ``pause(kv)``'s measure, taken with the store's call plans forgotten.
+
+    A store keeps up to ``PLAN_LIMIT`` call plans (kvstore/worker/plans.py; their bound
+    is tested in tests/worker/test_plans.py), and the rounds here name new keys nearly
+    every time, so a full set of plans holds a varying number of objects (+-200 per
+    store between two moments). Initialising a fresh key forgets them (as any init
+    does), so both measures see none and only growth per round remains."""
+    kv.init(FRESH_KEY + len(marks), np.zeros(1, np.float32))
+    marks.append(pause(kv))
+
+
 def check_no_growth(warm: dict, end: dict, what: str) -> None:
     assert end["fds"] == warm["fds"], f"{what}: open fds {warm['fds']} -> {end['fds']}"
     assert end["threads"] == warm["threads"], f"{what}: threads {warm['threads']} -> {end['threads']}"
@@ -116,7 +129,7 @@ def sync_rounds(kv, rounds: int, warmup: int, pause) -> list:
     marks = []
     for r in range(rounds):
         if r == warmup:
-            marks.append(pause(kv))
+            mark(kv, pause, marks)
         op, ks = plan(r)
         if op in ("push", "pushpull"):
             grads = [grad(ramps, k, kv.rank, r) for k in ks]
@@ -138,7 +151,7 @@ def sync_rounds(kv, rounds: int, warmup: int, pause) -> list:
     kv.pull(keys, out=[outs[k] for k in keys])
     for k in keys:
         assert np.array_equal(outs[k], expected[k]), f"worker {kv.rank}: final value of key {k}"
-    marks.append(pause(kv))
+    mark(kv, pause, marks)
     return marks
 
 
@@ -154,7 +167,7 @@ def async_rounds(kv, rounds: int, warmup: int, pause, totals: dict) -> list:
     marks = []
     for r in range(rounds):
         if r == warmup:
-            marks.append(pause(kv))
+            mark(kv, pause, marks)
         # workers run different plans: nothing lines them up in async mode
         op, ks = plan(r * 7 + kv.rank, p=(0.55, 0.15, 0.3))
         grads = [grad(ramps, k, kv.rank, r) for k in ks]
@@ -175,7 +188,7 @@ def async_rounds(kv, rounds: int, warmup: int, pause, totals: dict) -> list:
     for k in keys:
         want = initial(k, True) - sum(totals[w][k] for w in range(kv.num_workers))
         assert np.array_equal(outs[k], want), f"worker {kv.rank}: key {k} after the barrier"
-    marks.append(pause(kv))
+    mark(kv, pause, marks)
     return marks
 
 
