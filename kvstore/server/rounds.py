@@ -58,14 +58,14 @@ class Chunk:
     value: np.ndarray                 # 1-D; the stored parameter chunk
     spare: np.ndarray | None = None   # reused as the accumulator of the next round
     rounds: list = field(default_factory=list)   # queued Round, oldest first
-    waiting: list = field(default_factory=list)  # Pending requests parked here
+    waiting: list = field(default_factory=list)  # ParkedRequest records parked here
 
     def pending_from(self, worker: int) -> bool:
         return any(worker in r.workers for r in self.rounds)
 
 
 @dataclass
-class Pending:
+class ParkedRequest:
     peer: object
     req_id: int
     worker: int

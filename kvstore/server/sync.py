@@ -61,7 +61,7 @@ from .consistency import Consistency
 from .members import Members
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
-from .rounds import Chunk, Pending, Reply, Round
+from .rounds import Chunk, ParkedRequest, Reply, Round
 from .writein import Grant, HeldPush, WriteIn, write_request
 
 
@@ -84,8 +84,8 @@ class Sync(Consistency):
         # whose round of theirs was applied keeps that value for them if a later
         # round changes it first (possible when a worker pushes again before its
         # reply, e.g. _pushpull_start then push)
-        self._partial: dict = {}       # chunk id -> [Pending] done with it, not yet answered
-        self._captured: dict = {}      # id(Pending) -> {chunk id: its value for it}
+        self._partial: dict = {}       # chunk id -> [ParkedRequest] done with it, not yet answered
+        self._captured: dict = {}      # id(ParkedRequest) -> {chunk id: its value for it}
 
     # -- the strategy ---------------------------------------------------------------------
     def admit(self, worker: int, ids, want_values: bool) -> None:
@@ -143,7 +143,7 @@ class Sync(Consistency):
         self._applied[cid] = rounds
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
-        pending = Pending(peer, req_id, worker, ids, True,
+        pending = ParkedRequest(peer, req_id, worker, ids, True,
                           {cid for cid, c in zip(ids, chunks)
                            if c.pending_from(worker) or self._writing(worker, cid, c)})
         if not pending.blocked:
@@ -239,7 +239,7 @@ class Sync(Consistency):
         worker, grant = self.writes.take(header, self.num_workers)
         if grant.error is not None:          # its rounds failed meanwhile (a worker finished)
             return [Reply(peer, error_header(header["id"], "InvalidArgumentError", grant.error))]
-        pending = Pending(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
+        pending = ParkedRequest(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
         for chunk in grant.chunks:
             chunk.waiting.append(pending)
         ready = []
@@ -332,7 +332,7 @@ class Sync(Consistency):
         applied already."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = Pending(peer, req_id, worker, ids, want_values, set(ids) - done if done else set(ids), norms=norms)
+        pending = ParkedRequest(peer, req_id, worker, ids, want_values, set(ids) - done if done else set(ids), norms=norms)
         if not pending.blocked:
             return [self.finish(pending)]
         for cid, chunk in zip(ids, chunks):
@@ -548,14 +548,14 @@ class Sync(Consistency):
         chunk.waiting = still
         return replies
 
-    def _waits(self, pending: Pending, cid, chunk: Chunk) -> bool:
+    def _waits(self, pending: ParkedRequest, cid, chunk: Chunk) -> bool:
         """A push waits for its own round; a pull for every round of its worker,
         including the one a write of that worker (granted, or still queued) goes to."""
         if pending.waits_on(cid, chunk):
             return True
         return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
 
-    def finish(self, pending: Pending) -> Reply:
+    def finish(self, pending: ParkedRequest) -> Reply:
         captured = self._captured.pop(id(pending), {})
         if pending.error is not None:
             return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
