@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..protocol import chunk_label
-from .rounds import Chunk
+from .rounds import StoredChunk
 
 
 class ChunkTable:
@@ -34,7 +34,7 @@ class ChunkTable:
     def __init__(self, name: str, backend):
         self.name = name
         self.backend = backend
-        self.chunks: dict[tuple, Chunk] = {}
+        self.chunks: dict[tuple, StoredChunk] = {}
         self.restored: set = set()     # chunk ids restored from a checkpoint, not yet re-initialised
         self.row_tables: set = set()   # chunk ids holding a row-sparse table's rows
         self.gone: set = set()         # workers that finished: they push no more
@@ -62,9 +62,9 @@ class ChunkTable:
             else:
                 value = self.alloc(a.size, a.dtype)
                 self.backend.upload(a.reshape(-1), out=value)
-                self.chunks[cid] = Chunk(value)
+                self.chunks[cid] = StoredChunk(value)
 
-    def existing(self, ids: list[tuple], arrays: list | None = None, rows_too: bool = False) -> list[Chunk]:
+    def existing(self, ids: list[tuple], arrays: list | None = None, rows_too: bool = False) -> list[StoredChunk]:
         """The chunks ``ids`` (checked against ``arrays``' sizes and dtypes); dense
         chunks only, unless ``rows_too`` (optimizer states cover row-sparse tables)."""
         chunks = []

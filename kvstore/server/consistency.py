@@ -83,7 +83,7 @@ class Consistency:
             updater.update_lazy(cid, grad, value, self.table.backend.upload(np.flatnonzero(rows)))
 
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
-        """Chunk ``cid`` (a promoted replica: kvstore.server.replication) has had
+        """StoredChunk ``cid`` (a promoted replica: kvstore.server.replication) has had
         ``rounds`` rounds (or pushes) applied already; ``last``: per worker, the
         number of its last push applied (where pushes are applied one by one)."""
 

@@ -33,7 +33,7 @@ from .members import Members
 from .modes import Job
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
-from .rounds import Chunk, Reply, is_int
+from .rounds import StoredChunk, Reply, is_int
 from .tables import RowTables, Table
 
 
@@ -62,7 +62,7 @@ class DynRecord(Table):
     """A table's rounds (as :class:`~kvstore.server.tables.Table`) and its rows."""
     rows: DynTable | None = None
     spec: DynamicRows | None = None
-    dtype_of: Chunk = field(default_factory=lambda: Chunk(np.zeros(0, np.float32)))   # its dtype, for the rounds
+    dtype_of: StoredChunk = field(default_factory=lambda: StoredChunk(np.zeros(0, np.float32)))   # its dtype, for the rounds
 
 
 class DynTables(RowTables):
@@ -106,7 +106,7 @@ class DynTables(RowTables):
             budget.give(budget.held - held)
             raise
         self.tables[cid] = DynRecord(HashLayout(ID_LIMIT, spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
-                                     dtype_of=Chunk(np.zeros(0, spec.dtype)))
+                                     dtype_of=StoredChunk(np.zeros(0, spec.dtype)))
         return [ok(peer, header["id"])]
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
@@ -137,14 +137,14 @@ class DynTables(RowTables):
         return [self._stats_reply(peer, header["id"], table)]
 
     # -- what RowTables' rounds call ----------------------------------------------------
-    def _table(self, cid) -> tuple[Table, Chunk]:
+    def _table(self, cid) -> tuple[Table, StoredChunk]:
         table = self.tables.get(cid)
         if not isinstance(table, DynRecord):
             raise InvalidArgumentError(f"{chunk_label(cid)} holds no dynamic rows on {self.table.name}: "
                                        "init the key with kvstore.DynamicRows first")
         return table, table.dtype_of
 
-    def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
+    def _apply(self, cid, table: Table, chunk: StoredChunk, local: np.ndarray, data: np.ndarray) -> None:
         assert isinstance(table, DynRecord) and table.rows is not None
         updater = self.optimizer.updater
         if updater is not None and not updater.optimizer.lazy_for(row_sparse_key=True):
@@ -156,7 +156,7 @@ class DynTables(RowTables):
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
         return rows                         # the ids themselves: DynTable finds their slots
 
-    def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
+    def _rows_reply(self, peer, req_id, table: Table, chunk: StoredChunk, local) -> Reply:
         assert isinstance(table, DynRecord) and table.rows is not None
         if local is None:                   # a parked dyn_stats
             return self._stats_reply(peer, req_id, table)

@@ -24,7 +24,7 @@ import numpy as np
 from .. import optimizer as _optimizer
 from ..errors import ConfigError, InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label
-from .rounds import Chunk, is_int
+from .rounds import StoredChunk, is_int
 
 
 class ServerOptimizer:
@@ -85,7 +85,7 @@ class ServerOptimizer:
             out += download(entry["state"])
         return meta, out
 
-    def set_states(self, header: dict, arrays: list, chunk_of: Callable[[tuple], Chunk]) -> None:
+    def set_states(self, header: dict, arrays: list, chunk_of: Callable[[tuple], StoredChunk]) -> None:
         """The ``set_states`` op (``load_optimizer_states``): every chunk's state,
         checked against the chunk (``chunk_of(cid)``, which raises for an unknown one)
         and the optimizer before anything changes."""

@@ -42,7 +42,7 @@ from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
 from .optimizer_slot import ServerOptimizer
 from .requests import chunk_ids, ok
-from .rounds import Chunk, Reply, is_int
+from .rounds import StoredChunk, Reply, is_int
 
 # what a ``replicate`` request carries (its ``kind``): inits, dense rounds, loaded optimizer
 # states, row-sparse rounds (merged rows, lazily updated) and row assignments (set_rows)
@@ -401,11 +401,11 @@ class Replicas:
     def _set_states(self, peer, header: dict, arrays: list, primary: int, held: dict) -> list[Reply]:
         """``load_optimizer_states`` reached the primary: the same state set on the
         replicas, checked as the primary checked it (kvstore.server.optimizer_slot)."""
-        def replica_of(cid) -> Chunk:
+        def replica_of(cid) -> StoredChunk:
             if cid not in held:
                 raise InvalidArgumentError(f"replicate states: {self.name} holds no replica of {chunk_label(cid)} "
                                            f"of server {primary}")
-            return Chunk(held[cid][0])
+            return StoredChunk(held[cid][0])
         if self.optimizer.updater is None:
             raise InvalidArgumentError(f"server {primary} loaded optimizer states, but {self.name} has no "
                                        "optimizer: set_optimizer must reach every server")

@@ -54,7 +54,7 @@ class Round:
 
 
 @dataclass
-class Chunk:
+class StoredChunk:
     value: np.ndarray                 # 1-D; the stored parameter chunk
     spare: np.ndarray | None = None   # reused as the accumulator of the next round
     rounds: list = field(default_factory=list)   # queued Round, oldest first
@@ -76,7 +76,7 @@ class ParkedRequest:
     rounds: dict = field(default_factory=dict)  # chunk id -> the Round a push joined
     norms: bool = False       # a layer-wise push: answered with its rounds' terms (phase 1)
 
-    def waits_on(self, cid, chunk: "Chunk") -> bool:
+    def waits_on(self, cid, chunk: "StoredChunk") -> bool:
         """A push waits for its own round (a layer-wise push only for its phase 1); a
         pull for every round of its worker."""
         joined = self.rounds.get(cid)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import optimizer as _optimizer
 from ..errors import CheckpointError
 from .optimizer_slot import ServerOptimizer
-from .rounds import Chunk
+from .rounds import StoredChunk
 
 
 def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
@@ -63,7 +63,7 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
         saved = np.frombuffer(data, dtype=np.dtype(dtype))
         value = alloc(saved.size, saved.dtype)     # shared memory, as init's
         upload(saved, out=value)
-        chunks[(key, index)] = Chunk(value)
+        chunks[(key, index)] = StoredChunk(value)
         if t is not None and spec is not None:
             dt = spec(value.dtype)[1]
             states[(key, index)] = {"t": t, "state": convert(t, [np.frombuffer(b, dtype=dt).copy() for b in state])}

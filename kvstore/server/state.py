@@ -50,7 +50,7 @@ from . import snapshot as _snapshot
 from .optimizer_slot import ServerOptimizer
 from .replication import Replicas, Replication
 from .requests import chunk_ids, ok
-from .rounds import Chunk, Reply, is_int, speaks_for
+from .rounds import StoredChunk, Reply, is_int, speaks_for
 from .stalls import StallInspector
 from .tables import RowTables
 from .dyntables import DynTables
@@ -158,7 +158,7 @@ class ServerState:
                                              f"request: {type(e).__name__}: {e}"))]
 
     @property
-    def chunks(self) -> dict[tuple, Chunk]:
+    def chunks(self) -> dict[tuple, StoredChunk]:
         return self.table.chunks
 
     @property
@@ -502,7 +502,7 @@ class ServerState:
             if table is not None:        # a row-sparse table (kvstore.server.tables)
                 self.rows.adopt(cid, value, table, rounds)
         dense = {cid: entry for cid, entry in adopted.items() if entry[3] is None}
-        self.table.chunks.update({cid: Chunk(value) for cid, (value, _, _, _) in dense.items()})
+        self.table.chunks.update({cid: StoredChunk(value) for cid, (value, _, _, _) in dense.items()})
         self._adopted |= set(adopted)
         self.served.setdefault(primary, set()).update(adopted)
         if self.consistency is not None:

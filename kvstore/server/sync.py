@@ -61,7 +61,7 @@ from .consistency import Consistency
 from .members import Members
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
-from .rounds import Chunk, ParkedRequest, Reply, Round
+from .rounds import StoredChunk, ParkedRequest, Reply, Round
 from .writein import Grant, HeldPush, WriteIn, write_request
 
 
@@ -253,7 +253,7 @@ class Sync(Consistency):
             ready += self.apply_complete(cid, chunk)
         return ready + self._grant_ready()
 
-    def _writing(self, worker: int, cid, chunk: Chunk) -> bool:
+    def _writing(self, worker: int, cid, chunk: StoredChunk) -> bool:
         """Whether ``worker`` has a write on ``cid`` that is granted and not ``written``,
         or queued (or a push queued behind one): its round is still to come."""
         return (bool(chunk.rounds) and any(r.writer == worker for r in chunk.rounds)) or self.writes.queued(worker, cid)
@@ -348,7 +348,7 @@ class Sync(Consistency):
                 ready += self.apply_complete(cid, chunk)
         return ready
 
-    def contribute(self, cid, chunk: Chunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False,
+    def contribute(self, cid, chunk: StoredChunk, ranks: frozenset, grad: np.ndarray, layerwise: bool = False,
                    rows: np.ndarray | None = None) -> Round:
         """Add one worker's push (``ranks``: it, or the workers a host's sum speaks
         for) to the first round none of them has contributed to; ``rows``: the values
@@ -380,7 +380,7 @@ class Sync(Consistency):
         self._fold(chunk, rnd)
         return rnd
 
-    def _add(self, chunk: Chunk, rnd: Round, grad) -> None:
+    def _add(self, chunk: StoredChunk, rnd: Round, grad) -> None:
         """Add ``grad`` to the round's sum: the first is kept as it came, the second
         added to it into the accumulator, the others added there."""
         if rnd.acc is None and rnd.first is None:
@@ -392,7 +392,7 @@ class Sync(Consistency):
         else:
             rnd.acc += grad
 
-    def _fold(self, chunk: Chunk, rnd: Round) -> None:
+    def _fold(self, chunk: StoredChunk, rnd: Round) -> None:
         """Deterministic sums: add the held pushes that are next in rank order (every
         lower rank added already, or counted without a push: an elastic slot that is
         no member, a worker that left)."""
@@ -407,7 +407,7 @@ class Sync(Consistency):
             self._add(chunk, rnd, grad)
             rnd.folded |= ranks
 
-    def opened(self, chunk: Chunk, acc, first=None) -> Round:
+    def opened(self, chunk: StoredChunk, acc, first=None) -> Round:
         """A new round of ``chunk``, queued, that counts every slot that is not a member
         from the start (none unless the job is elastic)."""
         absent = self.members.absent(self.num_workers)
@@ -415,14 +415,14 @@ class Sync(Consistency):
         chunk.rounds.append(rnd)
         return rnd
 
-    def take_spare(self, chunk: Chunk) -> np.ndarray:
+    def take_spare(self, chunk: StoredChunk) -> np.ndarray:
         self.table.backend.settle(chunk.value)    # a batched update still reading the spare goes first
         if chunk.spare is not None:
             acc, chunk.spare = chunk.spare, None
             return acc
         return self.table.alloc(chunk.value.size, chunk.value.dtype)
 
-    def apply_complete(self, cid, chunk: Chunk) -> list[Reply]:
+    def apply_complete(self, cid, chunk: StoredChunk) -> list[Reply]:
         """Apply every round at the head of ``chunk``'s queue that every slot is in (a
         layer-wise round: run its phase 1 and stop, until its norms come)."""
         replies = []
@@ -439,7 +439,7 @@ class Sync(Consistency):
                                     (lambda acc, value: self.update(cid, acc, value, rnd.rows)))
         return replies
 
-    def _summed(self, chunk: Chunk, rnd: Round) -> np.ndarray:
+    def _summed(self, chunk: StoredChunk, rnd: Round) -> np.ndarray:
         """The round's sum in its accumulator (one worker: its push copied there)."""
         if rnd.acc is None:
             rnd.acc = self.take_spare(chunk)
@@ -447,7 +447,7 @@ class Sync(Consistency):
             rnd.first = None
         return rnd.acc
 
-    def _commit(self, cid, chunk: Chunk, rnd: Round, update) -> list[Reply]:
+    def _commit(self, cid, chunk: StoredChunk, rnd: Round, update) -> list[Reply]:
         """Apply ``rnd`` (popped from the queue): ``update(sum, value)`` in place, or
         (None: no optimizer) the sum becomes the value; then answer what waited."""
         self._applied[cid] = self._applied.get(cid, 0) + 1
@@ -471,14 +471,14 @@ class Sync(Consistency):
         chunk.spare = acc
         return self.release(cid, chunk)
 
-    def _fail_depending(self, cid, chunk: Chunk, rnd: Round, message: str) -> None:
+    def _fail_depending(self, cid, chunk: StoredChunk, rnd: Round, message: str) -> None:
         for pending in chunk.waiting:
             joined = pending.rounds.get(cid)
             if joined is rnd or (joined is None and pending.worker in rnd.workers):
                 pending.error = message   # answered with it when it completes
 
     # -- layer-wise rounds (norms across servers) --------------------------------------------
-    def _phase1(self, cid, chunk: Chunk, rnd: Round) -> list[Reply]:
+    def _phase1(self, cid, chunk: StoredChunk, rnd: Round) -> list[Reply]:
         """The complete layer-wise round at the head of ``chunk``: its chunk's terms
         (nothing changes); the pushes that joined it are answered with them. If that
         fails the round is dropped as a failed update is, naming the error."""
@@ -530,7 +530,7 @@ class Sync(Consistency):
         values = [c.value for c in chunks] if want_values else []
         return [ok(peer, req_id, self.table.backend.download(values, copy=True))] + replies
 
-    def release(self, cid, chunk: Chunk) -> list[Reply]:
+    def release(self, cid, chunk: StoredChunk) -> list[Reply]:
         """Answer the requests parked on ``chunk`` that no longer wait for it (and for
         no other chunk)."""
         replies, still = [], []
@@ -548,7 +548,7 @@ class Sync(Consistency):
         chunk.waiting = still
         return replies
 
-    def _waits(self, pending: ParkedRequest, cid, chunk: Chunk) -> bool:
+    def _waits(self, pending: ParkedRequest, cid, chunk: StoredChunk) -> bool:
         """A push waits for its own round; a pull for every round of its worker,
         including the one a write of that worker (granted, or still queued) goes to."""
         if pending.waits_on(cid, chunk):
@@ -581,7 +581,7 @@ class Sync(Consistency):
         return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead or bool(captured)))
 
     # -- rounds that cannot complete ------------------------------------------------------
-    def fail_round(self, cid, chunk: Chunk, rnd: Round, message: str) -> None:
+    def fail_round(self, cid, chunk: StoredChunk, rnd: Round, message: str) -> None:
         """``rnd`` will never be applied: the requests that depend on it (pushes that
         joined it, later reads of the workers that pushed to it, its writer's grant)
         are answered with ``message`` once they wait for nothing else."""
@@ -603,7 +603,7 @@ class Sync(Consistency):
                 f"{'their' if many else 'its'} push: every worker must take the same "
                 "number of steps (give each the same number of batches, e.g. with kvstore.torch.shard)")
 
-    def round_to_join(self, chunk: Chunk, worker: int) -> int:
+    def round_to_join(self, chunk: StoredChunk, worker: int) -> int:
         """The position in ``chunk``'s queue of the round ``worker``'s next push joins."""
         return next((i for i, r in enumerate(chunk.rounds) if r.open_to(worker)), len(chunk.rounds))
 

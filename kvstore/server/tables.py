@@ -43,7 +43,7 @@ from .modes import Job
 from .optimizer_slot import ServerOptimizer
 from .replication import Replication
 from .requests import ok
-from .rounds import Chunk, Reply, is_int
+from .rounds import StoredChunk, Reply, is_int
 
 
 MAX_DIMS = 32     # dimensions of a table's shape (as of a buffer's: kvstore.protocol.codec)
@@ -165,7 +165,7 @@ class RowTables:
                 host[layout.local(rows, chunk_label(cid))] = data.reshape(len(rows), width)
                 if not in_place:
                     self.table.backend.upload(host.reshape(-1), out=value)
-            self.table.chunks[cid] = Chunk(value)
+            self.table.chunks[cid] = StoredChunk(value)
             if replicated:
                 self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]])
         self.tables[cid] = Table(layout, tuple(shape[1:]))
@@ -176,7 +176,7 @@ class RowTables:
         """(Replicated servers) the replica of a dead server's row table ``cid``
         (``table``: its ``[shape, servers]``) serves here now, ``rounds`` applied."""
         shape, servers = table
-        self.table.chunks[cid] = Chunk(value)
+        self.table.chunks[cid] = StoredChunk(value)
         self.tables[cid] = Table(RowLayout(shape[0], math.prod(shape[1:]), cid[1], servers), tuple(shape[1:]))
         self.table.row_tables.add(cid)
         self._applied[cid] = rounds
@@ -262,7 +262,7 @@ class RowTables:
                                        f"round is {applied + pos + 1}")
         return False
 
-    def _apply_complete(self, cid, table: Table, chunk: Chunk) -> list[Reply]:
+    def _apply_complete(self, cid, table: Table, chunk: StoredChunk) -> list[Reply]:
         replies = []
         while table.rounds and len(table.rounds[0].parts) == self._slots():
             rnd = table.rounds.pop(0)
@@ -288,7 +288,7 @@ class RowTables:
         """Where a round's merged ``rows`` lie in the chunk (global ids -> local rows)."""
         return table.layout.local(rows, chunk_label(cid))
 
-    def _apply(self, cid, table: Table, chunk: Chunk, local: np.ndarray, data: np.ndarray) -> None:
+    def _apply(self, cid, table: Table, chunk: StoredChunk, local: np.ndarray, data: np.ndarray) -> None:
         backend, width = self.table.backend, table.layout.width
         weights = chunk.value.reshape(table.layout.local_rows, width)
         local = backend.upload(local)
@@ -299,12 +299,12 @@ class RowTables:
         else:
             updater.update_rows(cid, local, grad, weights)
 
-    def _release_pulls(self, table: Table, chunk: Chunk) -> list[Reply]:
+    def _release_pulls(self, table: Table, chunk: StoredChunk) -> list[Reply]:
         ready = [p for p in table.pulls if not table.pending_from(p[2])]
         table.pulls = [p for p in table.pulls if table.pending_from(p[2])]
         return [self._rows_reply(peer, rid, table, chunk, local) for peer, rid, _, local in ready]
 
-    def _rows_reply(self, peer, req_id, table: Table, chunk: Chunk, local) -> Reply:
+    def _rows_reply(self, peer, req_id, table: Table, chunk: StoredChunk, local) -> Reply:
         weights = chunk.value.reshape(table.layout.local_rows, table.layout.width)
         rows = weights[self.table.backend.upload(local)]   # a gather: a fresh array
         return ok(peer, req_id, self.table.backend.download_own([rows]))
@@ -352,7 +352,7 @@ class RowTables:
         return replies
 
     @staticmethod
-    def _nothing(table: Table, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+    def _nothing(table: Table, chunk: StoredChunk) -> tuple[np.ndarray, np.ndarray]:
         """The part of a slot counted in a round without a push: no rows."""
         return np.zeros(0, np.int64), np.zeros((0,) + table.row_shape, chunk.value.dtype)
 
@@ -398,7 +398,7 @@ class RowTables:
             raise ProtocolError(f"bad chunk id {item!r}: expected [key, server]")
         return item[0], item[1]
 
-    def _table(self, cid) -> tuple[Table, Chunk]:
+    def _table(self, cid) -> tuple[Table, StoredChunk]:
         table = self.tables.get(cid)
         if table is None:
             if cid in self.table.chunks:

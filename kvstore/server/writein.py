@@ -40,7 +40,7 @@ class Grant:
     req_id: int
     worker: int
     ids: list             # chunk ids, in order
-    chunks: list          # their Chunk
+    chunks: list          # their StoredChunk
     want_values: bool
     rounds: list = field(default_factory=list)   # the owner's rounds written into, per chunk, once granted
     error: str | None = None   # its rounds failed while it wrote: `written` gets this

@@ -13,7 +13,7 @@ import pytest
 from kvstore.errors import InvalidArgumentError
 from kvstore.server.backend import HostBackend
 from kvstore.server.chunks import ChunkTable
-from kvstore.server.rounds import Chunk
+from kvstore.server.rounds import StoredChunk
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,7 +48,7 @@ def test_a_chunk_is_initialised_once_and_a_refused_init_changes_nothing():
 
 def test_a_restored_chunk_keeps_its_value_at_its_init_if_size_and_dtype_match():
     table = ChunkTable("server 0", HostBackend())
-    table.restore({A: Chunk(np.full(3, 7, np.float32)), B: Chunk(np.full(3, 8, np.float32))})
+    table.restore({A: StoredChunk(np.full(3, 7, np.float32)), B: StoredChunk(np.full(3, 8, np.float32))})
     assert table.restored == {A, B}
     with pytest.raises(InvalidArgumentError, match=r"got 4 x float32, stored is 3 x float32"):
         table.init([A, B], [np.zeros(3, np.float32), np.zeros(4, np.float32)])

@@ -10,7 +10,7 @@ from kvstore.errors import ProtocolError
 from kvstore.protocol import ops
 from kvstore.server.backend import HostBackend
 from kvstore.server.requests import chunk_ids, ok, reply_values, worker_of
-from kvstore.server.rounds import Chunk
+from kvstore.server.rounds import StoredChunk
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,7 +45,7 @@ def test_worker_of_is_the_senders_rank_among_the_slots():
 
 
 def test_reply_values_carries_the_values_only_when_asked_and_copies_only_when_told():
-    chunks = [Chunk(np.arange(3.0)), Chunk(np.arange(2.0))]
+    chunks = [StoredChunk(np.arange(3.0)), StoredChunk(np.arange(2.0))]
     backend = HostBackend()
     views = reply_values(b"w0", 4, backend, chunks, want_values=True, copy=False)
     assert views.header == {"op": ops.OK, "id": 4} and [a is c.value for a, c in zip(views.arrays, chunks)] == [True] * 2

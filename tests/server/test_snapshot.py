@@ -11,7 +11,7 @@ import pytest
 
 from kvstore import optimizer
 from kvstore.server.optimizer_slot import ServerOptimizer
-from kvstore.server.rounds import Chunk
+from kvstore.server.rounds import StoredChunk
 from kvstore.server.snapshot import load, take
 
 pytestmark = pytest.mark.timeout(30)
@@ -22,7 +22,7 @@ A, B = ("w", 0), (3, 1)
 def test_a_snapshot_taken_then_loaded_gives_back_values_optimizer_and_states():
     slot = ServerOptimizer()
     slot.set({"optimizer": optimizer.SGD(learning_rate=0.5, momentum=0.9).to_config()})
-    chunks = {A: Chunk(np.arange(4, dtype=np.float32)), B: Chunk(np.array([7, 8], np.float64))}
+    chunks = {A: StoredChunk(np.arange(4, dtype=np.float32)), B: StoredChunk(np.array([7, 8], np.float64))}
     for _ in range(2):                                     # two updates of A: a momentum state
         slot.updater(A, np.ones(4, np.float32), chunks[A].value)
     snap = take("server 0", "sync", 3, chunks, slot, np.asarray, {"epoch": 4})
@@ -55,7 +55,7 @@ def test_a_snapshot_taken_then_loaded_gives_back_values_optimizer_and_states():
 
 
 def test_a_snapshot_without_an_optimizer_restores_none():
-    snap = take("server 1", None, None, {A: Chunk(np.zeros(2, np.float32))}, ServerOptimizer(), np.asarray, {})
+    snap = take("server 1", None, None, {A: StoredChunk(np.zeros(2, np.float32))}, ServerOptimizer(), np.asarray, {})
     fresh = ServerOptimizer()
     restored = load(snap, fresh, lambda n, dtype: np.empty(n, dtype), lambda host, out: np.copyto(out, host))
     assert fresh.updater is None and snap["optimizer"] is None
