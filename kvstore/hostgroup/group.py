@@ -73,7 +73,7 @@ RAISED = {name: getattr(errors, name) for name in (
 
 
 @dataclass
-class Call:
+class HostCall:
     seq: int
     what: str
     sig: str
@@ -114,7 +114,7 @@ class HostGroup:
         self._peers: dict = {}        # (leader) member rank -> its ROUTER identity
         self._ranks_of: dict = {}     # (leader) and back
         self._seq = 0
-        self._calls: dict = {}        # seq -> Call not yet finished by the caller
+        self._calls: dict = {}        # seq -> HostCall not yet finished by the caller
         self._early: dict = {}        # (leader) (rank, seq) -> arrays that came before the call
         self._byes: set = set()       # (leader) members that closed cleanly
 
@@ -196,12 +196,12 @@ class HostGroup:
         to ``timeout`` for the first."""
         self._push, self._fill, self._replied, self._progress = push, fill, replied, progress
 
-    def start(self, what: str, sources, targets) -> Call:
+    def start(self, what: str, sources, targets) -> HostCall:
         """A pushpull's start: the gradients go to the leader (from a member), or
         out as the host's sum once every member's is in (the leader)."""
         self._seq += 1
         sig, keys = _signature(sources, targets)
-        call = Call(self._seq, what, sig, keys, sources, targets)
+        call = HostCall(self._seq, what, sig, keys, sources, targets)
         self._calls[call.seq] = call
         if self.leads:
             for rank in self.ranks[1:]:
@@ -222,7 +222,7 @@ class HostGroup:
                             shared=shared)
         return call
 
-    def finish(self, call: Call) -> None:
+    def finish(self, call: HostCall) -> None:
         """Wait until ``call`` completed; its outputs are filled."""
         try:
             self._await(call, call.what)
@@ -249,7 +249,7 @@ class HostGroup:
                 self._calls.pop(call.seq, None)
                 raise
 
-    def _await(self, call: Call, what: str) -> None:
+    def _await(self, call: HostCall, what: str) -> None:
         deadline = time.monotonic() + self._config.timeout
         while not self._complete(call):
             if self.leads:
@@ -257,7 +257,7 @@ class HostGroup:
             else:
                 self._take(self._link.receive(deadline, what, [self.leader]))
 
-    def _complete(self, call: Call) -> bool:
+    def _complete(self, call: HostCall) -> bool:
         return call.done if self.leads else (call.result is not None or call.error is not None)
 
     # -- the leader ----------------------------------------------------------------
@@ -288,7 +288,7 @@ class HostGroup:
         open_calls = [c for c in self._calls.values() if c.sent is None and not c.done]
         return sorted({r for c in open_calls for r in self.ranks[1:] if r not in c.parts})
 
-    def _push_sum(self, call: Call) -> None:
+    def _push_sum(self, call: HostCall) -> None:
         try:
             for rank, (sig, keys, arrays) in sorted(call.parts.items()):
                 if sig != call.sig:
@@ -340,7 +340,7 @@ class HostGroup:
                 acc.add_into(total, term)
         return total
 
-    def _hand_out(self, call: Call) -> None:
+    def _hand_out(self, call: HostCall) -> None:
         try:
             flats = self._fill(call.sent)
         except BaseException as e:
@@ -371,7 +371,7 @@ class HostGroup:
             if isinstance(holder, tuple) and holder[0] == RESULTS and holder[1] <= done:
                 self._slots.release(holder)
 
-    def _failed(self, call: Call, error: BaseException) -> None:
+    def _failed(self, call: HostCall, error: BaseException) -> None:
         call.error, call.done = error, True
         header = {"op": wire.ERROR, "id": call.seq, "type": type(error).__name__, "message": str(error)}
         for rank in self.ranks[1:]:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ..compression import Compressor
     from ..config import Config
     from ..devices.staging import Staging, Staged
-    from ..hostgroup.group import Call as HostCall, HostGroup
+    from ..hostgroup.group import HostCall, HostGroup
     from ..modes import ConsistencyMode
     from ..timeline import Call as TimelineCall, Timeline
     from ..transport.links.write_in import Writer, Writing
