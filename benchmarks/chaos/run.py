@@ -222,7 +222,7 @@ def partition_case(index: int, workers: int, servers: int, mode: str, after: int
     tag = uuid.uuid4().hex
     run = {"phase": "run", "run": index, "workers": workers, "servers": servers, "mode": mode,
            "fault": "partition", "target": "machine B", "after_rounds": after}
-    link, problems, jobs = netns.Link(), [], []
+    link, problems, jobs = netns.HostPair(), [], []
     try:
         link.up()
         procs = netns.ps_job(link, workers, servers, [sys.executable, "-m", "kvstore.server"],

@@ -4,7 +4,7 @@ its own rate-limited link (a veth pair, a token bucket, tc tbf, on both ends).
 The layer that benchmarks.link (the gradient exchange over layouts of W workers
 and S servers), benchmarks.trainer --link (a training step) and benchmarks.chaos
 share: building and removing the namespaces (:class:`Cluster` of H hosts;
-:class:`Link`, its two-host case A and B), deleting the namespaces that runs
+:class:`HostPair`, its two-host case A and B), deleting the namespaces that runs
 killed before they could clean up left behind (:func:`reap_stale`), the byte
 counters of every host's link, and a raw TCP bulk transfer that checks the
 emulated rate is real (:func:`raw_check`). Which process runs where is
@@ -183,7 +183,7 @@ class Cluster:
         return errors
 
 
-class Link(Cluster):
+class HostPair(Cluster):
     """Two emulated machines, A and B (benchmarks.trainer --link, benchmarks.chaos):
     a :class:`Cluster` of two hosts, counted per direction between them."""
 

@@ -28,7 +28,7 @@ def child_env(extra: dict) -> dict:
 
 def side_of(rank: int) -> str:
     """The emulated machine of server/worker/gloo rank ``rank`` on a two-machine
-    :class:`benchmarks.harness.netns.Link` (A: even, B: odd; W=2, S=2: server 0 and worker 0
+    :class:`benchmarks.harness.netns.HostPair` (A: even, B: odd; W=2, S=2: server 0 and worker 0
     with the scheduler on A, server 1 and worker 1 on B)."""
     return "AB"[rank % 2]
 
