@@ -7,7 +7,7 @@ and the facts about them that more than one collaborator reads: where values liv
 confirm them, which are row-sparse tables (dense ops refuse those), and which
 workers finished (no push of theirs will ever come). The collaborators that act
 on chunks own the rest: the sync rounds and write-in grants
-(kvstore.server.sync, kvstore.server.writein), the ssp clocks
+(kvstore.server.sync, kvstore.server.write_in), the ssp clocks
 (kvstore.server.staleness), the row tables (kvstore.server.tables).
 """
 

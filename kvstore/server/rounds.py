@@ -25,7 +25,7 @@ class Round:
     acc: np.ndarray | None            # the sum so far; None while only `first` arrived
     workers: set
     first: np.ndarray | None = None   # the round's first push, kept as it came (not copied)
-    # write-in (kvstore.server.writein), changed by the round's owner (kvstore.server.sync) only
+    # write-in (kvstore.server.write_in), changed by the round's owner (kvstore.server.sync) only
     writer: int | None = None         # the worker granted `acc` to write into, until `written`
     deferred: list = field(default_factory=list)   # pushes to add once the writer is done
     filled: frozenset = frozenset()   # of `workers`: slots counted without a push (kvstore.server.members)

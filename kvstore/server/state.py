@@ -15,7 +15,7 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
   mode and slots are one :class:`~kvstore.server.modes.Job` that the row tables
   read too): ``sync`` merges pushes into rounds applied once
   (kvstore.server.sync, with co-located workers writing into the sums:
-  kvstore.server.writein), ``async`` applies each push on arrival
+  kvstore.server.write_in), ``async`` applies each push on arrival
   (kvstore.server.asyncmode), ``ssp`` too, holding reads within a staleness bound
   (kvstore.server.staleness);
 - row-sparse tables: kvstore.server.tables; dynamic rows (created on first push,
@@ -391,7 +391,7 @@ class ServerState:
         ids = chunk_ids(header, None)
         return self.consistency.pull(peer, header["id"], worker, ids, self.table.existing(ids))
 
-    # -- writing in (kvstore.server.writein) -----------------------------------------------
+    # -- writing in (kvstore.server.write_in) -----------------------------------------------
     def _write_in(self, header, arrays, what: str) -> Consistency:
         if arrays:
             raise ProtocolError(f"a {what} request carries no buffers")

@@ -8,7 +8,7 @@ the optimizer) and every push that joined it is acknowledged. A worker that
 pushes again before its round completed starts the next round. A pull is answered
 once the sender has no push pending on the chunk (a pushpull once its own round
 is applied), so a worker always reads the result of its own last push's round (a
-write it was granted, or asked for, counts as a push: kvstore.server.writein). If
+write it was granted, or asked for, counts as a push: kvstore.server.write_in). If
 the optimizer fails on a round, exactly the requests that depended on that round
 get the error; later rounds proceed.
 
@@ -40,7 +40,7 @@ not pushed to.
 
 :class:`Sync` is the one owner of a round's state: the sums, who pushed, the pushes
 held for their turn, the writer, the requests parked on rounds. Writing in
-(:class:`~kvstore.server.writein.WriteIn`) is its queue of writes and grants: Sync
+(:class:`~kvstore.server.write_in.WriteQueue`) is its queue of writes and grants: Sync
 takes the ``write`` and ``written`` requests, asks the queue which write is next,
 grants it (opening the round, or giving it the round's sum to add to) and ends it.
 The chunks and their rounds live in the server's
@@ -62,7 +62,7 @@ from .members import Members
 from .optimizer_slot import ServerOptimizer
 from .requests import ok
 from .rounds import StoredChunk, ParkedRequest, Reply, Round
-from .writein import Grant, HeldPush, WriteIn, write_request
+from .write_in import Grant, HeldPush, WriteQueue, write_request
 
 
 LEADER = 0          # the worker that adds up layer-wise terms and sends apply_norms
@@ -78,7 +78,7 @@ class Sync(Consistency):
                  bound: int | None = None, ordered: bool = False):
         super().__init__(table, num_workers, members, optimizer, bound, ordered)
         self.xp = table.backend.xp
-        self.writes = WriteIn()        # the writes queued and granted into these rounds
+        self.writes = WriteQueue()        # the writes queued and granted into these rounds
         self._applied: dict = {}       # chunk id -> rounds applied (to name a round by number)
         # requests answered with values once their other chunks are done: a chunk
         # whose round of theirs was applied keeps that value for them if a later
@@ -120,7 +120,7 @@ class Sync(Consistency):
         if self.writes.ahead(worker, ids):
             if group is not None:    # a host's leader does not write in (kvstore.hostgroup.group)
                 raise InvalidArgumentError(f"worker {worker} pushed a host's sum while its write was pending")
-            # that write takes its round first (kvstore.server.writein), then this push the next one
+            # that write takes its round first (kvstore.server.write_in), then this push the next one
             self.writes.hold(HeldPush(peer, req_id, worker, ids, chunks, arrays, want_values, rows))
             return []
         return self.join(peer, req_id, worker, ids, chunks, arrays, want_values, group, norms, rows, done)
@@ -212,7 +212,7 @@ class Sync(Consistency):
 
     # (stalled: no reads wait here but on rounds, which queued_rounds lists)
 
-    # -- writing in (kvstore.server.writein: the queue of writes and their grants) ---------
+    # -- writing in (kvstore.server.write_in: the queue of writes and their grants) ---------
     def write(self, peer, header: dict) -> list[Reply]:
         """A ``write`` request (no buffers, shared sums, uncompressed, sums in arrival
         order: checked by the caller): queued, and granted once its rounds have no

@@ -143,7 +143,7 @@ def test_the_shared_modes_import_only_the_standard_library():
 
 @pytest.mark.parametrize("path", [ROOT / "kvstore" / "modes.py"] + [
     ROOT / "kvstore" / "server" / f"{name}.py"
-    for name in ("consistency", "modes", "sync", "writein", "asyncmode", "staleness", "chunks", "members",
+    for name in ("consistency", "modes", "sync", "write_in", "asyncmode", "staleness", "chunks", "members",
                  "requests", "rounds", "tables", "dyntables")], ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_modes_and_their_strategies_are_pure(path):
     """No sockets, threads or clocks (test_layering.py's rule, over these files too)."""

@@ -69,7 +69,7 @@ def test_control_plane_never_imports_a_launcher(path):
 
 PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + files("kvstore", "precision.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
-    files("kvstore", "server", "writein.py") + files("kvstore", "optimizer") + \
+    files("kvstore", "server", "write_in.py") + files("kvstore", "optimizer") + \
     files("kvstore", "server", "optimizer_slot.py") + files("kvstore", "server", "snapshot.py") + \
     files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
     files("kvstore", "server", "tables.py") + files("kvstore", "server", "staleness.py") + \

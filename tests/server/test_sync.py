@@ -258,7 +258,7 @@ def test_a_finished_workers_rounds_fail_naming_it_and_so_do_its_later_pushes():
     assert list(sync.queued_rounds()) == []                   # refused before anything changed
 
 
-# -- write-in: Sync grants writes into its rounds, in the order its WriteIn queue gives ---------
+# -- write-in: Sync grants writes into its rounds, in the order its WriteQueue gives ---------
 def write(sync: Sync, worker: int, req_id: int, ids, values: bool = True) -> list:
     return sync.write(peer(worker), {"op": ops.WRITE, "id": req_id, "src": worker,
                                      "chunks": [list(c) for c in ids], "values": values})

@@ -4,7 +4,7 @@ In dist_sync, instead of staging a large gradient chunk in a slot for the server
 to add, the worker sends ``write``; the server grants it, per chunk, the round's
 sum in its own shared memory (mapped read-write by its workers) to copy into (the
 worker opens the round) or add into; then ``written``, answered as a pushpull
-(docs/protocol.md section 4; the server's side is kvstore/server/writein.py).
+(docs/protocol.md section 4; the server's side is kvstore/server/write_in.py).
 That saves the staging copy and the server's pass over the data.
 """
 

@@ -14,7 +14,7 @@ later pull of those chunks waits for the write's round (read-your-writes), and i
 later push or write of a chunk that an earlier write of its own still waits for
 is queued behind it, so that each takes its rounds in the order they were sent.
 
-:class:`WriteIn` is that queue, a collaborator of the round owner
+:class:`WriteQueue` is that queue, a collaborator of the round owner
 (:class:`kvstore.server.sync.Sync`): it keeps the writes queued (and the pushes
 held behind them) in the order they came, offers each to the owner when its
 worker's earlier requests on its chunks have gone, and keeps the grants until
@@ -71,7 +71,7 @@ def write_request(header: dict, num_workers: int) -> tuple[int, list[tuple], boo
     return worker, ids, want_values
 
 
-class WriteIn:
+class WriteQueue:
     """The writes into a round owner's sums: queued ones (and pushes held behind
     them) and granted ones, until ``written``."""
 

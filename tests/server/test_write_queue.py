@@ -1,4 +1,4 @@
-"""kvstore.server.writein on its own: :class:`WriteIn`, the queue of writes (and of
+"""kvstore.server.write_in on its own: :class:`WriteQueue`, the queue of writes (and of
 pushes held behind them) of a sync server, and the grants it keeps until
 ``written``; :func:`write_request`, its reading of a ``write`` request.
 
@@ -17,7 +17,7 @@ import pytest
 
 from kvstore.errors import ProtocolError
 from kvstore.protocol import ops
-from kvstore.server.writein import Grant, HeldPush, WriteIn, write_request
+from kvstore.server.write_in import Grant, HeldPush, WriteQueue, write_request
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,14 +47,14 @@ class Owner:
     def join(self, push: HeldPush) -> None:
         self.asked.append(("join", push.req_id))
 
-    def advance(self, queue: WriteIn) -> list:
+    def advance(self, queue: WriteQueue) -> list:
         self.asked = []
         queue.advance(self.grant, self.join)
         return self.asked
 
 
 def test_writes_are_offered_oldest_first_and_those_not_granted_stay_queued():
-    q = WriteIn()
+    q = WriteQueue()
     for g in (grant(0, 1, [A]), grant(1, 2, [A]), grant(2, 3, [B])):
         q.queue(g)
     assert Owner(refuse={1}).advance(q) == [("grant", 1), ("grant", 2), ("grant", 3)]
@@ -64,7 +64,7 @@ def test_writes_are_offered_oldest_first_and_those_not_granted_stay_queued():
 
 
 def test_a_workers_request_is_offered_only_once_its_earlier_ones_on_its_chunks_left():
-    q = WriteIn()
+    q = WriteQueue()
     for g in (grant(0, 1, [A]), grant(0, 2, [B]), grant(0, 3, [A, B]), grant(1, 4, [A])):
         q.queue(g)
     # write 1 waits: worker 0's write 3 shares A with it and is not offered; its write 2
@@ -75,7 +75,7 @@ def test_a_workers_request_is_offered_only_once_its_earlier_ones_on_its_chunks_l
 
 
 def test_a_push_held_behind_its_workers_write_joins_only_after_that_write_left_the_queue():
-    q = WriteIn()
+    q = WriteQueue()
     q.queue(grant(0, 1, [A]))
     assert q.ahead(0, [A, B]) and not q.ahead(0, [B]) and not q.ahead(1, [A])
     q.hold(held(0, 2, [A]))
@@ -86,7 +86,7 @@ def test_a_push_held_behind_its_workers_write_joins_only_after_that_write_left_t
 
 
 def test_a_write_id_is_open_once_per_worker_queued_or_granted():
-    q = WriteIn()
+    q = WriteQueue()
     q.queue(grant(0, 1, [A]))
     with pytest.raises(ProtocolError, match="write request id 1 of worker 0 is already open"):
         q.queue(grant(0, 1, [B]))
@@ -98,7 +98,7 @@ def test_a_write_id_is_open_once_per_worker_queued_or_granted():
 
 
 def test_a_grant_is_ended_by_written_once_and_only_by_its_worker():
-    q = WriteIn()
+    q = WriteQueue()
     g, rnd = grant(0, 7, [A]), object()
     q.queue(g)
     Owner().advance(q)
@@ -113,7 +113,7 @@ def test_a_grant_is_ended_by_written_once_and_only_by_its_worker():
 
 
 def test_failing_a_round_marks_only_the_grants_that_wrote_into_it_with_the_first_reason():
-    q = WriteIn()
+    q = WriteQueue()
     r1, r2 = object(), object()
     g1, g2 = grant(0, 1, [A]), grant(1, 2, [B])
     q.granted(g1, [r1])
@@ -125,7 +125,7 @@ def test_failing_a_round_marks_only_the_grants_that_wrote_into_it_with_the_first
 
 
 def test_drain_empties_the_queue_and_a_worker_that_leaves_takes_only_its_own_requests():
-    q = WriteIn()
+    q = WriteQueue()
     entries = [grant(0, 1, [A]), held(0, 2, [A]), grant(1, 3, [A]), grant(1, 4, [B])]
     q.queue(entries[0])
     q.hold(entries[1])
