@@ -65,4 +65,4 @@ SSP = ConsistencyMode("ssp", needs_optimizer=True, bounded=True, why_no_rows=(
     "servers that hold them, so servers cannot count its steps; use dist_sync (staleness 0) or "
     "dist_async (inf)"))
 """``dist_ssp`` with 0 < staleness < inf: on arrival, reads held within the bound
-(kvstore.server.staleness)."""
+(kvstore.server.ssp)."""

@@ -8,7 +8,7 @@ confirm them, which are row-sparse tables (dense ops refuse those), and which
 workers finished (no push of theirs will ever come). The collaborators that act
 on chunks own the rest: the sync rounds and write-in grants
 (kvstore.server.sync, kvstore.server.write_in), the ssp clocks
-(kvstore.server.staleness), the row tables (kvstore.server.tables).
+(kvstore.server.ssp), the row tables (kvstore.server.tables).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ every round from the next one on). Only members push; anybody may pull.
 
 In ssp mode a worker that became a member is *active* on a chunk from its first
 push there (:meth:`Members.start`), when its clock there starts at the slowest
-active member's (kvstore.server.staleness): until then it holds nobody back.
+active member's (kvstore.server.ssp): until then it holds nobody back.
 
 Without members (no :meth:`ServerState.set_members`, or a job that is not
 elastic) every slot is a member and active on every chunk: nothing changes.

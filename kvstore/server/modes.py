@@ -6,7 +6,7 @@ a validated push becomes the value and when a read is answered; its ``mode``
 (kvstore.modes, shared with the worker) says what the mode allows. ``sync`` merges
 pushes into rounds (kvstore.server.sync), ``async`` applies each on arrival
 (kvstore.server.asyncmode), ``ssp`` applies on arrival and holds reads within a
-staleness bound (kvstore.server.staleness). A new mode is one file with such a
+staleness bound (kvstore.server.ssp). A new mode is one file with such a
 class, its line in kvstore/modes.py, plus one line in :data:`MODES`.
 """
 
@@ -18,14 +18,14 @@ from ..modes import ConsistencyMode
 from .asyncmode import Async
 from .consistency import Consistency
 from .requests import worker_of
-from .staleness import Staleness
+from .ssp import Ssp
 from .sync import Sync
 
 
 MODES: dict[str, type[Consistency]] = {
     Sync.mode.name: Sync,
     Async.mode.name: Async,
-    Staleness.mode.name: Staleness,
+    Ssp.mode.name: Ssp,
 }
 
 

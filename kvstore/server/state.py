@@ -17,7 +17,7 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
   (kvstore.server.sync, with co-located workers writing into the sums:
   kvstore.server.write_in), ``async`` applies each push on arrival
   (kvstore.server.asyncmode), ``ssp`` too, holding reads within a staleness bound
-  (kvstore.server.staleness);
+  (kvstore.server.ssp);
 - row-sparse tables: kvstore.server.tables; dynamic rows (created on first push,
   evicted): kvstore.server.dyntables;
 - the optimizer and its state: kvstore.server.optimizer_slot; checkpoints as

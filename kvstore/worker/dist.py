@@ -8,7 +8,7 @@ the :class:`~kvstore.worker.client.Client` and fills the outputs. Collective cal
 (:mod:`kvstore.worker.job`); checkpoints are :mod:`kvstore.worker.checkpoints`, optimizer
 states on the servers :mod:`kvstore.worker.remote_states`, finishing or failing
 :mod:`kvstore.worker.leaving`. ``dist_ssp`` runs the servers in ``ssp`` mode
-(kvstore.server.staleness), or in sync (staleness 0) or async (inf) mode.
+(kvstore.server.ssp), or in sync (staleness 0) or async (inf) mode.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class DistStore(KVStore):
     """A worker's handle on the distributed store. Created by
     ``kvstore.create("dist_sync")`` inside a process started by a launcher;
-    ``staleness``: dist_ssp's bound (kvstore.server.staleness; None otherwise)."""
+    ``staleness``: dist_ssp's bound (kvstore.server.ssp; None otherwise)."""
 
     def __init__(self, name: str, config: Config, staleness: int | float | None = None,
                  accelerators: Accelerators | None = None):

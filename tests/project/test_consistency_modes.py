@@ -6,7 +6,7 @@ and the server; code asks it what the mode allows (``mode.write_in``,
 fails where a mode is tested by what it is instead: a comparison with a mode's
 name (``mode == "sync"``, ``name in ("ssp", "async")``), with a mode object or a
 strategy class (``mode is SYNC``, ``type(s) is Sync``), or an ``isinstance`` /
-``issubclass`` test of one (``isinstance(strategy, Staleness)``). Only the
+``issubclass`` test of one (``isinstance(strategy, Ssp)``). Only the
 definitions may name them so: kvstore/modes.py, and server/modes.py's table.
 It also holds the layering that makes the shared type possible: the server never
 imports the worker, and kvstore/modes.py imports neither.
@@ -90,7 +90,7 @@ def test_no_module_tests_which_consistency_mode_it_is(path):
     'ok = mode is SYNC',
     'ok = type(strategy) is Sync',
     'ok = isinstance(self.consistency, Sync)',
-    'ok = isinstance(s, (Async, Staleness))',
+    'ok = isinstance(s, (Async, Ssp))',
     'ok = issubclass(cls, Consistency)',
     'match mode.name:\n    case "sync":\n        pass',
 ])
@@ -143,7 +143,7 @@ def test_the_shared_modes_import_only_the_standard_library():
 
 @pytest.mark.parametrize("path", [ROOT / "kvstore" / "modes.py"] + [
     ROOT / "kvstore" / "server" / f"{name}.py"
-    for name in ("consistency", "modes", "sync", "write_in", "asyncmode", "staleness", "chunks", "members",
+    for name in ("consistency", "modes", "sync", "write_in", "asyncmode", "ssp", "chunks", "members",
                  "requests", "rounds", "tables", "dyntables")], ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_modes_and_their_strategies_are_pure(path):
     """No sockets, threads or clocks (test_layering.py's rule, over these files too)."""

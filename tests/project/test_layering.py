@@ -72,7 +72,7 @@ PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("k
     files("kvstore", "server", "write_in.py") + files("kvstore", "optimizer") + \
     files("kvstore", "server", "optimizer_slot.py") + files("kvstore", "server", "snapshot.py") + \
     files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
-    files("kvstore", "server", "tables.py") + files("kvstore", "server", "staleness.py") + \
+    files("kvstore", "server", "tables.py") + files("kvstore", "server", "ssp.py") + \
     files("kvstore", "rows", "layout.py") + files("kvstore", "rows", "rowinit.py") + \
     files("kvstore", "rows", "dynamic.py") + files("kvstore", "rows", "dyntable.py") + files("kvstore", "server", "dyntables.py") + \
     files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py")

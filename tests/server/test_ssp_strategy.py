@@ -1,5 +1,5 @@
-"""kvstore.server.staleness and kvstore.server.asyncmode on their own: the
-:class:`Staleness` (``dist_ssp``) and :class:`Async` (``dist_async``) strategies,
+"""kvstore.server.ssp and kvstore.server.asyncmode on their own: the
+:class:`Ssp` (``dist_ssp``) and :class:`Async` (``dist_async``) strategies,
 built the way ``ServerState._configure`` builds a strategy and driven through
 their interface (``admit``, ``push``, ``pull``, ``workers_finished``, ``stalled``).
 
@@ -25,7 +25,7 @@ from kvstore.server.backend import HostBackend
 from kvstore.server.chunks import ChunkTable
 from kvstore.server.members import Members
 from kvstore.server.optimizer_slot import ServerOptimizer
-from kvstore.server.staleness import Staleness
+from kvstore.server.ssp import Ssp
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,7 +75,7 @@ def test_async_applies_every_push_on_arrival_and_answers_reads_at_once_with_copi
 
 
 def test_async_and_ssp_refuse_pushes_before_an_optimizer_is_set():
-    for strategy, bound in ((Async, None), (Staleness, 1)):
+    for strategy, bound in ((Async, None), (Ssp, 1)):
         s = make(strategy, bound=bound, opt=False)
         with pytest.raises(InvalidArgumentError, match="applies every push with an optimizer: call "
                                                        "set_optimizer"):
@@ -87,12 +87,12 @@ def test_modes_without_ordered_sums_refuse_them_and_ssp_needs_its_bound():
     with pytest.raises(InvalidArgumentError, match="deterministic sums need dist_sync"):
         Async(table, 2, Members(), slot, None, ordered=True)
     with pytest.raises(ValueError, match="dist_ssp needs a staleness bound"):
-        Staleness(table, 2, Members(), slot, None)
+        Ssp(table, 2, Members(), slot, None)
 
 
 # -- ssp -------------------------------------------------------------------------------------
 def test_a_read_waits_until_every_workers_clock_is_within_the_bound_of_the_readers():
-    s = make(Staleness, workers=2, bound=1)
+    s = make(Ssp, workers=2, bound=1)
     push(s, 0, 1, {A: [1, 1, 1]})
     assert len(pull(s, 0, 2, [A])) == 1                # clock 1: needs every clock >= 0
     push(s, 0, 3, {A: [1, 1, 1]})                      # applied on arrival: clock 2
@@ -107,7 +107,7 @@ def test_a_read_waits_until_every_workers_clock_is_within_the_bound_of_the_reade
 
 
 def test_the_slowest_worker_counts_a_push_that_leaves_another_behind_releases_nothing():
-    s = make(Staleness, workers=3, bound=1)
+    s = make(Ssp, workers=3, bound=1)
     push(s, 0, 1, {A: [1, 1, 1]})
     push(s, 0, 2, {A: [1, 1, 1]})
     assert pull(s, 0, 3, [A]) == []                    # needs workers 1 and 2 at >= 1
@@ -116,7 +116,7 @@ def test_the_slowest_worker_counts_a_push_that_leaves_another_behind_releases_no
 
 
 def test_a_pushpull_reads_after_its_own_push_and_a_read_of_two_chunks_waits_for_both():
-    s = make(Staleness, workers=2, bound=1)
+    s = make(Ssp, workers=2, bound=1)
     push(s, 0, 1, {A: [1, 1, 1], B: [1, 1, 1]})
     assert push(s, 0, 2, {A: [1, 1, 1], B: [1, 1, 1]}, want_values=True) == []   # clock 2: waits
     push(s, 1, 3, {A: [0, 0, 0]})                      # A is within the bound now, B is not
@@ -125,7 +125,7 @@ def test_a_pushpull_reads_after_its_own_push_and_a_read_of_two_chunks_waits_for_
 
 
 def test_a_read_waiting_for_a_finished_worker_fails_naming_it_and_a_later_one_is_refused_at_once():
-    s = make(Staleness, workers=2, bound=1)
+    s = make(Ssp, workers=2, bound=1)
     push(s, 0, 1, {A: [1, 1, 1]})
     push(s, 0, 2, {A: [1, 1, 1]})
     assert pull(s, 0, 3, [A]) == []
@@ -143,7 +143,7 @@ def test_a_read_waiting_for_a_finished_worker_fails_naming_it_and_a_later_one_is
 
 
 def test_a_parked_read_is_reported_once_with_made_up_times():
-    s = make(Staleness, workers=3, bound=2)
+    s = make(Ssp, workers=3, bound=2)
     for rid in (1, 2, 3):
         push(s, 0, rid, {B: [0, 0, 0]})
     assert pull(s, 0, 4, [B]) == []

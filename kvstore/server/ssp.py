@@ -61,7 +61,7 @@ class Read:
     reported: bool = False
 
 
-class Staleness(Async):
+class Ssp(Async):
     """Pushes applied on arrival to the chunks of ``table``; the clocks and waiting
     reads of bound ``bound`` (the ``staleness`` of configure, 1 <= bound < inf)."""
 
