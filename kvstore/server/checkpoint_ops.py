@@ -11,7 +11,7 @@ about to be replaced. The restore adopts the set's job id (later saves carry it)
 and deletes the temporaries of saves that never finished.
 
 After a restore the job's first ``set_optimizer`` keeps the restored optimizer
-state only when it sets the same optimizer (kvstore.server.optimizer_slot); when
+state only when it sets the same optimizer (kvstore.server.server_optimizer); when
 it sets another one, :meth:`CheckpointOps.optimizer_set` logs a warning naming
 what was dropped (both optimizers, the state of how many keys).
 """

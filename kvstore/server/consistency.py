@@ -23,7 +23,7 @@ from ..errors import InvalidArgumentError, ProtocolError
 from ..modes import ConsistencyMode
 from .chunks import ChunkTable
 from .members import Members
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .replication import Replication
 from .rounds import Reply
 

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int
 
@@ -400,7 +400,7 @@ class Replicas:
 
     def _set_states(self, peer, header: dict, arrays: list, primary: int, held: dict) -> list[Reply]:
         """``load_optimizer_states`` reached the primary: the same state set on the
-        replicas, checked as the primary checked it (kvstore.server.optimizer_slot)."""
+        replicas, checked as the primary checked it (kvstore.server.server_optimizer)."""
         def replica_of(cid) -> StoredChunk:
             if cid not in held:
                 raise InvalidArgumentError(f"replicate states: {self.name} holds no replica of {chunk_label(cid)} "

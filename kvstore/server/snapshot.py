@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import optimizer as _optimizer
 from ..errors import CheckpointError
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .rounds import StoredChunk
 
 

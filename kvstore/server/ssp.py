@@ -43,7 +43,7 @@ from ..protocol import chunk_label, error_header, ops
 from .asyncmode import Async
 from .chunks import ChunkTable
 from .members import Members
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .requests import ok, reply_values
 from .rounds import Reply
 

@@ -20,7 +20,7 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
   (kvstore.server.ssp);
 - row-sparse tables: kvstore.server.tables; dynamic rows (created on first push,
   evicted): kvstore.server.dyntables;
-- the optimizer and its state: kvstore.server.optimizer_slot; checkpoints as
+- the optimizer and its state: kvstore.server.server_optimizer; checkpoints as
   data: kvstore.server.snapshot;
 - an elastic job's members: kvstore.server.members; rounds that wait long:
   kvstore.server.stalls;
@@ -47,7 +47,7 @@ from .members import Members
 from .consistency import Consistency
 from .modes import MODES, Job
 from . import snapshot as _snapshot
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .replication import Replicas, Replication
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int, speaks_for
@@ -79,7 +79,7 @@ class ServerState:
         self.table = ChunkTable(name, self.backend)
         self.job = Job()                   # the mode (kvstore.modes) and worker slots, as configured or restored
         self.consistency: Consistency | None = None   # the mode's strategy (kvstore.server.modes)
-        self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.optimizer_slot)
+        self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.server_optimizer)
         self.members = Members()           # an elastic job's members (set_members)
         # row-sparse keys (kvstore.server.tables) and dynamic rows (kvstore.server.dyntables)
         self.rows = RowTables(self.table, self.job, self.optimizer, self.members, self.budget)

@@ -59,7 +59,7 @@ from ..protocol import chunk_label, error_header, ops
 from .chunks import ChunkTable
 from .consistency import Consistency
 from .members import Members
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .requests import ok
 from .rounds import StoredChunk, ParkedRequest, Reply, Round
 from .write_in import Grant, HeldPush, WriteQueue, write_request

@@ -40,7 +40,7 @@ from .budget import MemoryBudget
 from .chunks import ChunkTable
 from .members import Members
 from .modes import Job
-from .optimizer_slot import ServerOptimizer
+from .server_optimizer import ServerOptimizer
 from .replication import Replication
 from .requests import ok
 from .rounds import StoredChunk, Reply, is_int

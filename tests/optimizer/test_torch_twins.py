@@ -203,12 +203,12 @@ def test_state_layout_names_torchs_state_for_every_group():
 
 
 def test_a_servers_checkpoint_of_a_twin_resumes_exactly():
-    """The servers' side of a checkpoint (kvstore.server.optimizer_slot.ServerOptimizer,
+    """The servers' side of a checkpoint (kvstore.server.server_optimizer.ServerOptimizer,
     pure): a twin's per-chunk state saved mid-run, restored into a fresh server with
     the checkpoint's config and the job's same set_optimizer, goes on as if never
     stopped; a set_optimizer with other groups and keep_state (a scheduler's change)
     keeps it too."""
-    from kvstore.server.optimizer_slot import ServerOptimizer
+    from kvstore.server.server_optimizer import ServerOptimizer
 
     twin = kvopt.create("torch_adamw", lr=1e-2, groups=[{}, {"weight_decay": 0.0, "amsgrad": True}],
                         key_groups={"b": 1})

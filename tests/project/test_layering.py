@@ -70,7 +70,7 @@ def test_control_plane_never_imports_a_launcher(path):
 PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("kvstore", "compression.py") + files("kvstore", "precision.py") + \
     files("kvstore", "server", "state.py") + files("kvstore", "server", "rounds.py") + \
     files("kvstore", "server", "write_in.py") + files("kvstore", "optimizer") + \
-    files("kvstore", "server", "optimizer_slot.py") + files("kvstore", "server", "snapshot.py") + \
+    files("kvstore", "server", "server_optimizer.py") + files("kvstore", "server", "snapshot.py") + \
     files("kvstore", "server", "stalls.py") + files("kvstore", "registry.py") + \
     files("kvstore", "server", "tables.py") + files("kvstore", "server", "ssp.py") + \
     files("kvstore", "rows", "layout.py") + files("kvstore", "rows", "rowinit.py") + \
@@ -146,7 +146,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
     """The walk finds what a reader would: a relative import of a module, one of a
     package, one inside a function, one under TYPE_CHECKING, the registry's table."""
     assert "kvstore.worker.checkpoints" in GRAPH["kvstore.worker.dist"]          # from .checkpoints import
-    assert "kvstore.optimizer" in GRAPH["kvstore.server.optimizer_slot"]         # from .. import optimizer
+    assert "kvstore.optimizer" in GRAPH["kvstore.server.server_optimizer"]         # from .. import optimizer
     assert "kvstore.worker.local" in GRAPH["kvstore"]                            # inside create()
     assert "kvstore.hostgroup.group" in GRAPH["kvstore.worker.exchange"]         # under TYPE_CHECKING
     assert "kvstore.transport.links.tcp_link" in GRAPH["kvstore.transport.registry"]

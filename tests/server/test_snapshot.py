@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvstore import optimizer
-from kvstore.server.optimizer_slot import ServerOptimizer
+from kvstore.server.server_optimizer import ServerOptimizer
 from kvstore.server.rounds import StoredChunk
 from kvstore.server.snapshot import load, take
 
@@ -20,12 +20,12 @@ A, B = ("w", 0), (3, 1)
 
 
 def test_a_snapshot_taken_then_loaded_gives_back_values_optimizer_and_states():
-    slot = ServerOptimizer()
-    slot.set({"optimizer": optimizer.SGD(learning_rate=0.5, momentum=0.9).to_config()})
+    server_opt = ServerOptimizer()
+    server_opt.set({"optimizer": optimizer.SGD(learning_rate=0.5, momentum=0.9).to_config()})
     chunks = {A: StoredChunk(np.arange(4, dtype=np.float32)), B: StoredChunk(np.array([7, 8], np.float64))}
     for _ in range(2):                                     # two updates of A: a momentum state
-        slot.updater(A, np.ones(4, np.float32), chunks[A].value)
-    snap = take("server 0", "sync", 3, chunks, slot, np.asarray, {"epoch": 4})
+        server_opt.updater(A, np.ones(4, np.float32), chunks[A].value)
+    snap = take("server 0", "sync", 3, chunks, server_opt, np.asarray, {"epoch": 4})
     assert (snap["server"], snap["mode"], snap["num_workers"], snap["meta"]) == ("server 0", "sync", 3, {"epoch": 4})
     allocated = []
 
@@ -43,13 +43,13 @@ def test_a_snapshot_taken_then_loaded_gives_back_values_optimizer_and_states():
         got = restored.chunks[cid].value
         assert got.dtype == chunks[cid].value.dtype and not np.shares_memory(got, chunks[cid].value)
         np.testing.assert_array_equal(got, chunks[cid].value)
-    assert fresh.config() == slot.config()
-    before, after = slot.updater.get_states(), fresh.updater.get_states()
+    assert fresh.config() == server_opt.config()
+    before, after = server_opt.updater.get_states(), fresh.updater.get_states()
     assert set(after) == {A} and int(after[A]["t"]) == int(before[A]["t"])
     for x, y in zip(before[A]["state"], after[A]["state"]):
         np.testing.assert_array_equal(x, y)
     # the next update continues from the restored state: the same step as the original's
-    slot.updater(A, np.ones(4, np.float32), chunks[A].value)
+    server_opt.updater(A, np.ones(4, np.float32), chunks[A].value)
     fresh.updater(A, np.ones(4, np.float32), restored.chunks[A].value)
     np.testing.assert_array_equal(restored.chunks[A].value, chunks[A].value)
 

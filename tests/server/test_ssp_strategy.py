@@ -24,7 +24,7 @@ from kvstore.server.asyncmode import Async
 from kvstore.server.backend import HostBackend
 from kvstore.server.chunks import ChunkTable
 from kvstore.server.members import Members
-from kvstore.server.optimizer_slot import ServerOptimizer
+from kvstore.server.server_optimizer import ServerOptimizer
 from kvstore.server.ssp import Ssp
 
 pytestmark = pytest.mark.timeout(30)
@@ -36,10 +36,10 @@ F32 = np.float32
 def make(strategy, workers: int = 2, bound: int | None = None, opt: bool = True):
     """A strategy over chunks A and B (zeros), with SGD(lr=1) set: value -= grad."""
     table = ChunkTable("server 0", HostBackend())
-    slot = ServerOptimizer()
+    server_opt = ServerOptimizer()
     if opt:
-        slot.set({"optimizer": optimizer.SGD(learning_rate=1.0).to_config()})
-    s = strategy(table, workers, Members(), slot, bound)
+        server_opt.set({"optimizer": optimizer.SGD(learning_rate=1.0).to_config()})
+    s = strategy(table, workers, Members(), server_opt, bound)
     table.init([A, B], [np.zeros(3, F32), np.zeros(3, F32)])
     return s
 
@@ -83,11 +83,11 @@ def test_async_and_ssp_refuse_pushes_before_an_optimizer_is_set():
 
 
 def test_modes_without_ordered_sums_refuse_them_and_ssp_needs_its_bound():
-    table, slot = ChunkTable("server 0", HostBackend()), ServerOptimizer()
+    table, server_opt = ChunkTable("server 0", HostBackend()), ServerOptimizer()
     with pytest.raises(InvalidArgumentError, match="deterministic sums need dist_sync"):
-        Async(table, 2, Members(), slot, None, ordered=True)
+        Async(table, 2, Members(), server_opt, None, ordered=True)
     with pytest.raises(ValueError, match="dist_ssp needs a staleness bound"):
-        Ssp(table, 2, Members(), slot, None)
+        Ssp(table, 2, Members(), server_opt, None)
 
 
 # -- ssp -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from kvstore.protocol import chunk_label, ops
 from kvstore.server.backend import HostBackend
 from kvstore.server.chunks import ChunkTable
 from kvstore.server.members import Members
-from kvstore.server.optimizer_slot import ServerOptimizer
+from kvstore.server.server_optimizer import ServerOptimizer
 from kvstore.server.sync import Sync
 
 pytestmark = pytest.mark.timeout(30)

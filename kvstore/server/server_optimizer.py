@@ -10,9 +10,9 @@ Pure: no sockets, threads or clocks.
 
 Example::
 
-    slot = ServerOptimizer()
-    slot.set({"optimizer": SGD(learning_rate=0.1).to_config()})
-    slot.updater(("w", 0), grad, value)
+    optimizer = ServerOptimizer()
+    optimizer.set({"optimizer": SGD(learning_rate=0.1).to_config()})
+    optimizer.updater(("w", 0), grad, value)
 """
 
 from __future__ import annotations
