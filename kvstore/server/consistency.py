@@ -30,7 +30,7 @@ from .rounds import Reply
 
 class Consistency:
     """The strategy of one consistency mode over the chunks of ``table`` for
-    ``num_workers`` worker slots; ``bound``: the staleness bound (a bounded mode's
+    ``num_workers`` worker ranks; ``bound``: the staleness bound (a bounded mode's
     only); ``ordered``: deterministic sums (refused unless the mode has them)."""
 
     mode: ClassVar[ConsistencyMode]     # what it allows (kvstore.modes), shared with the worker

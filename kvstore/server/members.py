@@ -1,4 +1,4 @@
-"""Which worker slots of an elastic job are members, and where each is active.
+"""Which worker ranks of an elastic job are members, and where each is active.
 
 A collaborator of :class:`~kvstore.server.state.ServerState`, pure like it (no
 sockets, threads or clocks). The scheduler numbers each change of the job's members
@@ -63,11 +63,11 @@ class Members:
 
     @staticmethod
     def check(ranks, slots: int) -> None:
-        """Members must be worker slots of the job (configure's ``num_workers``)."""
+        """Members must be worker ranks of the job (configure's ``num_workers``)."""
         outside = sorted(r for r in ranks if not 0 <= r < slots)
         if outside:
             raise InvalidArgumentError(
-                f"members {_names(outside)} of the elastic job are not worker slots 0..{slots - 1} "
+                f"members {_names(outside)} of the elastic job are not worker ranks 0..{slots - 1} "
                 f"(configure said num_workers={slots}; an elastic job configures its maximum)")
 
     def change(self, epoch: int, ranks: frozenset, slots: int) -> list[int]:

@@ -33,7 +33,7 @@ MODES: dict[str, type[Consistency]] = {
 class Job:
     """The job a server serves, as configured (or restored from a checkpoint, whose
     ``ssp`` mode waits for configure to bring its bound): its consistency mode and
-    worker slots. Set by :class:`~kvstore.server.state.ServerState`; read by the
+    worker ranks. Set by :class:`~kvstore.server.state.ServerState`; read by the
     collaborators that act on the mode's behalf (kvstore.server.tables)."""
 
     mode: ConsistencyMode | None = None

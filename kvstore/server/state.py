@@ -77,7 +77,7 @@ class ServerState:
         self.backend = backend or HostBackend(alloc, shared)
         self.write_in = write_in           # sums lie in memory co-located workers can map
         self.table = ChunkTable(name, self.backend)
-        self.job = Job()                   # the mode (kvstore.modes) and worker slots, as configured or restored
+        self.job = Job()                   # the mode (kvstore.modes) and worker ranks, as configured or restored
         self.consistency: Consistency | None = None   # the mode's strategy (kvstore.server.modes)
         self.optimizer = ServerOptimizer()  # the optimizer and its state (kvstore.server.server_optimizer)
         self.members = Members()           # an elastic job's members (set_members)
@@ -173,7 +173,7 @@ class ServerState:
 
     @property
     def num_workers(self) -> int | None:
-        """The worker slots, as configured or restored; None before."""
+        """The worker ranks, as configured or restored; None before."""
         return self.job.num_workers
 
     @property
@@ -539,7 +539,7 @@ class ServerState:
         by every round opened from now on. Before configure (which says how many
         slots there are) the members are kept and applied by it.
 
-        Raises InvalidArgumentError for members that are not worker slots or two sets
+        Raises InvalidArgumentError for members that are not worker ranks or two sets
         of members for one epoch."""
         ranks = frozenset(ranks)
         if not self.members.newer(epoch, ranks):

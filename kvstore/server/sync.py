@@ -69,7 +69,7 @@ LEADER = 0          # the worker that adds up layer-wise terms and sends apply_n
 
 
 class Sync(Consistency):
-    """The sync rounds of the chunks in ``table`` for ``num_workers`` worker slots
+    """The sync rounds of the chunks in ``table`` for ``num_workers`` worker ranks
     (``ordered``: deterministic sums, a round's pushes added in rank order)."""
 
     mode = SYNC                   # rounds; row-sparse tables have rounds of their own (kvstore.server.tables)

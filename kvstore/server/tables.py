@@ -88,7 +88,7 @@ class Table:
 
 class RowTables:
     """The row-sparse tables among the chunks of ``table``, for ``job`` (its mode and
-    worker slots, read when needed: configure sets them), updated by ``optimizer``
+    worker ranks, read when needed: configure sets them), updated by ``optimizer``
     (its updater, if set), with an elastic job's ``members`` counted in rounds and
     what init may allocate checked against ``budget``."""
 

@@ -102,7 +102,7 @@ class DistStore(KVStore):
                                             self._membership.fail, self._exchange.flush)
             self._checkpoints.resume()
             if self._leads():
-                # the servers count a round complete when every worker slot is in it
+                # the servers count a round complete when every worker rank is in it
                 self._client.request_all(ops.CONFIGURE, "configuring the servers", num_workers=reg.slots,
                                          **self._mode.configure_fields(staleness),
                                          **({"deterministic": True} if config.deterministic else {}))

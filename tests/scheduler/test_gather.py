@@ -39,7 +39,7 @@ def test_a_barrier_with_payloads_gives_every_waiter_all_of_them_in_rank_order():
     assert len(sends) == 3 and {s.op for s in sends} == {"barrier_done"}
     for rank in range(3):
         assert only(to(sends, f"worker-{rank}".encode())).fields["data"] == [b"\0", b"", b"\2\2\2"]
-    assert job.state._slots.barrier.waiting == {}       # nothing kept once answered
+    assert job.state._ranks.barrier.waiting == {}       # nothing kept once answered
 
 
 def test_a_barrier_without_payloads_is_answered_as_before():
@@ -61,7 +61,7 @@ def test_a_payload_that_is_not_bytes_or_too_large_is_refused_and_the_others_wait
     job.request("worker-0", "barrier", token="t", data=b"zero")
     req_id, sends = job.request("worker-1", "barrier", token="t", data=data)
     error(sends, "invalid", text, req_id)
-    assert list(job.state._slots.barrier.waiting) == ["worker-0"]     # nothing of worker 1 kept
+    assert list(job.state._ranks.barrier.waiting) == ["worker-0"]     # nothing of worker 1 kept
     _, sends = job.request("worker-1", "barrier", token="t", data=b"one")
     assert only(to(sends, b"worker-0")).fields["data"] == [b"zero", b"one"]
     assert job.state.failure is None
@@ -77,7 +77,7 @@ def test_payloads_that_together_exceed_a_barrier_fail_it_for_every_waiter_naming
     assert sends[0].fields["message"] == (
         f"a gather's payloads take {2 * half} bytes together, more than the {GATHER_BYTES} bytes one "
         f"barrier may carry (worker 0: {half}, worker 1: {half})")
-    assert job.state._slots.barrier.waiting == {}       # the scheduler holds none of it
+    assert job.state._ranks.barrier.waiting == {}       # the scheduler holds none of it
     assert job.state.failure is None                    # the job goes on: the next barrier passes
     for rank in range(3):
         _, sends = job.request(f"worker-{rank}", "barrier", token="u", data=b"ok")
@@ -116,7 +116,7 @@ def test_random_payloads_never_break_the_scheduler_nor_exceed_its_bound(arrivals
             if "data" in send.fields:
                 assert len(send.fields["data"]) == 3 and sum(map(len, send.fields["data"])) <= GATHER_BYTES
             wire.decode(wire.encode(send.op, **send.fields))     # every answer fits a control frame
-        kept = [w[3] for w in job.state._slots.barrier.waiting.values() if w[3] is not None]
+        kept = [w[3] for w in job.state._ranks.barrier.waiting.values() if w[3] is not None]
         assert sum(map(len, kept)) <= GATHER_BYTES
 
 

@@ -196,7 +196,7 @@ def test_a_joiner_gets_its_requested_rank_when_that_slot_is_vacant():
 @pytest.mark.parametrize("rank, text", [
     (1, "worker rank 1 is taken by worker 1 (pid 101 on h): a joining worker needs a vacant rank "
         "(vacant: 2) or none"),
-    (3, "worker rank 3 is out of range: this elastic job has 3 worker slots (--elastic 1:3)"),
+    (3, "worker rank 3 is out of range: this elastic job has 3 worker ranks (--elastic 1:3)"),
     ("2", "worker rank '2' is out of range"),
 ])
 def test_a_joiner_that_asks_for_a_rank_it_cannot_have_is_refused(rank, text):
@@ -211,7 +211,7 @@ def test_a_joiner_finds_the_job_full():
     job = Elastic(workers=2, elastic=(1, 2))
     job.form()
     req_id, sends = job.join("worker-new")
-    error(sends, "invalid", "the elastic job is full: all 2 worker slots are in use (--elastic 1:2); "
+    error(sends, "invalid", "the elastic job is full: all 2 worker ranks are in use (--elastic 1:2); "
                             "this worker cannot join", req_id)
 
 

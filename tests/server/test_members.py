@@ -45,8 +45,8 @@ def test_epochs_only_grow_and_one_epoch_has_one_set_of_members():
     assert not m.newer(5, frozenset({1})) and m.newer(6, frozenset({1}))
 
 
-def test_members_must_be_worker_slots():
-    with pytest.raises(InvalidArgumentError, match=r"members 3, 4 of the elastic job are not worker slots 0..2 "
+def test_members_must_be_worker_ranks():
+    with pytest.raises(InvalidArgumentError, match=r"members 3, 4 of the elastic job are not worker ranks 0..2 "
                                                    r"\(configure said num_workers=3"):
         Members().change(1, frozenset({0, 3, 4}), slots=3)
 

@@ -37,7 +37,7 @@ def test_chunk_ids_are_distinct_key_index_pairs_one_per_buffer():
             chunk_ids(header, arrays)
 
 
-def test_worker_of_is_the_senders_rank_among_the_slots():
+def test_worker_of_is_the_senders_rank_among_the_ranks():
     assert worker_of({"src": 2}, 3) == 2
     for src in (3, -1, True, "1", None):
         with pytest.raises(ProtocolError, match=r"'src' must be the sender's worker rank \(0..2\)"):

@@ -1,7 +1,7 @@
 """Elastic workers in the server's state machine (ServerState.set_members,
 kvstore.server.members), driven without sockets.
 
-A round completes when every worker slot (configure's ``num_workers``) is counted in
+A round completes when every worker rank (configure's ``num_workers``) is counted in
 it; a slot that is not an active member on the chunk is counted from the start,
 contributing nothing. A worker that leaves is counted in every queued round it has
 not pushed to (its pushes already in rounds count; its parked requests fail naming
@@ -96,7 +96,7 @@ def test_members_that_are_not_slots_make_configure_fail_and_change_nothing():
     state.set_members(0, [0, 3])
     r = state.handle(peer(0), {"op": ops.CONFIGURE, "id": 1, "src": 0, "mode": "sync", "num_workers": 2}, [])
     expect_error(only(r), peer(0), 1, "InvalidArgumentError",
-                 "members 3 of the elastic job are not worker slots 0..1 (configure said num_workers=2")
+                 "members 3 of the elastic job are not worker ranks 0..1 (configure said num_workers=2")
     assert state.mode is None and state.members.pending == (0, frozenset({0, 3}))
 
 

@@ -1,4 +1,4 @@
-"""The job's worker slots: which worker holds which rank (the *members*), the
+"""The job's worker ranks: which worker holds which rank (the *members*), the
 membership *epoch*, the progress workers saved, and the rules of elastic jobs
 (``--elastic MIN:MAX``, docs/protocol.md): where a joining worker goes, when a
 leave aborts the job instead, when a joiner is answered (once every server
@@ -6,8 +6,8 @@ acknowledged the epoch that lists its process) and when it becomes a member (at
 its first barrier with the members, released once every server holds that epoch).
 
 Pure, like :class:`~.scheduler_state.SchedulerState`, which holds one
-:class:`Slots` and sends the messages its methods return. Without elastic the
-slots are the ``num_workers`` ranks, filled once when the job forms, and the
+:class:`WorkerRanks` and sends the messages its methods return. Without elastic the
+ranks are the ``num_workers`` ones, filled once when the job forms, and the
 members never change.
 """
 
@@ -40,19 +40,19 @@ class Joiner:
     since: float
 
 
-class Slots:
-    """Worker ranks 0..slots-1 and their holders. ``servers`` arguments: the servers
+class WorkerRanks:
+    """Worker ranks 0..count-1 and their holders. ``servers`` arguments: the servers
     that have not finished (they hear of every change and acknowledge it).
 
     Example::
 
-        slots = Slots(2, (1, 3))                  # 2 workers now, 1 to 3 allowed
-        slots.fill([worker0, worker1])            # the job formed: epoch 0, members [0, 1]
-        sends = slots.join(worker2, None, b"w2", 7, 5.0, servers)   # epoch 1: rank 2, pending
-        sends = slots.answers(servers, book)      # every server holds epoch 1: its registered
-        sends = slots.release(nodes, servers, 9.0)   # all 3 at a barrier: epoch 2, members
-        sends = slots.answers(servers, None)         # [0, 1, 2]; barrier_done once servers hold 2
-        sends, abort = slots.leave(worker0, "was killed by SIGKILL", True, servers, nodes, 9.5)
+        ranks = WorkerRanks(2, (1, 3))                  # 2 workers now, 1 to 3 allowed
+        ranks.fill([worker0, worker1])            # the job formed: epoch 0, members [0, 1]
+        sends = ranks.join(worker2, None, b"w2", 7, 5.0, servers)   # epoch 1: rank 2, pending
+        sends = ranks.answers(servers, book)      # every server holds epoch 1: its registered
+        sends = ranks.release(nodes, servers, 9.0)   # all 3 at a barrier: epoch 2, members
+        sends = ranks.answers(servers, None)         # [0, 1, 2]; barrier_done once servers hold 2
+        sends, abort = ranks.leave(worker0, "was killed by SIGKILL", True, servers, nodes, 9.5)
     """
 
     def __init__(self, num_workers: int, elastic: tuple[int, int] | None):
@@ -78,7 +78,7 @@ class Slots:
 
     @property
     def _elastic(self) -> tuple[int, int]:
-        """(MIN, MAX): the bounds, which only the slots of an elastic job ask for."""
+        """(MIN, MAX): the bounds, which only an elastic job's ranks ask for."""
         assert self.bounds is not None, "not an elastic job"
         return self.bounds
 
@@ -91,12 +91,12 @@ class Slots:
         self.holders = {n.ranked: n for n in workers}
 
     def holds(self, node: Node) -> bool:
-        """Whether ``node`` holds its slot (a member, or a joiner not yet one)."""
+        """Whether ``node`` holds its rank (a member, or a joiner not yet one)."""
         return node.rank is not None and (self.holders.get(node.rank) is node
                                           or self.pending.get(node.rank) is node)
 
     def registered(self, node: Node, book: dict, joined: bool = False) -> dict:
-        """The fields of ``registered`` for ``node``: ``book`` (servers) and the slots."""
+        """The fields of ``registered`` for ``node``: ``book`` (servers) and the ranks (its "slots" field)."""
         holder = lambda r: self.holders.get(r) or self.pending.get(r)   # noqa: E731
         return {"rank": node.rank, **book, "joined": joined, "num_workers": len(self.holders),
                 "slots": self.count, "progress": self.progress,
@@ -106,7 +106,7 @@ class Slots:
 
     def news(self) -> dict:
         """What servers hear of the members (``members``, and an elastic ``ack``):
-        the epoch, the ranks and "host:pid" by slot (the processes that may map memory)."""
+        the epoch, the ranks and "host:pid" by rank (the processes that may map memory)."""
         holder = lambda r: self.holders.get(r) or self.pending.get(r)   # noqa: E731
         return {"epoch": self.epoch, "members": self.members,
                 "workers": [f"{n.host}:{n.pid}" if (n := holder(r)) else "" for r in range(self.count)]}
@@ -186,7 +186,7 @@ class Slots:
     # -- joins and leaves (elastic) ------------------------------------------------
     def join(self, node: Node, rank, ident: bytes, req_id, now: float,
              servers: list[Node]) -> list[Send]:
-        """``node`` takes slot ``rank`` (None: the lowest vacant one) in a new epoch
+        """``node`` takes rank ``rank`` (None: the lowest vacant one) in a new epoch
         and waits to be answered; RendezvousError if that rank is out of range or
         taken, or the job is full."""
         node.rank = self._pick(rank)
@@ -202,12 +202,12 @@ class Slots:
         vacant = [r for r in range(self.count) if r not in taken]
         if rank is None:
             if not vacant:
-                raise RendezvousError(f"the elastic job is full: all {self.count} worker slots are "
+                raise RendezvousError(f"the elastic job is full: all {self.count} worker ranks are "
                                       f"in use ({self.flag}); this worker cannot join")
             return vacant[0]
         if not (type(rank) is int and 0 <= rank < self.count):
             raise RendezvousError(f"worker rank {rank!r} is out of range: this elastic job has "
-                                  f"{self.count} worker slots ({self.flag})")
+                                  f"{self.count} worker ranks ({self.flag})")
         if rank in taken:
             free = f"vacant: {', '.join(map(str, vacant))}" if vacant else "none is vacant"
             raise RendezvousError(f"worker rank {rank} is taken by {taken[rank].name()}: "
@@ -216,14 +216,14 @@ class Slots:
 
     def leave(self, node: Node, why: str, failure: bool, servers: list[Node],
               nodes: dict, now: float) -> tuple[list[Send], str | None]:
-        """``node`` no longer holds its slot: a new epoch without it, and the barrier
+        """``node`` no longer holds its rank: a new epoch without it, and the barrier
         no longer waits for it. Returns the messages to send (to the servers; the
         barrier's end), and for a ``failure`` that leaves fewer than MIN members the
-        reason to abort the job instead (nothing if it held no slot)."""
+        reason to abort the job instead (nothing if it held no rank)."""
         if not self.holds(node):
             log.info("%s %s after it left the job", node.name(), why)
             return [], None
-        rank = node.ranked   # it holds a slot
+        rank = node.ranked   # it holds a rank
         self.barrier.leave(node.node_id)
         if self.pending.get(rank) is node:      # a joiner that never became a member
             del self.pending[rank]

@@ -43,14 +43,14 @@ class Registration:
     num_workers: int    # workers in the job now (len(members))
     num_servers: int
     servers: list       # data-plane address of each server, by rank
-    workers: list       # "host:pid" of each worker slot, by rank ("" where vacant)
+    workers: list       # "host:pid" of each worker rank, by rank ("" where vacant)
     slots: int | None = None       # worker ranks 0..slots-1 (elastic: MAX); None: num_workers
     members: tuple | None = None   # the ranks of the workers in the job; None: all slots
     epoch: int = 0                 # the membership epoch of ``members``
     joined: bool = False           # a worker that joined a running (elastic) job
     progress: dict = field(default_factory=dict)   # as a worker last saved it
     elastic: tuple | None = None   # (MIN, MAX), or None: not elastic
-    worker_addrs: list = field(default_factory=list)   # each worker slot's registered address
+    worker_addrs: list = field(default_factory=list)   # each worker rank's registered address
     job: str = ""                  # servers: the job's id (SchedulerState.job), "" for workers
 
     def __post_init__(self):
@@ -94,7 +94,7 @@ class Membership:
         self.registration: Registration | None = None
         # the job's progress as last heard (at registration and barriers)
         self.progress: dict = {}
-        # "host:pid" by worker slot, as last heard (servers: with each new membership)
+        # "host:pid" by worker rank, as last heard (servers: with each new membership)
         self.workers: tuple = ()
         self._members: tuple[int, frozenset] = (-1, frozenset())
         self._members_lock = threading.Lock()   # set by the heartbeat and the calling thread

@@ -53,7 +53,7 @@ class Node:
     @property
     def ranked(self) -> int:
         """Its rank, which every node has once the job formed (a worker that joins a
-        running job: once it took a slot); before that, one registered without a
+        running job: once it took a rank); before that, one registered without a
         rank (registration order) has none."""
         assert self.rank is not None, f"{self.name()} has no rank yet"
         return self.rank

@@ -37,7 +37,7 @@ import secrets
 from collections.abc import Callable
 
 from . import env, wire
-from .elastic import FINISH_GRACE, Slots  # noqa: F401 (FINISH_GRACE: for the tests)
+from .elastic import FINISH_GRACE, WorkerRanks  # noqa: F401 (FINISH_GRACE: for the tests)
 from .errors import RendezvousError
 from .failover import ServerBook
 from .records import Node, Send, describe_exit, gather_budget, missing
@@ -85,7 +85,7 @@ class SchedulerState:
             raise ValueError("KVSTORE_REPLICAS=1 with elastic workers (--elastic) is not built yet")
         self.replicas = replicas
         self.servers_book: ServerBook | None = None   # replicas: who serves each share, once formed
-        self._slots = Slots(num_workers, elastic)   # raises ValueError naming --elastic
+        self._ranks = WorkerRanks(num_workers, elastic)   # raises ValueError naming --elastic
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.timeout = timeout
@@ -117,12 +117,12 @@ class SchedulerState:
     @property
     def members(self) -> list[int]:
         """The ranks of the workers in the job now, sorted ([] before it formed)."""
-        return self._slots.members
+        return self._ranks.members
 
     @property
     def epoch(self) -> int:
         """The membership epoch: 0 when the job formed, +1 at every join and leave."""
-        return self._slots.epoch
+        return self._ranks.epoch
 
     # -- events in, messages out -----------------------------------------------
     def receive(self, ident: bytes, frame: bytes, now: float) -> list[Send]:
@@ -161,7 +161,7 @@ class SchedulerState:
             assert node is not None
             self._server_died(node, describe_exit(code))
         elif self.elastic is not None and role == "worker" and self._book is not None:
-            if node is not None and self._slots.holds(node):   # a clean exit is no failure
+            if node is not None and self._ranks.holds(node):   # a clean exit is no failure
                 self._leave(node, describe_exit(code) if code else "exited with status 0 without "
                             "finishing (close())", failure=code != 0)
             else:
@@ -178,7 +178,7 @@ class SchedulerState:
             if node.role == "server" and not self._shutdown_sent:
                 self._abort(f"{what} exited while workers were still running")
             if node.role == "worker":
-                self._out += self._slots.tell_finished(now, self._live_servers())
+                self._out += self._ranks.tell_finished(now, self._live_servers())
             self._maybe_shutdown_servers()
         return self._flush()
 
@@ -201,14 +201,14 @@ class SchedulerState:
             who = missing(self._nodes.values(), self.num_workers, self.num_servers)
             self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
         elif not self._check_liveness(now):
-            self._out += self._slots.barrier.expire(now, list(self._slots.holders.values()), self._nodes)
+            self._out += self._ranks.barrier.expire(now, list(self._ranks.holders.values()), self._nodes)
             if self._book is not None:
-                for node, error in self._slots.overdue(now, self.timeout, self._live_servers()):
+                for node, error in self._ranks.overdue(now, self.timeout, self._live_servers()):
                     self._out.append(error)
                     self._leave(node, "the servers did not acknowledge its join in time", False)
-                if late := self._slots.held_too_long(now, self.timeout, self._live_servers()):
+                if late := self._ranks.held_too_long(now, self.timeout, self._live_servers()):
                     self._abort(late)   # a barrier that made joiners members waits for a server
-                self._out += self._slots.tell_finished(now, self._live_servers())   # after the grace
+                self._out += self._ranks.tell_finished(now, self._live_servers())   # after the grace
                 self.over = all(n.finished for n in self._nodes.values())
         return self._flush()
 
@@ -269,8 +269,8 @@ class SchedulerState:
         elif node is not None and node.role == "server" and self._shutdown_sent:
             self._send(ident, wire.SHUTDOWN)
         elif node is not None and node.role == "server" and self._book is not None:
-            self._send(ident, wire.ACK, **self._slots.acknowledgement(self._now), **self._book_news())
-            self._out += self._slots.answers(self._live_servers(), self._book)   # (elastic) joiners
+            self._send(ident, wire.ACK, **self._ranks.acknowledgement(self._now), **self._book_news())
+            self._out += self._ranks.answers(self._live_servers(), self._book)   # (elastic) joiners
         else:
             self._send(ident, wire.ACK, **self._book_news(), **self._forming())
 
@@ -325,31 +325,31 @@ class SchedulerState:
         if self.replicas:
             self.servers_book = ServerBook(self.num_servers, [n.host for n in by_rank("server")])
             self._book.update(self.servers_book.fields())
-        self._slots.fill(by_rank("worker"))
+        self._ranks.fill(by_rank("worker"))
         for ident, node_id, req_id in self._registered_at_start:
             node = self._nodes[node_id]
-            self._send(ident, wire.REGISTERED, id=req_id, **self._slots.registered(node, self._book),
+            self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, self._book),
                        **({"job": self.job} if node.role == "server" else {}))
         log.info("all %d nodes registered", len(self._nodes))
 
     def _join(self, ident: bytes, msg: dict) -> None:
-        """(elastic) A worker registers with the running job: it takes a vacant slot."""
+        """(elastic) A worker registers with the running job: it takes a vacant rank."""
         if self._shutdown_sent:
             raise RendezvousError("the job is ending (every worker finished or left): "
                                   "no worker can join it now")
         node = Node.registering(msg, "worker", None, ident, self._now, self._hb_idents)
         if node.node_id in self._nodes:
             raise RendezvousError(f"{self._nodes[node.node_id].name()} registered already")
-        self._out += self._slots.join(node, msg.get("rank"), ident, msg.get("id"), self._now,
+        self._out += self._ranks.join(node, msg.get("rank"), ident, msg.get("id"), self._now,
                                       self._live_servers())
         self._nodes[node.node_id] = node
 
     def _leave(self, node: Node, why: str, failure: bool, removed: bool = True) -> None:
         """(elastic) Worker ``node`` leaves the job ``why`` (a ``failure`` below MIN aborts
         it instead). Not ``removed`` (by `finish`): its late heartbeats get no ``abort``."""
-        if self._slots.holds(node):   # else it left before: nothing changes
+        if self._ranks.holds(node):   # else it left before: nothing changes
             node.finished, node.removed = True, why if removed else None
-        sends, abort = self._slots.leave(node, why, failure, self._live_servers(), self._nodes, self._now)
+        sends, abort = self._ranks.leave(node, why, failure, self._live_servers(), self._nodes, self._now)
         self._out += sends
         if abort is not None:
             return self._abort(abort)
@@ -391,23 +391,23 @@ class SchedulerState:
 
     def _op_barrier(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg, worker="take part in barriers")
-        if self._elastic_worker(node) and not self._slots.holds(node):
+        if self._elastic_worker(node) and not self._ranks.holds(node):
             raise RendezvousError(f"{node.name()} left the job (it finished): it takes no part "
                                   "in its barriers")
         # a payload (an all-gather) is bounded per barrier by the members it goes back to
-        self._out += self._slots.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
+        self._out += self._ranks.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
                                                 msg.get("timeout"), self._now, self._nodes, msg.get("data"),
-                                                gather_budget(len(self._slots.holders)))
+                                                gather_budget(len(self._ranks.holders)))
         gone = [n for n in self._nodes.values() if n.role == "worker" and n.finished]
         if gone and self.elastic is None:   # elastic: a finished worker is just no member
             names = ", ".join(n.name() for n in gone)
             self._fail_barrier(f"barrier cannot complete: {names} already finished (called close())",
                                wire.INVALID)
         else:
-            self._out += self._slots.release(self._nodes, self._live_servers(), self._now)
+            self._out += self._ranks.release(self._nodes, self._live_servers(), self._now)
 
     def _fail_barrier(self, message: str, kind: str) -> None:
-        self._out += self._slots.barrier.end(wire.ERROR, kind=kind, message=message)
+        self._out += self._ranks.barrier.end(wire.ERROR, kind=kind, message=message)
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg)
@@ -417,7 +417,7 @@ class SchedulerState:
         if self._elastic_worker(node):   # leaves: the others go on without it
             return self._leave(node, "finished (called close())", failure=False, removed=False)
         node.finished = True
-        if node.role == "worker" and self._slots.barrier.waiting:
+        if node.role == "worker" and self._ranks.barrier.waiting:
             self._fail_barrier(f"barrier cannot complete: {node.name()} finished (called close())",
                                wire.INVALID)
         self._maybe_shutdown_servers()
@@ -439,7 +439,7 @@ class SchedulerState:
     def _op_progress(self, ident: bytes, msg: dict) -> None:
         """A worker saves the job's progress (what a joining worker resumes from)."""
         self._known(msg, worker="save progress")
-        self._slots.save(msg.get("progress"))
+        self._ranks.save(msg.get("progress"))
         self._send(ident, "progress_saved", id=msg.get("id"))
 
     def _maybe_shutdown_servers(self) -> None:
@@ -477,7 +477,7 @@ class SchedulerState:
             if node.hb_ident is not None and not node.finished:
                 self._send(node.hb_ident, "abort", reason=reason)
         for ident, req_id in ([(i, r) for i, _, r in self._registered_at_start] if self._book is None
-                              else self._slots.unanswered()):
+                              else self._ranks.unanswered()):
             self._send(ident, wire.ERROR, id=req_id, kind=wire.ABORTED, message=reason)
         self._fail_barrier(reason, wire.ABORTED)
         # keep answering heartbeats with 'abort' for a while so late nodes hear it too
