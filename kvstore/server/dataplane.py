@@ -92,7 +92,7 @@ class DataPlane:
         """Accept shared memory from the job's worker processes only: ``workers`` is
         their "host:pid" list (again with workers that joined an elastic job)."""
         pids = []
-        for worker in workers:                        # "host:pid" ("" for a vacant slot)
+        for worker in workers:                        # "host:pid" ("" for a vacant rank)
             tail = str(worker).rsplit(":", 1)[-1]
             if tail.isdigit():
                 pids.append(int(tail))

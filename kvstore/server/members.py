@@ -6,9 +6,9 @@ with an epoch and the server node hands the latest over
 (:meth:`ServerState.set_members`); this file keeps the bookkeeping, the state acts
 on its rounds (kvstore.server.stalls).
 
-A round completes when every *slot* (configure's ``num_workers``) is counted in it.
-A slot that is not a *member* is counted from the start, contributing nothing
-(:meth:`Members.absent`): a slot nobody holds, a worker that left, and a worker
+A round completes when every *rank* (configure's ``num_workers``) is counted in it.
+A rank that is not a *member* is counted from the start, contributing nothing
+(:meth:`Members.absent`): a rank nobody holds, a worker that left, and a worker
 that joined the running job but has not yet met the others at a barrier (the
 scheduler makes it a member there, when no round is in flight, and releases
 that barrier only once every server holds the new members: so it takes part in
@@ -19,7 +19,7 @@ push there (:meth:`Members.start`), when its clock there starts at the slowest
 active member's (kvstore.server.ssp): until then it holds nobody back.
 
 Without members (no :meth:`ServerState.set_members`, or a job that is not
-elastic) every slot is a member and active on every chunk: nothing changes.
+elastic) every rank is a member and active on every chunk: nothing changes.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ class Members:
     Example::
 
         m = Members()
-        m.change(1, {0, 2}, slots=3)      # -> [1]: worker 1 left
-        m.change(2, {0, 1, 2}, slots=3)   # -> []: worker 1 joined again
-        m.absent(slots=3)                 # -> frozenset(): every slot is a member
+        m.change(1, {0, 2}, num_workers=3)      # -> [1]: worker 1 left
+        m.change(2, {0, 1, 2}, num_workers=3)   # -> []: worker 1 joined again
+        m.absent(num_workers=3)                 # -> frozenset(): every rank is a member
     """
 
     def __init__(self) -> None:
         self.epoch: int | None = None
-        self.ranks: frozenset | None = None   # None: every slot (not elastic)
+        self.ranks: frozenset | None = None   # None: every rank (not elastic)
         self.pending: tuple | None = None     # (epoch, ranks) given before configure
         self._joiners: dict[int, set] = {}    # rank -> chunk ids it pushed to since it joined
         self._left: set = set()               # ranks that were members and left
@@ -62,33 +62,33 @@ class Members:
         return False
 
     @staticmethod
-    def check(ranks, slots: int) -> None:
+    def check(ranks, num_workers: int) -> None:
         """Members must be worker ranks of the job (configure's ``num_workers``)."""
-        outside = sorted(r for r in ranks if not 0 <= r < slots)
+        outside = sorted(r for r in ranks if not 0 <= r < num_workers)
         if outside:
             raise InvalidArgumentError(
-                f"members {_names(outside)} of the elastic job are not worker ranks 0..{slots - 1} "
-                f"(configure said num_workers={slots}; an elastic job configures its maximum)")
+                f"members {_names(outside)} of the elastic job are not worker ranks 0..{num_workers - 1} "
+                f"(configure said num_workers={num_workers}; an elastic job configures its maximum)")
 
-    def change(self, epoch: int, ranks: frozenset, slots: int) -> list[int]:
+    def change(self, epoch: int, ranks: frozenset, num_workers: int) -> list[int]:
         """Take the members of ``epoch``; returns the ranks that left, sorted. Those
         that came are members now; in ssp mode each is inactive on a chunk until it
         pushes there (:meth:`start`)."""
-        self.check(ranks, slots)
+        self.check(ranks, num_workers)
         first = self.ranks is None
-        before = frozenset(range(slots)) if self.ranks is None else self.ranks
+        before = frozenset(range(num_workers)) if self.ranks is None else self.ranks
         self.epoch, self.ranks = epoch, frozenset(ranks)
         for w in ranks - before:
             self._joiners[w] = set()
             self._left.discard(w)
         for w in before - ranks:
             self._joiners.pop(w, None)
-            if not first:        # at the first members, the other slots were never held
+            if not first:        # at the first members, the other ranks were never held
                 self._left.add(w)
         return sorted(before - ranks)
 
     def refuse(self, src) -> None:
-        """A push (or write) from a slot that is not a member is refused, naming it."""
+        """A push (or write) from a rank that is not a member is refused, naming it."""
         if self.ranks is None or not is_int(src) or src in self.ranks:
             return
         was = "is no longer a member of the elastic job: it left" if src in self._left else \
@@ -101,16 +101,16 @@ class Members:
         started = self._joiners.get(worker)
         return worker in self.ranks and (started is None or cid in started)
 
-    def everyone(self, slots: int) -> bool:
-        """Whether every slot is a member and active on every chunk (the fast path)."""
-        return self.ranks is None or (not self._joiners and len(self.ranks) == slots)
+    def everyone(self, num_workers: int) -> bool:
+        """Whether every rank is a member and active on every chunk (the fast path)."""
+        return self.ranks is None or (not self._joiners and len(self.ranks) == num_workers)
 
-    def absent(self, slots: int) -> frozenset:
-        """The slots a new round (of any chunk) counts from the start: every one that
+    def absent(self, num_workers: int) -> frozenset:
+        """The ranks a new round (of any chunk) counts from the start: every one that
         is not a member (members change only between rounds)."""
-        if self.ranks is None or len(self.ranks) == slots:
+        if self.ranks is None or len(self.ranks) == num_workers:
             return NOTHING
-        return frozenset(w for w in range(slots) if w not in self.ranks)
+        return frozenset(w for w in range(num_workers) if w not in self.ranks)
 
     def start(self, worker: int, cid) -> bool:
         """``worker`` pushes to ``cid``: whether that makes a joiner active there (its first push)."""

@@ -40,6 +40,6 @@ class Job:
     num_workers: int | None = None
 
     def worker(self, header: dict) -> int:
-        """The sender's worker rank, checked against the configured slots."""
+        """The sender's worker rank, checked against the configured ranks."""
         assert self.num_workers is not None     # ServerState.handle refuses ops before configure
         return worker_of(header, self.num_workers)

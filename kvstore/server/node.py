@@ -297,7 +297,7 @@ class ServerNode:
         epoch changed (the heartbeat thread keeps the latest). Before each request too:
         a joiner's first request comes as soon as this server told the scheduler that
         it holds the epoch that contains it, maybe before this loop turned. A job that
-        is not elastic never calls set_members: every slot stays a member (fail-fast)."""
+        is not elastic never calls set_members: every rank stays a member (fail-fast)."""
         if not self._elastic:
             return
         epoch, ranks = self.membership.members

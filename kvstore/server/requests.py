@@ -39,7 +39,7 @@ def chunk_ids(header: dict, arrays: list | None) -> list[tuple]:
 
 
 def worker_of(header: dict, num_workers: int) -> int:
-    """The sender's worker rank (``src``), one of ``num_workers`` slots."""
+    """The sender's worker rank (``src``), one of ``num_workers`` ranks."""
     src = header["src"]
     if not is_int(src) or not 0 <= src < num_workers:
         raise ProtocolError(f"'src' must be the sender's worker rank (0..{num_workers - 1}), "

@@ -28,7 +28,7 @@ class Round:
     # write-in (kvstore.server.write_in), changed by the round's owner (kvstore.server.sync) only
     writer: int | None = None         # the worker granted `acc` to write into, until `written`
     deferred: list = field(default_factory=list)   # pushes to add once the writer is done
-    filled: frozenset = frozenset()   # of `workers`: slots counted without a push (kvstore.server.members)
+    filled: frozenset = frozenset()   # of `workers`: ranks counted without a push (kvstore.server.members)
     # a layer-wise round (kvstore.server.sync, norms across servers): phase 1's sums of
     # squares of this chunk, once it ran, and what phase 2 needs; the round then
     # waits at the head of the queue for the key's sums (apply_norms)

@@ -21,7 +21,7 @@ from .rounds import StoredChunk
 
 def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
          to_numpy: Callable, meta: dict, dyn_tables: list | None = None) -> dict:
-    """The snapshot of a server ``name`` (its mode, slots, chunks and optimizer, and
+    """The snapshot of a server ``name`` (its mode, ranks, chunks and optimizer, and
     its dynamic row tables: kvstore.server.dyntables' snapshot)."""
     states = optimizer.updater.get_states() if optimizer.updater is not None else {}
     entries = []
@@ -37,7 +37,7 @@ def take(name: str, mode, num_workers, chunks: dict, optimizer: ServerOptimizer,
 
 @dataclass
 class Restored:
-    """What a snapshot gives back: the server's mode and slots, its chunks, the
+    """What a snapshot gives back: the server's mode and ranks, its chunks, the
     checkpoint's meta and (id, step), and its dynamic row tables (as taken)."""
     mode: str | None
     num_workers: int | None

@@ -12,7 +12,7 @@ it acts on; every op has one handler, listed in :meth:`ServerState._handlers`:
 - the consistency mode, a strategy chosen by name at ``configure``
   (kvstore.server.modes; what the mode allows is asked of its
   :class:`~kvstore.modes.ConsistencyMode`, never which mode it is, and the job's
-  mode and slots are one :class:`~kvstore.server.modes.Job` that the row tables
+  mode and ranks are one :class:`~kvstore.server.modes.Job` that the row tables
   read too): ``sync`` merges pushes into rounds applied once
   (kvstore.server.sync, with co-located workers writing into the sums:
   kvstore.server.write_in), ``async`` applies each push on arrival
@@ -181,7 +181,7 @@ class ServerState:
         return self.mode.name if self.mode is not None else "no mode"
 
     def worker(self, header: dict) -> int:
-        """The sender's worker rank, checked against the configured slots."""
+        """The sender's worker rank, checked against the configured ranks."""
         return self.job.worker(header)
 
     # -- the job's shape ----------------------------------------------------------------
@@ -537,7 +537,7 @@ class ServerState:
         parked are answered with an error naming it. A worker that became a member
         (the scheduler does it at a barrier, when no round is in flight) is waited for
         by every round opened from now on. Before configure (which says how many
-        slots there are) the members are kept and applied by it.
+        ranks there are) the members are kept and applied by it.
 
         Raises InvalidArgumentError for members that are not worker ranks or two sets
         of members for one epoch."""

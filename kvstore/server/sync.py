@@ -2,7 +2,7 @@
 merge into rounds, one per chunk at a time, each applied once.
 
 Per chunk, pushes are merged into a round until every worker contributed once (in
-an elastic job, a slot that is not a member counts with nothing:
+an elastic job, a rank that is not a member counts with nothing:
 kvstore.server.members); then the round is applied once (assigned, or given to
 the optimizer) and every push that joined it is acknowledged. A worker that
 pushes again before its round completed starts the next round. A pull is answered
@@ -394,7 +394,7 @@ class Sync(Consistency):
 
     def _fold(self, chunk: StoredChunk, rnd: Round) -> None:
         """Deterministic sums: add the held pushes that are next in rank order (every
-        lower rank added already, or counted without a push: an elastic slot that is
+        lower rank added already, or counted without a push: an elastic rank that is
         no member, a worker that left)."""
         while rnd.held:
             coming = set().union(*(ranks for ranks, _ in rnd.held.values()))
@@ -408,7 +408,7 @@ class Sync(Consistency):
             rnd.folded |= ranks
 
     def opened(self, chunk: StoredChunk, acc, first=None) -> Round:
-        """A new round of ``chunk``, queued, that counts every slot that is not a member
+        """A new round of ``chunk``, queued, that counts every rank that is not a member
         from the start (none unless the job is elastic)."""
         absent = self.members.absent(self.num_workers)
         rnd = Round(acc, set(absent), first=first, filled=absent)
@@ -423,7 +423,7 @@ class Sync(Consistency):
         return self.table.alloc(chunk.value.size, chunk.value.dtype)
 
     def apply_complete(self, cid, chunk: StoredChunk) -> list[Reply]:
-        """Apply every round at the head of ``chunk``'s queue that every slot is in (a
+        """Apply every round at the head of ``chunk``'s queue that every rank is in (a
         layer-wise round: run its phase 1 and stop, until its norms come)."""
         replies = []
         while chunk.rounds and len(chunk.rounds[0].workers) == self.num_workers:

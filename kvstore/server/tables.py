@@ -8,7 +8,7 @@ states cover it as any chunk), marked there as a row table so that dense ops
 refuse to touch it, plus the :class:`Table` record here.
 
 Sync: the pushes of one round (one from every worker; an empty one from a worker
-with no rows here, and from a slot of an elastic job that is not a member:
+with no rows here, and from a rank of an elastic job that is not a member:
 kvstore.server.members) are merged (union of rows, duplicates summed, in worker rank
 order) and applied once: lazily by the optimizer (only the merged rows and their
 state change), or, without one, the merged rows are assigned their sum and every
@@ -17,7 +17,7 @@ pull is answered once the sender's pushes here are applied. Async: each push
 updates its rows on arrival (an optimizer is required, as for dense keys). The
 ssp mode (dist_ssp) refuses row-sparse keys at init (its mode's ``no_rows`` says why).
 What this reads of the job comes as narrow collaborators, not the server's state:
-the :class:`~kvstore.server.modes.Job` (mode and slots), the optimizer, the members
+the :class:`~kvstore.server.modes.Job` (mode and ranks), the optimizer, the members
 and the memory budget.
 """
 
@@ -66,7 +66,7 @@ def _dtype(name: str, cid) -> np.dtype:
 class RowRound:
     parts: dict = field(default_factory=dict)    # worker -> (rows, data) as pushed
     acks: list = field(default_factory=list)     # (peer, request id, worker) to answer when applied
-    filled: frozenset = frozenset()              # of parts: slots counted without a push (empty)
+    filled: frozenset = frozenset()              # of parts: ranks counted without a push (empty)
     writer = None                                # (no write-in for rows: read by the stall inspector)
     terms = None                                 # (no layer-wise rounds for rows: likewise)
 
@@ -203,7 +203,7 @@ class RowTables:
             return [ok(peer, header["id"])]       # a push re-sent after a failover, its round applied
         rnd = next((r for r in table.rounds if worker not in r.parts), None)
         if rnd is None:
-            absent = self.members.absent(self._slots())
+            absent = self.members.absent(self._num_workers())
             rnd = RowRound({w: self._nothing(table, chunk) for w in absent}, filled=absent)
             table.rounds.append(rnd)
         rnd.parts[worker] = (rows, data.reshape((len(rows),) + table.row_shape))
@@ -264,7 +264,7 @@ class RowTables:
 
     def _apply_complete(self, cid, table: Table, chunk: StoredChunk) -> list[Reply]:
         replies = []
-        while table.rounds and len(table.rounds[0].parts) == self._slots():
+        while table.rounds and len(table.rounds[0].parts) == self._num_workers():
             rnd = table.rounds.pop(0)
             parts = [rnd.parts[w] for w in sorted(rnd.parts)]
             rows, data = sparse.merge(parts, table.row_shape, chunk.value.dtype)
@@ -353,7 +353,7 @@ class RowTables:
 
     @staticmethod
     def _nothing(table: Table, chunk: StoredChunk) -> tuple[np.ndarray, np.ndarray]:
-        """The part of a slot counted in a round without a push: no rows."""
+        """The part of a rank counted in a round without a push: no rows."""
         return np.zeros(0, np.int64), np.zeros((0,) + table.row_shape, chunk.value.dtype)
 
     def _refuse_if_gone(self, cid, table: Table, worker: int) -> None:
@@ -383,7 +383,7 @@ class RowTables:
         assert self.job.mode is not None     # ServerState.handle refuses ops before configure
         return self.job.mode
 
-    def _slots(self) -> int:
+    def _num_workers(self) -> int:
         assert self.job.num_workers is not None
         return self.job.num_workers
 

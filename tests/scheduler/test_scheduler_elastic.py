@@ -4,7 +4,7 @@ Driven like tests/scheduler/test_scheduler_state.py (its ``Job``: node ``worker-
 identity ``b"worker-1"``, heartbeats from ``b"hb:worker-1"``, pid 100 + rank; time
 moves by hand), with ``elastic=(MIN, MAX)``: workers that fail, go silent, exit or
 finish *leave* while MIN remain, and workers that register later *join* a vacant
-slot, answered once every server acknowledged the epoch that lists their process.
+rank, answered once every server acknowledged the epoch that lists their process.
 A joiner is *pending* (no member: no barrier or round waits for it) until a
 barrier of every member finds it waiting with their token: there it becomes a
 member in a new epoch, and that barrier ends once every server holds the epoch.
@@ -148,7 +148,7 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
 
 
 # -- joins -----------------------------------------------------------------------------------
-def test_a_joiner_takes_the_lowest_vacant_slot_and_is_answered_once_the_server_acknowledged(caplog):
+def test_a_joiner_takes_the_lowest_vacant_rank_and_is_answered_once_the_server_acknowledged(caplog):
     caplog.set_level(logging.INFO, logger="tracker.control")
     job = Elastic(workers=2, elastic=(1, 4))
     job.form()
@@ -180,13 +180,13 @@ def test_a_joiner_waits_for_every_server():
     assert only(to(job.server_beat("server-0", epoch=1), b"worker-new")).fields["rank"] == 1
 
 
-def test_a_joiner_gets_its_requested_rank_when_that_slot_is_vacant():
+def test_a_joiner_gets_its_requested_rank_when_that_rank_is_vacant():
     job = Elastic(workers=2, elastic=(1, 4))
     job.form()
     reply = job.joined("worker-new", rank=3).fields
     assert (reply["rank"], reply["workers"]) == (3, ["h:100", "h:101", "", "h:500"])
     assert job.state.members == [0, 1]                    # pending: it holds rank 3, no member
-    reply = job.joined("worker-other", pid=501).fields    # the lowest slot neither holds
+    reply = job.joined("worker-other", pid=501).fields    # the lowest rank neither holds
     assert (reply["rank"], reply["workers"]) == (2, ["h:100", "h:101", "h:501", "h:500"])
     req_id, sends = job.join("worker-third", rank=3, pid=502)
     error(sends, "invalid", "worker rank 3 is taken by worker 3 (pid 500 on h): a joining worker "

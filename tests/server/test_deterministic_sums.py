@@ -33,7 +33,7 @@ def rank_order(parts):
 
 
 class Ordered(Server):
-    """A sync server of ``workers`` slots configured with ``deterministic``."""
+    """A sync server of ``workers`` ranks configured with ``deterministic``."""
 
     def __init__(self, workers=4, deterministic=True, opt=None, write_in=False):
         self.state = ServerState(name="server 0", write_in=write_in)

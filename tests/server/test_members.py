@@ -1,10 +1,10 @@
-"""kvstore.server.members on its own: :class:`Members`, an elastic job's member slots
+"""kvstore.server.members on its own: :class:`Members`, an elastic job's member ranks
 as one server knows them (pure: epochs and ranks in, answers out). Each test pins a
 sentence of its docstring: epochs only grow and one epoch has one set of members;
-members must be slots; a slot that is not a member is counted from the start of a
+members must be ranks; a rank that is not a member is counted from the start of a
 new round; only members push, and a refusal says whether the worker left or has not
 joined yet; a joiner is active on a chunk from its first push there; without
-members every slot is a member and active everywhere."""
+members every rank is a member and active everywhere."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kvstore.server.members import Members
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_without_members_every_slot_is_a_member_and_active_everywhere():
+def test_without_members_every_rank_is_a_member_and_active_everywhere():
     m = Members()
     assert m.everyone(3) and m.absent(3) == frozenset() and m.active(2, ("w", 0))
     m.refuse(2)                                   # nobody is refused
@@ -25,9 +25,9 @@ def test_without_members_every_slot_is_a_member_and_active_everywhere():
 
 def test_the_docstring_example():
     m = Members()
-    assert m.change(1, frozenset({0, 2}), slots=3) == [1]      # worker 1 left
-    assert m.change(2, frozenset({0, 1, 2}), slots=3) == []    # worker 1 joined again
-    assert m.absent(slots=3) == frozenset()                     # every slot is a member
+    assert m.change(1, frozenset({0, 2}), num_workers=3) == [1]      # worker 1 left
+    assert m.change(2, frozenset({0, 1, 2}), num_workers=3) == []    # worker 1 joined again
+    assert m.absent(num_workers=3) == frozenset()                     # every rank is a member
 
 
 def test_epochs_only_grow_and_one_epoch_has_one_set_of_members():
@@ -48,12 +48,12 @@ def test_epochs_only_grow_and_one_epoch_has_one_set_of_members():
 def test_members_must_be_worker_ranks():
     with pytest.raises(InvalidArgumentError, match=r"members 3, 4 of the elastic job are not worker ranks 0..2 "
                                                    r"\(configure said num_workers=3"):
-        Members().change(1, frozenset({0, 3, 4}), slots=3)
+        Members().change(1, frozenset({0, 3, 4}), num_workers=3)
 
 
-def test_a_slot_that_is_no_member_counts_from_the_start_and_is_refused_naming_why():
+def test_a_rank_that_is_no_member_counts_from_the_start_and_is_refused_naming_why():
     m = Members()
-    m.change(1, frozenset({0, 1}), 4)             # the first members: slots 2, 3 never held
+    m.change(1, frozenset({0, 1}), 4)             # the first members: ranks 2, 3 never held
     assert m.absent(4) == frozenset({2, 3}) and not m.everyone(4)
     with pytest.raises(InvalidArgumentError, match=r"worker 3 is not a member of the elastic job \(a worker that "
                                                    r"joins pushes after its first barrier\) \(members 0, 1 at epoch 1\)"):

@@ -153,7 +153,7 @@ def test_an_init_sent_again_to_the_promoted_backup_keeps_the_replicas_value():
 
 
 def states_of(server: Server, cids) -> list[tuple]:
-    """(t, state bytes) of each chunk's optimizer slot on ``server`` (own chunks and replicas alike)."""
+    """(t, state bytes) of each chunk's optimizer rank on ``server`` (own chunks and replicas alike)."""
     got = server.state.updater.get_states()
     return [(int(got[c]["t"]), [np.asarray(a).tobytes() for a in got[c]["state"]]) for c in cids]
 

@@ -2,7 +2,7 @@
 kvstore.server.members), driven without sockets.
 
 A round completes when every worker rank (configure's ``num_workers``) is counted in
-it; a slot that is not an active member on the chunk is counted from the start,
+it; a rank that is not an active member on the chunk is counted from the start,
 contributing nothing. A worker that leaves is counted in every queued round it has
 not pushed to (its pushes already in rounds count; its parked requests fail naming
 it); a worker that joins is inactive on a chunk until its first push there, so its
@@ -50,11 +50,11 @@ class SspServer(Server):
         self.init(init)
 
 
-def elastic(slots=3, members=None, opt=None, write_in=False, mode="sync", epoch=0):
+def elastic(num_workers=3, members=None, opt=None, write_in=False, mode="sync", epoch=0):
     init = {A: vec(0, 0), B: vec(0, 0)}
-    srv = SspServer(slots, opt, init) if mode == "ssp" else \
-        Server(mode=mode, num_workers=slots, opt=opt, init=init, write_in=write_in)
-    assert srv.state.set_members(epoch, range(slots) if members is None else members) == []
+    srv = SspServer(num_workers, opt, init) if mode == "ssp" else \
+        Server(mode=mode, num_workers=num_workers, opt=opt, init=init, write_in=write_in)
+    assert srv.state.set_members(epoch, range(num_workers) if members is None else members) == []
     return srv
 
 
@@ -69,8 +69,8 @@ def ok_ids(replies, expected: dict):
 
 # -- members ----------------------------------------------------------------------------------
 
-def test_with_every_slot_a_member_a_round_waits_for_every_slot_as_before():
-    srv = elastic(slots=3)
+def test_with_every_rank_a_member_a_round_waits_for_every_rank_as_before():
+    srv = elastic(num_workers=3)
     p0, _ = srv.push(0, {A: g(0)})
     p1, r = srv.push(1, {A: g(1)})
     assert r == []
@@ -91,7 +91,7 @@ def test_set_members_before_configure_is_applied_by_configure():
                  "first barrier) (members 0, 2 at epoch 4)")
 
 
-def test_members_that_are_not_slots_make_configure_fail_and_change_nothing():
+def test_members_that_are_not_ranks_make_configure_fail_and_change_nothing():
     state = ServerState()
     state.set_members(0, [0, 3])
     r = state.handle(peer(0), {"op": ops.CONFIGURE, "id": 1, "src": 0, "mode": "sync", "num_workers": 2}, [])
@@ -101,15 +101,15 @@ def test_members_that_are_not_slots_make_configure_fail_and_change_nothing():
 
 
 def test_old_epochs_are_ignored_and_one_epoch_has_one_set_of_members():
-    srv = elastic(slots=3, members=[0, 1], epoch=5)
+    srv = elastic(num_workers=3, members=[0, 1], epoch=5)
     assert srv.state.set_members(4, [0]) == [] and srv.state.set_members(5, [0, 1]) == []
     assert srv.state.members.ranks == {0, 1}
     with pytest.raises(Exception, match="epoch 5 of the elastic job came with two sets of members: 0, 1 and 0"):
         srv.state.set_members(5, [0])
 
 
-def test_a_request_from_a_slot_that_is_no_member_is_refused_and_changes_nothing():
-    srv = elastic(slots=4, members=[0, 1, 2])
+def test_a_request_from_a_rank_that_is_no_member_is_refused_and_changes_nothing():
+    srv = elastic(num_workers=4, members=[0, 1, 2])
     p0, _ = srv.push(0, {A: g(0)})
     assert srv.state.set_members(1, [0, 1]) == []          # 2 left; 3 never was a member
     rid, r = srv.push(2, {A: g(2)})
@@ -128,7 +128,7 @@ def test_a_request_from_a_slot_that_is_no_member_is_refused_and_changes_nothing(
 
 @pytest.mark.parametrize("opt", [None, sgd()], ids=["assign", "sgd"])
 def test_a_round_completes_without_the_worker_that_left(opt):
-    srv = elastic(slots=3, opt=opt)
+    srv = elastic(num_workers=3, opt=opt)
     p0, _ = srv.push(0, {A: g(0)})
     p1, r = srv.push(1, {A: g(1)})
     assert r == []
@@ -140,7 +140,7 @@ def test_a_round_completes_without_the_worker_that_left(opt):
 
 
 def test_the_leavers_push_counts_where_it_pushed_and_its_parked_requests_fail():
-    srv = elastic(slots=3)
+    srv = elastic(num_workers=3)
     p0, _ = srv.push(0, {A: g(0), B: g(0, 1)})
     p2, r = srv.push(2, {A: g(2)})                   # in A's round, not in B's
     q2, r2 = srv.pull(2, [A, B])
@@ -157,7 +157,7 @@ def test_the_leavers_push_counts_where_it_pushed_and_its_parked_requests_fail():
 
 
 def test_rounds_queued_behind_each_other_all_complete_in_order_when_a_worker_leaves():
-    srv = elastic(slots=3, opt=sgd())
+    srv = elastic(num_workers=3, opt=sgd())
     ids = {}
     for step in range(2):                          # workers 0 and 1 run two rounds ahead
         for w in (0, 1):
@@ -169,7 +169,7 @@ def test_rounds_queued_behind_each_other_all_complete_in_order_when_a_worker_lea
 
 
 def test_workers_that_leave_together_each_count_once():
-    srv = elastic(slots=4)
+    srv = elastic(num_workers=4)
     p0, _ = srv.push(0, {A: g(0)})
     p3, _ = srv.push(3, {A: g(3)})
     ok_ids(srv.state.set_members(1, [0, 3]), {p0: 0, p3: 3})
@@ -179,8 +179,8 @@ def test_workers_that_leave_together_each_count_once():
 # -- join -------------------------------------------------------------------------------------
 
 def test_a_joiners_first_pull_waits_for_the_queued_round_and_reads_its_result():
-    srv = elastic(slots=3, members=[0, 1])
-    p0, _ = srv.push(0, {A: g(0)})                     # slot 2 vacant: counted with nothing
+    srv = elastic(num_workers=3, members=[0, 1])
+    p0, _ = srv.push(0, {A: g(0)})                     # rank 2 vacant: counted with nothing
     assert srv.state.set_members(1, [0, 1, 2]) == []  # 2 joins while the round waits for 1
     q2, r = srv.pull(2, [A])
     assert r == [], "the joiner's pull waits for the round queued before it came"
@@ -190,7 +190,7 @@ def test_a_joiners_first_pull_waits_for_the_queued_round_and_reads_its_result():
 
 
 def test_a_joiners_first_push_opens_a_new_round_that_waits_for_it():
-    srv = elastic(slots=3, members=[0, 1], opt=sgd())      # (learning rate 1: the value is -sum)
+    srv = elastic(num_workers=3, members=[0, 1], opt=sgd())      # (learning rate 1: the value is -sum)
     p0, _ = srv.push(0, {A: g(0)})
     srv.state.set_members(1, [0, 1, 2])
     p2, r = srv.push(2, {A: g(2, 1)})                  # the queued round counts it already
@@ -208,7 +208,7 @@ def test_a_joiners_first_push_opens_a_new_round_that_waits_for_it():
 
 
 def test_a_new_member_is_waited_for_on_every_chunk_from_the_next_round():
-    srv = elastic(slots=2, members=[0])
+    srv = elastic(num_workers=2, members=[0])
     srv.state.set_members(1, [0, 1])                   # (the scheduler does it at a barrier)
     p0, r = srv.push(0, {A: g(0), B: g(0, 1)})
     assert r == [], "both rounds wait for the new member"
@@ -219,7 +219,7 @@ def test_a_new_member_is_waited_for_on_every_chunk_from_the_next_round():
 
 
 def test_a_worker_that_leaves_and_joins_again_is_waited_for_again():
-    srv = elastic(slots=2)
+    srv = elastic(num_workers=2)
     srv.state.set_members(1, [0])
     p0, r = srv.push(0, {A: g(0)})                     # alone: its round completes
     expect_ok(only(r), peer(0), p0)
@@ -232,7 +232,7 @@ def test_a_worker_that_leaves_and_joins_again_is_waited_for_again():
 
 
 def test_the_stall_inspector_names_only_the_members_a_round_waits_for():
-    srv = elastic(slots=4, members=[0, 1, 2])
+    srv = elastic(num_workers=4, members=[0, 1, 2])
     srv.push(0, {A: g(0)})
     assert srv.state.stalled(100.0, 30.0) == []
     assert srv.state.stalled(131.0, 30.0) == [
@@ -241,12 +241,12 @@ def test_the_stall_inspector_names_only_the_members_a_round_waits_for():
 
 # -- row-sparse tables --------------------------------------------------------------------------
 
-def rows_server(slots=3, members=None):
-    srv = Server(num_workers=slots)
+def rows_server(num_workers=3, members=None):
+    srv = Server(num_workers=num_workers)
     _, r = srv.send(0, ops.INIT_ROWS, arrays=[np.array([1, 3, 5], I64), np.zeros((3, 2), F32)], chunk=E,
                     shape=[7, 2], dtype="float32", servers=2, init=None)
     expect_ok(only(r), peer(0))
-    srv.state.set_members(0, range(slots) if members is None else members)
+    srv.state.set_members(0, range(num_workers) if members is None else members)
     return srv
 
 
@@ -266,8 +266,8 @@ def rows_of(pushed: dict) -> list:
             for row in (1, 3, 5)]
 
 
-def test_a_row_round_counts_absent_slots_with_empty_parts_and_merges_in_rank_order():
-    srv = rows_server(slots=3, members=[0, 2])
+def test_a_row_round_counts_absent_ranks_with_empty_parts_and_merges_in_rank_order():
+    srv = rows_server(num_workers=3, members=[0, 2])
     p2, r = push_rows(srv, 2, [1, 5])
     assert r == []
     (rnd,) = srv.state.rows.tables[tuple(E)].rounds
@@ -279,7 +279,7 @@ def test_a_row_round_counts_absent_slots_with_empty_parts_and_merges_in_rank_ord
 
 
 def test_a_row_round_completes_when_a_worker_leaves_and_its_parked_requests_fail():
-    srv = rows_server(slots=3)
+    srv = rows_server(num_workers=3)
     p0, _ = push_rows(srv, 0, [1])
     p2, _ = push_rows(srv, 2, [5])
     q2, r = pull_rows(srv, 2)
@@ -295,7 +295,7 @@ def test_a_row_round_completes_when_a_worker_leaves_and_its_parked_requests_fail
 
 
 def test_a_row_round_completes_without_the_leaver_and_a_joiner_waits_for_it():
-    srv = rows_server(slots=3, members=[0, 1, 2])
+    srv = rows_server(num_workers=3, members=[0, 1, 2])
     p0, _ = push_rows(srv, 0, [3])
     p1, _ = push_rows(srv, 1, [3, 5])
     ok_ids(srv.state.set_members(1, [0, 1]), {p0: 0, p1: 1})
@@ -319,21 +319,21 @@ def written(srv, w, grant_id):
     return srv.send(w, ops.WRITTEN, grant=grant_id)
 
 
-def test_a_round_opened_by_a_write_counts_the_slots_that_are_no_members():
-    srv = elastic(slots=3, members=[0, 1], write_in=True)
+def test_a_round_opened_by_a_write_counts_the_ranks_that_are_no_members():
+    srv = elastic(num_workers=3, members=[0, 1], write_in=True)
     w0, r = write(srv, 0)
     grant = expect_ok(only(r), peer(0), w0, nvalues=1)
     assert grant.header["modes"] == ["copy"]
     np.copyto(grant.arrays[0], g(0))
     d0, r = written(srv, 0, w0)
-    assert r == []                                     # waits for worker 1, not for slot 2
+    assert r == []                                     # waits for worker 1, not for rank 2
     p1, r = srv.push(1, {A: g(1)}, op=ops.PUSHPULL)
     replies = ok_ids(r, {d0: 0, p1: 1})
     np.testing.assert_array_equal(replies[p1].arrays[0], total([0, 1]))
 
 
 def test_a_leavers_queued_write_and_held_push_fail_and_the_round_counts_it_with_nothing():
-    srv = elastic(slots=3, write_in=True)
+    srv = elastic(num_workers=3, write_in=True)
     w0, r = write(srv, 0)
     np.copyto(only(r).arrays[0], g(0))
     w1, r = write(srv, 1)
@@ -352,7 +352,7 @@ def test_a_leavers_queued_write_and_held_push_fail_and_the_round_counts_it_with_
 
 
 def test_a_writer_that_leaves_drops_the_round_it_was_writing_into():
-    srv = elastic(slots=3, write_in=True)
+    srv = elastic(num_workers=3, write_in=True)
     p1, _ = srv.push(1, {A: g(1)})                     # opens the round as a message
     w0, r = write(srv, 0)
     assert only(r).header["modes"] == ["add"]          # worker 0 adds (part of) g(0), then leaves
@@ -377,7 +377,7 @@ def ssp_push(srv, w, op=ops.PUSH):
 
 
 def test_ssp_a_leaver_holds_no_read_back_and_a_joiner_starts_at_the_slowest_clock():
-    srv = elastic(slots=3, mode="ssp", opt=sgd(), members=[0, 1, 2])
+    srv = elastic(num_workers=3, mode="ssp", opt=sgd(), members=[0, 1, 2])
     for w in (0, 0, 1):
         ssp_push(srv, w)
     q0, r = srv.pull(0, [A])                           # needs clock 1: worker 2 is at 0
@@ -403,7 +403,7 @@ def test_ssp_a_leaver_holds_no_read_back_and_a_joiner_starts_at_the_slowest_cloc
 
 
 def test_ssp_a_leavers_parked_read_fails():
-    srv = elastic(slots=2, mode="ssp", opt=sgd())
+    srv = elastic(num_workers=2, mode="ssp", opt=sgd())
     ssp_push(srv, 1)
     q1, r = ssp_push(srv, 1, op=ops.PUSHPULL)          # clock 2 needs 1: worker 0 is at 0
     assert r == []
@@ -412,7 +412,7 @@ def test_ssp_a_leavers_parked_read_fails():
 
 
 def test_async_checks_membership_only():
-    srv = elastic(slots=2, mode="async", opt=sgd(), members=[0])
+    srv = elastic(num_workers=2, mode="async", opt=sgd(), members=[0])
     p0, r = srv.push(0, {A: g(0)})
     expect_ok(only(r), peer(0), p0)
     rid, r = srv.push(1, {A: g(1)})

@@ -1,6 +1,6 @@
 """kvstore.server.snapshot on its own: a server's checkpoint as data. Pinned from its
 docstring: ``take`` holds each chunk's value after its last applied round, the
-optimizer and each chunk's state, the mode, slots and meta; ``load`` gives them
+optimizer and each chunk's state, the mode, ranks and meta; ``load`` gives them
 back in fresh memory from the allocator it is handed, and sets the optimizer with
 its states (both pure functions; the files are kvstore.server.checkpoint's)."""
 

@@ -38,9 +38,9 @@ def test_a_round_that_completed_is_forgotten_and_a_new_one_counts_from_its_own_s
     assert inspector.stalled(35.0, 10.0, [(A, first)], 2) == []        # seen anew: counts from now
 
 
-def test_the_line_names_a_writer_and_slots_counted_without_a_push():
+def test_the_line_names_a_writer_and_ranks_counted_without_a_push():
     inspector = StallInspector()
-    writing = Round(None, {0, 2}, writer=1, filled=frozenset({2}))   # slot 2 is no member
+    writing = Round(None, {0, 2}, writer=1, filled=frozenset({2}))   # rank 2 is no member
     norms = Round(None, {0, 1, 2}, terms=[1.0, 2.0])
     inspector.stalled(0.0, 1.0, [(A, writing), (B, norms)], 3)
     assert inspector.stalled(2.0, 1.0, [(A, writing), (B, norms)], 3) == [

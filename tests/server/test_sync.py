@@ -6,7 +6,7 @@ state's ``Members`` and ``ServerOptimizer``) and driven through its own interfac
 before it calls them (existing chunks of the right size, a member pushing).
 
 Each test pins a sentence of sync.py's docstring: a round is applied once every
-slot contributed and then every push in it is answered; a worker that pushes
+rank contributed and then every push in it is answered; a worker that pushes
 again starts the next round; a pull waits for its worker's pending pushes; the
 first push is kept as it came and steady rounds allocate nothing; ``ordered``
 adds in rank order whatever the arrival; a worker that left counts with nothing;
@@ -85,7 +85,7 @@ def value(sync: Sync, cid) -> np.ndarray:
 
 
 # -- rounds --------------------------------------------------------------------------------
-def test_a_round_is_applied_once_every_slot_pushed_and_then_every_push_in_it_is_answered():
+def test_a_round_is_applied_once_every_rank_pushed_and_then_every_push_in_it_is_answered():
     sync = make_sync(workers=3)
     assert push(sync, 0, 1, {A: [1, 1, 1, 1]}) == []
     assert push(sync, 1, 2, {A: [2, 2, 2, 2]}) == []

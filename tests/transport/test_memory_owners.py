@@ -34,7 +34,7 @@ HELLO, PUSH = {"op": ops.HELLO, "src": 1}, {"op": ops.PUSH, "src": 1}
 
 def test_a_connection_references_only_the_memory_of_the_worker_of_its_handshake():
     owners = MemoryOwners()
-    owners.joined(["h:100", "h:200", ""])                     # workers 0, 1; slot 2 vacant
+    owners.joined(["h:100", "h:200", ""])                     # workers 0, 1; rank 2 vacant
     with pytest.raises(ProtocolError, match="made no handshake"):
         owners.check(b"c1", PUSH, "shm", [200, 5, 4096], 200)
     with pytest.raises(ProtocolError, match=r"memory of worker 0 \(process 100\), but worker 1 \(process 200\)"):
@@ -72,7 +72,7 @@ def test_an_opaque_segment_belongs_to_the_first_process_that_references_it():
     owners.check(b"w1", {"op": ops.PUSH, "src": 1}, "dev", [2] * 9, None)
     owners.check(b"w2", {"op": ops.PUSH, "src": 2}, "dev", [2] * 9, None)   # worker 2 shares process 200
     owners.check(b"w1", {"op": ops.PUSH, "src": 1}, "shm", [200, 1, 64], 200)   # kinds are apart
-    owners.joined(["h:300", "h:200", "h:200"])               # worker 0 left; a new process took its slot
+    owners.joined(["h:300", "h:200", "h:200"])               # worker 0 left; a new process took its rank
     owners.check(b"w1", {"op": ops.PUSH, "src": 1}, "dev", handle, None)      # process 100's claim went
     with pytest.raises(ProtocolError, match="made no handshake"):
         owners.check(b"w0", {"op": ops.PUSH, "src": 0}, "dev", [9] * 9, None)   # the old connection too

@@ -48,7 +48,7 @@ class MemoryOwners:
         self._claims: dict[tuple, int] = {}   # (kind, opaque segment) -> the process that referenced it first
 
     def joined(self, workers: Sequence[str]) -> None:
-        """The job's workers by rank, ``"host:pid"`` each (``""``: a vacant slot); again
+        """The job's workers by rank, ``"host:pid"`` each (``""``: a vacant rank); again
         whenever they change. Connections of a worker whose process changed, and
         segments held by processes that left, are forgotten."""
         pids = {}
