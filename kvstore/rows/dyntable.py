@@ -3,11 +3,11 @@
 servers and the local store run this same code, so that a distributed job can be
 checked against one process. Pure numpy: no sockets, threads or clocks.
 
-Layout: ``ids`` (sorted int64, the live rows) and ``slots`` (each id's row in
-``values``, a slab that doubles when full; freed slots are reused, the most
-recently freed first). ``last[slot]`` is the round of the row's last update.
+Layout: ``ids`` (sorted int64, the live rows) and ``slab_rows`` (each id's row in
+``values``, a slab that doubles when full; freed slab rows are reused, the most
+recently freed first). ``last[slab_rows[i]]`` is the round of the row's last update.
 Looking up k ids costs O(k log n) (a binary search in ``ids``); a round that
-creates or evicts rows rewrites ``ids`` and ``slots`` (O(n), memmove speed).
+creates or evicts rows rewrites ``ids`` and ``slab_rows`` (O(n), memmove speed).
 
 A round (:meth:`DynTable.apply`) is a transaction: the new rows' values and the
 update are computed on copies first, so a round that is refused (budget) or
@@ -18,9 +18,9 @@ RowInit value (and fresh optimizer state), every row of the round written, its
 ``last`` set to the round; then rows not updated for ``evict_after`` rounds are
 evicted. The optimizer's state of an evicted row goes with it.
 
-Optimizer state is per slot: None until the first update with an optimizer
+Optimizer state is per slab row: None until the first update with an optimizer
 (then made for every live row from its current value, as the Updater makes a
-slot's state at its first update), and fresh (``create_state`` of the row's
+slab row's state at its first update), and fresh (``create_state`` of the row's
 initial value) for a row created later. ``t`` counts the table's optimizer
 updates, as the Updater counts a chunk's: a new optimizer starts it again.
 """
@@ -35,7 +35,7 @@ from .dynamic import DynamicRows
 from ..errors import InvalidArgumentError
 
 _NEVER = np.iinfo(np.int64).max
-CAPACITY = 1024        # slots of a new table's slab
+CAPACITY = 1024        # slab rows of a new table's slab
 COUNTERS = ("created", "evicted_by_age", "evicted_by_budget", "hits", "misses")
 
 
@@ -60,12 +60,12 @@ class DynTable:
         self._reserve = reserve
         self._charge(capacity, 0)
         self.ids = np.zeros(0, np.int64)
-        self.slots = np.zeros(0, np.int64)
+        self.slab_rows = np.zeros(0, np.int64)
         self.values = np.zeros((capacity, self.width), self.dtype)
         self.last = np.zeros(capacity, np.int64)
-        self.used = 0                             # slots handed out so far (the high-water mark)
-        self.free = np.zeros(0, np.int64)         # freed slots below it, reused last-freed first
-        self.state: list[np.ndarray] | None = None    # optimizer state per slot, (capacity, width) each
+        self.used = 0                             # slab rows handed out so far (the high-water mark)
+        self.free = np.zeros(0, np.int64)         # freed slab rows below it, reused last-freed first
+        self.state: list[np.ndarray] | None = None    # optimizer state per slab row, (capacity, width) each
         self.t = 0                                # optimizer updates
         self.clock = 0                            # rounds applied
         self.counts = dict.fromkeys(COUNTERS, 0)
@@ -83,7 +83,7 @@ class DynTable:
         row its initial value (no row is made). Counts hits and misses."""
         pos, found = self.find(ids)
         out = np.empty((len(ids), self.width), self.dtype)
-        out[found] = self.values[self.slots[pos[found]]]
+        out[found] = self.values[self.slab_rows[pos[found]]]
         missing = np.flatnonzero(~found)
         if len(missing):
             out[missing] = self._initial(ids[missing])
@@ -98,7 +98,7 @@ class DynTable:
         return fresh
 
     def stats(self) -> dict:
-        """Counters: ``rows`` (live), ``capacity`` (slots allocated), ``created``,
+        """Counters: ``rows`` (live), ``capacity`` (slab rows allocated), ``created``,
         ``evicted`` (= by age + by budget), ``hits`` and ``misses`` (ids pulled that had
         a row, or not), ``rounds`` applied, ``updates`` (the optimizer's t)."""
         c = self.counts
@@ -115,17 +115,17 @@ class DynTable:
         grad = np.ascontiguousarray(grad).reshape(len(ids), self.width)
         pos, found = self.find(ids)
         new = np.flatnonzero(~found)
-        old_slots = self.slots[pos[found]]
+        old_slab_rows = self.slab_rows[pos[found]]
         victims = self._budget_victims(len(new), pos[found], len(ids))
         w = np.empty((len(ids), self.width), self.dtype)
-        w[found] = self.values[old_slots]
+        w[found] = self.values[old_slab_rows]
         fresh = self._initial(ids[new])
         w[new] = fresh
         row_state = None
         if optimizer is None:
             w[...] = grad
         else:
-            row_state = self._row_state(optimizer, found, old_slots, new, fresh, len(ids))
+            row_state = self._row_state(optimizer, found, old_slab_rows, new, fresh, len(ids))
             # the table's count starts at the optimizer's begin_num_update, as the Updater's
             optimizer.update(w, grad, row_state, max(self.t, optimizer.begin_num_update) + 1, slot=slot, rows=ids)
         # the slab's growth, if the new rows need it, is reserved last: a refusal changes nothing
@@ -139,39 +139,39 @@ class DynTable:
                           for s in optimizer.create_state(self.values.reshape(-1))]
         self._evict(victims, "evicted_by_budget")
         pos = pos - np.searchsorted(victims, pos)             # less the evicted rows before each (none is a round's)
-        slots = np.empty(len(ids), np.int64)
-        slots[found] = self.slots[pos[found]]
-        slots[new] = self._take_slots(len(new))
+        slab_rows = np.empty(len(ids), np.int64)
+        slab_rows[found] = self.slab_rows[pos[found]]
+        slab_rows[new] = self._take_slab_rows(len(new))
         if len(new):                                          # pos[new]: where each new id goes, in order
             self.ids = np.insert(self.ids, pos[new], ids[new])
-            self.slots = np.insert(self.slots, pos[new], slots[new])
-        self.values[slots] = w
+            self.slab_rows = np.insert(self.slab_rows, pos[new], slab_rows[new])
+        self.values[slab_rows] = w
         if row_state is not None:
             assert self.state is not None
             for whole, part in zip(self.state, row_state):
-                whole[slots] = part
+                whole[slab_rows] = part
         self.clock += 1
-        self.last[slots] = self.clock
+        self.last[slab_rows] = self.clock
         self.counts["created"] += len(new)
         if optimizer is not None:
             self.t = max(self.t, optimizer.begin_num_update) + 1
         if self.spec.evict_after is not None and len(self.ids):
-            stale = np.flatnonzero(self.last[self.slots] <= self.clock - self.spec.evict_after)
+            stale = np.flatnonzero(self.last[self.slab_rows] <= self.clock - self.spec.evict_after)
             self._evict(stale, "evicted_by_age")
 
-    def _row_state(self, optimizer, found, old_slots, new, fresh, n) -> tuple:
+    def _row_state(self, optimizer, found, old_slab_rows, new, fresh, n) -> tuple:
         """The optimizer state of a round's rows, as copies: the table's for rows that
         have one, fresh for new rows (and for every row before the first update)."""
         if self.state is None:
             w_now = np.empty((n, self.width), self.dtype)
-            w_now[found] = self.values[old_slots]
+            w_now[found] = self.values[old_slab_rows]
             w_now[new] = fresh
             return tuple(s.reshape(n, self.width) for s in optimizer.create_state(w_now.reshape(-1)))
         made = [s.reshape(len(new), self.width) for s in optimizer.create_state(fresh.reshape(-1))]
         parts = []
         for whole, init in zip(self.state, made):
             part = np.empty((n, self.width), whole.dtype)
-            part[found] = whole[old_slots]
+            part[found] = whole[old_slab_rows]
             part[new] = init
             parts.append(part)
         return tuple(parts)
@@ -193,7 +193,7 @@ class DynTable:
                 f"{self.label}: one round updates {n} rows, more than the budget of {budget} rows per "
                 "server (a round's rows cannot evict each other): the round was refused, nothing changed")
         need = after - budget
-        last = self.last[self.slots]
+        last = self.last[self.slab_rows]
         last[touched] = _NEVER                  # this round's rows stay
         kth = np.partition(last, need - 1)[need - 1]
         below = np.flatnonzero(last < kth)
@@ -203,20 +203,20 @@ class DynTable:
     def _evict(self, positions: np.ndarray, counter: str) -> None:
         if not len(positions):
             return
-        gone = self.slots[positions]
+        gone = self.slab_rows[positions]
         keep = np.ones(len(self.ids), bool)
         keep[positions] = False
-        self.ids, self.slots = self.ids[keep], self.slots[keep]
+        self.ids, self.slab_rows = self.ids[keep], self.slab_rows[keep]
         self.free = np.concatenate([self.free, gone])
         self.counts[counter] += len(positions)
 
     def _charge(self, rows: int, states: int) -> None:
-        """Reserve the bytes of ``rows`` more slots (values, round marks and ``states``
+        """Reserve the bytes of ``rows`` more slab rows (values, round marks and ``states``
         optimizer state arrays), where a reserve was given."""
         if self._reserve is not None and rows > 0:
             self._reserve(rows * (self.width * self.dtype.itemsize * (1 + states) + 8))
 
-    def _take_slots(self, k: int) -> np.ndarray:
+    def _take_slab_rows(self, k: int) -> np.ndarray:
         reused = self.free[len(self.free) - min(k, len(self.free)):][::-1]
         self.free = self.free[:len(self.free) - len(reused)]
         more = k - len(reused)
@@ -255,18 +255,18 @@ class DynTable:
     # -- checkpoints -----------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Everything that decides what comes next, rows in id order (msgpack-able)."""
-        slots = self.slots
-        return {"ids": self.ids.tobytes(), "values": self.values[slots].tobytes(),
-                "last": self.last[slots].tobytes(), "t": self.t, "clock": self.clock,
+        slab_rows = self.slab_rows
+        return {"ids": self.ids.tobytes(), "values": self.values[slab_rows].tobytes(),
+                "last": self.last[slab_rows].tobytes(), "t": self.t, "clock": self.clock,
                 "counts": dict(self.counts),
                 "state": None if self.state is None else
-                [[s.dtype.str, s[slots].tobytes()] for s in self.state]}
+                [[s.dtype.str, s[slab_rows].tobytes()] for s in self.state]}
 
     @classmethod
     def restore(cls, spec: DynamicRows, label: str, snap: dict,
                 reserve: Callable[[int], None] | None = None) -> "DynTable":
-        """The table :meth:`snapshot` described (slots renumbered in id order: a
-        table's behaviour never depends on which slot a row has)."""
+        """The table :meth:`snapshot` described (slab rows renumbered in id order: a
+        table's behaviour never depends on which slab row a row has)."""
         ids = np.frombuffer(snap["ids"], np.int64).copy()
         n = len(ids)
         table = cls(spec, label, capacity=max(CAPACITY, n), reserve=reserve)
@@ -276,7 +276,7 @@ class DynTable:
                 (n > 1 and not np.all(ids[1:] > ids[:-1])) or (n and ids[0] < 0):
             raise InvalidArgumentError(f"{label}: the checkpoint's dynamic rows are inconsistent "
                                        f"({n} ids, {values.size} values, {last.size} round marks)")
-        table.ids, table.slots, table.used = ids, np.arange(n, dtype=np.int64), n
+        table.ids, table.slab_rows, table.used = ids, np.arange(n, dtype=np.int64), n
         table.values[:n] = values.reshape(n, table.width)
         table.last[:n] = last
         table.t, table.clock = int(snap["t"]), int(snap["clock"])

@@ -6,7 +6,7 @@ It is :class:`~kvstore.server.tables.RowTables` with another store under the
 rounds: the same sync rounds (one push from every worker, merged in rank order),
 parked pulls, failed rounds of finished workers, elastic leaves and stall lines,
 and async pushes applied on arrival; but a table's rows live in a
-:class:`~kvstore.rows.dyntable.DynTable` (an id -> slot map over a growable slab),
+:class:`~kvstore.rows.dyntable.DynTable` (an id -> slab row map over a growable slab),
 not in a chunk of the :class:`~kvstore.server.chunks.ChunkTable`, and a row id is
 any int64 in [0, 2**63) that hashes to this server (:func:`kvstore.rows.dynamic.owner`).
 
@@ -154,7 +154,7 @@ class DynTables(RowTables):
         table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
-        return rows                         # the ids themselves: DynTable finds their slots
+        return rows                         # the ids themselves: DynTable finds their slab rows
 
     def _rows_reply(self, peer, req_id, table: Table, chunk: StoredChunk, local) -> Reply:
         assert isinstance(table, DynRecord) and table.rows is not None

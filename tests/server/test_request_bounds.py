@@ -95,7 +95,7 @@ def test_a_gpu_servers_table_counts_its_host_staging_too(server_backend):
 
 @pytest.mark.parametrize("row_shape, fragment", [
     ((2**32, 2**32), "more than any allocation can hold"),    # width wrapped to 0 before
-    ((4096,), "dynamic rows of key 'e'"),                    # 1024 slots of 16 KiB: 16 MiB
+    ((4096,), "dynamic rows of key 'e'"),                    # 1024 slab rows of 16 KiB: 16 MiB
 ])
 def test_init_dyn_of_a_slab_past_the_budget_is_refused(row_shape, fragment):
     budget = MemoryBudget(1 << 20)
@@ -103,7 +103,7 @@ def test_init_dyn_of_a_slab_past_the_budget_is_refused(row_shape, fragment):
     rid, r = init_dyn(s, "e", DynamicRows(row_shape))
     refused(only(r), fragment, SETTING)
     assert budget.held == 0 and not s.state.dyn.tables
-    rid, r = init_dyn(s, "e", DynamicRows(4))                 # 1024 slots of 16 + 8 bytes: fits
+    rid, r = init_dyn(s, "e", DynamicRows(4))                 # 1024 slab rows of 16 + 8 bytes: fits
     expect_ok(only(r), peer(0), rid)
     assert budget.held == 1024 * (16 + 8)
 
