@@ -207,7 +207,7 @@ def _decode_1bit(flat, t, out):
 
 
 class Compressor:
-    """A sender's compression state: the config and one residual per (key, slot)."""
+    """A sender's compression state: the config and one residual per chunk (its wire id: key, index)."""
 
     def __init__(self, params):
         self.config = validate(params)
@@ -217,14 +217,14 @@ class Compressor:
     def active(self) -> bool:
         return self.config["type"] != "none"
 
-    def compress(self, slot, grad: np.ndarray) -> np.ndarray:
+    def compress(self, chunk_id, grad: np.ndarray) -> np.ndarray:
         if grad.dtype.kind != "f":
             raise InvalidArgumentError(f"gradient compression needs floating-point values, got {grad.dtype.name}")
         residual = None
         if self.config["type"] != "fp16":
-            residual = self._residuals.get(slot)
+            residual = self._residuals.get(chunk_id)
             if residual is None:
-                residual = self._residuals[slot] = np.zeros(grad.size, grad.dtype)
+                residual = self._residuals[chunk_id] = np.zeros(grad.size, grad.dtype)
         return compress(self.config, grad.reshape(-1), residual)
 
     def check(self, infos, what: str) -> None:
@@ -241,6 +241,6 @@ class Compressor:
                 except InvalidArgumentError as e:
                     raise InvalidArgumentError(f"{what}: key {info.key!r}: {e}; nothing was sent") from None
 
-    def roundtrip(self, slot, grad: np.ndarray) -> np.ndarray:
+    def roundtrip(self, chunk_id, grad: np.ndarray) -> np.ndarray:
         """What the receiver sees for ``grad`` (used by the local store)."""
-        return decompress(self.config, self.compress(slot, grad), grad.size, grad.dtype).reshape(grad.shape)
+        return decompress(self.config, self.compress(chunk_id, grad), grad.size, grad.dtype).reshape(grad.shape)

@@ -3,7 +3,7 @@
 An optimizer crosses the wire as a registry name plus hyper-parameters (never a
 pickle) and is rebuilt with :func:`from_config`. Updates run in place on NumPy or
 CuPy arrays with MXNet 1.x math; learning-rate schedulers are pure functions of
-the per-slot update count, so restarts from checkpoints are exact. A second
+the per-weight update count, so restarts from checkpoints are exact. A second
 family, named apart (``torch_sgd``, ``torch_adam``, ``torch_adamw``,
 ``torch_rmsprop``, ``torch_adagrad``, ``torch_adadelta``), computes what
 ``torch.optim`` computes, bit for bit, with torch's own step

@@ -25,7 +25,7 @@ from . import fused, multi_tensor
 from ._util import (_array_module, _to_module, boolean, check_config_shape, check_params, integer, real,
                     update_count)
 from .lr_scheduler import DEFAULT_BASE_LR, LRScheduler, scheduler_from_config
-from .multipliers import WD_KEPT, Multipliers, slot_key
+from .multipliers import WD_KEPT, Multipliers, index_key
 
 __all__ = ["Optimizer", "register", "registered", "create", "from_config", "STATE_VERSION"]
 
@@ -159,7 +159,7 @@ class Optimizer:
     #: ``param_idx2name`` is given (LARS: ``_weight`` only).
     wd_kept: ClassVar[tuple[str, ...]] = WD_KEPT
     #: The multiplier of the rate of the parameter being updated: 1 here, its
-    #: ``lr_mult`` in the view :meth:`for_slot` returns (for rates an update reads
+    #: ``lr_mult`` in the view :meth:`for_index` returns (for rates an update reads
     #: itself, as LBSGD's of the previous step).
     lr_scale: float = 1.0
 
@@ -170,7 +170,7 @@ class Optimizer:
         self.multi_precision = boolean(owner, "multi_precision", multi_precision)
         self.begin_num_update = integer(owner, "begin_num_update", begin_num_update, lo=0)
         self._mults = Multipliers(owner, lr_mult, wd_mult, param_idx2name, param_dict, self.wd_kept)
-        self._views: dict = {}           # (lr multiplier, wd multiplier) -> the view for_slot returns
+        self._views: dict = {}           # (lr multiplier, wd multiplier) -> the view for_index returns
         self._view = False
         if learning_rate is not None:
             learning_rate = real(owner, "learning_rate", learning_rate, lo=0.0)
@@ -253,18 +253,18 @@ class Optimizer:
         return from_config({**config, "params": {**params, "lr_mult": {**params["lr_mult"], **(lr_mult or {})},
                                                  "wd_mult": {**params["wd_mult"], **(wd_mult or {})}}})
 
-    def param_name(self, slot) -> str:
-        """The name of the parameter of updater slot ``slot`` (a key, or a server's
+    def param_name(self, index) -> str:
+        """The name of the parameter of updater index ``index`` (a key, or a server's
         ``(key, chunk)``): ``param_idx2name``'s, else ``str(key)``, as MXNet's LARS."""
-        return self._mults.name_of(slot_key(slot))
+        return self._mults.name_of(index_key(index))
 
-    def for_slot(self, slot) -> Optimizer:
-        """This optimizer as it updates the parameter of ``slot``: itself, or (when the
+    def for_index(self, index) -> Optimizer:
+        """This optimizer as it updates the parameter of ``index``: itself, or (when the
         parameter's multipliers are not 1) a view whose ``wd`` is ``wd * wd_mult`` and
         whose :attr:`lr_scale` is its ``lr_mult``, made once per pair of multipliers."""
         if self._view or not self._mults.any:
             return self
-        scales = self._mults.scales(slot_key(slot))
+        scales = self._mults.scales(index_key(index))
         if scales == (1.0, 1.0):
             return self
         view = self._views.get(scales)
@@ -347,7 +347,7 @@ class Optimizer:
         raise NotImplementedError(f"{type(self).__name__} has no whole-model sums")
 
     def skips(self, sums) -> bool:
-        """Whether :meth:`apply_norms` with ``sums`` leaves the slot unchanged, its
+        """Whether :meth:`apply_norms` with ``sums`` leaves the weight unchanged, its
         update count included (a step skipped: a GradScaler's overflow)."""
         return False
 
@@ -382,14 +382,14 @@ class Optimizer:
         return from_config({**config, "params": {**config["params"], "learning_rate": learning_rate}})
 
     def state_scale_from(self, previous: Optimizer, t: int) -> float:
-        """The factor that multiplies a slot's state, after ``t`` updates by ``previous``
+        """The factor that multiplies a weight's state, after ``t`` updates by ``previous``
         (the same kind, other hyper-parameters), when this optimizer takes it over
         (:meth:`Updater.replace_optimizer`): 1.0, unless the meaning of the state
         depends on the rate of the last update (LARS's momentum correction)."""
         return 1.0
 
     def state_from(self, version: int, t: int, arrays: list) -> list:
-        """``arrays``, a slot's state after ``t`` updates as this optimizer kept it at
+        """``arrays``, a weight's state after ``t`` updates as this optimizer kept it at
         state version ``version`` (:data:`STATE_VERSION`), in the current meaning. The
         same arrays unless the meaning changed (NAG's momentum in version 1); raises
         ValueError for a version this optimizer cannot read."""
@@ -420,28 +420,28 @@ class Optimizer:
             return (master,) + tuple(xp.zeros_like(master) for _ in range(self.num_states))
         return tuple(xp.zeros_like(weight) for _ in range(self.num_states))
 
-    def update(self, weight, grad, state, t, *, slot=None, rows=None):
+    def update(self, weight, grad, state, t, *, index=None, rows=None):
         """Apply one update to ``weight`` (and ``state``) in place.
 
         ``state`` is what :meth:`create_state` returned; ``t`` is the 1-based number
-        of updates this slot has received including this one. ``grad`` is left
-        unchanged; it may have another float dtype (it is converted). ``slot`` (the
-        :class:`~kvstore.optimizer.Updater`'s slot index) and ``rows`` (the row ids of
-        a lazy update, whose ``weight`` is those rows of a 2-d slot) say where the
+        of updates this weight has received including this one. ``grad`` is left
+        unchanged; it may have another float dtype (it is converted). ``index`` (the
+        :class:`~kvstore.optimizer.Updater`'s index) and ``rows`` (the row ids of
+        a lazy update, whose ``weight`` is those rows of a 2-d weight) say where the
         values are: only an update that depends on position uses them (SGLD's
-        noise, :meth:`_step_at`); the slot's parameter also picks its multipliers
-        (:meth:`for_slot`). Raises TypeError for a non-float weight and
+        noise, :meth:`_step_at`); the weight's parameter also picks its multipliers
+        (:meth:`for_index`). Raises TypeError for a non-float weight and
         ValueError for mismatched shapes, dtypes or state length.
         """
-        view = self.for_slot(slot)
+        view = self.for_index(index)
         if view is not self:
-            return view.update(weight, grad, state, t, slot=slot, rows=rows)
+            return view.update(weight, grad, state, t, index=index, rows=rows)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
             # MXNet's multi_precision: the update runs on the float32 master copy
             # (state[0]) with the float32 state; the float16 weight is its rounding
-            self.update(state[0], grad, state[1:], t, slot=slot, rows=rows)
+            self.update(state[0], grad, state[1:], t, index=index, rows=rows)
             multi_tensor.settle(state[0])      # a batched update of the master runs first
             xp.copyto(weight, state[0], casting="same_kind")
             return
@@ -449,54 +449,54 @@ class Optimizer:
         # A server event's updates on a GPU: one launch for all its chunks (multi_tensor.py).
         batch = multi_tensor.collecting()
         if batch is not None and rows is None and batch.add(
-                self, weight, grad, state, t, lr, lambda: self._step_at(weight, grad, state, t, lr, xp, slot, rows)):
+                self, weight, grad, state, t, lr, lambda: self._step_at(weight, grad, state, t, lr, xp, index, rows)):
             return
         # On the GPU one fused kernel replaces _step's many small ones (see fused.py).
-        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr, slot, rows):
+        if xp is not numpy and fused.fused_step(self, weight, grad, state, t, lr, index, rows):
             return
-        self._step_at(weight, grad, state, t, lr, xp, slot, rows)
+        self._step_at(weight, grad, state, t, lr, xp, index, rows)
 
-    def norm_terms(self, weight, grad, state, t, *, slot=None):
+    def norm_terms(self, weight, grad, state, t, *, index=None):
         """Phase 1 of a :attr:`splits_norms` update of one chunk of a key (arguments as
         :meth:`update`): returns ``(terms, carry)``, the chunk's partial sums of squares
         (floats; summed over every chunk of the key, they are the key's) and what
         phase 2 needs. Changes nothing: ``weight`` and ``state`` are left as they are
         until :meth:`apply_norms`."""
-        view = self.for_slot(slot)
+        view = self.for_index(index)
         if view is not self:
-            return view.norm_terms(weight, grad, state, t, slot=slot)
+            return view.norm_terms(weight, grad, state, t, index=index)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
-            return self.norm_terms(state[0], grad, state[1:], t, slot=slot)
+            return self.norm_terms(state[0], grad, state[1:], t, index=index)
         grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         if xp is not numpy and fused.usable(self, weight, grad, state):
-            return fused.norm_terms(self, weight, grad, state, t, lr, slot, xp)
-        return self.chunk_terms(weight, grad, state, t, lr, xp, slot)
+            return fused.norm_terms(self, weight, grad, state, t, lr, index, xp)
+        return self.chunk_terms(weight, grad, state, t, lr, xp, index)
 
-    def apply_norms(self, weight, grad, state, t, sums, carry, *, slot=None):
+    def apply_norms(self, weight, grad, state, t, sums, carry, *, index=None):
         """Phase 2: the update of this chunk with ``sums``, the key's sums of the terms
         that :meth:`norm_terms` gave for each chunk, and that call's ``carry``."""
-        view = self.for_slot(slot)
+        view = self.for_index(index)
         if view is not self:
-            return view.apply_norms(weight, grad, state, t, sums, carry, slot=slot)
+            return view.apply_norms(weight, grad, state, t, sums, carry, index=index)
         state, xp = self._checked(weight, grad, state, t)
         t = update_count(type(self).__name__, t)
         if self.keeps_master(weight.dtype):
-            self.apply_norms(state[0], grad, state[1:], t, sums, carry, slot=slot)
+            self.apply_norms(state[0], grad, state[1:], t, sums, carry, index=index)
             xp.copyto(weight, state[0], casting="same_kind")
             return
         grad, lr = _to_module(grad, xp), self.learning_rate_at(t) * self.lr_scale
         if xp is not numpy and fused.usable(self, weight, grad, state):
             return fused.apply_norms(self, weight, grad, state, t, lr, list(sums), carry)
-        self._apply(weight, grad, state, t, lr, xp, slot, list(sums), carry)
+        self._apply(weight, grad, state, t, lr, xp, index, list(sums), carry)
 
-    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """Phase 1 of a :attr:`splits_norms` update (``lr`` already scheduled, arguments
         checked): ``(terms, carry)`` as :meth:`norm_terms` returns them."""
         raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")
 
-    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry):
+    def _apply(self, weight, grad, state, t, lr, xp, index, sums, carry):
         raise NotImplementedError(f"{type(self).__name__} does not split its update by norms")
 
     def _checked(self, weight, grad, state, t):
@@ -532,7 +532,7 @@ class Optimizer:
         ``lr_mult``, and ``self.wd`` its weight decay). Subclasses implement it."""
         raise NotImplementedError
 
-    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
+    def _step_at(self, weight, grad, state, t, lr, xp, index, rows):
         """:meth:`_step`, told where the values are (see :meth:`update`). An optimizer
         whose update depends on position (SGLD's noise) overrides this instead."""
         self._step(weight, grad, state, t, lr, xp)

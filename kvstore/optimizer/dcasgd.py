@@ -11,7 +11,7 @@ __all__ = ["DCASGD"]
 @register
 class DCASGD(Optimizer):
     """DC-ASGD (Zheng et al. 2017; MXNet 1.x ``DCASGD``). State ``(prev,)``, or
-    ``(mom, prev)`` with momentum; ``prev`` is the weight before the slot's last
+    ``(mom, prev)`` with momentum; ``prev`` is the weight before the weight's last
     update, and starts as a copy of the weight (MXNet's ``weight.copy()``)::
 
         g = clip(g, c)

@@ -262,7 +262,7 @@ def _common(o, lr) -> list:
     return [o.rescale_grad, clip_g, o.wd, lr]
 
 
-def norm_terms(o, weight, grad, state, t, lr, slot, xp, launch=None):
+def norm_terms(o, weight, grad, state, t, lr, index, xp, launch=None):
     """Phase 1 of a LARS or LAMB update on the device: ``(terms, carry)`` as their
     ``chunk_terms`` give them. LARS's are two reductions; LAMB's new moments and
     direction come from one kernel (into fresh arrays: the state keeps the old
@@ -270,7 +270,7 @@ def norm_terms(o, weight, grad, state, t, lr, slot, xp, launch=None):
     kernel builder (the CUDA one; CI passes the host build)."""
     from .layerwise import sum_sq   # noqa: PLC0415
     if o.fused_norms != "lamb":
-        return o.chunk_terms(weight, grad, state, t, lr, xp, slot)
+        return o.chunk_terms(weight, grad, state, t, lr, xp, index)
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
     f = dtype_scalar(weight.dtype)
@@ -299,7 +299,7 @@ def apply_norms(o, weight, grad, state, t, lr, sums, carry, launch=None) -> None
         kernel("sgd", weight.dtype)(grad, *_common(o, lr_key), weight)
 
 
-def fused_step(optimizer, weight, grad, state, t, lr, slot=None, rows=None):
+def fused_step(optimizer, weight, grad, state, t, lr, index=None, rows=None):
     """Do ``optimizer``'s update ``t`` in one CuPy kernel; return whether it did.
 
     Returns False, touching nothing, when :data:`ENABLED` is off, when
@@ -320,8 +320,8 @@ def fused_step(optimizer, weight, grad, state, t, lr, slot=None, rows=None):
         grad = grad.astype(weight.dtype)
     if optimizer.fused_norms:          # both phases here: the key is whole
         from .layerwise import check_whole   # noqa: PLC0415
-        check_whole(type(optimizer).__name__, slot, rows)
-        terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, slot, _cupy())
+        check_whole(type(optimizer).__name__, index, rows)
+        terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, index, _cupy())
         apply_norms(optimizer, weight, grad, state, t, lr, terms, carry)
         return True
     name, args = plan_call(optimizer, weight.dtype, state, t, lr)

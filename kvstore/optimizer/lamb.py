@@ -55,12 +55,12 @@ class LAMB(Optimizer):
     splits_norms = True
     fused_norms = "lamb"
 
-    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
-        check_whole("LAMB", slot, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, slot)
-        self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
+    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
+        check_whole("LAMB", index, rows)
+        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
+        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
 
-    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |d|^2 of these values; the new moments and ``d`` are carried to
         phase 2, the state keeps the old ones until then."""
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
@@ -85,7 +85,7 @@ class LAMB(Optimizer):
             d += self.wd * weight
         return [sum_sq(weight, xp), sum_sq(d, xp)], (mean, var, d)
 
-    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
+    def _apply(self, weight, grad, state, t, lr, xp, index, sums, carry) -> None:
         mean, var, d = carry
         xp.copyto(state[0], mean)
         xp.copyto(state[1], var)

@@ -61,14 +61,14 @@ class LARS(Optimizer):
     splits_norms = True
     fused_norms = "lars"
 
-    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
-        check_whole("LARS", slot, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, slot)
-        self._apply(weight, grad, state, t, lr, xp, slot, terms, carry)
+    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
+        check_whole("LARS", index, rows)
+        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
+        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
 
-    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
-        if self.param_name(slot).endswith(EXCLUDED_SUFFIXES):
+        if self.param_name(index).endswith(EXCLUDED_SUFFIXES):
             return [], None
         return [sum_sq(weight, xp), sum_sq(grad, xp)], None
 
@@ -100,14 +100,14 @@ class LARS(Optimizer):
         """MXNet corrects the momentum of the first update after a change of rate by
         new / previous rate, kv.set_learning_rate's changes included. ``key_rates``
         takes the previous rate from the schedule of this optimizer, so the momentum
-        of a slot ``previous`` updated ``t`` times is multiplied by what that misses."""
+        of a weight ``previous`` updated ``t`` times is multiplied by what that misses."""
         if not self.num_states or t < 1:
             return 1.0
         lr = self.learning_rate_at(t + 1)
         ours = self._momentum(lr, self.learning_rate_at(t))
         return self._momentum(lr, previous.learning_rate_at(t)) / ours if ours else 1.0
 
-    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry) -> None:
+    def _apply(self, weight, grad, state, t, lr, xp, index, sums, carry) -> None:
         lr_key, momentum = self.key_rates(sums, t, lr)
         g = self._rescaled_grad(weight, grad, xp, wd_before_clip=False)
         if self.wd:

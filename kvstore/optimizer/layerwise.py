@@ -24,20 +24,20 @@ __all__ = ["check_whole", "key_name", "norm", "root", "sum_sq"]
 EXCLUDED_SUFFIXES = ("gamma", "beta", "bias")
 
 
-def key_name(slot) -> str:
-    """The name MXNet gives the weight of updater slot ``slot``: ``str(key)``; a
-    server's slot is ``(key, chunk)``."""
-    key = slot[0] if isinstance(slot, tuple) else slot
+def key_name(index) -> str:
+    """The name MXNet gives the weight of updater index ``index``: ``str(key)``; a
+    server's index is ``(key, chunk)``."""
+    key = index[0] if isinstance(index, tuple) else index
     return "" if key is None else str(key)
 
 
-def check_whole(owner: str, slot, rows) -> None:
+def check_whole(owner: str, index, rows) -> None:
     """Raise ValueError where the update would see only part of a key."""
     if rows is not None:
         raise ValueError(f"{owner} scales each key's step by norms over the whole key; a lazy "
-                         f"update of some rows (row-sparse key {key_name(slot)!r}) cannot")
-    if isinstance(slot, tuple) and len(slot) == 2 and slot[1] != 0:
-        raise ValueError(f"{owner} needs key {key_name(slot)!r} whole, but it is cut into chunks on "
+                         f"update of some rows (row-sparse key {key_name(index)!r}) cannot")
+    if isinstance(index, tuple) and len(index) == 2 and index[1] != 0:
+        raise ValueError(f"{owner} needs key {key_name(index)!r} whole, but it is cut into chunks on "
                          "several servers: raise KVSTORE_CHUNK_BYTES above its size")
 
 

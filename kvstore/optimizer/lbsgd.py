@@ -81,9 +81,9 @@ class LBSGD(Optimizer):
             return 1.0 + (top - 1) * (n * n) / (warmup * warmup)
         return 1.0 + (top - 1) * math.sqrt(float(n) / warmup)
 
-    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows) -> None:
+    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
         if self.needs_whole_keys():
-            check_whole("LBSGD", slot, rows)
+            check_whole("LBSGD", index, rows)
         cum = state[0]
         cum += grad.astype(weight.dtype, copy=False)
         n = self.begin_epoch * self.updates_per_epoch + t - self.begin_num_update   # MXNet's num_cums

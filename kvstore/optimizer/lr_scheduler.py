@@ -2,7 +2,7 @@
 
 MXNet's schedulers keep mutable counters and return the lr for a *sequence* of
 calls. Here every scheduler is a pure function of ``t`` (the 1-based number of
-updates a slot has received; 0 before the first), so a server restarted from a
+updates a weight has received; 0 before the first), so a server restarted from a
 checkpoint computes the same learning rate as one that never stopped. For ``t = 0,
 1, 2, ...`` the values equal those of MXNet 1.9's stateful schedulers at that
 ``num_update``, warm-up included.

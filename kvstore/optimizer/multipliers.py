@@ -28,16 +28,16 @@ from collections.abc import Mapping
 from ..errors import ConfigError
 from ._util import real
 
-__all__ = ["Multipliers", "slot_key"]
+__all__ = ["Multipliers", "index_key"]
 
 # what MXNet's set_wd_mult keeps weight decay for, when param_idx2name names parameters
 WD_KEPT = ("_weight", "_gamma")
 
 
-def slot_key(slot):
-    """The store key of an updater slot: the slot itself (the local stores), or the
-    key of a server's ``(key, chunk)`` slot."""
-    return slot[0] if isinstance(slot, tuple) else slot
+def index_key(index):
+    """The store key of an updater weight: the weight itself (the local stores), or the
+    key of a server's ``(key, chunk)`` index."""
+    return index[0] if isinstance(index, tuple) else index
 
 
 def _key(owner: str, what: str, key):

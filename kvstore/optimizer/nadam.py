@@ -25,12 +25,12 @@ class Nadam(Optimizer):
                 + mu_{t+1} * m / (1 - m_schedule_t * mu_{t+1})
         w -= lr * m_bar / (sqrt(v / (1 - beta2**t)) + epsilon)
 
-    ``m_schedule`` is a function of the slot's update count ``t``, so it needs no
+    ``m_schedule`` is a function of the weight's update count ``t``, so it needs no
     state and survives restarts. MXNet 1.9 keeps one ``m_schedule`` per optimizer
     and advances it at every parameter's update, so there a parameter's update
     depends on how many others there are and in which order they are updated (with
     one parameter the two agree, which the tests check against MXNet's numbers);
-    per slot, as here, is the paper's schedule. Raises ConfigError unless
+    per weight, as here, is the paper's schedule. Raises ConfigError unless
     ``0 <= beta1, beta2 < 1``, ``epsilon >= 0`` and ``schedule_decay >= 0``.
     MXNet's defaults: ``learning_rate`` 0.001, ``beta1`` 0.9, ``beta2`` 0.999,
     ``epsilon`` 1e-8, ``schedule_decay`` 0.004.
@@ -52,7 +52,7 @@ class Nadam(Optimizer):
         self.epsilon = real(owner, "epsilon", epsilon, lo=0.0)
         self.schedule_decay = real(owner, "schedule_decay", schedule_decay, lo=0.0)
         # _products[t] = m_schedule_t, grown on demand; replaced whole (never appended
-        # to in place) so that concurrent updates of two slots only ever read a
+        # to in place) so that concurrent updates of two weights only ever read a
         # complete tuple.
         self._products: tuple[float, ...] = (1.0,)
 

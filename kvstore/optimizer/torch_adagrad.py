@@ -14,7 +14,7 @@ __all__ = ["TorchAdagrad"]
 @register
 class TorchAdagrad(TorchTwin):
     """``torch.optim.Adagrad``'s update, bit for bit. State: ``sum``, filled before a
-    slot's first update with the top-level ``initial_accumulator_value``: torch's
+    weight's first update with the top-level ``initial_accumulator_value``: torch's
     constructor fills every parameter's with its own argument, whatever a param
     group says (a group's value is kept in the group and never read); ``step``."""
 

@@ -47,7 +47,7 @@ model, with ``grad_scale``) leaves every key as it is, its step count too, as
 servers gets its norm from its chunks' norms (the square root of the sum of their
 squares, in float64), which is not torch's reduction: exact only for keys held whole.
 
-The state of a slot is the twin's arrays (:attr:`TorchTwin.state_names`, in that
+The state of a weight is the twin's arrays (:attr:`TorchTwin.state_names`, in that
 order, each like the weight) and the update count ``t``, torch's ``step``. torch
 is imported at the first update, not with this module.
 """
@@ -62,7 +62,7 @@ import numpy
 from ..errors import ConfigError
 from ._util import _array_module, boolean, real
 from .base import Optimizer
-from .multipliers import slot_key
+from .multipliers import index_key
 
 __all__ = ["TorchTwin"]
 
@@ -101,7 +101,7 @@ class TorchTwin(Optimizer):
 
     torch_name: ClassVar[str] = ""
     fields: ClassVar[dict[str, tuple[Any, str]]] = {}
-    #: torch's names of the state arrays, in the order the twin keeps them (a slot
+    #: torch's names of the state arrays, in the order the twin keeps them (a weight
     #: keeps those some group needs: :meth:`state_layout`).
     state_names: ClassVar[tuple[str, ...]] = ()
     #: torch keeps ``state["step"]`` (all but SGD, whose count only tells a first step).
@@ -232,7 +232,7 @@ class TorchTwin(Optimizer):
         return False
 
     def state_layout(self) -> tuple[str, ...]:
-        """The torch names of the state arrays every slot keeps, in order (those some
+        """The torch names of the state arrays every weight keeps, in order (those some
         group needs)."""
         return self.state_names[:self.num_states]
 
@@ -241,18 +241,18 @@ class TorchTwin(Optimizer):
         :meth:`state_layout`; torch makes only those)."""
         return self.state_layout()
 
-    def _step_at(self, weight, grad, state, t, lr, xp, slot, rows):
+    def _step_at(self, weight, grad, state, t, lr, xp, index, rows):
         if self.whole_model:
             raise ConfigError(f"{type(self).__name__}: clip_grad_norm and grad_scale need the whole model's "
                               "gradient, which only dist_sync's two phases give (norms across servers); this "
                               "store updates key by key")
         import torch
-        self._torch_update(torch, weight, self._gradient(torch, weight, grad, slot), state, t, slot)
+        self._torch_update(torch, weight, self._gradient(torch, weight, grad, index), state, t, index)
 
-    def _gradient(self, torch, weight, grad, slot):
+    def _gradient(self, torch, weight, grad, index):
         """The gradient as torch's step takes it: in the parameter's dtype, averaged
         (``rescale_grad``)."""
-        key = slot_key(slot) if slot is not None else None
+        key = index_key(index) if index is not None else None
         g = _view(torch, grad, readonly_ok=True)
         # a bfloat16 parameter (the stores keep it in float32): torch steps it in
         # bfloat16, its state too, so the step runs on bfloat16 copies, written back
@@ -268,13 +268,13 @@ class TorchTwin(Optimizer):
             g = g.mul(by)
         return g
 
-    def chunk_terms(self, weight, grad, state, t, lr, xp, slot):
+    def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """Phase 1 of a whole-model step: ``([norm, overflowed], gradient)``, the norm
         of this chunk's averaged gradient unscaled by ``grad_scale`` (0.0 without
         ``clip_grad_norm``), whether it held an inf or nan (1.0 or 0.0; 0.0 without
         ``grad_scale``), and that gradient, for phase 2."""
         import torch
-        g = self._gradient(torch, weight, grad, slot)
+        g = self._gradient(torch, weight, grad, index)
         if g.data_ptr() == _view(torch, grad, readonly_ok=True).data_ptr():
             g = g.clone()       # unscaled in place below: not the round's sum
         found = False
@@ -318,17 +318,17 @@ class TorchTwin(Optimizer):
         """A whole-model step whose gradients overflowed (``sums[1]``) is skipped."""
         return self.whole_model and bool(sums[1])
 
-    def _apply(self, weight, grad, state, t, lr, xp, slot, sums, carry):
+    def _apply(self, weight, grad, state, t, lr, xp, index, sums, carry):
         """Phase 2 of a whole-model step: the phase-1 gradient times ``sums[0]`` (the
         clip coefficient, as ``clip_grad_norm_`` multiplies), then torch's step."""
         import torch
         g = carry
         if self.clip_grad_norm is not None:
             g.mul_(torch.tensor(sums[0], dtype=torch.float32, device=g.device))
-        self._torch_update(torch, weight, g, state, t, slot)
+        self._torch_update(torch, weight, g, state, t, index)
 
-    def _torch_update(self, torch, weight, g, state, t, slot) -> None:
-        key = slot_key(slot) if slot is not None else None
+    def _torch_update(self, torch, weight, g, state, t, index) -> None:
+        key = index_key(index) if index is not None else None
         group = self.groups[self.group_of(key) if key is not None else 0]
         w = _view(torch, weight)
         states = [_view(torch, s) for s in state]
@@ -345,8 +345,8 @@ class TorchTwin(Optimizer):
 
     def torch_step(self, torch, param, grad, states: list, t: int, group: dict) -> None:
         """One step of torch's single-tensor functional update of ``param`` (a torch
-        view of the chunk) by ``grad``, with ``states`` (views of the slot's arrays),
-        this being the slot's update ``t`` (1-based), ``group``'s hyper-parameters."""
+        view of the chunk) by ``grad``, with ``states`` (views of the weight's arrays),
+        this being the weight's update ``t`` (1-based), ``group``'s hyper-parameters."""
         raise NotImplementedError
 
 

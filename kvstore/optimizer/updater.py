@@ -1,4 +1,4 @@
-"""Updater: applies one optimizer to many weight slots, like MXNet's ``get_updater``."""
+"""Updater: applies one optimizer to many weights, like MXNet's ``get_updater``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["Updater"]
 
 
 def _key(index):
-    """Normalise a slot index to a hashable int / str / tuple of those."""
+    """Normalise a index to a hashable int / str / tuple of those."""
     if isinstance(index, bool):
         raise TypeError("updater index must be an int, str or tuple, got bool")
     if isinstance(index, numbers.Integral):
@@ -28,16 +28,16 @@ def _is_array(a):
 
 
 class Updater:
-    """Apply ``optimizer`` to many weight slots, keeping per-slot state and counts.
+    """Apply ``optimizer`` to many weights, keeping per-weight state and counts.
 
     ``updater(index, grad, weight)`` (MXNet's updater signature) updates
-    ``weight`` in place. ``index`` is an int, str or tuple naming one slot (a
+    ``weight`` in place. ``index`` is an int, str or tuple naming one weight (a
     tuple is one composite key, e.g. ``(key, chunk)``, not a batch as in MXNet).
-    The slot's state is created on first use and its update count ``t`` goes
+    The weight's state is created on first use and its update count ``t`` goes
     1, 2, 3, ... (from ``begin_num_update + 1``, as MXNet's); if the optimizer
     raises, the count is not advanced.
 
-    Not thread-safe: callers must serialise calls for the same slot and around
+    Not thread-safe: callers must serialise calls for the same weight and around
     :meth:`get_states` / :meth:`set_states`.
 
     Example::
@@ -56,32 +56,32 @@ class Updater:
         self._counts = {}
 
     def __call__(self, index, grad, weight):
-        """Update ``weight`` in place from ``grad`` for slot ``index``."""
+        """Update ``weight`` in place from ``grad`` for weight ``index``."""
         key = _key(index)
         state = self._state_of(key, weight)
         t = self._count(key) + 1
-        self.optimizer.update(weight, grad, state, t, slot=key)
+        self.optimizer.update(weight, grad, state, t, index=key)
         self._states[key] = state
         self._counts[key] = t
 
     def _count(self, key) -> int:
-        """The updates slot ``key`` has had, counted from the optimizer's
+        """The updates weight ``key`` has had, counted from the optimizer's
         ``begin_num_update`` (MXNet's ``_index_update_count``)."""
         return self._counts.get(key, self.optimizer.begin_num_update)
 
     def norm_terms(self, index, grad, weight):
-        """Phase 1 of slot ``index``'s next update when its key is cut into chunks and
+        """Phase 1 of weight ``index``'s next update when its key is cut into chunks and
         the optimizer :attr:`~kvstore.optimizer.Optimizer.splits_norms`: returns
-        ``(terms, carry)`` (see ``Optimizer.norm_terms``). Changes nothing: the slot's
+        ``(terms, carry)`` (see ``Optimizer.norm_terms``). Changes nothing: the weight's
         state and count move at :meth:`apply_norms`."""
         key = _key(index)
         state = self._state_of(key, weight)
         t = self._count(key) + 1
-        terms, carry = self.optimizer.norm_terms(weight, grad, state, t, slot=key)
+        terms, carry = self.optimizer.norm_terms(weight, grad, state, t, index=key)
         return terms, (state, carry)
 
     def apply_norms(self, index, grad, weight, sums, carry, rows=None):
-        """Phase 2: the update of slot ``index`` with ``sums`` (the key's sums of the
+        """Phase 2: the update of weight ``index`` with ``sums`` (the key's sums of the
         terms over its chunks) and the ``carry`` that :meth:`norm_terms` returned.
         ``rows`` (see :meth:`update_lazy`): a lazy update, of those rows only, when the
         optimizer is lazy on dense keys; the norms stay the whole key's."""
@@ -92,15 +92,15 @@ class Updater:
             return
         if rows is not None and self.optimizer.lazy_for(row_sparse_key=False):
             self._on_rows(weight, grad, state, rows, lambda w, g, st: self.optimizer.apply_norms(
-                w, g, st, t, sums, inner, slot=key))
+                w, g, st, t, sums, inner, index=key))
         else:
-            self.optimizer.apply_norms(weight, grad, state, t, sums, inner, slot=key)
+            self.optimizer.apply_norms(weight, grad, state, t, sums, inner, index=key)
         self._states[key] = state
         self._counts[key] = t
 
     def update_lazy(self, index, grad, weight, rows) -> None:
-        """A row-sparse gradient's update of a dense slot. ``weight`` is the slot's
-        value as the slot is otherwise updated (the same shape), ``grad`` the whole
+        """A row-sparse gradient's update of a dense weight. ``weight`` is the weight's
+        value as the weight is otherwise updated (the same shape), ``grad`` the whole
         gradient (zero outside its rows), ``rows`` the unique ids, along the first axis,
         of the rows the gradient names (a server's flat chunk: element positions). When
         the optimizer is lazy on dense keys (MXNet's ``lazy_update``: SGD, Adam, LARS)
@@ -115,12 +115,12 @@ class Updater:
         t = self._count(key) + 1
         optimizer = self.optimizer
         if optimizer.splits_norms:       # norms over the whole key, then the step on its rows
-            terms, carry = optimizer.norm_terms(weight, grad, state, t, slot=key)
+            terms, carry = optimizer.norm_terms(weight, grad, state, t, index=key)
             self._on_rows(weight, grad, state, rows, lambda w, g, st: optimizer.apply_norms(
-                w, g, st, t, terms, carry, slot=key))
+                w, g, st, t, terms, carry, index=key))
         else:
             self._on_rows(weight, grad, state, rows, lambda w, g, st: optimizer.update(
-                w, g, st, t, slot=key, rows=rows))
+                w, g, st, t, index=key, rows=rows))
         self._states[key] = state
         self._counts[key] = t
 
@@ -149,13 +149,13 @@ class Updater:
         return tuple(_to_module(s, xp) for s in state)
 
     def update_rows(self, index, rows, grad, weight):
-        """The update of a row-sparse key's slot by its gradient rows: lazy (MXNet's
+        """The update of a row-sparse key's weight by its gradient rows: lazy (MXNet's
         default for row-sparse gradients; :meth:`Optimizer.lazy_for`), only
-        ``weight[rows]`` and the same rows of the slot's state change; with an optimizer
+        ``weight[rows]`` and the same rows of the weight's state change; with an optimizer
         that is not lazy there (``lazy_update=False``) every row, the gradient zero
-        outside ``rows``. ``weight`` is 2-d (rows, row width) over the slot's memory,
-        ``rows`` unique and ``grad`` (len(rows), width). The slot's state covers the
-        whole ``weight`` (flat); its count ``t`` counts updates of the slot, whichever
+        outside ``rows``. ``weight`` is 2-d (rows, row width) over the weight's memory,
+        ``rows`` unique and ``grad`` (len(rows), width). The weight's state covers the
+        whole ``weight`` (flat); its count ``t`` counts updates of the weight, whichever
         rows they touched (as MXNet's lazy Adam)."""
         key = _key(index)
         xp = _array_module(weight)
@@ -172,7 +172,7 @@ class Updater:
         views = [s.reshape(weight.shape) for s in state]
         w, row_state = weight[rows], tuple(v[rows] for v in views)   # gathered copies
         t = self._count(key) + 1
-        self.optimizer.update(w, grad, row_state, t, slot=key, rows=rows)
+        self.optimizer.update(w, grad, row_state, t, index=key, rows=rows)
         weight[rows] = w
         for view, part in zip(views, row_state):
             view[rows] = part
@@ -180,10 +180,10 @@ class Updater:
         self._counts[key] = t
 
     def replace_optimizer(self, optimizer, state_scale: float = 1.0) -> None:
-        """Use ``optimizer`` from now on, keeping every slot's state and count: it must
+        """Use ``optimizer`` from now on, keeping every weight's state and count: it must
         be the same kind (its state arrays mean the same), e.g. another learning rate.
         ``state_scale`` multiplies every state array (see KVStore.set_learning_rate),
-        and so does ``optimizer.state_scale_from(old optimizer, t)`` those of a slot
+        and so does ``optimizer.state_scale_from(old optimizer, t)`` those of a weight
         updated ``t`` times (LARS's momentum correction); a multi_precision master
         copy of the weight is left as it is. Raises TypeError or ValueError
         otherwise, changing nothing."""
@@ -201,7 +201,7 @@ class Updater:
                     s *= scale
 
     def get_states(self):
-        """Return ``{index: {"t": int, "state": [arrays]}}`` for every known slot.
+        """Return ``{index: {"t": int, "state": [arrays]}}`` for every known weight.
 
         The arrays are the live state arrays, not copies: copy them before the next
         update if you need a snapshot.
@@ -212,8 +212,8 @@ class Updater:
     def set_states(self, states):
         """Load ``{index: {"t": int, "state": [arrays]}}`` (as from :meth:`get_states`).
 
-        Values are copied: into the existing arrays of a slot that has state (whose
-        shapes and dtypes must match), or into fresh copies for a new slot. Slots not
+        Values are copied: into the existing arrays of a weight that has state (whose
+        shapes and dtypes must match), or into fresh copies for a new weight. Weights not
         in ``states`` are left as they are. Everything is validated before anything
         is changed, so a bad entry leaves the updater untouched. Raises TypeError for
         wrong types and ValueError for a wrong count, number of arrays, shape or dtype.

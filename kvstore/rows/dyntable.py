@@ -107,10 +107,10 @@ class DynTable:
                 "rounds": self.clock, "updates": self.t}
 
     # -- a round -----------------------------------------------------------------------
-    def apply(self, ids: np.ndarray, grad: np.ndarray, optimizer=None, slot=None) -> None:
+    def apply(self, ids: np.ndarray, grad: np.ndarray, optimizer=None, index=None) -> None:
         """One round: ``ids`` unique and sorted (int64), ``grad`` their merged rows
         ``(len(ids), width)``. Without an optimizer the rows are assigned ``grad``;
-        with one they get its lazy update (``slot`` names the table to it). Raises
+        with one they get its lazy update (``index`` names the table to it). Raises
         InvalidArgumentError (budget) or the optimizer's error, changing nothing."""
         grad = np.ascontiguousarray(grad).reshape(len(ids), self.width)
         pos, found = self.find(ids)
@@ -127,7 +127,7 @@ class DynTable:
         else:
             row_state = self._row_state(optimizer, found, old_slab_rows, new, fresh, len(ids))
             # the table's count starts at the optimizer's begin_num_update, as the Updater's
-            optimizer.update(w, grad, row_state, max(self.t, optimizer.begin_num_update) + 1, slot=slot, rows=ids)
+            optimizer.update(w, grad, row_state, max(self.t, optimizer.begin_num_update) + 1, index=index, rows=ids)
         # the slab's growth, if the new rows need it, is reserved last: a refusal changes nothing
         more = max(0, len(new) - len(self.free) - len(victims))
         if self.used + more > len(self.values):

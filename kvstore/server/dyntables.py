@@ -151,7 +151,7 @@ class DynTables(RowTables):
             # (the workers refuse this at set_optimizer and init: kvstore.worker.store)
             raise InvalidArgumentError(f"{chunk_label(cid)} holds dynamic rows, which exist only once pushed: "
                                        f"{type(updater.optimizer).__name__}(lazy_update=False) would update every row")
-        table.rows.apply(local, data, None if updater is None else updater.optimizer, slot=cid)
+        table.rows.apply(local, data, None if updater is None else updater.optimizer, index=cid)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
         return rows                         # the ids themselves: DynTable finds their slab rows

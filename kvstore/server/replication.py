@@ -20,7 +20,7 @@ collaborators, all pure (no sockets, threads or clocks):
   every chunk (values in the backup's own memory) with the number of rounds
   applied to it. A ``replicate`` request applies each round with the backup's own
   optimizer (every server gets the same ``set_optimizer``; optimizer state is per
-  chunk, so the replica's slots are its own), the same code on the same bits: the
+  chunk, so the replica's weights are its own), the same code on the same bits: the
   replica equals the primary's value bit for bit. When the primary dies the
   scheduler promotes the backup, and :meth:`Replicas.promote` hands the chunks and
   their round counts to the server's own table.

@@ -79,7 +79,7 @@ def load(snap: dict, optimizer: ServerOptimizer, alloc: Callable, upload: Callab
 
 
 def _converted(opt, version, t: int, arrays: list) -> list:
-    """``arrays``, a slot's state kept at state version ``version``, in today's meaning
+    """``arrays``, a weight's state kept at state version ``version``, in today's meaning
     (:meth:`kvstore.optimizer.Optimizer.state_from`); CheckpointError for a version
     this kvstore cannot read."""
     try:

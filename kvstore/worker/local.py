@@ -74,7 +74,7 @@ class LocalStore(KVStore):
                     raise InvalidArgumentError(f"push of key {info.key!r}: a custom updater function cannot "
                                                "update dynamic rows; use set_optimizer")
                 optimizer = None if self._updater is None else self._updater.optimizer
-                self._dyn[info.key].apply(rows, data, optimizer, slot=info.key)
+                self._dyn[info.key].apply(rows, data, optimizer, index=info.key)
                 continue
             table = self._store[info.key]
             if self._updater is None:

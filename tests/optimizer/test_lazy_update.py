@@ -326,16 +326,16 @@ def _on_host_kernels(o, hk) -> None:
     generic _step refused); the parameter's multipliers picked as update() does."""
     from kvstore.optimizer import fused
 
-    def update(w, g, st, t, slot=None, rows=None):
-        view = o.for_slot(slot)
+    def update(w, g, st, t, index=None, rows=None):
+        view = o.for_index(index)
         hk.fused_update(view, w, g, st, t, view.learning_rate_at(t) * view.lr_scale)
 
-    def norm_terms(w, g, st, t, slot=None):
-        view = o.for_slot(slot)
-        return fused.norm_terms(view, w, g, st, t, view.learning_rate_at(t), slot, np, hk.kernel)
+    def norm_terms(w, g, st, t, index=None):
+        view = o.for_index(index)
+        return fused.norm_terms(view, w, g, st, t, view.learning_rate_at(t), index, np, hk.kernel)
 
-    def apply_norms(w, g, st, t, sums, carry, slot=None):
-        view = o.for_slot(slot)
+    def apply_norms(w, g, st, t, sums, carry, index=None):
+        view = o.for_index(index)
         fused.apply_norms(view, w, g, st, t, view.learning_rate_at(t), sums, carry, hk.kernel)
 
     def refused(*args, **kwargs):

@@ -45,7 +45,7 @@ def _optimizer(variant, **extra):
 
 
 def _chunks(dtype, seed):
-    """``{slot: (w0, [grads])}``: a server's slots ``(key, 0)``, one chunk each."""
+    """``{weight: (w0, [grads])}``: a server's weights ``(key, 0)``, one chunk each."""
     return {(k, 0): _data(n, dtype, seed=seed + i) for i, (k, n) in enumerate(SIZES.items())}
 
 
@@ -57,18 +57,18 @@ def _on_device(dev, a):
 
 def _per_chunk_kernels(hk, variant, chunks, dtype):
     """One fused kernel (built for the host) per chunk and step, with the scalars the
-    per-chunk path gives it: the slot's multipliers, its count, its rate."""
+    per-chunk path gives it: the weight's multipliers, its count, its rate."""
     o = _optimizer(variant)
     out = {}
-    for slot, (w0, grads) in chunks.items():
-        view = o.for_slot(slot)
+    for index, (w0, grads) in chunks.items():
+        view = o.for_index(index)
         w = w0.copy()
         state = view.create_state(w)
         for t, g in enumerate(grads[:STEPS], 1):
             lr = o.learning_rate_at(t) * view.lr_scale
             name, args = fused.plan_call(view, w.dtype, state, t, lr)
             hk.kernel(name, dtype)(np.ascontiguousarray(g), *args, w, *state)
-        out[slot] = (w, state)
+        out[index] = (w, state)
     return out
 
 
@@ -80,33 +80,33 @@ def _batched(variant, chunks, dev, **extra):
     updater = opt.Updater(o)
     weights, batch = _steps_in_batches(updater, chunks, dev)
     states = updater.get_states()
-    return {slot: (weights[slot], tuple(states[slot]["state"])) for slot in chunks}, batch
+    return {index: (weights[index], tuple(states[index]["state"])) for index in chunks}, batch
 
 
 def _steps_in_batches(updater, chunks, dev, planned=None):
     """``STEPS`` server events: each step's update of every chunk (on ``dev``) planned
-    while one batch is open; ``planned(t, slot, weight)`` runs after each plan, inside
+    while one batch is open; ``planned(t, weight, weight)`` runs after each plan, inside
     the batch. Returns the weights and the batch."""
     batch = MultiTensorBatch(dev)
-    weights = {slot: _on_device(dev, w0) for slot, (w0, _) in chunks.items()}
+    weights = {index: _on_device(dev, w0) for index, (w0, _) in chunks.items()}
     for t in range(STEPS):
         with batch.collect():
-            for slot, (_, grads) in chunks.items():
-                updater(slot, _on_device(dev, grads[t]), weights[slot])
+            for index, (_, grads) in chunks.items():
+                updater(index, _on_device(dev, grads[t]), weights[index])
                 if planned is not None:
-                    planned(t, slot, weights[slot])
+                    planned(t, index, weights[index])
     return weights, batch
 
 
 def _generic(variant, chunks):
     o = _optimizer(variant)
     updater = opt.Updater(o)
-    weights = {slot: w0.copy() for slot, (w0, _) in chunks.items()}
+    weights = {index: w0.copy() for index, (w0, _) in chunks.items()}
     for t in range(STEPS):
-        for slot, (_, grads) in chunks.items():
-            updater(slot, grads[t], weights[slot])
+        for index, (_, grads) in chunks.items():
+            updater(index, grads[t], weights[index])
     states = updater.get_states()
-    return {slot: (weights[slot], tuple(states[slot]["state"])) for slot in chunks}
+    return {index: (weights[index], tuple(states[index]["state"])) for index in chunks}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -116,18 +116,18 @@ def test_one_launch_over_every_chunk_gives_the_bits_of_one_kernel_per_chunk(hk, 
     want = _per_chunk_kernels(hk, variant, chunks, dtype)
     got, batch = _batched(variant, chunks, HostDevice(kernels=hk.run_group))
     assert (batch.launches, batch.updates) == (STEPS, STEPS * len(chunks))     # one launch per event
-    for slot, ((w, state), (w_want, state_want)) in zip(got, zip(got.values(), want.values())):
-        np.testing.assert_array_equal(np.asarray(w), w_want, err_msg=f"{variant} {slot} weight")
+    for index, ((w, state), (w_want, state_want)) in zip(got, zip(got.values(), want.values())):
+        np.testing.assert_array_equal(np.asarray(w), w_want, err_msg=f"{variant} {index} weight")
         assert len(state) == len(state_want)
         for k, (s, s_want) in enumerate(zip(state, state_want)):
-            np.testing.assert_array_equal(np.asarray(s), s_want, err_msg=f"{variant} {slot} state {k}")
+            np.testing.assert_array_equal(np.asarray(s), s_want, err_msg=f"{variant} {index} state {k}")
     # and both are the numpy path's update (as the fused kernels' own tests compare them)
     rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-10, 1e-12)
-    for slot, (w_np, state_np) in _generic(variant, chunks).items():
-        np.testing.assert_allclose(np.asarray(got[slot][0]), w_np, rtol=rtol, atol=atol, err_msg=f"{variant} {slot}")
-        for s, s_np in zip(got[slot][1], state_np):
+    for index, (w_np, state_np) in _generic(variant, chunks).items():
+        np.testing.assert_allclose(np.asarray(got[index][0]), w_np, rtol=rtol, atol=atol, err_msg=f"{variant} {index}")
+        for s, s_np in zip(got[index][1], state_np):
             np.testing.assert_allclose(np.asarray(s), s_np, rtol=rtol, atol=atol)
-    moved = [slot for slot, (w0, _) in chunks.items() if not np.array_equal(np.asarray(got[slot][0]), w0)]
+    moved = [index for index, (w0, _) in chunks.items() if not np.array_equal(np.asarray(got[index][0]), w0)]
     assert len(moved) == len(chunks), moved
 
 
@@ -141,12 +141,12 @@ def test_the_host_device_loop_runs_each_update_by_its_own_code(variant):
     o = _optimizer(variant)
     updater = opt.Updater(o)
 
-    def planned(t, slot, weight):
-        np.testing.assert_array_equal(weight, chunks[slot][0] if t == 0 else weight)
+    def planned(t, index, weight):
+        np.testing.assert_array_equal(weight, chunks[index][0] if t == 0 else weight)
     weights, batch = _steps_in_batches(updater, chunks, HostDevice(), planned)
     assert (batch.launches, batch.updates) == (STEPS, STEPS * len(chunks))
-    for slot, (w, _) in want.items():
-        np.testing.assert_array_equal(np.asarray(weights[slot]), w)
+    for index, (w, _) in want.items():
+        np.testing.assert_array_equal(np.asarray(weights[index]), w)
 
 
 def test_an_update_waits_in_the_batch_until_it_closes_or_is_settled(hk):
@@ -249,9 +249,9 @@ def test_multi_precision_rounds_the_master_after_its_batched_update(hk):
     assert batch.updates == 2
 
 
-def test_a_planning_error_leaves_the_slot_as_it_was():
+def test_a_planning_error_leaves_the_weight_as_it_was():
     """What the per-chunk path refuses before anything changes is refused here too:
-    nothing is queued, the slot's count does not move."""
+    nothing is queued, the weight's count does not move."""
     dev = HostDevice()
     batch = MultiTensorBatch(dev)
     updater = opt.Updater(opt.create("ftrl", learning_rate=0.1, lr_mult={"k": 0.0}))   # Ftrl divides by lr

@@ -65,7 +65,7 @@ def test_each_parameter_gets_mxnets_multipliers(case):
     o = _optimizer(case)
     for key, (lr, wd) in zip(KEYS, case["scales"]):
         assert o._mults.scales(key) == (pytest.approx(lr), pytest.approx(wd)), (case["id"], key)
-        view = o.for_slot((key, 3))                     # a server's slot: (key, chunk)
+        view = o.for_index((key, 3))                     # a server's index: (key, chunk)
         assert view.wd == pytest.approx(o.wd * wd) and view.lr_scale == pytest.approx(lr)
 
 
@@ -81,8 +81,8 @@ def test_mxnets_wd_mult_rule_and_its_order():
     o.set_lr_mult({"fc_weight": 0.25})
     assert o.lr_mult == {"fc_weight": 0.25} and o._mults.scales(1) == (1.0, 0.5)
     # without param_idx2name no name rule: a key named like a bias keeps its decay
-    assert opt.SGD(wd=0.1).for_slot("fc_bias").wd == 0.1
-    assert opt.SGD(wd=0.1, wd_mult={"fc.bias": 0}).for_slot(("fc.bias", 2)).wd == 0.0
+    assert opt.SGD(wd=0.1).for_index("fc_bias").wd == 0.1
+    assert opt.SGD(wd=0.1, wd_mult={"fc.bias": 0}).for_index(("fc.bias", 2)).wd == 0.0
     # param_dict first, whatever the tables say
     o = opt.SGD(wd=0.1, lr_mult={5: 9.0}, param_dict={5: {"lr_mult": 0.5, "wd_mult": 3.0}})
     assert o._mults.scales(5) == (0.5, 3.0)

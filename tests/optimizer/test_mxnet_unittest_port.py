@@ -9,7 +9,7 @@ pure-Python optimizers translated to NumPy (mxnet_reference.py); the optimizer u
 test, in MXNet ``mx.optimizer.X(**kwargs)``, is ``kvstore.optimizer.create("x",
 **kwargs)``, driven as the stores drive it:
 
-- a dense weight and gradient: ``create_state`` and ``update`` on slot 0;
+- a dense weight and gradient: ``create_state`` and ``update`` on weight 0;
 - MXNet's ``w_stype='row_sparse'`` (a row-sparse key): ``Updater.update_rows`` with the
   gradient's rows;
 - a dense weight and a row-sparse gradient (a row-sparse push on a dense key):
@@ -251,7 +251,7 @@ def _update_ours(case: Case, o, w, g, rows, kernels=None) -> list:
     """One update of ``w`` by ``g`` as the stores make it; returns the state arrays (the
     master copy first), shaped as the weight. ``kernels``: tests/optimizer/host_kernels.py,
     to make a dense update with the fused kernel a GPU server runs, built for the host."""
-    if case.w_stype == "row_sparse":          # a row-sparse key: its slot is (rows, width)
+    if case.w_stype == "row_sparse":          # a row-sparse key: its weight is (rows, width)
         u = opt.Updater(o)
         n = w.shape[0]
         u.update_rows(0, rows, g.reshape(n, -1)[rows], w.reshape(n, -1))
@@ -262,7 +262,7 @@ def _update_ours(case: Case, o, w, g, rows, kernels=None) -> list:
         return [s.reshape(w.shape) for s in u.get_states()[0]["state"]]
     state = o.create_state(w)
     if kernels is None:
-        o.update(w, g, state, 1, slot=0)
+        o.update(w, g, state, 1, index=0)
     elif o.keeps_master(w.dtype):                 # the float32 master copy, as Optimizer.update
         kernels.fused_update(o, state[0], g.astype(np.float32), state[1:], 1)
         w[...] = state[0]
@@ -348,7 +348,7 @@ def _same_noise(seed: int, reference, monkeypatch) -> None:
         z = np.random.default_rng(seed).standard_normal(shape)
         return (loc + scale * z).astype(dtype)
 
-    def standard_normal(seed_, slot, t, positions, xp):
+    def standard_normal(seed_, index, t, positions, xp):
         return np.random.default_rng(seed).standard_normal(positions.shape)
     reference.normal = normal
     monkeypatch.setattr(sgld, "standard_normal", standard_normal)

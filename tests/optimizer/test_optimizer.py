@@ -134,7 +134,7 @@ TORCH_CASES = [
     # torch's Adamax adds eps to u; with 0 it is MXNet 1.9's
     ("adamax", {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.95, "wd": 1e-2},
      lambda T, p: T.optim.Adamax(p, lr=0.01, betas=(0.8, 0.95), eps=0.0, weight_decay=1e-2)),
-    # torch's NAdam keeps its momentum product per parameter, as ours per slot
+    # torch's NAdam keeps its momentum product per parameter, as ours per weight
     ("nadam", {"learning_rate": 0.01, "beta2": 0.99, "epsilon": 1e-7, "wd": 1e-2},
      lambda T, p: T.optim.NAdam(p, lr=0.01, betas=(0.9, 0.99), eps=1e-7, weight_decay=1e-2,
                                 momentum_decay=0.004)),

@@ -1,5 +1,5 @@
 """Tests of kvstore.optimizer beyond the update math: the registry and create(),
-config round trips and their validation, the Updater (per-slot step counts, state
+config round trips and their validation, the Updater (per-weight step counts, state
 save and restore) and the lr schedulers (against MXNet 1.x's stateful loops,
 explicit values, validation, config round trip). The update math itself is in
 test_optimizer.py."""
@@ -179,7 +179,7 @@ def test_register_rules():
 # Updater
 # --------------------------------------------------------------------------------------
 
-def test_updater_counts_per_slot_and_uses_slot_t():
+def test_updater_counts_per_weight_and_uses_weight_t():
     o = opt.Adam(learning_rate=0.1)
     u = opt.Updater(o)
     assert u.optimizer is o
@@ -189,14 +189,14 @@ def test_updater_counts_per_slot_and_uses_slot_t():
         u(0, grads[0], ws[0])
     u("a", grads[0], ws["a"])
     u(("k", 2), grads[0], ws[("k", 2)])
-    u(np.int64(0), grads[1], ws[0])  # numpy ints name the same slot as ints
+    u(np.int64(0), grads[1], ws[0])  # numpy ints name the same weight as ints
     st_ = u.get_states()
     assert {k: v["t"] for k, v in st_.items()} == {0: 4, "a": 1, ("k", 2): 1}
-    # Slot "a" got its own t = 1 (Adam's bias correction depends on it).
+    # Weight "a" got its own t = 1 (Adam's bias correction depends on it).
     w = w0.copy()
     o.update(w, grads[0], o.create_state(w), 1)
     np.testing.assert_array_equal(ws["a"], w)
-    # ... and slot 0's fourth update used t = 4.
+    # ... and weight 0's fourth update used t = 4.
     w, s = w0.copy(), o.create_state(w0)
     for k, g in enumerate([grads[0]] * 3 + [grads[1]]):
         o.update(w, g, s, k + 1)
@@ -223,7 +223,7 @@ def test_updater_state_round_trip_continues_identically(o):
     for g in grads[:3]:
         for k in keys:
             a(k, g, wa[k])
-    a(0, grads[3], wa[0])  # slots at different counts
+    a(0, grads[3], wa[0])  # weights at different counts
     snap = {k: {"t": v["t"], "state": [s.copy() for s in v["state"]]}
             for k, v in a.get_states().items()}
     # A "restarted server": fresh optimizer from config, state restored.
@@ -257,7 +257,7 @@ def test_get_states_is_live_and_set_states_copies_in_place():
     assert u.get_states()[0]["state"][0] is live and np.all(live == 7.0)
     src[:] = 0.0  # the updater copied, so this must not leak in
     assert np.all(live == 7.0) and u.get_states()[0]["t"] == 10
-    # New slots get copies, too.
+    # New weights get copies, too.
     src2 = np.ones(3, np.float32)
     u.set_states({"new": {"t": 2, "state": [src2]}})
     assert u.get_states()["new"]["state"][0] is not src2

@@ -2,7 +2,7 @@
 MXNet's own numbers (test_optimizer_mxnet.py) and torch.optim's (AdaDelta, Adamax,
 Nadam: TORCH_CASES in test_optimizer.py): what MXNet cannot run (DCASGD with
 momentum), validation, where we deliberately differ (no NaN from 0 / 0, Nadam's schedule per
-slot, SGLD's noise keyed by position), lazy row updates, and the stores: the
+weight, SGLD's noise keyed by position), lazy row updates, and the stores: the
 servers against the local store, optimizer-state save/load. Config round trips
 and the Updater's state round trip run over these optimizers in
 test_optimizer_config.py, float16 master copies in test_multi_precision.py."""
@@ -189,7 +189,7 @@ def test_a_scheduled_learning_rate_of_zero_is_refused_and_changes_nothing(name):
 
 
 # --------------------------------------------------------------------------------------
-# Nadam: the momentum schedule per slot
+# Nadam: the momentum schedule per weight
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beta1,decay", [(0.9, 0.004), (0.99, 0.004), (0.5, 1.0), (0.999, 0.0)])
@@ -203,9 +203,9 @@ def test_nadam_schedule_is_mxnets_running_product(beta1, decay):
     assert len(o._products) <= 6001         # grown by doubling, and not past negligible
 
 
-def test_nadam_slots_do_not_share_a_schedule():
-    # MXNet 1.9 advances one m_schedule for all parameters; here a slot's update is
-    # the same whether or not other slots are updated in between
+def test_nadam_weights_do_not_share_a_schedule():
+    # MXNet 1.9 advances one m_schedule for all parameters; here a weight's update is
+    # the same whether or not other weights are updated in between
     w0, grads = _data(seed=5)
     alone, shared = opt.Updater(opt.Nadam()), opt.Updater(opt.Nadam())
     a, b, other = w0.copy(), w0.copy(), w0.copy()
@@ -220,7 +220,7 @@ def test_nadam_slots_do_not_share_a_schedule():
 # SGLD's noise
 # --------------------------------------------------------------------------------------
 
-def test_sgld_noise_is_standard_normal_and_a_function_of_seed_slot_t_position():
+def test_sgld_noise_is_standard_normal_and_a_function_of_seed_index_t_position():
     pos = np.arange(200_000)
     z = sgld.standard_normal(0, ("w", 0), 1, pos, np)
     assert z.dtype == np.float64 and z.shape == pos.shape

@@ -7,7 +7,7 @@ tests/data/mxnet_optimizers.json was written by MXNet itself
 (benchmarks/harness/peers/mxnet_optimizer_fixture.py, which says how to regenerate it):
 every case is an optimizer, its parameters, a weight, a few gradients, the weight
 MXNet had after each step and its state after the last. Each case is replayed
-here through ``kvstore.optimizer`` on one slot, the row-sparse Ftrl case through
+here through ``kvstore.optimizer`` on one weight, the row-sparse Ftrl case through
 the Updater's lazy ``update_rows``, NAG's also through its fused kernel's source built
 for the host. SGLD's noise was replaced in MXNet by recorded standard normals, and is
 here too. The ``scenarios`` are MXNet runs of one weight whose learning rate changes
@@ -53,7 +53,7 @@ def _optimizer(case):
 def _recorded_noise(monkeypatch, case):
     draws = iter(case["noise"])
 
-    def replay(seed, slot, t, positions, xp):
+    def replay(seed, index, t, positions, xp):
         return np.asarray(next(draws), np.float64).reshape(positions.shape)
     monkeypatch.setattr(sgld, "standard_normal", replay)
 
@@ -75,8 +75,8 @@ def test_dense_updates_match_mxnet(case, monkeypatch):
     w = np.array(case["w0"], dtype)
     state = o.create_state(w)
     for t, (g, want) in enumerate(zip(case["grads"], case["weights"]), start=1):
-        # the slot names the weight (LARS leaves biases alone); MXNet's is its index, 0
-        o.update(w, np.array(g, dtype), state, t, slot=case.get("slot") or 0)
+        # the weight names the weight (LARS leaves biases alone); MXNet's is its index, 0
+        o.update(w, np.array(g, dtype), state, t, index=case.get("slot") or 0)
         assert w.dtype == dtype
         np.testing.assert_allclose(w, np.array(want, dtype), err_msg=f"step {t}", **tol)
     if case["optimizer"] == "lbsgd":

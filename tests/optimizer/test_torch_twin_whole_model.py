@@ -64,16 +64,16 @@ def servers_run(steps, cut: int | None = None):
             updater.replace_optimizer(kvopt.from_config(
                 {**updater.optimizer.to_config(), "params": {**updater.optimizer.to_config()["params"],
                                                             "grad_scale": scale}}))
-        chunks = []      # per key: its chunks (slot, weight view, grad view)
+        chunks = []      # per key: its chunks (weight, weight view, grad view)
         for key, (w, s) in enumerate(zip(weights, sums)):
             flat = s.numpy().reshape(-1)
             bounds = [(0, w.size)] if cut is None else [(a, min(a + cut, w.size)) for a in range(0, w.size, cut)]
             chunks.append([((key, i), w[a:b], flat[a:b].copy()) for i, (a, b) in enumerate(bounds)])
-        phase1 = [[updater.norm_terms(slot, g, w) for slot, w, g in key] for key in chunks]
+        phase1 = [[updater.norm_terms(index, g, w) for index, w, g in key] for key in chunks]
         sums_every_chunk = updater.optimizer.model_sums([[terms for terms, _ in key] for key in phase1])
         for key, done in zip(chunks, phase1):
-            for (slot, w, g), (_, carry) in zip(key, done):
-                updater.apply_norms(slot, g, w, sums_every_chunk, carry)
+            for (index, w, g), (_, carry) in zip(key, done):
+                updater.apply_norms(index, g, w, sums_every_chunk, carry)
         if sums_every_chunk[1]:
             scale /= 2
     return [torch.from_numpy(w).reshape(s) for w, s in zip(weights, SHAPES)], updater
@@ -96,7 +96,7 @@ def test_an_overflow_in_any_chunk_skips_the_step_everywhere_its_count_too():
     for a, b in zip(want, got):
         assert torch.equal(a, b)
     assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 2
-    counts = {slot: entry["t"] for slot, entry in updater.get_states().items()}
+    counts = {index: entry["t"] for index, entry in updater.get_states().items()}
     assert counts and set(counts.values()) == {2}        # 3 rounds, 1 skipped: torch's step count
     terms = [[[1.0, 0.0]], [[2.0, 1.0]]]
     assert twin().model_sums(terms) == [1.0, 1.0]          # skipped: any chunk's overflow

@@ -215,11 +215,11 @@ def test_a_servers_checkpoint_of_a_twin_resumes_exactly():
     rng = np.random.default_rng(0)
     grads = [{k: rng.standard_normal(40).astype(np.float32) for k in "wb"} for _ in range(4)]
 
-    def steps(slot, values, rounds):
+    def steps(index, values, rounds):
         for g in rounds:
             for k in "wb":
                 for c in range(2):
-                    slot.updater((k, c), g[k][c * 20:(c + 1) * 20], values[k][c * 20:(c + 1) * 20])
+                    index.updater((k, c), g[k][c * 20:(c + 1) * 20], values[k][c * 20:(c + 1) * 20])
 
     straight = ServerOptimizer()
     straight.set({"optimizer": twin.to_config()})
