@@ -81,7 +81,8 @@ TEMPLATES: dict[str, tuple[dict, list]] = {
 
 # fields any request may carry (docs/protocol.md §2.2): each op is also sent with bad values of these
 SHARED_FIELDS = ["chunks", "chunk", "compression", "norms", "group", "rows", "shm", "shm_reply", "dev", "dev_reply",
-                 "channel", "keep_state", "state_scale", "staleness", "deterministic", "values", "meta"]
+                 "channel", "keep_state", "state_scale", "staleness", "deterministic", "values", "meta",
+                 "precision", "book", "share", "rounds"]
 
 # every kind of bad value: wrong types, NULs, paths, signs, overflow, nesting, absurd sizes
 # (sizes that no check would allow: a missing check shows as an exception, not as memory use)
@@ -169,7 +170,7 @@ def _live_cases():
                 yield op, f"{name}={value!r:.60}", {**fields, name: value}, arrays
     for op in (ops.PUSH, ops.PUSHPULL, ops.PULL, ops.INIT, ops.PUSH_ROWS):   # references on data ops
         fields, arrays = TEMPLATES[op]
-        for name in ("shm", "dev"):
+        for name in ("shm", "dev", "pack"):
             for value in BAD + [{"seg": "x", "refs": [[0, 0, 4]]}, {"refs": [[2 ** 63, 0, 4]]}]:
                 yield op, f"{name}={value!r:.60}", {**fields, name: value, "chunks": [["nope", 0]]}, arrays
 
