@@ -21,23 +21,10 @@ import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
+from job_processes import server_pid  # tests/scripts/, this script's folder
 
 STEPS = 10
 SIZES = {"w": 3000, "b": 7, "v": 1500}
-
-
-def server_pid(rank: int) -> int:
-    """The pid of this job's server `rank` (same scheduler port), from /proc."""
-    port = os.environ["KVSTORE_SCHEDULER_PORT"].encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
-        except OSError:
-            continue
-        if env.get(b"KVSTORE_ROLE") == b"server" and env.get(b"KVSTORE_RANK") == str(rank).encode() \
-                and env.get(b"KVSTORE_SCHEDULER_PORT") == port:
-            return int(pid)
-    raise RuntimeError(f"server {rank} not found")
 
 
 def kills_by_step() -> dict[int, list[int]]:

@@ -16,7 +16,8 @@ import numpy as np
 import kvstore
 from kvstore import optimizer as opt
 
-from replicated import kills_by_step, server_pid  # tests/scripts/replicated.py, beside this file
+from job_processes import server_pid
+from replicated import kills_by_step  # tests/scripts/replicated.py, beside this file
 
 STEPS = 40
 SIZES = {"w": 3000, "b": 7}

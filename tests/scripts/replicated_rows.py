@@ -19,7 +19,8 @@ import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
-from replicated import kills_by_step, server_pid      # tests/scripts/, this script's folder
+from job_processes import server_pid
+from replicated import kills_by_step      # tests/scripts/, this script's folder
 
 STEPS, ROWS, WIDTH = 10, 600, 4
 

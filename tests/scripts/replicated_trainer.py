@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import kvstore
 import kvstore.torch as kvtorch
-from replicated import kills_by_step, server_pid      # tests/scripts/, this script's folder
+from job_processes import server_pid
+from replicated import kills_by_step      # tests/scripts/, this script's folder
 
 STEPS = 10
 

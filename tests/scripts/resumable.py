@@ -12,22 +12,9 @@ import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
+from job_processes import server_pid  # tests/scripts/, this script's folder
 
 STEPS = 8
-
-
-def server_pid(rank: int) -> int:
-    """The pid of this job's server `rank` (same scheduler port), from /proc."""
-    port = os.environ["KVSTORE_SCHEDULER_PORT"].encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
-        except OSError:
-            continue
-        if env.get(b"KVSTORE_ROLE") == b"server" and env.get(b"KVSTORE_RANK") == str(rank).encode() \
-                and env.get(b"KVSTORE_SCHEDULER_PORT") == port:
-            return int(pid)
-    raise RuntimeError(f"server {rank} not found")
 
 
 kv = kvstore.create("dist_sync")
