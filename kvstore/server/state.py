@@ -356,8 +356,9 @@ class ServerState:
                                 "carries its chunks' terms; pull (or apply_norms) for the values")
         self._splitting_norms()
         if self.replication.active:
-            raise InvalidArgumentError("layer-wise pushes (norms across servers: LARS, LAMB on keys cut over "
-                                       "servers) are not replicated yet: unset KVSTORE_REPLICAS")
+            raise InvalidArgumentError("two-phase pushes (norms across servers: LARS, LAMB on keys cut over "
+                                       "servers, or a torch twin's clip_grad_norm / grad_scale) are not "
+                                       "replicated yet: unset KVSTORE_REPLICAS")
         if self.updater is None or not self.updater.optimizer.splits_norms:
             raise InvalidArgumentError("a layer-wise push (norms) needs an optimizer that splits its update "
                                        "by norms (LARS, LAMB): call set_optimizer() first")

@@ -390,6 +390,12 @@ class DistStore(KVStore):
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
                           state_scale: float = 1.0) -> None:
+        if self._config.replicas and optimizer.whole_model:
+            raise InvalidArgumentError(
+                f"{type(optimizer).__name__} with clip_grad_norm or grad_scale (kvstore.torch.Trainer's "
+                "clip_grad_norm= and grad_scaler= with the servers updating) takes every key through two phases "
+                "across servers, which replicated servers (KVSTORE_REPLICAS=1) do not replicate yet: unset "
+                "KVSTORE_REPLICAS, or clip and scale with the workers updating (update_on_kvstore=False)")
         config = optimizer.to_config()
         fields = {"optimizer": config}
         if keep_state:

@@ -220,6 +220,8 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
     ("dynamic keys", {"STORE": "dyn"}, 2, "dynamic keys on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
      "row-sparse keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
+    ("clipping on the servers", {"STORE": "clip"}, 2,
+     "TorchAdamW with clip_grad_norm or grad_scale (kvstore.torch.Trainer's clip_grad_norm="),
 ])
 def test_what_is_not_built_is_refused_at_start_naming_the_setting(tmp_path, case, env, servers, text):
     code = ("import os, numpy as np, kvstore\n"
@@ -228,7 +230,9 @@ def test_what_is_not_built_is_refused_at_start_naming_the_setting(tmp_path, case
             "if os.environ.get('STORE') == 'rows':\n"
             "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n"
             "if os.environ.get('STORE') == 'dyn':\n"
-            "    kv.init('e', kvstore.DynamicRows(2))\n")
+            "    kv.init('e', kvstore.DynamicRows(2))\n"
+            "if os.environ.get('STORE') == 'clip':\n"
+            "    kv.set_optimizer(kvstore.optimizer.create('torch_adamw', lr=0.1, clip_grad_norm=1.0))\n")
     env = {k: v.replace("{tmp}", str(tmp_path / "ckpt")) for k, v in env.items()}
     out = run(sys.executable, "-c", code, servers=servers, timeout=60, KVSTORE_REPLICAS="1", **env)
     assert out.returncode != 0
