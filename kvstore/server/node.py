@@ -59,7 +59,8 @@ class ServerNode:
             role="server", rank=config.rank, addr=self.address, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
-            heartbeat_timeout=config.heartbeat_timeout, security=security)
+            heartbeat_timeout=config.heartbeat_timeout, restart_timeout=config.scheduler_restart_timeout,
+            security=security)
         self.state: ServerState | None = None
         self._elastic = False       # the job's workers may leave and join (--elastic)
         self._epoch: int | None = None   # the epoch of the members the state machine holds

@@ -45,7 +45,8 @@ class JobMember:
             role="worker", rank=config.rank, addr=addr, host=config.node_host,
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
-            heartbeat_timeout=config.heartbeat_timeout, on_abort=self._on_abort,
+            heartbeat_timeout=config.heartbeat_timeout, restart_timeout=config.scheduler_restart_timeout,
+            on_abort=self._on_abort,
             security=config.security())
 
     def register(self):

@@ -129,7 +129,7 @@ def test_registered_tells_slots_members_epoch_progress_and_the_elastic_bounds():
         "id": req_id, "rank": 0, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101", "", ""], "slots": 4, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": [1, 4],
-        "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""]}
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""], "incarnation": job.state.incarnation}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -143,7 +143,7 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
         "id": req_id, "rank": 1, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101"], "slots": 2, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": None,
-        "worker_addrs": ["tcp://worker-0", "tcp://worker-1"]}
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1"], "incarnation": job.state.incarnation}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -158,13 +158,14 @@ def test_a_joiner_takes_the_lowest_vacant_rank_and_is_answered_once_the_server_a
     assert not to(sends, b"worker-new")                    # not before the servers hold epoch 1
     assert (job.state.members, job.state.epoch) == ([0, 1], 1)
     assert only(job.server_beat(epoch=0)) == Send(b"hb:server-0", "ack", {
-        "epoch": 1, "members": [0, 1], "workers": ["h:100", "h:101", "h:500", ""]})
+        "incarnation": job.state.incarnation, "epoch": 1, "members": [0, 1], "workers": ["h:100", "h:101", "h:500", ""]})
     sends = job.server_beat(epoch=1)
     reply = only(to(sends, b"worker-new")).fields
     assert reply == {"id": req_id, "rank": 2, "num_workers": 2, "num_servers": 1,
                      "servers": ["tcp://server-0"], "workers": ["h:100", "h:101", "h:500", ""],
                      "slots": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
-                     "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""]}
+                     "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""],
+                     "incarnation": job.state.incarnation}
     assert ("worker 2 (pid 500 on h) joins the job (members 0, 1, epoch 1); it becomes a member at "
             "its first barrier") in caplog.text
     assert "worker 2 (pid 500 on h) joined the job: every server holds epoch 1" in caplog.text
@@ -345,11 +346,11 @@ def test_a_finished_worker_is_acknowledged_not_told_it_was_removed():
     job = Elastic(workers=2, elastic=(1, 4))
     job.form()
     job.request("worker-1", "finish")
-    assert only(job.beat("worker-1")) == Send(b"hb:worker-1", "ack", {})
+    assert only(job.beat("worker-1")) == Send(b"hb:worker-1", "ack", {"incarnation": job.state.incarnation})
     _, sends = job.request("worker-1", "fail", reason="an error at exit")   # it left already
     assert [s.op for s in sends] == ["finished"]
     assert (job.state.members, job.state.epoch, job.state.failure) == ([0], 1, None)
-    assert only(job.beat("worker-1")) == Send(b"hb:worker-1", "ack", {})
+    assert only(job.beat("worker-1")) == Send(b"hb:worker-1", "ack", {"incarnation": job.state.incarnation})
     req_id, sends = job.request("worker-1", "barrier", token="t")
     error(sends, "invalid", "worker 1 (pid 101 on h) left the job (it finished): it takes no part "
                             "in its barriers", req_id)
@@ -361,7 +362,7 @@ def test_servers_hear_members_never_workers_finished():
     job.request("worker-1", "finish")
     assert [s for s in job.tick(FINISH_GRACE + 0.1) if s.op == "workers_finished"] == []
     assert only(job.server_beat(epoch=1)) == Send(b"hb:server-0", "ack", {
-        "epoch": 1, "members": [0], "workers": ["h:100", "", "", ""]})
+        "incarnation": job.state.incarnation, "epoch": 1, "members": [0], "workers": ["h:100", "", "", ""]})
 
 
 def test_when_every_worker_finished_or_left_the_servers_shut_down(caplog):
@@ -459,13 +460,13 @@ def test_a_joiner_at_the_members_barrier_becomes_a_member_once_every_server_hold
             "(members 0, 1, 2)") in caplog.text
     # held until every server holds epoch 2: no push after it may reach a server whose
     # rounds do not wait for the new member (an old epoch's ack repairs a lost `members`)
-    assert job.server_beat("server-0", epoch=1) == [Send(b"hb:server-0", "ack", news)]
-    assert job.server_beat("server-0", epoch=2) == [Send(b"hb:server-0", "ack", news)]
+    assert job.server_beat("server-0", epoch=1) == [Send(b"hb:server-0", "ack", {**news, "incarnation": job.state.incarnation})]
+    assert job.server_beat("server-0", epoch=2) == [Send(b"hb:server-0", "ack", {**news, "incarnation": job.state.incarnation})]
     assert job.tick(INTERVAL) == []
     sends = job.server_beat("server-1", epoch=2)
-    assert sends[0] == Send(b"hb:server-1", "ack", news)
+    assert sends[0] == Send(b"hb:server-1", "ack", {**news, "incarnation": job.state.incarnation})
     assert by_ident(sends[1:]) == done(ids, epoch=2, members=[0, 1, 2], progress={})
-    assert job.servers_hold() == [Send(b"hb:server-0", "ack", news), Send(b"hb:server-1", "ack", news)]
+    assert job.servers_hold() == [Send(b"hb:server-0", "ack", {**news, "incarnation": job.state.incarnation}), Send(b"hb:server-1", "ack", {**news, "incarnation": job.state.incarnation})]
     # a member now: the next barrier waits for it, and ends at once (nobody joins)
     ids = job.wait(["worker-0", "worker-1"])
     ids[b"worker-new"], sends = job.request("worker-new", "barrier", token="b")

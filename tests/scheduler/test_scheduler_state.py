@@ -246,7 +246,7 @@ def test_when_every_worker_finished_the_servers_shut_down_and_the_job_is_over():
     job.form()
     job.request("worker-0", "finish")
     assert job.tick(FINISH_GRACE + 0.1) == [Send(b"hb:server-0", "workers_finished", {"ranks": [0]})]
-    assert only(job.beat("server-0")).fields == {"workers_finished": [0]}
+    assert only(job.beat("server-0")).fields == {"workers_finished": [0], "incarnation": job.state.incarnation}
     _, sends = job.request("worker-1", "finish")
     assert Send(b"hb:server-0", "shutdown", {}) in sends
     assert only(job.beat("server-0")).op == "shutdown"

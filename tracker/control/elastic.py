@@ -90,6 +90,25 @@ class WorkerRanks:
         """The job formed with ``workers`` (ranked): they are the members of epoch 0."""
         self.holders = {n.ranked: n for n in workers}
 
+    def restore(self, holders: list[Node], pending: list[Node], epoch: int, progress: dict,
+                told_finished: list[int]) -> None:
+        """A restarted scheduler's ranks, as the members reported them
+        (:mod:`tracker.control.recovery`): ``holders`` (ranked) are the members of
+        ``epoch``, ``pending`` workers joined but are no members yet, the servers
+        heard ``told_finished`` finished."""
+        self.holders = {n.ranked: n for n in holders}
+        self.pending = {n.ranked: n for n in pending}
+        self.epoch, self.progress, self._told_finished = epoch, progress, told_finished
+
+    def again(self, node: Node, ident: bytes, req_id) -> bool:
+        """A joiner's registration came again: it is answered on that request once the
+        servers hold its epoch (True); False: ``node`` is no joiner waiting."""
+        joiner = self.joiners.get(node.node_id)
+        if joiner is None:
+            return False
+        joiner.ident, joiner.req_id = ident, req_id
+        return True
+
     def holds(self, node: Node) -> bool:
         """Whether ``node`` holds its rank (a member, or a joiner not yet one)."""
         return node.rank is not None and (self.holders.get(node.rank) is node

@@ -49,8 +49,40 @@ class ServerBook:
         return next((r for r in ring if hosts[r] != hosts[s]), ring[0])
 
     def fields(self) -> dict:
-        """What nodes hear of the book (in ``registered``, every ``ack`` and ``servers``)."""
-        return {"book_epoch": self.epoch, "owners": list(self.owners), "backups": list(self.backups)}
+        """What nodes hear of the book (in ``registered``, every ``ack`` and ``servers``):
+        with the dead servers (``dead``: [rank, why] pairs, in order) and, for each share
+        without a replica, the dead server it went with (``lost_with``), so that a
+        restarted scheduler rebuilds the whole book from what a node re-registers
+        with (:meth:`restore`)."""
+        return {"book_epoch": self.epoch, "owners": list(self.owners), "backups": list(self.backups),
+                "dead": [[rank, why] for rank, why in self.dead.items()],
+                "lost_with": [self._unreplicated_by.get(s) for s in range(self.num_servers)]}
+
+    @classmethod
+    def restore(cls, num_servers: int, fields: dict) -> "ServerBook":
+        """The book a node reported (:meth:`fields`, as it last heard it), for a
+        restarted scheduler. Raises ValueError naming what does not fit a book of
+        ``num_servers`` shares (a node of another job, a malformed report)."""
+        book = cls(num_servers, [""] * num_servers)
+        epoch, owners, backups = fields.get("book_epoch"), fields.get("owners"), fields.get("backups")
+        dead, lost = fields.get("dead", []), fields.get("lost_with", [None] * num_servers)
+        rank = lambda r: type(r) is int and 0 <= r < num_servers   # noqa: E731
+        if not (type(epoch) is int and 0 <= epoch <= num_servers and isinstance(owners, list)
+                and isinstance(backups, list) and isinstance(dead, list) and isinstance(lost, list)
+                and len(owners) == len(backups) == len(lost) == num_servers
+                and all(rank(o) for o in owners) and all(b is None or rank(b) for b in backups)
+                and all(x is None or rank(x) for x in lost)
+                and all(isinstance(d, list) and len(d) == 2 and rank(d[0]) and isinstance(d[1], str)
+                        for d in dead) and len(dead) == epoch):
+            raise ValueError(f"a servers' book that does not fit this job's {num_servers} servers: "
+                             f"epoch {epoch!r}, owners {owners!r}, backups {backups!r}")
+        book.epoch, book.owners, book.backups = epoch, list(owners), list(backups)
+        book.dead = {d[0]: d[1] for d in dead}
+        if len(book.dead) != epoch or any(o in book.dead for o in owners):
+            raise ValueError(f"a servers' book whose owners {owners!r} include a dead server "
+                             f"({sorted(book.dead)}) or that repeats one")
+        book._unreplicated_by = {s: x for s, x in enumerate(lost) if x is not None}
+        return book
 
     def server_died(self, rank: int, why: str) -> str | None:
         """Server ``rank`` died ``why``: promote the backups of its shares. Returns

@@ -7,6 +7,14 @@ a background thread owns a second socket that sends heartbeats and hears
 ``abort``, ``shutdown``, (elastic jobs) ``members`` and (replicated servers)
 ``servers`` from the scheduler. Both
 sockets have deadlines, so no call waits for a dead scheduler forever.
+
+A scheduler that dies may be restarted by the launcher on the same address
+(docs/architecture.md §8.2): a node that hears nothing from it keeps trying for
+``KVSTORE_SCHEDULER_RESTART_TIMEOUT`` after the heartbeat timeout, and when an
+``ack`` names another scheduler (its ``incarnation``) than the one it registered
+with, the heartbeat thread registers again with what it knows of the job
+(``rejoin``: :mod:`tracker.control.recovery`); a request the old scheduler never
+answered is sent again once that registration is answered.
 """
 
 from __future__ import annotations
@@ -76,7 +84,8 @@ class Membership:
                  timeout: float = env.default("KVSTORE_TIMEOUT"),
                  heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
                  heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
-                 on_abort: Callable[[str], None] | None = None, security: Security = Security()):
+                 on_abort: Callable[[str], None] | None = None, security: Security = Security(),
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
         self.role = role
         self.requested_rank = rank
         self.scheduler = scheduler
@@ -85,6 +94,7 @@ class Membership:
         self.timeout = timeout
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
+        self.restart_timeout = restart_timeout
         self.node_id = f"{role}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.aborted = threading.Event()
         self.shutdown = threading.Event()
@@ -101,6 +111,11 @@ class Membership:
         # replicated servers (tracker.control.failover): (epoch, owner of each share, backup of
         # each share or None), as last heard; (-1, (), ()) in a job without replicas
         self._servers: tuple[int, tuple, tuple] = (-1, (), ())
+        self._book_fields: dict | None = None   # that book as heard (for a restarted scheduler)
+        # the scheduler's incarnation last heard (any ack) and the one this node is registered
+        # with: when they differ, the scheduler was restarted and this node registers again
+        self._heard: str | None = None
+        self._joined: str | None = None
         self._on_abort = on_abort
         self._security = security
         self._ids = itertools.count(1)
@@ -140,6 +155,8 @@ class Membership:
         with self._members_lock:
             if epoch > self._servers[0]:
                 self._servers = (epoch, tuple(owners), tuple(backups))
+                self._book_fields = {k: msg[k] for k in ("book_epoch", "owners", "backups", "dead", "lost_with")
+                                     if k in msg}
 
     def _note_members(self, epoch, ranks, workers=None) -> None:
         """Keep a newer membership (the two threads may hear them out of order)."""
@@ -176,14 +193,21 @@ class Membership:
         limit = self.timeout if limit is None else limit
         deadline = time.monotonic() + limit + grace
         sent = False
+        # the scheduler this request went to: when another one answers this node (it was
+        # restarted), the request is sent to it again (a registration: once it is heard;
+        # anything else: once this node registered with it again)
+        sent_to: str | None = None
         while True:
             self.check()
+            if sent and (self._heard if op == wire.REGISTER else self._joined) != sent_to:
+                sent = False
             if self._ctl_events.poll(0):
                 raise RendezvousError(
                     f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} rejected this process's "
                     "credentials: its KVSTORE_SECRET (or KVSTORE_SECURE) differs from the job's")
             if not sent:
                 try:
+                    sent_to = self._heard if op == wire.REGISTER else self._joined
                     self._ctl.send(message, zmq.NOBLOCK)
                     sent = True
                 except zmq.Again:
@@ -193,6 +217,8 @@ class Membership:
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
                 if msg["op"] == wire.ERROR:
+                    if msg.get("kind") == wire.RESTARTING:
+                        continue   # sent again once this node registered with the restarted scheduler
                     if msg.get("kind") == wire.ABORTED:
                         raise JobAborted(str(msg.get("message")))
                     if msg.get("kind") == wire.TIMEOUT:
@@ -221,6 +247,8 @@ class Membership:
         self.progress = self.registration.progress
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
         self._note_servers(msg)
+        if isinstance(msg.get("incarnation"), str):
+            self._joined = msg["incarnation"]
         return self.registration
 
     def barrier(self, token: str = "", timeout: float | None = None) -> tuple[int, tuple]:
@@ -324,6 +352,8 @@ class Membership:
         last_contact = time.monotonic()
         contacted = False   # before the scheduler first answers, registration's timeout applies
         told_forming = False   # the scheduler said the job has not formed yet (logged once)
+        told_lost = False      # that contact was lost, waiting for a restart (logged once)
+        rejoin: tuple[str, int] | None = None   # (incarnation, request id) of a registration again
         next_beat = 0.0
         try:
             while not self._stop_hb.is_set():
@@ -341,7 +371,24 @@ class Membership:
                     next_beat = now + self.heartbeat_interval
                 if sock.poll(int(min(SLICE, self.heartbeat_interval) * 1000)):
                     msg = wire.decode(sock.recv())
-                    last_contact, contacted = time.monotonic(), True
+                    last_contact, contacted, told_lost = time.monotonic(), True, False
+                    if msg["op"] in (wire.REGISTERED, wire.ERROR):   # to a registration again
+                        if rejoin is not None and msg.get("id") == rejoin[1]:
+                            self._rejoined(msg)
+                            if self.aborted.is_set():
+                                return
+                        continue
+                    if msg["op"] == wire.ACK and isinstance(msg.get("incarnation"), str):
+                        self._heard = msg["incarnation"]
+                        if self._joined is not None and self.registration is not None \
+                                and self._heard != self._joined and (rejoin is None or rejoin[0] != self._heard):
+                            rejoin = (self._heard, next(self._ids))
+                            log.warning("%s: the scheduler at %s:%s was restarted; registering again",
+                                        self.name, self.scheduler[0], self.scheduler[1])
+                            try:
+                                sock.send(self._rejoin_message(rejoin[1]), zmq.NOBLOCK)
+                            except zmq.Again:
+                                rejoin = None   # tried again at the next ack
                     if msg["op"] == wire.ABORT:
                         self._abort(str(msg.get("reason")))
                         return
@@ -361,11 +408,18 @@ class Membership:
                         self._note_servers(msg)
                         self._note_finished(msg.get("workers_finished"))
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
-                elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout:
+                elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout + self.restart_timeout:
+                    waited = (f"{self.heartbeat_timeout:g}s (KVSTORE_HEARTBEAT_TIMEOUT)" if not self.restart_timeout
+                              else f"{self.heartbeat_timeout + self.restart_timeout:g}s (KVSTORE_HEARTBEAT_TIMEOUT "
+                              "+ KVSTORE_SCHEDULER_RESTART_TIMEOUT): it died and was not restarted, or is stuck")
                     self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
-                                f"{self.scheduler[1]} for {self.heartbeat_timeout:g}s "
-                                "(KVSTORE_HEARTBEAT_TIMEOUT)")
+                                f"{self.scheduler[1]} for {waited}")
                     return
+                elif contacted and not told_lost and time.monotonic() - last_contact > self.heartbeat_timeout:
+                    told_lost = True
+                    log.warning("%s: no answer from the scheduler at %s:%s for %gs; waiting up to %gs more for "
+                                "it to be restarted (KVSTORE_SCHEDULER_RESTART_TIMEOUT)", self.name,
+                                self.scheduler[0], self.scheduler[1], self.heartbeat_timeout, self.restart_timeout)
                 elif not contacted and time.monotonic() - last_contact > self.timeout:
                     self._abort(f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} did not "
                                 f"answer within {self.timeout:g}s (KVSTORE_TIMEOUT): is it running?")
@@ -375,6 +429,32 @@ class Membership:
                 self._abort(f"heartbeat channel to the scheduler failed: {e}")
         finally:
             sock.close(linger=0)
+
+    def _rejoin_message(self, req_id: int) -> bytes:
+        """This node's registration with a restarted scheduler: its role, rank, address,
+        pid and host, and what it knows of the job (tracker.control.recovery)."""
+        reg = self.registration
+        assert reg is not None
+        with self._members_lock:
+            epoch, members, book = self._members[0], sorted(self._members[1]), self._book_fields
+        return wire.encode(wire.REGISTER, id=req_id, node=self.node_id, role=self.role, rank=reg.rank,
+                           host=self.host, addr=self.addr, pid=os.getpid(), rejoin={
+                               "job": reg.job, "book": book, "epoch": epoch, "members": members,
+                               "finished_workers": sorted(self.finished_workers),
+                               "shutdown": self.shutdown.is_set(), "progress": self.progress})
+
+    def _rejoined(self, msg: dict) -> None:
+        """The restarted scheduler answered this node's registration again."""
+        if msg["op"] == wire.ERROR:
+            if msg.get("kind") == wire.ABORTED:
+                return self._abort(str(msg.get("message")))
+            return self._abort(f"could not register again with the restarted scheduler at "
+                               f"{self.scheduler[0]}:{self.scheduler[1]}: {msg.get('message')}")
+        self._note_servers(msg)
+        self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
+        if isinstance(msg.get("incarnation"), str):
+            self._joined = msg["incarnation"]
+        log.info("%s registered again with the restarted scheduler", self.name)
 
     def _note_finished(self, ranks) -> None:
         if isinstance(ranks, list) and all(type(r) is int for r in ranks):

@@ -39,6 +39,7 @@ class Node:
     finished_at: float | None = None   # when a worker said `finish`
     removed: str | None = None   # why a worker was removed from an elastic job (not by `finish`)
     epoch: int = 0               # a server: the membership epoch it acknowledged
+    last_request: int = 0        # the highest id of its requests handled (a copy sent again is dropped)
 
     @classmethod
     def registering(cls, msg: dict, role: str, rank: int | None, ident: bytes, now: float,

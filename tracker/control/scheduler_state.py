@@ -28,6 +28,14 @@ the rules are in :mod:`tracker.control.elastic`. With replicated servers
 scheduler publishes a new epoch of the servers' book to every node
 (:mod:`tracker.control.failover`) and the job goes on, unless that was the second
 failure of one replication chain.
+
+A scheduler that a launcher restarted (``restarted=True``) rebuilds the job from
+its members' registrations (:mod:`tracker.control.recovery`): until every member
+expected registered again, it answers nothing but heartbeats and registrations
+(other requests get an error of kind ``restarting``: the node sends them again once
+it registered again), then it goes on where the job was. Every ``ack`` and
+``registered`` carries its :attr:`SchedulerState.incarnation`, by which nodes
+notice the restart.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .elastic import FINISH_GRACE, WorkerRanks  # noqa: F401 (FINISH_GRACE: for 
 from .errors import RendezvousError
 from .failover import ServerBook
 from .records import Node, Send, describe_exit, gather_budget, missing
+from .recovery import Recovery, read_report
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,11 @@ FORMING_NOTICE = 10.0
 
 class _JobAborted(RendezvousError):
     """A request after the job was aborted: answered 'aborted', not a bad message."""
+
+
+class _Restarting(RendezvousError):
+    """A request to a restarted scheduler before every member registered again:
+    answered 'restarting' (the node sends it again once it registered again)."""
 
 
 class SchedulerState:
@@ -75,7 +89,8 @@ class SchedulerState:
     def __init__(self, num_workers: int, num_servers: int, *, now: float, timeout: float,
                  heartbeat_interval: float, heartbeat_timeout: float,
                  elastic: tuple[int, int] | None = None, job: str | None = None,
-                 replicas: int = env.default("KVSTORE_REPLICAS")):
+                 replicas: int = env.default("KVSTORE_REPLICAS"), restarted: bool = False,
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
         if replicas and num_servers < 2:
@@ -97,6 +112,14 @@ class SchedulerState:
         # the job's id, in the servers' registration: their checkpoint files name it
         # (kvstore.server.checkpoint); random, so that two jobs never share one
         self.job = job if job is not None else secrets.token_hex(8)
+        # this scheduler process's own id, in every ack and registered: a node that hears
+        # another one than it registered with registers again (the scheduler was restarted)
+        self.incarnation = secrets.token_hex(4)
+        self.restart_timeout = restart_timeout
+        self.restarted = restarted
+        # restarted by its launcher: the job is rebuilt from the members' registrations
+        self._recovery = Recovery(self._ranks.count, num_servers, elastic=elastic is not None,
+                                  job=self.job) if restarted else None
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -133,10 +156,17 @@ class SchedulerState:
             op = msg["op"]
             if op not in self.OPS:
                 raise RendezvousError(f"unknown control op {op!r}")
+            if self._recovery is not None and op not in (wire.HEARTBEAT, wire.REGISTER, wire.FAIL) \
+                    and self.failure is None:
+                raise _Restarting(f"the scheduler was restarted and waits for every member to register "
+                                  f"again ({self._recovering()}): {op} is answered after that")
             self._handlers[op](ident, msg)
         except _JobAborted as e:   # a node that has not heard of the abort yet
             log.debug("request after the abort: %s", e)
             self._send(ident, wire.ERROR, id=_req_id(frame), kind=wire.ABORTED, message=str(e))
+        except _Restarting as e:   # sent again by the node once it registered again
+            log.debug("request before the recovery: %s", e)
+            self._send(ident, wire.ERROR, id=_req_id(frame), kind=wire.RESTARTING, message=str(e))
         except (RendezvousError, KeyError, TypeError, ValueError) as e:
             log.warning("bad control message: %s", e)
             kind = wire.ABORTED if self.failure is not None else wire.INVALID
@@ -149,8 +179,18 @@ class SchedulerState:
 
     def node_exited(self, role: str, rank: int, code: int, now: float) -> list[Send]:
         """A launcher saw the process of ``role`` ``rank`` end with status ``code`` (of a
-        worker: the one holding the rank now, which may replace one that left)."""
+        worker: the one holding the rank now, which may replace one that left). While a
+        restarted scheduler waits for the members, kept for after the recovery."""
         self._now = now
+        if self._recovery is not None:
+            self._recovery.exit(role, rank, code)
+            self._maybe_recover()
+        else:
+            self._node_exited(role, rank, code)
+        return self._flush()
+
+    def _node_exited(self, role: str, rank: int, code: int) -> None:
+        now = self._now
         node = next((n for n in reversed(self._nodes.values()) if n.role == role and n.rank == rank),
                     None)   # the last to register with that rank: a replacement if one joined
         what = f"{role} {rank}" if node is None else node.name()
@@ -180,7 +220,6 @@ class SchedulerState:
             if node.role == "worker":
                 self._out += self._ranks.tell_finished(now, self._live_servers())
             self._maybe_shutdown_servers()
-        return self._flush()
 
     def abort(self, reason: str, now: float) -> list[Send]:
         """Abort the job (unless it already was): every node is told ``reason``."""
@@ -197,6 +236,12 @@ class SchedulerState:
             log.warning("%s", notice["forming"])
         if self._abort_until is not None:
             self.over = now >= self._abort_until or all(n.finished for n in self._nodes.values())
+        elif self._recovery is not None and self._recovery.reports:
+            waited = self.heartbeat_timeout + self.restart_timeout
+            if now > self._started + waited:
+                self._abort(f"the scheduler was restarted and waited {waited:g}s (KVSTORE_HEARTBEAT_TIMEOUT + "
+                            f"KVSTORE_SCHEDULER_RESTART_TIMEOUT) for the job's members to register again: "
+                            f"{self._recovering()} did not (dead or stuck, or cut off from the scheduler)")
         elif self._book is None and now > self._deadline:
             who = missing(self._nodes.values(), self.num_workers, self.num_servers)
             self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
@@ -248,8 +293,10 @@ class SchedulerState:
         self._out.append(Send(ident, op, fields))
 
     def _flush(self) -> list[Send]:
+        """The messages to send; every ``ack`` and ``registered`` with :attr:`incarnation`."""
         out, self._out = self._out, []
-        return out
+        return [Send(s.ident, s.op, {**s.fields, "incarnation": self.incarnation})
+                if s.op in (wire.ACK, wire.REGISTERED) else s for s in out]
 
     def _op_heartbeat(self, ident: bytes, msg: dict) -> None:
         node_id = msg["node"]
@@ -277,7 +324,8 @@ class SchedulerState:
     def _forming(self) -> dict:
         """``{"forming": why}`` once the job has not formed for FORMING_NOTICE seconds
         (who registered and who is missing, the settings, the deadline); else {}."""
-        if self._book is not None or self._now < self._started + min(FORMING_NOTICE, self.timeout / 2):
+        if self._book is not None or self._recovery is not None \
+                or self._now < self._started + min(FORMING_NOTICE, self.timeout / 2):
             return {}
         who = missing(self._nodes.values(), self.num_workers, self.num_servers)
         return {"forming": (
@@ -292,6 +340,11 @@ class SchedulerState:
         role, rank = msg["role"], msg.get("rank")
         if role not in ("worker", "server"):
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
+        if self._recovery is not None:
+            return self._register_again(ident, msg, role, rank)
+        known = self._nodes.get(msg["node"]) if isinstance(msg["node"], str) else None
+        if known is not None:   # the same request again (sent again to a restarted scheduler)
+            return self._registered_again(known, ident, msg.get("id"))
         if role == "worker" and self.elastic is not None and self._book is not None:
             return self._join(ident, msg)
         total = self.num_workers if role == "worker" else self.num_servers
@@ -331,6 +384,116 @@ class SchedulerState:
             self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, self._book),
                        **({"job": self.job} if node.role == "server" else {}))
         log.info("all %d nodes registered", len(self._nodes))
+
+    def _registered_again(self, node: Node, ident: bytes, req_id) -> None:
+        """A registration of ``node`` came again (its node sent it again: it heard a
+        restarted scheduler): answered once, when the job forms, or at once if it did."""
+        if self._book is None:
+            self._registered_at_start = [(ident, node.node_id, req_id) if entry[1] == node.node_id else entry
+                                         for entry in self._registered_at_start]
+        elif not self._ranks.again(node, ident, req_id):   # an elastic joiner: answered once servers hold it
+            self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, self._book),
+                       **({"job": self.job} if node.role == "server" else {}))
+
+    # -- a restarted scheduler (tracker.control.recovery) ---------------------------------
+    def _recovering(self) -> str:
+        """Who a restarted scheduler still waits for ('worker 1, server 2')."""
+        assert self._recovery is not None
+        registered = {(n.role, n.rank) for n in self._nodes.values()}
+        return ", ".join(f"{role} {rank}" for role, rank in self._recovery.missing(registered)) or "nobody"
+
+    def _register_again(self, ident: bytes, msg: dict, role: str, rank) -> None:
+        """A node registers with a restarted scheduler: with what it knows of the job
+        (``rejoin``) if it had registered before, else plainly (the job had not formed)."""
+        assert self._recovery is not None
+        total = self._ranks.count if role == "worker" else self.num_servers
+        if not (type(rank) is int and 0 <= rank < total):
+            raise RendezvousError(f"{role} rank {rank!r} is out of range or missing: a restarted scheduler "
+                                  f"takes registrations with the ranks of the job's {total} {role}s")
+        report = None if msg.get("rejoin") is None else read_report(
+            msg["rejoin"], self._ranks.count, self.num_servers, self.job)
+        node = Node.registering(msg, role, rank, ident, self._now, self._hb_idents)
+        other = next((n for n in self._nodes.values() if n.role == role and n.rank == rank
+                      and n.node_id != node.node_id), None)
+        if other is not None:
+            raise RendezvousError(f"two processes claim {role} rank {rank}: {other.name()} registered "
+                                  "with the restarted scheduler already")
+        if report is not None:
+            node.hb_ident = ident   # a node registers again from its heartbeat thread's socket
+            self._recovery.add(node.node_id, report)
+        else:
+            self._recovery.drop(node.node_id)
+        self._nodes[node.node_id] = node
+        self._registered_at_start = [e for e in self._registered_at_start if e[1] != node.node_id] + [
+            (ident, node.node_id, msg.get("id"))]
+        log.info("%s registered %swith the restarted scheduler", node.name(), "again " if report else "")
+        self._maybe_recover()
+
+    def _maybe_recover(self) -> None:
+        """Once nobody is missing: the job formed (nobody had registered before the
+        restart), or it is rebuilt from the reports and goes on."""
+        rec = self._recovery
+        assert rec is not None
+        if self.failure is not None or rec.missing({(n.role, n.rank) for n in self._nodes.values()}):
+            return
+        self._recovery = None
+        if not rec.reports:
+            if len(self._nodes) == self.num_workers + self.num_servers:
+                self._complete_registration()
+            for (role, rank), code in rec.exited.items():
+                self._node_exited(role, rank, code)
+            return
+        self._rebuild(rec)
+
+    def _rebuild(self, rec: Recovery) -> None:
+        """The job as its members reported it: the servers' book, the members and their
+        epoch, the finished workers and the progress; a placeholder for each node that
+        did not register again (finished, dead, or ended: its exit is replayed)."""
+        book = rec.book()
+        dead = book.dead if book is not None else {}
+        finished = rec.finished_workers()
+        epoch, members = rec.membership()
+        registered = {(n.role, n.rank): n for n in self._nodes.values()}
+        for node in registered.values():
+            node.last_seen = self._now
+        for role, total in (("server", self.num_servers), ("worker", self._ranks.count)):
+            for rank in range(total):
+                if (role, rank) in registered or (role == "worker" and self.elastic is not None
+                                                  and rank not in members):
+                    continue
+                code = rec.exited.get((role, rank))
+                node = Node(f"{role}-{rank}-before-the-restart", role, rank, "?", "", 0, b"", self._now)
+                # a node that ended with a failure during the restart: its exit, replayed below, judges it
+                node.finished = not (code and rank not in dead and self.elastic is None)
+                node.removed = f"{dead[rank]}; its chunks are served by their backups now" \
+                    if role == "server" and rank in dead else None
+                self._nodes[node.node_id] = node
+                registered[(role, rank)] = node
+        by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),  # noqa: E731
+                                      key=lambda n: n.ranked)
+        self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
+        if self.replicas:
+            self.servers_book = book or ServerBook(self.num_servers, [n.host for n in by_rank("server")])
+            self._book.update(self.servers_book.fields())
+        workers = by_rank("worker")
+        holders = [n for n in workers if self.elastic is None or n.ranked in members]
+        self._ranks.restore(holders, [n for n in workers if n not in holders], epoch, rec.progress(),
+                            sorted(finished))
+        for node in workers:
+            if node.ranked in finished:
+                node.finished = True
+        for ident, node_id, req_id in self._registered_at_start:
+            node = self._nodes[node_id]
+            self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, self._book),
+                       **({"job": self.job} if node.role == "server" else {}))
+        self._registered_at_start = []
+        log.warning("the restarted scheduler rebuilt the job from %d registrations (servers' book epoch %s, "
+                    "membership epoch %d, finished workers %s): the job goes on", len(rec.reports),
+                    "-" if self.servers_book is None else self.servers_book.epoch, epoch,
+                    sorted(finished) or "none")
+        for (role, rank), code in rec.exited.items():
+            self._node_exited(role, rank, code)
+        self._maybe_shutdown_servers()
 
     def _join(self, ident: bytes, msg: dict) -> None:
         """(elastic) A worker registers with the running job: it takes a vacant rank."""
@@ -391,6 +554,8 @@ class SchedulerState:
 
     def _op_barrier(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg, worker="take part in barriers")
+        if self._handled(node, msg):
+            return
         if self._elastic_worker(node) and not self._ranks.holds(node):
             raise RendezvousError(f"{node.name()} left the job (it finished): it takes no part "
                                   "in its barriers")
@@ -411,6 +576,8 @@ class SchedulerState:
 
     def _op_finish(self, ident: bytes, msg: dict) -> None:
         node = self._known(msg)
+        if self._handled(node, msg):
+            return
         node.finished_at = self._now
         self._send(ident, wire.FINISHED, id=msg.get("id"))
         log.debug("%s finished", node.name())
@@ -438,7 +605,8 @@ class SchedulerState:
 
     def _op_progress(self, ident: bytes, msg: dict) -> None:
         """A worker saves the job's progress (what a joining worker resumes from)."""
-        self._known(msg, worker="save progress")
+        if self._handled(self._known(msg, worker="save progress"), msg):
+            return
         self._ranks.save(msg.get("progress"))
         self._send(ident, "progress_saved", id=msg.get("id"))
 
@@ -452,6 +620,20 @@ class SchedulerState:
         for node in self._live_servers():
             if node.hb_ident is not None:
                 self._send(node.hb_ident, "shutdown")
+
+    def _handled(self, node: Node, msg: dict) -> bool:
+        """Whether ``msg`` is a copy of a request of ``node`` handled already: a node sends
+        a request again once it registered again with a restarted scheduler, and a copy
+        held in its socket while the scheduler was away may reach this one too; dropped.
+        Else it counts as handled. (Only in a restarted scheduler: nothing else sends again.)"""
+        req_id = msg.get("id")
+        if not self.restarted or type(req_id) is not int:
+            return False
+        if req_id <= node.last_request:
+            log.info("dropped a copy of request %d of %s (handled already)", req_id, node.name())
+            return True
+        node.last_request = req_id
+        return False
 
     def _known(self, msg: dict, aborted_ok: bool = False, worker: str = "") -> Node:
         """The registered node of ``msg`` (``worker``: what only workers may do)."""

@@ -23,6 +23,7 @@ SHUTDOWN, ABORT, WORKERS_FINISHED, MEMBERS = "shutdown", "abort", "workers_finis
 SERVERS = "servers"    # replicated servers: a new epoch of who serves each share (tracker.control.failover)
 # an error reply's kind (docs/protocol.md §8.1): what the node raises for it
 ABORTED, MISMATCH, TIMEOUT, INVALID = "aborted", "mismatch", "timeout", "invalid"
+RESTARTING = "restarting"   # a restarted scheduler waits for the members: sent again after registering again
 
 
 def encode(op: str, **fields) -> bytes:
