@@ -1,9 +1,11 @@
 """The launcher API shared by every way of starting processes.
 
-A :class:`JobSpec` says what to run; :func:`launch` starts the scheduler in this
-process, the servers and workers through a ``spawn`` function (local
-subprocesses here; ssh/mpi launchers pass their own), then monitors them: the
-first process to fail tears the job down and is reported as the root cause.
+A :class:`JobSpec` says what to run; :func:`launch` starts the scheduler as a
+child of this process (:class:`~tracker.scheduler_process.SchedulerProcess`,
+which restarts it if it dies), the servers and workers through a ``spawn``
+function (local subprocesses here; ssh/mpi launchers pass their own), then
+monitors them: the first process to fail tears the job down and is reported as
+the root cause.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import Callable, IO, Mapping, Sequence
 from .control import env
 from .control.env import Settings
 from .control.records import describe_exit
-from .control.rendezvous import DEFAULT_HOST, Scheduler
-from .control.security import Security, new_secret
+from .control.rendezvous import DEFAULT_HOST
+from .control.security import new_secret
 from .outcome import Outcome, conclude, named_nodes, plural, report, row
 from .process import Child, ProcSpec, Strays, needs_stopping, terminate_all
+from .scheduler_process import SchedulerProcess
 
 log = logging.getLogger(__name__)
 
@@ -177,16 +180,19 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     if refusal is not None:
         log.error("%s", refusal)
         return Outcome(2, refusal, [], spec.num_workers, spec.num_servers, 0.0)
-    scheduler = Scheduler.for_job(settings, spec.num_workers, spec.num_servers,
-                                  host=spec.scheduler_host,
-                                  security=Security(secret, settings.secure)).start()
+    try:
+        scheduler = SchedulerProcess(settings, spec.num_workers, spec.num_servers, host=spec.scheduler_host,
+                                     secret=secret).start()
+    except OSError as e:
+        log.error("%s", e)
+        return Outcome(1, str(e), [], spec.num_workers, spec.num_servers, 0.0)
     children: list[Child] = []
     codes: dict[str, int] = {}   # label -> status of the processes that ended by themselves
     first_failure: tuple[str, int] | None = None
     interrupted: int | None = None
     signals = _Signals().install()
     spawn_error = None
-    strays = Strays(lambda: [c.popen.pid for c in children])
+    strays = Strays(lambda: [c.popen.pid for c in children] + scheduler.pids)
     try:
         procs = [dataclasses.replace(p, env={**p.env, "KVSTORE_SECRET": secret})
                  for p in spec.processes(scheduler.port)]

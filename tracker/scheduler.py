@@ -1,19 +1,30 @@
 """``python -m tracker.scheduler``: run a job's scheduler as its own process.
 
 For jobs started by another launcher (MXNet's ``DMLC_ROLE=scheduler`` process,
-Kubernetes, ...). Our own launchers run the scheduler inside the launcher.
+Kubernetes, ...): nothing restarts it if it dies, and the job's processes stop
+KVSTORE_HEARTBEAT_TIMEOUT + KVSTORE_SCHEDULER_RESTART_TIMEOUT after they lost it.
 
     KVSTORE_SCHEDULER_PORT=9091 KVSTORE_NUM_WORKERS=2 KVSTORE_NUM_SERVERS=1 \
         python -m tracker.scheduler      # configured by the environment only
     python -m tracker.scheduler -h       # this text
+
+Our own launchers run it as their child with ``--launcher``
+(:class:`tracker.scheduler_process.SchedulerProcess`, which restarts it when it
+dies): the settings and the secret in its environment, then one JSON line per
+message on its stdin (the first: ``{"job": ID, "restarted": BOOL, "port": P}``,
+port 0 for any free one; then ``{"exited": [ROLE, RANK, STATUS]}``, ``{"abort":
+REASON}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
+listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"done": true}``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
-from typing import Mapping
+import threading
+from typing import IO, Mapping
 
 import zmq
 
@@ -22,6 +33,9 @@ from .control.rendezvous import DEFAULT_HOST, Scheduler
 from .control.security import Security
 
 log = logging.getLogger(__name__)
+
+LAUNCHER_FLAG = "--launcher"
+TICK = 0.05   # seconds between reports of its state to the launcher
 
 
 def serve(environ: Mapping[str, str]) -> int:
@@ -56,8 +70,84 @@ def serve(environ: Mapping[str, str]) -> int:
     return 0
 
 
+def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) -> int:
+    """Run the scheduler a launcher started (``--launcher``: the module's doc gives the
+    lines it reads and writes) until the job ends or the launcher says ``stop``.
+    Returns as :func:`serve`. A launcher that ends without ``stop`` (its stdin closes)
+    aborts the job: nothing would watch or restart it any more."""
+    try:
+        start = json.loads(stdin.readline() or "null")
+        if not (isinstance(start, dict) and isinstance(start.get("job"), str)
+                and type(start.get("restarted")) is bool and type(start.get("port")) is int):
+            raise ValueError(f"the launcher's first line is not {{job, restarted, port}}: {start!r:.200}")
+        settings = env.read(environ)
+        if settings.num_workers is None or settings.num_servers is None:
+            raise env.EnvError("the scheduler needs KVSTORE_NUM_WORKERS and KVSTORE_NUM_SERVERS")
+        security = Security(settings.secret, settings.secure)
+    except ValueError as e:   # EnvError, JSON, a secret that is not hex
+        log.error("%s", e)
+        return 2
+    host = settings.scheduler_host or DEFAULT_HOST
+    try:
+        sched = Scheduler.for_job(settings, settings.num_workers, settings.num_servers, host=host,
+                                  port=start["port"], security=security, job=start["job"],
+                                  restarted=start["restarted"]).start()
+    except (zmq.ZMQError, OSError) as e:
+        log.error("the scheduler cannot listen on %s:%s: %s", host, start["port"], e)
+        return 2
+    lock = threading.Lock()
+
+    def say(**fields) -> None:
+        with lock:
+            stdout.write(json.dumps(fields) + "\n")
+            stdout.flush()
+
+    stop = threading.Event()
+    threading.Thread(target=_launcher_events, args=(sched, stdin, stop), daemon=True,
+                     name="kvstore-scheduler-launcher").start()
+    failure: str | None = None
+    failed_over: frozenset[int] = frozenset()
+    try:
+        say(port=sched.port, pid=os.getpid())
+        while not stop.is_set():
+            ended = sched.wait(TICK) or sched.done
+            if sched.failure != failure:
+                failure = sched.failure
+                say(failure=failure)
+            if sched.failed_over != failed_over:
+                failed_over = sched.failed_over
+                say(failed_over=sorted(failed_over))
+            if ended:
+                say(done=True)
+                break
+    except OSError:   # the launcher is gone (a broken pipe): the events thread aborted the job
+        sched.wait(10.0)   # until every node heard it (or 10 s)
+    finally:
+        sched.close()
+    return 1 if sched.failure else 0
+
+
+def _launcher_events(sched: Scheduler, stdin: IO[str], stop: threading.Event) -> None:
+    """Hand the launcher's lines to the scheduler until ``stop`` or the end of stdin."""
+    for line in stdin:
+        try:
+            event = json.loads(line)
+            if "exited" in event:
+                role, rank, code = event["exited"]
+                sched.node_exited(str(role), int(rank), int(code))
+            elif "abort" in event:
+                sched.abort(str(event["abort"]))
+            elif event.get("stop"):
+                stop.set()
+                return
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.error("a line from the launcher that is no event (%s): %.200r", e, line)
+    sched.abort("the launcher that started the scheduler ended (its pipe closed)")
+
+
 def main() -> int:
-    status = env.entry_point_arguments("tracker.scheduler", __doc__, sys.argv[1:])
+    launcher = sys.argv[1:] == [LAUNCHER_FLAG]
+    status = None if launcher else env.entry_point_arguments("tracker.scheduler", __doc__, sys.argv[1:])
     if status is not None:
         return status
     text, level = env.log_level(os.environ)
@@ -66,6 +156,8 @@ def main() -> int:
               f"{', '.join(env.LOG_LEVELS[:-1])} or {env.LOG_LEVELS[-1]}", file=sys.stderr)
         return 2
     logging.basicConfig(level=level, format="%(asctime)s [scheduler] %(levelname)s %(message)s")
+    if launcher:
+        return serve_launcher(os.environ, sys.stdin, sys.stdout)
     return serve(os.environ)
 
 

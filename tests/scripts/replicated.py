@@ -8,7 +8,11 @@ worker 0 saves the optimizer states there after step 3 and every worker loads th
 after step 6 (load_optimizer_states: a momentum unlike the one the rounds made).
 SAVE=S: save_checkpoint({"step": S + 1}) after step S (KVSTORE_CHECKPOINT_DIR set);
 STOP=S: every worker ends the job after step S (a resume, --resume, goes on from
-the checkpoint's step to the last). Prints a digest of the final weights.
+the checkpoint's step to the last). BARRIER=1: every worker calls kv.barrier()
+at the end of each step. KILL_SCHEDULER=S:push or S:barrier (several comma-separated):
+worker 0 sends the job's scheduler SIGKILL (or KILL_SCHEDULER_SIGNAL) right after
+its push of step S, or right before its barrier of step S (the other worker is
+usually waiting there already). Prints a digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -21,7 +25,7 @@ import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
-from job_processes import server_pid  # tests/scripts/, this script's folder
+from job_processes import scheduler_pid, server_pid  # tests/scripts/, this script's folder
 
 STEPS = 10
 SIZES = {"w": 3000, "b": 7, "v": 1500}
@@ -34,6 +38,15 @@ def kills_by_step() -> dict[int, list[int]]:
         server, step = item.split(":")
         kills.setdefault(int(step), []).append(int(server))
     return kills
+
+
+def kill_scheduler(step: int, where: str) -> None:
+    """KILL_SCHEDULER=S:where: worker 0 kills the scheduler there."""
+    wanted = [item.split(":") for item in filter(None, os.environ.get("KILL_SCHEDULER", "").split(","))]
+    if [str(step), where] in wanted:
+        pid = scheduler_pid()
+        os.kill(pid, getattr(signal, os.environ.get("KILL_SCHEDULER_SIGNAL", "SIGKILL")))
+        print(f"killed the scheduler (pid {pid}) at step {step} ({where})", flush=True)
 
 
 def main() -> None:
@@ -63,6 +76,7 @@ def main() -> None:
                 for server in kills.get(step, ()):
                     os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
                     print(f"killed server {server} at step {step}", flush=True)
+                kill_scheduler(step, "push")
             kv.pull(keys, out=outs)
         states = os.environ.get("STATES")
         if states and step == 3:
@@ -74,6 +88,10 @@ def main() -> None:
             kv.barrier()                  # no push of step 7 before every state is in place
         if step == save:
             kv.save_checkpoint({"step": step + 1})
+        if os.environ.get("BARRIER"):
+            if kv.rank == 0:
+                kill_scheduler(step, "barrier")
+            kv.barrier()
         print(f"step {step} done", flush=True)
         if step == stop:
             kv.close()

@@ -42,7 +42,9 @@ class Scheduler:
                  heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
                  heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
                  security: Security = Security(), elastic: tuple[int, int] | None = None,
-                 replicas: int = env.default("KVSTORE_REPLICAS")):
+                 replicas: int = env.default("KVSTORE_REPLICAS"), job: str | None = None,
+                 restarted: bool = False,
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.host = host
@@ -52,7 +54,8 @@ class Scheduler:
         self._state = SchedulerState(num_workers, num_servers, now=time.monotonic(), timeout=timeout,
                                      heartbeat_interval=heartbeat_interval,
                                      heartbeat_timeout=heartbeat_timeout, elastic=elastic,
-                                     replicas=replicas)
+                                     replicas=replicas, job=job, restarted=restarted,
+                                     restart_timeout=restart_timeout)
         self._crash: str | None = None
         self._requested_port = port
         self._port: int | None = None   # start() binds it
@@ -66,12 +69,13 @@ class Scheduler:
 
     @classmethod
     def for_job(cls, settings: env.Settings, num_workers: int, num_servers: int, **kwargs) -> "Scheduler":
-        """A scheduler with the timeout, heartbeat, elastic and replica settings of ``settings``
-        (:class:`tracker.control.env.Settings`); ``kwargs``: host, port, security."""
+        """A scheduler with the timeout, heartbeat, elastic, replica and restart settings of
+        ``settings`` (:class:`tracker.control.env.Settings`); ``kwargs``: host, port, security,
+        job, restarted."""
         return cls(num_workers, num_servers, timeout=settings.timeout,
                    heartbeat_interval=settings.heartbeat_interval,
                    heartbeat_timeout=settings.heartbeat_timeout, elastic=settings.elastic,
-                   replicas=settings.replicas, **kwargs)
+                   replicas=settings.replicas, restart_timeout=settings.scheduler_restart_timeout, **kwargs)
 
     # -- public, thread-safe -------------------------------------------------
     @property
