@@ -208,3 +208,41 @@ def test_every_control_op_from_a_member_with_every_bad_field(caplog):
                 if op in ("fail", "finish") or state.failure is not None:
                     state = _formed_job()
     assert cases > 500
+
+
+# -- a restarted scheduler: every field of a registration again ------------------------------
+def test_a_restarted_scheduler_refuses_every_bad_field_of_a_registration_again(caplog):
+    """``register`` with ``rejoin`` (tracker.control.recovery) to a restarted scheduler,
+    with each field of the report, and of its servers' book, set to every bad value:
+    a typed error (``invalid``), never the last resort, no failure, and the node is not
+    counted as registered (the scheduler still waits for it); a value that is valid
+    after all (an empty job id, progress or list) registers it."""
+    caplog.set_level(logging.WARNING)
+    book = {"book_epoch": 1, "owners": [0, 2, 2], "backups": [None, None, 0],
+            "dead": [[1, "was killed by SIGKILL"]], "lost_with": [1, 1, None]}
+    good = {"job": "j", "book": book, "epoch": 0, "members": [0, 1], "finished_workers": [],
+            "shutdown": False, "progress": {}}
+    everyone = "server 0, server 1, server 2, worker 0, worker 1"   # no report yet: every node
+    reports = [{**good, name: value} for name in good for value in CTRL_BAD] + \
+        [{**good, "book": {**book, name: value}} for name in book for value in CTRL_BAD] + \
+        [{**good, "book": {**book, "owners": [0, 1, 2]}}, {**good, "job": "another"},   # a dead owner
+         {**good, "members": [0, 5]}, {**good, "book": {**book, "book_epoch": 2}}] + \
+        [value for value in CTRL_BAD if value is not None]                           # not a map
+    refused = 0
+    for rejoin in reports:
+        state = SchedulerState(2, 3, now=0.0, timeout=30.0, heartbeat_interval=1.0, heartbeat_timeout=5.0,
+                               replicas=1, job="j", restarted=True)
+        msg = {"v": wire.VERSION, "op": "register", "id": 7, "node": "worker-0", "role": "worker", "rank": 0,
+               "host": "h", "addr": "", "pid": 1, "rejoin": rejoin}
+        sends = state.receive(b"hb:worker-0", msgpack.packb(msg, use_bin_type=True), 1.0)
+        what = f"rejoin={rejoin!r:.120}"
+        crashed = [r for r in caplog.records if r.name.startswith("tracker") and r.exc_info]
+        assert not crashed, f"{what}: {crashed[0].getMessage()}"
+        assert state.failure is None, f"{what} failed the job: {state.failure}"
+        if sends:
+            assert [(s.op, s.fields.get("kind")) for s in sends] == [("error", "invalid")], f"{what}: {sends}"
+            assert state.recovering == everyone, f"{what} was counted as registered"
+            refused += 1
+        else:
+            assert "worker 0" not in (state.recovering or ""), f"{what}: neither refused nor registered"
+    assert refused > 150, refused

@@ -75,7 +75,8 @@ PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("k
     files("kvstore", "server", "tables.py") + files("kvstore", "server", "ssp.py") + \
     files("kvstore", "rows", "layout.py") + files("kvstore", "rows", "rowinit.py") + \
     files("kvstore", "rows", "dynamic.py") + files("kvstore", "rows", "dyntable.py") + files("kvstore", "server", "dyntables.py") + \
-    files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py")
+    files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py") + \
+    files("tracker", "control", "recovery.py") + files("tracker", "control", "failover.py")
 
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(ROOT)))

@@ -74,13 +74,14 @@ class ServerBook:
                 and all(x is None or rank(x) for x in lost)
                 and all(isinstance(d, list) and len(d) == 2 and rank(d[0]) and isinstance(d[1], str)
                         for d in dead) and len(dead) == epoch):
-            raise ValueError(f"a servers' book that does not fit this job's {num_servers} servers: "
-                             f"epoch {epoch!r}, owners {owners!r}, backups {backups!r}")
+            raise ValueError(f"a servers' book that does not fit this job's {num_servers} servers: epoch "
+                             f"{epoch!r:.40}, owners {owners!r:.60}, backups {backups!r:.60}, dead {dead!r:.60}, "
+                             f"lost_with {lost!r:.60}")
         book.epoch, book.owners, book.backups = epoch, list(owners), list(backups)
         book.dead = {d[0]: d[1] for d in dead}
         if len(book.dead) != epoch or any(o in book.dead for o in owners):
-            raise ValueError(f"a servers' book whose owners {owners!r} include a dead server "
-                             f"({sorted(book.dead)}) or that repeats one")
+            raise ValueError(f"a servers' book whose owners {owners!r:.60} include a dead server "
+                             f"({sorted(book.dead)!r:.60}) or that names one dead twice")
         book._unreplicated_by = {s: x for s, x in enumerate(lost) if x is not None}
         return book
 

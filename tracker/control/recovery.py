@@ -56,7 +56,7 @@ def read_report(rejoin, slots: int, num_servers: int, job: str) -> Report:
     ranks = lambda v, n: isinstance(v, list) and all(type(r) is int and 0 <= r < n for r in v)  # noqa: E731
     other = rejoin.get("job", "")
     if not isinstance(other, str) or (other and other != job):
-        raise RendezvousError(f"a node of job {other!r} registered again with the scheduler of job {job!r}")
+        raise RendezvousError(f"a node of job {other!r:.60} registered again with the scheduler of job {job!r}")
     book = rejoin.get("book")
     if book is not None:
         if not isinstance(book, dict):

@@ -159,7 +159,7 @@ class SchedulerState:
             if self._recovery is not None and op not in (wire.HEARTBEAT, wire.REGISTER, wire.FAIL) \
                     and self.failure is None:
                 raise _Restarting(f"the scheduler was restarted and waits for every member to register "
-                                  f"again ({self._recovering()}): {op} is answered after that")
+                                  f"again ({self.recovering}): {op} is answered after that")
             self._handlers[op](ident, msg)
         except _JobAborted as e:   # a node that has not heard of the abort yet
             log.debug("request after the abort: %s", e)
@@ -241,7 +241,7 @@ class SchedulerState:
             if now > self._started + waited:
                 self._abort(f"the scheduler was restarted and waited {waited:g}s (KVSTORE_HEARTBEAT_TIMEOUT + "
                             f"KVSTORE_SCHEDULER_RESTART_TIMEOUT) for the job's members to register again: "
-                            f"{self._recovering()} did not (dead or stuck, or cut off from the scheduler)")
+                            f"{self.recovering} did not (dead or stuck, or cut off from the scheduler)")
         elif self._book is None and now > self._deadline:
             who = missing(self._nodes.values(), self.num_workers, self.num_servers)
             self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
@@ -396,9 +396,12 @@ class SchedulerState:
                        **({"job": self.job} if node.role == "server" else {}))
 
     # -- a restarted scheduler (tracker.control.recovery) ---------------------------------
-    def _recovering(self) -> str:
-        """Who a restarted scheduler still waits for ('worker 1, server 2')."""
-        assert self._recovery is not None
+    @property
+    def recovering(self) -> str | None:
+        """Who a restarted scheduler still waits for to register again ('server 2,
+        worker 1'; 'nobody' just before it goes on); None when it waits for nobody."""
+        if self._recovery is None:
+            return None
         registered = {(n.role, n.rank) for n in self._nodes.values()}
         return ", ".join(f"{role} {rank}" for role, rank in self._recovery.missing(registered)) or "nobody"
 

@@ -1,0 +1,163 @@
+"""A restarted scheduler's state machine (``SchedulerState(restarted=True)``,
+tracker.control.recovery), without sockets or clocks: the job of a scheduler that
+died is rebuilt from what its members register again with (``rejoin``) and the
+exits the launcher replays. Node ``worker-1`` sends requests from ``b"worker-1"``
+and heartbeats (and its registration again) from ``b"hb:worker-1"``, as a node's
+two sockets do."""
+
+from __future__ import annotations
+
+import itertools
+
+from tracker.control import wire
+from tracker.control.records import Send
+from tracker.control.scheduler_state import SchedulerState
+
+INTERVAL, HB_TIMEOUT, RESTART = 1.0, 5.0, 10.0
+JOB = "6f1c0000aaaa0000"
+
+
+def scheduler(workers: int, servers: int, restarted: bool, replicas: int = 0) -> SchedulerState:
+    return SchedulerState(workers, servers, now=0.0, timeout=30.0, heartbeat_interval=INTERVAL,
+                          heartbeat_timeout=HB_TIMEOUT, replicas=replicas, job=JOB, restarted=restarted,
+                          restart_timeout=RESTART)
+
+
+class Nodes:
+    """The job's nodes talking to ``state``; each node's request ids grow, as a Membership's."""
+
+    def __init__(self, state: SchedulerState):
+        self.state = state
+        self.ids = itertools.count(1)
+        self.now = 0.0
+
+    def request(self, node: str, op: str, **fields) -> tuple[int, list[Send]]:
+        req_id = next(self.ids)
+        return req_id, self.state.receive(node.encode(), wire.encode(op, id=req_id, node=node, **fields), self.now)
+
+    def register(self, node: str, rejoin: dict | None = None) -> list[Send]:
+        """``node`` registers (again: with ``rejoin``, from its heartbeat socket)."""
+        role, rank = node.split("-")
+        ident = (b"hb:" if rejoin is not None else b"") + node.encode()
+        fields = {"role": role, "rank": int(rank), "host": "h", "addr": f"tcp://{node}", "pid": 100 + int(rank)}
+        if rejoin is not None:
+            fields["rejoin"] = rejoin
+        return self.state.receive(ident, wire.encode("register", id=next(self.ids), node=node, **fields), self.now)
+
+    def beat(self, node: str) -> list[Send]:
+        return self.state.receive(b"hb:" + node.encode(), wire.encode("heartbeat", node=node), self.now)
+
+
+def formed(workers: int, servers: int, replicas: int = 0) -> Nodes:
+    nodes = Nodes(scheduler(workers, servers, False, replicas))
+    for node in [f"server-{r}" for r in range(servers)] + [f"worker-{r}" for r in range(workers)]:
+        nodes.beat(node)
+        nodes.register(node)
+    assert nodes.state.members == list(range(workers))
+    return nodes
+
+
+def report(old: SchedulerState | None = None, **over) -> dict:
+    """What a node of ``old``'s job re-registers with (Membership._rejoin_message)."""
+    book = old.servers_book.fields() if old is not None and old.servers_book is not None else None
+    return {"job": JOB, "book": book, "epoch": 0, "members": [0, 1], "finished_workers": [],
+            "shutdown": False, "progress": {}, **over}
+
+
+def ops(sends: list[Send], ident: bytes) -> list[str]:
+    return [s.op for s in sends if s.ident == ident]
+
+
+def test_nothing_completes_until_every_member_registered_again_and_the_book_survives():
+    """Replicated servers: server 1 died before the restart (book epoch 1). The restarted
+    scheduler acknowledges heartbeats with a new incarnation, refuses a barrier
+    ('restarting') until both workers and servers 0 and 2 registered again (not the
+    dead server 1), then answers all of them and goes on: a barrier completes, and
+    server 2's death is the chain's second failure, naming both servers."""
+    old = formed(2, 3, replicas=1)
+    old.state.node_exited("server", 1, -9, now=1.0)
+    assert old.state.servers_book.epoch == 1 and old.state.failure is None
+    new = Nodes(scheduler(2, 3, True, replicas=1))
+    ack = [s for s in new.beat("worker-0") if s.op == wire.ACK][0]
+    assert ack.fields["incarnation"] == new.state.incarnation != old.state.incarnation
+    assert new.register("worker-0", report(old.state)) == []
+    _, sends = new.request("worker-0", "barrier", token="t", timeout=30.0)
+    [error] = sends
+    assert error.op == wire.ERROR and error.fields["kind"] == wire.RESTARTING
+    assert "server 0, server 2, worker 1" in error.fields["message"], error.fields["message"]
+    assert new.register("worker-1", report(old.state)) == []
+    assert new.register("server-0", report(old.state)) == []
+    sends = new.register("server-2", report(old.state))
+    assert sorted(s.ident for s in sends if s.op == wire.REGISTERED) == [
+        b"hb:server-0", b"hb:server-2", b"hb:worker-0", b"hb:worker-1"]
+    reply = [s for s in sends if s.ident == b"hb:worker-1"][0].fields
+    assert reply["incarnation"] == new.state.incarnation and reply["rank"] == 1
+    assert (reply["book_epoch"], reply["owners"], reply["backups"]) == (1, [0, 2, 2], [None, None, 0])
+    new.request("worker-0", "barrier", token="t", timeout=30.0)
+    _, sends = new.request("worker-1", "barrier", token="t", timeout=30.0)
+    assert ops(sends, b"worker-0") == ops(sends, b"worker-1") == [wire.BARRIER_DONE]
+    new.state.node_exited("server", 2, -9, now=2.0)
+    assert "servers 1 and 2" in new.state.failure and "server 1 died before" in new.state.failure
+
+
+def test_a_member_that_does_not_register_again_in_time_is_named():
+    new = Nodes(scheduler(2, 1, True))
+    new.register("server-0", report())
+    new.register("worker-0", report())
+    assert new.state.tick(HB_TIMEOUT + RESTART - 0.1) == []
+    sends = new.state.tick(HB_TIMEOUT + RESTART + 0.1)
+    assert "worker 1 did not" in new.state.failure and "KVSTORE_SCHEDULER_RESTART_TIMEOUT" in new.state.failure
+    assert {(s.ident, s.op) for s in sends} >= {(b"hb:worker-0", wire.ERROR), (b"hb:server-0", wire.ERROR)}
+    assert all(s.fields.get("kind") == wire.ABORTED for s in sends if s.op == wire.ERROR)
+
+
+def test_finished_workers_and_replayed_exits_are_not_waited_for():
+    """Worker 0 finished (the server heard it), worker 1 ended with status 0 (the
+    launcher replays it): the restarted scheduler waits for worker 2 and the server
+    only, and shuts the server down once worker 2 finishes."""
+    new = Nodes(scheduler(3, 1, True))
+    new.state.node_exited("worker", 1, 0, now=0.0)
+    new.register("server-0", report(members=[0, 1, 2], finished_workers=[0]))
+    sends = new.register("worker-2", report(members=[0, 1, 2]))
+    assert ops(sends, b"hb:worker-2") == ops(sends, b"hb:server-0") == [wire.REGISTERED]
+    _, sends = new.request("worker-2", "finish")
+    assert ops(sends, b"worker-2") == [wire.FINISHED] and ops(sends, b"hb:server-0") == [wire.SHUTDOWN]
+
+
+def test_a_copy_of_a_request_sent_again_is_dropped():
+    """A node sends a request again once it registered again; a copy of it held while
+    the scheduler was away may arrive too: the second one is dropped, so a barrier
+    that completed is not joined again by a phantom."""
+    new = Nodes(scheduler(2, 1, True))
+    for node in ("server-0", "worker-0", "worker-1"):
+        new.register(node, report())
+    barrier = wire.encode("barrier", id=500, node="worker-0", token="t", timeout=30.0)
+    assert new.state.receive(b"worker-0", barrier, 0.0) == []
+    _, sends = new.request("worker-1", "barrier", token="t", timeout=30.0)
+    assert ops(sends, b"worker-0") == [wire.BARRIER_DONE]
+    assert new.state.receive(b"worker-0", barrier, 0.0) == []          # the copy: no phantom arrival
+    new.request("worker-1", "barrier", token="t", timeout=30.0)
+    assert new.state.tick(1.0) == []
+
+
+def test_a_job_that_had_not_formed_forms_with_the_restarted_scheduler():
+    """Nobody had registered with the dead scheduler: plain registrations form the job
+    (a registration sent again by the same node is answered once)."""
+    new = Nodes(scheduler(2, 1, True))
+    new.register("server-0")
+    first = wire.encode("register", id=77, node="worker-0", role="worker", rank=0, host="h", addr="", pid=1)
+    assert new.state.receive(b"worker-0", first, 0.0) == []
+    assert new.state.receive(b"worker-0", first, 0.0) == []
+    sends = new.register("worker-1")
+    assert [s.fields["id"] for s in sends if s.ident == b"worker-0"] == [77]
+    assert new.state.members == [0, 1] and new.state.failure is None
+
+
+def test_a_node_of_another_job_or_taking_a_rank_twice_is_refused():
+    new = Nodes(scheduler(2, 1, True))
+    [error] = new.register("worker-0", report(job="another"))
+    assert error.op == wire.ERROR and "job 'another'" in error.fields["message"]
+    new.register("worker-0", report())
+    fields = {"role": "worker", "rank": 0, "host": "h", "addr": "", "pid": 9, "rejoin": report()}
+    [error] = new.state.receive(b"x", wire.encode("register", id=900, node="worker-0-twin", **fields), 0.0)
+    assert error.op == wire.ERROR and "two processes claim worker rank 0" in error.fields["message"]
