@@ -1,8 +1,9 @@
 """``python -m tracker.local``: run a whole job on this machine.
 
-Starts the scheduler in this process, S server processes and W copies of the
-command, prefixes every output line with role and rank, and exits with the
-first failure's status (every other process is stopped at once).
+Starts the scheduler as a child of this process (restarted if it dies), S
+server processes and W copies of the command, prefixes every output line with
+role and rank, and exits with the first failure's status (every other process
+is stopped at once).
 """
 
 from __future__ import annotations

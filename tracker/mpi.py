@@ -1,6 +1,6 @@
 """``python -m tracker.mpi``: run a job through mpirun (Open MPI or MPICH).
 
-The scheduler runs in this process; one ``mpirun -np S+W`` starts the node
+The scheduler runs as a child of this process; one ``mpirun -np S+W`` starts the node
 wrapper on every rank, which becomes server ``r`` (r < S) or worker ``r - S``
 from the MPI rank variable and runs that role's command. The host file is
 passed to mpirun as it is (Open MPI: ``--hostfile``, MPICH: ``-f``).

@@ -1,6 +1,6 @@
 """``python -m tracker.slurm``: run a job through srun, inside a Slurm allocation.
 
-The scheduler runs in this process (the batch script's node, or wherever srun is
+The scheduler runs as a child of this process (the batch script's node, or wherever srun is
 called); one ``srun --ntasks=S+W`` starts the node wrapper in every task, which
 becomes server ``r`` (``SLURM_PROCID`` r < S) or worker ``r - S``. Outside an
 allocation srun requests one itself.

@@ -1,6 +1,7 @@
 """``python -m tracker.ssh``: run a job on the hosts of a host file, over ssh.
 
-The scheduler runs in this process (on this machine); each server and worker is
+The scheduler runs as a child of this process (on this machine; restarted if it
+dies); each server and worker is
 started with ``ssh HOST 'cd DIR && exec PYTHON -c <wrapper> ...'``, placed
 round-robin over the hosts (servers first; see :mod:`tracker.hostfile`), or, with
 ``--server-hosts FILE``, servers round-robin over that file's hosts and workers
