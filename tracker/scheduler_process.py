@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 10      # restarts of one job's scheduler before its death ends the job
 STOP_GRACE = 5.0       # seconds the scheduler gets to end after ``stop``, before SIGKILL
+START_TIMEOUT = 60.0   # seconds a scheduler process gets to listen (a Python start, a bind)
 
 
 class SchedulerProcess:
@@ -165,7 +167,9 @@ class SchedulerProcess:
             popen.stdin.flush()
         except OSError:
             pass
-        first = popen.stdout.readline()
+        # a deadline on the first line (the buffer is empty: the pipe itself is polled)
+        ready = select.select([popen.stdout], [], [], START_TIMEOUT)[0]
+        first = popen.stdout.readline() if ready else ""
         try:
             port = json.loads(first)["port"] if first else None
         except (ValueError, KeyError, TypeError):
@@ -174,7 +178,7 @@ class SchedulerProcess:
             popen.kill()
             code = popen.wait()
             raise OSError(f"the scheduler could not start on {self.host}:{self._port or 'a free port'} "
-                          f"({describe_exit(code)}; its log above says why)")
+                          f"within {START_TIMEOUT:g}s ({describe_exit(code)}; its log above says why)")
         self._port, self._popen = port, popen
         for event in self._history if restarted else ():
             self._write(event)

@@ -17,10 +17,11 @@ INTERVAL, HB_TIMEOUT, RESTART = 1.0, 5.0, 10.0
 JOB = "6f1c0000aaaa0000"
 
 
-def scheduler(workers: int, servers: int, restarted: bool, replicas: int = 0) -> SchedulerState:
+def scheduler(workers: int, servers: int, restarted: bool, replicas: int = 0,
+              elastic: tuple[int, int] | None = None) -> SchedulerState:
     return SchedulerState(workers, servers, now=0.0, timeout=30.0, heartbeat_interval=INTERVAL,
                           heartbeat_timeout=HB_TIMEOUT, replicas=replicas, job=JOB, restarted=restarted,
-                          restart_timeout=RESTART)
+                          restart_timeout=RESTART, elastic=elastic)
 
 
 class Nodes:
@@ -161,3 +162,20 @@ def test_a_node_of_another_job_or_taking_a_rank_twice_is_refused():
     fields = {"role": "worker", "rank": 0, "host": "h", "addr": "", "pid": 9, "rejoin": report()}
     [error] = new.state.receive(b"x", wire.encode("register", id=900, node="worker-0-twin", **fields), 0.0)
     assert error.op == wire.ERROR and "two processes claim worker rank 0" in error.fields["message"]
+
+
+def test_an_elastic_jobs_membership_is_the_newest_epoch_reported():
+    """--elastic 1:3: worker 1 had left (epoch 2, members [0]) when the scheduler died.
+    Only worker 0 and the server are waited for; the members and epoch go on from
+    there: a barrier of worker 0 alone completes, and a new worker joins at epoch 3."""
+    new = Nodes(scheduler(2, 1, True, elastic=(1, 3)))
+    new.register("server-0", report(epoch=2, members=[0], progress={"step": 7}))
+    sends = new.register("worker-0", report(epoch=1, members=[0, 1]))
+    assert ops(sends, b"hb:worker-0") == [wire.REGISTERED]
+    assert (new.state.members, new.state.epoch) == ([0], 2)
+    _, sends = new.request("worker-0", "barrier", token="t", timeout=30.0)
+    [done] = [s for s in sends if s.ident == b"worker-0"]
+    assert done.op == wire.BARRIER_DONE and done.fields["members"] == [0] and done.fields["progress"] == {"step": 7}
+    sends = new.state.receive(b"worker-9", wire.encode("register", id=1, node="worker-9", role="worker", rank=None,
+                                                       host="h", addr="", pid=9), 1.0)
+    assert new.state.epoch == 3 and [s.op for s in sends if s.ident == b"hb:server-0"] == [wire.MEMBERS]
