@@ -19,21 +19,30 @@ def server_pid(rank: int) -> int:
     raise RuntimeError(f"server {rank} not found")
 
 
-def _environ(pid: str) -> dict:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        return dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-
-
 def scheduler_pid() -> int:
-    """The pid of this job's scheduler: the live child of this process's launcher (its
-    parent) with KVSTORE_ROLE=scheduler (after a restart, the new one)."""
-    launcher = os.getppid()
+    """The pid of the process listening on this job's scheduler port
+    (KVSTORE_SCHEDULER_PORT; after a restart, the new scheduler), from
+    /proc/net/tcp and the processes' socket descriptors: found wherever its
+    launcher started it (tracker.local, tracker.ssh) on this machine."""
+    port = int(os.environ["KVSTORE_SCHEDULER_PORT"])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        inodes |= {row[9] for row in rows if int(row[1].rsplit(":", 1)[1], 16) == port and row[3] == "0A"}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[1]) == launcher and _environ(pid).get(b"KVSTORE_ROLE") == b"scheduler":
-                return int(pid)
-        except (OSError, IndexError, ValueError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
             continue
-    raise RuntimeError(f"no scheduler below the launcher (pid {launcher})")
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return int(pid)
+    raise RuntimeError(f"no process listens on the scheduler's port {port}")
