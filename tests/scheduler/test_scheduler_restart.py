@@ -179,3 +179,16 @@ def test_an_elastic_jobs_membership_is_the_newest_epoch_reported():
     sends = new.state.receive(b"worker-9", wire.encode("register", id=1, node="worker-9", role="worker", rank=None,
                                                        host="h", addr="", pid=9), 1.0)
     assert new.state.epoch == 3 and [s.op for s in sends if s.ident == b"hb:server-0"] == [wire.MEMBERS]
+
+
+def test_a_failed_over_server_that_registers_again_is_told_to_stop():
+    """Server 1 was failed over (stopped, then let go: SIGCONT) and registers again:
+    the restarted scheduler keeps it dead, and its heartbeats get ``abort``."""
+    old = formed(2, 3, replicas=1)
+    old.state.node_exited("server", 1, -9, now=1.0)
+    new = Nodes(scheduler(2, 3, True, replicas=1))
+    for node in ("server-1", "server-0", "server-2", "worker-0", "worker-1"):
+        new.register(node, report(old.state))
+    assert new.state.failure is None and new.state.servers_book.owners == [0, 2, 2]
+    assert [s.op for s in new.beat("server-1")] == [wire.ABORT]
+    assert [s.op for s in new.beat("server-0")] == [wire.ACK]

@@ -459,6 +459,8 @@ class SchedulerState:
         registered = {(n.role, n.rank): n for n in self._nodes.values()}
         for node in registered.values():
             node.last_seen = self._now
+            if node.role == "server" and node.ranked in dead:   # failed over, yet it came back (stopped)
+                node.finished, node.removed = True, f"{dead[node.ranked]}; its chunks are served by their backups now"
         for role, total in (("server", self.num_servers), ("worker", self._ranks.count)):
             for rank in range(total):
                 if (role, rank) in registered or (role == "worker" and self.elastic is not None
