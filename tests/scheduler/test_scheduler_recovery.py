@@ -192,3 +192,15 @@ def test_a_failed_over_server_that_registers_again_is_told_to_stop():
     assert new.state.failure is None and new.state.servers_book.owners == [0, 2, 2]
     assert [s.op for s in new.beat("server-1")] == [wire.ABORT]
     assert [s.op for s in new.beat("server-0")] == [wire.ACK]
+
+
+def test_a_worker_joining_an_elastic_job_is_told_to_come_back_after_the_recovery():
+    new = Nodes(scheduler(2, 1, True, elastic=(1, 3)))
+    new.register("server-0", report(epoch=0, members=[0, 1]))
+    join = wire.encode("register", id=1, node="worker-9", role="worker", rank=None, host="h", addr="", pid=9)
+    [error] = new.state.receive(b"worker-9", join, 0.0)
+    assert error.op == wire.ERROR and error.fields["kind"] == wire.RESTARTING
+    new.register("worker-0", report())
+    new.register("worker-1", report())
+    sends = new.state.receive(b"worker-9", join, 1.0)     # sent again: a join, at epoch 1
+    assert new.state.epoch == 1 and [s.op for s in sends if s.ident == b"hb:server-0"] == [wire.MEMBERS]

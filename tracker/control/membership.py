@@ -197,10 +197,12 @@ class Membership:
         # restarted), the request is sent to it again (a registration: once it is heard;
         # anything else: once this node registered with it again)
         sent_to: str | None = None
+        again_at: float | None = None   # a restarted scheduler said 'restarting': send again then
         while True:
             self.check()
-            if sent and (self._heard if op == wire.REGISTER else self._joined) != sent_to:
-                sent = False
+            if sent and ((self._heard if op == wire.REGISTER else self._joined) != sent_to
+                         or (again_at is not None and time.monotonic() >= again_at)):
+                sent, again_at = False, None
             if self._ctl_events.poll(0):
                 raise RendezvousError(
                     f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} rejected this process's "
@@ -217,8 +219,9 @@ class Membership:
                 if msg.get("id") != req_id:
                     continue  # a stale reply to an earlier, abandoned request
                 if msg["op"] == wire.ERROR:
-                    if msg.get("kind") == wire.RESTARTING:
-                        continue   # sent again once this node registered with the restarted scheduler
+                    if msg.get("kind") == wire.RESTARTING:   # sent again once this node registered
+                        again_at = time.monotonic() + self.heartbeat_interval   # again (or a beat later)
+                        continue
                     if msg.get("kind") == wire.ABORTED:
                         raise JobAborted(str(msg.get("message")))
                     if msg.get("kind") == wire.TIMEOUT:

@@ -410,11 +410,15 @@ class SchedulerState:
         (``rejoin``) if it had registered before, else plainly (the job had not formed)."""
         assert self._recovery is not None
         total = self._ranks.count if role == "worker" else self.num_servers
+        if rank is None and role == "worker" and self.elastic is not None:
+            raise _Restarting("a worker joins a running elastic job once the restarted scheduler rebuilt it")
         if not (type(rank) is int and 0 <= rank < total):
             raise RendezvousError(f"{role} rank {rank!r} is out of range or missing: a restarted scheduler "
                                   f"takes registrations with the ranks of the job's {total} {role}s")
         report = None if msg.get("rejoin") is None else read_report(
             msg["rejoin"], self._ranks.count, self.num_servers, self.job)
+        if report is None and role == "worker" and self.elastic is not None and self._recovery.reports:
+            raise _Restarting("a worker joins a running elastic job once the restarted scheduler rebuilt it")
         node = Node.registering(msg, role, rank, ident, self._now, self._hb_idents)
         other = next((n for n in self._nodes.values() if n.role == role and n.rank == rank
                       and n.node_id != node.node_id), None)
