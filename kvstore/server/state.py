@@ -49,6 +49,7 @@ from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .server_optimizer import ServerOptimizer
 from .replication import Replicas, Replication
+from .reply_precision import ReplyPrecision
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int, speaks_for
 from .stalls import StallInspector
@@ -85,6 +86,8 @@ class ServerState:
         self.rows = RowTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.dyn = DynTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.stalls = StallInspector()
+        # reads answered in float16/bfloat16 (reply_precision; kvstore.server.reply_precision)
+        self.reply_precision = ReplyPrecision(self.table, self.budget)
         # replicated servers (kvstore.server.replication): what this server's backup must
         # apply, and the replicas this server holds for others (both idle unless set up)
         self.replication = Replication()
@@ -134,6 +137,15 @@ class ServerState:
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
         """Process one request; return the replies now ready. Never raises for bad
         input: an invalid request gets an error reply and changes nothing."""
+        replies = self._handle(peer, header, arrays)
+        return self._narrowed(replies) if self.reply_precision.waiting else replies
+
+    def _narrowed(self, replies: list[Reply]) -> list[Reply]:
+        """Replies to reads that asked for float16/bfloat16 values, rounded (on the backend's device)."""
+        with self.backend.scope():
+            return self.reply_precision.narrowed(replies)
+
+    def _handle(self, peer, header: dict, arrays: list) -> list[Reply]:
         req_id = header.get("id")
         try:
             if not is_int(req_id):
@@ -310,6 +322,7 @@ class ServerState:
                 if chunk.value.dtype.kind != "f":
                     raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                                "optimizers update floating-point values only")
+        self.reply_precision.expect(peer, header, ids, chunks)      # (the last check)
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
         # (rows only when the push has them: a strategy without lazy updates need not take them)
@@ -390,7 +403,9 @@ class ServerState:
             raise ProtocolError("a pull carries no buffers")
         worker = self.worker(header)
         ids = chunk_ids(header, None)
-        return self.consistency.pull(peer, header["id"], worker, ids, self.table.existing(ids))
+        chunks = self.table.existing(ids)
+        self.reply_precision.expect(peer, header, ids, chunks)
+        return self.consistency.pull(peer, header["id"], worker, ids, chunks)
 
     # -- writing in (kvstore.server.write_in) -----------------------------------------------
     def _write_in(self, header, arrays, what: str) -> Consistency:
@@ -525,8 +540,8 @@ class ServerState:
         if self.consistency is None:
             return []
         with self.backend.scope():
-            return self.consistency.workers_finished() + self.rows.workers_finished() + \
-                self.dyn.workers_finished()
+            return self.reply_precision.narrowed(self.consistency.workers_finished() + self.rows.workers_finished()
+                                                 + self.dyn.workers_finished())
 
     def set_members(self, epoch: int, ranks) -> list[Reply]:
         """The elastic job's members as of ``epoch`` (the scheduler's count of changes;
@@ -556,7 +571,7 @@ class ServerState:
                     replies += self.consistency.left(worker, message)
                 replies += self.rows.leave(worker, message)
                 replies += self.dyn.leave(worker, message)
-        return replies
+            return self.reply_precision.narrowed(replies)
 
     def stalled(self, now: float, after: float) -> list[str]:
         """Rounds waiting longer than ``after`` seconds for some workers (each

@@ -43,7 +43,7 @@ from ..rows import lazy
 from ..sharding import pieces
 from ..transport.links import RequestOptions
 from .plans import Routes
-from .store import fill_outputs
+from .store import fill_bfloat16, fill_outputs
 
 if TYPE_CHECKING:
     from .client import Client
@@ -96,6 +96,17 @@ class Wire:
                 marks[tuple(chunk.wire_id)] = name
         return marks
 
+    def reply_precision(self, info, outs) -> str | None:
+        """The precision the servers answer key ``info`` in for outputs ``outs``: its
+        outputs' ("float16" | "bfloat16") when every one is of that precision and the
+        key is float32 (multi-precision), else None (the key's dtype)."""
+        if not self.low_precision or info.dtype != precision.MASTER:
+            return None
+        name = arrays.dtype_name(outs[0])
+        if name not in precision.WIRE_DTYPES or any(arrays.dtype_name(o) != name for o in outs[1:]):
+            return None
+        return name
+
     def out_buffer(self, info, out) -> np.ndarray | None:
         """A float32 buffer for a float16/bfloat16 output of a float32 key (the
         reply is float32, written into ``out`` rounded once), else None."""
@@ -133,6 +144,7 @@ class Sent:
     call: TimelineCall | None = None
     keep: list = field(default_factory=list)   # host copies of device sums the servers may read
     wide: list = field(default_factory=list)   # (key, float32 buffer) of low-precision outputs, reused
+    patterns: set = field(default_factory=set)  # id() of the flats that receive bfloat16 patterns (reply_precision)
 
     def requests(self) -> list[int]:
         """Every request of the call sent so far (a write's ``written`` once granted)."""
@@ -186,6 +198,14 @@ def precision_fields(wire_ids, marks: dict) -> dict:
     if not marks or not any(tuple(w) in marks for w in wire_ids):
         return {}
     return {"precision": [marks.get(tuple(w)) for w in wire_ids]}
+
+
+def reply_fields(wire_ids, marks: dict) -> dict:
+    """The ``reply_precision`` header field of a read of these chunks ({} when every
+    reply is in its key's dtype; kvstore.server.reply_precision)."""
+    if not marks or not any(tuple(w) in marks for w in wire_ids):
+        return {}
+    return {"reply_precision": [marks.get(tuple(w)) for w in wire_ids]}
 
 
 def rows_fields(wire_ids, marks: dict) -> dict:
@@ -371,7 +391,18 @@ class Exchange:
             wire.check([info for info, _ in sources], what)
             lowp = wire.precisions(sources, what)
         flats, wide = [], []
+        narrow: dict = {}          # {wire id: precision} of replies the servers round (multi-precision)
+        patterns: set = set()
         for info, outs in targets:
+            name = wire.reply_precision(info, outs) if wire.low_precision else None
+            if name is not None and not (self._staging is not None and self._staging.holds(outs[0])):
+                flat, direct = arrays.wire_target(outs[0], name, what)
+                flats.append((info, flat, direct))
+                if name == precision.BFLOAT16:
+                    patterns.add(id(flat))
+                for chunk in info.chunks:
+                    narrow[tuple(chunk.wire_id)] = name
+                continue
             buffer = self._wide.pop(info.key, None) if wire.low_precision else None
             if buffer is None or buffer.size != info.size:
                 buffer = wire.out_buffer(info, outs[0]) if wire.low_precision else None
@@ -390,7 +421,8 @@ class Exchange:
         marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
         stage = sources is not None and wire.compressor is None
         # (a write into the servers' float32 sums cannot take low-precision chunks: they are pushed)
-        write_in = stage and not lowp and op == ops.PUSHPULL and self._mode.write_in and group is None
+        # (nor can its reply be rounded: a write's values come back as they are in the sums)
+        write_in = stage and not lowp and not narrow and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
             fields["group"] = group
         ids: list[int] = []
@@ -425,14 +457,14 @@ class Exchange:
                                     RequestOptions(stage=wire_ids, in_place=True, into=parts) if stage
                                     else RequestOptions(into=parts),
                                     chunks=wire_ids, **fields, **rows_fields(wire_ids, marks),
-                                    **precision_fields(wire_ids, lowp))
+                                    **precision_fields(wire_ids, lowp), **reply_fields(wire_ids, narrow))
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
             call.sent()
         return Sent(ids, writes, flight, what, [(outs, flat, direct)
                                                 for (_, outs), (_, flat, direct) in zip(targets, flats)], call,
-                    wide=wide)
+                    wide=wide, patterns=patterns)
 
     def _fill_sent(self, sent: Sent) -> None:
         call, what = sent.call, sent.what
@@ -446,7 +478,10 @@ class Exchange:
         if call is not None:
             call.copying()
         for outs, flat, direct in sent.fills:
-            fill_outputs(outs, flat, direct, what)
+            if sent.patterns and id(flat) in sent.patterns:
+                fill_bfloat16(outs, flat, direct)
+            else:
+                fill_outputs(outs, flat, direct, what)
         self._wide.update(sent.wide)      # (free for the next call of these keys)
         if call is not None:
             call.done()
