@@ -319,8 +319,7 @@ def fused_step(optimizer, weight, grad, state, t, lr, index=None, rows=None):
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
     if optimizer.fused_norms:          # both phases here: the key is whole
-        from .layerwise import check_whole   # noqa: PLC0415
-        check_whole(type(optimizer).__name__, index, rows)
+        optimizer.check_whole(index, rows)
         terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, index, _cupy())
         apply_norms(optimizer, weight, grad, state, t, lr, terms, carry)
         return True

@@ -4,14 +4,15 @@ update's (You et al. 2019; MXNet 1.x ``LAMB``)."""
 from __future__ import annotations
 
 from ._util import boolean, real, unit
-from .base import Optimizer, register
-from .layerwise import check_whole, root, sum_sq
+from .base import register
+from .layerwise import root, sum_sq
+from .layerwise_optimizer import LayerwiseOptimizer
 
 __all__ = ["LAMB"]
 
 
 @register
-class LAMB(Optimizer):
+class LAMB(LayerwiseOptimizer):
     """Layer-wise adaptive moments (MXNet 1.x ``LAMB``: ``lamb_update_phase1`` and
     ``phase2``; state ``(mean, var)``)::
 
@@ -49,16 +50,7 @@ class LAMB(Optimizer):
         self.upper_bound = None if upper_bound is None else real(owner, "upper_bound", upper_bound, lo=0.0)
         self.bias_correction = boolean(owner, "bias_correction", bias_correction)
 
-    def needs_whole_keys(self) -> bool:
-        return True
-
-    splits_norms = True
     fused_norms = "lamb"
-
-    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
-        check_whole("LAMB", index, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
-        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |d|^2 of these values; the new moments and ``d`` are carried to

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from ._util import boolean, real, momentum_factor
 from .base import Optimizer, register
-from .layerwise import EXCLUDED_SUFFIXES, check_whole, root, sum_sq
+from .layerwise import EXCLUDED_SUFFIXES, root, sum_sq
+from .layerwise_optimizer import LayerwiseOptimizer
 
 __all__ = ["LARS"]
 
 
 @register
-class LARS(Optimizer):
+class LARS(LayerwiseOptimizer):
     """Layer-wise adaptive rate scaling (MXNet 1.x ``LARS``; state ``(mom,)`` with
     momentum, none without)::
 
@@ -52,19 +53,10 @@ class LARS(Optimizer):
     def num_states(self):
         return 1 if self.momentum > 0.0 else 0
 
-    def needs_whole_keys(self) -> bool:
-        return True
-
     def lazy_for(self, row_sparse_key: bool) -> bool:
         return self.lazy_update
 
-    splits_norms = True
     fused_norms = "lars"
-
-    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
-        check_whole("LARS", index, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
-        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
