@@ -298,7 +298,7 @@ def run_case(case: Case, refs: References) -> dict:
             problems.append(f"the job ended with status {code}")
         if isinstance(job, Placed) and code is not None:
             problems += job.server_ended(10.0)
-        problems += judge(job, case, want, record)
+        problems += judge(job, case, want, record, ended_ok=code == 0)
         ends = [float(m.group(2)) for m in map(re.compile(r"^round (\d+) (\d+\.\d+)$").match,
                                                 job.lines("worker", 0)) if m]
         if any(end > fault_at for end in ends):
@@ -335,8 +335,10 @@ def reach_moment(job: Launched | Placed, case: Case, role: str) -> bool:
     return found
 
 
-def judge(job: Launched | Placed, case: Case, want: str | None, record: dict) -> list[str]:
-    """The problems of the job's results: wrong values, other weights, pushes not exact."""
+def judge(job: Launched | Placed, case: Case, want: str | None, record: dict, ended_ok: bool) -> list[str]:
+    """The problems of the job's results: wrong values, other weights, pushes not
+    exact. A result missing counts only where the job ended with status 0 (a
+    failed job's missing results are its status's problem, not a wrong value)."""
     problems = []
     outputs = {r: job.lines("worker", r) for r in range(case.workers)}
     if any("WRONG" in line for lines in outputs.values() for line in lines):
@@ -344,13 +346,13 @@ def judge(job: Launched | Placed, case: Case, want: str | None, record: dict) ->
     if case.mode == "sync":
         got = {r: next((line.split()[1] for line in lines if line.startswith("digest ")), None)
                for r, lines in outputs.items()}
-        other = {r: d for r, d in got.items() if d != want}
+        other = {r: d for r, d in got.items() if d != want and (d is not None or ended_ok)}
         if other:
             problems.append(f"worker(s) {sorted(other)} ended with other weights than an uninterrupted run's "
                             f"({WRONG}: {str(other[min(other)])[:12]} instead of {str(want)[:12]})")
     else:
         missing = [r for r, lines in outputs.items() if "exact" not in lines]
-        if missing:
+        if missing and ended_ok:
             problems.append(f"worker(s) {missing} did not print exact: a push lost or applied twice ({WRONG})")
     record["saves_failed"] = sum(1 for line in outputs[0] if re.match(r"save \d+ failed", line))
     return problems
