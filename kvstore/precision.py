@@ -31,6 +31,7 @@ BFLOAT16 = "bfloat16"
 FLOAT16 = "float16"
 # the low precisions a float32 key takes, and the numpy dtype each travels as
 WIRE_DTYPES = {BFLOAT16: np.dtype(np.uint16), FLOAT16: np.dtype(np.float16)}
+NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}      # and back
 # the dtype of the keys (and of the servers' values and state) that take them
 MASTER = np.dtype(np.float32)
 

@@ -203,6 +203,17 @@ def wire_target(out, name: str, what: str) -> tuple[np.ndarray, bool]:
     return pinned_host(int(np.prod(tuple(out.shape), dtype=np.int64)), np.uint16, like=out), False
 
 
+def bits_view(out):
+    """A torch bfloat16 tensor's 2-byte patterns as an ``int16`` tensor of its memory
+    (any device, any layout: a view, no copy; int16, which DLPack and cupy take
+    everywhere), which takes bfloat16 patterns as they are where the tensor itself
+    would convert integers; other values as they are."""
+    if not _is_bf16(out):
+        return out
+    import torch  # the caller handed us a tensor: torch is imported already
+    return out.detach().view(torch.int16)
+
+
 def write_bfloat16_bits(out, bits: np.ndarray) -> None:
     """Write the bfloat16 patterns ``bits`` (flat ``uint16``, out's number of elements)
     into the torch bfloat16 tensor ``out`` (any layout or device): the patterns as they

@@ -281,9 +281,6 @@ class DistStore(KVStore):
         return self.last_model_sums
 
     def _multi_precision_refusal(self) -> str | None:
-        if self._exchange.staging is not None:
-            return (f"{self._type!r} stages device values through the host, which does not carry "
-                    "float16/bfloat16 values for float32 keys yet (dist_sync, dist_async, dist_ssp do)")
         if self._exchange.host is not None:
             return "a host's sum (KVSTORE_HOST_REDUCE=1) is summed in its keys' dtypes: set KVSTORE_HOST_REDUCE=0"
         return None

@@ -314,6 +314,7 @@ class Exchange:
         pending = Pending(what)
         wire = self._wire()
         via_group = self.host is not None and op == ops.PUSHPULL and sources is not None
+        narrowed: dict = {}
         if self._staging is not None:
             if via_group:
                 # the host's group moves device values itself when all of it can; the
@@ -328,7 +329,8 @@ class Exchange:
                 # read in place: it stays alive (``keep``) until they answered
                 alloc = self._shared_bytes if op == ops.PUSHPULL else None
                 sources, pending.keep = self._staging.to_host(sources, alloc)
-            targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device)
+            narrowed = self._staged_precisions(targets, wire)
+            targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device, dtypes=narrowed)
         if via_group:
             assert self.host is not None
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
@@ -343,8 +345,22 @@ class Exchange:
             sources = [s for s, lw in zip(sources, layered) if not lw]
             targets = [t for t, lw in zip(targets, layered) if not lw]
             routes = None                       # (made for every key of the call)
-        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows, routes=routes)
+        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows, routes=routes, staged=narrowed)
         return pending
+
+    def _staged_precisions(self, targets, wire: Wire) -> dict:
+        """{key: the dtype its reply comes in} for the keys with device outputs whose
+        replies the servers round (multi-precision: float16, or uint16 patterns for
+        bfloat16): the staging's block for them is of that dtype. Not for the two
+        phases of layer-wise optimizers, whose replies stay float32."""
+        if not wire.low_precision or wire.splits_norms or self._staging is None:
+            return {}
+        found = {}
+        for info, outs in targets:
+            name = wire.reply_precision(info, outs)
+            if name is not None and any(self._staging.holds(o) for o in outs):
+                found[info.key] = precision.WIRE_DTYPES[name]
+        return found
 
     def fill(self, pending: Pending) -> None:
         """Wait for ``pending``'s replies and fill its outputs."""
@@ -382,9 +398,11 @@ class Exchange:
         return self._client.shared_empty(nbytes, np.uint8)
 
     def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
-              group=None, rows: dict | None = None, routes: Routes | None = None) -> Sent:
+              group=None, rows: dict | None = None, routes: Routes | None = None,
+              staged: dict | None = None) -> Sent:
         """The requests of one call; ``group``: the workers a host's sum speaks for;
-        ``rows``, ``routes``: see :meth:`send`."""
+        ``rows``, ``routes``: see :meth:`send`; ``staged``: {key: dtype} of the staging's
+        blocks that receive rounded replies (:meth:`_staged_precisions`)."""
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         lowp: dict = {}
         if sources is not None:
@@ -394,6 +412,11 @@ class Exchange:
         narrow: dict = {}          # {wire id: precision} of replies the servers round (multi-precision)
         patterns: set = set()
         for info, outs in targets:
+            if staged and info.key in staged:          # the staging's block, in the reply's dtype
+                flats.append((info, outs[0].reshape(-1), True))
+                for chunk in info.chunks:
+                    narrow[tuple(chunk.wire_id)] = precision.NAMES[staged[info.key]]
+                continue
             name = wire.reply_precision(info, outs) if wire.low_precision else None
             if name is not None and not (self._staging is not None and self._staging.holds(outs[0])):
                 flat, direct = arrays.wire_target(outs[0], name, what)
