@@ -50,6 +50,11 @@ def test_narrow_rounds_every_float32_pattern_as_torch(name):
     # into a given buffer (the servers' kept one), and on the device layer's host device
     out = np.empty(values.size, precision.WIRE_DTYPES[name])
     assert precision.narrow(name, values, out) is out and (out.view(np.uint16)[~nan] == want[~nan]).all()
+    # numpy's own rounding (in blocks), where torch is not installed; and cupy's code on numpy
+    by_numpy = np.empty(values.size, precision.WIRE_DTYPES[name])
+    precision._narrow_arrays(name, values, by_numpy)
+    assert (by_numpy.view(np.uint16)[~nan] == want[~nan]).all()
+    assert np.isnan(torch.from_numpy(by_numpy.view(np.int16)).view(TORCH[name]).float().numpy()[nan]).all()
     dev = HostDevice()
     on_device = dev.empty(values.size, np.float32)
     on_device[...] = values
