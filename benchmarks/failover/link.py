@@ -20,7 +20,10 @@ worker's bytes), so on dedicated hosts the bound grows from ``W*N/S`` to
 ``(W+1)*N/S``: a ratio of (W+1)/W at best. Each launch's bytes per step on every
 host's interface are recorded beside the model's (where the time goes).
 
-Needs root; without it prints a "skipped" line. Reported, never asserted.
+The processes inherit the environment, so ``KVSTORE_CHUNK_BYTES=524288 python -m
+benchmarks.failover --link 1gbit`` measures with smaller chunks (the record and the
+table name every KVSTORE_ setting inherited). Needs root; without it prints a
+"skipped" line. Reported, never asserted.
 """
 
 from __future__ import annotations
@@ -102,9 +105,13 @@ def measure(rate: str, layouts: list[Layout], steps: int, keys: int, size: int, 
     nbytes = keys * size * 4
     variants = [(layout, replicas) for layout in layouts for replicas in (False, True)]
     rows: list[dict] = []
+    # the processes inherit this environment (run_group): its KVSTORE_ settings apply to every launch
+    inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith("KVSTORE_") and k not in env}
     record: dict = {"rate": rate, "hosts": hosts, "steps": steps, "warmup_steps": WARMUP, "keys": keys,
-                    "size": size, "bytes_per_worker": nbytes, "launches": launches, "rows": rows}
-    work = tempfile.mkdtemp(prefix="failover-link-", dir=out_dir)
+                    "size": size, "bytes_per_worker": nbytes, "launches": launches, "settings": inherited,
+                    "rows": rows}
+    work = tempfile.mkdtemp(prefix="failover-link-")     # the launches' logs: scratch, not results
+    record["logs"] = work
     try:
         record["qdisc"] = cluster.set_rate(rate)
         record["raw"] = raw_check(cluster, rate, raw_seconds)
@@ -146,7 +153,8 @@ def table(record: dict) -> str:
              f"{record['keys']} keys x {record['size']} fp32 ({nbytes / 1e6:.1f} MB per worker), "
              f"{record['steps']} steps a launch (the first {record['warmup_steps']} left out), "
              f"{record['launches']} launches per variant, interleaved; deterministic sums; load average "
-             f"(1 min) {min(loads, default=0):.1f}-{max(loads, default=0):.1f} over the launches.", "",
+             f"(1 min) {min(loads, default=0):.1f}-{max(loads, default=0):.1f} over the launches"
+             + "".join(f"; {k}={v}" for k, v in record.get("settings", {}).items()) + ".", "",
              "| layout | replicas | launches ok | median step ms | launches' range ms | wire bound ms | "
              "measured / bound | with / without replicas: median (range) over launch rounds |",
              "|---|---|---:|---:|---|---:|---:|---|"]
