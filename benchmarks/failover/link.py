@@ -17,8 +17,10 @@ median step, the launches' range, the ratio with/without replicas per launch rou
 step / the rate. Replication adds one copy of each server's share per round, from
 the primary's host to its backup's (``N/S`` each way on a server host, N one
 worker's bytes), so on dedicated hosts the bound grows from ``W*N/S`` to
-``(W+1)*N/S``: a ratio of (W+1)/W at best. Each launch's bytes per step on every
-host's interface are recorded beside the model's (where the time goes).
+``(W+1)*N/S``: a ratio of (W+1)/W at best. Where the time goes: each launch's
+bytes per step on every host's interface beside the model's, the servers' CPU time
+and worker 0's (the whole launch, start-up included: medians over launches), and
+the largest server's peak RSS (the replicas' memory).
 
 The processes inherit the environment, so ``KVSTORE_CHUNK_BYTES=524288 python -m
 benchmarks.failover --link 1gbit`` measures with smaller chunks (the record and the
@@ -30,12 +32,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 
 from benchmarks.failover.run import timings
 from benchmarks.harness import layouts as layout_specs
+from benchmarks.harness.contenders.base import read_result
+from benchmarks.harness.contenders.ours import SERVER
 from benchmarks.harness.layouts import Layout
 from benchmarks.harness.netns import Cluster, Failed, parse_rate, ps_job, raw_check
 from benchmarks.harness.procs import GroupFailed, run_group
@@ -70,8 +75,10 @@ def launch(cluster: Cluster, layout: Layout, replicas: bool, env: dict, work: st
            timeout: float) -> dict:
     """One job of ``layout`` (with or without replicas); worker 0's step times and
     every host's bytes per step. Failed when a process fails or the weights differ."""
-    extra = {**env, **({"KVSTORE_REPLICAS": "1"} if replicas else {})}
-    procs = ps_job(cluster, layout.workers, layout.servers, [sys.executable, "-m", "kvstore.server"],
+    stats = os.path.join(work, f"{tag}-servers")
+    os.makedirs(stats)
+    extra = {**env, "BENCH_SERVER_STATS": stats, **({"KVSTORE_REPLICAS": "1"} if replicas else {})}
+    procs = ps_job(cluster, layout.workers, layout.servers, [sys.executable, SERVER],
                    [sys.executable, WORKER], extra, server_hosts=layout.server_hosts,
                    worker_hosts=layout.worker_hosts)
     log = os.path.join(work, f"{tag}.log")
@@ -88,8 +95,14 @@ def launch(cluster: Cluster, layout: Layout, replicas: bool, env: dict, work: st
     if len(ends) != steps or digest is None:
         raise Failed(f"{tag}: worker 0 printed {len(ends)} of {steps} steps (digest {digest})")
     gaps = [b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1:])]
+    servers = [read_result(os.path.join(stats, f), "server stats") for f in sorted(os.listdir(stats))
+               if f.endswith(".json")]
+    cpu = re.search(r"^cpu (\d+\.\d+)$", text, re.M)
     return {"median_step_ms": 1e3 * statistics.median(gaps), "steps_ms": [round(1e3 * g, 2) for g in gaps],
-            "digest": digest, "bytes": counted, "seconds": round(ends[-1] - ends[0], 3)}
+            "digest": digest, "bytes": counted, "seconds": round(ends[-1] - ends[0], 3),
+            "servers_cpu_s": round(sum(u["cpu_s"] for u in servers), 3),
+            "servers_peak_rss_mb": round(max((u["max_rss_mb"] for u in servers), default=0), 1),
+            "worker0_cpu_s": float(cpu.group(1)) if cpu else None}
 
 
 def measure(rate: str, layouts: list[Layout], steps: int, keys: int, size: int, launches: int,
@@ -156,8 +169,9 @@ def table(record: dict) -> str:
              f"(1 min) {min(loads, default=0):.1f}-{max(loads, default=0):.1f} over the launches"
              + "".join(f"; {k}={v}" for k, v in record.get("settings", {}).items()) + ".", "",
              "| layout | replicas | launches ok | median step ms | launches' range ms | wire bound ms | "
-             "measured / bound | with / without replicas: median (range) over launch rounds |",
-             "|---|---|---:|---:|---|---:|---:|---|"]
+             "measured / bound | with / without replicas: median (range) over launch rounds | "
+             "servers' CPU s (all servers, whole launch) | worker 0's CPU s | largest server peak RSS MB |",
+             "|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
     for key in dict.fromkeys(r["layout"] for r in rows):
         layout = layout_specs.parse(key)
         ratios = []
@@ -172,10 +186,17 @@ def table(record: dict) -> str:
             med = statistics.median(mine) if mine else None
             ratio = "" if not replicas or not ratios else \
                 f"**{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f})"
+            ok = [r for r in rows if r["layout"] == key and r["replicas"] == replicas and "median_step_ms" in r]
+
+            def median_of(field: str, fmt: str) -> str:
+                got = [r[field] for r in ok if r.get(field) is not None]
+                return format(statistics.median(got), fmt) if got else "-"
             lines.append(f"| {layout.describe()} | {'yes' if replicas else 'no'} | {len(mine)} | "
                          f"{'-' if med is None else f'{med:.1f}'} | "
                          f"{f'{min(mine):.1f}-{max(mine):.1f}' if mine else '-'} | {bound:.1f} | "
-                         f"{'-' if med is None else f'{med / bound:.2f}'} | {ratio} |")
+                         f"{'-' if med is None else f'{med / bound:.2f}'} | {ratio} | "
+                         f"{median_of('servers_cpu_s', '.2f')} | {median_of('worker0_cpu_s', '.2f')} | "
+                         f"{median_of('servers_peak_rss_mb', '.0f')} |")
     lines += ["", f"Final weights: {'one digest per W in every launch, with or without replicas' if record['one_digest_per_w'] else 'DIFFERENT digests for one W'}.",
               "", "Bytes per step on each host's interface (sent / received, MB: a launch's bytes / its steps, "
               "so init and the last pull add about a step's worth; median over the launches) against the model:", "", "| layout | replicas | host | sent | model | received | model |",

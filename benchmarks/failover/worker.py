@@ -1,7 +1,8 @@
 """The worker of benchmarks.failover: STEPS dist_sync pushpulls of KEYS fp32 keys of
 SIZE values (cut over every server), SGD with momentum on the servers; worker 0
 prints one line per completed step with its wall-clock time (``step I T``) and, at
-the end, a digest of the final weights (``digest HEX``) (the others print nothing:
+the end, a digest of the final weights (``digest HEX``) and its CPU seconds
+(``cpu S``, the whole process) (the others print nothing:
 a job without a launcher, benchmarks/failover/link.py, has one log for all). With KILL=R:S, worker 0 sends
 server R SIGKILL (KILL_SIGNAL: another signal) KILL_DELAY seconds (default 0) after
 the start of step S, from a thread, so that the signal falls anywhere in the
@@ -67,6 +68,7 @@ def main() -> None:
     kv.pull(names, out=outs)
     if kv.rank == 0:
         print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
+        print(f"cpu {time.process_time():.3f}", flush=True)
     kv.close()
 
 
