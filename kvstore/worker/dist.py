@@ -477,6 +477,11 @@ class DistStore(KVStore):
 
 
 def _keys_text(infos) -> str:
-    keys = [repr(info.key) for info in infos]
-    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-    return f"key{'s' if len(keys) > 1 else ''} {shown}"
+    # (the first five keys' reprs only: every call names its keys, a 161-key call need not repr 161)
+    keys, count = [], 0
+    for info in infos:
+        if count < 5:
+            keys.append(repr(info.key))
+        count += 1
+    shown = ", ".join(keys) + (f" and {count - 5} more" if count > 5 else "")
+    return f"key{'s' if count > 1 else ''} {shown}"
