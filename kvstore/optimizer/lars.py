@@ -4,9 +4,11 @@ gradient's (You et al. 2017; MXNet 1.x ``LARS``)."""
 from __future__ import annotations
 
 from ._util import boolean, real, momentum_factor
+from . import fused
 from .base import Optimizer, register
 from .layerwise import EXCLUDED_SUFFIXES, root, sum_sq
 from .layerwise_optimizer import LayerwiseOptimizer
+from .optimizers import SGD_MOMENTUM, SGD_PLAIN
 
 __all__ = ["LARS"]
 
@@ -56,7 +58,7 @@ class LARS(LayerwiseOptimizer):
     def lazy_for(self, row_sparse_key: bool) -> bool:
         return self.lazy_update
 
-    fused_norms = "lars"
+    fused_norms = True
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
@@ -112,3 +114,15 @@ class LARS(LayerwiseOptimizer):
         mom *= momentum
         mom -= g
         weight += mom
+
+    def fused_norm_terms(self, weight, grad, state, t, lr, index, xp, launch):
+        """:meth:`chunk_terms` on the device: two reductions, no kernel of its own."""
+        return self.chunk_terms(weight, grad, state, t, lr, xp, index)
+
+    def fused_apply_norms(self, weight, grad, state, t, lr, sums, carry, launch) -> None:
+        """``_apply`` on the device: SGD's kernel at the key's rate and momentum."""
+        lr_key, momentum = self.key_rates(sums, t, lr)
+        if state:
+            launch(SGD_MOMENTUM.name, weight.dtype)(grad, *fused.common(self, lr_key), momentum, weight, *state)
+        else:
+            launch(SGD_PLAIN.name, weight.dtype)(grad, *fused.common(self, lr_key), weight)
