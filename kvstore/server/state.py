@@ -413,7 +413,7 @@ class ServerState:
             raise ProtocolError(f"a {what} request carries no buffers")
         strategy = self.consistency
         allowed = strategy if strategy is not None and strategy.mode.write_in else None
-        if what == "write":
+        if what == ops.WRITE:
             if not self.write_in:
                 raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
                                            "cannot write into them (push instead)")
@@ -427,10 +427,10 @@ class ServerState:
         return allowed
 
     def _on_write(self, peer, header, arrays):
-        return self._write_in(header, arrays, "write").write(peer, header)
+        return self._write_in(header, arrays, ops.WRITE).write(peer, header)
 
     def _on_written(self, peer, header, arrays):
-        return self._write_in(header, arrays, "written").written(peer, header)
+        return self._write_in(header, arrays, ops.WRITTEN).written(peer, header)
 
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
