@@ -15,7 +15,8 @@ push, a member leaving). A reply of a sync round whose values are the chunks
 themselves (sent without a copy, read by reference over shared memory) is rounded
 into one buffer per chunk and precision, kept (in the server's memory, counted in
 its budget), which co-located workers read in place as they read float32 values;
-any other reply (a copy made for it) is rounded into fresh memory.
+any other reply (a copy made for it) is rounded into fresh memory. The replies of one
+event (a sync round's, one per worker) round each kept buffer once.
 
 Example::
 
@@ -90,6 +91,7 @@ class ReplyPrecision:
         if not self._asked:
             return replies
         chunks, backend = self._table.chunks, self._table.backend
+        done: set = set()      # kept buffers rounded in this event (a sync round's W replies: once)
         for reply in replies:
             asked = self._asked.pop((reply.peer, reply.header.get("id")), None)
             if asked is None or reply.header.get("op") != ops.OK:
@@ -104,8 +106,11 @@ class ReplyPrecision:
                     continue
                 chunk, kept = chunks.get(cid), self._kept.get((cid, name))
                 if chunk is not None and value is chunk.value and kept is not None and kept.size == value.size:
-                    backend.settle(value)           # (a GPU server's batched update of it runs first)
-                    values.append(precision.narrow(name, value, kept))
+                    if (cid, name) not in done:     # (the value cannot change within one event)
+                        backend.settle(value)       # (a GPU server's batched update of it runs first)
+                        precision.narrow(name, value, kept)
+                        done.add((cid, name))
+                    values.append(kept)
                 else:
                     values.append(precision.narrow(name, value))
             reply.arrays = values

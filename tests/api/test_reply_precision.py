@@ -74,7 +74,7 @@ def bf16_of(values: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("backend", [HostBackend, lambda: DeviceBackend(HostDevice())], ids=["host", "device"])
-def test_sync_replies_come_rounded_as_each_read_asked(backend):
+def test_sync_replies_come_rounded_as_each_read_asked(backend, monkeypatch):
     """A sync round's pushpull replies, one per worker: bfloat16 patterns, float16, and
     float32 for one that did not ask; a later pull asks for a mix of chunks."""
     s = Server(num_workers=3, init={A: vec(0, 0, 0), C: vec(0, 0)}, backend=backend())
@@ -88,6 +88,14 @@ def test_sync_replies_come_rounded_as_each_read_asked(backend):
     assert got[peer(0)].dtype == np.uint16 and got[peer(0)].tobytes() == bf16_of(total).tobytes()
     assert got[peer(1)].dtype == np.float16 and got[peer(1)].tobytes() == torch_bits(total, "float16").tobytes()
     assert got[peer(2)].tobytes() == total.tobytes()
+    both = [r for r in replies if r.peer in (peer(0), peer(1))]
+    s3 = Server(num_workers=2, init={A: vec(0, 0, 0)}, backend=backend())
+    s3.send(0, ops.PUSHPULL, [A], [grads[0]], reply_precision=["bfloat16"])
+    rounded, narrow = [], precision.narrow
+    monkeypatch.setattr(precision, "narrow", lambda *a: rounded.append(a[0]) or narrow(*a))   # (counted, then run)
+    _, pair = s3.send(1, ops.PUSHPULL, [A], [grads[1]], reply_precision=["bfloat16"])
+    assert len(pair) == 2 and pair[0].arrays[0] is pair[1].arrays[0] and rounded == ["bfloat16"]   # rounded once
+    assert both and pair[0].arrays[0].tobytes() == bf16_of(grads[0] + grads[1]).tobytes()
     rid, r = s.send(0, ops.PULL, [A, C], reply_precision=[None, "bfloat16"])
     rep = expect_ok(only(r), peer(0), rid, nvalues=2)
     values = s.state.backend.download(rep.arrays, copy=True)
