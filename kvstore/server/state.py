@@ -48,7 +48,7 @@ from .consistency import Consistency
 from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .server_optimizer import ServerOptimizer
-from .replication import Replicas, Replication
+from .replication import SETUP, Replicas, Replication
 from .reply_precision import ReplyPrecision
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int, speaks_for
@@ -120,7 +120,7 @@ class ServerState:
             ops.PULL_DYN: self.dyn.on_pull,
             ops.DYN_STATS: self.dyn.on_stats,
             ops.APPLY_NORMS: self._on_apply_norms,
-            ops.REPLICATE: self.replicas.on_replicate,
+            ops.REPLICATE: self._on_replicate,
             ops.SET_OPTIMIZER: self._on_set_optimizer,
             ops.GET_STATES: self._on_get_states,
             ops.SET_STATES: self._on_set_states,
@@ -155,7 +155,8 @@ class ServerState:
             if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
             # (a checkpoint carries the mode, not dist_ssp's bound: that comes with configure)
-            if (op != ops.CONFIGURE and self.mode is None) or \
+            # (a replacement server is configured by its primaries' rebuild: replicate)
+            if (op not in (ops.CONFIGURE, ops.REPLICATE) and self.mode is None) or \
                     (self.consistency is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
             if op in ops.PUSHING:            # a worker that left, or joined and is no member yet
@@ -254,10 +255,10 @@ class ServerState:
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
         with self.budget.holding(sum(fresh.values()), what):
             self.table.init(ids, arrays)
-        if share is not None:            # no backup: its own backup was the promoted one
+        if share is not None:            # a dead server's share: saved as its part
             self.served[share].update(fresh)
-        else:
-            self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
+        # (replicated to the share's backup: a replacement's, for a dead server's share)
+        self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh], share=share)
         return [ok(peer, header["id"])]
 
     def _on_init_rows(self, peer, header, arrays):
@@ -268,7 +269,7 @@ class ServerState:
             # worker it had not answered: the replica's rows stay
             self._adopted.discard(cid)
             return [ok(peer, header["id"])]
-        replies = self.rows.init_table(peer, header, arrays, foreign=share is not None)
+        replies = self.rows.init_table(peer, header, arrays, share=share)
         if share is not None:            # a dead server's row table, made here: saved as its part
             self.served[share].add(cid)
         return replies
@@ -509,6 +510,68 @@ class ServerState:
                 [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
 
     # -- replicated servers (kvstore.server.replication) ---------------------------------
+    def _on_replicate(self, peer, header, arrays):
+        """A primary's ``replicate``: its rounds and inits applied to the replicas
+        (kvstore.server.replication.Replicas), or a rebuild's ``setup``: a replacement
+        server takes the job's mode and optimizer from its first primary."""
+        if header.get("kind") != SETUP:
+            if self.mode is None:
+                raise InvalidArgumentError("server is not configured yet (a replica's rebuild starts with its setup)")
+            return self.replicas.on_replicate(peer, header, arrays)
+        self.replicas.share_of(header)
+        mode, workers, ordered, config = header["mode"], header["num_workers"], header["deterministic"], \
+            header.get("optimizer")
+        strategy = MODES.get(mode) if isinstance(mode, str) else None
+        if strategy is None or strategy.mode.bounded or not is_int(workers) or workers < 1 \
+                or not isinstance(ordered, bool) or not (config is None or isinstance(config, dict)):
+            raise ProtocolError(f"a replica's setup needs mode (sync or async), num_workers, deterministic "
+                                f"and optimizer; got {mode!r}, {workers!r}, {ordered!r}")
+        now = self.consistency
+        if now is not None and (self.mode, self.num_workers, now.ordered) != (strategy.mode, workers, ordered):
+            raise InvalidArgumentError(f"{self.name} runs dist_{self._mode_name} for {self.num_workers} workers; "
+                                       f"server {header['src']} replicates dist_{mode} for {workers}")
+        current = self.optimizer.config()
+        if config is not None and current is not None and current != config:
+            raise InvalidArgumentError(f"{self.name} holds replicas with optimizer {current.get('name')!r}; "
+                                       f"server {header['src']} replicates with {config.get('name')!r}")
+        if now is None:
+            self._configure(strategy, workers, None, ordered)
+        if config is not None and current is None:
+            self.optimizer.set({"optimizer": config})
+        return [ok(peer, header["id"])]
+
+    def rebuild(self, share: int | None) -> int:
+        """(Replicated servers) the backup of ``share`` (None: this server's own) is a
+        replacement: queue everything it must hold, as of now, before any later round
+        (kvstore.server.replication.Replication.rebuild): the mode and optimizer, every
+        chunk's value with the rounds applied to it, their optimizer state. Returns
+        how many chunks."""
+        if share is None:
+            foreign = set().union(*self.served.values()) if self.served else set()
+            ids = [cid for cid in self.table.chunks if cid not in foreign]
+        else:
+            ids = [cid for cid in self.served.get(share, ()) if cid in self.table.chunks]
+        strategy = self.consistency
+        setup = {"mode": self._mode_name, "num_workers": self.num_workers,
+                 "deterministic": bool(strategy is not None and strategy.ordered),
+                 "optimizer": self.optimizer.config()}
+        chunks: list[tuple] = []
+        for cid in ids:
+            value = self.backend.to_numpy(self.table.chunks[cid].value)
+            if cid in self.table.row_tables:
+                chunks.append((cid, value, self.rows.table_of(cid), self.rows.applied(cid), {}))
+            else:
+                rounds, last = strategy.applied(cid) if strategy is not None else (0, {})
+                chunks.append((cid, value, None, rounds, last))
+        self.replication.rebuild(share, setup, chunks)
+        if self.updater is not None:
+            states = self.updater.get_states()
+            kept = [cid for cid in ids if cid in states]
+            self.replication.states_set(
+                [[cid[0], cid[1], int(states[cid]["t"]), len(states[cid]["state"])] for cid in kept],
+                [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
+        return len(ids)
+
     def promote(self, primary: int) -> list[Reply]:
         """Server ``primary`` died and this server serves its chunks now: the replicas
         join this table with their round counts (the next push of each is numbered
@@ -521,6 +584,7 @@ class ServerState:
         self.table.chunks.update({cid: StoredChunk(value) for cid, (value, _, _, _) in dense.items()})
         self._adopted |= set(adopted)
         self.served.setdefault(primary, set()).update(adopted)
+        self.replication.adopted(adopted, primary)
         if self.consistency is not None:
             for cid, (_, rounds, last, _) in dense.items():
                 self.consistency.adopt(cid, rounds, last)

@@ -27,7 +27,10 @@ the rules are in :mod:`tracker.control.elastic`. With replicated servers
 (``replicas=1``) a server that dies is replaced by the backup of its chunks: the
 scheduler publishes a new epoch of the servers' book to every node
 (:mod:`tracker.control.failover`) and the job goes on, unless that was the second
-failure of one replication chain.
+failure of one replication chain. A replacement server (``--restart-servers``)
+registers into the running job as server ``num_servers + i``: it becomes the
+backup of the shares without one, and their owners report on their heartbeats
+(``rebuilt``) when its replica is complete.
 """
 
 from __future__ import annotations
@@ -262,6 +265,8 @@ class SchedulerState:
             node.hb_ident = ident
             if node.role == "server" and type(msg.get("epoch")) is int:
                 node.epoch = max(node.epoch, msg["epoch"])   # the membership it holds
+            if node.role == "server" and "rebuilt" in msg and self.failure is None and not node.finished:
+                self._rebuilt(node, msg["rebuilt"])          # replicas rebuilt on a replacement
         if self.failure is not None:
             self._send(ident, wire.ABORT, reason=self.failure)
         elif node is not None and node.removed is not None:
@@ -294,6 +299,8 @@ class SchedulerState:
             raise RendezvousError(f"cannot register role {role!r}: must be worker or server")
         if role == "worker" and self.elastic is not None and self._book is not None:
             return self._join(ident, msg)
+        if role == "server" and self.servers_book is not None and msg.get("replacement") is True:
+            return self._replacement(ident, msg)
         total = self.num_workers if role == "worker" else self.num_servers
         if rank is not None and not (isinstance(rank, int) and 0 <= rank < total):
             raise RendezvousError(f"{role} rank {rank!r} is out of range: this job has {total} {role}s")
@@ -374,10 +381,57 @@ class SchedulerState:
         node.finished, node.removed = True, f"{why}; its chunks are served by their backups now"
         log.warning("%s %s: its chunks are served by their backups (servers' book epoch %d: owners %s)",
                     node.name(), why, book.epoch, book.owners)
+        self._tell_book()
+        self._maybe_shutdown_servers()
+
+    def _replacement(self, ident: bytes, msg: dict) -> None:
+        """A replacement server (``--restart-servers``) registers with the running job:
+        it takes the next server rank and becomes the backup of every share without
+        one (tracker.control.failover); every node hears the new book."""
+        book = self.servers_book
+        assert book is not None
+        if self._shutdown_sent:
+            raise RendezvousError("the job is ending (every worker finished): no server can join it now")
+        rank = msg.get("rank")
+        if rank != book.ranks:
+            raise RendezvousError(f"a replacement server registers as server {book.ranks} (the next rank), "
+                                  f"not {rank!r}")
+        node = Node.registering(msg, "server", rank, ident, self._now, self._hb_idents)
+        if node.node_id in self._nodes:
+            raise RendezvousError(f"{self._nodes[node.node_id].name()} registered already")
+        shares = book.server_joined(rank, node.addr)
+        self._nodes[node.node_id] = node
+        log.warning("%s joined as a replacement: it backs up the shares of servers %s (servers' book epoch %d; "
+                    "their owners rebuild the replicas)", node.name(), shares, book.epoch)
+        assert self._book is not None
+        self._send(ident, wire.REGISTERED, id=msg.get("id"), job=self.job,
+                   **self._ranks.registered(node, {**self._book, **book.fields(),
+                                                   "servers": self._book["servers"] + book.added}))
+        self._tell_book()
+
+    def _rebuilt(self, node: Node, reports) -> None:
+        """Server ``node`` reports (on its heartbeats) the replicas it rebuilt on a
+        replacement: ``[[share, backup], ...]``; a new epoch for those that completed."""
+        book = self.servers_book
+        if book is None or not isinstance(reports, list):
+            return
+        changed = False
+        for item in reports:
+            if isinstance(item, list) and len(item) == 2 and all(type(x) is int for x in item) \
+                    and 0 <= item[0] < book.num_servers and book.owners[item[0]] == node.rank \
+                    and book.replica_rebuilt(item[0], item[1]):
+                log.warning("%s rebuilt the replica of server %d's share on server %d (servers' book epoch %d)",
+                            node.name(), item[0], item[1], book.epoch)
+                changed = True
+        if changed:
+            self._tell_book()
+
+    def _tell_book(self) -> None:
+        """Every live node hears the servers' book (``servers`` on its heartbeat socket)."""
+        assert self.servers_book is not None
         for other in self._nodes.values():
             if other.hb_ident is not None and not other.finished:
-                self._send(other.hb_ident, wire.SERVERS, **book.fields())
-        self._maybe_shutdown_servers()
+                self._send(other.hb_ident, wire.SERVERS, **self.servers_book.fields())
 
     def _book_news(self) -> dict:
         """The servers' book for an ``ack`` (replicated jobs; repairs a lost ``servers``)."""
