@@ -206,16 +206,17 @@ def test_a_request_routed_by_a_newer_book_waits_with_those_after_it_until_the_se
 
     from kvstore.config import Config
     from kvstore.server.replica_link import ReplicaLink
+    from tracker.control.membership import ServersBook
     ctx = zmq.Context()
     server = Server(num_workers=W)
     link = ReplicaLink(Config(timeout=5.0), ctx, 2, ["tcp://127.0.0.1:9"] * 3, server.state)
     try:
-        link.book(0, (0, 1, 2), (1, 2, 0))
+        link.book(ServersBook(0, (0, 1, 2), (1, 2, 0)))
         first = {"op": ops.PULL, "id": 1, "src": 0, "chunks": [list(A)], "book": 1}
         second = {"op": ops.PULL, "id": 2, "src": 1, "chunks": [list(B)]}        # no book: waits behind it
         assert link.waits(b"w0", first, [], now=0.0) and link.waits(b"w1", second, [], now=0.1)
         assert link.ready(now=1.0) == ([], [])
-        link.book(1, (0, 2, 2), (None, None, 0))                                   # server 1 died
+        link.book(ServersBook(1, (0, 2, 2), (None, None, 0)))                      # server 1 died
         ready, late = link.ready(now=1.2)
         assert [h["id"] for _, h, _ in ready] == [1, 2] and late == []
         assert link.promoted == [1] and not link.waits(b"w0", second, [], now=1.3)

@@ -355,7 +355,7 @@ class Membership:
                     # servers of elastic jobs report the membership epoch they hold: the
                     # scheduler answers a joining worker once every server holds its epoch
                     reg = self.registration
-                    epoch = {"epoch": self._members[0]} if (
+                    epoch: dict = {"epoch": self._members[0]} if (
                         self.role == "server" and reg is not None and reg.elastic) else {}
                     if self.rebuilt:      # (replicated servers) replicas rebuilt on a replacement
                         epoch["rebuilt"] = list(self.rebuilt)
