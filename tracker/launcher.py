@@ -379,6 +379,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
         if all(c.spec.label in codes for c in workers):
             if len(codes) == len(children):
                 return None
+            if scheduler.done and all(c.spec.label in codes for c in children if c.spec.replaces is None):
+                return None     # a replacement server still starting: the job ended without it
             # servers leave once the scheduler tells them every worker finished
             if servers_done_by is None:
                 servers_done_by = time.monotonic() + settings.heartbeat_timeout + 5

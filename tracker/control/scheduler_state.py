@@ -160,6 +160,9 @@ class SchedulerState:
         if role == "server" and node is not None and self.servers_book is not None \
                 and node.rank in self.servers_book.dead:
             log.info("%s %s (its chunks were handed to their backups)", what, describe_exit(code))
+        elif role == "server" and node is None and self.servers_book is not None and rank >= self.num_servers:
+            # a replacement (--restart-servers) that never joined: the job goes on without it
+            log.warning("replacement server %d %s before it joined the job", rank, describe_exit(code))
         elif self._replicated(node, role) and code != 0:
             assert node is not None
             self._server_died(node, describe_exit(code))
