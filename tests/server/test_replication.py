@@ -383,3 +383,75 @@ def test_a_row_sparse_push_on_a_dense_key_is_updated_lazily_on_the_replica_too(m
             forward(primary, backup)
     assert replica(backup, A).tobytes() == primary.state.chunks[A].value.tobytes()
     assert states_of(backup, [A]) == states_of(primary, [A])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_replacement_rebuilt_mid_job_holds_the_primarys_bits_and_round_counts_from_then_on(mode):
+    """--restart-servers: a replacement (an unconfigured server) becomes the backup of
+    the primary's own share and of a dead server's share the primary serves; the
+    rebuild (setup, values with their round counts, optimizer state) then later
+    rounds keep its replicas equal bit for bit, and promoted it applies no round
+    (dist_sync) or push (dist_async) twice."""
+    opt = optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3)
+    primary, old = Server(mode=mode, num_workers=W, opt=opt), Server(mode=mode, num_workers=W, opt=opt)
+    primary.state.replication.backup = 1
+    old.state.replicas.primaries = frozenset({0})
+    rng = np.random.default_rng(11)
+    primary.init({A: rng.standard_normal(40).astype(F32)})
+    forward(primary, old)
+    numbers = {w: 0 for w in range(W)}
+
+    def step(server: Server, backup: Server | None, deliver=None):
+        for w in range(W):
+            numbers[w] += 1
+            server.send(w, ops.PUSH, [A], [rng.standard_normal(40).astype(F32)], rounds=[numbers[w]])
+            if backup is not None:
+                forward(server, backup)
+            if deliver is not None:            # each event's replicate requests, as the node sends them
+                deliver()
+    for _ in range(3):
+        step(primary, old)
+    old.state.promote(0)                         # server 0 died: "old" serves share 0 without a backup
+    old.state.replication.backup = None
+    step(old, None)
+    expect_ok(only(old.send(1, ops.INIT, [B], [np.full(9, 0.5, F32)], share=0)[1]), peer(1))
+    step(old, None)
+    new = Server.__new__(Server)                 # the replacement: never configured by a worker
+    new.state, new._ids = ServerState(name="server 2"), iter(range(10 ** 6))
+    new.state.replicas.primaries = frozenset({0})
+    old.state.replication.backups = {0: 2}       # the replacement backs up share 0, served by "old"
+    assert old.state.rebuild(0) == 2
+    fields = [f for f, _ in old.state.replication.take()]
+    assert [f["kind"] for f in fields] == ["setup", "init", "states"] and all(f["share"] == 0 for f in fields)
+    old.state.rebuild(0)
+    for f, arrays in old.state.replication.take():
+        expect_ok(only(new.state.handle(b"s1", replicate_request(5, 1, 0, f), arrays)), b"s1")
+    assert new.state.mode is not None and new.state.updater is not None
+    held = new.state.replicas.held[0]
+    assert held[A][1] == 5 * (1 if mode == "sync" else W)       # the rounds (pushes) applied before
+    def deliver():
+        for f, arrays in old.state.replication.take():
+            expect_ok(only(new.state.handle(b"s1", replicate_request(6, 1, 1, f), arrays)), b"s1")
+    for _ in range(2):
+        step(old, None, deliver)
+        for cid in (A, B):
+            assert held[cid][0].tobytes() == old.state.chunks[cid].value.tobytes(), (mode, cid)
+    assert states_of(new, [A]) == states_of(old, [A])
+    new.state.promote(0)
+    before = new.state.chunks[A].value.copy()
+    for w in range(W):                           # the last step's pushes sent again: not applied twice
+        expect_ok(only(new.state.handle(peer(w), {"op": ops.PUSH, "id": 99, "src": w, "chunks": [list(A)],
+                                                  "rounds": [numbers[w]]}, [np.ones(40, F32)])), peer(w))
+    assert new.state.chunks[A].value.tobytes() == before.tobytes()
+
+
+def test_a_setup_that_disagrees_with_the_replicas_held_is_refused():
+    primary = Server(num_workers=W, opt=optimizer.SGD(learning_rate=0.1))
+    primary.init({A: np.ones(4, F32)})
+    primary.state.replication.backup = 2
+    primary.state.rebuild(None)
+    other = Server(mode="async", num_workers=W, opt=optimizer.SGD(learning_rate=0.1))
+    other.state.replicas.primaries = frozenset({0})
+    setup, _ = primary.state.replication.take()[0]
+    expect_error(only(other.state.handle(b"s0", replicate_request(1, 0, 0, setup), [])), b"s0", 1,
+                 "InvalidArgumentError", "runs dist_async", "replicates dist_sync")
