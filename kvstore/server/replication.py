@@ -50,6 +50,10 @@ INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET = "init", "rounds", "states", "row_rou
 # a rebuild on a replacement server (--restart-servers) starts with the job's setup: the
 # mode, the worker ranks, the sum's order and the optimizer, as configure and set_optimizer gave them
 SETUP = "setup"
+# a worker's set_optimizer forwarded to the backups (a replacement hears it from no worker);
+# the fields it carries, and ``caller``: the worker
+OPTIMIZER = "optimizer"
+OPTIMIZER_FIELDS = ("optimizer", "keep_state", "state_scale", "call")
 
 
 class _Batch:
@@ -57,6 +61,7 @@ class _Batch:
 
     def __init__(self) -> None:
         self.setup: dict | None = None      # a rebuild's first request: the mode and the optimizer
+        self.optimizer: dict | None = None  # a worker's set_optimizer, forwarded
         # ids, values, row tables' [shape, servers], a rebuild's [rounds applied, {worker: last push}]
         self.inits: tuple[list, list, list, list] = ([], [], [], [])
         self.rounds: tuple[list, list, list, list] = ([], [], [], [])    # ids, numbers, sums, pushers
@@ -73,6 +78,8 @@ class _Batch:
         fields: dict
         if self.setup is not None:
             out.append(({"kind": SETUP, **named, **self.setup}, []))
+        if self.optimizer is not None:
+            out.append(({"kind": OPTIMIZER, **named, **self.optimizer}, []))
         if self.inits[0]:
             ids, values, tables, applied = self.inits
             fields = {"kind": INIT, **named, "chunks": [list(c) for c in ids]}
@@ -172,6 +179,13 @@ class Replication:
             batch.inits[1].append(np.array(value, copy=True))
             batch.inits[2].append(table)
             batch.inits[3].append([rounds, [[w, n] for w, n in sorted(last.items())]])
+
+    def optimizer_set(self, fields: dict) -> None:
+        """A worker's numbered ``set_optimizer`` (``fields``, with its ``caller``) was
+        applied: every backup gets it too (one that heard it from the worker applies
+        it once: the number says so)."""
+        for share in self.backups:
+            self._batches.setdefault(share, _Batch()).optimizer = dict(fields)
 
     def rows_applied(self, cid, number: int, local, data, updated: bool) -> None:
         """Round ``number`` of row table ``cid`` is being applied: ``local`` (its merged

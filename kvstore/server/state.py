@@ -48,7 +48,7 @@ from .consistency import Consistency
 from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .server_optimizer import ServerOptimizer
-from .replication import SETUP, Replicas, Replication
+from .replication import OPTIMIZER, OPTIMIZER_FIELDS, SETUP, Replicas, Replication
 from .reply_precision import ReplyPrecision
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int, speaks_for
@@ -94,6 +94,7 @@ class ServerState:
         self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
         self.rows.replication = self.replication
         self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
+        self._optimizer_calls: dict = {}   # worker -> its last numbered set_optimizer applied here
         # the shares of dead servers this one serves now: their chunks (promoted, or
         # inited here since, by a request naming the ``share``), saved as those servers' parts
         self.served: dict[int, set] = {}
@@ -435,13 +436,33 @@ class ServerState:
 
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
+        if self._set_optimizer(header, header["src"]):
+            # (replicated servers) a backup that is a replacement gets set_optimizer from
+            # no worker: the primary forwards it (a numbered call is applied once)
+            self.replication.optimizer_set({k: header[k] for k in OPTIMIZER_FIELDS if k in header}
+                                           | {"caller": header["src"]})
+        return [ok(peer, header["id"])]
+
+    def _set_optimizer(self, fields: dict, caller) -> bool:
+        """``set_optimizer``'s fields from worker ``caller``; a numbered one (``call``:
+        the worker's count of its set_optimizer calls) that was applied here already
+        (sent directly and forwarded by a primary, replicated servers) is not applied
+        again. Returns whether it was applied now (and was numbered)."""
+        call = fields.get("call")
+        if call is not None and not (is_int(call) and call >= 1 and is_int(caller) and caller >= 0):
+            raise ProtocolError(f"'call' must be a positive count of a worker's set_optimizer calls, got {call!r}")
+        if call is not None and self._optimizer_calls.get(caller, 0) >= call:
+            return False
         before = self.updater
-        self.optimizer.set(header)
+        self.optimizer.set(fields)
         if self.updater is not before:          # a new optimizer: fresh state
             self.dyn.optimizer_changed(True, 1.0)
-        elif header.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
-            self.dyn.optimizer_changed(False, float(header.get("state_scale", 1.0)))
-        return [ok(peer, header["id"])]
+        elif fields.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
+            self.dyn.optimizer_changed(False, float(fields.get("state_scale", 1.0)))
+        if call is None:
+            return False
+        self._optimizer_calls[caller] = call
+        return True
 
     def _on_get_states(self, peer, header, arrays):
         meta, out = self.optimizer.get_states(lambda states: self.backend.download(states, copy=True))
@@ -514,11 +535,19 @@ class ServerState:
         """A primary's ``replicate``: its rounds and inits applied to the replicas
         (kvstore.server.replication.Replicas), or a rebuild's ``setup``: a replacement
         server takes the job's mode and optimizer from its first primary."""
+        if header.get("kind") == OPTIMIZER:       # a worker's set_optimizer, forwarded
+            self.replicas.share_of(header)
+            self._set_optimizer(header, header.get("caller"))
+            return [ok(peer, header["id"])]
         if header.get("kind") != SETUP:
             if self.mode is None:
                 raise InvalidArgumentError("server is not configured yet (a replica's rebuild starts with its setup)")
             return self.replicas.on_replicate(peer, header, arrays)
         self.replicas.share_of(header)
+        calls = header.get("calls", [])
+        if not (isinstance(calls, list) and all(isinstance(c, list) and len(c) == 2 and all(
+                is_int(x) and x >= 0 for x in c) for c in calls)):
+            raise ProtocolError("'calls' must be a list of [worker, its last set_optimizer call]")
         mode, workers, ordered, config = header["mode"], header["num_workers"], header["deterministic"], \
             header.get("optimizer")
         strategy = MODES.get(mode) if isinstance(mode, str) else None
@@ -538,6 +567,8 @@ class ServerState:
             self._configure(strategy, workers, None, ordered)
         if config is not None and current is None:
             self.optimizer.set({"optimizer": config})
+        for worker, call in calls:                 # the calls that config includes: not applied again
+            self._optimizer_calls[worker] = max(call, self._optimizer_calls.get(worker, 0))
         return [ok(peer, header["id"])]
 
     def rebuild(self, share: int | None) -> int:
@@ -554,7 +585,8 @@ class ServerState:
         strategy = self.consistency
         setup = {"mode": self._mode_name, "num_workers": self.num_workers,
                  "deterministic": bool(strategy is not None and strategy.ordered),
-                 "optimizer": self.optimizer.config()}
+                 "optimizer": self.optimizer.config(),
+                 "calls": [[w, c] for w, c in sorted(self._optimizer_calls.items())]}
         chunks: list[tuple] = []
         for cid in ids:
             value = self.backend.to_numpy(self.table.chunks[cid].value)

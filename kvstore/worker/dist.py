@@ -69,6 +69,7 @@ class DistStore(KVStore):
         host = HostGroup(config, accelerators) if config.host_reduce and self._mode.host_sums else None
         self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
+        self._optimizer_calls = 0      # set_optimizer calls (numbered with replicated servers)
         self._departure = Departure(self._job)     # close, fail, the exit handlers
         self._client: Client     # once registered (below); a failed registration has none
         self._exchange: Exchange
@@ -395,6 +396,11 @@ class DistStore(KVStore):
                 "KVSTORE_REPLICAS, or clip and scale with the workers updating (update_on_kvstore=False)")
         config = optimizer.to_config()
         fields = {"optimizer": config}
+        if self._config.replicas:
+            # numbered: a server that gets it twice (from this worker and forwarded by a
+            # primary it backs up: kvstore.server.replication) applies it once
+            self._optimizer_calls += 1
+            fields["call"] = self._optimizer_calls
         if keep_state:
             fields.update(keep_state=True, **({"state_scale": state_scale} if state_scale != 1.0 else {}))
         if not collective:

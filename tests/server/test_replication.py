@@ -455,3 +455,35 @@ def test_a_setup_that_disagrees_with_the_replicas_held_is_refused():
     setup, _ = primary.state.replication.take()[0]
     expect_error(only(other.state.handle(b"s0", replicate_request(1, 0, 0, setup), [])), b"s0", 1,
                  "InvalidArgumentError", "runs dist_async", "replicates dist_sync")
+
+
+def test_a_numbered_set_optimizer_reaches_a_replacement_through_its_primaries_and_is_applied_once():
+    """A backup that is a replacement hears set_optimizer from no worker: each primary
+    forwards the numbered call; one that hears it twice (two primaries, or from a
+    worker too) applies it once (a state scale applied twice would halve it twice)."""
+    sgd = optimizer.SGD(learning_rate=0.1, momentum=0.9)
+    primary = Server(num_workers=W, opt=sgd)
+    primary.init({A: np.linspace(-1, 1, 8, dtype=F32)})
+    for w in range(W):
+        primary.send(w, ops.PUSH, [A], [np.full(8, w + 1.0, F32)])
+    primary.state.replication.backup = 2
+    primary.state.rebuild(None)
+    replacement = Server.__new__(Server)
+    replacement.state = ServerState(name="server 2")
+    replacement.state.replicas.primaries = frozenset({0})
+    for seq, (f, arrays) in enumerate(primary.state.replication.take()):
+        expect_ok(only(replacement.state.handle(b"s0", replicate_request(seq + 1, 0, seq, f), arrays)), b"s0")
+    slower = optimizer.SGD(learning_rate=0.05, momentum=0.9).to_config()
+    rid, r = primary.send(0, ops.SET_OPTIMIZER, optimizer=slower, keep_state=True, state_scale=0.5, call=1)
+    expect_ok(only(r), peer(0), rid)
+    [(forwarded, _)] = primary.state.replication.take()
+    assert forwarded["kind"] == "optimizer" and forwarded["caller"] == 0 and forwarded["call"] == 1
+    for again in range(2):        # forwarded twice (two primaries): applied once
+        expect_ok(only(replacement.state.handle(b"s0", replicate_request(10 + again, 0, 5 + again, forwarded), [])),
+                  b"s0")
+    expect_ok(only(replacement.state.handle(peer(0), {"op": ops.SET_OPTIMIZER, "id": 20, "src": 0, "optimizer": slower,
+                                                      "keep_state": True, "state_scale": 0.5, "call": 1}, [])), peer(0))
+    assert states_of(replacement, [A]) == states_of(primary, [A])
+    assert replacement.state.optimizer.config() == primary.state.optimizer.config() == slower
+    rid, r = primary.send(0, ops.SET_OPTIMIZER, optimizer=slower, call=0)
+    expect_error(only(r), peer(0), rid, "ProtocolError", "'call'")
