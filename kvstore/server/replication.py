@@ -9,14 +9,18 @@ collaborators, all pure (no sockets, threads or clocks):
   (kvstore.server.sync) tells it each round it applies: the round's number and
   its aggregated gradient (the sum, before the optimizer sees it), or the new
   value itself when there is no optimizer; the state tells it the values an
-  ``init`` stored. It collects them into ``replicate`` requests for the backup,
-  which the node sends; one without a backup (``KVSTORE_REPLICAS`` unset, or its
-  backup died) collects nothing.
+  ``init`` stored. It collects them into ``replicate`` requests for the backup of
+  each share it serves (its own, and a dead server's it took over: they may have
+  different backups), which the node sends; a share without a backup
+  (``KVSTORE_REPLICAS`` unset, or its backup died) collects nothing. A new
+  backup (a replacement, ``--restart-servers``) gets the share *rebuilt*
+  (:meth:`Replication.rebuild`: the job's setup, every chunk's value with its
+  round count, the optimizer state), then the rounds after it.
 - :class:`ReplyGate`, also the primary's: no reply leaves before the backup
   acknowledged every ``replicate`` request made before it (replies keep their
   order; those with values are copied when held, since a later round may change
   the value before they leave).
-- :class:`Replicas`, the backup's side: for each server it backs up, a replica of
+- :class:`Replicas`, the backup's side: for each share it backs up, a replica of
   every chunk (values in the backup's own memory) with the number of rounds
   applied to it. A ``replicate`` request applies each round with the backup's own
   optimizer (every server gets the same ``set_optimizer``; optimizer state is per
