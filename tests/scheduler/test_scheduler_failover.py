@@ -137,8 +137,12 @@ def test_a_replacement_that_joined_with_nothing_to_back_up_waits_for_the_next_de
 
 def test_a_replacement_registers_into_the_running_job_and_the_rebuilt_replicas_reach_every_node():
     job = Job()
-    job.state.node_exited("server", 1, -9, now=1.0)
     job.beat("server-3")
+    early = wire.encode("register", id=49, node="server-3", role="server", rank=3, host="h", addr="tcp://server-3",
+                        pid=103, replacement=True)
+    [refused] = job.state.receive(b"server-3", early, 0.5)         # no server died: nothing to replace
+    assert refused.fields["kind"] == wire.INVALID and "in place of a dead one" in refused.fields["message"]
+    job.state.node_exited("server", 1, -9, now=1.0)
     register = wire.encode("register", id=50, node="server-3", role="server", rank=4, host="h",
                            addr="tcp://server-3", pid=103, replacement=True)
     assert [s.fields["kind"] for s in job.state.receive(b"server-3", register, 1.5)] == [wire.INVALID]

@@ -395,6 +395,9 @@ class SchedulerState:
         assert book is not None
         if self._shutdown_sent:
             raise RendezvousError("the job is ending (every worker finished): no server can join it now")
+        if len(book.added) >= len(book.dead):     # one per death: what a launcher starts, no more
+            raise RendezvousError(f"a replacement server joins in place of a dead one; {len(book.dead)} died and "
+                                  f"{len(book.added)} replacement(s) joined already")
         rank = msg.get("rank")
         if rank != book.ranks:
             raise RendezvousError(f"a replacement server registers as server {book.ranks} (the next rank), "
