@@ -223,11 +223,14 @@ class Client:
                 if on_reply is not None:
                     on_reply(header, arrays)
             return keep
-        # (replicated servers: each live server once; a dead one's share answers as its new server)
-        live = self.failover.live() if self.failover is not None else range(len(self.links))
-        self.wait([self.request(s, op, what, (), RequestOptions(on_reply=keeper(s)), **fields)[0]
-                   for s in live], what)
+        # (replicated servers: each live server once, by the first share it serves; a dead
+        # one's share answers as its new server, a replacement's as the shares it took over)
         route = self.failover.route if self.failover is not None else (lambda s: s)
+        first: dict[int, int] = {}
+        for share in range(self.num_shares):
+            first.setdefault(route(share), share)
+        self.wait([self.request(share, op, what, (), RequestOptions(on_reply=keeper(server)), **fields)[0]
+                   for server, share in sorted(first.items())], what)
         return [replies[route(s)] for s in range(self.num_shares)]
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:

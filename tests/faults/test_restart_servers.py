@@ -9,8 +9,9 @@ owners (values, round counts, optimizer state). Worker 0 waits for that event
 kills the server that now serves server 1's share: the job ends with exit 0 and
 the weights of the uninterrupted run, bit for bit (dist_sync, deterministic
 sums; the weights do not depend on the number of servers, so one reference run
-serves both), or (dist_async) with every acknowledged push applied exactly once.
-Without replicas the option is refused; with its budget spent, a chain's second
+serves both), or (dist_async) with every acknowledged push applied exactly once;
+a replacement that serves shares saves their checkpoint parts, and the set
+resumes to the uninterrupted weights. Without replicas the option is refused; with its budget spent, a chain's second
 failure ends the job naming both servers, as without it."""
 
 from __future__ import annotations
@@ -85,6 +86,27 @@ def test_dist_async_applies_every_acknowledged_push_exactly_once_across_two_fail
     assert "killed server 0 at step 25" in out.stdout and "server 2 serves server 0's chunks now" in log, log
     assert "server 2 serves server 1's chunks now" in log and "owners [2, 2]" in log, log
     assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
+
+
+def test_a_promoted_replacement_saves_the_shares_it_serves_and_the_set_resumes_to_the_uninterrupted_weights(
+        uninterrupted, tmp_path):
+    """2 servers: server 1 dies, server 2 replaces it, server 0 dies: server 2 serves
+    both shares and writes both parts of the checkpoint saved after step 7 (under
+    ranks 0 and 1: a set keeps one part per share); the job resumed from it with 2
+    fresh servers ends with the uninterrupted weights."""
+    folder = str(tmp_path / "ckpt")
+    out = run("--restart-servers", "1", KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KILL="1:2,0:6",
+              REBUILT="6", SAVE="7", STOP="8")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    for share in (0, 1):
+        assert f"server 2: server {share}'s part of checkpoint 1 (its share, served here) written" in log, log
+    assert sorted(n for n in os.listdir(folder) if n.endswith(".ckpt")) == ["server-0.ckpt", "server-1.ckpt"]
+    resumed = run(KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KVSTORE_RESUME="1")
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log
+    assert "resumed=True start=8" in resumed.stdout, log
+    assert digests(resumed) == [uninterrupted, uninterrupted], log
 
 
 def test_with_the_budget_spent_a_chains_second_failure_ends_the_job_naming_both_servers():
