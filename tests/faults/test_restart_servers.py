@@ -26,7 +26,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 BASE = {"KVSTORE_DETERMINISTIC": "1", "KVSTORE_CHUNK_BYTES": "4096", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
-        "KVSTORE_HEARTBEAT_TIMEOUT": "2", "KVSTORE_TIMEOUT": "30", "KVSTORE_ABORT_GRACE": "2"}
+        "KVSTORE_HEARTBEAT_TIMEOUT": "10", "KVSTORE_TIMEOUT": "30", "KVSTORE_ABORT_GRACE": "2"}
 
 
 def run(*options, script="replicated.py", servers=2, timeout=120, **env) -> subprocess.CompletedProcess:
