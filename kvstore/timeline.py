@@ -11,7 +11,8 @@ What each process records (``cat`` and ``name`` of the events; ``ph`` "X" spans,
   call to its last request handed to a link: grouping, staging copies, compression),
   ``wait OP`` (blocked for replies), ``copy out OP``; ``OP`` alone for a call without
   those phases (``push``, ``init``). ``trainer`` (:class:`kvstore.torch.Trainer`):
-  ``first gradient`` and ``bucket ready`` (instants, args ``keys``/``bytes``),
+  ``first gradient``, ``bucket ready`` (args ``keys``/``bytes``) and ``backward
+  ended`` (instants: a request before it overlapped the backward),
   ``step``, ``wait for exchanges``, ``optimizer step``.
 - worker, lanes "calls": ``call`` ``OP`` from the call to its outputs filled (for
   ``pushpull_async``: to the end of ``wait()``), args ``keys``.

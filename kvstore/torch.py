@@ -61,19 +61,37 @@ def __dir__() -> list[str]:     # dir(kvstore.torch): the public names, not our 
     return sorted(__all__)
 
 DEFAULT_BUCKET_BYTES = 4 << 20     # the largest bucket a model gets by default
-MIN_BUCKET_BYTES = 256 << 10       # the smallest (a smaller model is one bucket)
+MIN_BUCKET_BYTES = 256 << 10       # the smallest, unless that would leave the model one bucket
 BUCKETS_PER_MODEL = 4              # between the two: the model in this many buckets
 
 
-def bucket_bytes_for(model_bytes: int) -> int:
+def bucket_bytes_for(model_bytes: int, last_bytes: int = 0) -> int:
     """The Trainer's default ``bucket_bytes`` for ``model_bytes`` of trained
     parameters: a ``BUCKETS_PER_MODEL``-th of the model, at least ``MIN_BUCKET_BYTES``
-    and at most ``DEFAULT_BUCKET_BYTES`` (4 MiB). A fixed 4 MiB made every model under
-    4 MiB one bucket, sent when backward ended: no overlap at all. A few buckets let
-    the first ones travel while backward computes the rest; the floor keeps a model
-    whose exchange costs more in round trips than in bytes (a bucket under ~256 KiB
-    moves in about one round trip) in one message."""
-    return min(DEFAULT_BUCKET_BYTES, max(MIN_BUCKET_BYTES, -(-int(model_bytes) // BUCKETS_PER_MODEL)))
+    and at most ``DEFAULT_BUCKET_BYTES`` (4 MiB); a model under twice the floor is cut
+    in half (two buckets); and with ``last_bytes``, the bytes of the parameter whose
+    gradient backward produces last (the model's first; the Trainer passes it), at
+    most the rest of the model, so that a bucket fills before that gradient arrives.
+    Every model of two or more trained parameters thus has a bucket in flight while
+    backward still runs. A fixed 4 MiB made every model under 4 MiB one bucket, sent
+    when backward ended: no overlap at all. The floor keeps the requests few where
+    they cost more than they hide: each bucket is a request to every server it
+    spans, and where every core is busy each costs CPU that nothing idle hides
+    (ResNet-20, W=2, S=2 on 2 cores: about 3 ms of the servers' CPU per step per
+    bucket; docs/performance.md, 2.4).
+
+    Example::
+
+        bucket_bytes_for(100 << 20)        # ResNet-50: 4 MiB, 25 buckets
+        bucket_bytes_for(1 << 20)          # 256 KiB: 4 buckets
+        bucket_bytes_for(1000)             # 500: 2 buckets
+    """
+    model_bytes, last_bytes = int(model_bytes), int(last_bytes)
+    size = min(DEFAULT_BUCKET_BYTES, max(-(-model_bytes // BUCKETS_PER_MODEL),
+                                         min(MIN_BUCKET_BYTES, -(-model_bytes // 2))))
+    if 0 < last_bytes < model_bytes:
+        size = min(size, model_bytes - last_bytes)
+    return max(1, size)
 
 
 # torch.optim's optimizers with a twin on the servers (kvstore.optimizer.torch_twin), by
@@ -294,8 +312,9 @@ class Trainer:
         self._whole_model = update_on_kvstore and (self._clip is not None or self._enabled(self._scaler))
         self._overflow = _Overflow()       # how the servers' skip reaches the scaler (scaler.step)
         if bucket_bytes is None:
-            bucket_bytes = bucket_bytes_for(sum(p.numel() * p.element_size() for p in self._params
-                                                if p.requires_grad))
+            trained = [p.numel() * p.element_size() for p in self._params if p.requires_grad]
+            # backward produces the first parameter's gradient last: a bucket fills before it
+            bucket_bytes = bucket_bytes_for(sum(trained), trained[0] if trained else 0)
         elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ArgumentTypeError(f"bucket_bytes must be a positive int (or None: sized by the model), "
                                     f"got {bucket_bytes!r}")
@@ -759,6 +778,8 @@ class Trainer:
         without no_sync); servers updating, :meth:`step` must come first, and finds
         there what was pushed, to refuse a gradient edited since."""
         self._finish_queued = False
+        if self._timeline is not None:     # what was sent before this overlapped the backward
+            self._timeline.instant("trainer", "backward ended")
         exchanged = self._finish_exchange()
         if self.update_on_kvstore:
             self._sent = [(i, g, g._version) for i in exchanged if (g := self._params[i].grad) is not None]

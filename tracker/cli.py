@@ -152,6 +152,17 @@ def elastic_options(f):
                              "MAX; -n workers start [default: fail-fast, KVSTORE_ELASTIC].")(f)
 
 
+def restart_servers_option(f):
+    """--restart-servers N: replicated servers (KVSTORE_REPLICAS=1) get a new server
+    in place of a dead one, at most N in all (JobSpec.restart_servers; docs/reliability.md).
+    Only for launchers that start each process themselves (tracker.local, tracker.ssh)."""
+    return click.option("--restart-servers", type=click.IntRange(min=0), default=0, show_default=True,
+                        help="Replicated servers (KVSTORE_REPLICAS=1): start a new server in place of one "
+                             "whose chunks its backups took over, at most this many times in all; it "
+                             "becomes the backup of the shares that lost theirs, so that a later failure "
+                             "is survived too.")(f)
+
+
 def check_elastic(settings: env.Settings, num_workers: int) -> None:
     """-n must lie within --elastic MIN:MAX (a usage error before anything starts)."""
     if settings.elastic is not None:

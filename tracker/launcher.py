@@ -58,6 +58,9 @@ class JobSpec:
     thread_vars: tuple[str, ...] = THREAD_VARS
     # elastic jobs (settings.elastic): replacements started for workers that left
     max_restarts: int = 0
+    # replicated servers (settings.replicas): replacement servers started, in all, for
+    # servers whose chunks their backups took over (--restart-servers)
+    restart_servers: int = 0
 
     def processes(self, scheduler_port: int) -> list[ProcSpec]:
         """Servers first, then workers, each with its rank in launch order. With
@@ -211,7 +214,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
                 break
         if spawn_error is None and not signals.received:
             replace = _Replacements(spec, spawn, children) if settings.elastic and start_all is None else None
-            first_failure = _monitor(children, codes, scheduler, settings, signals, replace)
+            restart = _ServerRestarts(spec, spawn, children) if spec.restart_servers else None
+            first_failure = _monitor(children, codes, scheduler, settings, signals, replace, restart)
             if first_failure is not None and first_failure[0] == "scheduler":
                 _settle(children, codes, scheduler, signals)
     finally:
@@ -247,6 +251,10 @@ def _refuse_replicas(spec: JobSpec, all_at_once: bool) -> str | None:
     fewer than 2 servers, or a launcher (mpirun, srun) that ends every process
     when one fails, so that no server's death could be survived."""
     if not spec.settings.replicas:
+        if spec.restart_servers:
+            return (f"--restart-servers {spec.restart_servers} starts servers in place of dead ones, whose "
+                    "chunks their backups took over: it needs replicated servers (KVSTORE_REPLICAS=1); "
+                    "without them a server's death ends the job")
         return None
     if spec.num_servers < 2:
         return (f"KVSTORE_REPLICAS=1 needs at least 2 servers (each server's chunks have a backup on "
@@ -286,13 +294,50 @@ class _Replacements:
             log.error("could not start a replacement for %s: %s", child.spec.label, e)
 
 
-def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tuple[str, int] | None:
+class _ServerRestarts:
+    """Replicated servers (``--restart-servers N``): when the scheduler handed a dead
+    server's chunks to their backups (tracker.control.failover), a new server
+    process is started, up to N in all: server ``num_servers + i`` (a new process
+    with its own sockets, on the dead one's host, with its variables), which
+    registers with the running job as a replacement and becomes the backup of the
+    shares that lost theirs (docs/reliability.md, replicated servers)."""
+
+    def __init__(self, spec: JobSpec, spawn, children: list):
+        self._left = spec.restart_servers
+        self._spawn = spawn
+        self._children = children
+        self._next = spec.num_servers
+        self._seen: set[int] = set()
+
+    def __call__(self, failed_over: frozenset) -> None:
+        for rank in sorted(failed_over - self._seen):
+            self._seen.add(rank)
+            dead = next(c for c in reversed(self._children) if c.spec.role == "server" and c.spec.rank == rank)
+            if self._left <= 0:
+                log.warning("no server started in place of %s: --restart-servers reached (a second failure of "
+                            "its chains ends the job)", dead.spec.label)
+                continue
+            self._left -= 1
+            proc = dataclasses.replace(dead.spec, rank=self._next, env={**dead.spec.env, "KVSTORE_RANK": str(self._next)},
+                                       replaces=dead.spec.replaces if dead.spec.replaces is not None else rank)
+            self._next += 1
+            try:
+                self._children.append(self._spawn(proc))
+                log.warning("started %s in place of %s (--restart-servers: %d more allowed)", proc.label,
+                            dead.spec.label, self._left)
+            except OSError as e:
+                log.error("could not start a server in place of %s: %s", dead.spec.label, e)
+
+
+def _monitor(children, codes, scheduler, settings, signals, replace=None,
+             restart=None) -> tuple[str, int] | None:
     """Wait until every worker succeeded (and servers ended), something failed
     (returned: the first failure), or a signal came (None). ``replace``: an elastic
     job's :class:`_Replacements`; a worker's failure is then the scheduler's to
     judge (it aborts the job below the minimum, returned as a scheduler failure).
     With replicated servers (``settings.replicas``) a server's death is the
-    scheduler's to judge too (tracker.control.failover)."""
+    scheduler's to judge too (tracker.control.failover); ``restart``
+    (:class:`_ServerRestarts`) starts servers in place of those it failed over."""
     servers_done_by = done_at = None
     failed_over_ended: set = set()     # replicated servers the scheduler failed over, then killed here
     while not signals.received:
@@ -325,6 +370,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
                 nonzero = True
         if settings.replicas:
             _end_failed_over(children, codes, scheduler.failed_over, failed_over_ended)
+            if restart is not None and scheduler.failure is None and not scheduler.done:
+                restart(scheduler.failed_over)
         if scheduler.failure is not None and (nonzero or len(codes) < len(children)):
             return "scheduler", 1  # e.g. a stuck process (heartbeats), a reported exception
         if replace is not None and scheduler.done and scheduler.failure is None:
@@ -338,6 +385,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None) -> tup
         if all(c.spec.label in codes for c in workers):
             if len(codes) == len(children):
                 return None
+            if scheduler.done and all(c.spec.label in codes for c in children if c.spec.replaces is None):
+                return None     # a replacement server still starting: the job ended without it
             # servers leave once the scheduler tells them every worker finished
             if servers_done_by is None:
                 servers_done_by = time.monotonic() + settings.heartbeat_timeout + 5

@@ -14,8 +14,8 @@ import sys
 import click
 
 from .control import env
-from .cli import (check_elastic, elastic_options, log_level, resume_option, server_device_option,
-                  setup_logging)
+from .cli import (check_elastic, elastic_options, log_level, restart_servers_option, resume_option,
+                  server_device_option, setup_logging)
 from .cli import LauncherCommand, parse_env
 from .launcher import JobSpec, cpu_count, run_cli, with_default_threads
 from .process import Child
@@ -60,9 +60,10 @@ here and passed on to every process; see docs/configuration.md.
 @resume_option()
 @server_device_option()
 @elastic_options
+@restart_servers_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, log_dir, output_ranks,
-         kill_grace, emulate_hosts, dry_run, max_restarts, command):
+         kill_grace, emulate_hosts, dry_run, max_restarts, restart_servers, command):
     """Run COMMAND as NUM_WORKERS workers plus servers and a scheduler, locally."""
     if command[0].startswith("-"):
         raise click.UsageError(f"no such option: {command[0]} (COMMAND cannot start with '-')")
@@ -86,7 +87,8 @@ def main(num_workers, num_servers, env_pairs, env_worker, env_server, host_ip, l
     where = {"scheduler_host": host_ip, "node_host": host_ip} if host_ip else {}
     spec = JobSpec(num_workers=num_workers, num_servers=num_servers,
                    command=tuple(command), env=extra, role_env=role_env, kill_grace=kill_grace,
-                   settings=settings, emulate_hosts=emulate_hosts or 0, max_restarts=max_restarts, **where)
+                   settings=settings, emulate_hosts=emulate_hosts or 0, max_restarts=max_restarts,
+                   restart_servers=restart_servers, **where)
     # every process runs on this machine (emulated hosts too)
     total = num_servers + num_workers
     spec = with_default_threads(spec, ["this machine"] * total, {"this machine": cpu_count()},

@@ -33,6 +33,7 @@ class ProcSpec:
     env: dict = field(default_factory=dict)
     cwd: str | None = None
     restart: int = 0     # > 0: the n-th replacement of a worker that left an elastic job
+    replaces: int | None = None   # a replacement server (--restart-servers): the rank of the dead one
 
     @property
     def label(self) -> str:

@@ -22,7 +22,8 @@ import click
 from . import hostfile
 from .control import env
 from .cli import (CONTEXT, LauncherCommand, check_command, check_elastic, common_options, default_threads,
-                  elastic_options, env_choice, fail, job_spec, server_hosts_option, setup_logging)
+                  elastic_options, env_choice, fail, job_spec, restart_servers_option, server_hosts_option,
+                  setup_logging)
 from .launcher import run_cli
 from .outcome import plural
 from .preflight import check_host, on_each, sync_dir
@@ -69,10 +70,11 @@ servers over those hosts and workers over the -H hosts. See docs/launching.md.
 @click.option("--oversubscribe", is_flag=True,
               help="Allow more processes than the slots of the host file.")
 @elastic_options
+@restart_servers_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log_dir, kill_grace,
          dry_run, hostfile_path, server_hosts_path, remote_python, remote_dir, sync_dst_dir, ssh_config, identity,
-         ssh_option, connect_timeout, oversubscribe, max_restarts, command):
+         ssh_option, connect_timeout, oversubscribe, max_restarts, restart_servers, command):
     """Run COMMAND as NUM_WORKERS workers plus servers on the hosts of a host
     file, over ssh, with the scheduler on this machine."""
     command = check_command(command)
@@ -106,7 +108,7 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
                     python=remote_python, choice=choice, scheduler_host=sched_host,
                     kill_grace=kill_grace, multi_host=not all(h.is_loopback for h in hosts))
     check_elastic(spec.settings, num_workers)
-    spec = dataclasses.replace(spec, max_restarts=max_restarts)
+    spec = dataclasses.replace(spec, max_restarts=max_restarts, restart_servers=restart_servers)
     # threads per process: a host's cores (its slots= if given, else this
     # machine's count) // the processes placed on it
     spec = default_threads(spec, [h.name for h in placed], {h.name: h.slots for h in hosts})
@@ -146,7 +148,8 @@ def main(num_workers, num_servers, env_all, env_worker, env_server, host_ip, log
     sink = Sink(log_dir=log_dir)
 
     def spawn(proc):
-        host = host_of[proc.role, proc.rank]
+        # (a replacement server, --restart-servers, goes on the dead one's host)
+        host = host_of[proc.role, proc.rank if proc.replaces is None else proc.replaces]
         wanted = proc.env.get("KVSTORE_NODE_HOST") if "KVSTORE_NODE_HOST" in choice.for_role(
             proc.role) else addresses[host]
         if wanted and ":" in wanted:   # an IPv6 host: its IPv4 address on the route to the scheduler

@@ -5,7 +5,9 @@ start-up, checkpoints, resume and teardown); every run must end cleanly.
 
 - run.py: the command, the mid-run faults, the table
 - phases.py: the faults in the other phases of a job's life
+- replicated.py: ``--replicated``, faults of a server that replicated jobs must survive
 - jobs.py: starting a job through a launcher, its outcome, leftover processes
 - worker.py: the workload of the mid-run faults (exact sums every round)
 - train.py: the workload of the phase faults (deterministic training, checkpoints)
+- replicated_worker.py: the workload of ``--replicated`` (deterministic dist_sync, exact dist_async)
 """

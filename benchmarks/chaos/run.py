@@ -6,6 +6,7 @@ phase of a job's life.
     python -m benchmarks.chaos --runs 200 --ssh      # half the jobs through tracker.ssh
     python -m benchmarks.chaos --phases save,resume  # only faults around checkpoints
     python -m benchmarks.chaos --elastic --runs 40   # elastic jobs (below)
+    python -m benchmarks.chaos --replicated --runs 120   # replicated servers: benchmarks/chaos/replicated.py
 
 The runs take turns in the phases of ``--phases`` (default all): ``run`` (mid-run,
 below), and ``startup``, ``save``, ``resume`` and ``teardown``, whose faults, and
@@ -66,7 +67,7 @@ import sys
 import time
 import uuid
 
-from benchmarks.chaos import phases as chaos_phases
+from benchmarks.chaos import phases as chaos_phases, replicated as chaos_replicated
 from benchmarks.harness.output import ResultsDir
 from benchmarks.chaos.jobs import (DEFAULT_BOUND, ENV, LATE, ROOT, WRONG, Job, end_jobs, ended,
                                    finish, job_env, kind_of, launcher_argv, marked_root_cause, pid_of)
@@ -340,11 +341,20 @@ def main(argv=None) -> int:
                         "(127.0.0.2-3; needs openssh-server, as the tests)")
     p.add_argument("--elastic", action="store_true",
                    help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them")
+    p.add_argument("--replicated", action="store_true",
+                   help="replicated servers (KVSTORE_REPLICAS=1): a server's fault must not end the job "
+                        "(benchmarks/chaos/replicated.py)")
+    p.add_argument("--modes", default="sync,async",
+                   help="--replicated: the consistency modes the runs draw from [default: sync,async]")
+    p.add_argument("--replay", type=int, default=None, metavar="SEED",
+                   help="--replicated: run only the run of this seed (as a failure lists it)")
     every = ("run", *chaos_phases.PHASES)
     p.add_argument("--phases", default=None,
                    help=f"comma-separated phases the runs take turns in: {', '.join(every)} [default: all; "
                         "with --elastic: run]")
     args = p.parse_args(argv)
+    if args.replicated:
+        return replicated_main(p, args)
     phases = tuple(args.phases.split(",")) if args.phases else ("run",) if args.elastic else every
     if not phases or set(phases) - set(every) or len(set(phases)) != len(phases):
         p.error(f"--phases: a comma-separated list of distinct phases of {', '.join(every)}")
@@ -398,6 +408,41 @@ def main(argv=None) -> int:
             if r["problems"]:
                 where = f"[{r['phase']}] " if r.get("phase", "run") != "run" else ""
                 f.write(f"\n- run {r['run']}: {where}{r['fault']} -> {r['target']}: {'; '.join(r['problems'])}\n")
+    return 1 if any(r["problems"] for r in runs) else 0
+
+
+def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--replicated``: runs of benchmarks/chaos/replicated.py, each with its own seed
+    drawn from ``--seed`` (or only ``--replay``'s); the table and every run to
+    chaos-replicated.md and .json."""
+    modes = tuple(args.modes.split(","))
+    if not modes or set(modes) - set(chaos_replicated.MODES) or len(set(modes)) != len(modes):
+        p.error(f"--modes: a comma-separated list of {', '.join(chaos_replicated.MODES)}")
+    if args.elastic or args.ssh or args.phases:
+        p.error("--replicated runs its own jobs: no --elastic, --ssh or --phases")
+    out_dir = OUTPUT.chosen(p, args)
+    seed = args.seed if args.seed is not None else int(time.time())
+    rng = random.Random(seed)
+    seeds = [args.replay] if args.replay is not None else [rng.randrange(1 << 31) for _ in range(args.runs)]
+    partitions = chaos_replicated.can_partition()
+    print(f"replicated, seed {seed}, modes {', '.join(modes)}" +
+          ("" if partitions else "; no network partitions: they need root and iproute2 (ip)"), flush=True)
+    runs, t0, refs = [], time.time(), chaos_replicated.References()
+    for i, run_seed in enumerate(seeds):
+        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions), refs)
+        run["run"] = i
+        runs.append(run)
+        print(f"run {i}: {chaos_replicated.describe(run)}", flush=True)
+    summary = chaos_replicated.summary(runs)
+    print(summary)
+    load = os.getloadavg()
+    with open(os.path.join(out_dir, "chaos-replicated.json"), "w") as f:
+        json.dump({"seed": seed, "modes": list(modes), "runs": runs, "seconds": round(time.time() - t0),
+                   "loadavg_at_end": load}, f, indent=1)
+    with open(os.path.join(out_dir, "chaos-replicated.md"), "w") as f:
+        f.write(f"# Chaos, replicated servers: {len(runs)} runs (seed {seed}, modes {', '.join(modes)}, "
+                f"{time.strftime('%Y-%m-%d')}, {round(time.time() - t0)} s, load average at the end "
+                f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n\n{summary}\n")
     return 1 if any(r["problems"] for r in runs) else 0
 
 

@@ -4,7 +4,9 @@ tests/transport/test_cuda_ipc.py's job script does, then runs its role.
 
 Workers pushpull the layout's keys ``BENCH_ITERS`` times after ``BENCH_WARMUP``
 untimed calls, check every output against the exact sum (a wrong one exits
-non-zero), and worker 0 writes ``{"median_ms", "samples_ms", "keys", "transports"}``
+non-zero), and worker 0 writes ``{"median_ms", "samples_ms", "cpu_ms", "cpu_samples_ms",
+"keys", "transports"}`` (``cpu_ms``: the median of its process's CPU time per call, which a
+loaded machine inflates less than the wall time)
 to ``BENCH_OUT``; with ``BENCH_PROFILE`` set to a directory, worker 0 also writes its
 cProfile summary (worker-0.txt) and profile (worker-0.prof) there and has the
 servers dump theirs (server-<rank>.prof).
@@ -56,7 +58,7 @@ def main() -> int:
         iters, warmup = int(os.environ["BENCH_ITERS"]), int(os.environ["BENCH_WARMUP"])
         profile_dir = os.environ.get("BENCH_PROFILE") if rank == 0 else None
         profiler = cProfile.Profile() if profile_dir else None
-        samples = []
+        samples, cpu = [], []     # wall and this process's CPU time per call (ms)
         for i in range(warmup + iters):
             value = float((rank + 1) * (i + 1) % 251)
             for g in grads:
@@ -64,10 +66,11 @@ def main() -> int:
             if profiler is not None and i == warmup:
                 kv._send_command_to_servers("profile_start")
                 profiler.enable()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             kv.pushpull(keys, grads, out=outs)
             if i >= warmup:
                 samples.append((time.perf_counter() - t0) * 1e3)
+                cpu.append((time.process_time() - c0) * 1e3)
             want = float(sum((r + 1) * (i + 1) % 251 for r in range(world)))
             if not all(bool((o == want).all()) for o in outs):
                 raise SystemExit(f"worker {rank}: wrong sum in iteration {i} (want {want})")
@@ -85,6 +88,7 @@ def main() -> int:
     if rank == 0:
         with open(os.environ["BENCH_OUT"], "w") as f:
             json.dump({"median_ms": statistics.median(samples), "samples_ms": samples,
+                       "cpu_ms": statistics.median(cpu), "cpu_samples_ms": cpu,
                        "keys": len(sizes), "values": sum(sizes), "transports": transports}, f)
     return 0
 

@@ -4,6 +4,8 @@ server dies, and what replication costs a step when none does.
     python -m benchmarks.failover                    # W=2, S=3, 5 kills per kind
     python -m benchmarks.failover --record           # into benchmarks/results/failover
     python -m benchmarks.failover --runs 1 --steps 12 # a smoke run
+    python -m benchmarks.failover --link 1gbit        # the cost over emulated 1 Gbit/s links (root):
+                                                      # benchmarks/failover/link.py
 
 Each run is a real job (``python -m tracker.local``) of benchmarks/failover/worker.py:
 pushpulls of KEYS keys cut over every server, SGD with momentum on the servers,
@@ -154,9 +156,30 @@ def table(rows: list[dict], workers: int, servers: int, keys: int, size: int, he
 @click.option("--seed", default=20261207, show_default=True)
 @click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANTS),
               help="Run only these variants (repeat the option) [default: all].")
+@click.option("--link", "rate", default=None, metavar="RATE",
+              help="Instead: replication's cost over emulated machines with links of RATE (e.g. 1gbit; "
+                   "root; benchmarks/failover/link.py); --steps, --keys, --size apply, and --runs is ignored.")
+@click.option("--layouts", default="dedicated:4x2,colo:4", show_default=True,
+              help="--link: the layouts (benchmarks.link's dedicated:WxS and colo:W).")
+@click.option("--launches", default=5, show_default=True,
+              help="--link: launch rounds (each runs every layout without and with replicas).")
 @OUTPUT.click_options
-def main(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed, variants, out_dir) -> None:
+def main(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed, variants, rate, layouts,
+         launches, out_dir) -> None:
     """Pause of a replicated job when a server dies, and replication's cost per step."""
+    if rate is not None:
+        from benchmarks.failover import link
+        from benchmarks.harness.layouts import parse_list
+        record = link.measure(rate, parse_list(layouts), steps, keys, size, launches, out_dir)
+        if record is None:
+            return
+        text = link.table(record)
+        with open(os.path.join(out_dir, "failover-link.md"), "w") as f:
+            f.write("# Replication's cost over an emulated link (benchmarks/failover --link)\n\n" + text)
+        with open(os.path.join(out_dir, "failover-link.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        print(text)
+        return
     rows = measure(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed, variants or VARIANTS)
     text = table(rows, workers, servers, keys, size, heartbeat_timeout)
     with open(os.path.join(out_dir, "failover.md"), "w") as f:

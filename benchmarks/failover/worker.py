@@ -1,7 +1,9 @@
 """The worker of benchmarks.failover: STEPS dist_sync pushpulls of KEYS fp32 keys of
-SIZE values (cut over every server), SGD with momentum on the servers; prints one
-line per completed step with its wall-clock time (``step I T``) and, at the end,
-a digest of the final weights (``digest HEX``). With KILL=R:S, worker 0 sends
+SIZE values (cut over every server), SGD with momentum on the servers; worker 0
+prints one line per completed step with its wall-clock time (``step I T``) and, at
+the end, a digest of the final weights (``digest HEX``) and its CPU seconds
+(``cpu S``, the whole process) (the others print nothing:
+a job without a launcher, benchmarks/failover/link.py, has one log for all). With KILL=R:S, worker 0 sends
 server R SIGKILL (KILL_SIGNAL: another signal) KILL_DELAY seconds (default 0) after
 the start of step S, from a thread, so that the signal falls anywhere in the
 step's exchange; it prints ``kill T`` and goes on.
@@ -61,9 +63,12 @@ def main() -> None:
         if step == at and pid is not None:
             threading.Timer(float(os.environ.get("KILL_DELAY", "0")), signal_victim).start()
         kv.pushpull(names, [base * (k + 1) + step for k in range(keys)], out=outs)
-        print(f"step {step} {time.time():.6f}", flush=True)
+        if kv.rank == 0:
+            print(f"step {step} {time.time():.6f}", flush=True)
     kv.pull(names, out=outs)
-    print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
+    if kv.rank == 0:
+        print("digest", hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest(), flush=True)
+        print(f"cpu {time.process_time():.3f}", flush=True)
     kv.close()
 
 

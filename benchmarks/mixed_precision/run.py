@@ -6,6 +6,7 @@ pulled into bfloat16 outputs, side by side.
     python -m benchmarks.mixed_precision                       # W=2, S=2, shm and tcp, 5 launches
     python -m benchmarks.mixed_precision --record              # also into benchmarks/results/mixed_precision
     python -m benchmarks.mixed_precision --model tiny --launches 1 --iters 2   # a smoke run
+    python -m benchmarks.mixed_precision --tree before=/tmp/kv-before --tree after=.   # checkouts, alternating
 
 Each launch is one real job (tracker's launcher, this machine) per transport running
 both variants, their order rotating launch by launch; the workers
@@ -21,12 +22,19 @@ threads (measured on this 2-core machine at load 8-10: 1251 ms with 2 threads, 4
 with 1, the float32 variant, which runs no torch, 398-408 ms). Prints a markdown table and writes
 ``mixed_precision.md`` and ``mixed_precision.json`` to a scratch directory (printed),
 or to ``--out-dir`` / with ``--record`` to benchmarks/results/mixed_precision.
+
+With ``--tree NAME=PATH`` (repeatable: e.g. a ``git worktree`` of an earlier commit and
+this one) each launch runs every checkout's own benchmark in turn (one launch each, in
+its directory with its PYTHONPATH, their order rotating), and each line names its
+checkout beside the transport: before/after in the same run, on the same load.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -68,6 +76,30 @@ def measure(cfg: RunConfig, transports: list[str], launches: int) -> list[dict]:
     return rows
 
 
+def measure_trees(cfg: RunConfig, trees: dict[str, str], transports: list[str], launches: int,
+                  torch_threads: int) -> list[dict]:
+    """:func:`measure` by each checkout of ``trees`` {name: path} in turn per launch (its own
+    benchmark, one launch), the rows' transport named "<transport> <name>"."""
+    rows = []
+    for launch in range(launches):
+        for name in side_by_side.rotated(list(trees), launch):
+            out = os.path.join(cfg.work_dir, f"tree-{name}-{launch}")
+            os.makedirs(out, exist_ok=True)
+            argv = [sys.executable, "-m", "benchmarks.mixed_precision", "--workers", str(cfg.workers),
+                    "--servers", str(cfg.servers), "--model", cfg.model, "--iters", str(cfg.iters),
+                    "--warmup", str(cfg.warmup), "--launches", "1", "--timeout", str(cfg.timeout),
+                    "--torch-threads", str(torch_threads), "--out-dir", out, "--transports", ",".join(transports)]
+            p = subprocess.run(argv, cwd=trees[name], env={**os.environ, "PYTHONPATH": os.path.abspath(trees[name])},
+                               capture_output=True, text=True, timeout=cfg.timeout * 2 * len(transports) + 60)
+            if p.returncode != 0:
+                raise SystemExit(f"the benchmark of checkout {name} ({trees[name]}) failed:\n{p.stdout[-3000:]}"
+                                 f"{p.stderr[-3000:]}")
+            with open(os.path.join(out, "mixed_precision.json")) as f:
+                for row in json.load(f)["rows"]:
+                    rows.append({**row, "transport": f"{row['transport']} {name}", "launch": launch})
+    return rows
+
+
 def summary(rows: list[dict]) -> list[dict]:
     """Per transport and variant: the median over launches of each launch's median,
     their range, bytes per exchange, the load's range, and bfloat16 against float32."""
@@ -96,14 +128,25 @@ def markdown(lines: list[dict], cfg: RunConfig) -> str:
 @exchange_options(workers=2, launches=5)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="The workers' OMP_NUM_THREADS (torch's intra-op threads).")
+@click.option("--tree", "trees", multiple=True, metavar="NAME=PATH",
+              help="A checkout to measure (its own benchmark), alternating with the other --tree ones.")
 @OUTPUT.click_options
-def main(workers, servers, model, iters, warmup, launches, transports, timeout, torch_threads, out_dir) -> int:
+def main(workers, servers, model, iters, warmup, launches, transports, timeout, torch_threads, trees,
+         out_dir) -> int:
     """bfloat16 gradients on the wire against float32: the ResNet-50 exchange, side by side."""
+    named = {}
+    for item in trees:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not os.path.isdir(os.path.join(path, "benchmarks", "mixed_precision")):
+            raise click.BadParameter(f"{item!r}: expected NAME=PATH of a checkout with benchmarks/mixed_precision",
+                                     param_hint="--tree")
+        named[name] = path
     with tempfile.TemporaryDirectory(prefix="kvstore-mp-work-") as work:
         cfg = RunConfig(workers=workers, servers=servers, model=model, iters=iters, warmup=warmup,
                         latency_iters=0, work_dir=work, timeout=timeout,
                         env={"OMP_NUM_THREADS": str(torch_threads)})
-        rows = measure(cfg, transports, launches)
+        rows = (measure_trees(cfg, named, transports, launches, torch_threads) if named
+                else measure(cfg, transports, launches))
     lines = summary(rows)
     text = markdown(lines, cfg)
     print(text)
@@ -111,7 +154,8 @@ def main(workers, servers, model, iters, warmup, launches, transports, timeout, 
         f.write(text)
     common.write_json(os.path.join(out_dir, "mixed_precision.json"),
                       {"config": {"workers": workers, "servers": servers, "model": model, "iters": iters,
-                                  "launches": launches, "torch_threads": torch_threads}, "summary": lines, "rows": rows,
+                                  "launches": launches, "torch_threads": torch_threads, "trees": named},
+                       "summary": lines, "rows": rows,
                        "machine": common.machine(), "kvstore": common.kvstore_version()})
     print(f"results in {out_dir}")
     return 0

@@ -16,15 +16,18 @@ DDP_FIRST_BUCKET = 1 << 20
 DDP_BUCKET = 25 << 20
 
 
-def last_bucket_bytes(sizes: list[int]) -> dict:
+def last_bucket_bytes(sizes: list[int], bucket_bytes: int | None = None) -> dict:
     """Bytes in the last gradient bucket that backward completes (parameters become
-    ready roughly in reverse order): the Trainer's (flushed at >= 4 MiB from hooks, the
-    rest pushed in step()) and DDP's (1 MiB first bucket, then 25 MiB)."""
-    from kvstore.torch import DEFAULT_BUCKET_BYTES
+    ready roughly in reverse order): the Trainer's (flushed at >= ``bucket_bytes`` from
+    hooks, the rest sent as backward ends; None: the model-sized default,
+    kvstore.torch.bucket_bytes_for) and DDP's (1 MiB first bucket, then 25 MiB)."""
+    from kvstore.torch import bucket_bytes_for
+    if bucket_bytes is None:
+        bucket_bytes = bucket_bytes_for(sum(sizes), sizes[0] if sizes else 0)
     bucket, last = 0, 0
     for n in reversed(sizes):
         bucket += n
-        if bucket >= DEFAULT_BUCKET_BYTES:
+        if bucket >= bucket_bytes:
             last, bucket = bucket, 0
     trainer = bucket or last
     try:
@@ -145,13 +148,20 @@ def summarise(rows: list[dict], ddp_name: str = "ddp", workers: int = 2) -> dict
         servers = [r["servers_cpu_s"] for r in mine if r.get("servers_cpu_s") is not None]
         if servers:   # ours: what its S servers used per timed step, all of them together
             out[name]["servers_cpu_s_per_step"] = statistics.fmean(servers)
+        # the whole job's CPU per step (rank 0's times W, the servers'): what a step costs
+        # where every core is busy, and steadier than the wall time under others' load
+        ranks = 1 if CONTENDERS[name].kind == "floor" else workers
+        out[name]["job_cpu_s_per_step"] = ranks * out[name]["cpu_s_per_step"] + \
+            out[name].get("servers_cpu_s_per_step", 0.0)
         parts = [r["parts"] for r in mine if r.get("parts")]
         if parts:   # rank 0's forward (with zero_grad), backward, step() medians
             out[name]["parts_median"] = {k: statistics.median(t for p in parts for t in p[k])
                                          for k in ("forward", "backward", "step")}
     base = out.get(ddp_name, {}).get("median")
+    base_cpu = out.get(ddp_name, {}).get("job_cpu_s_per_step")
     for name, s in out.items():
         s["vs_ddp"] = s["median"] / base if base and s.get("median") else None
+        s["job_cpu_vs_ddp"] = s["job_cpu_s_per_step"] / base_cpu if base_cpu else None
     if "floor" in out:
         out["floor"]["per_worker_share"] = out["floor"]["median"] / workers
     return out
@@ -177,17 +187,19 @@ def markdown(data: dict) -> str:
              "**Caveat: this is a shared 2-core machine; other jobs may have run during this "
              "run.** The 1-minute load average before each launch is in the last column "
              "(a load above ~1 before a launch means someone else was using a core).", "",
-             "| contender | median ms | p10-p90 ms | per-launch medians ms | vs DDP | worker CPU ms/step | servers' CPU ms/step | steps | load avg before each launch |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---|"]
+             "| contender | median ms | p10-p90 ms | per-launch medians ms | vs DDP | worker CPU ms/step | servers' CPU ms/step | job CPU ms/step (vs DDP) | steps | load avg before each launch |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for name, s in summ.items():
         if not s.get("n"):
             continue
         ratio = f"{s['vs_ddp']:.2f}x" if s.get("vs_ddp") else "-"
+        cpu_ratio = f" ({s['job_cpu_vs_ddp']:.2f}x)" if s.get("job_cpu_vs_ddp") else ""
         lines.append(
             f"| {s['shown']} | {s['median'] * ms:.1f} | {s['p10'] * ms:.1f}-{s['p90'] * ms:.1f} | "
             f"{', '.join(f'{x * ms:.1f}' for x in s['launch_medians'])} | {ratio} | "
             f"{s['cpu_s_per_step'] * ms:.0f} | "
-            f"{format(s['servers_cpu_s_per_step'] * ms, '.1f') if 'servers_cpu_s_per_step' in s else '-'} | {s['n']} | "
+            f"{format(s['servers_cpu_s_per_step'] * ms, '.1f') if 'servers_cpu_s_per_step' in s else '-'} | "
+            f"{s['job_cpu_s_per_step'] * ms:.0f}{cpu_ratio} | {s['n']} | "
             f"{', '.join(f'{x:.2f}' for x in s['loadavg_before'])} |")
     kinds = sorted({t for r in data["rows"] for t in (r.get("transports") or [])})
     if kinds:

@@ -273,7 +273,7 @@ def main(argv=None) -> int:
                                          "iters", "warmup", "rtol", "atol", "env", "bucket_bytes")}
     model, _ = build(cfg)
     cfg["num_params"] = sum(p.numel() for p in model.parameters())
-    last_buckets = last_bucket_bytes([p.numel() * p.element_size() for p in model.parameters()])
+    last_buckets = last_bucket_bytes([p.numel() * p.element_size() for p in model.parameters()], args.bucket_bytes)
     per_slice = per_slice_needed(model)
     del model
     os.makedirs(args.out_dir, exist_ok=True)

@@ -190,6 +190,38 @@ def bfloat16_bits(value) -> np.ndarray:
     return t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1)
 
 
+def wire_target(out, name: str, what: str) -> tuple[np.ndarray, bool]:
+    """:func:`flat_target` for a reply that travels in precision ``name`` (a float16 or
+    bfloat16 ``out`` of a float32 key, kvstore.precision): a float16 flat, or a
+    bfloat16 output's ``uint16`` patterns, its own memory (``direct``) where it is a
+    contiguous host array, else a host buffer to write with :func:`write_bfloat16_bits`
+    (bfloat16) or :func:`write` (float16)."""
+    if name != BFLOAT16:
+        return flat_target(out, what)
+    if out.device.type == "cpu" and out.is_contiguous():
+        return bfloat16_bits(out), True          # (a view: the reply lands in out itself)
+    return pinned_host(int(np.prod(tuple(out.shape), dtype=np.int64)), np.uint16, like=out), False
+
+
+def bits_view(out):
+    """A torch bfloat16 tensor's 2-byte patterns as an ``int16`` tensor of its memory
+    (any device, any layout: a view, no copy; int16, which DLPack and cupy take
+    everywhere), which takes bfloat16 patterns as they are where the tensor itself
+    would convert integers; other values as they are."""
+    if not _is_bf16(out):
+        return out
+    import torch  # the caller handed us a tensor: torch is imported already
+    return out.detach().view(torch.int16)
+
+
+def write_bfloat16_bits(out, bits: np.ndarray) -> None:
+    """Write the bfloat16 patterns ``bits`` (flat ``uint16``, out's number of elements)
+    into the torch bfloat16 tensor ``out`` (any layout or device): the patterns as they
+    are, not their integer values."""
+    import torch  # the caller handed us a tensor: torch is imported already
+    out.detach().copy_(torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(tuple(out.shape)))
+
+
 def to_numpy(value, what: str) -> np.ndarray:
     """A numpy view of ``value`` where possible (torch CPU, numpy), else a host copy
     (through pinned memory for GPU values; the caller owns it)."""

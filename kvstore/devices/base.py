@@ -65,7 +65,7 @@ class Device(Protocol):
 
     def run_updates(self, group) -> None:
         """Queue a group of planned optimizer updates of its arrays
-        (kvstore.optimizer.multi_tensor.Group: one kernel, one dtype, many chunks): one
+        (kvstore.optimizer.multi_tensor.KernelGroup: one kernel, one dtype, many chunks): one
         multi-tensor kernel launch on a GPU; the host device's equivalent loop."""
         ...
 

@@ -12,7 +12,7 @@ words, whichever its alignment allows.
 
 CI has no GPU: :class:`BatchedCopy` runs only on GPU hosts (``pytest -m gpu``);
 CI compiles :data:`SOURCE` for the host and runs it over numpy buffers of every
-alignment (tests/api/test_device_copies.py). The callers' logic runs in CI on the
+alignment (tests/devices/test_device_copies.py). The callers' logic runs in CI on the
 host twin, :meth:`kvstore.devices.host.HostAccelerators.copy_many` (one copy per
 pair). Keep it thin.
 """

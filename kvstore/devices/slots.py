@@ -24,7 +24,7 @@ class DeviceSlots:
             raise ValueError("DeviceSlots needs accelerators whose memory can be exported")
         self._acc = acc
         self._sharing = acc.sharing
-        self._slots: dict = {}         # key -> [slot, ...] (one per holder in flight)
+        self._slots: dict = {}         # key -> [(slot, its device), ...] (one per holder in flight)
         self._held: dict = {}          # holder -> the slots it holds
         self._busy: set = set()        # id() of every slot some holder holds
         self._places: dict = {}        # id() of a slot -> its reference (slots are never dropped but by clear)
@@ -35,18 +35,19 @@ class DeviceSlots:
         hold the slots for ``holder``. Returns each value's ``(segment, offset, "dev")``,
         a reference for protocol.encode."""
         acc = self._acc
-        slots = [self._free(key, a, holder) for key, a in zip(keys, values)]
+        mine = self._held.setdefault(holder, [])
         local: dict[int, tuple[list, list]] = {}      # device -> the copies within it
-        for slot, a in zip(slots, values):
-            index = acc.index_of(slot)
-            if acc.index_of(a) == index:
-                dsts, srcs = local.setdefault(index, ([], []))
-                dsts.append(slot)
-                srcs.append(flat_view(a))
-            else:
-                local.setdefault(index, ([], []))
-                with acc.on(index):
-                    acc.peer_copy(slot, acc.contiguous(a).reshape(-1))
+        slots = []
+        for key, a in zip(keys, values):
+            index = acc.index_of(a)
+            slot = self._free(key, a, index)          # (on a's device: a copy within it)
+            mine.append(slot)
+            slots.append(slot)
+            copies = local.get(index)
+            if copies is None:
+                copies = local[index] = ([], [])
+            copies[0].append(slot)
+            copies[1].append(flat_view(a))
         for index, (dsts, srcs) in sorted(local.items()):
             if dsts:
                 with acc.on(index):
@@ -72,20 +73,20 @@ class DeviceSlots:
             places[i] = ref
         return places
 
-    def _free(self, key, a, holder):
-        """A slot of ``key`` for ``a`` that no holder holds (a new one if none is free)."""
-        acc = self._acc
-        index = acc.index_of(a)
-        mine = self._held.setdefault(holder, [])
-        for slot in self._slots.setdefault(key, []):
-            if (id(slot) not in self._busy and slot.size == a.size and slot.dtype == a.dtype
-                    and acc.index_of(slot) == index):
+    def _free(self, key, a, index: int):
+        """A slot of ``key`` on device ``index`` (``a``'s) for ``a`` that no holder holds
+        (a new one if none is free), marked busy."""
+        held = self._slots.get(key)
+        if held is None:
+            held = self._slots[key] = []
+        busy = self._busy
+        for slot, where in held:            # (each slot with the device it was made on)
+            if id(slot) not in busy and where == index and slot.size == a.size and slot.dtype == a.dtype:
                 break
         else:
             slot = self._sharing.empty(index, a.size, a.dtype)
-            self._slots[key].append(slot)
-        mine.append(slot)
-        self._busy.add(id(slot))
+            held.append((slot, index))
+        busy.add(id(slot))
         return slot
 
     def release(self, holder) -> None:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .arrays import flat_view
+from .arrays import bits_view, flat_view
 from .base import Accelerators
 
 
@@ -45,6 +45,9 @@ def device_sum(acc: Accelerators, vals: list, dtype, what: str, host_flat: Calla
         terms = [_flat_on(acc, v, index, dtype, what, host_flat) for v in vals]
         if len(terms) == 1:
             return terms[0]
+        # several terms are summed in ``dtype`` (multi-precision: float16 values of a float32
+        # key are widened first, exactly, on their device, rather than summed in float16)
+        terms = [t if t.dtype == dtype else t.astype(dtype) for t in terms]
         total = acc.add(terms[0], terms[1])      # a new array: callers' values stay intact
         for term in terms[2:]:
             acc.add_into(total, term)
@@ -136,23 +139,31 @@ class Staging:
             if block.size:
                 acc.wait([acc.download(flat, block)])
 
-    def outputs(self, targets: list, on_device: bool = False) -> tuple[list, Staged | None]:
+    def outputs(self, targets: list, on_device: bool = False,
+                dtypes: dict | None = None) -> tuple[list, Staged | None]:
         """``(targets, staged)``: ``targets`` [(info, outs)] where a key with a device
         output is answered into one block instead: pinned host memory, or (``on_device``:
         the links deliver device to device, the cuda_ipc transport) device memory on
         that output's device. ``staged.deliver()``, once the replies are in, copies a
         host block to the device in one copy and spreads it to the outputs from
-        there. None when no output is on a device."""
+        there. None when no output is on a device. ``dtypes``: {key: the dtype its
+        reply comes in} where it is not the key's (multi-precision: float16, or
+        ``uint16`` for bfloat16 patterns, which go into bfloat16 outputs as patterns)."""
         acc = self._acc
         devices = [(info, outs) for info, outs in targets if any(acc.holds(o) for o in outs)]
         if not devices:
             return targets, None
+        dtypes = dtypes or {}
         index = next(acc.index_of(o) for _, outs in devices for o in outs if acc.holds(o))
         alloc = (lambda nbytes: acc.empty(index, nbytes, np.uint8)) if on_device else self._pinned
-        block, views = carved_views([(info.size, info.dtype) for info, _ in devices], alloc)
+        block, views = carved_views([(info.size, dtypes.get(info.key, info.dtype)) for info, _ in devices], alloc)
+        # a bfloat16 output takes its reply's patterns through its 2-byte integer view
+        bits = {i for i, (info, _) in enumerate(devices) if dtypes.get(info.key) == np.uint16}
+        devices = [(info, [bits_view(o) for o in outs]) if i in bits else (info, outs)
+                   for i, (info, outs) in enumerate(devices)]
         blocks = dict(zip((info.key for info, _ in devices), views))
         staged = [(info, [blocks[info.key]]) if info.key in blocks else (info, outs) for info, outs in targets]
-        return staged, Staged(acc, devices, block, views, index)
+        return staged, Staged(acc, devices, block, views, index, bits)
 
     def holds(self, value) -> bool:
         """Whether ``value`` is device memory (e.g. a block of :meth:`outputs`)."""
@@ -162,8 +173,10 @@ class Staging:
 class Staged:
     """Replies for device outputs waiting in a host block (:meth:`Staging.outputs`)."""
 
-    def __init__(self, acc: Accelerators, targets: list, block: np.ndarray, views: list, index: int):
+    def __init__(self, acc: Accelerators, targets: list, block: np.ndarray, views: list, index: int,
+                 bits: set | None = None):
         self._acc, self._targets, self._block, self._views, self._index = acc, targets, block, views, index
+        self._bits = bits or set()        # targets whose values are bfloat16 patterns (int16 views)
 
     def deliver(self) -> None:
         """A host block to device ``index`` in one copy, then into every output (a
@@ -178,5 +191,6 @@ class Staged:
                 start = block.ctypes.data
                 values = [flat[host.ctypes.data - start:host.ctypes.data - start + host.nbytes].view(host.dtype)
                           for host in self._views]
+            values = [v.view(np.int16) if i in self._bits else v for i, v in enumerate(values)]
             pairs = [(out, value) for (_, outs), value in zip(self._targets, values) for out in outs]
             acc.write_many([out for out, _ in pairs], [value for _, value in pairs])

@@ -4,9 +4,20 @@ squared gradients and squared steps, with no learning rate."""
 from __future__ import annotations
 
 from ._util import real, unit
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["AdaDelta"]
+
+
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('adadelta', ("rho", "omr", "eps"), ("acc_g", "acc_delta"), fused.LOAD + fused.CLIP + """
+        acc_t ag = (acc_t)acc_g * rho + (omr * g) * g;
+        acc_g = (T)ag;
+        acc_t d = sqrt((acc_t)acc_delta + eps) / sqrt(ag + eps) * g;
+        acc_delta = (T)((acc_t)acc_delta * rho + (omr * d) * d);
+        if (wd != 0) d = d + wd * w;
+        weight = (T)(w - d);""")
 
 
 @register

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from ._util import unit
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["Adamax"]
+
+
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('adamax', ("beta1", "omb1", "beta2", "lr_t"), ("m", "u"), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t mm = (acc_t)m * beta1 + omb1 * g;
+        acc_t uu = kv_max((acc_t)u * beta2, kv_abs(g));
+        m = (T)mm;
+        u = (T)uu;
+        acc_t idle = uu == 0 ? (acc_t)1 : (acc_t)0;
+        weight = (T)(w - mm * lr_t / (uu + idle) * ((acc_t)1 - idle));""")
 
 
 @register

@@ -351,12 +351,14 @@ class Optimizer:
         update count included (a step skipped: a GradScaler's overflow)."""
         return False
 
-    #: Which of fused.py's two-phase layer-wise kernels (``"lars"``, ``"lamb"``) runs
-    #: this class's update on CuPy arrays; "" for none. An optimizer with an
-    #: elementwise kernel defines ``fused_plan(state, t, lr, dtype) -> (kernel name,
-    #: {scalar: value})`` instead. Either is used only by the class that defines it
-    #: itself (a subclass keeps its own math: kvstore.optimizer.fused.has_kernel).
-    fused_norms: ClassVar[str] = ""
+    #: Whether this class runs its two-phase layer-wise update on CuPy arrays itself
+    #: (LARS, LAMB): it defines ``fused_norm_terms`` and ``fused_apply_norms``, which
+    #: kvstore.optimizer.fused calls with its kernel builder. An optimizer with an
+    #: elementwise kernel declares it (``fused.define``) and defines
+    #: ``fused_plan(state, t, lr, dtype) -> (kernel name, {scalar: value})`` instead.
+    #: Either is used only by the class that defines it itself (a subclass keeps its
+    #: own math: kvstore.optimizer.fused.has_kernel).
+    fused_norms: ClassVar[bool] = False
 
     def learning_rate_at(self, t):
         """Return the learning rate used by update ``t`` (1-based, scheduler applied)."""

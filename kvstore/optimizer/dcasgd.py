@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from ._util import _array_module, real, momentum_factor
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["DCASGD"]
+
+
+# its fused GPU kernels (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('dcasgd', ("lamda", "neg_lr"), ("prev",), fused.LOAD + fused.CLIP + """
+        acc_t dc = g * lamda * g * (w - (acc_t)prev);
+        """ + fused.WD + """
+        g = (g + dc) * neg_lr;
+        prev = (T)w;
+        weight = (T)(w + g);""")
+fused.define('dcasgd_mom', ("lamda", "neg_lr", "momentum"), ("mom", "prev"), fused.LOAD + fused.CLIP + """
+        acc_t dc = g * lamda * g * (w - (acc_t)prev);
+        """ + fused.WD + """
+        g = (g + dc) * neg_lr;
+        acc_t m = (acc_t)mom * momentum + g;
+        mom = (T)m;
+        prev = (T)w;
+        weight = (T)(w + m);""")
 
 
 @register

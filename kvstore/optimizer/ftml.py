@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from ._util import dtype_scalar, nonzero_lr, real, unit
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["FTML"]
+
+
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars, in the weight's dtype as MXNet's kernels: fused_plan)
+fused.define('ftml', ("beta1", "omb1", "beta2", "omb2", "cv", "eps", "cd"), ("d", "v", "z"), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t vv = (acc_t)v * beta2 + omb2 * (g * g);
+        v = (T)vv;
+        acc_t dt = (sqrt(vv / cv) + eps) * cd;
+        acc_t zz = (acc_t)z * beta1 + g * omb1;
+        acc_t dd = (dt - (acc_t)d * beta1) * w;
+        zz = zz - dd;
+        z = (T)zz;
+        d = (T)dt;
+        weight = (T)(-(zz / dt));""")
 
 
 @register

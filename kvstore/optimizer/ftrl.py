@@ -4,9 +4,24 @@ and L2 regularisation, the optimizer of sparse linear models."""
 from __future__ import annotations
 
 from ._util import nonzero_lr, real
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["Ftrl"]
+
+
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('ftrl', ("lamda1", "beta"), ("z", "n"), fused.LOAD + fused.CLIP + """
+        acc_t g2 = g * g;
+        acc_t nn = (acc_t)n;
+        acc_t sigma = (sqrt(nn + g2) - sqrt(nn)) * w / lr;
+        acc_t zz = (acc_t)z + (g - sigma);
+        nn = nn + g2;
+        z = (T)zz;
+        n = (T)nn;
+        acc_t live = kv_abs(zz) > lamda1 ? (acc_t)1 : (acc_t)0;
+        acc_t denom = (sqrt(nn) + beta) / lr + wd + ((acc_t)1 - live);
+        weight = (T)((kv_sign(zz) * lamda1 - zz) / denom * live);""")
 
 
 @register

@@ -18,178 +18,57 @@ CuPy is imported on first use only; importing this module needs no GPU.
 Set ``fused.ENABLED = False`` to send every update through ``_step`` (to
 compare the two paths, or to rule the kernels out when chasing a bug).
 
-This module imports no optimizer: each one with a kernel names it and computes its
-scalars itself (``fused_plan``; LARS and LAMB: ``fused_norms``, see
-:func:`has_kernel`), so a new optimizer with a kernel adds its body to ``_SPECS``
-and its plan to its own class.
+This module imports no optimizer and names none: each optimizer with a kernel
+declares it in its own module (:func:`define`: its scalars, state arrays and loop
+body, written with :data:`LOAD`, :data:`CLIP` and :data:`WD`) and computes its
+scalars itself (``fused_plan``); LARS and LAMB (``fused_norms``) run their two
+phases themselves (``fused_norm_terms``, ``fused_apply_norms``) with the kernel
+builder this module hands them. A new optimizer with a kernel is its own file.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ._util import dtype_scalar
-
-__all__ = ["ENABLED", "fused_step"]
+__all__ = ["CLIP", "ENABLED", "LOAD", "WD", "Kernel", "define", "fused_step"]
 
 ENABLED = True
 """When False, :func:`fused_step` always declines and ``_step`` does the work."""
 
-# Per kernel: the scalars after the common (rescale, clip_g, wd, lr), the state
-# arrays after the weight, and the loop body. Reading/writing the outputs in
-# place is how ElementwiseKernel does in-place updates (out params are references).
-_LOAD = "acc_t w = (acc_t)weight;\nacc_t g = (acc_t)grad * rescale;\n"
+# The loop bodies' common steps. Reading/writing the outputs in place is how
+# ElementwiseKernel does in-place updates (out params are references).
+LOAD = "acc_t w = (acc_t)weight;\nacc_t g = (acc_t)grad * rescale;\n"
+"""A body's first step: the weight ``w`` and the rescaled gradient ``g`` in acc_t."""
 # NumPy skips `g += wd * w` when wd == 0; a branch (uniform across threads) keeps
 # -0.0 and non-finite weights bit-identical to that.
-_WD = "if (wd != 0) g = g + wd * w;\n"
-_CLIP = "g = kv_clip(g, clip_g);\n"
+WD = "if (wd != 0) g = g + wd * w;\n"
+"""Weight decay into ``g`` (skipped where wd is 0, as NumPy's path skips it)."""
+CLIP = "g = kv_clip(g, clip_g);\n"
+"""``g`` clipped to ``[-clip_g, clip_g]`` (NaN passes, as in numpy.clip)."""
 
-_SPECS = {
-    # sgd/nag/adagrad add wd after clipping, adam/rmsprop before (MXNet 1.x).
-    "sgd": ((), (), _LOAD + _CLIP + _WD + "weight = (T)(w - g * lr);"),
-    "sgd_mom": (("momentum",), ("mom",), _LOAD + _CLIP + _WD + """
-        acc_t m = (acc_t)mom * momentum - g * lr;
-        mom = (T)m;
-        weight = (T)(w + m);"""),
-    # torch's Nesterov (SGD(nesterov=True)): the momentum excludes the rate
-    "sgd_nesterov": (("momentum",), ("mom",), _LOAD + _CLIP + _WD + """
-        acc_t m = (acc_t)mom * momentum + g;
-        mom = (T)m;
-        g = g + momentum * m;
-        weight = (T)(w - g * lr);"""),
-    # MXNet's NAGMomKernel (NAG): its momentum holds the rate; in place, the momentum's
-    # wd term reads the new weight (SGD._nesterov). mp1 = momentum + 1 in T.
-    "nag_mom": (("momentum", "mp1"), ("mom",), _LOAD + _CLIP + """
-        acc_t m = (acc_t)mom * momentum;
-        acc_t d = g;
-        if (wd != 0) d = d + wd * w;
-        acc_t wn = (w - m) + (m - d * lr) * mp1;
-        weight = (T)wn;
-        wn = (acc_t)weight;
-        if (wd != 0) g = g + wd * wn;
-        mom = (T)(m - g * lr);"""),
-    "adam": (("beta1", "omb1", "beta2", "omb2", "eps", "lr_t"), ("mean", "var"),
-             _LOAD + _WD + _CLIP + """
-        acc_t m = (acc_t)mean * beta1 + omb1 * g;
-        acc_t v = (acc_t)var * beta2 + (g * g) * omb2;
-        mean = (T)m;
-        var = (T)v;
-        weight = (T)(w - m / (sqrt(v) + eps) * lr_t);"""),
-    "adagrad": (("eps",), ("hist",), _LOAD + _CLIP + """
-        acc_t h = (acc_t)hist + g * g;
-        hist = (T)h;
-        g = g / sqrt(h + eps);
-        """ + _WD + "weight = (T)(w - g * lr);"),
-    "rmsprop": (("gm1", "omg1", "eps", "clip_w"), ("msq",), _LOAD + _WD + _CLIP + """
-        acc_t s = (acc_t)msq * gm1 + omg1 * (g * g);
-        msq = (T)s;
-        g = g / sqrt(s + eps);
-        weight = (T)kv_clip(w - g * lr, clip_w);"""),
-    "rmspropalex": (("gm1", "omg1", "gm2", "eps", "clip_w"), ("msq", "gbar", "delta"),
-                    _LOAD + _WD + _CLIP + """
-        acc_t s = (acc_t)msq * gm1 + omg1 * (g * g);
-        acc_t gb = (acc_t)gbar * gm1 + omg1 * g;
-        msq = (T)s;
-        gbar = (T)gb;
-        g = g / sqrt((s - gb * gb) + eps);
-        acc_t d = (acc_t)delta * gm2 - g * lr;
-        delta = (T)d;
-        weight = (T)kv_clip(w + d, clip_w);"""),
-    # -- MXNet's other elementwise optimizers (kvstore/optimizer/<name>.py) --------------
-    # Signum's and FTML's scalars are computed in the weight's dtype, as MXNet's kernels do.
-    # Signum rounds to the weight's dtype after every operation (KV_R; nothing for
-    # float32 and float64): its step is a sign, which turns a float16 rounding
-    # difference near 0 into a whole step.
-    "signsgd": (("decay",), (), """
-        acc_t w = (acc_t)weight;
-        acc_t s = KV_R(kv_sign((acc_t)grad) * lr);
-        if (wd != 0) w = KV_R(w * decay);
-        weight = (T)(w - s);"""),
-    "signum": (("momentum", "mwd", "omm", "wd_lh", "decay_lh"), ("mom",), """
-        acc_t w = (acc_t)weight;
-        acc_t g = KV_R(kv_clip(KV_R((acc_t)grad * rescale), clip_g));
-        acc_t m = KV_R((acc_t)mom * momentum);
-        if (wd != 0) m = KV_R(m - KV_R(mwd * w));
-        m = KV_R(m - KV_R(g * omm));
-        mom = (T)m;
-        acc_t s = KV_R(kv_sign(m) * lr);
-        if (wd_lh != 0) w = KV_R(w * decay_lh);
-        weight = (T)(w + s);"""),
-    "ftml": (("beta1", "omb1", "beta2", "omb2", "cv", "eps", "cd"), ("d", "v", "z"),
-             _LOAD + _WD + _CLIP + """
-        acc_t vv = (acc_t)v * beta2 + omb2 * (g * g);
-        v = (T)vv;
-        acc_t dt = (sqrt(vv / cv) + eps) * cd;
-        acc_t zz = (acc_t)z * beta1 + g * omb1;
-        acc_t dd = (dt - (acc_t)d * beta1) * w;
-        zz = zz - dd;
-        z = (T)zz;
-        d = (T)dt;
-        weight = (T)(-(zz / dt));"""),
-    "dcasgd": (("lamda", "neg_lr"), ("prev",), _LOAD + _CLIP + """
-        acc_t dc = g * lamda * g * (w - (acc_t)prev);
-        """ + _WD + """
-        g = (g + dc) * neg_lr;
-        prev = (T)w;
-        weight = (T)(w + g);"""),
-    "dcasgd_mom": (("lamda", "neg_lr", "momentum"), ("mom", "prev"), _LOAD + _CLIP + """
-        acc_t dc = g * lamda * g * (w - (acc_t)prev);
-        """ + _WD + """
-        g = (g + dc) * neg_lr;
-        acc_t m = (acc_t)mom * momentum + g;
-        mom = (T)m;
-        prev = (T)w;
-        weight = (T)(w + m);"""),
-    "adadelta": (("rho", "omr", "eps"), ("acc_g", "acc_delta"), _LOAD + _CLIP + """
-        acc_t ag = (acc_t)acc_g * rho + (omr * g) * g;
-        acc_g = (T)ag;
-        acc_t d = sqrt((acc_t)acc_delta + eps) / sqrt(ag + eps) * g;
-        acc_delta = (T)((acc_t)acc_delta * rho + (omr * d) * d);
-        if (wd != 0) d = d + wd * w;
-        weight = (T)(w - d);"""),
-    "ftrl": (("lamda1", "beta"), ("z", "n"), _LOAD + _CLIP + """
-        acc_t g2 = g * g;
-        acc_t nn = (acc_t)n;
-        acc_t sigma = (sqrt(nn + g2) - sqrt(nn)) * w / lr;
-        acc_t zz = (acc_t)z + (g - sigma);
-        nn = nn + g2;
-        z = (T)zz;
-        n = (T)nn;
-        acc_t live = kv_abs(zz) > lamda1 ? (acc_t)1 : (acc_t)0;
-        acc_t denom = (sqrt(nn) + beta) / lr + wd + ((acc_t)1 - live);
-        weight = (T)((kv_sign(zz) * lamda1 - zz) / denom * live);"""),
-    "adamax": (("beta1", "omb1", "beta2", "lr_t"), ("m", "u"), _LOAD + _WD + _CLIP + """
-        acc_t mm = (acc_t)m * beta1 + omb1 * g;
-        acc_t uu = kv_max((acc_t)u * beta2, kv_abs(g));
-        m = (T)mm;
-        u = (T)uu;
-        acc_t idle = uu == 0 ? (acc_t)1 : (acc_t)0;
-        weight = (T)(w - mm * lr_t / (uu + idle) * ((acc_t)1 - idle));"""),
-    "nadam": (("beta1", "omb1", "beta2", "omb2", "c_ms", "c_mu", "c_bar", "mu_next", "c_v", "eps"),
-              ("m", "v"), _LOAD + _WD + _CLIP + """
-        acc_t mm = (acc_t)m * beta1 + omb1 * g;
-        acc_t vv = (acc_t)v * beta2 + (omb2 * g) * g;
-        m = (T)mm;
-        v = (T)vv;
-        acc_t bar = mm / c_bar * mu_next + g / c_ms * c_mu;
-        weight = (T)(w - bar * lr / (sqrt(vv / c_v) + eps));"""),
-    # -- the layer-wise optimizers' elementwise phases (LARS's apply is "sgd"/"sgd_mom"
-    # at the key's rate). LAMB's phase 1 writes the new moments and the direction d
-    # beside the state (the state keeps the old moments until phase 2).
-    "lamb_terms": (("beta1", "omb1", "beta2", "omb2", "c1", "c2", "eps"),
-                   ("mean", "var", "m_new", "v_new", "d"), _LOAD + _CLIP + """
-        acc_t m = (acc_t)mean * beta1 + omb1 * g;
-        acc_t v = (acc_t)var * beta2 + (omb2 * g) * g;
-        m_new = (T)m;
-        v_new = (T)v;
-        acc_t dd = m / c1 / (sqrt(v / c2) + eps);
-        if (wd != 0) dd = dd + wd * w;
-        d = (T)dd;"""),
-    "lamb_apply": (("scale",), ("mean", "var", "m_new", "v_new", "d"), """
-        mean = m_new;
-        var = v_new;
-        weight = (T)((acc_t)weight - KV_R((acc_t)d * scale));"""),
-}
+
+@dataclass(frozen=True)
+class Kernel:
+    """One fused kernel: its name, the scalars after the common ``(rescale, clip_g,
+    wd, lr)``, the state arrays after the weight, and the CUDA loop body (element
+    types ``T``, the weight's, and ``acc_t``, float or double)."""
+    name: str
+    scalars: tuple[str, ...]
+    states: tuple[str, ...]
+    body: str
+
+
+def define(name: str, scalars: tuple[str, ...], states: tuple[str, ...], body: str) -> Kernel:
+    """Declare kernel ``name`` (an optimizer's module does, at import). Raises
+    ValueError if another kernel of that name was declared."""
+    kernel = Kernel(name, tuple(scalars), tuple(states), body)
+    if _SPECS.setdefault(name, kernel) != kernel:
+        raise ValueError(f"fused kernel {name!r} is declared twice, differently")
+    return kernel
+
+
+_SPECS: dict[str, Kernel] = {}     # name -> kernel, filled by define()
 
 # acc_t is float for float16/float32 weights and double for float64 ones.
 _PREAMBLE = """
@@ -223,7 +102,8 @@ def _kernel(name, dtype):
     if kern is None:
         import cupy  # noqa: PLC0415 - lazy: importing kvstore must not import cupy
 
-        scalars, states, body = _SPECS[name]
+        spec = _SPECS[name]
+        scalars, states, body = spec.scalars, spec.states, spec.body
         ctype, stype = ("double", "float64") if dtype.char == "d" else ("float", "float32")
         in_params = ", ".join(["T grad"] + [f"{stype} {s}" for s in
                                             ("rescale", "clip_g", "wd", "lr") + scalars])
@@ -257,46 +137,29 @@ def has_kernel(cls) -> bool:
     return "fused_plan" in own or bool(own.get("fused_norms"))
 
 
-def _common(o, lr) -> list:
+def common(o, lr) -> list:
+    """The scalars every kernel takes first: ``[rescale, clip_g, wd, lr]``."""
     clip_g = math.inf if o.clip_bound is None else o.clip_bound
     return [o.rescale_grad, clip_g, o.wd, lr]
 
 
 def norm_terms(o, weight, grad, state, t, lr, index, xp, launch=None):
-    """Phase 1 of a LARS or LAMB update on the device: ``(terms, carry)`` as their
-    ``chunk_terms`` give them. LARS's are two reductions; LAMB's new moments and
-    direction come from one kernel (into fresh arrays: the state keeps the old
-    moments until phase 2), then two reductions. ``launch(name, dtype)``: the
-    kernel builder (the CUDA one; CI passes the host build)."""
-    from .layerwise import sum_sq   # noqa: PLC0415
-    if o.fused_norms != "lamb":
-        return o.chunk_terms(weight, grad, state, t, lr, xp, index)
+    """Phase 1 of a layer-wise (``fused_norms``: LARS, LAMB) update on the device:
+    ``(terms, carry)`` as the optimizer's ``chunk_terms`` give them, computed by its
+    ``fused_norm_terms`` with ``launch(name, dtype)``, the kernel builder (the CUDA
+    one; CI passes the host build)."""
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    f = dtype_scalar(weight.dtype)
-    one, beta1, beta2 = f(1), f(o.beta1), f(o.beta2)
-    c1, c2 = (one - beta1 ** f(t), one - beta2 ** f(t)) if o.bias_correction else (one, one)
-    carry = tuple(xp.empty_like(weight) for _ in range(3))
-    args = _common(o, lr) + [float(x) for x in (beta1, one - beta1, beta2, one - beta2, c1, c2)] + [o.epsilon]
-    (launch or _kernel)("lamb_terms", weight.dtype)(grad, *args, weight, *state, *carry)
-    return [sum_sq(weight, xp), sum_sq(carry[2], xp)], carry
+    return o.fused_norm_terms(weight, grad, state, t, lr, index, xp, launch or _kernel)
 
 
 def apply_norms(o, weight, grad, state, t, lr, sums, carry, launch=None) -> None:
-    """Phase 2 of a LARS or LAMB update on the device, in one kernel, with the key's
-    ``sums`` of the terms and phase 1's ``carry``."""
-    kernel = launch or _kernel
+    """Phase 2 of a layer-wise update on the device (the optimizer's
+    ``fused_apply_norms``), with the key's ``sums`` of the terms and phase 1's
+    ``carry``."""
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
-    if o.fused_norms == "lamb":
-        args = _common(o, lr) + [o.step_scale(list(sums), lr)]
-        kernel("lamb_apply", weight.dtype)(grad, *args, weight, *state, *carry)
-        return
-    lr_key, momentum = o.key_rates(list(sums), t, lr)
-    if state:
-        kernel("sgd_mom", weight.dtype)(grad, *_common(o, lr_key), momentum, weight, *state)
-    else:
-        kernel("sgd", weight.dtype)(grad, *_common(o, lr_key), weight)
+    o.fused_apply_norms(weight, grad, state, t, lr, list(sums), carry, launch or _kernel)
 
 
 def fused_step(optimizer, weight, grad, state, t, lr, index=None, rows=None):
@@ -319,8 +182,7 @@ def fused_step(optimizer, weight, grad, state, t, lr, index=None, rows=None):
     if grad.dtype != weight.dtype:
         grad = grad.astype(weight.dtype)
     if optimizer.fused_norms:          # both phases here: the key is whole
-        from .layerwise import check_whole   # noqa: PLC0415
-        check_whole(type(optimizer).__name__, index, rows)
+        optimizer.check_whole(index, rows)
         terms, carry = norm_terms(optimizer, weight, grad, state, t, lr, index, _cupy())
         apply_norms(optimizer, weight, grad, state, t, lr, terms, carry)
         return True
@@ -340,11 +202,11 @@ def plan_call(optimizer, dtype, state, t, lr) -> tuple[str, list]:
     generic path raises before anything changes (e.g. a zero learning rate where
     the update divides by it)."""
     name, scalars = optimizer.fused_plan(state, t, lr, dtype)
-    return name, _common(optimizer, lr) + [scalars[s] for s in _SPECS[name][0]]
+    return name, common(optimizer, lr) + [scalars[s] for s in _SPECS[name].scalars]
 
 
 def kernel_source(name) -> tuple[tuple, tuple, str, str]:
     """``(scalar names, state names, loop body, preamble with acc_t left open)`` of
     kernel ``name``: what :func:`_kernel` compiles (and CI compiles for the host)."""
-    scalars, states, body = _SPECS[name]
-    return ("rescale", "clip_g", "wd", "lr") + scalars, states, body, _PREAMBLE
+    spec = _SPECS[name]
+    return ("rescale", "clip_g", "wd", "lr") + spec.scalars, spec.states, spec.body, _PREAMBLE

@@ -3,15 +3,34 @@ update's (You et al. 2019; MXNet 1.x ``LAMB``)."""
 
 from __future__ import annotations
 
-from ._util import boolean, real, unit
-from .base import Optimizer, register
-from .layerwise import check_whole, root, sum_sq
+from ._util import boolean, dtype_scalar, real, unit
+from . import fused
+from .base import register
+from .layerwise import root, sum_sq
+from .layerwise_optimizer import LayerwiseOptimizer
 
 __all__ = ["LAMB"]
 
 
+# its fused GPU kernels (kvstore.optimizer.fused; run by fused_norm_terms and fused_apply_norms)
+# LAMB's phase 1 writes the new moments and the direction d
+# beside the state (the state keeps the old moments until phase 2).
+LAMB_TERMS = fused.define('lamb_terms', ("beta1", "omb1", "beta2", "omb2", "c1", "c2", "eps"), ("mean", "var", "m_new", "v_new", "d"), fused.LOAD + fused.CLIP + """
+        acc_t m = (acc_t)mean * beta1 + omb1 * g;
+        acc_t v = (acc_t)var * beta2 + (omb2 * g) * g;
+        m_new = (T)m;
+        v_new = (T)v;
+        acc_t dd = m / c1 / (sqrt(v / c2) + eps);
+        if (wd != 0) dd = dd + wd * w;
+        d = (T)dd;""")
+LAMB_APPLY = fused.define('lamb_apply', ("scale",), ("mean", "var", "m_new", "v_new", "d"), """
+        mean = m_new;
+        var = v_new;
+        weight = (T)((acc_t)weight - KV_R((acc_t)d * scale));""")
+
+
 @register
-class LAMB(Optimizer):
+class LAMB(LayerwiseOptimizer):
     """Layer-wise adaptive moments (MXNet 1.x ``LAMB``: ``lamb_update_phase1`` and
     ``phase2``; state ``(mean, var)``)::
 
@@ -49,16 +68,7 @@ class LAMB(Optimizer):
         self.upper_bound = None if upper_bound is None else real(owner, "upper_bound", upper_bound, lo=0.0)
         self.bias_correction = boolean(owner, "bias_correction", bias_correction)
 
-    def needs_whole_keys(self) -> bool:
-        return True
-
-    splits_norms = True
-    fused_norms = "lamb"
-
-    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
-        check_whole("LAMB", index, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
-        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
+    fused_norms = True
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |d|^2 of these values; the new moments and ``d`` are carried to
@@ -102,3 +112,22 @@ class LAMB(Optimizer):
             r1 = min(r1, self.upper_bound)
         r2 = root(sums[1])
         return lr * (r1 / r2) if r1 != 0.0 and r2 != 0.0 else lr
+
+    def fused_norm_terms(self, weight, grad, state, t, lr, index, xp, launch):
+        """:meth:`chunk_terms` on the device: the new moments and ``d`` from one kernel
+        (into fresh arrays: the state keeps the old moments until phase 2), then two
+        reductions. ``launch(name, dtype)`` builds a kernel (kvstore.optimizer.fused)."""
+        f = dtype_scalar(weight.dtype)
+        one, beta1, beta2 = f(1), f(self.beta1), f(self.beta2)
+        c1, c2 = (one - beta1 ** f(t), one - beta2 ** f(t)) if self.bias_correction else (one, one)
+        carry = tuple(xp.empty_like(weight) for _ in range(3))
+        args = fused.common(self, lr) + [float(x) for x in (beta1, one - beta1, beta2, one - beta2, c1, c2)] \
+            + [self.epsilon]
+        launch(LAMB_TERMS.name, weight.dtype)(grad, *args, weight, *state, *carry)
+        return [sum_sq(weight, xp), sum_sq(carry[2], xp)], carry
+
+    def fused_apply_norms(self, weight, grad, state, t, lr, sums, carry, launch) -> None:
+        """``_apply`` on the device, in one kernel: the new moments into the state and
+        the step ``d`` scaled by :meth:`step_scale`."""
+        args = fused.common(self, lr) + [self.step_scale(sums, lr)]
+        launch(LAMB_APPLY.name, weight.dtype)(grad, *args, weight, *state, *carry)

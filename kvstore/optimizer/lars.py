@@ -4,14 +4,17 @@ gradient's (You et al. 2017; MXNet 1.x ``LARS``)."""
 from __future__ import annotations
 
 from ._util import boolean, real, momentum_factor
+from . import fused
 from .base import Optimizer, register
-from .layerwise import EXCLUDED_SUFFIXES, check_whole, root, sum_sq
+from .layerwise import EXCLUDED_SUFFIXES, root, sum_sq
+from .layerwise_optimizer import LayerwiseOptimizer
+from .optimizers import SGD_MOMENTUM, SGD_PLAIN
 
 __all__ = ["LARS"]
 
 
 @register
-class LARS(Optimizer):
+class LARS(LayerwiseOptimizer):
     """Layer-wise adaptive rate scaling (MXNet 1.x ``LARS``; state ``(mom,)`` with
     momentum, none without)::
 
@@ -52,19 +55,10 @@ class LARS(Optimizer):
     def num_states(self):
         return 1 if self.momentum > 0.0 else 0
 
-    def needs_whole_keys(self) -> bool:
-        return True
-
     def lazy_for(self, row_sparse_key: bool) -> bool:
         return self.lazy_update
 
-    splits_norms = True
-    fused_norms = "lars"
-
-    def _step_at(self, weight, grad, state, t, lr, xp, index, rows) -> None:
-        check_whole("LARS", index, rows)
-        terms, carry = self.chunk_terms(weight, grad, state, t, lr, xp, index)
-        self._apply(weight, grad, state, t, lr, xp, index, terms, carry)
+    fused_norms = True
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """|w|^2 and |grad|^2 of these values (none for a key named ...gamma/beta/bias)."""
@@ -120,3 +114,15 @@ class LARS(Optimizer):
         mom *= momentum
         mom -= g
         weight += mom
+
+    def fused_norm_terms(self, weight, grad, state, t, lr, index, xp, launch):
+        """:meth:`chunk_terms` on the device: two reductions, no kernel of its own."""
+        return self.chunk_terms(weight, grad, state, t, lr, xp, index)
+
+    def fused_apply_norms(self, weight, grad, state, t, lr, sums, carry, launch) -> None:
+        """``_apply`` on the device: SGD's kernel at the key's rate and momentum."""
+        lr_key, momentum = self.key_rates(sums, t, lr)
+        if state:
+            launch(SGD_MOMENTUM.name, weight.dtype)(grad, *fused.common(self, lr_key), momentum, weight, *state)
+        else:
+            launch(SGD_PLAIN.name, weight.dtype)(grad, *fused.common(self, lr_key), weight)

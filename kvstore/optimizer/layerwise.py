@@ -1,13 +1,13 @@
 """What LARS, LAMB and LBSGD share: their step depends on norms over the whole key
 (a layer), not over the values at hand.
 
-An :class:`~kvstore.optimizer.Optimizer` whose class sets ``whole_key = True``
+An :class:`~kvstore.optimizer.Optimizer` whose ``needs_whole_keys()`` is true
 must see a key's every value in one update: the stores refuse what would show it
 part of a key (a row-sparse key's lazy row updates; a dist key cut into chunks
 over the servers, unless the optimizer ``splits_norms`` and the job is
 dist_sync), and :func:`check_whole` refuses it here too, naming the key, where a
 server is handed a chunk other than a key's first in one update. LARS and LAMB
-split their update in two: each server computes its chunks' sums of squares
+(their base: kvstore.optimizer.layerwise_optimizer) split their update in two: each server computes its chunks' sums of squares
 (``Optimizer.norm_terms``), the job's leading worker adds them up per key and
 sends the sums back, and each server steps with them (``Optimizer.apply_norms``;
 docs/architecture.md §9). MXNet's own LARS on a dist kvstore takes the norms of
@@ -54,3 +54,4 @@ def root(total: float) -> float:
 
 def norm(a, xp) -> float:
     return root(sum_sq(a, xp))
+

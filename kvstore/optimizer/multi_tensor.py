@@ -27,8 +27,8 @@ False`` or :data:`ENABLED` ``= False``) goes through
 before the float16 weight is rounded from it.
 
 The device runs a group (``device.run_updates(group)``, kvstore/devices): a GPU
-with one launch (:meth:`Group.launch`); the host device that CI runs the GPU
-server on with each update's own numpy code in turn (:meth:`Group.run_each`), or
+with one launch (:meth:`KernelGroup.launch`); the host device that CI runs the GPU
+server on with each update's own numpy code in turn (:meth:`KernelGroup.run_each`), or
 with this kernel's source built for the host where a test gives it one
 (tests/optimizer/host_kernels.py), so the batching (what is taken, when the batch
 must run first, the tables) is exercised in CI. Example::
@@ -56,7 +56,7 @@ from . import fused
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENABLED", "Group", "MultiTensorBatch", "collecting", "settle", "source"]
+__all__ = ["ENABLED", "KernelGroup", "MultiTensorBatch", "collecting", "settle", "source"]
 
 ENABLED = True
 """When False, a batch takes nothing: every update runs per chunk, as before (to
@@ -123,7 +123,7 @@ def grid(sizes: list[int]) -> tuple[int, int]:
     return int(min(MAX_BLOCKS_PER_TASK, max(1, -(-largest // THREADS)))), len(sizes)
 
 
-class Entry:
+class PlannedUpdate:
     """One planned update: fused kernel ``name``'s ``scalars`` for ``weight`` and
     ``state`` (in place) from ``grad`` (the weight's dtype); ``generic`` does the
     same update with the optimizer's own code (what the host device runs)."""
@@ -135,10 +135,10 @@ class Entry:
         self.generic = generic
 
 
-class Group:
+class KernelGroup:
     """The updates of one batch that share a kernel and a dtype: one launch."""
 
-    def __init__(self, name: str, dtype, entries: list[Entry]):
+    def __init__(self, name: str, dtype, entries: list[PlannedUpdate]):
         self.name, self.dtype, self.entries = name, np.dtype(dtype), entries
 
     def tables(self, address: Callable[[Any], int]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +163,7 @@ class Group:
         kernel = _cuda_kernel(self.name, self.dtype)
         entries = [e for e in self.entries if e.weight.size]
         for lo in range(0, len(entries), MAX_TASKS):
-            part = Group(self.name, self.dtype, entries[lo:lo + MAX_TASKS])
+            part = KernelGroup(self.name, self.dtype, entries[lo:lo + MAX_TASKS])
             tasks, scalars = part.tables(lambda a: a.data.ptr)
             kernel(grid([e.weight.size for e in part.entries]), (THREADS,),
                    (cupy.asarray(tasks), cupy.asarray(scalars)))
@@ -191,7 +191,7 @@ class MultiTensorBatch:
 
     def __init__(self, device):
         self.device = device
-        self._entries: list[Entry] = []
+        self._entries: list[PlannedUpdate] = []
         self._touched: set[int] = set()      # id() of the weights of the pending updates (held by them)
         self.launches = 0                    # groups run (one kernel each on a GPU; tests count them)
         self.updates = 0                     # updates run by this batch
@@ -226,7 +226,7 @@ class MultiTensorBatch:
         name, scalars = fused.plan_call(optimizer, weight.dtype, state, t, lr)
         if id(weight) in self._touched:   # the same chunk twice: the first update goes first
             self.flush()
-        self._entries.append(Entry(name, grad, scalars, weight, tuple(state), generic))
+        self._entries.append(PlannedUpdate(name, grad, scalars, weight, tuple(state), generic))
         self._touched.add(id(weight))
         return True
 
@@ -251,12 +251,12 @@ class MultiTensorBatch:
         order their first update came."""
         if not self._entries:
             return
-        groups: dict[tuple, list[Entry]] = {}
+        groups: dict[tuple, list[PlannedUpdate]] = {}
         for e in self._entries:
             groups.setdefault((e.name, e.weight.dtype.char), []).append(e)
         self._entries, self._touched = [], set()
         for (name, char), entries in groups.items():
-            group = Group(name, np.dtype(char), entries)
+            group = KernelGroup(name, np.dtype(char), entries)
             try:
                 self.device.run_updates(group)
             except Exception as e:
@@ -265,7 +265,7 @@ class MultiTensorBatch:
             self.launches += 1
             self.updates += len(entries)
 
-    def _broken(self, group: Group, error: Exception) -> None:
+    def _broken(self, group: KernelGroup, error: Exception) -> None:
         """A group failed to launch (its kernel did not build, say): its chunks' counts
         have moved and their replies are being made, so they are updated by their
         optimizer's own code now, and the batch takes nothing more (later updates go

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._util import real, unit
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["Nadam"]
@@ -10,6 +11,16 @@ __all__ = ["Nadam"]
 # Below this, 1 - m_schedule is 1.0 in float64 (half an ulp of 1 is 2**-54), so the
 # product no longer changes an update: it is not computed further.
 _NEGLIGIBLE = 2.0 ** -60
+
+
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('nadam', ("beta1", "omb1", "beta2", "omb2", "c_ms", "c_mu", "c_bar", "mu_next", "c_v", "eps"), ("m", "v"), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t mm = (acc_t)m * beta1 + omb1 * g;
+        acc_t vv = (acc_t)v * beta2 + (omb2 * g) * g;
+        m = (T)mm;
+        v = (T)vv;
+        acc_t bar = mm / c_bar * mu_next + g / c_ms * c_mu;
+        weight = (T)(w - bar * lr / (sqrt(vv / c_v) + eps));""")
 
 
 @register

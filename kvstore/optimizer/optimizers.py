@@ -16,9 +16,25 @@ from typing import ClassVar
 
 from ..errors import ConfigError
 from ._util import boolean, dtype_scalar, momentum_factor, real, unit
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "Test"]
+
+
+# its fused GPU kernels (kvstore.optimizer.fused; the scalars: fused_plan)
+# sgd/nag/adagrad add wd after clipping, adam/rmsprop before (MXNet 1.x).
+SGD_PLAIN = fused.define('sgd', (), (), fused.LOAD + fused.CLIP + fused.WD + "weight = (T)(w - g * lr);")
+SGD_MOMENTUM = fused.define('sgd_mom', ("momentum",), ("mom",), fused.LOAD + fused.CLIP + fused.WD + """
+        acc_t m = (acc_t)mom * momentum - g * lr;
+        mom = (T)m;
+        weight = (T)(w + m);""")
+# torch's Nesterov (SGD(nesterov=True)): the momentum excludes the rate
+fused.define('sgd_nesterov', ("momentum",), ("mom",), fused.LOAD + fused.CLIP + fused.WD + """
+        acc_t m = (acc_t)mom * momentum + g;
+        mom = (T)m;
+        g = g + momentum * m;
+        weight = (T)(w - g * lr);""")
 
 
 @register
@@ -98,6 +114,20 @@ class SGD(Optimizer):
             weight += mom
 
 
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+# MXNet's NAGMomKernel (NAG): its momentum holds the rate; in place, the momentum's
+# wd term reads the new weight (SGD._nesterov). mp1 = momentum + 1 in T.
+fused.define('nag_mom', ("momentum", "mp1"), ("mom",), fused.LOAD + fused.CLIP + """
+        acc_t m = (acc_t)mom * momentum;
+        acc_t d = g;
+        if (wd != 0) d = d + wd * w;
+        acc_t wn = (w - m) + (m - d * lr) * mp1;
+        weight = (T)wn;
+        wn = (acc_t)weight;
+        if (wd != 0) g = g + wd * wn;
+        mom = (T)(m - g * lr);""")
+
+
 @register
 class NAG(SGD):
     """Nesterov accelerated gradient, MXNet 1.9's ``NAG``.
@@ -170,6 +200,15 @@ class NAG(SGD):
         return [*master, (mom * -lr).astype(mom.dtype)]
 
 
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('adam', ("beta1", "omb1", "beta2", "omb2", "eps", "lr_t"), ("mean", "var"), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t m = (acc_t)mean * beta1 + omb1 * g;
+        acc_t v = (acc_t)var * beta2 + (g * g) * omb2;
+        mean = (T)m;
+        var = (T)v;
+        weight = (T)(w - m / (sqrt(v) + eps) * lr_t);""")
+
+
 @register
 class Adam(Optimizer):
     """Adam (MXNet ``adam_update``; state ``(mean, var)``)::
@@ -231,6 +270,14 @@ class Adam(Optimizer):
         weight -= denom
 
 
+# its fused GPU kernel (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('adagrad', ("eps",), ("hist",), fused.LOAD + fused.CLIP + """
+        acc_t h = (acc_t)hist + g * g;
+        hist = (T)h;
+        g = g / sqrt(h + eps);
+        """ + fused.WD + "weight = (T)(w - g * lr);")
+
+
 @register
 class AdaGrad(Optimizer):
     """AdaGrad (MXNet 1.x ``AdaGrad.update``, dense path; state ``(history,)``)::
@@ -277,6 +324,23 @@ class AdaGrad(Optimizer):
             g += self.wd * weight
         g *= lr
         weight -= g
+
+
+# its fused GPU kernels (kvstore.optimizer.fused; the scalars: fused_plan)
+fused.define('rmsprop', ("gm1", "omg1", "eps", "clip_w"), ("msq",), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t s = (acc_t)msq * gm1 + omg1 * (g * g);
+        msq = (T)s;
+        g = g / sqrt(s + eps);
+        weight = (T)kv_clip(w - g * lr, clip_w);""")
+fused.define('rmspropalex', ("gm1", "omg1", "gm2", "eps", "clip_w"), ("msq", "gbar", "delta"), fused.LOAD + fused.WD + fused.CLIP + """
+        acc_t s = (acc_t)msq * gm1 + omg1 * (g * g);
+        acc_t gb = (acc_t)gbar * gm1 + omg1 * g;
+        msq = (T)s;
+        gbar = (T)gb;
+        g = g / sqrt((s - gb * gb) + eps);
+        acc_t d = (acc_t)delta * gm2 - g * lr;
+        delta = (T)d;
+        weight = (T)kv_clip(w + d, clip_w);""")
 
 
 @register

@@ -5,9 +5,32 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ._util import dtype_scalar, real, momentum_factor
+from . import fused
 from .base import Optimizer, register
 
 __all__ = ["Signum"]
+
+
+# its fused GPU kernels (kvstore.optimizer.fused; the scalars: fused_plan)
+# Signum's scalars are computed in the weight's dtype, as MXNet's kernels do.
+# Signum rounds to the weight's dtype after every operation (KV_R; nothing for
+# float32 and float64): its step is a sign, which turns a float16 rounding
+# difference near 0 into a whole step.
+fused.define('signsgd', ("decay",), (), """
+        acc_t w = (acc_t)weight;
+        acc_t s = KV_R(kv_sign((acc_t)grad) * lr);
+        if (wd != 0) w = KV_R(w * decay);
+        weight = (T)(w - s);""")
+fused.define('signum', ("momentum", "mwd", "omm", "wd_lh", "decay_lh"), ("mom",), """
+        acc_t w = (acc_t)weight;
+        acc_t g = KV_R(kv_clip(KV_R((acc_t)grad * rescale), clip_g));
+        acc_t m = KV_R((acc_t)mom * momentum);
+        if (wd != 0) m = KV_R(m - KV_R(mwd * w));
+        m = KV_R(m - KV_R(g * omm));
+        mom = (T)m;
+        acc_t s = KV_R(kv_sign(m) * lr);
+        if (wd_lh != 0) w = KV_R(w * decay_lh);
+        weight = (T)(w + s);""")
 
 
 @register

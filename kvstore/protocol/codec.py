@@ -30,6 +30,7 @@ import msgpack
 import numpy as np
 
 from ..errors import ProtocolError
+from . import ops
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -222,7 +223,7 @@ def parse_header(head) -> dict:
     req_id = header.get("id")
     # nil only in an error reply to a request whose id could not be read
     if (req_id is not None and not isinstance(req_id, int)) or isinstance(req_id, bool) \
-            or (req_id is None and header["op"] != "error"):
+            or (req_id is None and header["op"] != ops.ERROR):
         raise _error("header has no integer 'id'", header)
     bufs = header.get("bufs")
     if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:
@@ -311,7 +312,7 @@ def _check_meta(i: int, meta) -> tuple[np.dtype, list[int]]:
 
 def error_header(req_id, kind: str, message: str) -> dict:
     """Header of an error reply."""
-    return {"op": "error", "id": req_id, "kind": kind, "message": message}
+    return {"op": ops.ERROR, "id": req_id, "kind": kind, "message": message}
 
 
 def chunk_label(chunk) -> str:

@@ -79,6 +79,10 @@ def pull_requests(outs: list, row_ids: list, shape: tuple, dtype, what: str):
                 raise InvalidArgumentError(f"{label}: RowSparse of shape {out.shape}, the key has {tuple(shape)}")
         else:
             oshape, odtype = arrays.shape_dtype(out, label)
+            if arrays.dtype_name(out) == arrays.BFLOAT16:    # (its shape_dtype says float32)
+                raise InvalidArgumentError(f"{label}: a bfloat16 output; row-sparse keys are pulled in their dtype "
+                                           f"({np.dtype(dtype).name}), also with set_multi_precision (which "
+                                           "covers dense keys): pass an output of that dtype")
             if oshape != tuple(shape) or odtype != dtype:
                 raise InvalidArgumentError(f"{label}: {odtype}{oshape}, the key holds {np.dtype(dtype)}{tuple(shape)}")
         if ids is None:

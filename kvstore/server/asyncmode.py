@@ -73,5 +73,8 @@ class Async(Consistency):
         self._applied[cid] = rounds
         self._last[cid] = dict(last or {})
 
+    def applied(self, cid) -> tuple[int, dict]:
+        return self._applied.get(cid, 0), dict(self._last.get(cid, {}))
+
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         return [reply_values(peer, req_id, self.table.backend, chunks, True, copy=True)]

@@ -106,20 +106,32 @@ class CheckpointOps:
         ckpt_id, step = _count(header, "checkpoint", 1), _count(header, "step", 0)
         raw = header.get("meta")
         meta: dict = raw if isinstance(raw, dict) else {}
-        path = self.files.write_part(ckpt_id, step, self.state.snapshot(meta))
-        log.info("%s: part of checkpoint %d (step %d, job %s) written to %s", self.state.name, ckpt_id, step,
-                 self.files.job, path)
+        path = ""
+        if self._own_share:
+            path = self.files.write_part(ckpt_id, step, self.state.snapshot(meta))
+            log.info("%s: part of checkpoint %d (step %d, job %s) written to %s", self.state.name, ckpt_id, step,
+                     self.files.job, path)
         for share in sorted(self.state.served):     # replicated: the dead servers' shares served here
             other = self._files_of(share).write_part(ckpt_id, step, self.state.snapshot(meta, share))
             log.info("%s: server %d's part of checkpoint %d (its share, served here) written to %s",
                      self.state.name, share, ckpt_id, other)
+            path = path or other
         return {"path": path}
+
+    @property
+    def _own_share(self) -> bool:
+        """Whether this server has a share of its own: a replacement server
+        (``--restart-servers``, ranked past the job's servers) writes only the parts
+        of the shares it took over."""
+        return self.files.rank < self.files.num_servers
 
     def _commit(self, header: dict) -> dict:
         ckpt_id = _count(header, "checkpoint", 1)
+        path = ""
         for share in sorted(self.state.served):
-            self._files_of(share).commit(ckpt_id)
-        path = self.files.commit(ckpt_id)
+            path = self._files_of(share).commit(ckpt_id)
+        if self._own_share:
+            path = self.files.commit(ckpt_id)
         log.info("%s: checkpoint %d committed: %s", self.state.name, ckpt_id, path)
         return {"path": path}
 

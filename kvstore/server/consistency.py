@@ -87,6 +87,12 @@ class Consistency:
         ``rounds`` rounds (or pushes) applied already; ``last``: per worker, the
         number of its last push applied (where pushes are applied one by one)."""
 
+    def applied(self, cid) -> tuple[int, dict]:
+        """(Replicated servers) the rounds (or pushes) applied to chunk ``cid`` and, where
+        pushes are applied one by one, each worker's last push number applied: what a
+        replica rebuilt now must start from."""
+        return 0, {}
+
     def workers_finished(self) -> list[Reply]:
         """The table's ``gone`` workers grew: what waits for them fails."""
         return []

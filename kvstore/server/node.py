@@ -60,7 +60,10 @@ class ServerNode:
             scheduler=(config.scheduler_host, config.scheduler_port), timeout=config.timeout,
             heartbeat_interval=config.heartbeat_interval,
             heartbeat_timeout=config.heartbeat_timeout, restart_timeout=config.scheduler_restart_timeout,
-            security=security)
+            security=security,
+            # a server ranked past the job's servers replaces a dead one (--restart-servers)
+            replacement=config.rank is not None and config.num_servers is not None
+            and config.rank >= config.num_servers)
         self.state: ServerState | None = None
         self._elastic = False       # the job's workers may leave and join (--elastic)
         self._epoch: int | None = None   # the epoch of the members the state machine holds
@@ -106,19 +109,22 @@ class ServerNode:
                 self.membership.fail(f"{self._live.name} cannot start: {refusal}")
                 self._close()
                 return 1
-            self._replica = ReplicaLink(self.config, self._ctx, reg.rank, reg.servers, self.state)
-            self._replica.book(*self.membership.servers)
+            self._replica = ReplicaLink(self.config, self._ctx, reg.rank, reg.servers[:reg.num_servers],
+                                        self.state)
+            self._replica.book(self.membership.servers)
         if self.config.checkpoint_dir:
             try:     # its lock on the directory: another live job's there fails this one, named
+                # (a replacement server takes its state from its primaries, never from a checkpoint)
                 self._checkpoints = CheckpointOps(self.config.checkpoint_dir, reg.rank, reg.num_servers,
-                                                  self.state, resume=self.config.resume, job=reg.job)
+                                                  self.state, resume=self.config.resume
+                                                  and not self.membership.replacement, job=reg.job)
                 self._checkpoints.start(wait=self.config.heartbeat_timeout, stop=self.membership.aborted)
             except CheckpointError as e:
                 log.error("%s cannot start: %s", self._live.name, e)
                 self.membership.fail(f"{self._live.name} cannot start: {e}")
                 self._close()
                 return 1
-        elif self.config.resume:
+        elif self.config.resume and not self.membership.replacement:
             reason = "KVSTORE_RESUME is set but KVSTORE_CHECKPOINT_DIR is not"
             log.error("%s: %s", self._live.name, reason)
             self.membership.fail(f"{self._live.name} cannot resume: {reason}")
@@ -167,12 +173,13 @@ class ServerNode:
     def _poll(self) -> bool:
         """Wait up to POLL_MS for a request (or, replicated, the backup's answers);
         True when a request came."""
-        backup = self._replica.sock if self._replica is not None else None
-        if backup is None:
+        backups = self._replica.sockets if self._replica is not None else []
+        if not backups:
             return bool(self._sock.poll(POLL_MS))
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(backup, zmq.POLLIN)
+        for backup in backups:
+            poller.register(backup, zmq.POLLIN)
         ready = dict(poller.poll(POLL_MS))
         return self._sock in ready
 
@@ -182,8 +189,9 @@ class ServerNode:
         the job is failed, naming both servers."""
         assert self._replica is not None
         try:
-            self._send_all(self._replica.book(*self.membership.servers), gated=False)
+            self._send_all(self._replica.book(self.membership.servers), gated=False)
             self._send_all(self._replica.acks(), gated=False)
+            self.membership.rebuilt = self._replica.rebuilt    # told to the scheduler with each heartbeat
             ready, late = self._replica.ready(time.monotonic())
             self._send_all(late, gated=False)
             for peer, header, arrays in ready:      # requests that waited for this server's book
@@ -273,7 +281,7 @@ class ServerNode:
                 return None
         self._apply_members()
         if self._replica is not None:
-            self._send_all(self._replica.book(*self.membership.servers), gated=False)
+            self._send_all(self._replica.book(self.membership.servers), gated=False)
             if not waited and self._replica.waits(peer, header, arrays, time.monotonic()):
                 return None       # sent by a newer servers' book than this server heard of yet
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle

@@ -9,14 +9,18 @@ collaborators, all pure (no sockets, threads or clocks):
   (kvstore.server.sync) tells it each round it applies: the round's number and
   its aggregated gradient (the sum, before the optimizer sees it), or the new
   value itself when there is no optimizer; the state tells it the values an
-  ``init`` stored. It collects them into ``replicate`` requests for the backup,
-  which the node sends; one without a backup (``KVSTORE_REPLICAS`` unset, or its
-  backup died) collects nothing.
+  ``init`` stored. It collects them into ``replicate`` requests for the backup of
+  each share it serves (its own, and a dead server's it took over: they may have
+  different backups), which the node sends; a share without a backup
+  (``KVSTORE_REPLICAS`` unset, or its backup died) collects nothing. A new
+  backup (a replacement, ``--restart-servers``) gets the share *rebuilt*
+  (:meth:`Replication.rebuild`: the job's setup, every chunk's value with its
+  round count, the optimizer state), then the rounds after it.
 - :class:`ReplyGate`, also the primary's: no reply leaves before the backup
   acknowledged every ``replicate`` request made before it (replies keep their
   order; those with values are copied when held, since a later round may change
   the value before they leave).
-- :class:`Replicas`, the backup's side: for each server it backs up, a replica of
+- :class:`Replicas`, the backup's side: for each share it backs up, a replica of
   every chunk (values in the backup's own memory) with the number of rounds
   applied to it. A ``replicate`` request applies each round with the backup's own
   optimizer (every server gets the same ``set_optimizer``; optimizer state is per
@@ -47,45 +51,155 @@ from .rounds import StoredChunk, Reply, is_int
 # what a ``replicate`` request carries (its ``kind``): inits, dense rounds, loaded optimizer
 # states, row-sparse rounds (merged rows, lazily updated) and row assignments (set_rows)
 INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET = "init", "rounds", "states", "row_rounds", "row_set"
+# a rebuild on a replacement server (--restart-servers) starts with the job's setup: the
+# mode, the worker ranks, the sum's order and the optimizer, as configure and set_optimizer gave them
+SETUP = "setup"
+# a worker's set_optimizer forwarded to the backups (a replacement hears it from no worker);
+# the fields it carries, and ``caller``: the worker
+OPTIMIZER = "optimizer"
+OPTIMIZER_FIELDS = ("optimizer", "keep_state", "state_scale", "call")
+
+
+class _Batch:
+    """What one share's backup must apply, collected since the last :meth:`Replication.take`."""
+
+    def __init__(self) -> None:
+        self.setup: dict | None = None      # a rebuild's first request: the mode and the optimizer
+        self.optimizer: dict | None = None  # a worker's set_optimizer, forwarded
+        # ids, values, row tables' [shape, servers], a rebuild's [rounds applied, {worker: last push}]
+        self.inits: tuple[list, list, list, list] = ([], [], [], [])
+        self.rounds: tuple[list, list, list, list] = ([], [], [], [])    # ids, numbers, sums, pushers
+        self.updated: bool | None = None
+        self.lazy: list = []        # per round of ``rounds``: the values a lazy update changes, or None
+        self.row_rounds: tuple[list, list, list, list] = ([], [], [], [])   # ids, numbers, [rows, data], updated
+        self.row_sets: list[tuple] = []                                      # (id, local rows, data)
+        self.states: tuple[list, list] = ([], [])     # [key, index, t, count], arrays
+
+    def requests(self, share: int | None) -> list[tuple[dict, list]]:
+        """Its ``replicate`` requests, in order (``share``: named unless it is the server's own)."""
+        named = {} if share is None else {"share": share}
+        out: list[tuple[dict, list]] = []
+        fields: dict
+        if self.setup is not None:
+            out.append(({"kind": SETUP, **named, **self.setup}, []))
+        if self.optimizer is not None:
+            out.append(({"kind": OPTIMIZER, **named, **self.optimizer}, []))
+        if self.inits[0]:
+            ids, values, tables, applied = self.inits
+            fields = {"kind": INIT, **named, "chunks": [list(c) for c in ids]}
+            if any(t is not None for t in tables):
+                fields["tables"] = tables
+            if any(a is not None for a in applied):
+                fields["applied"] = applied
+            out.append((fields, values))
+        if self.rounds[0]:
+            ids, numbers, arrays, pushers = self.rounds
+            fields = {"kind": ROUNDS, **named, "chunks": [list(c) for c in ids], "rounds": numbers,
+                      "updated": bool(self.updated)}
+            if any(p is not None for p in pushers):
+                fields["pushes"] = pushers
+            if any(x is not None for x in self.lazy):     # their indices follow the sums
+                fields["lazy"] = [x is not None for x in self.lazy]
+                arrays = arrays + [x for x in self.lazy if x is not None]
+            out.append((fields, arrays))
+        if self.row_rounds[0]:
+            ids, numbers, arrays, flags = self.row_rounds
+            out.append(({"kind": ROW_ROUNDS, **named, "chunks": [list(c) for c in ids], "rounds": numbers,
+                         "updated": flags}, arrays))
+        for cid, local, data in self.row_sets:
+            out.append(({"kind": ROW_SET, **named, "chunks": [list(cid)]}, [local, data]))
+        if self.states[0]:
+            out.append(({"kind": STATES, **named, "states": self.states[0]}, self.states[1]))
+        return out
 
 
 class Replication:
     """The primary's side: the ``replicate`` requests its applied rounds and inits
-    make, for the backup (``backup``: its rank, None: nothing is replicated)."""
+    make, for the backup of each share it serves (``backups``: share -> backup
+    rank, the key None for its own share; none: nothing is replicated)."""
 
     def __init__(self) -> None:
-        self.backup: int | None = None
-        self._own: set = set()          # the chunks of its own share (inited here): promoted ones are not
-        self._inits: tuple[list, list, list] = ([], [], [])     # ids, values, row tables' [shape, servers]
-        self._row_rounds: tuple[list, list, list, list] = ([], [], [], [])   # ids, numbers, [rows, data], updated
-        self._row_sets: list[tuple] = []                          # (id, local rows, data)
-        self._rounds: tuple[list, list, list, list] = ([], [], [], [])
-        self._updated: bool | None = None
-        self._lazy: list = []        # per round of _rounds: the values a lazy update changes, or None
-        self._states: tuple[list, list] = ([], [])     # load_optimizer_states: [key, index, t, count], arrays
+        self.backups: dict[int | None, int] = {}
+        self._share_of: dict = {}     # chunk id -> its share: None (its own) or a dead server's it serves
+        self._batches: dict[int | None, _Batch] = {}
+
+    @property
+    def backup(self) -> int | None:
+        """The backup of this server's own share (None: none)."""
+        return self.backups.get(None)
+
+    @backup.setter
+    def backup(self, rank: int | None) -> None:
+        if rank is None:
+            self.backups.pop(None, None)
+        else:
+            self.backups[None] = rank
 
     @property
     def active(self) -> bool:
-        return self.backup is not None
+        return bool(self.backups)
 
-    def initialized(self, ids, values, tables: list | None = None) -> None:
-        """An ``init`` stored ``values`` (the chunks' arrays) for ``ids``; ``tables``
-        (row-sparse tables, kvstore.server.tables): per chunk its ``[shape, servers]``."""
-        self._own.update(ids)
-        if self.backup is None:
+    def _batch(self, cid) -> _Batch | None:
+        """The batch of ``cid``'s share, or None when it has no backup (or is not served here)."""
+        if cid not in self._share_of:
+            return None
+        share = self._share_of[cid]
+        if share not in self.backups:
+            return None
+        return self._batches.setdefault(share, _Batch())
+
+    def adopted(self, ids, share: int) -> None:
+        """The chunks ``ids`` of dead server ``share``'s share are served here now
+        (promoted replicas, or inits naming the share)."""
+        for cid in ids:
+            self._share_of[cid] = share
+
+    def initialized(self, ids, values, tables: list | None = None, share: int | None = None) -> None:
+        """An ``init`` stored ``values`` (the chunks' arrays) for ``ids`` (of ``share``,
+        None: this server's own); ``tables`` (row-sparse tables,
+        kvstore.server.tables): per chunk its ``[shape, servers]``."""
+        for cid in ids:
+            self._share_of[cid] = share
+        if share not in self.backups:
             return
-        self._inits[0].extend(ids)
-        self._inits[1].extend(np.array(v, copy=True) for v in values)
-        self._inits[2].extend(tables or [None] * len(ids))
+        batch = self._batches.setdefault(share, _Batch())
+        batch.inits[0].extend(ids)
+        batch.inits[1].extend(np.array(v, copy=True) for v in values)
+        batch.inits[2].extend(tables or [None] * len(ids))
+        batch.inits[3].extend([None] * len(ids))
+
+    def rebuild(self, share: int | None, setup: dict, chunks: list[tuple]) -> None:
+        """The backup of ``share`` is new (a replacement, ``--restart-servers``): send it
+        everything, as of now, before any later round. ``setup``: the mode and the
+        optimizer; ``chunks``: (id, value, row table's [shape, servers] or None,
+        rounds applied, {worker: its last push applied}) of every chunk of the share;
+        the optimizer state goes with :meth:`states_set`. Inits or rounds collected for
+        that share and not taken yet are dropped: the values carry them."""
+        batch = self._batches[share] = _Batch()
+        batch.setup = setup
+        for cid, value, table, rounds, last in chunks:
+            self._share_of[cid] = share
+            batch.inits[0].append(cid)
+            batch.inits[1].append(np.array(value, copy=True))
+            batch.inits[2].append(table)
+            batch.inits[3].append([rounds, [[w, n] for w, n in sorted(last.items())]])
+
+    def optimizer_set(self, fields: dict) -> None:
+        """A worker's numbered ``set_optimizer`` (``fields``, with its ``caller``) was
+        applied: every backup gets it too (one that heard it from the worker applies
+        it once: the number says so)."""
+        for share in self.backups:
+            self._batches.setdefault(share, _Batch()).optimizer = dict(fields)
 
     def rows_applied(self, cid, number: int, local, data, updated: bool) -> None:
         """Round ``number`` of row table ``cid`` is being applied: ``local`` (its merged
         rows, as the table's local row indices) and ``data`` (their summed gradient, or
         without an optimizer their new values); the replica applies them lazily, as
         the primary does (copies: the optimizer may change its gradient)."""
-        if self.backup is None or cid not in self._own:
+        batch = self._batch(cid)
+        if batch is None:
             return
-        ids, numbers, arrays, flags = self._row_rounds
+        ids, numbers, arrays, flags = batch.row_rounds
         ids.append(cid)
         numbers.append(number)
         arrays += [np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)]
@@ -93,80 +207,56 @@ class Replication:
 
     def rows_set(self, cid, local, data) -> None:
         """``set_rows`` assigned ``data`` to the local rows ``local`` of row table ``cid``."""
-        if self.backup is None or cid not in self._own:
+        batch = self._batch(cid)
+        if batch is None:
             return
-        self._row_sets.append((cid, np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)))
+        batch.row_sets.append((cid, np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)))
 
     def round_applied(self, cid, number: int, total, updated: bool, pusher: tuple | None = None,
                       rows=None) -> None:
         """Round ``number`` of chunk ``cid`` is being applied: ``total`` is its sum,
         given to the optimizer (``updated``) or, without one, the new value. A copy
         is kept: the optimizer may change its gradient, and the sum's buffer is the
-        next round's. Chunks not of its own share (promoted replicas) have no backup.
+        next round's. Chunks of a share without a backup are not replicated.
         ``pusher`` (dist_async, where each push is a round): (worker, its number of
         the push), which the replica keeps to apply no push twice after a failover.
         ``rows``: the mask of the values a row-sparse push named (a lazy update of
         those alone), or None."""
-        if self.backup is None or cid not in self._own:
+        batch = self._batch(cid)
+        if batch is None:
             return
-        if self._updated is not None and self._updated != updated:
+        if batch.updated is not None and batch.updated != updated:
             raise InvalidArgumentError("a round applied with and one without an optimizer in one event")
-        self._updated = updated
-        ids, numbers, arrays, pushers = self._rounds
+        batch.updated = updated
+        ids, numbers, arrays, pushers = batch.rounds
         ids.append(cid)
         numbers.append(number)
         arrays.append(np.array(total, copy=True))
         pushers.append(None if pusher is None else list(pusher))
-        self._lazy.append(None if rows is None or not updated else np.flatnonzero(rows).astype(np.int64))
+        batch.lazy.append(None if rows is None or not updated else np.flatnonzero(rows).astype(np.int64))
 
     def states_set(self, meta: list, arrays: list) -> None:
         """A ``set_states`` request (``load_optimizer_states``) set these chunks'
         optimizer state (``meta``: ``[key, index, t, count]`` per chunk, ``arrays``
-        their state arrays in order): the backup sets the same on its replicas, so
-        that their next rounds make the primary's bits. Chunks not of its own share
-        (promoted replicas) have no backup."""
-        if self.backup is None:
-            return
+        their state arrays in order): each share's backup sets the same on its
+        replicas, so that their next rounds make the primary's bits."""
         pos = 0
         for entry in meta:
             parts = arrays[pos:pos + entry[3]]
             pos += entry[3]
-            if (entry[0], entry[1]) in self._own:
-                self._states[0].append(list(entry))
-                self._states[1].extend(np.array(a, copy=True).reshape(-1) for a in parts)
+            batch = self._batch((entry[0], entry[1]))
+            if batch is not None:
+                batch.states[0].append(list(entry))
+                batch.states[1].extend(np.array(a, copy=True).reshape(-1) for a in parts)
 
     def take(self) -> list[tuple[dict, list]]:
-        """The ``replicate`` requests made since the last call: (header fields, arrays)."""
+        """The ``replicate`` requests made since the last call: (header fields, arrays);
+        those for a share other than the server's own name it (``share``)."""
         out = []
-        fields: dict
-        if self._inits[0]:
-            fields = {"kind": INIT, "chunks": [list(c) for c in self._inits[0]]}
-            if any(t is not None for t in self._inits[2]):
-                fields["tables"] = self._inits[2]
-            out.append((fields, self._inits[1]))
-            self._inits = ([], [], [])
-        if self._rounds[0]:
-            ids, numbers, arrays, pushers = self._rounds
-            fields = {"kind": ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
-                            "updated": bool(self._updated)}
-            if any(p is not None for p in pushers):
-                fields["pushes"] = pushers
-            if any(x is not None for x in self._lazy):     # their indices follow the sums
-                fields["lazy"] = [x is not None for x in self._lazy]
-                arrays = arrays + [x for x in self._lazy if x is not None]
-            out.append((fields, arrays))
-            self._rounds, self._updated, self._lazy = ([], [], [], []), None, []
-        if self._row_rounds[0]:
-            ids, numbers, arrays, flags = self._row_rounds
-            out.append(({"kind": ROW_ROUNDS, "chunks": [list(c) for c in ids], "rounds": numbers,
-                         "updated": flags}, arrays))
-            self._row_rounds = ([], [], [], [])
-        for cid, local, data in self._row_sets:
-            out.append(({"kind": ROW_SET, "chunks": [list(cid)]}, [local, data]))
-        self._row_sets = []
-        if self._states[0]:
-            out.append(({"kind": STATES, "states": self._states[0]}, self._states[1]))
-            self._states = ([], [])
+        for share, batch in self._batches.items():
+            if share in self.backups:
+                out += batch.requests(share)
+        self._batches = {}
         return out
 
 
@@ -214,6 +304,12 @@ class ReplyGate:
         self._unacked.clear()
         return self._release()
 
+    def forget(self, seqs) -> list[Reply]:
+        """One of several backups is gone: its requests ``seqs`` will never be
+        acknowledged; the replies that may leave now."""
+        self._unacked.difference_update(seqs)
+        return self._release()
+
     def _release(self) -> list[Reply]:
         oldest = min(self._unacked, default=None)
         out: list[Reply] = []
@@ -233,22 +329,32 @@ class Replicas:
         self.budget = budget or MemoryBudget(None)
         self.optimizer = optimizer
         self.alloc = alloc
-        self.primaries: frozenset[int] = frozenset()   # the servers whose chunks it backs up
-        # primary -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async),
-        #                        a row table's [shape, servers] or None]}
+        # the shares it backs up (a share: server s's chunks as the job formed; its
+        # primary is s, or the server that took it over when s died)
+        self.primaries: frozenset[int] = frozenset()
+        # share -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async),
+        #                      a row table's [shape, servers] or None]}
         self.held: dict[int, dict[tuple, list]] = {}
 
     def nbytes(self) -> int:
         return sum(entry[0].nbytes for chunks in self.held.values() for entry in chunks.values())
 
+    def share_of(self, header: dict) -> int:
+        """The share a ``replicate`` request is for (``share``, else its sender's own),
+        checked: one this server backs up."""
+        primary = header.get("src")
+        share = header.get("share", primary)
+        if not (is_int(share) and share in self.primaries):
+            whose = f"server {primary!r}" if share == primary else f"server {share!r}'s share (from server {primary!r})"
+            raise InvalidArgumentError(f"{self.name} holds no replica for {whose} "
+                                       "(replicate comes from the primaries it backs up, KVSTORE_REPLICAS=1)")
+        return share
+
     def on_replicate(self, peer, header: dict, arrays: list) -> list[Reply]:
         """A ``replicate`` request from a primary. Everything is checked before anything
-        changes; a wrong request (not from a server this one backs up, a round out of
+        changes; a wrong request (not for a share this one backs up, a round out of
         order, a shape that differs) is an error reply."""
-        primary = header.get("src")
-        if not (is_int(primary) and primary in self.primaries):
-            raise InvalidArgumentError(f"{self.name} holds no replica for server {primary!r} "
-                                       "(replicate comes from the primaries it backs up, KVSTORE_REPLICAS=1)")
+        primary = self.share_of(header)       # the share's (its replicas are held by share)
         kind = header.get("kind")
         held = self.held.setdefault(primary, {})
         if kind == STATES:
@@ -280,17 +386,33 @@ class Replicas:
                 if cid in held and (held[cid][0].shape != a.shape or held[cid][0].dtype != a.dtype):
                     raise InvalidArgumentError(f"replicate init of {chunk_label(cid)}: it holds a replica of "
                                                "another shape")
+            applied = header.get("applied", [None] * len(ids))     # a rebuild: rounds and last pushes
+            if not (isinstance(applied, list) and len(applied) == len(ids) and all(
+                    x is None or (isinstance(x, list) and len(x) == 2 and is_int(x[0]) and x[0] >= 0
+                                  and isinstance(x[1], list) and all(
+                                      isinstance(p, list) and len(p) == 2 and all(is_int(v) and v >= 0 for v in p)
+                                      for p in x[1]))
+                    for x in applied)):
+                raise ProtocolError("'applied' must be a list with one [rounds, [[worker, push], ...]] "
+                                    "(or null) per chunk")
             for cid, t in zip(ids, tables):     # a resumed row table: its replica came with the restore
                 if cid in held and t is not None:
                     held[cid][3] = t
+            for cid, a, x, t in zip(ids, flat, applied, tables):   # a rebuild: the primary's value now
+                if x is not None and cid in held:
+                    held[cid][0][...] = a
+                    held[cid][1:] = [x[0], {w: n for w, n in x[1]}, t]
             fresh = [(cid, a) for cid, a in zip(ids, flat) if cid not in held]
             with self.budget.holding(sum(a.nbytes for _, a in fresh),
                                      f"the replicas of {len(fresh)} chunk(s) of server {primary} on {self.name}"):
                 meta = dict(zip(ids, tables))
+                counts = {cid: x for cid, x in zip(ids, applied) if x is not None}
                 for cid, a in fresh:
                     value = self.alloc(a.size, a.dtype)
                     value[...] = a
-                    held[cid] = [value, 0, {}, meta[cid]]
+                    x = counts.get(cid)
+                    held[cid] = [value, 0, {}, meta[cid]] if x is None else \
+                        [value, x[0], {w: n for w, n in x[1]}, meta[cid]]
             return [ok(peer, header["id"])]
         if kind != ROUNDS:
             raise ProtocolError(f"'kind' must be one of {[INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET]}, got {kind!r}")

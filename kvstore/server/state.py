@@ -48,7 +48,8 @@ from .consistency import Consistency
 from .modes import MODES, Job
 from . import snapshot as _snapshot
 from .server_optimizer import ServerOptimizer
-from .replication import Replicas, Replication
+from .replication import OPTIMIZER, OPTIMIZER_FIELDS, SETUP, Replicas, Replication
+from .reply_precision import ReplyPrecision
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int, speaks_for
 from .stalls import StallInspector
@@ -85,12 +86,15 @@ class ServerState:
         self.rows = RowTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.dyn = DynTables(self.table, self.job, self.optimizer, self.members, self.budget)
         self.stalls = StallInspector()
+        # reads answered in float16/bfloat16 (reply_precision; kvstore.server.reply_precision)
+        self.reply_precision = ReplyPrecision(self.table, self.budget)
         # replicated servers (kvstore.server.replication): what this server's backup must
         # apply, and the replicas this server holds for others (both idle unless set up)
         self.replication = Replication()
         self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
         self.rows.replication = self.replication
         self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
+        self._optimizer_calls: dict = {}   # worker -> its last numbered set_optimizer applied here
         # the shares of dead servers this one serves now: their chunks (promoted, or
         # inited here since, by a request naming the ``share``), saved as those servers' parts
         self.served: dict[int, set] = {}
@@ -117,7 +121,7 @@ class ServerState:
             ops.PULL_DYN: self.dyn.on_pull,
             ops.DYN_STATS: self.dyn.on_stats,
             ops.APPLY_NORMS: self._on_apply_norms,
-            ops.REPLICATE: self.replicas.on_replicate,
+            ops.REPLICATE: self._on_replicate,
             ops.SET_OPTIMIZER: self._on_set_optimizer,
             ops.GET_STATES: self._on_get_states,
             ops.SET_STATES: self._on_set_states,
@@ -134,6 +138,15 @@ class ServerState:
     def handle(self, peer, header: dict, arrays: list) -> list[Reply]:
         """Process one request; return the replies now ready. Never raises for bad
         input: an invalid request gets an error reply and changes nothing."""
+        replies = self._handle(peer, header, arrays)
+        return self._narrowed(replies) if self.reply_precision.waiting else replies
+
+    def _narrowed(self, replies: list[Reply]) -> list[Reply]:
+        """Replies to reads that asked for float16/bfloat16 values, rounded (on the backend's device)."""
+        with self.backend.scope():
+            return self.reply_precision.narrowed(replies)
+
+    def _handle(self, peer, header: dict, arrays: list) -> list[Reply]:
         req_id = header.get("id")
         try:
             if not is_int(req_id):
@@ -143,7 +156,8 @@ class ServerState:
             if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
             # (a checkpoint carries the mode, not dist_ssp's bound: that comes with configure)
-            if (op != ops.CONFIGURE and self.mode is None) or \
+            # (a replacement server is configured by its primaries' rebuild: replicate)
+            if (op not in (ops.CONFIGURE, ops.REPLICATE) and self.mode is None) or \
                     (self.consistency is None and op in (ops.PUSH, ops.PULL, ops.PUSHPULL)):
                 raise InvalidArgumentError("server is not configured yet (no store has connected)")
             if op in ops.PUSHING:            # a worker that left, or joined and is no member yet
@@ -242,10 +256,10 @@ class ServerState:
                f"{', ...' if len(fresh) > 3 else ''}) on {self.name}"
         with self.budget.holding(sum(fresh.values()), what):
             self.table.init(ids, arrays)
-        if share is not None:            # no backup: its own backup was the promoted one
+        if share is not None:            # a dead server's share: saved as its part
             self.served[share].update(fresh)
-        else:
-            self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh])
+        # (replicated to the share's backup: a replacement's, for a dead server's share)
+        self.replication.initialized(list(fresh), [self.table.chunks[cid].value for cid in fresh], share=share)
         return [ok(peer, header["id"])]
 
     def _on_init_rows(self, peer, header, arrays):
@@ -256,7 +270,7 @@ class ServerState:
             # worker it had not answered: the replica's rows stay
             self._adopted.discard(cid)
             return [ok(peer, header["id"])]
-        replies = self.rows.init_table(peer, header, arrays, foreign=share is not None)
+        replies = self.rows.init_table(peer, header, arrays, share=share)
         if share is not None:            # a dead server's row table, made here: saved as its part
             self.served[share].add(cid)
         return replies
@@ -310,6 +324,7 @@ class ServerState:
                 if chunk.value.dtype.kind != "f":
                     raise InvalidArgumentError(f"{chunk_label(cid)} holds {chunk.value.dtype.name}: "
                                                "optimizers update floating-point values only")
+        self.reply_precision.expect(peer, header, ids, chunks)      # (the last check)
         # validated: now the buffers may move to where the values are (a no-op on the host)
         arrays = [self.backend.upload(a) for a in arrays]
         # (rows only when the push has them: a strategy without lazy updates need not take them)
@@ -390,7 +405,9 @@ class ServerState:
             raise ProtocolError("a pull carries no buffers")
         worker = self.worker(header)
         ids = chunk_ids(header, None)
-        return self.consistency.pull(peer, header["id"], worker, ids, self.table.existing(ids))
+        chunks = self.table.existing(ids)
+        self.reply_precision.expect(peer, header, ids, chunks)
+        return self.consistency.pull(peer, header["id"], worker, ids, chunks)
 
     # -- writing in (kvstore.server.write_in) -----------------------------------------------
     def _write_in(self, header, arrays, what: str) -> Consistency:
@@ -398,7 +415,7 @@ class ServerState:
             raise ProtocolError(f"a {what} request carries no buffers")
         strategy = self.consistency
         allowed = strategy if strategy is not None and strategy.mode.write_in else None
-        if what == "write":
+        if what == ops.WRITE:
             if not self.write_in:
                 raise InvalidArgumentError(f"{self.name} keeps its sums in private memory: workers "
                                            "cannot write into them (push instead)")
@@ -412,20 +429,40 @@ class ServerState:
         return allowed
 
     def _on_write(self, peer, header, arrays):
-        return self._write_in(header, arrays, "write").write(peer, header)
+        return self._write_in(header, arrays, ops.WRITE).write(peer, header)
 
     def _on_written(self, peer, header, arrays):
-        return self._write_in(header, arrays, "written").written(peer, header)
+        return self._write_in(header, arrays, ops.WRITTEN).written(peer, header)
 
     # -- the optimizer, its state, checkpoints ------------------------------------
     def _on_set_optimizer(self, peer, header, arrays):
+        if self._set_optimizer(header, header["src"]):
+            # (replicated servers) a backup that is a replacement gets set_optimizer from
+            # no worker: the primary forwards it (a numbered call is applied once)
+            self.replication.optimizer_set({k: header[k] for k in OPTIMIZER_FIELDS if k in header}
+                                           | {"caller": header["src"]})
+        return [ok(peer, header["id"])]
+
+    def _set_optimizer(self, fields: dict, caller) -> bool:
+        """``set_optimizer``'s fields from worker ``caller``; a numbered one (``call``:
+        the worker's count of its set_optimizer calls) that was applied here already
+        (sent directly and forwarded by a primary, replicated servers) is not applied
+        again. Returns whether it was applied now (and was numbered)."""
+        call = fields.get("call")
+        if call is not None and not (is_int(call) and call >= 1 and is_int(caller) and caller >= 0):
+            raise ProtocolError(f"'call' must be a positive count of a worker's set_optimizer calls, got {call!r}")
+        if call is not None and self._optimizer_calls.get(caller, 0) >= call:
+            return False
         before = self.updater
-        self.optimizer.set(header)
+        self.optimizer.set(fields)
         if self.updater is not before:          # a new optimizer: fresh state
             self.dyn.optimizer_changed(True, 1.0)
-        elif header.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
-            self.dyn.optimizer_changed(False, float(header.get("state_scale", 1.0)))
-        return [ok(peer, header["id"])]
+        elif fields.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
+            self.dyn.optimizer_changed(False, float(fields.get("state_scale", 1.0)))
+        if call is None:
+            return False
+        self._optimizer_calls[caller] = call
+        return True
 
     def _on_get_states(self, peer, header, arrays):
         meta, out = self.optimizer.get_states(lambda states: self.backend.download(states, copy=True))
@@ -494,6 +531,79 @@ class ServerState:
                 [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
 
     # -- replicated servers (kvstore.server.replication) ---------------------------------
+    def _on_replicate(self, peer, header, arrays):
+        """A primary's ``replicate``: its rounds and inits applied to the replicas
+        (kvstore.server.replication.Replicas), or a rebuild's ``setup``: a replacement
+        server takes the job's mode and optimizer from its first primary."""
+        if header.get("kind") == OPTIMIZER:       # a worker's set_optimizer, forwarded
+            self.replicas.share_of(header)
+            self._set_optimizer(header, header.get("caller"))
+            return [ok(peer, header["id"])]
+        if header.get("kind") != SETUP:
+            if self.mode is None:
+                raise InvalidArgumentError("server is not configured yet (a replica's rebuild starts with its setup)")
+            return self.replicas.on_replicate(peer, header, arrays)
+        self.replicas.share_of(header)
+        calls = header.get("calls", [])
+        if not (isinstance(calls, list) and all(isinstance(c, list) and len(c) == 2 and all(
+                is_int(x) and x >= 0 for x in c) for c in calls)):
+            raise ProtocolError("'calls' must be a list of [worker, its last set_optimizer call]")
+        mode, workers, ordered, config = header["mode"], header["num_workers"], header["deterministic"], \
+            header.get("optimizer")
+        strategy = MODES.get(mode) if isinstance(mode, str) else None
+        if strategy is None or strategy.mode.bounded or not is_int(workers) or workers < 1 \
+                or not isinstance(ordered, bool) or not (config is None or isinstance(config, dict)):
+            raise ProtocolError(f"a replica's setup needs mode (sync or async), num_workers, deterministic "
+                                f"and optimizer; got {mode!r}, {workers!r}, {ordered!r}")
+        now = self.consistency
+        if now is not None and (self.mode, self.num_workers, now.ordered) != (strategy.mode, workers, ordered):
+            raise InvalidArgumentError(f"{self.name} runs dist_{self._mode_name} for {self.num_workers} workers; "
+                                       f"server {header['src']} replicates dist_{mode} for {workers}")
+        current = self.optimizer.config()
+        if config is not None and current is not None and current != config:
+            raise InvalidArgumentError(f"{self.name} holds replicas with optimizer {current.get('name')!r}; "
+                                       f"server {header['src']} replicates with {config.get('name')!r}")
+        if now is None:
+            self._configure(strategy, workers, None, ordered)
+        if config is not None and current is None:
+            self.optimizer.set({"optimizer": config})
+        for worker, call in calls:                 # the calls that config includes: not applied again
+            self._optimizer_calls[worker] = max(call, self._optimizer_calls.get(worker, 0))
+        return [ok(peer, header["id"])]
+
+    def rebuild(self, share: int | None) -> int:
+        """(Replicated servers) the backup of ``share`` (None: this server's own) is a
+        replacement: queue everything it must hold, as of now, before any later round
+        (kvstore.server.replication.Replication.rebuild): the mode and optimizer, every
+        chunk's value with the rounds applied to it, their optimizer state. Returns
+        how many chunks."""
+        if share is None:
+            foreign = set().union(*self.served.values()) if self.served else set()
+            ids = [cid for cid in self.table.chunks if cid not in foreign]
+        else:
+            ids = [cid for cid in self.served.get(share, ()) if cid in self.table.chunks]
+        strategy = self.consistency
+        setup = {"mode": self._mode_name, "num_workers": self.num_workers,
+                 "deterministic": bool(strategy is not None and strategy.ordered),
+                 "optimizer": self.optimizer.config(),
+                 "calls": [[w, c] for w, c in sorted(self._optimizer_calls.items())]}
+        chunks: list[tuple] = []
+        for cid in ids:
+            value = self.backend.to_numpy(self.table.chunks[cid].value)
+            if cid in self.table.row_tables:
+                chunks.append((cid, value, self.rows.table_of(cid), self.rows.applied(cid), {}))
+            else:
+                rounds, last = strategy.applied(cid) if strategy is not None else (0, {})
+                chunks.append((cid, value, None, rounds, last))
+        self.replication.rebuild(share, setup, chunks)
+        if self.updater is not None:
+            states = self.updater.get_states()
+            kept = [cid for cid in ids if cid in states]
+            self.replication.states_set(
+                [[cid[0], cid[1], int(states[cid]["t"]), len(states[cid]["state"])] for cid in kept],
+                [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
+        return len(ids)
+
     def promote(self, primary: int) -> list[Reply]:
         """Server ``primary`` died and this server serves its chunks now: the replicas
         join this table with their round counts (the next push of each is numbered
@@ -506,6 +616,7 @@ class ServerState:
         self.table.chunks.update({cid: StoredChunk(value) for cid, (value, _, _, _) in dense.items()})
         self._adopted |= set(adopted)
         self.served.setdefault(primary, set()).update(adopted)
+        self.replication.adopted(adopted, primary)
         if self.consistency is not None:
             for cid, (_, rounds, last, _) in dense.items():
                 self.consistency.adopt(cid, rounds, last)
@@ -525,8 +636,8 @@ class ServerState:
         if self.consistency is None:
             return []
         with self.backend.scope():
-            return self.consistency.workers_finished() + self.rows.workers_finished() + \
-                self.dyn.workers_finished()
+            return self.reply_precision.narrowed(self.consistency.workers_finished() + self.rows.workers_finished()
+                                                 + self.dyn.workers_finished())
 
     def set_members(self, epoch: int, ranks) -> list[Reply]:
         """The elastic job's members as of ``epoch`` (the scheduler's count of changes;
@@ -556,7 +667,7 @@ class ServerState:
                     replies += self.consistency.left(worker, message)
                 replies += self.rows.leave(worker, message)
                 replies += self.dyn.leave(worker, message)
-        return replies
+            return self.reply_precision.narrowed(replies)
 
     def stalled(self, now: float, after: float) -> list[str]:
         """Rounds waiting longer than ``after`` seconds for some workers (each

@@ -142,6 +142,9 @@ class Sync(Consistency):
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
         self._applied[cid] = rounds
 
+    def applied(self, cid) -> tuple[int, dict]:
+        return self._applied.get(cid, 0), {}
+
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = ParkedRequest(peer, req_id, worker, ids, True,
                           {cid for cid, c in zip(ids, chunks)

@@ -109,9 +109,9 @@ class RowTables:
     def on_init(self, peer, header, arrays) -> list[Reply]:
         return self.init_table(peer, header, arrays)
 
-    def init_table(self, peer, header, arrays, foreign: bool = False) -> list[Reply]:
-        """``init_rows``; ``foreign``: (replicated servers) the table of a dead server's
-        share, served here now: it has no backup."""
+    def init_table(self, peer, header, arrays, share: int | None = None) -> list[Reply]:
+        """``init_rows``; ``share``: (replicated servers) the dead server whose share
+        the table is of, served here now (replicated to that share's backup, if any)."""
         cid = self._cid(header)
         if not self._mode().takes_rows:
             raise InvalidArgumentError(self._mode().no_rows)
@@ -133,7 +133,7 @@ class RowTables:
         what = f"init_rows of {chunk_label(cid)} (shape {shape}, {dtype.name}: {size:,} values on {self.table.name})"
         self.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
-        replicated = self.replication.active and not foreign
+        replicated = self.replication.active
         if replicated and not self._mode().rounds:
             raise InvalidArgumentError(f"row-sparse keys on replicated servers (KVSTORE_REPLICAS=1) in "
                                        f"dist_{self._mode().name} are not built yet (dist_sync's are)")
@@ -150,7 +150,8 @@ class RowTables:
                                            f"{value.dtype.name}, init asks for {size} x {dtype.name}")
             self.table.restored.discard(cid)
             if replicated:       # the replica (rebuilt with the restore) learns it is a row table
-                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]])
+                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]],
+                                             share)
         else:
             with self.budget.holding(nbytes, what):
                 value = self.table.alloc(size, dtype)
@@ -167,7 +168,8 @@ class RowTables:
                     self.table.backend.upload(host.reshape(-1), out=value)
             self.table.chunks[cid] = StoredChunk(value)
             if replicated:
-                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]])
+                self.replication.initialized([cid], [self.table.backend.to_numpy(value)], [[list(shape), servers]],
+                                             share)
         self.tables[cid] = Table(layout, tuple(shape[1:]))
         self.table.row_tables.add(cid)
         return [ok(peer, header["id"])]
@@ -180,6 +182,15 @@ class RowTables:
         self.tables[cid] = Table(RowLayout(shape[0], math.prod(shape[1:]), cid[1], servers), tuple(shape[1:]))
         self.table.row_tables.add(cid)
         self._applied[cid] = rounds
+
+    def applied(self, cid) -> int:
+        """(Replicated servers) the rounds applied to row table ``cid``."""
+        return self._applied.get(cid, 0)
+
+    def table_of(self, cid) -> list:
+        """(Replicated servers) row table ``cid``'s ``[shape, servers]``, as a replica records it."""
+        table = self.tables[cid]
+        return [[table.layout.num_rows, *table.row_shape], table.layout.servers]
 
     def on_push(self, peer, header, arrays) -> list[Reply]:
         worker = self.job.worker(header)

@@ -32,6 +32,10 @@ class Sockets:
     def __len__(self) -> int:
         return len(self._socks)
 
+    def grow(self, count: int) -> None:
+        """Room for ``count`` servers (a replacement server joined a replicated job)."""
+        self._socks += [None] * (count - len(self._socks))
+
     def connect(self, server: int, url: str) -> None:
         """(Re)connect ``server``'s socket to ``url``; an old one is closed."""
         old = self._socks[server]

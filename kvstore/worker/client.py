@@ -86,7 +86,8 @@ class Client:
         # memory (cuda_ipc) use them; None: every link moves host memory
         self.accelerators = accelerators
         self._socks = Sockets(config, len(servers))   # the DEALER of each server
-        self.links: list = [None] * len(servers)
+        self.links: list = [None] * len(servers)    # by server rank (replacements join later: replicas)
+        self.num_shares = len(servers)              # the job's servers: each holds a share of the chunks
         self._shared: dict = {}                     # what links of one kind share (shared())
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
@@ -222,12 +223,15 @@ class Client:
                 if on_reply is not None:
                     on_reply(header, arrays)
             return keep
-        # (replicated servers: each live server once; a dead one's share answers as its new server)
-        live = self.failover.live() if self.failover is not None else range(len(self.links))
-        self.wait([self.request(s, op, what, (), RequestOptions(on_reply=keeper(s)), **fields)[0]
-                   for s in live], what)
+        # (replicated servers: each live server once, by the first share it serves; a dead
+        # one's share answers as its new server, a replacement's as the shares it took over)
         route = self.failover.route if self.failover is not None else (lambda s: s)
-        return [replies[route(s)] for s in range(len(self.links))]
+        first: dict[int, int] = {}
+        for share in range(self.num_shares):
+            first.setdefault(route(share), share)
+        self.wait([self.request(share, op, what, (), RequestOptions(on_reply=keeper(server)), **fields)[0]
+                   for server, share in sorted(first.items())], what)
+        return [replies[route(s)] for s in range(self.num_shares)]
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
         """The frames of one request, or InvalidArgumentError (before anything is
@@ -357,6 +361,9 @@ class Client:
         dead = self.failover.moved(self.membership.servers)
         if not dead:
             return
+        for server in self.failover.live():      # a replacement serves a share now: connect to it
+            if server >= len(self.links):
+                self._add_server(server, self.failover.advert(server))
         for req_id, req in list(self._pending.items()):
             kept = self.failover.kept(req_id)
             if req.server not in dead or kept is None:
@@ -380,6 +387,20 @@ class Client:
             self._send_frames(server, frames, False, req.what)
             self._seq[server] += 1
             req.server = server
+
+    def _add_server(self, server: int, advert: str) -> None:
+        """(Replicated servers) a link to replacement server ``server`` (``--restart-servers``),
+        which a death made the server of a share: plain tcp, like every link of a
+        replicated job (kvstore.worker.failover.replicated_config)."""
+        assert self.failover is not None
+        new = range(len(self.links), server + 1)     # (replacements before it too: no gaps)
+        self.links += [None] * len(new)
+        self._seq += [0] * len(new)
+        self._socks.grow(server + 1)
+        links.open_links(self, self._socks, {s: Advert.parse(advert if s == server else self.failover.advert(s))
+                                             for s in new})
+        log.warning("[worker:%d] server %d (a replacement) serves a share now: connected to %s",
+                    self.rank, server, self.links[server].url)
 
     def replied(self, ids) -> bool:   # every reply (or error) of ``ids`` is in
         return not any(i in self._pending for i in ids)

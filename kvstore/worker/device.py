@@ -247,6 +247,11 @@ class DistDeviceStore(DistStore):
 
     def _merged(self, info: KeyInfo, vals: list, what: str):
         acc = self._accelerators
+        if (acc is not None and len(vals) == 1 and self._args.low_precision and acc.holds(vals[0])
+                and arrays.dtype_name(vals[0]) == arrays.BFLOAT16):
+            # one bfloat16 device value (multi-precision): its 2-byte patterns on its device, on
+            # the wire as they are (kvstore.precision), not the float32 copy the layer reads
+            return arrays.flat_view(acc.view(arrays.bits_view(vals[0]), what)).view(np.uint16)
         total = None if acc is None else device_sum(acc, vals, info.dtype, what,
                                                     lambda v: arrays.to_numpy(v, what))
         # a flat device sum: the exchange brings a call's sums to the host at once

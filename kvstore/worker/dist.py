@@ -69,6 +69,7 @@ class DistStore(KVStore):
         host = HostGroup(config, accelerators) if config.host_reduce and self._mode.host_sums else None
         self._job = JobMember(config, addr=host.advert if host else "")
         self._membership = self._job.membership
+        self._optimizer_calls = 0      # set_optimizer calls (numbered with replicated servers)
         self._departure = Departure(self._job)     # close, fail, the exit handlers
         self._client: Client     # once registered (below); a failed registration has none
         self._exchange: Exchange
@@ -281,9 +282,6 @@ class DistStore(KVStore):
         return self.last_model_sums
 
     def _multi_precision_refusal(self) -> str | None:
-        if self._exchange.staging is not None:
-            return (f"{self._type!r} stages device values through the host, which does not carry "
-                    "float16/bfloat16 values for float32 keys yet (dist_sync, dist_async, dist_ssp do)")
         if self._exchange.host is not None:
             return "a host's sum (KVSTORE_HOST_REDUCE=1) is summed in its keys' dtypes: set KVSTORE_HOST_REDUCE=0"
         return None
@@ -398,6 +396,11 @@ class DistStore(KVStore):
                 "KVSTORE_REPLICAS, or clip and scale with the workers updating (update_on_kvstore=False)")
         config = optimizer.to_config()
         fields = {"optimizer": config}
+        if self._config.replicas:
+            # numbered: a server that gets it twice (from this worker and forwarded by a
+            # primary it backs up: kvstore.server.replication) applies it once
+            self._optimizer_calls += 1
+            fields["call"] = self._optimizer_calls
         if keep_state:
             fields.update(keep_state=True, **({"state_scale": state_scale} if state_scale != 1.0 else {}))
         if not collective:
@@ -480,6 +483,11 @@ class DistStore(KVStore):
 
 
 def _keys_text(infos) -> str:
-    keys = [repr(info.key) for info in infos]
-    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-    return f"key{'s' if len(keys) > 1 else ''} {shown}"
+    # (the first five keys' reprs only: every call names its keys, a 161-key call need not repr 161)
+    keys, count = [], 0
+    for info in infos:
+        if count < 5:
+            keys.append(repr(info.key))
+        count += 1
+    shown = ", ".join(keys) + (f" and {count - 5} more" if count > 5 else "")
+    return f"key{'s' if count > 1 else ''} {shown}"

@@ -43,7 +43,7 @@ from ..rows import lazy
 from ..sharding import pieces
 from ..transport.links import RequestOptions
 from .plans import Routes
-from .store import fill_outputs
+from .store import fill_bfloat16, fill_outputs
 
 if TYPE_CHECKING:
     from .client import Client
@@ -96,6 +96,17 @@ class Wire:
                 marks[tuple(chunk.wire_id)] = name
         return marks
 
+    def reply_precision(self, info, outs) -> str | None:
+        """The precision the servers answer key ``info`` in for outputs ``outs``: its
+        outputs' ("float16" | "bfloat16") when every one is of that precision and the
+        key is float32 (multi-precision), else None (the key's dtype)."""
+        if not self.low_precision or info.dtype != precision.MASTER:
+            return None
+        name = arrays.dtype_name(outs[0])
+        if name not in precision.WIRE_DTYPES or any(arrays.dtype_name(o) != name for o in outs[1:]):
+            return None
+        return name
+
     def out_buffer(self, info, out) -> np.ndarray | None:
         """A float32 buffer for a float16/bfloat16 output of a float32 key (the
         reply is float32, written into ``out`` rounded once), else None."""
@@ -133,6 +144,7 @@ class Sent:
     call: TimelineCall | None = None
     keep: list = field(default_factory=list)   # host copies of device sums the servers may read
     wide: list = field(default_factory=list)   # (key, float32 buffer) of low-precision outputs, reused
+    patterns: set = field(default_factory=set)  # id() of the flats that receive bfloat16 patterns (reply_precision)
 
     def requests(self) -> list[int]:
         """Every request of the call sent so far (a write's ``written`` once granted)."""
@@ -186,6 +198,14 @@ def precision_fields(wire_ids, marks: dict) -> dict:
     if not marks or not any(tuple(w) in marks for w in wire_ids):
         return {}
     return {"precision": [marks.get(tuple(w)) for w in wire_ids]}
+
+
+def reply_fields(wire_ids, marks: dict) -> dict:
+    """The ``reply_precision`` header field of a read of these chunks ({} when every
+    reply is in its key's dtype; kvstore.server.reply_precision)."""
+    if not marks or not any(tuple(w) in marks for w in wire_ids):
+        return {}
+    return {"reply_precision": [marks.get(tuple(w)) for w in wire_ids]}
 
 
 def rows_fields(wire_ids, marks: dict) -> dict:
@@ -294,6 +314,7 @@ class Exchange:
         pending = Pending(what)
         wire = self._wire()
         via_group = self.host is not None and op == ops.PUSHPULL and sources is not None
+        narrowed: dict = {}
         if self._staging is not None:
             if via_group:
                 # the host's group moves device values itself when all of it can; the
@@ -308,7 +329,8 @@ class Exchange:
                 # read in place: it stays alive (``keep``) until they answered
                 alloc = self._shared_bytes if op == ops.PUSHPULL else None
                 sources, pending.keep = self._staging.to_host(sources, alloc)
-            targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device)
+            narrowed = self._staged_precisions(targets, wire)
+            targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device, dtypes=narrowed)
         if via_group:
             assert self.host is not None
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
@@ -323,8 +345,22 @@ class Exchange:
             sources = [s for s, lw in zip(sources, layered) if not lw]
             targets = [t for t, lw in zip(targets, layered) if not lw]
             routes = None                       # (made for every key of the call)
-        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows, routes=routes)
+        pending.sent = self._send(op, what, sources, targets, wire, paced, rows=rows, routes=routes, staged=narrowed)
         return pending
+
+    def _staged_precisions(self, targets, wire: Wire) -> dict:
+        """{key: the dtype its reply comes in} for the keys with device outputs whose
+        replies the servers round (multi-precision: float16, or uint16 patterns for
+        bfloat16): the staging's block for them is of that dtype. Not for the two
+        phases of layer-wise optimizers, whose replies stay float32."""
+        if not wire.low_precision or wire.splits_norms or self._staging is None:
+            return {}
+        found = {}
+        for info, outs in targets:
+            name = wire.reply_precision(info, outs)
+            if name is not None and any(self._staging.holds(o) for o in outs):
+                found[info.key] = precision.WIRE_DTYPES[name]
+        return found
 
     def fill(self, pending: Pending) -> None:
         """Wait for ``pending``'s replies and fill its outputs."""
@@ -362,16 +398,34 @@ class Exchange:
         return self._client.shared_empty(nbytes, np.uint8)
 
     def _send(self, op: str, what: str, sources, targets, wire: Wire, paced: bool = False,
-              group=None, rows: dict | None = None, routes: Routes | None = None) -> Sent:
+              group=None, rows: dict | None = None, routes: Routes | None = None,
+              staged: dict | None = None) -> Sent:
         """The requests of one call; ``group``: the workers a host's sum speaks for;
-        ``rows``, ``routes``: see :meth:`send`."""
+        ``rows``, ``routes``: see :meth:`send`; ``staged``: {key: dtype} of the staging's
+        blocks that receive rounded replies (:meth:`_staged_precisions`)."""
         call = self._timeline.begin(op, [info.key for info, _ in targets]) if self._timeline is not None else None
         lowp: dict = {}
         if sources is not None:
             wire.check([info for info, _ in sources], what)
             lowp = wire.precisions(sources, what)
         flats, wide = [], []
+        narrow: dict = {}          # {wire id: precision} of replies the servers round (multi-precision)
+        patterns: set = set()
         for info, outs in targets:
+            if staged and info.key in staged:          # the staging's block, in the reply's dtype
+                flats.append((info, outs[0].reshape(-1), True))
+                for chunk in info.chunks:
+                    narrow[tuple(chunk.wire_id)] = precision.NAMES[staged[info.key]]
+                continue
+            name = wire.reply_precision(info, outs) if wire.low_precision else None
+            if name is not None and not (self._staging is not None and self._staging.holds(outs[0])):
+                flat, direct = arrays.wire_target(outs[0], name, what)
+                flats.append((info, flat, direct))
+                if name == precision.BFLOAT16:
+                    patterns.add(id(flat))
+                for chunk in info.chunks:
+                    narrow[tuple(chunk.wire_id)] = name
+                continue
             buffer = self._wide.pop(info.key, None) if wire.low_precision else None
             if buffer is None or buffer.size != info.size:
                 buffer = wire.out_buffer(info, outs[0]) if wire.low_precision else None
@@ -390,7 +444,8 @@ class Exchange:
         marks = row_marks([info for info, _ in sources], rows, what) if sources is not None else {}
         stage = sources is not None and wire.compressor is None
         # (a write into the servers' float32 sums cannot take low-precision chunks: they are pushed)
-        write_in = stage and not lowp and op == ops.PUSHPULL and self._mode.write_in and group is None
+        # (nor can its reply be rounded: a write's values come back as they are in the sums)
+        write_in = stage and not lowp and not narrow and op == ops.PUSHPULL and self._mode.write_in and group is None
         if group is not None:
             fields["group"] = group
         ids: list[int] = []
@@ -425,14 +480,14 @@ class Exchange:
                                     RequestOptions(stage=wire_ids, in_place=True, into=parts) if stage
                                     else RequestOptions(into=parts),
                                     chunks=wire_ids, **fields, **rows_fields(wire_ids, marks),
-                                    **precision_fields(wire_ids, lowp))
+                                    **precision_fields(wire_ids, lowp), **reply_fields(wire_ids, narrow))
             flight.sent(server, rid)
             ids.append(rid)
         if call is not None:
             call.sent()
         return Sent(ids, writes, flight, what, [(outs, flat, direct)
                                                 for (_, outs), (_, flat, direct) in zip(targets, flats)], call,
-                    wide=wide)
+                    wide=wide, patterns=patterns)
 
     def _fill_sent(self, sent: Sent) -> None:
         call, what = sent.call, sent.what
@@ -446,7 +501,10 @@ class Exchange:
         if call is not None:
             call.copying()
         for outs, flat, direct in sent.fills:
-            fill_outputs(outs, flat, direct, what)
+            if sent.patterns and id(flat) in sent.patterns:
+                fill_bfloat16(outs, flat, direct)
+            else:
+                fill_outputs(outs, flat, direct, what)
         self._wide.update(sent.wide)      # (free for the next call of these keys)
         if call is not None:
             call.done()

@@ -16,7 +16,8 @@ wait:
 - :meth:`Failover.keep`: a copy of every request until its reply came (the
   caller's buffers may change once a push returns), which the client sends again,
   in order, to the new server of its share when the book says its server died
-  (:meth:`Failover.moved`).
+  (:meth:`Failover.moved`); that server may be a replacement started since
+  (``--restart-servers``), which the client connects to first (:meth:`Failover.advert`).
 
 :func:`replicated_config` checks at ``create`` what replicated servers support
 and refuses the rest, naming the setting.
@@ -25,6 +26,8 @@ and refuses the rest, naming the setting.
 from __future__ import annotations
 
 import numpy as np
+
+from tracker.control.membership import ServersBook
 
 from ..config import Config
 from ..errors import ConfigError
@@ -67,6 +70,7 @@ class Failover:
 
     def __init__(self, num_servers: int):
         self._route = list(range(num_servers))
+        self._added: tuple = ()       # the replacement servers' adverts (ranks num_servers and up)
         self._epoch = 0
         self._pushes: dict[tuple, int] = {}
         self._kept: dict[int, tuple[int, str, dict, list]] = {}
@@ -114,13 +118,19 @@ class Failover:
         """(share, op, header fields without ``seq``, buffers) of a kept request."""
         return self._kept.get(req_id)
 
-    def moved(self, book: tuple[int, tuple, tuple]) -> set[int]:
-        """Apply the servers' book ``(epoch, owners, backups)`` if newer: the servers
-        that serve no share any more (dead: their requests are sent again)."""
-        epoch, owners, _ = book
-        if epoch <= self._epoch or len(owners) != len(self._route):
+    def moved(self, book: ServersBook) -> set[int]:
+        """Apply the servers' book if newer: the servers that serve no share any more
+        (dead: their requests are sent again). A replacement server that serves a
+        share now (``--restart-servers``) has its advert in ``book.added``
+        (:meth:`advert`)."""
+        if book.epoch <= self._epoch or len(book.owners) != len(self._route):
             return set()
-        self._epoch = epoch
+        self._epoch = book.epoch
+        self._added = tuple(book.added)
         before = set(self._route)
-        self._route = [int(o) for o in owners]
+        self._route = [int(o) for o in book.owners]
         return before - set(self._route)
+
+    def advert(self, server: int) -> str:
+        """The advert of replacement server ``server`` (ranked past the job's servers)."""
+        return self._added[server - len(self._route)]

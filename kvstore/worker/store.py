@@ -662,3 +662,10 @@ def fill_outputs(targets: list, flat: np.ndarray, direct: bool, what: str) -> No
         arrays.write(targets[0], flat)
     for t in targets[1:]:
         arrays.write(t, flat)
+
+
+def fill_bfloat16(targets: list, bits: np.ndarray, direct: bool) -> None:
+    """:func:`fill_outputs` for bfloat16 outputs whose reply came as bfloat16
+    patterns (``bits``; kvstore.server.reply_precision)."""
+    for t in targets[1:] if direct else targets:
+        arrays.write_bfloat16_bits(t, bits)

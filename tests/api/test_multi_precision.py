@@ -228,20 +228,52 @@ def test_async_and_ssp_servers_update_from_low_precision_pushes_as_from_float32(
     assert cluster.run(work, store_type=store) == [(True, True)]
 
 
-def test_the_device_stores_staging_refuses_the_opt_in_and_async_calls_take_low_precision(make_cluster,
-                                                                                        monkeypatch):
-    """dist_device_sync on (emulated) GPUs stages device values: refused; without a GPU
-    it is dist_sync, which takes them, through pushpull_async and pull_async too."""
-    cluster = make_cluster(1, 1)
+def test_dist_device_sync_on_emulated_gpus_takes_float16_both_ways_in_half_the_bytes(make_cluster, monkeypatch):
+    """dist_device_sync's GPU path (the device layer's host accelerators, two emulated
+    GPUs) with multi-precision: a key's float16 values on both devices are widened
+    and summed in float32 on the first one, one float16 value goes as it is, and
+    float16 outputs on the devices (and the host) get the float32 sum rounded once,
+    through a float16 staging block: the bits of the same values pushed in float32
+    and rounded by numpy, in half the bytes each way. Async calls too."""
+    acc = HostAccelerators(2)
+    monkeypatch.setattr(devices, "worker_accelerators", lambda: acc)
+    cluster = make_cluster(2, 2, chunk_bytes=8192)
+    n = 12_000                  # (chunks of 2048 values: each message's header stays, ~1 % of it)
 
-    def device(kv):
-        with pytest.raises(InvalidArgumentError, match="'dist_device_sync' stages device values"):
-            kv.set_multi_precision(True)
-        return kv.device_memory
-    with monkeypatch.context() as patch:
-        patch.setattr(devices, "worker_accelerators", lambda: HostAccelerators(2))
-        assert cluster.run(device, store_type="dist_device_sync") == [True]
+    def work(kv):
+        kv.init(["low", "twin"], [acc.to_device(np.zeros(n, np.float32), 0)] * 2)
+        kv.set_multi_precision(True)
+        g = [(np.linspace(-3, 3, n) * (kv.rank + 1 + d) / 7).astype(np.float16) for d in range(2)]
+        low_outs = [acc.empty(d, n, np.float16) for d in range(2)] + [np.empty(n, np.float16)]
+        twin_outs = [acc.empty(d, n, np.float32) for d in range(2)]
+        s0 = kv.comm_stats()
+        kv.pushpull("low", [acc.to_device(x, d) for d, x in enumerate(g)], out=low_outs)
+        s1 = kv.comm_stats()
+        kv.pushpull("twin", [acc.to_device(x.astype(np.float32), d) for d, x in enumerate(g)], out=twin_outs)
+        s2 = kv.comm_stats()
+        one = acc.to_device(g[1], 1)          # one float16 value: on the wire as it is
+        kv.pushpull_async("low", one, out=low_outs[1]).wait()
+        s3 = kv.comm_stats()
+        kv.pushpull_async("twin", acc.to_device(g[1].astype(np.float32), 1), out=twin_outs[1]).wait()
+        s4 = kv.comm_stats()
+        back = acc.empty(0, n, np.float16)
+        kv.pull_async("low", out=back).wait()
+        wide = np.empty(n, np.float32)
+        kv.pull("twin", out=wide)
+        # (a list of values is summed in float32 and sent so: the sent bytes halve for one value)
+        ratio = [(s1["bytes_received"] - s0["bytes_received"]) / (s2["bytes_received"] - s1["bytes_received"])] + \
+            [(s3[f] - s2[f]) / (s4[f] - s3[f]) for f in ("bytes_sent", "bytes_received")]
+        return ([np.asarray(o).tobytes() for o in low_outs[::2]], np.asarray(twin_outs[0]).astype(np.float16).tobytes(),
+                np.asarray(back).tobytes(), wide.astype(np.float16).tobytes(), [acc.holds(o) for o in low_outs], ratio)
+    for lows, twin, back, wide, on_device, ratio in cluster.run(work, store_type="dist_device_sync"):
+        assert lows == [twin, twin] and back == wide
+        assert on_device == [True, True, False]
+        assert all(0.49 < r < 0.52 for r in ratio), ratio
 
+
+def test_without_a_gpu_dist_device_sync_is_dist_sync_and_async_calls_take_low_precision(make_cluster):
+    """dist_device_sync without a GPU is dist_sync, which takes low-precision values
+    and outputs through pushpull_async and pull_async too."""
     def handles(kv):
         kv.init(3, np.arange(6, dtype=np.float32))
         kv.set_multi_precision(True)
@@ -264,3 +296,29 @@ def test_lamb_on_keys_cut_over_servers_takes_low_precision_pushes_in_its_two_pha
         return len(kv._keys["low"].chunks) > 1, low.tobytes() == twin.tobytes(), not np.array_equal(
             low, np.linspace(-1, 1, 100, dtype=np.float32))
     assert cluster.run(work) == [(True, True, True)] * 2
+
+
+@pytest.mark.gpu
+def test_gpu_dist_device_sync_takes_bfloat16_cuda_tensors_both_ways_in_half_the_bytes(make_cluster):
+    """On a GPU: a bfloat16 CUDA gradient goes as its 2-byte patterns (a view on its
+    device) and a bfloat16 CUDA output receives the servers' rounding as patterns: the
+    float32 twin's value rounded by torch on the GPU, bit for bit, in half the bytes."""
+    from kvstore.devices import gpu
+    if not (gpu.available() and torch.cuda.is_available()):
+        pytest.skip(f"needs a usable GPU with CuPy and torch with CUDA: {gpu.reason()}")
+    n = 100_000
+
+    def work(kv):
+        kv.init(["low", "twin"], [torch.zeros(n, device="cuda")] * 2)
+        kv.set_multi_precision(True)
+        g = (torch.linspace(-3, 3, n, device="cuda") * (kv.rank + 1)).to(torch.bfloat16)
+        out, twin = torch.empty(n, dtype=torch.bfloat16, device="cuda"), torch.empty(n, device="cuda")
+        s0 = kv.comm_stats()
+        kv.pushpull("low", g, out=out)
+        s1 = kv.comm_stats()
+        kv.pushpull("twin", g.float(), out=twin)
+        s2 = kv.comm_stats()
+        ratio = [(s1[f] - s0[f]) / (s2[f] - s1[f]) for f in ("bytes_sent", "bytes_received")]
+        return torch.equal(out.view(torch.int16), twin.to(torch.bfloat16).view(torch.int16)), ratio
+    for same, ratio in make_cluster(2, 1).run(work, store_type="dist_device_sync"):
+        assert same and all(0.49 < r < 0.52 for r in ratio), ratio

@@ -39,3 +39,5 @@ def test_emulated_ipc_benchmark_tiny(tmp_path):
     for r in results.values():
         assert r["transports"] == ["cuda_ipc"]
         assert len(r["samples_ms"]) == 2 and all(s > 0 for s in r["samples_ms"])
+        assert len(r["cpu_samples_ms"]) == 2 and r["cpu_ms"] >= 0      # worker 0's CPU time per call
+    assert "of worker 0's CPU" in (out_dir / "emulated_ipc.md").read_text()

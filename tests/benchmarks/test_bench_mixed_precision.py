@@ -1,6 +1,7 @@
 """benchmarks.mixed_precision at tiny size: both variants run as real jobs, every sum
-verified by the workers; the bfloat16 exchange sends half the gradient bytes; the table
-and JSON are written where asked. Never asserts on speed."""
+verified by the workers; the bfloat16 exchange sends and receives half the gradient
+bytes; the table and JSON are written where asked; ``--tree`` runs each checkout's own
+benchmark. Never asserts on speed."""
 
 from __future__ import annotations
 
@@ -28,4 +29,13 @@ def test_both_variants_run_and_bfloat16_sends_half_the_bytes(tmp_path):
     wide, low = data["summary"]
     assert wide["vs_float32"] == 1.0
     assert 0.45 < low["sent_mb"] / wide["sent_mb"] < 0.55, (low, wide)   # (headers stay)
+    assert 0.45 < low["received_mb"] / wide["received_mb"] < 0.55, (low, wide)   # replies rounded by the servers
     assert "| tcp | bfloat16 |" in text
+
+
+def test_trees_run_each_checkouts_benchmark_and_name_it(tmp_path):
+    data, text = run_experiment(run.main, ["--model", "tiny", "--launches", "1", "--iters", "1", "--warmup", "0",
+                                           "--transports", "tcp", "--tree", f"this={REPO}"], tmp_path, "mixed_precision")
+    assert [(x["transport"], x["variant"]) for x in data["summary"]] == [("tcp this", "float32"),
+                                                                         ("tcp this", "bfloat16")]
+    assert data["config"]["trees"] == {"this": REPO} and "| tcp this | bfloat16 |" in text

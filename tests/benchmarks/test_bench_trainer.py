@@ -65,7 +65,13 @@ def test_every_default_contender_runs_and_trains_to_the_same_weights(tmp_path):
     assert all(r["bucket_bytes"] == kvtorch.bucket_bytes_for(model_bytes) for r in ours)
     md = (tmp_path / "trainer.md").read_text()
     assert "Caveat" in md and "torch DDP over gloo" in md and "Overall: passed" in md
-    assert "servers' CPU ms/step" in md
+    assert "servers' CPU ms/step" in md and "job CPU ms/step (vs DDP)" in md
+    # the job's CPU a step: W workers' and the servers' (ours), DDP's ranks'
+    summary = data["summary"]
+    assert summary["ddp"]["job_cpu_vs_ddp"] == 1.0
+    for name in ("ours-overlap-server", "ours-overlap-worker"):
+        s = summary[name]
+        assert s["job_cpu_s_per_step"] == 2 * s["cpu_s_per_step"] + s["servers_cpu_s_per_step"] > 0
     assert not os.path.exists(data["work_dir"])    # cleaned up after a passing run
 
 

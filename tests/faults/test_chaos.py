@@ -3,13 +3,15 @@ end fast, non-zero, with the culprit marked, nothing left behind and no wrong va
 a short elastic run (``--elastic``), where a worker's fault must not end the job;
 and one run per phase of benchmarks/chaos/phases.py (start-up, a checkpoint save,
 a resume, teardown), where a save or resume fault must be followed by a
-``--resume`` that ends with the uninterrupted run's weights or refuses clearly."""
+``--resume`` that ends with the uninterrupted run's weights or refuses clearly;
+and the replicated mode (``--replicated``), where a server's death must not end the
+job nor change its result."""
 
 import json
 
 import pytest
 
-from benchmarks.chaos import run as chaos, phases as chaos_phases
+from benchmarks.chaos import run as chaos, phases as chaos_phases, replicated as chaos_replicated
 from benchmarks.chaos.phases import Case
 
 pytestmark = pytest.mark.slow
@@ -132,3 +134,30 @@ def test_phase_runs_take_turns_and_land_in_one_table(tmp_path):
     table = (tmp_path / "chaos.md").read_text()
     assert "| startup | all | 1 | 1 | 0 | 0 | 0 | 0 | - | - |" in table, table
     assert "| **all** | | 2 | 2 | 0 | 0 | 0 | 0 |" in table, table
+
+
+@pytest.mark.timeout(90)
+def test_a_replicated_run_replayed_by_its_seed_survives_a_killed_server(tmp_path):
+    """``--replicated --replay 83 --modes sync``: dist_sync with deterministic sums,
+    W=3, S=3, server 1 killed 38 ms after round 6: exit 0, every worker's weights
+    the uninterrupted run's bit for bit, the failover reported, nothing left, the
+    pause measured; the table and the run in chaos-replicated.md and .json."""
+    code = chaos.main(["--replicated", "--replay", "83", "--modes", "sync", "--out-dir", str(tmp_path)])
+    [run] = json.loads((tmp_path / "chaos-replicated.json").read_text())["runs"]
+    assert code == 0 and not run["problems"], run
+    assert (run["seed"], run["mode"], run["workers"], run["servers"], run["fault"], run["rank"], run["moment"],
+            run["at"]) == (83, "sync", 3, 3, "SIGKILL", 1, "rounds", 6), run
+    assert run["exit"] == 0 and 0 < run["pause_s"] < 60, run
+    assert "| dist_sync | SIGKILL | rounds | 1 | 1 | 0 |" in (tmp_path / "chaos-replicated.md").read_text()
+
+
+@pytest.mark.timeout(90)
+def test_a_replicated_dist_async_job_applies_every_push_once_across_a_server_killed_in_a_save():
+    """dist_async, server 0 of 2 killed 2 ms into the second checkpoint save: the
+    save may fail (the job goes on), every acknowledged push is applied exactly
+    once (each worker prints ``exact``), exit 0, nothing left."""
+    case = chaos_replicated.Case(seed=0, mode="async", workers=2, servers=2, fault="SIGKILL", target="server",
+                                 rank=0, moment="save", at=2, delay_s=0.002)
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0 and "pause_s" in run, run

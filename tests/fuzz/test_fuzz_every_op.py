@@ -82,7 +82,7 @@ TEMPLATES: dict[str, tuple[dict, list]] = {
 # fields any request may carry (docs/protocol.md §2.2): each op is also sent with bad values of these
 SHARED_FIELDS = ["chunks", "chunk", "compression", "norms", "group", "rows", "shm", "shm_reply", "dev", "dev_reply",
                  "channel", "keep_state", "state_scale", "staleness", "deterministic", "values", "meta",
-                 "precision", "book", "share", "rounds"]
+                 "precision", "reply_precision", "book", "share", "rounds", "call", "caller", "calls", "applied"]
 
 # every kind of bad value: wrong types, NULs, paths, signs, overflow, nesting, absurd sizes
 # (sizes that no check would allow: a missing check shows as an exception, not as memory use)

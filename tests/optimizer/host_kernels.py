@@ -143,7 +143,7 @@ _built_multi: dict = {}
 def multi_kernel(name: str, dtype):
     """``run(tasks, scalars, sizes)``: multi-tensor kernel ``name`` for ``dtype`` (float32
     or float64) built for the host, over the tables of
-    :meth:`kvstore.optimizer.multi_tensor.Group.tables`, with the launch grid a GPU gets."""
+    :meth:`kvstore.optimizer.multi_tensor.KernelGroup.tables`, with the launch grid a GPU gets."""
     key = (name, np.dtype(dtype).char)
     if key in _built_multi:
         return _built_multi[key]
@@ -162,13 +162,13 @@ def multi_kernel(name: str, dtype):
 
 
 def run_group(group) -> None:
-    """What a GPU does with a group of batched updates (``Group.launch``), on the host:
+    """What a GPU does with a group of batched updates (``KernelGroup.launch``), on the host:
     its tables (host addresses) through the multi-tensor kernel built for the host.
     ``HostDevice(kernels=run_group)`` runs a GPU server's batches so."""
     entries = [e for e in group.entries if e.weight.size]
     if not entries:
         return
-    part = multi_tensor.Group(group.name, group.dtype, entries)
+    part = multi_tensor.KernelGroup(group.name, group.dtype, entries)
     tasks, scalars = part.tables(lambda a: a.ctypes.data)
     multi_kernel(group.name, group.dtype)(tasks, scalars, [e.weight.size for e in entries])
 

@@ -299,9 +299,10 @@ def test_every_builtin_elementwise_optimizer_has_a_fused_kernel():
     """The optimizers left on the generic path on GPUs, and why: LBSGD's warm-up and
     norms of the whole weight (reductions), SGLD draws its noise per position from
     the host's counter-based stream; torch.optim's twins run torch's own step (on a
-    GPU through DLPack, torch's kernels: kvstore.optimizer.torch_twin)."""
+    GPU through DLPack, torch's kernels: kvstore.optimizer.torch_twin). The bases
+    TorchTwin and LayerwiseOptimizer are no optimizer of their own."""
     twins = {"TorchTwin", "TorchSGD", "TorchAdam", "TorchAdamW", "TorchRMSprop", "TorchAdagrad", "TorchAdadelta"}
-    generic = {"LBSGD", "SGLD", "Test"} | twins
+    generic = {"LBSGD", "SGLD", "Test", "LayerwiseOptimizer"} | twins
     classes = [*opt.Optimizer.__subclasses__()]
     classes += [sub for cls in classes for sub in cls.__subclasses__()]
     classes += [sub for cls in classes for sub in cls.__subclasses__()]     # TorchAdamW: a twin's subclass

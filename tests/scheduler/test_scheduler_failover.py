@@ -106,3 +106,84 @@ def test_replicas_need_two_servers_and_no_elastic_workers():
     with pytest.raises(ValueError, match="elastic"):
         SchedulerState(2, 2, now=0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1, replicas=1,
                        elastic=(1, 2))
+
+
+def test_a_replacement_backs_up_the_shares_without_a_replica_and_counts_once_rebuilt():
+    book = ServerBook(3, ["h"] * 3)
+    book.server_died(1, "was killed by SIGKILL")                   # owners [0, 2, 2], backups [None, None, 0]
+    with pytest.raises(ValueError, match="as server 3"):
+        book.server_joined(4, "tcp://r")
+    assert book.server_joined(3, "tcp://r") == [0, 1]
+    assert book.fields() == {"book_epoch": 2, "owners": [0, 2, 2], "backups": [3, 3, 0], "added": ["tcp://r"],
+                             "rebuilding": [0, 1], "dead": [[1, "was killed by SIGKILL"]], "lost_with": [1, 1, None]}
+    assert not book.replica_rebuilt(0, 2) and book.epoch == 2       # not its backup: nothing changes
+    assert book.replica_rebuilt(1, 3) and book.epoch == 3 and book.rebuilding == {0: 3}
+    assert not book.replica_rebuilt(1, 3)                          # an old report, again
+    lost = book.server_died(0, "was killed")                       # share 0's rebuild had not completed
+    assert lost is not None and "servers 1 and 0" in lost and "rebuild on server 3 had not completed" in lost
+    assert book.server_died(2, "was killed") is None               # share 1's replica was rebuilt
+    assert book.owners == [0, 3, 0] and book.backups == [3, None, None]
+
+
+def test_a_replacement_that_joined_with_nothing_to_back_up_waits_for_the_next_death():
+    book = ServerBook(2, ["h"] * 2)
+    book.server_died(1, "was killed")
+    book.server_joined(2, "tcp://r2")
+    assert book.server_joined(3, "tcp://r3") == []                 # a spare: every share has a backup
+    book.replica_rebuilt(0, 2), book.replica_rebuilt(1, 2)
+    assert book.server_died(0, "was killed") is None
+    assert book.owners == [2, 2] and book.backups == [3, 3] and book.rebuilding == {0: 3, 1: 3}
+
+
+def test_a_replacement_registers_into_the_running_job_and_the_rebuilt_replicas_reach_every_node():
+    job = Job()
+    job.beat("server-3")
+    early = wire.encode("register", id=49, node="server-3", role="server", rank=3, host="h", addr="tcp://server-3",
+                        pid=103, replacement=True)
+    [refused] = job.state.receive(b"server-3", early, 0.5)         # no server died: nothing to replace
+    assert refused.fields["kind"] == wire.INVALID and "in place of a dead one" in refused.fields["message"]
+    job.state.node_exited("server", 1, -9, now=1.0)
+    register = wire.encode("register", id=50, node="server-3", role="server", rank=4, host="h",
+                           addr="tcp://server-3", pid=103, replacement=True)
+    assert [s.fields["kind"] for s in job.state.receive(b"server-3", register, 1.5)] == [wire.INVALID]
+    sends = job.state.receive(b"server-3", wire.encode(
+        "register", id=51, node="server-3", role="server", rank=3, host="h", addr="tcp://server-3", pid=103,
+        replacement=True), 2.0)
+    reply = [s for s in sends if s.op == wire.REGISTERED][0]
+    assert reply.ident == b"server-3" and reply.fields["rank"] == 3 and reply.fields["num_servers"] == 3
+    assert reply.fields["servers"] == ["tcp://server-0", "tcp://server-1", "tcp://server-2", "tcp://server-3"]
+    assert (reply.fields["book_epoch"], reply.fields["backups"], reply.fields["rebuilding"]) == (2, [3, 3, 0], [0, 1])
+    told = {s.ident for s in sends if s.op == wire.SERVERS}
+    assert told == {b"hb:" + n.encode() for n in job.nodes + ["server-3"] if n != "server-1"}
+    # server 2 reports on its heartbeats that share 1's replica is rebuilt; a report for a
+    # share it does not serve changes nothing
+    sends = job.state.receive(b"hb:server-2", wire.encode("heartbeat", node="server-2", rebuilt=[[1, 3], [0, 3]]),
+                              2.5)
+    assert job.state.servers_book.rebuilding == {0: 3}
+    assert {s.fields["book_epoch"] for s in sends if s.op == wire.SERVERS} == {3}
+    assert job.state.failure is None
+    # the replacement dies (its process ended): shares 0 and 1 lose their backup again
+    job.state.node_exited("server", 3, -9, now=3.0)
+    assert job.state.failure is None and job.state.servers_book.backups == [None, None, 0]
+
+
+def test_a_replacement_that_never_joined_does_not_end_the_job():
+    job = Job()
+    job.state.node_exited("server", 1, -9, now=1.0)
+    assert job.state.node_exited("server", 3, 1, now=2.0) == [] and job.state.failure is None
+
+
+def test_a_book_with_replacements_is_restored_from_its_fields_and_bad_fields_are_named():
+    book = ServerBook(3, ["h0", "h1", "h2"])
+    book.server_died(1, "was killed by SIGKILL")
+    book.server_joined(3, "tcp://h1:7000")
+    book.replica_rebuilt(1, 3)
+    fields = book.fields()
+    assert fields["book_epoch"] == 3 and fields["rebuilding"] == [0]
+    again = ServerBook.restore(3, fields)
+    assert again.fields() == fields and again.ranks == 4 and again.rebuilding == {0: 3}
+    assert again.server_died(2, "was killed by SIGKILL") is None and again.owners == [0, 3, 0]
+    for name, value in (("book_epoch", 1), ("book_epoch", 99), ("added", [7]), ("owners", [0, 4, 2]),
+                        ("backups", [3, 1, 0]), ("rebuilding", [2]), ("dead", [[1, "x"], [1, "y"]])):
+        with pytest.raises(ValueError, match=name):
+            ServerBook.restore(3, {**fields, name: value})

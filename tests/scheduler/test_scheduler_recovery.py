@@ -204,3 +204,47 @@ def test_a_worker_joining_an_elastic_job_is_told_to_come_back_after_the_recovery
     new.register("worker-1", report())
     sends = new.state.receive(b"worker-9", join, 1.0)     # sent again: a join, at epoch 1
     assert new.state.epoch == 1 and [s.op for s in sends if s.ident == b"hb:server-0"] == [wire.MEMBERS]
+
+
+def test_a_restart_after_a_replacement_joined_keeps_the_replacement_and_its_rebuilt_replica():
+    """Server 1 died, replacement server 3 joined (the backup of shares 0 and 1), and
+    server 2 reported share 1's replica rebuilt (book epoch 3) before the scheduler
+    died. The restarted scheduler waits for the replacement too (rank 3 >= the job's 3
+    servers, listed in the reported book), restores the same book, takes server 0's
+    rebuild report after the restart, and then survives server 2's death: share 1's
+    rebuilt replica on server 3 takes over."""
+    old = formed(2, 3, replicas=1)
+    old.state.node_exited("server", 1, -9, now=1.0)
+    old.state.receive(b"server-3", wire.encode("register", id=90, node="server-3", role="server", rank=3,
+                                               host="h", addr="tcp://server-3", pid=103, replacement=True), 1.5)
+    old.state.receive(b"hb:server-2", wire.encode("heartbeat", node="server-2", rebuilt=[[1, 3]]), 2.0)
+    before = old.state.servers_book.fields()
+    assert (before["book_epoch"], before["backups"], before["added"], before["rebuilding"]) == (
+        3, [3, 3, 0], ["tcp://server-3"], [0])
+    new = Nodes(scheduler(2, 3, True, replicas=1))
+    for node in ("worker-0", "worker-1", "server-0", "server-2"):
+        assert new.register(node, report(old.state)) == []
+    assert new.state.recovering == "server 3"          # the replacement is expected
+    sends = new.register("server-3", report(old.state))
+    assert sorted(s.ident for s in sends if s.op == wire.REGISTERED) == [
+        b"hb:server-0", b"hb:server-2", b"hb:server-3", b"hb:worker-0", b"hb:worker-1"]
+    assert new.state.servers_book.fields() == before
+    sends = new.state.receive(b"hb:server-0", wire.encode("heartbeat", node="server-0", rebuilt=[[0, 3]]), 3.0)
+    assert {s.fields["book_epoch"] for s in sends if s.op == wire.SERVERS} == {4}
+    assert new.state.servers_book.rebuilding == {}
+    new.state.node_exited("server", 2, -9, now=4.0)
+    assert new.state.failure is None and new.state.servers_book.owners == [0, 3, 0]
+
+
+def test_a_restarted_scheduler_refuses_a_replacement_the_reported_book_does_not_list():
+    """A replacement's rank past the job's servers is valid only when the book it
+    reports lists it; its first registration waits ('restarting') for the rebuilt job."""
+    old = formed(2, 3, replicas=1)
+    old.state.node_exited("server", 1, -9, now=1.0)
+    new = Nodes(scheduler(2, 3, True, replicas=1))
+    [error] = [s for s in new.register("server-3", report(old.state)) if s.op == wire.ERROR]
+    assert error.fields["kind"] == wire.INVALID and "server rank 3 is out of range" in error.fields["message"]
+    first = wire.encode("register", id=91, node="server-4", role="server", rank=3, host="h",
+                        addr="tcp://server-4", pid=104, replacement=True)
+    [error] = new.state.receive(b"server-4", first, 1.0)
+    assert error.fields["kind"] == wire.RESTARTING

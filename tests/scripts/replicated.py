@@ -8,11 +8,14 @@ worker 0 saves the optimizer states there after step 3 and every worker loads th
 after step 6 (load_optimizer_states: a momentum unlike the one the rounds made).
 SAVE=S: save_checkpoint({"step": S + 1}) after step S (KVSTORE_CHECKPOINT_DIR set);
 STOP=S: every worker ends the job after step S (a resume, --resume, goes on from
-the checkpoint's step to the last). BARRIER=1: every worker calls kv.barrier()
-at the end of each step. KILL_SCHEDULER=S:push or S:barrier (several comma-separated):
-worker 0 sends the job's scheduler SIGKILL (or KILL_SCHEDULER_SIGNAL) right after
-its push of step S, or right before its barrier of step S (the other worker is
-usually waiting there already). Prints a digest of the final weights.
+the checkpoint's step to the last). REBUILT=S (with --restart-servers): before its
+kills of step S worker 0 waits until the servers' book says every share has a
+complete replica again (a replacement's rebuild acknowledged). BARRIER=1: every
+worker calls kv.barrier() at the end of each step. KILL_SCHEDULER=S:push or
+S:barrier (several comma-separated): worker 0 sends the job's scheduler SIGKILL
+(or KILL_SCHEDULER_SIGNAL) right after its push of step S, or right before its
+barrier of step S (the other worker is usually waiting there already). Prints a
+digest of the final weights.
 
     python -m tracker.local -n 2 -s 3 python replicated.py     (KVSTORE_REPLICAS=1)
 """
@@ -20,6 +23,8 @@ usually waiting there already). Prints a digest of the final weights.
 import hashlib
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 
@@ -49,6 +54,23 @@ def kill_scheduler(step: int, where: str) -> None:
         print(f"killed the scheduler (pid {pid}) at step {step} ({where})", flush=True)
 
 
+def wait_rebuilt(kv, deadline: float = 60.0) -> None:
+    """Wait (an event: the servers' book the scheduler publishes) until a replacement
+    server holds a complete replica of every share: every share has a backup and
+    none is being rebuilt."""
+    membership = kv._membership          # (a test script: the worker's own link to the scheduler)
+    changed = threading.Event()
+    end = time.monotonic() + deadline
+    while True:
+        book = membership.servers
+        if book.added and all(b is not None for b in book.backups) and not book.rebuilding:
+            print(f"replicas rebuilt: servers' book epoch {book.epoch}, backups {list(book.backups)}", flush=True)
+            return
+        if time.monotonic() > end:
+            raise TimeoutError(f"no complete replicas within {deadline}s: servers' book {book}")
+        changed.wait(0.05)   # the book comes with the heartbeat thread: look again shortly
+
+
 def main() -> None:
     kills = kills_by_step()
     kv = kvstore.create("dist_sync")
@@ -73,6 +95,8 @@ def main() -> None:
         else:
             kv.push(keys, grads)
             if kv.rank == 0:
+                if step == int(os.environ.get("REBUILT", -2)):
+                    wait_rebuilt(kv)
                 for server in kills.get(step, ()):
                     os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
                     print(f"killed server {server} at step {step}", flush=True)

@@ -2,7 +2,8 @@
 integer gradients under SGD(learning_rate=1) (float32 sums of small integers are
 exact), so the final value is exactly the initial one minus every push, each
 counted once. With KILL=R:S worker 0 sends server R SIGKILL right after its push
-of step S and goes on. After a barrier every worker pulls and prints ``exact`` if
+of step S and goes on (REBUILT=S, with --restart-servers: first it waits until a
+replacement holds a complete replica of every share). After a barrier every worker pulls and prints ``exact`` if
 every push was applied exactly once, else the difference.
 
     python -m tracker.local -n 2 -s 3 python replicated_async.py     (KVSTORE_REPLICAS=1)
@@ -17,7 +18,7 @@ import kvstore
 from kvstore import optimizer as opt
 
 from job_processes import server_pid
-from replicated import kills_by_step  # tests/scripts/replicated.py, beside this file
+from replicated import kills_by_step, wait_rebuilt  # tests/scripts/replicated.py, beside this file
 
 STEPS = 40
 SIZES = {"w": 3000, "b": 7}
@@ -30,6 +31,8 @@ kv.set_optimizer(opt.SGD(learning_rate=1.0))
 for step in range(STEPS):
     kv.push(keys, [np.full(n, (kv.rank + 1) * (step % 5 + 1), np.float32) for n in SIZES.values()])
     if kv.rank == 0:
+        if step == int(os.environ.get("REBUILT", -2)):
+            wait_rebuilt(kv)
         for server in kills.get(step, ()):
             os.kill(server_pid(server), signal.SIGKILL)
             print(f"killed server {server} at step {step}", flush=True)

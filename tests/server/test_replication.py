@@ -206,16 +206,17 @@ def test_a_request_routed_by_a_newer_book_waits_with_those_after_it_until_the_se
 
     from kvstore.config import Config
     from kvstore.server.replica_link import ReplicaLink
+    from tracker.control.membership import ServersBook
     ctx = zmq.Context()
     server = Server(num_workers=W)
     link = ReplicaLink(Config(timeout=5.0), ctx, 2, ["tcp://127.0.0.1:9"] * 3, server.state)
     try:
-        link.book(0, (0, 1, 2), (1, 2, 0))
+        link.book(ServersBook(0, (0, 1, 2), (1, 2, 0)))
         first = {"op": ops.PULL, "id": 1, "src": 0, "chunks": [list(A)], "book": 1}
         second = {"op": ops.PULL, "id": 2, "src": 1, "chunks": [list(B)]}        # no book: waits behind it
         assert link.waits(b"w0", first, [], now=0.0) and link.waits(b"w1", second, [], now=0.1)
         assert link.ready(now=1.0) == ([], [])
-        link.book(1, (0, 2, 2), (None, None, 0))                                   # server 1 died
+        link.book(ServersBook(1, (0, 2, 2), (None, None, 0)))                      # server 1 died
         ready, late = link.ready(now=1.2)
         assert [h["id"] for _, h, _ in ready] == [1, 2] and late == []
         assert link.promoted == [1] and not link.waits(b"w0", second, [], now=1.3)
@@ -382,3 +383,107 @@ def test_a_row_sparse_push_on_a_dense_key_is_updated_lazily_on_the_replica_too(m
             forward(primary, backup)
     assert replica(backup, A).tobytes() == primary.state.chunks[A].value.tobytes()
     assert states_of(backup, [A]) == states_of(primary, [A])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_replacement_rebuilt_mid_job_holds_the_primarys_bits_and_round_counts_from_then_on(mode):
+    """--restart-servers: a replacement (an unconfigured server) becomes the backup of
+    the primary's own share and of a dead server's share the primary serves; the
+    rebuild (setup, values with their round counts, optimizer state) then later
+    rounds keep its replicas equal bit for bit, and promoted it applies no round
+    (dist_sync) or push (dist_async) twice."""
+    opt = optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3)
+    primary, old = Server(mode=mode, num_workers=W, opt=opt), Server(mode=mode, num_workers=W, opt=opt)
+    primary.state.replication.backup = 1
+    old.state.replicas.primaries = frozenset({0})
+    rng = np.random.default_rng(11)
+    primary.init({A: rng.standard_normal(40).astype(F32)})
+    forward(primary, old)
+    numbers = {w: 0 for w in range(W)}
+
+    def step(server: Server, backup: Server | None, deliver=None):
+        for w in range(W):
+            numbers[w] += 1
+            server.send(w, ops.PUSH, [A], [rng.standard_normal(40).astype(F32)], rounds=[numbers[w]])
+            if backup is not None:
+                forward(server, backup)
+            if deliver is not None:            # each event's replicate requests, as the node sends them
+                deliver()
+    for _ in range(3):
+        step(primary, old)
+    old.state.promote(0)                         # server 0 died: "old" serves share 0 without a backup
+    old.state.replication.backup = None
+    step(old, None)
+    expect_ok(only(old.send(1, ops.INIT, [B], [np.full(9, 0.5, F32)], share=0)[1]), peer(1))
+    step(old, None)
+    new = Server.__new__(Server)                 # the replacement: never configured by a worker
+    new.state, new._ids = ServerState(name="server 2"), iter(range(10 ** 6))
+    new.state.replicas.primaries = frozenset({0})
+    old.state.replication.backups = {0: 2}       # the replacement backs up share 0, served by "old"
+    assert old.state.rebuild(0) == 2
+    fields = [f for f, _ in old.state.replication.take()]
+    assert [f["kind"] for f in fields] == ["setup", "init", "states"] and all(f["share"] == 0 for f in fields)
+    old.state.rebuild(0)
+    for f, arrays in old.state.replication.take():
+        expect_ok(only(new.state.handle(b"s1", replicate_request(5, 1, 0, f), arrays)), b"s1")
+    assert new.state.mode is not None and new.state.updater is not None
+    held = new.state.replicas.held[0]
+    assert held[A][1] == 5 * (1 if mode == "sync" else W)       # the rounds (pushes) applied before
+    def deliver():
+        for f, arrays in old.state.replication.take():
+            expect_ok(only(new.state.handle(b"s1", replicate_request(6, 1, 1, f), arrays)), b"s1")
+    for _ in range(2):
+        step(old, None, deliver)
+        for cid in (A, B):
+            assert held[cid][0].tobytes() == old.state.chunks[cid].value.tobytes(), (mode, cid)
+    assert states_of(new, [A]) == states_of(old, [A])
+    new.state.promote(0)
+    before = new.state.chunks[A].value.copy()
+    for w in range(W):                           # the last step's pushes sent again: not applied twice
+        expect_ok(only(new.state.handle(peer(w), {"op": ops.PUSH, "id": 99, "src": w, "chunks": [list(A)],
+                                                  "rounds": [numbers[w]]}, [np.ones(40, F32)])), peer(w))
+    assert new.state.chunks[A].value.tobytes() == before.tobytes()
+
+
+def test_a_setup_that_disagrees_with_the_replicas_held_is_refused():
+    primary = Server(num_workers=W, opt=optimizer.SGD(learning_rate=0.1))
+    primary.init({A: np.ones(4, F32)})
+    primary.state.replication.backup = 2
+    primary.state.rebuild(None)
+    other = Server(mode="async", num_workers=W, opt=optimizer.SGD(learning_rate=0.1))
+    other.state.replicas.primaries = frozenset({0})
+    setup, _ = primary.state.replication.take()[0]
+    expect_error(only(other.state.handle(b"s0", replicate_request(1, 0, 0, setup), [])), b"s0", 1,
+                 "InvalidArgumentError", "runs dist_async", "replicates dist_sync")
+
+
+def test_a_numbered_set_optimizer_reaches_a_replacement_through_its_primaries_and_is_applied_once():
+    """A backup that is a replacement hears set_optimizer from no worker: each primary
+    forwards the numbered call; one that hears it twice (two primaries, or from a
+    worker too) applies it once (a state scale applied twice would halve it twice)."""
+    sgd = optimizer.SGD(learning_rate=0.1, momentum=0.9)
+    primary = Server(num_workers=W, opt=sgd)
+    primary.init({A: np.linspace(-1, 1, 8, dtype=F32)})
+    for w in range(W):
+        primary.send(w, ops.PUSH, [A], [np.full(8, w + 1.0, F32)])
+    primary.state.replication.backup = 2
+    primary.state.rebuild(None)
+    replacement = Server.__new__(Server)
+    replacement.state = ServerState(name="server 2")
+    replacement.state.replicas.primaries = frozenset({0})
+    for seq, (f, arrays) in enumerate(primary.state.replication.take()):
+        expect_ok(only(replacement.state.handle(b"s0", replicate_request(seq + 1, 0, seq, f), arrays)), b"s0")
+    slower = optimizer.SGD(learning_rate=0.05, momentum=0.9).to_config()
+    rid, r = primary.send(0, ops.SET_OPTIMIZER, optimizer=slower, keep_state=True, state_scale=0.5, call=1)
+    expect_ok(only(r), peer(0), rid)
+    [(forwarded, _)] = primary.state.replication.take()
+    assert forwarded["kind"] == "optimizer" and forwarded["caller"] == 0 and forwarded["call"] == 1
+    for again in range(2):        # forwarded twice (two primaries): applied once
+        expect_ok(only(replacement.state.handle(b"s0", replicate_request(10 + again, 0, 5 + again, forwarded), [])),
+                  b"s0")
+    expect_ok(only(replacement.state.handle(peer(0), {"op": ops.SET_OPTIMIZER, "id": 20, "src": 0, "optimizer": slower,
+                                                      "keep_state": True, "state_scale": 0.5, "call": 1}, [])), peer(0))
+    assert states_of(replacement, [A]) == states_of(primary, [A])
+    assert replacement.state.optimizer.config() == primary.state.optimizer.config() == slower
+    rid, r = primary.send(0, ops.SET_OPTIMIZER, optimizer=slower, call=0)
+    expect_error(only(r), peer(0), rid, "ProtocolError", "'call'")

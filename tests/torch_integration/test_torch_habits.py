@@ -9,11 +9,14 @@ that works.
 - ``scaler.unscale_(trainer)`` / ``scaler.step(trainer)`` (and the torch optimizer's
   own ``scaler.unscale_(opt)`` / ``scaler.step(opt)``) as with a torch optimizer;
 - models under 4 MiB get several buckets (sized by the model), so the exchange
-  starts during backward.
+  starts during backward, whatever the model's size (a request before the timeline's
+  ``backward ended``).
 
 The reference is one process on batches of W*b (what DDP computes, to float
 tolerance: test_torch_trainer.py's oracle), with the same clipping, scaler or
 accumulation."""
+
+import json
 
 import pytest
 
@@ -39,6 +42,18 @@ LAYOUTS = [pytest.param({}, id="default"), pytest.param({"bucket_bytes": 1}, id=
 def per_worker(x, y, rank, size):
     per = W * B // size
     return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+
+
+def buckets_of(sizes, bucket_bytes):
+    """How many buckets the Trainer cuts parameters of ``sizes`` bytes into (in
+    backward's order, the last parameter first; a bucket ends once it holds
+    ``bucket_bytes``)."""
+    count, held = 0, 0
+    for size in reversed(sizes):
+        held += size
+        if held >= bucket_bytes:
+            count, held = count + 1, 0
+    return count + (held > 0)
 
 
 def reference_clipped(make_opt, clip=CLIP):
@@ -147,7 +162,9 @@ def test_no_sync_accumulates_over_backward_passes_like_one_process(make_cluster,
     for got in run_dist(make_cluster, args, loop=loop):
         assert_same(got, want)
     # nothing was exchanged inside no_sync(): one exchange a step per bucket, as without accumulation
-    one_step = 1 if layout.get("bucket_bytes") != 1 else len(list(make_model().parameters()))
+    sizes = [p.numel() * 4 for p in make_model().parameters()]
+    one_step = 1 if layout.get("overlap") is False else len(sizes) if layout.get("bucket_bytes") == 1 \
+        else buckets_of(sizes, kvtorch.bucket_bytes_for(sum(sizes), sizes[0]))     # 2: the model's halves
     if layout.get("flat_buckets"):
         one_step = 2
     assert len(handles) == W * len(list(batches())) * one_step
@@ -298,6 +315,68 @@ def test_a_model_under_4_mib_is_exchanged_in_several_buckets_during_backward(mak
         assert_same(got, [p.detach() for p in model.parameters()])
 
 
+def tiny_model(seed=0):
+    """178 float32 parameters (712 bytes) in 4 tensors."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+@pytest.mark.parametrize("update_on_kvstore", [False, True], ids=["workers-update", "servers-update"])
+def test_a_tiny_model_has_a_request_in_flight_before_backward_ends(make_cluster, tmp_path, update_on_kvstore):
+    """Overlap at any model size, seen in the timeline: in every step a pushpull
+    request reached a server's link before the Trainer's ``backward ended`` (its
+    end-of-backward callback, which sends whatever is left)."""
+    models = [tiny_model(seed=r) for r in range(W)]
+    sizes = [p.numel() * 4 for p in models[0].parameters()]
+    steps = 3
+
+    def job(kv):
+        model = models[kv.rank]
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), **SGD),
+                                  update_on_kvstore=update_on_kvstore)
+        assert trainer.bucket_bytes < sum(sizes)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            x, y = torch.randn(W * B, 8, generator=g), torch.randint(0, 2, (W * B,), generator=g)
+            x, y = per_worker(x, y, kv.rank, kv.num_workers)
+            trainer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            trainer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    results = make_cluster(W, 2, timeline=str(tmp_path)).run(job)
+    for rank in range(W):
+        events = json.loads((tmp_path / f"worker-{rank}.json").read_text())["traceEvents"]
+        firsts = sorted(e["ts"] for e in events if e.get("cat") == "trainer" and e["name"] == "first gradient")
+        ends = sorted(e["ts"] for e in events if e.get("cat") == "trainer" and e["name"] == "backward ended")
+        sent = sorted(e["ts"] for e in events if e.get("cat") == "request" and e["name"] == "pushpull")
+        assert len(firsts) == len(ends) == steps, (firsts, ends)
+        for first, end in zip(firsts, ends):
+            assert any(first <= t < end for t in sent), f"worker {rank}: no request between {first} and {end}"
+    if not update_on_kvstore:      # and it trains as one process does
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), **SGD)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            x, y = torch.randn(W * B, 8, generator=g), torch.randint(0, 2, (W * B,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        for got in results:
+            assert_same(got, [p.detach() for p in model.parameters()])
+
+
+def test_a_bucket_fills_before_the_last_gradient_whatever_the_first_parameter_holds():
+    assert kvtorch.bucket_bytes_for(1000, last_bytes=900) == 100    # the other 100 bytes: a bucket
+    assert kvtorch.bucket_bytes_for(1000, last_bytes=10) == 500     # the halves
+    assert kvtorch.bucket_bytes_for(1000, last_bytes=1000) == 500   # one parameter: nothing to cut
+    with kvstore.create("local") as kv:
+        model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))    # the first weight: 16 KiB of 16.8
+        sizes = [p.numel() * 4 for p in model.parameters()]
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1))
+        assert trainer.bucket_bytes == sum(sizes) - sizes[0]
+
+
 def test_bucket_bytes_follow_the_model_between_the_floor_and_4_mib():
     with kvstore.create("local") as kv:
         model = mid_model()
@@ -305,7 +384,8 @@ def test_bucket_bytes_follow_the_model_between_the_floor_and_4_mib():
         assert trainer.bucket_bytes == kvtorch.bucket_bytes_for(sum(p.numel() * 4 for p in model.parameters()))
     assert kvtorch.bucket_bytes_for(100 << 20) == kvtorch.DEFAULT_BUCKET_BYTES       # ResNet-50: 4 MiB
     assert kvtorch.bucket_bytes_for(1 << 20) == (1 << 20) // kvtorch.BUCKETS_PER_MODEL
-    assert kvtorch.bucket_bytes_for(1000) == kvtorch.MIN_BUCKET_BYTES                # one bucket
+    assert kvtorch.bucket_bytes_for(1000) == 500                                     # two buckets
+    assert kvtorch.bucket_bytes_for(2 * kvtorch.MIN_BUCKET_BYTES) == kvtorch.MIN_BUCKET_BYTES
     with kvstore.create("local") as kv:
         model = make_model()
         assert kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),

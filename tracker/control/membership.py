@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import zmq
 
@@ -67,6 +67,19 @@ class Registration:
         object.__setattr__(self, "members", tuple(range(slots) if self.members is None else self.members))
 
 
+class ServersBook(NamedTuple):
+    """Replicated servers: the servers' book as a node last heard it
+    (tracker.control.failover): ``owners[s]`` serves server s's share of chunks now,
+    ``backups[s]`` holds its replica (None: none any more), ``added`` are the
+    adverts of the replacement servers (ranks ``len(owners)`` and up), and the
+    replicas of the shares in ``rebuilding`` are still being rebuilt on them."""
+    epoch: int
+    owners: tuple
+    backups: tuple
+    added: tuple = ()
+    rebuilding: frozenset = frozenset()
+
+
 class Membership:
     """One node's link to the scheduler.
 
@@ -85,9 +98,15 @@ class Membership:
                  heartbeat_interval: float = env.default("KVSTORE_HEARTBEAT_INTERVAL"),
                  heartbeat_timeout: float = env.default("KVSTORE_HEARTBEAT_TIMEOUT"),
                  on_abort: Callable[[str], None] | None = None, security: Security = Security(),
-                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT"),
+                 replacement: bool = False):
         self.role = role
         self.requested_rank = rank
+        # a replacement server (--restart-servers) registers into the running job
+        self.replacement = replacement
+        # a server's replicas rebuilt on a replacement, ``[[share, backup], ...]``: every
+        # heartbeat reports them (the scheduler ignores what it knows already)
+        self.rebuilt: list = []
         self.scheduler = scheduler
         self.host = host
         self.addr = addr
@@ -108,9 +127,9 @@ class Membership:
         self.workers: tuple = ()
         self._members: tuple[int, frozenset] = (-1, frozenset())
         self._members_lock = threading.Lock()   # set by the heartbeat and the calling thread
-        # replicated servers (tracker.control.failover): (epoch, owner of each share, backup of
-        # each share or None), as last heard; (-1, (), ()) in a job without replicas
-        self._servers: tuple[int, tuple, tuple] = (-1, (), ())
+        # replicated servers (tracker.control.failover): the servers' book as last heard;
+        # epoch -1 in a job without replicas
+        self._servers = ServersBook(-1, (), ())
         self._book_fields: dict | None = None   # that book as heard (for a restarted scheduler)
         # the scheduler's incarnation last heard (any ack) and the one this node is registered
         # with: when they differ, the scheduler was restarted and this node registers again
@@ -138,25 +157,28 @@ class Membership:
         return self._members
 
     @property
-    def servers(self) -> tuple[int, tuple, tuple]:
-        """Replicated servers: ``(epoch, owners, backups)`` of the servers' book as last
-        heard: ``owners[s]`` serves server s's share of chunks now, ``backups[s]`` holds
-        its replica (None: none any more); the epoch grows at every server's death.
-        ``(-1, (), ())`` in a job without replicas."""
+    def servers(self) -> "ServersBook":
+        """Replicated servers: the servers' book as last heard (:class:`ServersBook`);
+        the epoch grows at every server's death, replacement and rebuilt replica.
+        ``ServersBook(-1, (), ())`` in a job without replicas."""
         return self._servers
 
     def _note_servers(self, msg: dict) -> None:
         """Keep a newer servers' book (the registration's, an ``ack``'s or ``servers``)."""
         epoch, owners, backups = msg.get("book_epoch"), msg.get("owners"), msg.get("backups")
+        added, rebuilding = msg.get("added", []), msg.get("rebuilding", [])
         if type(epoch) is not int or not isinstance(owners, list) or not isinstance(backups, list) \
                 or not all(type(o) is int for o in owners) \
-                or not all(b is None or type(b) is int for b in backups):
+                or not all(b is None or type(b) is int for b in backups) \
+                or not (isinstance(added, list) and all(isinstance(a, str) for a in added)) \
+                or not (isinstance(rebuilding, list) and all(type(r) is int for r in rebuilding)):
             return
         with self._members_lock:
-            if epoch > self._servers[0]:
-                self._servers = (epoch, tuple(owners), tuple(backups))
-                self._book_fields = {k: msg[k] for k in ("book_epoch", "owners", "backups", "dead", "lost_with")
-                                     if k in msg}
+            if epoch > self._servers.epoch:
+                self._servers = ServersBook(epoch, tuple(owners), tuple(backups), tuple(added),
+                                            frozenset(rebuilding))
+                self._book_fields = {k: msg[k] for k in ("book_epoch", "owners", "backups", "dead", "lost_with",
+                                                         "added", "rebuilding") if k in msg}
 
     def _note_members(self, epoch, ranks, workers=None) -> None:
         """Keep a newer membership (the two threads may hear them out of order)."""
@@ -239,7 +261,8 @@ class Membership:
     def register(self) -> Registration:
         """Join the job; blocks until every node registered. Returns ranks and address book."""
         msg = self._request(wire.REGISTER, "registration", grace=BARRIER_GRACE, role=self.role,
-                            rank=self.requested_rank, host=self.host, addr=self.addr, pid=os.getpid())
+                            rank=self.requested_rank, host=self.host, addr=self.addr, pid=os.getpid(),
+                            **({"replacement": True} if self.replacement else {}))
         elastic = msg["elastic"]
         self.registration = Registration(
             msg["rank"], msg["num_workers"], msg["num_servers"], list(msg["servers"]),
@@ -365,8 +388,10 @@ class Membership:
                     # servers of elastic jobs report the membership epoch they hold: the
                     # scheduler answers a joining worker once every server holds its epoch
                     reg = self.registration
-                    epoch = {"epoch": self._members[0]} if (
+                    epoch: dict = {"epoch": self._members[0]} if (
                         self.role == "server" and reg is not None and reg.elastic) else {}
+                    if self.rebuilt:      # (replicated servers) replicas rebuilt on a replacement
+                        epoch["rebuilt"] = list(self.rebuilt)
                     try:
                         sock.send(wire.encode(wire.HEARTBEAT, node=self.node_id, **epoch), zmq.NOBLOCK)
                     except zmq.Again:

@@ -4,12 +4,12 @@ who must still do so before the job goes on (docs/architecture.md §8.2).
 A launcher restarts a scheduler that died on the same address, port, secret and
 job id. The new one knows nothing of the job but its size, so every member tells
 it what it knows (a ``register`` whose ``rejoin`` field is a :class:`Report`): the
-servers' book (replicated servers: owners, backups, the dead), the membership
+servers' book (replicated servers: owners, backups, the dead, the replacements), the membership
 epoch and members (elastic jobs), which workers finished (as the servers heard
 it), whether the servers were told to shut down, and the job's saved progress.
 The launcher replays the exits it saw (:meth:`Recovery.exited`). From these,
 :meth:`Recovery.missing` says who is still expected: every server the newest
-book does not list as dead, every worker that has not finished (elastic: every
+book does not list as dead (a replacement server too: ranks from ``num_servers``), every worker that has not finished (elastic: every
 member), less the processes that ended. Until nobody is missing, the scheduler
 completes nothing (no barrier, no finish): the job is paused at its next
 control-plane call, while rounds between workers and servers go on.
@@ -137,6 +137,7 @@ class Recovery:
         dead = set(book.dead) if book is not None else set()
         workers = set(self.membership()[1]) if self.elastic else set(range(self.slots))
         workers -= self.finished_workers()
-        want = [("server", s) for s in range(self.num_servers) if s not in dead] + \
+        servers = book.ranks if book is not None else self.num_servers   # replacements included
+        want = [("server", s) for s in range(servers) if s not in dead] + \
             [("worker", w) for w in sorted(workers)]
         return [n for n in want if n not in registered and n not in self.exited]

@@ -27,7 +27,10 @@ the rules are in :mod:`tracker.control.elastic`. With replicated servers
 (``replicas=1``) a server that dies is replaced by the backup of its chunks: the
 scheduler publishes a new epoch of the servers' book to every node
 (:mod:`tracker.control.failover`) and the job goes on, unless that was the second
-failure of one replication chain.
+failure of one replication chain. A replacement server (``--restart-servers``)
+registers into the running job as server ``num_servers + i``: it becomes the
+backup of the shares without one, and their owners report on their heartbeats
+(``rebuilt``) when its replica is complete.
 
 A scheduler that a launcher restarted (``restarted=True``) rebuilds the job from
 its members' registrations (:mod:`tracker.control.recovery`): until every member
@@ -197,6 +200,9 @@ class SchedulerState:
         if role == "server" and node is not None and self.servers_book is not None \
                 and node.rank in self.servers_book.dead:
             log.info("%s %s (its chunks were handed to their backups)", what, describe_exit(code))
+        elif role == "server" and node is None and self.servers_book is not None and rank >= self.num_servers:
+            # a replacement (--restart-servers) that never joined: the job goes on without it
+            log.warning("replacement server %d %s before it joined the job", rank, describe_exit(code))
         elif self._replicated(node, role) and code != 0:
             assert node is not None
             self._server_died(node, describe_exit(code))
@@ -309,6 +315,8 @@ class SchedulerState:
             node.hb_ident = ident
             if node.role == "server" and type(msg.get("epoch")) is int:
                 node.epoch = max(node.epoch, msg["epoch"])   # the membership it holds
+            if node.role == "server" and "rebuilt" in msg and self.failure is None and not node.finished:
+                self._rebuilt(node, msg["rebuilt"])          # replicas rebuilt on a replacement
         if self.failure is not None:
             self._send(ident, wire.ABORT, reason=self.failure)
         elif node is not None and node.removed is not None:
@@ -347,6 +355,8 @@ class SchedulerState:
             return self._registered_again(known, ident, msg.get("id"))
         if role == "worker" and self.elastic is not None and self._book is not None:
             return self._join(ident, msg)
+        if role == "server" and self.servers_book is not None and msg.get("replacement") is True:
+            return self._replacement(ident, msg)
         total = self.num_workers if role == "worker" else self.num_servers
         if rank is not None and not (isinstance(rank, int) and 0 <= rank < total):
             raise RendezvousError(f"{role} rank {rank!r} is out of range: this job has {total} {role}s")
@@ -374,7 +384,9 @@ class SchedulerState:
                     node.rank = i
         by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),
                                       key=lambda n: n.ranked)
-        self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
+        # the job's servers' addresses; a replacement's is in the servers' book (``added``)
+        self._book = {"num_servers": self.num_servers,
+                      "servers": [n.addr for n in by_rank("server") if n.ranked < self.num_servers]}
         if self.replicas:
             self.servers_book = ServerBook(self.num_servers, [n.host for n in by_rank("server")])
             self._book.update(self.servers_book.fields())
@@ -409,14 +421,26 @@ class SchedulerState:
         """A node registers with a restarted scheduler: with what it knows of the job
         (``rejoin``) if it had registered before, else plainly (the job had not formed)."""
         assert self._recovery is not None
-        total = self._ranks.count if role == "worker" else self.num_servers
         if rank is None and role == "worker" and self.elastic is not None:
             raise _Restarting("a worker joins a running elastic job once the restarted scheduler rebuilt it")
+        report = None if msg.get("rejoin") is None else read_report(
+            msg["rejoin"], self._ranks.count, self.num_servers, self.job)
+        # a replacement server (--restart-servers) re-registers with the rank it joined with,
+        # past the job's servers: valid when the book it reports lists it (ServerBook.restore)
+        total = self._ranks.count if role == "worker" else self.num_servers + (
+            len(report.book.get("added", [])) if report is not None and report.book is not None else 0)
+        if role == "server" and msg.get("replacement") is True and report is None:
+            # its first registration: the old scheduler may have let it join (its owners' books
+            # list it) and died before answering; else it joins once the job is rebuilt
+            book = self._recovery.book() if self._recovery.reports else None
+            if not (book is not None and type(rank) is int and self.num_servers <= rank < book.ranks
+                    and book.added[rank - self.num_servers] == msg.get("addr")):
+                raise _Restarting("a replacement server joins a running job once the restarted scheduler "
+                                  "rebuilt it")
+            total = book.ranks
         if not (type(rank) is int and 0 <= rank < total):
             raise RendezvousError(f"{role} rank {rank!r} is out of range or missing: a restarted scheduler "
                                   f"takes registrations with the ranks of the job's {total} {role}s")
-        report = None if msg.get("rejoin") is None else read_report(
-            msg["rejoin"], self._ranks.count, self.num_servers, self.job)
         if report is None and role == "worker" and self.elastic is not None and self._recovery.reports:
             raise _Restarting("a worker joins a running elastic job once the restarted scheduler rebuilt it")
         node = Node.registering(msg, role, rank, ident, self._now, self._hb_idents)
@@ -465,7 +489,8 @@ class SchedulerState:
             node.last_seen = self._now
             if node.role == "server" and node.ranked in dead:   # failed over, yet it came back (stopped)
                 node.finished, node.removed = True, f"{dead[node.ranked]}; its chunks are served by their backups now"
-        for role, total in (("server", self.num_servers), ("worker", self._ranks.count)):
+        server_ranks = book.ranks if book is not None else self.num_servers   # replacements included
+        for role, total in (("server", server_ranks), ("worker", self._ranks.count)):
             for rank in range(total):
                 if (role, rank) in registered or (role == "worker" and self.elastic is not None
                                                   and rank not in members):
@@ -480,7 +505,9 @@ class SchedulerState:
                 registered[(role, rank)] = node
         by_rank = lambda role: sorted((n for n in self._nodes.values() if n.role == role),  # noqa: E731
                                       key=lambda n: n.ranked)
-        self._book = {"num_servers": self.num_servers, "servers": [n.addr for n in by_rank("server")]}
+        # the job's servers' addresses; a replacement's is in the servers' book (``added``)
+        self._book = {"num_servers": self.num_servers,
+                      "servers": [n.addr for n in by_rank("server") if n.ranked < self.num_servers]}
         if self.replicas:
             self.servers_book = book or ServerBook(self.num_servers, [n.host for n in by_rank("server")])
             self._book.update(self.servers_book.fields())
@@ -493,7 +520,10 @@ class SchedulerState:
                 node.finished = True
         for ident, node_id, req_id in self._registered_at_start:
             node = self._nodes[node_id]
-            self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, self._book),
+            # (a replacement that registers for the first time hears the replacements' addresses too)
+            added = {"servers": self._book["servers"] + self.servers_book.added} if (
+                self.servers_book is not None and node.role == "server" and node.ranked >= self.num_servers) else {}
+            self._send(ident, wire.REGISTERED, id=req_id, **self._ranks.registered(node, {**self._book, **added}),
                        **({"job": self.job} if node.role == "server" else {}))
         self._registered_at_start = []
         log.warning("the restarted scheduler rebuilt the job from %d registrations (servers' book epoch %s, "
@@ -546,10 +576,60 @@ class SchedulerState:
         node.finished, node.removed = True, f"{why}; its chunks are served by their backups now"
         log.warning("%s %s: its chunks are served by their backups (servers' book epoch %d: owners %s)",
                     node.name(), why, book.epoch, book.owners)
+        self._tell_book()
+        self._maybe_shutdown_servers()
+
+    def _replacement(self, ident: bytes, msg: dict) -> None:
+        """A replacement server (``--restart-servers``) registers with the running job:
+        it takes the next server rank and becomes the backup of every share without
+        one (tracker.control.failover); every node hears the new book."""
+        book = self.servers_book
+        assert book is not None
+        if self._shutdown_sent:
+            raise RendezvousError("the job is ending (every worker finished): no server can join it now")
+        if len(book.added) >= len(book.dead):     # one per death: what a launcher starts, no more
+            raise RendezvousError(f"a replacement server joins in place of a dead one; {len(book.dead)} died and "
+                                  f"{len(book.added)} replacement(s) joined already")
+        rank = msg.get("rank")
+        if rank != book.ranks:
+            raise RendezvousError(f"a replacement server registers as server {book.ranks} (the next rank), "
+                                  f"not {rank!r}")
+        node = Node.registering(msg, "server", rank, ident, self._now, self._hb_idents)
+        if node.node_id in self._nodes:
+            raise RendezvousError(f"{self._nodes[node.node_id].name()} registered already")
+        shares = book.server_joined(rank, node.addr)
+        self._nodes[node.node_id] = node
+        log.warning("%s joined as a replacement: it backs up the shares of servers %s (servers' book epoch %d; "
+                    "their owners rebuild the replicas)", node.name(), shares, book.epoch)
+        assert self._book is not None
+        self._send(ident, wire.REGISTERED, id=msg.get("id"), job=self.job,
+                   **self._ranks.registered(node, {**self._book, **book.fields(),
+                                                   "servers": self._book["servers"] + book.added}))
+        self._tell_book()
+
+    def _rebuilt(self, node: Node, reports) -> None:
+        """Server ``node`` reports (on its heartbeats) the replicas it rebuilt on a
+        replacement: ``[[share, backup], ...]``; a new epoch for those that completed."""
+        book = self.servers_book
+        if book is None or not isinstance(reports, list):
+            return
+        changed = False
+        for item in reports:
+            if isinstance(item, list) and len(item) == 2 and all(type(x) is int for x in item) \
+                    and 0 <= item[0] < book.num_servers and book.owners[item[0]] == node.rank \
+                    and book.replica_rebuilt(item[0], item[1]):
+                log.warning("%s rebuilt the replica of server %d's share on server %d (servers' book epoch %d)",
+                            node.name(), item[0], item[1], book.epoch)
+                changed = True
+        if changed:
+            self._tell_book()
+
+    def _tell_book(self) -> None:
+        """Every live node hears the servers' book (``servers`` on its heartbeat socket)."""
+        assert self.servers_book is not None
         for other in self._nodes.values():
             if other.hb_ident is not None and not other.finished:
-                self._send(other.hb_ident, wire.SERVERS, **book.fields())
-        self._maybe_shutdown_servers()
+                self._send(other.hb_ident, wire.SERVERS, **self.servers_book.fields())
 
     def _book_news(self) -> dict:
         """The servers' book for an ``ack`` (replicated jobs; repairs a lost ``servers``)."""

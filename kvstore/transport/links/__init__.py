@@ -46,11 +46,12 @@ def open_links(client, sockets, adverts) -> None:
     server whose link failed tries its next candidate in the next pass, on its
     socket in ``sockets`` (a transport.sockets.Sockets), connected afresh when the
     URL differs: only unsequenced handshake requests went out on the old one, so a
-    fresh one starts at seq 0 like any other."""
+    fresh one starts at seq 0 like any other. ``adverts``: by server rank, a list
+    (every server) or a dict (those servers only: a replacement that joined)."""
     local = host_identity(client.config.host_label)
     tries = {s: [(cls, url) for cls, url in candidates(a, client.config, a.host is not None and a.host == local)
                  if cls.applies(client)]
-             for s, a in enumerate(adverts)}
+             for s, a in (adverts.items() if isinstance(adverts, dict) else enumerate(adverts))}
     while tries:
         started, ids = [], []
         for s in sorted(tries):

@@ -1,0 +1,125 @@
+"""Replacement servers (``--restart-servers N`` with KVSTORE_REPLICAS=1,
+docs/reliability.md): real jobs through ``python -m tracker.local``.
+
+Server 1 is killed (SIGKILL) mid-training; the launcher starts a new server
+process (rank S, then S+1, ...) that registers as a replacement, becomes the
+backup of the shares that lost theirs, and gets their replicas rebuilt by their
+owners (values, round counts, optimizer state). Worker 0 waits for that event
+(the scheduler's servers' book: every share has a complete replica again), then
+kills the server that now serves server 1's share: the job ends with exit 0 and
+the weights of the uninterrupted run, bit for bit (dist_sync, deterministic
+sums; the weights do not depend on the number of servers, so one reference run
+serves both), or (dist_async) with every acknowledged push applied exactly once;
+a replacement that serves shares saves their checkpoint parts, and the set
+resumes to the uninterrupted weights. Without replicas the option is refused; with its budget spent, a chain's second
+failure ends the job naming both servers, as without it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+BASE = {"KVSTORE_DETERMINISTIC": "1", "KVSTORE_CHUNK_BYTES": "4096", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
+        "KVSTORE_HEARTBEAT_TIMEOUT": "10", "KVSTORE_TIMEOUT": "30", "KVSTORE_ABORT_GRACE": "2"}
+
+
+def run(*options, script="replicated.py", servers=2, timeout=120, **env) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}, "PYTHONPATH": path,
+            **BASE, **env}
+    cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", str(servers), "--kill-grace", "1", *options,
+           sys.executable, os.path.join(SCRIPTS, script)]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def digests(out: subprocess.CompletedProcess) -> list[str]:
+    found = sorted(re.findall(r"\[worker:(\d)\] digest (\w+)", out.stdout))
+    assert [w for w, _ in found] == ["0", "1"], out.stdout + out.stderr
+    return [d for _, d in found]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> str:
+    """The final weights of the job without replicas and without a fault."""
+    out = run()
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, second = digests(out)
+    assert first == second
+    return first
+
+
+def test_a_replacement_rebuilds_the_replicas_so_a_second_kill_keeps_the_uninterrupted_weights(uninterrupted):
+    """3 servers (backups 1, 2, 0): server 1 dies, server 2 serves its share and
+    server 3 (the replacement) backs up shares 0 and 1, rebuilt by two primaries;
+    server 2 then has two backups (server 0 for its own share, server 3 for server
+    1's). Server 2 dies: server 3 serves server 1's share, server 0 server 2's.
+    (Two shares taken over by a replacement, the workers connecting to it: the
+    dist_async test below.)"""
+    servers, second, owners = 3, 2, "[0, 3, 0]"
+    out = run("--restart-servers", "2", servers=servers, KVSTORE_REPLICAS="1", KILL=f"1:2,{second}:6",
+              REBUILT="6")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"started server {servers} in place of server 1" in log, log
+    assert f"server {servers} (pid" in log and "joined as a replacement" in log, log
+    assert re.search(rf"server \d: the replica of server 1's share on server {servers} is rebuilt", log), log
+    assert "[worker:0] replicas rebuilt" in out.stdout, log
+    assert f"killed server {second} at step 6" in out.stdout, log
+    assert f"servers' book epoch 5: owners {owners}" in log, log
+    assert f"server {servers} serves server 1's chunks now" in log, log
+    assert digests(out) == [uninterrupted, uninterrupted], log
+
+
+def test_dist_async_applies_every_acknowledged_push_exactly_once_across_two_failovers():
+    """2 servers: server 1 dies, server 2 (the replacement) backs up both shares (server
+    0 serves them); server 0 dies and server 2 serves both."""
+    out = run("--restart-servers", "1", script="replicated_async.py", KVSTORE_REPLICAS="1",
+              KVSTORE_DETERMINISTIC="0", KILL="1:10,0:25", REBUILT="25")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "killed server 0 at step 25" in out.stdout and "server 2 serves server 0's chunks now" in log, log
+    assert "server 2 serves server 1's chunks now" in log and "owners [2, 2]" in log, log
+    assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
+
+
+def test_a_promoted_replacement_saves_the_shares_it_serves_and_the_set_resumes_to_the_uninterrupted_weights(
+        uninterrupted, tmp_path):
+    """2 servers: server 1 dies, server 2 replaces it, server 0 dies: server 2 serves
+    both shares and writes both parts of the checkpoint saved after step 7 (under
+    ranks 0 and 1: a set keeps one part per share); the job resumed from it with 2
+    fresh servers ends with the uninterrupted weights."""
+    folder = str(tmp_path / "ckpt")
+    out = run("--restart-servers", "1", KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KILL="1:2,0:6",
+              REBUILT="6", SAVE="7", STOP="8")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    for share in (0, 1):
+        assert f"server 2: server {share}'s part of checkpoint 1 (its share, served here) written" in log, log
+    assert sorted(n for n in os.listdir(folder) if n.endswith(".ckpt")) == ["server-0.ckpt", "server-1.ckpt"]
+    resumed = run(KVSTORE_REPLICAS="1", KVSTORE_CHECKPOINT_DIR=folder, KVSTORE_RESUME="1")
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log
+    assert "resumed=True start=8" in resumed.stdout, log
+    assert digests(resumed) == [uninterrupted, uninterrupted], log
+
+
+def test_with_the_budget_spent_a_chains_second_failure_ends_the_job_naming_both_servers():
+    out = run("--restart-servers", "1", KVSTORE_REPLICAS="1", KILL="1:2,0:6,2:8", REBUILT="6")
+    log = out.stdout + out.stderr
+    assert out.returncode != 0, log
+    assert "no server started in place of server 0: --restart-servers reached" in log, log
+    assert "Two failures of one replication chain (servers 0 and 2)" in log, log
+    assert "job failed" in log, log
+
+
+def test_restart_servers_without_replicas_is_refused_before_anything_starts():
+    out = run("--restart-servers", "1", timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--restart-servers 1 starts servers in place of dead ones" in out.stderr, out.stderr
+    assert "KVSTORE_REPLICAS=1" in out.stderr and "worker:" not in out.stdout, out.stdout + out.stderr
