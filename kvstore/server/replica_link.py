@@ -64,7 +64,9 @@ class ReplicaLink:
         self.state = state
         self.gate = ReplyGate()
         self._ctx = ctx
-        self._urls = [advert.split()[0] for advert in servers]
+        # a dead server's advert is "" from a restarted scheduler (it never registered with
+        # it): a dead server is never a backup, so its URL is never used
+        self._urls = [(advert.split() or [""])[0] for advert in servers]
         self._num_servers = len(servers)     # the shares (replacements' adverts come later)
         self._socks: dict[int, zmq.Socket] = {}   # backup rank -> DEALER
         self._seqs: dict[int, int] = {}

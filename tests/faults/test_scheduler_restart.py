@@ -9,17 +9,20 @@ open): the launcher restarts it on the same port, every process registers again,
 the job goes on and ends with exit 0 and the uninterrupted run's weights bit for
 bit. With KVSTORE_REPLICAS=1 the servers' book survives the restart: a server
 killed before it stays failed over, and one killed after it is failed over
-too. A scheduler that does not come back (stopped: SIGSTOP) ends the job after
+too, and a replacement server (--restart-servers) that joined before the restart
+registers again, keeps its rebuilt replicas and takes over at the next death.
+A scheduler that does not come back (stopped: SIGSTOP) ends the job after
 KVSTORE_HEARTBEAT_TIMEOUT + KVSTORE_SCHEDULER_RESTART_TIMEOUT, naming it."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 
 import pytest
 
-from test_replicated_servers import digests, run
+from test_replicated_servers import SCRIPT, digests, run
 
 BASE = {"BARRIER": "1"}
 
@@ -65,6 +68,26 @@ def test_with_replicas_the_servers_book_survives_the_restart(uninterrupted):
     assert log.count("rebuilt the job from 5 registrations (servers' book epoch 1,") == 2, log
     assert "was killed by SIGKILL: its chunks are served by their backups (servers' book epoch 2: " \
            "owners [1, 1, 3, 3])" in log, log
+    assert digests(out) == [uninterrupted, uninterrupted], log
+
+
+def test_a_replacement_server_and_its_rebuilt_replicas_survive_the_restart(uninterrupted):
+    """KVSTORE_REPLICAS=1, --restart-servers 1, 3 servers: server 1 killed at step 2,
+    replacement server 3 joins and both its replicas are rebuilt (worker 0 waits for
+    that book at step 4), then the scheduler is killed (step 4): the restarted one
+    waits for server 3 too (5 registrations) and restores the book at its epoch 4;
+    server 2 killed at step 8 is failed over onto the rebuilt replica (server 3 serves
+    server 1's share now). Exit 0, the uninterrupted weights."""
+    out = run("--restart-servers", "1", sys.executable, SCRIPT, **BASE, KVSTORE_REPLICAS="1", KILL="1:2,2:8",
+              KILL_SCHEDULER="4:push", REBUILT="4", timeout=150)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "started server 3 in place of server 1" in log and "joined as a replacement" in log, log
+    assert len(restarts(log)) == 1, log
+    assert "[worker:0] replicas rebuilt: servers' book epoch 4" in out.stdout, log
+    # server 3 registered again too, and the book came back whole (epoch 4: no share rebuilding)
+    assert "the restarted scheduler rebuilt the job from 5 registrations (servers' book epoch 4," in log, log
+    assert "servers' book epoch 5: owners [0, 3, 0]" in log, log
     assert digests(out) == [uninterrupted, uninterrupted], log
 
 
