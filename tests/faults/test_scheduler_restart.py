@@ -96,7 +96,7 @@ def test_a_scheduler_that_does_not_come_back_ends_the_job_naming_it():
     every process waits KVSTORE_HEARTBEAT_TIMEOUT + KVSTORE_SCHEDULER_RESTART_TIMEOUT
     (2 + 1 s), then the job ends naming the scheduler; nothing is left running."""
     out = run(**BASE, KILL_SCHEDULER="3:barrier", KILL_SCHEDULER_SIGNAL="SIGSTOP",
-              KVSTORE_SCHEDULER_RESTART_TIMEOUT="1")
+              KVSTORE_HEARTBEAT_TIMEOUT="2", KVSTORE_SCHEDULER_RESTART_TIMEOUT="1")   # (the others: 10 s)
     log = out.stdout + out.stderr
     assert out.returncode == 1, log
     assert re.search(r"job failed: worker \d exited with status 1: .*lost contact with the scheduler at "
