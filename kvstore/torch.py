@@ -73,7 +73,8 @@ def bucket_bytes_for(model_bytes: int, last_bytes: int = 0) -> int:
     gradient backward produces last (the model's first; the Trainer passes it), at
     most the rest of the model, so that a bucket fills before that gradient arrives.
     Every model of two or more trained parameters thus has a bucket in flight while
-    backward still runs. A fixed 4 MiB made every model under 4 MiB one bucket, sent
+    backward still runs (when backward produces their gradients in reverse order, as
+    it usually does, and they share one dtype and device). A fixed 4 MiB made every model under 4 MiB one bucket, sent
     when backward ended: no overlap at all. The floor keeps the requests few where
     they cost more than they hide: each bucket is a request to every server it
     spans, and where every core is busy each costs CPU that nothing idle hides

@@ -362,8 +362,9 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
                 if settings.replicas and child.spec.role == "server" and not failed_before:
                     # replicated servers: the scheduler hands its chunks to their backups, or
                     # (a chain's second failure) aborts the job, found at the next turn
-                    log.warning("%s %s: its chunks are served by their backups (KVSTORE_REPLICAS=1)",
-                                label, describe_exit(code))
+                    log.warning("%s %s: with KVSTORE_REPLICAS=1 the scheduler hands its chunks to their "
+                                "backups, or ends the job (a chain's second failure, a server that never "
+                                "registered)", label, describe_exit(code))
                     continue
                 if not failed_before:
                     return label, code

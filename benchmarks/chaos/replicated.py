@@ -67,7 +67,7 @@ from typing import Callable
 
 from benchmarks.chaos.jobs import (LATE, ROOT, WRONG, Job, await_pid, end_jobs, finish, job_env,
                                    launcher_argv, line_of, pid_of)
-from benchmarks.failover.run import pause
+from benchmarks.harness.pause import pause
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "chaos", "replicated_worker.py")
 MODES = ("sync", "async")

@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.failover"
 
 from benchmarks.harness.output import ResultsDir  # noqa: E402
+from benchmarks.harness.pause import pause  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "benchmarks", "failover", "worker.py")
@@ -73,16 +74,6 @@ def timings(output: str) -> tuple[list[float], float | None, str | None]:
 
 
 VARIANTS = ("no replicas", "no replicas, tcp", "replicas", "SIGKILL", "SIGSTOP")
-
-
-def pause(ends: list[float], kill: float, rounds: int = 3) -> float:
-    """The longest wait for a round after the signal at ``kill``: over the first
-    ``rounds`` steps that end after it, each one's time from the later of its start
-    (the previous step's end) and the signal to its end. (The step the signal fell
-    in may have been answered already by the dying server; the failover then
-    stalls the next one.)"""
-    after = [i for i, end in enumerate(ends) if end > kill][:rounds]
-    return max(ends[i] - max(ends[i - 1] if i else kill, kill) for i in after)
 
 
 def measure(workers, servers, steps, keys, size, runs, heartbeat_timeout, seed,

@@ -114,13 +114,15 @@ class Checkpoints:
             self._take(meta, "save_checkpoint")
         except (RemoteError, CheckpointError) as e:
             # every worker hears of it (a token the others do not pass) and raises
-            # CheckpointError; this one raises the server's error. The previous
+            # CheckpointError quoting the server's error, this one too. The previous
             # complete set stays the one a resume takes, and the job may go on.
             try:
                 self._collective(f"save_checkpoint failed: {e}")
             except KVStoreError:
                 pass
-            raise
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"save_checkpoint failed: {e}") from e
         self._collective("save_checkpoint done")
 
     def pulled(self) -> None:

@@ -59,7 +59,8 @@ def test_a_server_killed_mid_training_leaves_the_uninterrupted_weights(uninterru
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
     assert f"killed server {server} at step {step}" in out.stdout
-    assert f"server {server} was killed by SIGKILL: its chunks are served by their backups" in log
+    assert re.search(rf"server {server} \(pid \d+ on [^)]+\) was killed by SIGKILL: its chunks are served by their "
+                     r"backups", log), log
     assert re.search(rf"server \d serves server {server}'s chunks now", log), log
     assert digests(out) == [uninterrupted, uninterrupted], log
 

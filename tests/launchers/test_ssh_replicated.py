@@ -39,7 +39,8 @@ def test_a_server_killed_over_ssh_is_survived_with_the_uninterrupted_weights(ssh
                         "python", os.path.join(SCRIPTS, "replicated.py"),
                         env={**base, **SETTINGS, "KVSTORE_REPLICAS": "1", "KILL": "1:4"})
     assert p.wait(120) == 0, p.text
-    assert "server 1 was killed by SIGKILL: its chunks are served by their backups" in p.text, p.text
+    assert re.search(r"server 1 \(pid \d+ on [^)]+\) was killed by SIGKILL: its chunks are served by their backups", p.text), \
+        p.text
     assert re.search(r"server \d serves server 1's chunks now", p.text), p.text
     assert digests(p.text) == {want}, p.text
     assert eventually_empty(lambda: tagged(p.tag)) == [], f"processes left behind:\n{p.text}"

@@ -49,5 +49,6 @@ def test_train_cifar10_survives_a_killed_server_with_the_uninterrupted_accuracie
                 if environ_of(pid).get("KVSTORE_ROLE") == "server" and environ_of(pid).get("KVSTORE_RANK") == "1"]
     os.kill(server, signal.SIGKILL)
     assert job.wait(240) == 0, job.text
-    assert "server 1 was killed by SIGKILL: its chunks are served by their backups" in job.text, job.text
+    assert re.search(r"server 1 \(pid \d+ on [^)]+\) was killed by SIGKILL: its chunks are served by their backups", job.text), \
+        job.text
     assert accuracies(job.text) == want, job.text
