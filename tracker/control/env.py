@@ -195,7 +195,7 @@ VARIABLES: tuple[Var, ...] = (
         "Seconds without a heartbeat after which a process is declared dead and the "
         "whole job is aborted with an error naming it. Also how long a server waits for its "
         "checkpoint directory's lock (held by another live job's server) before it fails."),
-    Var("KVSTORE_SCHEDULER_RESTART_TIMEOUT", (), 60.0, _NON_NEGATIVE_FLOAT,
+    Var("KVSTORE_SCHEDULER_RESTART_TIMEOUT", (), 10.0, _NON_NEGATIVE_FLOAT,
         "Seconds a process that lost contact with the scheduler for KVSTORE_HEARTBEAT_TIMEOUT "
         "keeps trying, for its launcher to restart the scheduler (tracker.local, tracker.ssh), "
         "before it stops with \"lost contact with the scheduler\"; a restarted scheduler waits "
