@@ -104,7 +104,7 @@ class DistStore(KVStore):
             self._checkpoints.resume()
             if self._leads():
                 # the servers count a round complete when every worker rank is in it
-                self._client.request_all(ops.CONFIGURE, "configuring the servers", num_workers=reg.slots,
+                self._client.request_all(ops.CONFIGURE, "configuring the servers", num_workers=reg.worker_ranks,
                                          **self._mode.configure_fields(staleness),
                                          **({"deterministic": True} if config.deterministic else {}))
         except BaseException:

@@ -77,7 +77,7 @@ def close(*nodes, sched) -> None:
 
 def test_registration_defaults_keep_older_constructions_working():
     reg = Registration(0, 2, 1, ["tcp://s"], ["h:1", "h:2"])
-    assert (reg.slots, reg.members, reg.epoch, reg.joined, reg.progress, reg.elastic) == (
+    assert (reg.worker_ranks, reg.members, reg.epoch, reg.joined, reg.progress, reg.elastic) == (
         2, (0, 1), 0, False, {}, None)
 
 
@@ -86,7 +86,7 @@ def test_without_elastic_every_worker_is_a_member_and_barriers_say_so():
     servers, workers = members(sched.port, 2)
     try:
         reg = workers[1].registration
-        assert (reg.rank, reg.slots, reg.members, reg.epoch, reg.joined, reg.elastic) == (
+        assert (reg.rank, reg.worker_ranks, reg.members, reg.epoch, reg.joined, reg.elastic) == (
             1, 2, (0, 1), 0, False, None)
         assert servers[0].members == (0, frozenset({0, 1}))
         assert run_all([lambda w=w: w.barrier("b", timeout=20.0) for w in workers]) == [(0, (0, 1))] * 2
@@ -100,7 +100,7 @@ def test_a_worker_joins_and_becomes_a_member_at_a_barrier_and_reads_the_saved_pr
     joiner = worker(sched.port)
     try:
         reg = workers[0].registration
-        assert (reg.slots, reg.members, reg.epoch, reg.joined, reg.elastic, reg.progress) == (
+        assert (reg.worker_ranks, reg.members, reg.epoch, reg.joined, reg.elastic, reg.progress) == (
             3, (0, 1), 0, False, (1, 3), {})
         assert reg.workers == [f"127.0.0.1:{PID}", f"127.0.0.1:{PID}", ""]
         workers[0].save_progress({"epoch": 3, "step": 1200})

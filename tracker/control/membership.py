@@ -52,8 +52,8 @@ class Registration:
     num_servers: int
     servers: list       # data-plane address of each server, by rank
     workers: list       # "host:pid" of each worker rank, by rank ("" where vacant)
-    slots: int | None = None       # worker ranks 0..slots-1 (elastic: MAX); None: num_workers
-    members: tuple | None = None   # the ranks of the workers in the job; None: all slots
+    worker_ranks: int | None = None   # worker ranks 0..worker_ranks-1 (elastic: MAX); None: num_workers
+    members: tuple | None = None   # the ranks of the workers in the job; None: all worker ranks
     epoch: int = 0                 # the membership epoch of ``members``
     joined: bool = False           # a worker that joined a running (elastic) job
     progress: dict = field(default_factory=dict)   # as a worker last saved it
@@ -62,9 +62,9 @@ class Registration:
     job: str = ""                  # servers: the job's id (SchedulerState.job), "" for workers
 
     def __post_init__(self):
-        slots = self.num_workers if self.slots is None else self.slots
-        object.__setattr__(self, "slots", slots)
-        object.__setattr__(self, "members", tuple(range(slots) if self.members is None else self.members))
+        worker_ranks = self.num_workers if self.worker_ranks is None else self.worker_ranks
+        object.__setattr__(self, "worker_ranks", worker_ranks)
+        object.__setattr__(self, "members", tuple(range(worker_ranks) if self.members is None else self.members))
 
 
 class ServersBook(NamedTuple):
@@ -266,7 +266,7 @@ class Membership:
         elastic = msg["elastic"]
         self.registration = Registration(
             msg["rank"], msg["num_workers"], msg["num_servers"], list(msg["servers"]),
-            list(msg["workers"]), slots=msg["slots"], members=tuple(msg["members"]),
+            list(msg["workers"]), worker_ranks=msg["slots"], members=tuple(msg["members"]),
             epoch=msg["epoch"], joined=bool(msg["joined"]), progress=dict(msg["progress"]),
             elastic=None if elastic is None else tuple(elastic),
             worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))

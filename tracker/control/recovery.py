@@ -48,8 +48,8 @@ class Report:
     progress: dict                   # the job's progress as last heard
 
 
-def read_report(rejoin, slots: int, num_servers: int, job: str) -> Report:
-    """``rejoin`` validated (a node of this job: ``slots`` worker ranks, ``num_servers``
+def read_report(rejoin, worker_ranks: int, num_servers: int, job: str) -> Report:
+    """``rejoin`` validated (a node of this job: ``worker_ranks`` worker ranks, ``num_servers``
     servers, ``job`` its id). Raises RendezvousError naming the first bad field."""
     if not isinstance(rejoin, dict):
         raise RendezvousError(f"register's 'rejoin' must be a map, not {type(rejoin).__name__}")
@@ -68,11 +68,11 @@ def read_report(rejoin, slots: int, num_servers: int, job: str) -> Report:
     epoch, members = rejoin.get("epoch"), rejoin.get("members")
     if type(epoch) is not int or not -1 <= epoch < 2 ** 62:
         raise RendezvousError(f"rejoin's 'epoch' must be an integer, not {epoch!r:.60}")
-    if not isinstance(members, list) or not ranks(members, slots):
-        raise RendezvousError(f"rejoin's 'members' must be a list of worker ranks below {slots}")
+    if not isinstance(members, list) or not ranks(members, worker_ranks):
+        raise RendezvousError(f"rejoin's 'members' must be a list of worker ranks below {worker_ranks}")
     finished = rejoin.get("finished_workers")
-    if not isinstance(finished, list) or not ranks(finished, slots):
-        raise RendezvousError(f"rejoin's 'finished_workers' must be a list of worker ranks below {slots}")
+    if not isinstance(finished, list) or not ranks(finished, worker_ranks):
+        raise RendezvousError(f"rejoin's 'finished_workers' must be a list of worker ranks below {worker_ranks}")
     shutdown, progress = rejoin.get("shutdown"), rejoin.get("progress")
     if type(shutdown) is not bool:
         raise RendezvousError("rejoin's 'shutdown' must be true or false")
@@ -83,11 +83,11 @@ def read_report(rejoin, slots: int, num_servers: int, job: str) -> Report:
 
 class Recovery:
     """The reports of the nodes that registered again with a restarted scheduler
-    of a job of ``slots`` worker ranks and ``num_servers`` servers, and the exits
+    of a job of ``worker_ranks`` worker ranks and ``num_servers`` servers, and the exits
     its launcher replayed."""
 
-    def __init__(self, slots: int, num_servers: int, *, elastic: bool, job: str):
-        self.slots = slots
+    def __init__(self, worker_ranks: int, num_servers: int, *, elastic: bool, job: str):
+        self.worker_ranks = worker_ranks
         self.num_servers = num_servers
         self.elastic = elastic
         self.job = job
@@ -119,7 +119,7 @@ class Recovery:
     def finished_workers(self) -> frozenset:
         """The workers some server heard finished (all, once one was told to shut down)."""
         if any(r.shutdown for r in self.reports.values()):
-            return frozenset(range(self.slots))
+            return frozenset(range(self.worker_ranks))
         return frozenset().union(*(r.finished_workers for r in self.reports.values()))
 
     def progress(self) -> dict:
@@ -131,11 +131,11 @@ class Recovery:
         """The (role, rank) still expected to register again: ``registered`` holds those
         that did. Without any report (the job had not formed), every node of the job."""
         if not self.reports:
-            want = [("server", s) for s in range(self.num_servers)] + [("worker", w) for w in range(self.slots)]
+            want = [("server", s) for s in range(self.num_servers)] + [("worker", w) for w in range(self.worker_ranks)]
             return [n for n in want if n not in registered]
         book = self.book()
         dead = set(book.dead) if book is not None else set()
-        workers = set(self.membership()[1]) if self.elastic else set(range(self.slots))
+        workers = set(self.membership()[1]) if self.elastic else set(range(self.worker_ranks))
         workers -= self.finished_workers()
         servers = book.ranks if book is not None else self.num_servers   # replacements included
         want = [("server", s) for s in range(servers) if s not in dead] + \
