@@ -22,6 +22,7 @@ from kvstore.errors import ConfigError
 from kvstore.modes import ASYNC, SSP, SYNC
 from kvstore.protocol import ops
 from kvstore.worker.failover import Failover, replicated_config
+from tracker.control.membership import ServersBook
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,12 +30,12 @@ pytestmark = pytest.mark.timeout(30)
 def test_each_share_is_served_by_its_own_server_until_a_newer_book_moves_it():
     f = Failover(3)
     assert [f.route(s) for s in range(3)] == [0, 1, 2] and f.live() == [0, 1, 2] and f.epoch == 0
-    assert f.moved((1, (0, 2, 2), (2, 0, 0))) == {1}               # server 1 died: 2 serves its share
+    assert f.moved(ServersBook(1, (0, 2, 2), (2, 0, 0))) == {1}               # server 1 died: 2 serves its share
     assert [f.route(s) for s in range(3)] == [0, 2, 2] and f.live() == [0, 2] and f.epoch == 1
-    assert f.moved((1, (0, 0, 0), (1, 1, 1))) == set()             # not newer: ignored
-    assert f.moved((2, (0, 0), (1, 1))) == set()                   # a book of another job's size: ignored
+    assert f.moved(ServersBook(1, (0, 0, 0), (1, 1, 1))) == set()             # not newer: ignored
+    assert f.moved(ServersBook(2, (0, 0), (1, 1))) == set()                   # a book of another job's size: ignored
     assert [f.route(s) for s in range(3)] == [0, 2, 2] and f.epoch == 1
-    assert f.moved((3, (0, 0, 0), (0, 0, 0))) == {2}
+    assert f.moved(ServersBook(3, (0, 0, 0), (0, 0, 0))) == {2}
     assert f.live() == [0]
 
 
