@@ -23,25 +23,15 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_replicated_servers import ROOT, digests, run as run_job
+
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-BASE = {"KVSTORE_DETERMINISTIC": "1", "KVSTORE_CHUNK_BYTES": "4096", "KVSTORE_HEARTBEAT_INTERVAL": "0.2",
-        "KVSTORE_HEARTBEAT_TIMEOUT": "10", "KVSTORE_TIMEOUT": "30", "KVSTORE_ABORT_GRACE": "2"}
 
 
 def run(*options, script="replicated.py", servers=2, timeout=120, **env) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    full = {**{k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}, "PYTHONPATH": path,
-            **BASE, **env}
-    cmd = [sys.executable, "-m", "tracker.local", "-n", "2", "-s", str(servers), "--kill-grace", "1", *options,
-           sys.executable, os.path.join(SCRIPTS, script)]
-    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def digests(out: subprocess.CompletedProcess) -> list[str]:
-    found = sorted(re.findall(r"\[worker:(\d)\] digest (\w+)", out.stdout))
-    assert [w for w, _ in found] == ["0", "1"], out.stdout + out.stderr
-    return [d for _, d in found]
+    """tests/faults/test_replicated_servers.run with launcher ``options`` and ``script``."""
+    return run_job(*options, sys.executable, os.path.join(SCRIPTS, script), servers=servers, timeout=timeout,
+                   **env)
 
 
 @pytest.fixture(scope="module")
