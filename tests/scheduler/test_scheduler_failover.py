@@ -187,3 +187,26 @@ def test_a_book_with_replacements_is_restored_from_its_fields_and_bad_fields_are
                         ("backups", [3, 1, 0]), ("rebuilding", [2]), ("dead", [[1, "x"], [1, "y"]])):
         with pytest.raises(ValueError, match=name):
             ServerBook.restore(3, {**fields, name: value})
+
+
+@pytest.mark.parametrize("how", ["killed", "silent"])
+def test_a_server_lost_after_every_worker_finished_ends_the_job_as_it_would_have(how):
+    """Every worker finished (the servers were told to shut down), then server 1 dies
+    (the launcher saw it) or goes silent: nothing is lost, so no failure; the other
+    servers finish and the job is over, as without the loss."""
+    job = Job()
+    for worker in ("worker-0", "worker-1"):
+        sends = job.state.receive(worker.encode(), wire.encode("finish", id=next(job.ids), node=worker), job.now)
+    assert {s.ident for s in sends if s.op == "shutdown"} == {b"hb:server-0", b"hb:server-1", b"hb:server-2"}
+    job.now = HB_TIMEOUT + 1.0
+    if how == "killed":
+        job.state.node_exited("server", 1, -9, now=job.now)
+    else:
+        job.beat("server-0")
+        job.beat("server-2")
+        job.state.tick(job.now)
+    assert job.state.failure is None
+    for server in ("server-0", "server-2"):
+        job.state.receive(server.encode(), wire.encode("finish", id=next(job.ids), node=server), job.now)
+    job.state.tick(job.now + 0.1)
+    assert job.state.over and job.state.failure is None

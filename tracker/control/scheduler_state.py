@@ -206,6 +206,9 @@ class SchedulerState:
         elif self._replicated(node, role) and code != 0:
             assert node is not None
             self._server_died(node, describe_exit(code))
+        elif self._lost_at_shutdown(node, role) and code != 0:
+            assert node is not None
+            self._server_lost_at_shutdown(node, describe_exit(code))
         elif self.elastic is not None and role == "worker" and self._book is not None:
             if node is not None and self._ranks.holds(node):   # a clean exit is no failure
                 self._leave(node, describe_exit(code) if code else "exited with status 0 without "
@@ -284,6 +287,9 @@ class SchedulerState:
                     self._server_died(node, why)
                     if self.failure is None:
                         continue
+                if self._lost_at_shutdown(node, node.role):
+                    self._server_lost_at_shutdown(node, why)
+                    continue
                 self._abort(f"{node.name()} {why}")
                 return True
         if self._shutdown_at is not None and now > self._shutdown_at + self.timeout:
@@ -563,6 +569,21 @@ class SchedulerState:
         replicated job that formed, before the servers were told to shut down."""
         return (role == "server" and node is not None and self.servers_book is not None
                 and not node.finished and not self._shutdown_sent and self.failure is None)
+
+    def _lost_at_shutdown(self, node: Node | None, role: str) -> bool:
+        """Whether the death of ``node`` loses nothing: a server of a replicated job
+        after every worker finished (the servers were told to shut down). Every round
+        it answered is on its backup (a reply waits for the backup's acknowledgement),
+        no worker asks it anything more, and a server writes nothing as it shuts down."""
+        return (role == "server" and node is not None and self.servers_book is not None
+                and not node.finished and self._shutdown_sent and self.failure is None)
+
+    def _server_lost_at_shutdown(self, node: Node, why: str) -> None:
+        """Server ``node`` died ``why`` while the servers shut down: logged, counted as
+        finished; the job ends as it would have."""
+        node.finished, node.removed = True, f"{why} after every worker finished"
+        log.warning("%s %s after every worker finished: nothing is lost (every round it answered is "
+                    "on its backup); the job ends as it would have", node.name(), why)
 
     def _server_died(self, node: Node, why: str) -> None:
         """Server ``node`` died ``why``: the backups of its chunks take over (every node
