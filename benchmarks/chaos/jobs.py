@@ -153,10 +153,12 @@ def job_env(tag: str, **extra: str) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), **extra}
 
 
-def pid_of(tag: str, role: str, rank: int) -> int | None:
-    """The pid of this job's ``role`` ``rank`` (its environment says so)."""
-    want = {b"CHAOS_TAG=" + tag.encode(), b"KVSTORE_ROLE=" + role.encode(),
-            b"KVSTORE_RANK=" + str(rank).encode()}
+def pid_of(tag: str, role: str, rank: int | None) -> int | None:
+    """The pid of this job's ``role`` ``rank`` (its environment says so; ``rank`` None:
+    the one process of that role, the scheduler)."""
+    want = {b"CHAOS_TAG=" + tag.encode(), b"KVSTORE_ROLE=" + role.encode()}
+    if rank is not None:
+        want.add(b"KVSTORE_RANK=" + str(rank).encode())
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:

@@ -346,6 +346,10 @@ def main(argv=None) -> int:
                         "(benchmarks/chaos/replicated.py)")
     p.add_argument("--modes", default="sync,async",
                    help="--replicated: the consistency modes the runs draw from [default: sync,async]")
+    p.add_argument("--targets", default=",".join(chaos_replicated.DEFAULT_TARGETS),
+                   help="--replicated: what the faults strike, of "
+                        f"{', '.join(t.name for t in chaos_replicated.TARGETS)} (the scheduler: SIGKILL "
+                        "during rounds or a save) [default: %(default)s]")
     p.add_argument("--replay", type=int, default=None, metavar="SEED",
                    help="--replicated: run only the run of this seed (as a failure lists it)")
     every = ("run", *chaos_phases.PHASES)
@@ -420,16 +424,20 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
         p.error(f"--modes: a comma-separated list of {', '.join(chaos_replicated.MODES)}")
     if args.elastic or args.ssh or args.phases:
         p.error("--replicated runs its own jobs: no --elastic, --ssh or --phases")
+    targets = tuple(args.targets.split(","))
+    names = [t.name for t in chaos_replicated.TARGETS]
+    if not targets or set(targets) - set(names) or len(set(targets)) != len(targets):
+        p.error(f"--targets: a comma-separated list of {', '.join(names)}")
     out_dir = OUTPUT.chosen(p, args)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     seeds = [args.replay] if args.replay is not None else [rng.randrange(1 << 31) for _ in range(args.runs)]
     partitions = chaos_replicated.can_partition()
-    print(f"replicated, seed {seed}, modes {', '.join(modes)}" +
+    print(f"replicated, seed {seed}, modes {', '.join(modes)}, targets {', '.join(targets)}" +
           ("" if partitions else "; no network partitions: they need root and iproute2 (ip)"), flush=True)
     runs, t0, refs = [], time.time(), chaos_replicated.References()
     for i, run_seed in enumerate(seeds):
-        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions), refs)
+        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions, targets), refs)
         run["run"] = i
         runs.append(run)
         print(f"run {i}: {chaos_replicated.describe(run)}", flush=True)
@@ -437,10 +445,11 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     print(summary)
     load = os.getloadavg()
     with open(os.path.join(out_dir, "chaos-replicated.json"), "w") as f:
-        json.dump({"seed": seed, "modes": list(modes), "runs": runs, "seconds": round(time.time() - t0),
+        json.dump({"seed": seed, "modes": list(modes), "targets": list(targets), "runs": runs, "seconds": round(time.time() - t0),
                    "loadavg_at_end": load}, f, indent=1)
     with open(os.path.join(out_dir, "chaos-replicated.md"), "w") as f:
         f.write(f"# Chaos, replicated servers: {len(runs)} runs (seed {seed}, modes {', '.join(modes)}, "
+                f"targets {', '.join(targets)}, "
                 f"{time.strftime('%Y-%m-%d')}, {round(time.time() - t0)} s, load average at the end "
                 f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n\n{summary}\n")
     return 1 if any(r["problems"] for r in runs) else 0

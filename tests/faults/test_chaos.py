@@ -161,3 +161,15 @@ def test_a_replicated_dist_async_job_applies_every_push_once_across_a_server_kil
     run = chaos_replicated.run_case(case, chaos_replicated.References())
     assert not run["problems"], run
     assert run["exit"] == 0 and "pause_s" in run, run
+
+
+@pytest.mark.timeout(90)
+def test_a_replicated_job_goes_on_after_its_scheduler_is_killed_in_rounds():
+    """The scheduler target: SIGKILL of the job's scheduler 5 ms after round 4 of a
+    dist_sync job; the launcher restarts it, every process registers again, and the
+    job ends with exit 0, the uninterrupted weights, the restart reported."""
+    case = chaos_replicated.Case(seed=0, mode="sync", workers=2, servers=2, fault="SIGKILL", target="scheduler",
+                                 rank=0, moment="rounds", at=4, delay_s=0.005)
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0, run
