@@ -27,12 +27,19 @@ def digests(text: str) -> set[str]:
     return set(re.findall(r"\[worker:\d[^\]]*\] digest (\w+)", text))
 
 
-def test_a_server_killed_over_ssh_is_survived_with_the_uninterrupted_weights(sshd):
+@pytest.fixture(scope="module")
+def want() -> str:
+    """The digest of the same job run by tracker.local without replicas or faults."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
     reference = python_launcher("tracker.local", "-n", "2", "-s", "3", "python",
                                 os.path.join(SCRIPTS, "replicated.py"), env={**base, **SETTINGS})
     assert reference.wait(120) == 0, reference.text
-    [want] = digests(reference.text)
+    [digest] = digests(reference.text)
+    return digest
+
+
+def test_a_server_killed_over_ssh_is_survived_with_the_uninterrupted_weights(sshd, want):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
     hosts = sshd.hostfile("# two loopback hosts", "127.0.0.2:{port}", "", "127.0.0.3:{port}")
     p = python_launcher("tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG", "--env", "KILL",
                         "-n", "2", "-s", "3", "-H", hosts, "--kill-grace", "1",
@@ -47,15 +54,11 @@ def test_a_server_killed_over_ssh_is_survived_with_the_uninterrupted_weights(ssh
     assert eventually_empty(sshd.sessions) == [], f"ssh sessions left behind:\n{p.text}"
 
 
-def test_over_ssh_a_replacement_starts_on_the_dead_servers_host_and_a_second_kill_is_survived(sshd):
+def test_over_ssh_a_replacement_starts_on_the_dead_servers_host_and_a_second_kill_is_survived(sshd, want):
     """--restart-servers 1: server 1 killed, server 3 started on server 1's host over
     ssh, the replicas rebuilt on it, then server 2 (which serves server 1's share)
     killed: the weights of the uninterrupted run."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
-    reference = python_launcher("tracker.local", "-n", "2", "-s", "3", "python",
-                                os.path.join(SCRIPTS, "replicated.py"), env={**base, **SETTINGS})
-    assert reference.wait(120) == 0, reference.text
-    [want] = digests(reference.text)
     hosts = sshd.hostfile("# two loopback hosts", "127.0.0.2:{port}", "", "127.0.0.3:{port}")
     p = python_launcher("tracker.ssh", "-F", sshd.client_config, "--env", "KVSTORE_TEST_TAG", "--env", "KILL",
                         "--env", "REBUILT", "--env", f"PYTHONPATH={CHECKOUT}", "-n", "2", "-s", "3", "-H", hosts, "--kill-grace", "1",
