@@ -129,7 +129,8 @@ def test_registered_tells_slots_members_epoch_progress_and_the_elastic_bounds():
         "id": req_id, "rank": 0, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101", "", ""], "slots": 4, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": [1, 4],
-        "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""], "incarnation": job.state.incarnation}
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""], "incarnation": job.state.incarnation,
+        "barriers": 0}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -143,7 +144,8 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
         "id": req_id, "rank": 1, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
         "workers": ["h:100", "h:101"], "slots": 2, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": None,
-        "worker_addrs": ["tcp://worker-0", "tcp://worker-1"], "incarnation": job.state.incarnation}
+        "worker_addrs": ["tcp://worker-0", "tcp://worker-1"], "incarnation": job.state.incarnation,
+        "barriers": 0}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -165,7 +167,7 @@ def test_a_joiner_takes_the_lowest_vacant_rank_and_is_answered_once_the_server_a
                      "servers": ["tcp://server-0"], "workers": ["h:100", "h:101", "h:500", ""],
                      "slots": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
                      "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""],
-                     "incarnation": job.state.incarnation}
+                     "incarnation": job.state.incarnation, "barriers": 0}
     assert ("worker 2 (pid 500 on h) joins the job (members 0, 1, epoch 1); it becomes a member at "
             "its first barrier") in caplog.text
     assert "worker 2 (pid 500 on h) joined the job: every server holds epoch 1" in caplog.text
@@ -411,8 +413,8 @@ def test_barrier_done_carries_the_epoch_members_and_progress_elastic_or_not():
     first, _ = job.request("worker-0", "barrier", token="t")
     second, sends = job.request("worker-1", "barrier", token="t")
     assert sorted(sends, key=lambda s: s.ident) == [
-        Send(b"worker-0", "barrier_done", {"id": first, "epoch": 0, "members": [0, 1], "progress": {}}),
-        Send(b"worker-1", "barrier_done", {"id": second, "epoch": 0, "members": [0, 1], "progress": {}})]
+        Send(b"worker-0", "barrier_done", {"id": first, "epoch": 0, "members": [0, 1], "progress": {}, "barrier": 1}),
+        Send(b"worker-1", "barrier_done", {"id": second, "epoch": 0, "members": [0, 1], "progress": {}, "barrier": 1})]
 
 
 def test_a_leave_completes_the_barrier_the_others_wait_at():
@@ -422,8 +424,8 @@ def test_a_leave_completes_the_barrier_the_others_wait_at():
     second, _ = job.request("worker-2", "barrier", token="step")
     sends = job.state.node_exited("worker", 1, KILLED, job.now)
     done = {(s.ident, s.fields["id"]): s.fields for s in sends if s.op == "barrier_done"}
-    assert done == {(b"worker-0", first): {"id": first, "epoch": 1, "members": [0, 2], "progress": {}},
-                    (b"worker-2", second): {"id": second, "epoch": 1, "members": [0, 2], "progress": {}}}
+    assert done == {(b"worker-0", first): {"id": first, "epoch": 1, "members": [0, 2], "progress": {}, "barrier": 1},
+                    (b"worker-2", second): {"id": second, "epoch": 1, "members": [0, 2], "progress": {}, "barrier": 1}}
 
 
 def test_a_finished_worker_does_not_fail_the_barrier_of_the_others():
@@ -432,7 +434,7 @@ def test_a_finished_worker_does_not_fail_the_barrier_of_the_others():
     job.request("worker-1", "finish")
     req_id, sends = job.request("worker-0", "barrier", token="t")
     assert only(sends) == Send(b"worker-0", "barrier_done",
-                               {"id": req_id, "epoch": 1, "members": [0], "progress": {}})
+                               {"id": req_id, "epoch": 1, "members": [0], "progress": {}, "barrier": 1})
 
 
 def test_a_pending_joiner_is_no_member_and_the_members_barrier_does_not_wait_for_it():
@@ -443,7 +445,7 @@ def test_a_pending_joiner_is_no_member_and_the_members_barrier_does_not_wait_for
         [0, 1], 2, [0, 1], 1)
     ids = job.wait(["worker-0"])
     ids[b"worker-1"], sends = job.request("worker-1", "barrier", token="b")
-    assert by_ident(sends) == done(ids, epoch=1, members=[0, 1], progress={})   # at once: no epoch
+    assert by_ident(sends) == done(ids, epoch=1, members=[0, 1], progress={}, barrier=1)   # at once: no epoch
 
 
 def test_a_joiner_at_the_members_barrier_becomes_a_member_once_every_server_holds_the_epoch(caplog):
@@ -465,12 +467,12 @@ def test_a_joiner_at_the_members_barrier_becomes_a_member_once_every_server_hold
     assert job.tick(INTERVAL) == []
     sends = job.server_beat("server-1", epoch=2)
     assert sends[0] == Send(b"hb:server-1", "ack", {**news, "incarnation": job.state.incarnation})
-    assert by_ident(sends[1:]) == done(ids, epoch=2, members=[0, 1, 2], progress={})
+    assert by_ident(sends[1:]) == done(ids, epoch=2, members=[0, 1, 2], progress={}, barrier=1)
     assert job.servers_hold() == [Send(b"hb:server-0", "ack", {**news, "incarnation": job.state.incarnation}), Send(b"hb:server-1", "ack", {**news, "incarnation": job.state.incarnation})]
     # a member now: the next barrier waits for it, and ends at once (nobody joins)
     ids = job.wait(["worker-0", "worker-1"])
     ids[b"worker-new"], sends = job.request("worker-new", "barrier", token="b")
-    assert by_ident(sends) == done(ids, epoch=2, members=[0, 1, 2], progress={})
+    assert by_ident(sends) == done(ids, epoch=2, members=[0, 1, 2], progress={}, barrier=2)
 
 
 def test_a_barrier_the_servers_never_acknowledge_aborts_the_job_naming_them():
@@ -502,12 +504,12 @@ def test_a_joiner_at_another_barrier_than_the_members_stays_pending_and_waits_fo
     joiner = job.wait(["worker-new"], token="init", timeout=20.0)
     ids = job.wait(["worker-0"], token="step 3")
     ids[b"worker-1"], sends = job.request("worker-1", "barrier", token="step 3")
-    assert by_ident(sends) == done(ids, epoch=1, members=[0, 1], progress={})
+    assert by_ident(sends) == done(ids, epoch=1, members=[0, 1], progress={}, barrier=1)
     assert (job.state.members, job.state.epoch) == ([0, 1], 1)
     ids = job.wait(["worker-0", "worker-1"], token="init")            # it still waits: it joins
     assert (job.state.members, job.state.epoch) == ([0, 1, 2], 2)
     assert by_ident(s for s in job.servers_hold() if s.op == "barrier_done") == done(
-        {**ids, **joiner}, epoch=2, members=[0, 1, 2], progress={})
+        {**ids, **joiner}, epoch=2, members=[0, 1, 2], progress={}, barrier=2)
 
 
 def test_a_joiner_that_waits_on_keeps_its_deadline():
@@ -544,7 +546,7 @@ def test_a_joiner_alone_at_a_barrier_after_every_member_finished_becomes_the_mem
     assert not [s for s in sends if s.op == "shutdown"]               # a worker is still in
     ids = job.wait(["worker-new"])
     assert (job.state.members, job.state.epoch) == ([1], 3)
-    assert job.meet([]) == done(ids, epoch=3, members=[1], progress={})
+    assert job.meet([]) == done(ids, epoch=3, members=[1], progress={}, barrier=1)
 
 
 JOINER_DIES = {
@@ -573,7 +575,7 @@ def test_a_pending_joiner_that_dies_drops_out_and_the_others_barrier_proceeds(ho
         "reason": f"worker 2 was removed from the job: {why}"})
     ids = {}
     ids[b"worker-0"], sends = job.request("worker-0", "barrier", token="b")
-    assert sends == done(ids, epoch=2, members=[0], progress={})
+    assert sends == done(ids, epoch=2, members=[0], progress={}, barrier=1)
 
 
 def test_a_barrier_deadline_names_only_the_absent_members():
@@ -614,3 +616,22 @@ def test_progress_that_is_too_big_or_no_map_or_not_from_a_worker_is_invalid(node
     assert only(sends).op == "progress_saved"
     _, sends = job.request("worker-0", "barrier", token="t")
     assert only(sends).fields["progress"] == at_the_limit
+
+
+def test_a_joiner_on_the_rank_of_a_worker_that_left_hears_the_barrier_count_and_is_never_replayed_an_old_release():
+    """Worker 1 passed barrier 1 and left; a joiner takes rank 1 and hears that 1 barrier
+    was released. Its first barrier (sent with that count) makes it a member as usual:
+    the release kept for a restarted scheduler (Barrier.replay) is not for it."""
+    job = Elastic(workers=2, elastic=(1, 4))
+    job.form()
+    ids = job.wait(["worker-0"])
+    ids[b"worker-1"], sends = job.request("worker-1", "barrier", token="b", after=0)
+    assert by_ident(sends) == done(ids, epoch=0, members=[0, 1], progress={}, barrier=1)
+    job.request("worker-1", "finish")                                  # members [0], epoch 1
+    reply = job.joined("worker-new", rank=1).fields
+    assert (reply["rank"], reply["barriers"]) == (1, 1)
+    ids = job.wait(["worker-new"], after=reply["barriers"])
+    ids.update(job.wait(["worker-0"], after=1))
+    assert (job.state.members, job.state.epoch) == ([0, 1], 3)
+    assert by_ident(s for s in job.servers_hold() if s.op == "barrier_done") == done(
+        ids, epoch=3, members=[0, 1], progress={}, barrier=2)

@@ -3,13 +3,17 @@ tracker.control.recovery), without sockets or clocks: the job of a scheduler tha
 died is rebuilt from what its members register again with (``rejoin``) and the
 exits the launcher replays. Node ``worker-1`` sends requests from ``b"worker-1"``
 and heartbeats (and its registration again) from ``b"hb:worker-1"``, as a node's
-two sockets do."""
+two sockets do. Last, live over loopback ZeroMQ: Memberships whose scheduler is
+closed and started again on its port (as a launcher restarts it) go on through a
+barrier released to one worker only before the restart."""
 
 from __future__ import annotations
 
 import itertools
 
+from test_scheduler_liveness import FAST, members, run_all
 from tracker.control import wire
+from tracker.control.rendezvous import Scheduler
 from tracker.control.records import Send
 from tracker.control.scheduler_state import SchedulerState
 
@@ -248,3 +252,99 @@ def test_a_restarted_scheduler_refuses_a_replacement_the_reported_book_does_not_
                         addr="tcp://server-4", pid=104, replacement=True)
     [error] = new.state.receive(b"server-4", first, 1.0)
     assert error.fields["kind"] == wire.RESTARTING
+
+
+def released(sends: list[Send], ident: bytes, token: str) -> dict:
+    """The release a worker keeps from its ``barrier_done`` (Membership._barrier)."""
+    [done] = [s for s in sends if s.ident == ident and s.op == wire.BARRIER_DONE]
+    return {"number": done.fields["barrier"], "token": token,
+            "fields": {k: v for k, v in done.fields.items() if k != "id"}}
+
+
+def restarted_mid_release() -> tuple[Nodes, dict]:
+    """The old scheduler released barrier 2 ('save_checkpoint') to worker 0 and died
+    before its answer reached worker 1, which heard only barrier 1. Both register again
+    with the restarted scheduler with what they heard."""
+    old = formed(2, 1)
+    old.request("worker-0", "barrier", token="init")
+    _, first = old.request("worker-1", "barrier", token="init")
+    old.request("worker-0", "barrier", token="save_checkpoint")
+    _, second = old.request("worker-1", "barrier", token="save_checkpoint")
+    heard0, heard1 = released(second, b"worker-0", "save_checkpoint"), released(first, b"worker-1", "init")
+    assert (heard0["number"], heard1["number"]) == (2, 1)
+    new = Nodes(scheduler(2, 1, True))
+    new.register("server-0", report())
+    new.register("worker-0", report(barrier=heard0))
+    new.register("worker-1", report(barrier=heard1))
+    assert new.state.recovering is None
+    return new, heard0
+
+
+def test_a_barrier_released_to_some_workers_before_the_restart_is_released_to_the_others():
+    """Chaos seed 1077800662: worker 1 sends the barrier worker 0 passed again; it is
+    answered at once with that release, and the next barrier waits for both."""
+    new, heard0 = restarted_mid_release()
+    req, sends = new.request("worker-0", "barrier", token="save_checkpoint done", after=2)
+    assert sends == []                               # waits for worker 1
+    late, sends = new.request("worker-1", "barrier", token="save_checkpoint", after=1)
+    assert sends == [Send(b"worker-1", wire.BARRIER_DONE, {"id": late, **heard0["fields"]})]
+    nxt, sends = new.request("worker-1", "barrier", token="save_checkpoint done", after=2)
+    assert sorted((s.ident, s.op, s.fields["id"], s.fields["barrier"]) for s in sends) == [
+        (b"worker-0", wire.BARRIER_DONE, req, 3), (b"worker-1", wire.BARRIER_DONE, nxt, 3)]
+
+
+def test_a_worker_that_calls_another_barrier_than_the_one_released_before_the_restart_is_told_so():
+    new, _ = restarted_mid_release()
+    late, sends = new.request("worker-1", "barrier", token="set_optimizer", after=1)
+    assert [(s.ident, s.op, s.fields["kind"]) for s in sends] == [(b"worker-1", wire.ERROR, wire.MISMATCH)]
+    assert sends[0].fields["message"] == (
+        "workers disagree at a collective call: worker 1 differs from worker 0: worker 0: 'save_checkpoint'; "
+        "worker 1: 'set_optimizer' (barrier 2, released to the others before the scheduler's restart)")
+    assert new.state.failure is None
+
+
+def test_a_rejoin_reports_barrier_is_checked_field_by_field():
+    """A report's release is replayed to other workers: each field is validated."""
+    new = Nodes(scheduler(2, 1, True))
+    good = {"number": 2, "token": "t", "fields": {"epoch": 0, "members": [0, 1], "progress": {}, "barrier": 2}}
+    for bad, why in [("x", "must be a map or nil"),
+                     ({**good, "number": 0}, "positive integer 'number'"),
+                     ({**good, "token": 3}, "string 'token'"),
+                     ({**good, "fields": {**good["fields"], "barrier": 3}}, "barrier_done 'fields'"),
+                     ({**good, "fields": {**good["fields"], "members": [0, 7]}}, "worker ranks below 2"),
+                     ({**good, "fields": {**good["fields"], "data": [b"a"]}}, "one bytes payload per member")]:
+        [error] = new.register("worker-0", report(barrier=bad))
+        assert error.op == wire.ERROR and why in error.fields["message"], (bad, error.fields)
+    assert new.register("worker-0", report(barrier=good)) == []
+
+
+def test_live_a_barrier_released_to_one_worker_before_the_restart_reaches_the_other():
+    """Real Memberships and schedulers: both workers pass 'init' and 'save_checkpoint';
+    worker 1 is made to have heard only 'init' (the reply the old scheduler did not
+    send before it died), the scheduler is closed and a restarted one started on its
+    port. Worker 1 calls 'save_checkpoint' again and is answered with the release
+    worker 0 got; both then pass 'save_checkpoint done' (the next release, 3)."""
+    old = Scheduler(2, 1, job=JOB, restart_timeout=RESTART, **FAST).start()
+    port, new = old.port, None
+    servers, workers = members(port, 2)
+    try:
+        assert run_all([lambda: workers[0].barrier("init"), lambda: workers[1].barrier("init")]) == [(0, (0, 1))] * 2
+        heard_init = workers[1].last_barrier
+        assert run_all([lambda: workers[0].barrier("save_checkpoint"),
+                        lambda: workers[1].barrier("save_checkpoint")]) == [(0, (0, 1))] * 2
+        assert [w.last_barrier.number for w in workers] == [2, 2]
+        # its answer to barrier 2 was lost with the old scheduler
+        workers[1].last_barrier, workers[1].barriers_heard = heard_init, 1
+        old.close()
+        new = Scheduler(2, 1, port=port, job=JOB, restarted=True, restart_timeout=RESTART, **FAST).start()
+
+        def late_worker():
+            workers[1].barrier("save_checkpoint")             # answered with the old release
+            assert workers[1].last_barrier.number == 2
+            return workers[1].barrier("save_checkpoint done")
+        assert run_all([lambda: workers[0].barrier("save_checkpoint done"), late_worker]) == [(0, (0, 1))] * 2
+        assert [w.last_barrier.number for w in workers] == [3, 3] and new.failure is None
+    finally:
+        for node in servers + workers:
+            node.close()
+        (new or old).close()

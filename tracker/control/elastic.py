@@ -121,7 +121,9 @@ class WorkerRanks:
                 "slots": self.count, "progress": self.progress,
                 # workers' own endpoints (host groups: kvstore.hostgroup.group), "" where none
                 "worker_addrs": [n.addr if (n := holder(r)) else "" for r in range(self.count)],
-                "elastic": None if self.bounds is None else list(self.bounds), **self.news()}
+                "elastic": None if self.bounds is None else list(self.bounds),
+                "barriers": self.barrier.released,   # a joiner took part in none of these
+                **self.news()}
 
     def news(self) -> dict:
         """What servers hear of the members (``members``, and an elastic ``ack``):

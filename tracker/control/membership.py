@@ -32,7 +32,7 @@ import zmq
 
 from . import env, wire
 from .errors import Disagreement, JobAborted, RendezvousError, RendezvousTimeout
-from .records import gather_budget
+from .records import Released, gather_budget
 from .security import Security
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,10 @@ class Membership:
         self.registration: Registration | None = None
         # the job's progress as last heard (at registration and barriers)
         self.progress: dict = {}
+        # (workers) the last barrier released to this one (reported to a restarted scheduler),
+        # and the job's barriers this one heard of (the count it sends with the next barrier)
+        self.last_barrier: Released | None = None
+        self.barriers_heard = 0
         # "host:pid" by worker rank, as last heard (servers: with each new membership)
         self.workers: tuple = ()
         self._members: tuple[int, frozenset] = (-1, frozenset())
@@ -271,6 +275,8 @@ class Membership:
             elastic=None if elastic is None else tuple(elastic),
             worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))
         self.progress = self.registration.progress
+        if type(msg.get("barriers")) is int:   # the job's barriers released before this worker joined it
+            self.barriers_heard = msg["barriers"]
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
         self._note_servers(msg)
         if isinstance(msg.get("incarnation"), str):
@@ -285,8 +291,7 @@ class Membership:
         arrive. Returns ``(epoch, members)`` (sorted ranks) as the barrier ended;
         :attr:`progress` is the job's progress then."""
         limit = self.timeout if timeout is None else timeout
-        msg = self._request(wire.BARRIER, "a barrier (waiting for every worker)", limit, BARRIER_GRACE,
-                            token=token, timeout=limit)
+        msg = self._barrier("a barrier (waiting for every worker)", limit, token)
         self.progress = dict(msg["progress"])
         self._note_members(msg["epoch"], msg["members"])
         return msg["epoch"], tuple(msg["members"])
@@ -308,9 +313,8 @@ class Membership:
         members: tuple = ()
         round_ = 0
         while True:
-            msg = self._request(wire.BARRIER, f"a gather (round {round_}, waiting for every worker)", limit,
-                                BARRIER_GRACE, token=f"{token} gather {piece}/{round_}", timeout=limit,
-                                data=data[round_ * piece:(round_ + 1) * piece])
+            msg = self._barrier(f"a gather (round {round_}, waiting for every worker)", limit,
+                                f"{token} gather {piece}/{round_}", data=data[round_ * piece:(round_ + 1) * piece])
             got, ranks = msg.get("data"), tuple(msg["members"])
             if not (isinstance(got, list) and len(got) == len(ranks) and all(isinstance(g, bytes) for g in got)):
                 raise RendezvousError(f"the scheduler's answer to a gather has no payload for each of the "
@@ -327,6 +331,18 @@ class Membership:
             if all(len(g) < piece for g in got):   # a short piece (maybe empty) ends each one's data
                 return members, [bytes(p) for p in parts]
             round_ += 1
+
+    def _barrier(self, what: str, limit: float, token: str, **data) -> dict:
+        """One barrier request, saying how many releases this worker heard (``after``:
+        a restarted scheduler answers a worker its predecessor did not reach with the
+        release the others got); its ``barrier_done`` is kept as the last release."""
+        msg = self._request(wire.BARRIER, what, limit, BARRIER_GRACE, token=token, timeout=limit,
+                            after=self.barriers_heard, **data)
+        number = msg.get("barrier")
+        if type(number) is int:
+            self.barriers_heard = number
+            self.last_barrier = Released(number, token, {k: v for k, v in msg.items() if k not in ("v", "op", "id")})
+        return msg
 
     def save_progress(self, progress: dict) -> None:
         """Record the job's ``progress`` (a small map: at most 64 KiB as msgpack) with
@@ -469,7 +485,8 @@ class Membership:
                            host=self.host, addr=self.addr, pid=os.getpid(), rejoin={
                                "job": reg.job, "book": book, "epoch": epoch, "members": members,
                                "finished_workers": sorted(self.finished_workers),
-                               "shutdown": self.shutdown.is_set(), "progress": self.progress})
+                               "shutdown": self.shutdown.is_set(), "progress": self.progress,
+                               "barrier": None if self.last_barrier is None else self.last_barrier.report()})
 
     def _rejoined(self, msg: dict) -> None:
         """The restarted scheduler answered this node's registration again."""

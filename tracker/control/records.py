@@ -83,12 +83,83 @@ def gather_budget(waiters: int) -> int:
     return min(GATHER_BYTES, GATHER_SEND_BYTES // max(waiters, 1))
 
 
+@dataclass(frozen=True)
+class Released:
+    """A barrier's release, as the scheduler sent it: the job's ``number``-th barrier
+    (from 1), the ``token`` its waiters agreed on, and ``barrier_done``'s ``fields``
+    (its ``members`` among them: the worker ranks it was released to). A worker
+    keeps the last one it heard and reports it to a restarted scheduler, which
+    answers a worker its predecessor did not reach with it (:meth:`Barrier.replay`)."""
+    number: int
+    token: str
+    fields: dict
+
+    @property
+    def members(self) -> list:
+        return self.fields.get("members") or []
+
+    def report(self) -> dict:
+        """As a worker's rejoin report carries it (:func:`read_released` reads it back)."""
+        return {"number": self.number, "token": self.token, "fields": self.fields}
+
+
+def read_released(value, worker_ranks: int) -> Released | None:
+    """A rejoin report's ``barrier`` (nil, or :meth:`Released.report`'s map) validated
+    for a job of ``worker_ranks`` worker ranks; RendezvousError names the first bad field."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RendezvousError(f"rejoin's 'barrier' must be a map or nil, not {type(value).__name__}")
+    number, token, fields = value.get("number"), value.get("token"), value.get("fields")
+    if type(number) is not int or not 1 <= number < 2 ** 62 or not isinstance(token, str):
+        raise RendezvousError("rejoin's 'barrier' needs a positive integer 'number' and a string 'token'")
+    if not isinstance(fields, dict) or type(fields.get("epoch")) is not int \
+            or not isinstance(fields.get("progress"), dict) or fields.get("barrier") != number:
+        raise RendezvousError("rejoin's 'barrier' needs the barrier_done 'fields' (epoch, members, "
+                              "progress and its number) of that barrier")
+    members, data = fields.get("members"), fields.get("data")
+    if not (isinstance(members, list) and all(type(r) is int and 0 <= r < worker_ranks for r in members)):
+        raise RendezvousError(f"rejoin's 'barrier' members must be worker ranks below {worker_ranks}")
+    if data is not None and not (isinstance(data, list) and len(data) == len(members)
+                                 and all(isinstance(d, bytes) for d in data)):
+        raise RendezvousError("rejoin's 'barrier' data must hold one bytes payload per member")
+    return Released(number, token, fields)
+
+
 @dataclass
 class Barrier:
-    """The workers waiting at the current barrier, their payloads and deadlines."""
+    """The workers waiting at the current barrier, their payloads and deadlines, and
+    the job's last release (a restarted scheduler: as its workers reported it)."""
     # node_id -> (ident, req_id, token, payload: bytes, or None for a barrier without one)
     waiting: dict = field(default_factory=dict)
     deadlines: dict = field(default_factory=dict)  # node_id -> (deadline, its timeout)
+    released: int = 0                 # the barriers released in this job
+    last: Released | None = None      # the newest release
+
+    def restore(self, last: Released | None) -> None:
+        """A restarted scheduler: the newest release any worker reported (or none)."""
+        self.released, self.last = (0, None) if last is None else (last.number, last)
+
+    def replay(self, node: Node, ident: bytes, req_id, token, after) -> list[Send] | None:
+        """A barrier request from ``node`` that saw ``after`` releases: when the
+        scheduler before a restart released the job's last barrier to some workers
+        and died before it reached this one, this one is answered with that release
+        (or, for another token, alone with the disagreement). None: an ordinary arrival
+        (this node saw every release it took part in, or sent no count)."""
+        if type(after) is not int or self.last is None or after >= self.released:
+            return None
+        if node.rank not in self.last.members:   # a joiner: it took no part in that barrier
+            return None
+        if after != self.released - 1:
+            raise RendezvousError(f"{node.name()} says it saw {after} barriers, but it took part in "
+                                  f"barrier {self.released}, the job's last")
+        if token != self.last.token:
+            ref = min((r for r in self.last.members if r != node.rank), default=node.rank)
+            return [Send(ident, wire.ERROR, {"id": req_id, "kind": wire.MISMATCH, "message": (
+                f"{disagreement.PHRASE}: worker {node.rank} differs from worker {ref}: worker {ref}: "
+                f"{self.last.token!r}; worker {node.rank}: {token!r} (barrier {self.released}, released "
+                "to the others before the scheduler's restart)")})]
+        return [Send(ident, wire.BARRIER_DONE, {"id": req_id, **self.last.fields})]
 
     def arrive(self, node_id: str, ident: bytes, req_id, token, limit, now: float, nodes: dict,
                data=None, budget: int = GATHER_BYTES) -> list[Send]:
@@ -154,7 +225,14 @@ class Barrier:
             "raise KVSTORE_TIMEOUT if it is just slow"))
 
     def end(self, op: str, **fields) -> list[Send]:
-        """Answer every waiter with ``op`` (``barrier_done``, ``error``) and start afresh."""
+        """Answer every waiter with ``op`` (``barrier_done``, ``error``) and start afresh.
+        A ``barrier_done`` counts a release, carries its number (``barrier``) and is kept
+        as :attr:`last`."""
+        if op == wire.BARRIER_DONE:
+            self.released += 1
+            fields["barrier"] = self.released
+            token = next(iter(self.waiting.values()))[2] if self.waiting else ""
+            self.last = Released(self.released, token, dict(fields))
         sends = [Send(ident, op, {"id": req_id, **fields}) for ident, req_id, *_ in self.waiting.values()]
         self.waiting.clear()
         self.deadlines.clear()

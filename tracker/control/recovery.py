@@ -6,8 +6,10 @@ job id. The new one knows nothing of the job but its size, so every member tells
 it what it knows (a ``register`` whose ``rejoin`` field is a :class:`Report`): the
 servers' book (replicated servers: owners, backups, the dead, the replacements), the membership
 epoch and members (elastic jobs), which workers finished (as the servers heard
-it), whether the servers were told to shut down, and the job's saved progress.
-The launcher replays the exits it saw (:meth:`Recovery.exited`). From these,
+it), whether the servers were told to shut down, the job's saved progress, and
+(workers) the last barrier release each heard: the old scheduler may have released
+a barrier to some workers only, and the others are answered with it
+(:meth:`~.records.Barrier.replay`). The launcher replays the exits it saw (:meth:`Recovery.exited`). From these,
 :meth:`Recovery.missing` says who is still expected: every server the newest
 book does not list as dead (a replacement server too: ranks from ``num_servers``), every worker that has not finished (elastic: every
 member), less the processes that ended. Until nobody is missing, the scheduler
@@ -33,6 +35,7 @@ import msgpack
 
 from .errors import RendezvousError
 from .failover import ServerBook
+from .records import Released, read_released
 
 PROGRESS_BYTES = 64 << 10   # as tracker.control.elastic's bound on a saved progress
 
@@ -46,6 +49,7 @@ class Report:
     finished_workers: frozenset      # (servers) the workers it heard finished
     shutdown: bool                   # (servers) it was told to shut down
     progress: dict                   # the job's progress as last heard
+    barrier: Released | None = None  # (workers) the last barrier's release it heard
 
 
 def read_report(rejoin, worker_ranks: int, num_servers: int, job: str) -> Report:
@@ -78,7 +82,8 @@ def read_report(rejoin, worker_ranks: int, num_servers: int, job: str) -> Report
         raise RendezvousError("rejoin's 'shutdown' must be true or false")
     if not isinstance(progress, dict) or len(msgpack.packb(progress, use_bin_type=True)) > PROGRESS_BYTES:
         raise RendezvousError(f"rejoin's 'progress' must be a map of at most {PROGRESS_BYTES} bytes")
-    return Report(book, epoch, tuple(sorted(set(members))), frozenset(finished), shutdown, progress)
+    return Report(book, epoch, tuple(sorted(set(members))), frozenset(finished), shutdown, progress,
+                  read_released(rejoin.get("barrier"), worker_ranks))
 
 
 class Recovery:
@@ -126,6 +131,12 @@ class Recovery:
         """The job's progress as its members last heard it (the newest epoch's first non-empty)."""
         ordered = sorted(self.reports.values(), key=lambda r: -r.epoch)
         return next((r.progress for r in ordered if r.progress), {})
+
+    def barrier(self) -> Released | None:
+        """The newest barrier release a worker heard (the highest number), or None:
+        the scheduler before the restart may have sent it to some workers only."""
+        heard = [r.barrier for r in self.reports.values() if r.barrier is not None]
+        return max(heard, key=lambda b: b.number, default=None)
 
     def missing(self, registered: set) -> list[tuple[str, int]]:
         """The (role, rank) still expected to register again: ``registered`` holds those

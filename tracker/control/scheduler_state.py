@@ -521,6 +521,7 @@ class SchedulerState:
         holders = [n for n in workers if self.elastic is None or n.ranked in members]
         self._ranks.restore(holders, [n for n in workers if n not in holders], epoch, rec.progress(),
                             sorted(finished))
+        self._ranks.barrier.restore(rec.barrier())
         for node in workers:
             if node.ranked in finished:
                 node.finished = True
@@ -669,6 +670,12 @@ class SchedulerState:
         if self._elastic_worker(node) and not self._ranks.holds(node):
             raise RendezvousError(f"{node.name()} left the job (it finished): it takes no part "
                                   "in its barriers")
+        replayed = self._ranks.barrier.replay(node, ident, msg.get("id"), msg.get("token", ""), msg.get("after"))
+        if replayed is not None:   # released by the scheduler before a restart, which died before answering it
+            log.warning("%s was answered with barrier %d, released to the others before the scheduler's restart",
+                        node.name(), self._ranks.barrier.released)
+            self._out += replayed
+            return
         # a payload (an all-gather) is bounded per barrier by the members it goes back to
         self._out += self._ranks.barrier.arrive(node.node_id, ident, msg.get("id"), msg.get("token", ""),
                                                 msg.get("timeout"), self._now, self._nodes, msg.get("data"),
