@@ -92,6 +92,9 @@ class Client:
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
         self._pending: dict[int, _Request] = {}
+        # the ids of those whose replies read chunks' values (a push waits for them: see
+        # _read_before_changing); a superset of the pending ones, pruned as it is read
+        self._readers: set[int] = set()
         self._progressing = False   # inside progress (a grant's handler sends `written`)
         self._orphan_errors: list[Exception] = []  # failed requests nobody waited for yet
         # requests of calls that raised before their replies came: those replies must
@@ -189,6 +192,8 @@ class Client:
         self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
         reads = _chunk_set(options.reads) if options.reads is not None else (chunks if into is not None else None)
         self._pending[req_id] = _Request(server, what, options, aside, reads)
+        if reads is not None:
+            self._readers.add(req_id)
         if self.failover is not None:
             self.failover.keep(req_id, share, op, fields, arrays)
         if self.timeline is not None:
@@ -205,8 +210,10 @@ class Client:
         can change it. (Replies already produced are sent; other workers' pushes
         never wait on this worker's later ones, so this cannot deadlock.)"""
         while True:     # a write's grant sends its `written`, which reads them in turn
-            earlier = [rid for rid, req in self._pending.items()
-                       if req.server == server and req.reads is not None and not req.reads.isdisjoint(chunks)]
+            # (asynchronous pushes keep up to MAX_IN_FLIGHT requests pending: only readers are looked at)
+            self._readers = {rid for rid in self._readers if rid in self._pending}
+            earlier = [rid for rid in self._readers if (req := self._pending[rid]).server == server
+                       and req.reads is not None and not req.reads.isdisjoint(chunks)]
             if not earlier:
                 return
             self.wait(earlier, what, raising=False)   # their errors stay for their own calls
