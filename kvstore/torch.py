@@ -47,6 +47,7 @@ from torch.autograd import Variable
 from .devices import gpu
 from . import optimizer as kvopt
 from .worker import states_file
+from .worker.exchange import OpenRound
 from .worker.store import KVStore
 from .errors import ArgumentTypeError, ConfigError, InvalidArgumentError
 from .fileio import atomic_write
@@ -312,6 +313,14 @@ class Trainer:
         # pushpull when backward ends, stepped by the servers in two phases
         self._whole_model = update_on_kvstore and (self._clip is not None or self._enabled(self._scaler))
         self._overflow = _Overflow()       # how the servers' skip reaches the scaler (scaler.step)
+        # servers updating, whole model: the round between its phases (phase 1 when backward
+        # ended, phase 2 at step(): KVStore.pushpull_open / pushpull_close), whether a scaler
+        # read the stand-in's param_groups this round (DDP's scaler.unscale_/step(trainer)),
+        # and this step's trainer.clip_grad_norm_ (max_norm, the total it returned)
+        self._open: OpenRound | None = None
+        self._groups_read = False
+        self._clip_now: float | None = None
+        self._clip_total: torch.Tensor | None = None
         if bucket_bytes is None:
             trained = [p.numel() * p.element_size() for p in self._params if p.requires_grad]
             # backward produces the first parameter's gradient last: a bucket fills before it
@@ -531,6 +540,8 @@ class Trainer:
                 self._finish_queued = True
                 if first:
                     self._reduced = False      # workers updating: a new round, on the average so far
+                    if not self.update_on_kvstore:
+                        self._clip_now = None  # (servers updating: reset as the round opens)
             if queue_finish:
                 # the exchange finishes when this backward ends (DDP's reducer does the
                 # same), so .grad is final for whatever runs between backward() and step()
@@ -619,8 +630,30 @@ class Trainer:
             else:
                 grads.append(p.grad)
             outs.append(p.data if self.update_on_kvstore else grads[-1])
-        self._handles.append(self.kv.pushpull_async([self._keys[i] for i in indices], grads, out=outs))
+        keys = [self._keys[i] for i in indices]
+        if self._whole_model:
+            self._open_round(keys, grads, outs)
+        else:
+            self._handles.append(self.kv.pushpull_async(keys, grads, out=outs))
         self._pushed.update(indices)
+
+    def _open_round(self, keys: list, grads: list, outs: list) -> None:
+        """Servers updating, whole model: phase 1 of the model's pushpull (every key's
+        unscaled norm and overflow, on every worker alike), the round held open until
+        :meth:`allreduce_grads` closes it, so that what the loop decides in between
+        (``scaler.unscale_(trainer)``, :meth:`clip_grad_norm_`) reaches the servers. A
+        round that overflowed is closed now, skipped: nothing the loop does changes that
+        (torch's ``scaler.step`` skips ``optimizer.step()``, and never calls
+        ``trainer.step()`` then)."""
+        assert self._twin is not None       # whole-model steps need a torch optimizer's twin
+        self._open = self.kv.pushpull_open(keys, grads, out=outs)
+        self._groups_read, self._clip_now, self._clip_total = False, None, None
+        overflowed = self._twin.overflowed(self._open.terms)
+        # what the stand-in's gradient holds for a scaler: inf (skip), or 1 (unscale_
+        # multiplies it by the scale's float32 reciprocal, which step() reads back)
+        self._overflow.grad = torch.full((1,), float("inf") if overflowed else 1.0)
+        if overflowed:
+            self.kv.pushpull_close(self._open, self._twin.model_sums(self._open.terms))    # [1, 1]: skipped
 
     def _start_bucket(self, bucket: Bucket, main=None) -> None:
         """:meth:`_start` for a flat bucket: one key, its gradient buffer pushed, the
@@ -711,22 +744,89 @@ class Trainer:
 
     @property
     def param_groups(self) -> list:
-        """The torch optimizer's param groups (workers updating): what a
-        ``torch.amp.GradScaler`` reads, so that ``scaler.unscale_(trainer)`` and
-        ``scaler.step(trainer)`` work as with a torch optimizer. Raises
-        InvalidArgumentError with the servers updating (they unscale: give the scaler
-        to the Trainer)."""
-        if self.update_on_kvstore:
+        """What a ``torch.amp.GradScaler`` reads, so that ``scaler.unscale_(trainer)``
+        and ``scaler.step(trainer)`` work as with a torch optimizer. Workers updating:
+        the torch optimizer's param groups. Servers updating (made with
+        ``grad_scaler=``; dist_sync), after a backward: one stand-in group whose one
+        parameter's gradient is inf when any averaged gradient of the model overflowed
+        (the servers' phase 1, the same on every worker; the round is then skipped),
+        else 1, so that every worker's scaler records the same verdict, skips
+        ``trainer.step()`` alike and backs off alike; the inverse scale ``unscale_``
+        multiplies in is checked at :meth:`step` against the Trainer's scaler. Raises
+        InvalidArgumentError with the servers updating without the Trainer's
+        ``grad_scaler`` (naming it), or before a backward."""
+        if not self.update_on_kvstore:
+            assert self.torch_optimizer is not None      # update_on_kvstore=False has one
+            return self.torch_optimizer.param_groups
+        if not (self._whole_model and self._enabled(self._scaler)):
             raise InvalidArgumentError(self._SCALER_ON_SERVERS)
-        assert self.torch_optimizer is not None      # update_on_kvstore=False has one
-        return self.torch_optimizer.param_groups
+        if self._open is None:
+            raise InvalidArgumentError(
+                "scaler.unscale_(trainer) / scaler.step(trainer) with the servers updating read the verdict of the "
+                "servers' first phase, which runs when backward ends: call them after scaler.scale(loss).backward() "
+                "(once per backward)")
+        self._groups_read = True
+        if self._open.closed and self._reduced:
+            # overflowed: skipped already, and the scaler will not call step(): the
+            # round ends here, so that the next backward starts a new one
+            self._end_round()
+        return self._overflow.param_groups
 
     _SCALER_ON_SERVERS = (
-        "with the servers updating (update_on_kvstore=True) they unscale the gradients and skip a step that "
-        "overflowed, for the whole model, when the backward that pushed them ends: give the GradScaler to the "
-        "Trainer, Trainer(..., grad_scaler=scaler) (and clip with Trainer(..., clip_grad_norm=max_norm)), then "
-        "scaler.scale(loss).backward(); trainer.step(); scaler.update(); scaler.unscale_(trainer) and "
-        "scaler.step(trainer) work with the workers updating only")
+        "with the servers updating (update_on_kvstore=True) they unscale the gradients, check them for inf/nan "
+        "and clip them, for the whole model, and need the GradScaler for that before backward pushes: give it to "
+        "the Trainer, Trainer(..., grad_scaler=scaler) (a torch optimizer, dist_sync); then DDP's loop, "
+        "scaler.scale(loss).backward(); scaler.unscale_(trainer); trainer.clip_grad_norm_(max_norm); "
+        "scaler.step(trainer); scaler.update(), works as with a torch optimizer (or trainer.step() in place of "
+        "scaler.step(trainer))")
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradient of the whole model by its global norm, as FSDP's
+        ``clip_grad_norm_`` method (for gradients no worker holds whole), and return
+        that total norm (a float32 tensor, as ``torch.nn.utils.clip_grad_norm_``). Call
+        it between ``backward()`` and :meth:`step` (after ``scaler.unscale_(trainer)``
+        with a GradScaler, as under DDP). It replaces the Trainer's ``clip_grad_norm``
+        for this step.
+
+        Workers updating: ``torch.nn.utils.clip_grad_norm_`` over the averaged
+        gradients of the parameters that have one. Servers updating (a Trainer made
+        with ``grad_scaler=`` or ``clip_grad_norm=``, dist_sync): the total from the
+        norms the servers took in phase 1 (of the unscaled gradients), the clipping
+        applied by the servers at :meth:`step`; every worker computes the same total.
+        Raises InvalidArgumentError there for a Trainer without those options, a
+        ``norm_type`` other than 2, a call before a backward, a second call in a step,
+        and with a GradScaler a call before ``scaler.unscale_(trainer)`` (the servers'
+        norms are of the unscaled gradient)."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm >= 0 \
+                or max_norm == float("inf"):
+            raise ArgumentTypeError(f"clip_grad_norm_: max_norm must be a finite number >= 0, got {max_norm!r}")
+        if not self.update_on_kvstore:
+            total = torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], max_norm,
+                                                   norm_type)
+            self._clip_now = float(max_norm)
+            return total
+        if not self._whole_model:
+            raise InvalidArgumentError(
+                "clip_grad_norm_ with the servers updating needs the whole model's gradient held on the servers "
+                "between backward and step: make the Trainer with grad_scaler=scaler (mixed precision) or "
+                "clip_grad_norm=max_norm (the servers then clip every step; clip_grad_norm_ may still be called, "
+                "its max_norm for that step); a torch optimizer and dist_sync")
+        if float(norm_type) != 2.0:
+            raise InvalidArgumentError(f"clip_grad_norm_: norm_type={norm_type!r}; the servers take 2-norms "
+                                       "(norm_type=2.0)")
+        if self._open is None:
+            raise InvalidArgumentError("clip_grad_norm_: no backward's gradient to clip; call it between "
+                                       "backward() and step()")
+        if self._clip_now is not None:
+            raise InvalidArgumentError("clip_grad_norm_: called twice in one step; the servers clip once")
+        if self._enabled(self._scaler) and not self._groups_read:
+            raise InvalidArgumentError(
+                "clip_grad_norm_: the gradients are still scaled by the GradScaler; call scaler.unscale_(trainer) "
+                "first, as torch's AMP recipe does (the servers' norms are of the unscaled gradient)")
+        assert self._twin is not None       # whole-model steps need a torch optimizer's twin
+        total = self._twin.total_norm(self._open.terms)
+        self._clip_now, self._clip_total = float(max_norm), total
+        return total.clone()
 
     def step(self, scaler=None) -> None:
         """Finish the exchange (when a backward produced gradients, it finished as that
@@ -747,8 +847,8 @@ class Trainer:
         if not self.update_on_kvstore:
             self._optimizer_step(scaler)
         elif self._torch_source is not None:
-            if self._enabled(scaler):
-                self._record_overflow(scaler)
+            if self._enabled(scaler) and not self._groups_read:
+                self._record_overflow(scaler)      # (scaler.step(trainer) read the verdict itself)
             # what torch's own step records for its LR schedulers (the servers stepped):
             # without it, the first scheduler step warns it came before optimizer.step()
             self._torch_source._opt_called = True  # type: ignore[attr-defined]
@@ -765,12 +865,54 @@ class Trainer:
         :meth:`update`. Raises InvalidArgumentError, with the servers updating, if a
         gradient was changed after the backward that sent it."""
         if self._reduced:
-            self._reduced = False
-            self._check_unchanged()
+            self._end_round()
+        elif self._open is not None and self._open.closed and self._groups_read:
+            pass        # a skipped round the scaler ended (param_groups): nothing to exchange
         else:
             self._finish_exchange()
+            self._seen.clear()
+            self._sent = []
+        if self._open is not None and not self._open.closed:
+            self._close_round()
+
+    def _end_round(self) -> None:
+        """Servers updating: the round the last backward pushed is over (stepped or
+        skipped); refuse a gradient edited since it was pushed, and let the next
+        backward push again."""
+        self._reduced = False
+        self._check_unchanged()
         self._seen.clear()
         self._sent = []
+
+    def _close_round(self) -> None:
+        """Phase 2 of the open round (servers updating, whole model), with the sums
+        every worker decides alike from phase 1's terms and what the loop did: the
+        clip coefficient of :meth:`clip_grad_norm_`'s max_norm if it ran, else the
+        twin's (the Trainer's ``clip_grad_norm``, or 1). Raises InvalidArgumentError
+        when a scaler other than the Trainer's ``grad_scaler`` unscaled the stand-in
+        (``scaler.unscale_(trainer)``), or for a non-finite norm to clip without a
+        scaler to skip the step."""
+        opened, self._open = self._open, None
+        assert opened is not None and self._twin is not None
+        twin = self._twin
+        if self._groups_read and self._enabled(self._scaler) and twin.grad_scale is not None:
+            inv = float(self._overflow.param.grad[0]) if self._overflow.param.grad is not None else float("nan")
+            want = float(torch.tensor(twin.grad_scale, dtype=torch.float64).reciprocal().float())
+            if inv != want:
+                raise InvalidArgumentError(
+                    f"step: scaler.unscale_(trainer) multiplied by {inv!r}, but the gradients the servers hold were "
+                    f"scaled by the Trainer's grad_scaler's scale {twin.grad_scale!r} (its reciprocal {want!r}): "
+                    "unscale and step with the scaler given to Trainer(..., grad_scaler=scaler)")
+        if self._clip_now is None:
+            sums = twin.model_sums(opened.terms)
+        else:
+            assert self._clip_total is not None
+            if not bool(torch.isfinite(self._clip_total)):
+                raise InvalidArgumentError(
+                    f"step: the gradient norm clip_grad_norm_ returned is {float(self._clip_total)} (an inf or nan "
+                    "gradient) and no GradScaler skips the step: the servers cannot clip it")
+            sums = [twin.clip_coef(self._clip_total, self._clip_now), 0.0]
+        self.kv.pushpull_close(opened, sums)
 
     def _finish_backward(self) -> None:
         """Run by autograd when a backward that produced gradients ends (on its thread,
@@ -801,7 +943,9 @@ class Trainer:
                     f"step: the gradient of parameter {self._keys[i]!r} was changed after backward() (gradient "
                     "clipping? unscaling?), but the servers applied the gradients as backward produced them "
                     "(update_on_kvstore=True), so the change would be lost. Have the servers clip and unscale: "
-                    "Trainer(..., clip_grad_norm=max_norm, grad_scaler=scaler); or let the workers update "
+                    "Trainer(..., grad_scaler=scaler) and DDP's scaler.unscale_(trainer), "
+                    "trainer.clip_grad_norm_(max_norm), scaler.step(trainer), or Trainer(..., clip_grad_norm=max_norm, "
+                    "grad_scaler=scaler) and trainer.step(); or let the workers update "
                     "(update_on_kvstore=False, a torch optimizer): .grad then holds the average when backward() "
                     "returns, to clip before step() as with DDP, or with trainer.allreduce_grads(), clipping, "
                     "then trainer.update()")
@@ -883,7 +1027,9 @@ class Trainer:
     def _optimizer_step(self, scaler) -> None:
         start = self._timeline.now() if self._timeline is not None else 0
         assert self.torch_optimizer is not None      # update_on_kvstore=False has one
-        if self._clip is not None:      # the Trainer's clip_grad_norm: unscaled first, as DDP's loop does
+        if self._clip is not None and self._clip_now is None:
+            # the Trainer's clip_grad_norm (unless the loop called clip_grad_norm_: it
+            # replaces it for this step): unscaled first, as DDP's loop does
             if self._enabled(scaler):
                 scaler.unscale_(self.torch_optimizer)
             torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self._clip)
@@ -891,6 +1037,7 @@ class Trainer:
             self.torch_optimizer.step()
         else:
             scaler.step(self.torch_optimizer)
+        self._clip_now = None
         if self._timeline is not None:
             self._timeline.span("trainer", "optimizer step", start)
 

@@ -270,8 +270,7 @@ class TorchTwin(Optimizer):
 
     def chunk_terms(self, weight, grad, state, t, lr, xp, index):
         """Phase 1 of a whole-model step: ``([norm, overflowed], gradient)``, the norm
-        of this chunk's averaged gradient unscaled by ``grad_scale`` (0.0 without
-        ``clip_grad_norm``), whether it held an inf or nan (1.0 or 0.0; 0.0 without
+        of this chunk's averaged gradient unscaled by ``grad_scale``, whether it held an inf or nan (1.0 or 0.0; 0.0 without
         ``grad_scale``), and that gradient, for phase 2."""
         import torch
         g = self._gradient(torch, weight, grad, index)
@@ -285,8 +284,10 @@ class TorchTwin(Optimizer):
             inv = torch.tensor(self.grad_scale, dtype=torch.float64, device=g.device).reciprocal().float()
             found = not bool(torch.isfinite(g).all())
             g.mul_(inv)
-        # clip_grad_norm_'s per-tensor norm (its foreach path's _foreach_norm gives the same bits on CPU)
-        norm = float(torch.linalg.vector_norm(g, 2.0)) if self.clip_grad_norm is not None else 0.0
+        # clip_grad_norm_'s per-tensor norm (its foreach path's _foreach_norm gives the same bits on CPU),
+        # taken with or without clip_grad_norm: a loop may clip between backward and step
+        # (kvstore.torch.Trainer.clip_grad_norm_, the round held open: KVStore.pushpull_open)
+        norm = float(torch.linalg.vector_norm(g, 2.0))
         return [norm, 1.0 if found else 0.0], g
 
     def model_sums(self, terms: list) -> list:
@@ -297,22 +298,42 @@ class TorchTwin(Optimizer):
         skipped), and 1.0 if any chunk held an inf or nan (``grad_scale``: the step
         is skipped everywhere). Raises ValueError for a non-finite norm without
         ``grad_scale`` (an inf or nan gradient that nothing skips)."""
-        import torch
-        overflowed = any(chunk[1] for key in terms for chunk in key)
-        if overflowed:
+        if self.overflowed(terms):
             return [1.0, 1.0]
         if self.clip_grad_norm is None:
             return [1.0, 0.0]
-        norms = [key[0][0] if len(key) == 1 else float(numpy.sqrt(sum(c[0] * c[0] for c in key)))
-                 for key in terms]
-        if not all(numpy.isfinite(n) for n in norms):
+        total = self.total_norm(terms)
+        if not bool(total.isfinite()):
             raise ValueError(f"{type(self).__name__}: the gradient norm is not finite (an inf or nan gradient) and "
                              "no GradScaler skips the step: clip_grad_norm cannot clip it")
+        return [self.clip_coef(total, self.clip_grad_norm), 0.0]
+
+    @staticmethod
+    def overflowed(terms: list) -> bool:
+        """Whether any chunk of ``terms`` (as :meth:`model_sums` takes them) held an inf or nan."""
+        return any(chunk[1] for key in terms for chunk in key)
+
+    @staticmethod
+    def total_norm(terms: list):
+        """The whole model's gradient 2-norm from ``terms`` (as :meth:`model_sums`
+        takes them), as ``torch.nn.utils.clip_grad_norm_`` computes and returns it: a
+        float32 tensor, the norm of the keys' norms in key order (a key cut into
+        chunks: the root of its chunks' squared norms, in float64); 0 for no keys;
+        inf or nan where a gradient was."""
+        import torch
+        norms = [key[0][0] if len(key) == 1 else float(numpy.sqrt(sum(c[0] * c[0] for c in key)))
+                 for key in terms]
         if not norms:
-            return [1.0, 0.0]
-        total = torch.linalg.vector_norm(torch.stack([torch.tensor(n, dtype=torch.float32) for n in norms]), 2.0)
-        clip_coef = self.clip_grad_norm / (total + 1e-6)
-        return [float(torch.clamp(clip_coef, max=1.0)), 0.0]
+            return torch.tensor(0.0)
+        return torch.linalg.vector_norm(torch.stack([torch.tensor(n, dtype=torch.float32) for n in norms]), 2.0)
+
+    @staticmethod
+    def clip_coef(total, max_norm: float) -> float:
+        """What ``clip_grad_norm_`` multiplies every gradient by for ``total`` (a float32
+        tensor, :meth:`total_norm`) and ``max_norm``: ``max_norm / (total + 1e-6)``
+        clamped to 1, with torch's ops."""
+        import torch
+        return float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
     def skips(self, sums) -> bool:
         """A whole-model step whose gradients overflowed (``sums[1]``) is skipped."""
@@ -323,7 +344,7 @@ class TorchTwin(Optimizer):
         clip coefficient, as ``clip_grad_norm_`` multiplies), then torch's step."""
         import torch
         g = carry
-        if self.clip_grad_norm is not None:
+        if sums[0] != 1.0:      # clipped (by clip_grad_norm, or a loop's clip_grad_norm_: any coefficient)
             g.mul_(torch.tensor(sums[0], dtype=torch.float32, device=g.device))
         self._torch_update(torch, weight, g, state, t, index)
 

@@ -28,7 +28,7 @@ from ..rows.dist import DistRows
 from ..rows.dynamic import DynamicRows
 from ..config import Config
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from .exchange import Exchange, Pending, Wire
+from .exchange import Exchange, OpenRound, Pending, Wire
 from .failover import replicated_config
 from ..hostgroup.group import HostGroup
 from .job import JobMember
@@ -384,6 +384,19 @@ class DistStore(KVStore):
 
     def _do_pushpull_finish(self, handle: Pending) -> None:
         self._exchange.fill(handle)
+        self._checkpoints.pulled()
+
+    def _do_pushpull_open(self, items) -> OpenRound:
+        self._check_can_push()
+        what = f"pushpull of {_keys_text(i for i, _, _ in items)}"
+        if self._optimizer is None or not self._optimizer.whole_model:
+            raise InvalidArgumentError(f"{what}: pushpull_open needs a whole-model optimizer on the servers (a torch "
+                                       "twin with clip_grad_norm or grad_scale: set_optimizer first)")
+        return self._exchange.open_model(what, [(info, merged) for info, merged, _ in items],
+                                         [(info, targets) for info, _, targets in items])
+
+    def _do_pushpull_close(self, opened, sums: list) -> None:
+        self._exchange.close_model(opened, sums)
         self._checkpoints.pulled()
 
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,

@@ -164,6 +164,29 @@ class Pending:
     keep: list = field(default_factory=list)
 
 
+@dataclass
+class OpenRound:
+    """A whole-model pushpull between its two phases (:meth:`Exchange.open_model`,
+    :meth:`Exchange.close_model`): phase 1 ran, the servers hold the round open.
+    ``terms``: every key's chunks' phase-1 terms, keys in the call's order, chunks in
+    key order (what ``Optimizer.model_sums`` takes: a torch twin's ``[norm,
+    overflowed]`` per chunk), the same on every worker."""
+    what: str
+    pending: Pending
+    sources: list
+    targets: list
+    wire: Wire
+    raw: dict                  # {wire id: (round number, terms)}
+    terms: list
+    closed: bool = False
+
+
+def key_terms(sources, terms: dict) -> list:
+    """Every key's chunks' terms ([[terms of chunk] per chunk] per key of
+    ``sources``) from phase 1's {wire id: (round number, terms)}."""
+    return [[terms[tuple(c.wire_id)][1] for c in info.chunks] for info, _ in sources]
+
+
 # the bytes of a message's 'rows' bitmaps (lazy updates of row-sparse pushes on dense
 # keys, kvstore.rows.lazy): within the servers' header limit (protocol MAX_HEADER_BYTES)
 ROWS_HEADER_BYTES = 512 << 10
@@ -562,6 +585,16 @@ class Exchange:
         sends the sums (``apply_norms``), the other workers pull. Returns once the
         values are in ``targets`` [(info, outputs)] (None: a push; the leader returns
         once the servers stepped)."""
+        terms = self._layerwise_terms(what, sources, wire, rows)
+        whole = None
+        if wire.model_sums is not None:     # every worker, from the same terms: the same sums
+            whole = wire.model_sums(key_terms(sources, terms))
+        self._layerwise_apply(what, sources, targets, wire, terms, whole)
+
+    def _layerwise_terms(self, what: str, sources: list, wire: Wire, rows: dict | None = None) -> dict:
+        """Phase 1: push ``sources`` with ``norms``; returns {wire id: (round number,
+        terms)} of every chunk, once every chunk's round is complete (on every
+        worker: each push is answered with its chunks' terms)."""
         terms: dict = {}
 
         def keep(wire_ids):
@@ -584,10 +617,14 @@ class Exchange:
                                             chunks=wire_ids, norms=True, **fields,
                                             **rows_fields(wire_ids, marks), **precision_fields(wire_ids, lowp))[0])
         self._client.wait(ids, what)
+        return terms
+
+    def _layerwise_apply(self, what: str, sources: list, targets: list | None, wire: Wire, terms: dict,
+                         whole: list | None) -> None:
+        """Phase 2: the leader sends every chunk its sums (``whole``: the same for
+        every chunk, a whole-model optimizer's; None: each key's chunks' terms added
+        up), the other workers pull; returns once ``targets`` are filled."""
         flats = [(info, *self._flat_target(info, outs[0], what, wire)) for info, outs in targets or ()]
-        whole = None
-        if wire.model_sums is not None:     # every worker, from the same terms: the same sums
-            whole = wire.model_sums([[terms[tuple(c.wire_id)][1] for c in info.chunks] for info, _ in sources])
         if not self._leads():
             if targets:
                 self._fill_sent(self._send(ops.PULL, what, None, targets, wire))
@@ -599,6 +636,7 @@ class Exchange:
                 part = terms[tuple(chunk.wire_id)][1]
                 total = list(part) if not total else [a + b for a, b in zip(total, part)]
             sums[info.key] = total if whole is None else whole
+        groups = by_server(sources)
         dests = by_server([(info, flat) for info, flat, _ in flats]) if targets else {}
         keys = {tuple(c.wire_id): info.key for info, _ in sources for c in info.chunks}
         ids = []
@@ -610,3 +648,37 @@ class Exchange:
         self._client.wait(ids, what)
         for (_, outs), (_, flat, direct) in zip(targets or (), flats):
             fill_outputs(outs, flat, direct, what)
+
+    # -- a whole-model pushpull held open between its phases (kvstore.torch.Trainer) -----------
+    def open_model(self, what: str, sources, targets) -> OpenRound:
+        """Phase 1 of a whole-model pushpull (an optimizer with ``Optimizer.whole_model``,
+        every key through the two phases): push ``sources`` [(info, flat)] and return,
+        once every chunk's round is complete, an :class:`OpenRound` holding every
+        chunk's terms; the servers wait, the round at the head of each chunk's queue,
+        until :meth:`close_model` gives them the sums. Raises InvalidArgumentError
+        when the store's optimizer is not a whole-model one."""
+        wire = self._wire()
+        if wire.model_sums is None:
+            raise InvalidArgumentError(f"{what}: holding a pushpull open between its two phases needs a whole-model "
+                                       "optimizer on the servers (a torch twin with clip_grad_norm or grad_scale)")
+        pending = Pending(what)
+        if self._staging is not None:         # the two phases read host values and answer into host memory
+            sources, pending.keep = self._staging.to_host(sources, None)
+            targets, pending.staged = self._staging.outputs(targets)
+        wire.check([info for info, _ in sources], what)
+        terms = self._layerwise_terms(what, sources, wire)
+        return OpenRound(what, pending, list(sources), list(targets), wire, terms,
+                         key_terms(sources, terms))
+
+    def close_model(self, opened: OpenRound, sums: list) -> None:
+        """Phase 2 of :meth:`open_model`'s round with ``sums`` (the optimizer's
+        ``model_sums``, or what the caller decided from ``opened.terms``: the same on
+        every worker): the leader sends them, every other worker pulls; returns once
+        the outputs are filled. A round closes once."""
+        if opened.closed:
+            raise InvalidArgumentError(f"{opened.what}: this round's second phase was sent already")
+        opened.closed = True
+        self._layerwise_apply(opened.what, opened.sources, opened.targets, opened.wire, opened.raw, list(sums))
+        if opened.pending.staged is not None:
+            opened.pending.staged.deliver()
+        opened.pending.keep.clear()

@@ -291,6 +291,38 @@ class KVStore(KVStoreBase):
         handle = self._do_pushpull_start(items, rows=rows, plan=plan)
         return Handle(lambda: self._do_pushpull_finish(handle))
 
+    def pushpull_open(self, key, value, out=None):
+        """Phase 1 of a whole-model pushpull, held open (not in MXNet; dist_sync, under
+        an optimizer with ``whole_model``: a torch twin with ``clip_grad_norm`` or
+        ``grad_scale``): push ``value`` and return, once every chunk's round is
+        complete on the servers, the open round, whose ``terms`` hold every key's
+        chunks' phase-1 terms (a twin's ``[norm, overflowed]`` per chunk), the same on
+        every worker. The servers step only at :meth:`pushpull_close`, with the sums
+        the caller decides from them; until then ``out`` (``value`` when None) is not
+        written. How ``kvstore.torch.Trainer`` lets a loop unscale and clip between
+        backward and step (docs/training.md). Raises InvalidArgumentError for a store
+        or optimizer without the two phases.
+
+        Example::
+
+            opened = kv.pushpull_open(keys, grads, out=weights)
+            sums = twin.model_sums(opened.terms)     # twin: the optimizer set; or the loop's own verdict
+            kv.pushpull_close(opened, sums)          # weights hold the new values
+        """
+        items, _, _ = self._pushpull_items(key, value, out, 0)
+        return self._do_pushpull_open(items)
+
+    def pushpull_close(self, opened, sums) -> None:
+        """Phase 2 of :meth:`pushpull_open`'s round: the servers step every key with
+        ``sums`` (the same list for every chunk: a twin's ``[clip_coef, overflowed]``;
+        ``overflowed`` skips the step, leaving every key and its step count as it was)
+        and the outputs are filled. Every worker calls it with the same sums (worker 0's
+        are applied); ``last_model_sums`` becomes them. Raises InvalidArgumentError
+        for a round closed already."""
+        self._check_open("pushpull_close")
+        self._do_pushpull_close(opened, list(sums))
+        self.last_model_sums = list(sums)
+
     def pull_async(self, key, out=None, priority: int = 0) -> "Handle":
         """pull() that may return before the values arrived: ``out`` is filled, at the
         latest, by the returned handle's ``wait()`` (which raises the call's errors)."""
@@ -622,6 +654,14 @@ class KVStore(KVStoreBase):
 
     def _do_pushpull_finish(self, handle) -> None:
         pass
+
+    # a whole-model pushpull held open between its phases (dist_sync: kvstore.worker.dist)
+    def _do_pushpull_open(self, items: list[tuple]):
+        raise InvalidArgumentError(f"pushpull_open: {self._type} has no servers to hold a round open between two "
+                                   "phases; dist_sync does")
+
+    def _do_pushpull_close(self, opened, sums: list) -> None:
+        raise InvalidArgumentError(f"pushpull_close: {self._type} holds no open round")
     # keep_state: the optimizer differs from the current one in hyper-parameters only
     # (set_learning_rate): keep the per-key state and update counts
     def _do_set_optimizer(self, optimizer, collective: bool = True, keep_state: bool = False,
