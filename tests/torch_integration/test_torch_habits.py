@@ -242,6 +242,66 @@ def test_a_grad_scaler_used_on_a_trainer_whose_servers_update_names_the_trainers
         trainer.close()
 
 
+def test_ddps_scaler_and_clipping_with_the_servers_updating_refuse_what_they_cannot_honour(make_cluster):
+    """DDP's loop with the servers updating (``Trainer(..., grad_scaler=scaler)``, one
+    worker of dist_sync; tests/torch_integration/test_torch_amp_clip_job.py checks the
+    bits): a scaler or clip_grad_norm_ before backward, clipping the still-scaled
+    gradient, another norm than 2, clipping twice, and another scaler's unscale_ are
+    refused, each naming the fix; the loop itself runs, returning torch's norm."""
+    cluster = make_cluster(1, 1)
+
+    def job(kv):
+        model = make_model()
+        s = scaler()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  update_on_kvstore=True, grad_scaler=s)
+        x, y = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0])
+        loss = s.scale(F.cross_entropy(model(x), y))
+        with pytest.raises(InvalidArgumentError, match=r"after scaler.scale\(loss\).backward\(\)"):
+            s.unscale_(trainer)
+        with pytest.raises(InvalidArgumentError, match=r"between backward\(\) and step\(\)"):
+            trainer.clip_grad_norm_(1.0)
+        plain = make_model()
+        F.cross_entropy(plain(x), y).backward()
+        want = torch.nn.utils.clip_grad_norm_(plain.parameters(), 1e-3)     # one worker: its gradient
+        loss.backward()
+        with pytest.raises(InvalidArgumentError, match=r"still scaled.*scaler.unscale_\(trainer\) first"):
+            trainer.clip_grad_norm_(1.0)
+        s.unscale_(trainer)
+        with pytest.raises(InvalidArgumentError, match="norm_type=1.*2-norms"):
+            trainer.clip_grad_norm_(1.0, norm_type=1)
+        got = trainer.clip_grad_norm_(1e-3)
+        with pytest.raises(InvalidArgumentError, match="twice in one step"):
+            trainer.clip_grad_norm_(1e-3)
+        s.step(trainer)
+        s.update()
+        stepped = [p.detach().clone() for p in model.parameters()]
+        torch.optim.SGD(plain.parameters(), lr=0.1).step()
+        other = torch.amp.GradScaler("cpu", init_scale=8.0)
+        other.scale(F.cross_entropy(model(x), y)).backward()
+        other.unscale_(trainer)
+        with pytest.raises(InvalidArgumentError, match=r"grad_scaler's scale 4096\.0.*Trainer\(\.\.\., grad_scaler"):
+            other.step(trainer)
+        trainer.close()
+        return got, want, stepped, [p.detach().clone() for p in plain.parameters()]
+    [(got, want, stepped, plain)] = cluster.run(job, "dist_sync")
+    assert got.dtype == torch.float32 and float(got) == float(want)
+    assert_same(stepped, plain)       # clipped to 1e-3 by the servers, as torch clips
+
+
+def test_clip_grad_norm_on_a_trainer_whose_servers_update_without_the_options_names_them():
+    with kvstore.create("local") as kv:
+        model = make_model()
+        trainer = kvtorch.Trainer(model.parameters(), kv, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  update_on_kvstore=True)
+        model(torch.ones(2, 6)).sum().backward()
+        with pytest.raises(InvalidArgumentError, match=r"grad_scaler=scaler.*clip_grad_norm=max_norm"):
+            trainer.clip_grad_norm_(1.0)
+        with pytest.raises(ArgumentTypeError, match="max_norm must be"):
+            trainer.clip_grad_norm_(float("nan"))
+        trainer.close()
+
+
 def test_clipping_or_a_scaler_on_the_servers_of_a_store_without_their_two_phases_is_refused_up_front():
     """Only dist_sync's servers run the whole-model phases: a local store (or
     dist_async) refuses the Trainer's clip_grad_norm / grad_scaler with the servers
