@@ -241,9 +241,11 @@ class Trainer:
     average, so ``clip_grad_norm_``, ``scaler.unscale_(trainer)`` and
     ``scaler.step(trainer)`` (or the torch optimizer's own) act on it as under DDP;
     ``with trainer.no_sync():`` accumulates without exchanging. With the servers
-    updating, the servers applied the gradients when backward ended: an edit of
-    ``.grad`` before ``step()`` is refused there (it would change nothing), as is a
-    second backward without ``no_sync()`` and a GradScaler used on the Trainer.
+    updating, an edit of ``.grad`` before ``step()`` is refused (the servers hold
+    the gradients as pushed), as is a second backward without ``no_sync()``; DDP's
+    ``scaler.unscale_(trainer)``, :meth:`clip_grad_norm_` (FSDP's method) and
+    ``scaler.step(trainer)`` work there with a Trainer made with ``grad_scaler=``
+    (below).
 
     Mixed precision and clipping in both modes: ``clip_grad_norm`` (``max_norm``
     of ``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of every
@@ -254,9 +256,17 @@ class Trainer:
     Servers updating (a torch optimizer's twin; dist_sync), the whole model's
     gradient goes in one pushpull when backward ends and the servers, in two
     phases, unscale it, clip it by its norm over every server and step, or skip
-    the step everywhere when any gradient overflowed; ``step()`` then tells the
-    scaler, so ``scaler.update()`` backs off as under DDP: the same bits as the
-    workers updating (docs/training.md). No overlap with backward then.
+    the step everywhere when any gradient overflowed: phase 1 (each chunk's
+    unscaled norm, any inf or nan) when backward ends, phase 2 at ``step()``
+    (:meth:`KVStore.pushpull_open <kvstore.worker.store.KVStore.pushpull_open>`),
+    so that DDP's loop runs too: ``scaler.unscale_(trainer)`` (the
+    :attr:`param_groups` stand-in gives every worker's scaler phase 1's verdict),
+    ``trainer.clip_grad_norm_(max_norm)`` (the total norm from phase 1, the clip
+    applied by the servers), ``scaler.step(trainer)`` (an overflowed round is
+    skipped when backward ends, every worker alike), ``scaler.update()``. With
+    ``trainer.step()`` instead, the Trainer tells the scaler. Either way the same
+    bits as the workers updating and as DDP (docs/training.md). No overlap with
+    backward then.
 
     Every parameter starts from rank 0's value. Frozen ones (``requires_grad=False``
     at ``step()``) are neither exchanged nor updated; one that got no gradient in a
@@ -836,9 +846,11 @@ class Trainer:
         gradients and skips the step if they overflowed (``scaler.step(trainer)`` is
         the same, workers updating); the Trainer's ``grad_scaler`` when none is given.
         Servers updating, the scaler must be the Trainer's ``grad_scaler``: the servers
-        unscaled, clipped (``clip_grad_norm``) and stepped, or skipped the step, as
-        the backward ended; here the scaler records whether they skipped, for
-        ``scaler.update()``."""
+        unscaled and checked the gradients as the backward ended; here they clip
+        (:meth:`clip_grad_norm_`'s max_norm, else ``clip_grad_norm``) and step, or
+        skipped the step already on an overflow, and the scaler records whether they
+        skipped, for ``scaler.update()`` (unless ``scaler.step(trainer)`` called this:
+        it read the verdict itself)."""
         start = self._timeline.now() if self._timeline is not None else 0
         if scaler is not None:
             self._check_scaler(scaler)       # before waiting on the exchange
@@ -860,7 +872,8 @@ class Trainer:
         (done already when a backward produced gradients: it finishes when backward
         ends; otherwise, e.g. after backward passes inside :meth:`no_sync` only, the
         gradients are exchanged here). Servers updating, the parameters then hold the
-        new weights; workers updating, every ``.grad`` holds the gradient averaged over
+        new weights (a whole-model round held open since backward is closed here: its
+        phase 2); workers updating, every ``.grad`` holds the gradient averaged over
         the workers, to clip or unscale (``scaler.unscale_(trainer)``) before
         :meth:`update`. Raises InvalidArgumentError, with the servers updating, if a
         gradient was changed after the backward that sent it."""
