@@ -486,7 +486,8 @@ class Membership:
                                "job": reg.job, "book": book, "epoch": epoch, "members": members,
                                "finished_workers": sorted(self.finished_workers),
                                "shutdown": self.shutdown.is_set(), "progress": self.progress,
-                               "barrier": None if self.last_barrier is None else self.last_barrier.report()})
+                               "barrier": None if self.last_barrier is None else self.last_barrier.report(),
+                               "servers": list(reg.servers[:reg.num_servers])})
 
     def _rejoined(self, msg: dict) -> None:
         """The restarted scheduler answered this node's registration again."""

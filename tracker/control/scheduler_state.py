@@ -496,13 +496,16 @@ class SchedulerState:
             if node.role == "server" and node.ranked in dead:   # failed over, yet it came back (stopped)
                 node.finished, node.removed = True, f"{dead[node.ranked]}; its chunks are served by their backups now"
         server_ranks = book.ranks if book is not None else self.num_servers   # replacements included
+        addresses = rec.addresses()
         for role, total in (("server", server_ranks), ("worker", self._ranks.count)):
             for rank in range(total):
                 if (role, rank) in registered or (role == "worker" and self.elastic is not None
                                                   and rank not in members):
                     continue
                 code = rec.exited.get((role, rank))
-                node = Node(f"{role}-{rank}-before-the-restart", role, rank, "?", "", 0, b"", self._now)
+                # (a server that died before the restart keeps its address in the job's book)
+                addr = addresses[rank] if role == "server" and rank < len(addresses) else ""
+                node = Node(f"{role}-{rank}-before-the-restart", role, rank, "?", addr, 0, b"", self._now)
                 # a node that ended with a failure during the restart: its exit, replayed below, judges it
                 node.finished = not (code and rank not in dead and self.elastic is None)
                 node.removed = f"{dead[rank]}; its chunks are served by their backups now" \
