@@ -97,6 +97,7 @@ def test_nothing_completes_until_every_member_registered_again_and_the_book_surv
         b"hb:server-0", b"hb:server-2", b"hb:worker-0", b"hb:worker-1"]
     reply = [s for s in sends if s.ident == b"hb:worker-1"][0].fields
     assert reply["incarnation"] == new.state.incarnation and reply["rank"] == 1
+    assert reply["restartable"] is True          # a restarted scheduler has a launcher that restarts it
     assert (reply["book_epoch"], reply["owners"], reply["backups"]) == (1, [0, 2, 2], [None, None, 0])
     new.request("worker-0", "barrier", token="t", timeout=30.0)
     _, sends = new.request("worker-1", "barrier", token="t", timeout=30.0)
@@ -324,7 +325,7 @@ def test_live_a_barrier_released_to_one_worker_before_the_restart_reaches_the_ot
     send before it died), the scheduler is closed and a restarted one started on its
     port. Worker 1 calls 'save_checkpoint' again and is answered with the release
     worker 0 got; both then pass 'save_checkpoint done' (the next release, 3)."""
-    old = Scheduler(2, 1, job=JOB, restart_timeout=RESTART, **FAST).start()
+    old = Scheduler(2, 1, job=JOB, restart_timeout=RESTART, restartable=True, **FAST).start()
     port, new = old.port, None
     servers, workers = members(port, 2)
     try:

@@ -93,7 +93,8 @@ class SchedulerState:
                  heartbeat_interval: float, heartbeat_timeout: float,
                  elastic: tuple[int, int] | None = None, job: str | None = None,
                  replicas: int = env.default("KVSTORE_REPLICAS"), restarted: bool = False,
-                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT"),
+                 restartable: bool = False):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
         if replicas and num_servers < 2:
@@ -120,6 +121,10 @@ class SchedulerState:
         self.incarnation = secrets.token_hex(4)
         self.restart_timeout = restart_timeout
         self.restarted = restarted
+        # a launcher restarts this scheduler if it dies (tracker.scheduler_process): told to
+        # every node in `registered`, which then waits KVSTORE_SCHEDULER_RESTART_TIMEOUT for
+        # it before stopping (a hand-started scheduler: only the heartbeat timeout)
+        self.restartable = restartable or restarted
         # restarted by its launcher: the job is rebuilt from the members' registrations
         self._recovery = Recovery(self._ranks.count, num_servers, elastic=elastic is not None,
                                   job=self.job) if restarted else None
@@ -305,9 +310,11 @@ class SchedulerState:
         self._out.append(Send(ident, op, fields))
 
     def _flush(self) -> list[Send]:
-        """The messages to send; every ``ack`` and ``registered`` with :attr:`incarnation`."""
+        """The messages to send; every ``ack`` and ``registered`` with :attr:`incarnation`,
+        every ``registered`` with :attr:`restartable`."""
         out, self._out = self._out, []
-        return [Send(s.ident, s.op, {**s.fields, "incarnation": self.incarnation})
+        return [Send(s.ident, s.op, {**s.fields, "incarnation": self.incarnation,
+                                     **({"restartable": self.restartable} if s.op == wire.REGISTERED else {})})
                 if s.op in (wire.ACK, wire.REGISTERED) else s for s in out]
 
     def _op_heartbeat(self, ident: bytes, msg: dict) -> None:
