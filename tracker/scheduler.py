@@ -91,7 +91,7 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
     try:
         sched = Scheduler.for_job(settings, settings.num_workers, settings.num_servers, host=host,
                                   port=start["port"], security=security, job=start["job"],
-                                  restarted=start["restarted"]).start()
+                                  restarted=start["restarted"], restartable=True).start()
     except (zmq.ZMQError, OSError) as e:
         log.error("the scheduler cannot listen on %s:%s: %s", host, start["port"], e)
         return 2

@@ -98,6 +98,19 @@ class Job:
                     return None
                 self.changed.wait(min(left, 0.5))
 
+    def wait_count(self, pattern: str, count: int, timeout: float) -> bool:
+        """Whether ``count`` lines matching ``pattern`` came within ``timeout`` (False:
+        the job ended, or the time passed, with fewer)."""
+        deadline, regex = time.monotonic() + timeout, re.compile(pattern)
+        with self.changed:
+            while True:
+                if sum(1 for line in self.lines if regex.search(line)) >= count:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    return False
+                self.changed.wait(min(left, 0.5))
+
     def search(self, pattern: str, since: int = 0) -> re.Match | None:
         """The first line so far (from line ``since`` on) matching ``pattern``."""
         regex = re.compile(pattern)

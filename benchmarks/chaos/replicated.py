@@ -22,6 +22,13 @@ server. One fault of a random **target** (:data:`TARGETS`) at a random **moment*
   and ``set_optimizer``), or ``spawned`` (as soon as the process exists,
   before it registers).
 
+The ``second-server`` target is a second failure after a replacement: the job
+runs with ``--restart-servers 1`` and 300 rounds; after worker 0's round 3 a
+random server is killed (SIGKILL), the launcher starts a replacement, and once
+the scheduler reported both replicas it lacked rebuilt on it, the fault strikes
+another server (the replacement among them) a random number of rounds (1-20) or
+saves (1-3) later. It passes as the others, with both losses reported survived.
+
 Faults: SIGKILL (the launcher sees the exit), SIGSTOP (the heartbeats see the
 silence; the launcher then kills the stopped process) and, as root, a network
 partition: the job runs on two emulated machines (network namespaces,
@@ -91,17 +98,15 @@ TIMEOUT = "20"
 @dataclasses.dataclass(frozen=True)
 class Target:
     """What a fault strikes: processes of ``role`` (KVSTORE_ROLE), one of ``ranks``
-    (the job's servers) drawn at random, in a job started with ``flags`` (launcher
-    options). Two entries are meant to come with their features: the scheduler
-    (``Target("scheduler", "scheduler", lambda servers: (0,))``, once the launcher
-    restarts it) and a second server after a replacement (``Target("second
-    server", "server", ..., flags=("--restart-servers",), after=<the replacement's
-    line>)``: the fault waits for that line, then strikes another server)."""
+    (given the job's servers) drawn at random, in a job of ``rounds`` rounds started
+    with ``flags`` (launcher options). ``first``: a first server is killed once the
+    job runs, and the fault waits until its replacement's replicas are rebuilt."""
     name: str
     role: str
     ranks: Callable[[int], range | tuple]
     flags: tuple[str, ...] = ()
-    after: str | None = None     # a launcher line the fault waits for first (a replacement's)
+    first: bool = False
+    rounds: int = ROUNDS
     faults: tuple[str, ...] = FAULTS      # the faults it is meant to survive
     moments: tuple[str, ...] = MOMENTS
     survived: str = FAILED_OVER       # the line that says it was survived
@@ -111,7 +116,13 @@ class Target:
 # a stopped one is not restarted, and its partition is the whole job's), after start-up.
 SCHEDULER = Target("scheduler", "scheduler", lambda servers: (0,), faults=("SIGKILL",),
                    moments=("rounds", "save"), survived="the restarted scheduler rebuilt the job")
-TARGETS = (Target("server", "server", range), SCHEDULER)
+# A second server after a replacement: any server of the job or the replacement (rank S).
+SECOND = Target("second-server", "server", lambda servers: range(servers + 1), flags=("--restart-servers", "1"),
+                first=True, rounds=300, faults=("SIGKILL", "SIGSTOP"), moments=("rounds", "save"))
+TARGETS = (Target("server", "server", range), SCHEDULER, SECOND)
+FIRST_ROUND = 3            # second-server: the first server is killed after this round
+REBUILT = r"rebuilt the replica of server \d+'s share on server \d+"   # the scheduler's line, once per share
+REBUILDS = 2               # one death leaves two shares without a backup: the dead one's and the one it backed
 DEFAULT_TARGETS = ("server",)     # what --targets draws from unless told (old seeds replay as they did)
 
 
@@ -131,11 +142,16 @@ class Case:
     at: int = 0
     startup: str = ""
     delay_s: float = 0.0
+    first: int = -1          # second-server: the server killed first (-1: none)
+    rounds: int = ROUNDS
 
     def describe(self) -> str:
         when = {"rounds": f"after round {self.at} + {1e3 * self.delay_s:.0f} ms",
                 "save": f"in save {self.at} + {1e3 * self.delay_s:.1f} ms",
                 "startup": f"at start-up ({self.startup})"}[self.moment]
+        if self.first >= 0:
+            when = f"{when.replace('round ', 'round +').replace('save ', 'save +')} of the replicas rebuilt " \
+                   f"after server {self.first}'s SIGKILL"
         return (f"seed {self.seed}: {self.fault} -> {self.target} {self.rank} {when} "
                 f"(dist_{self.mode}, W={self.workers} S={self.servers})")
 
@@ -155,6 +171,14 @@ def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ..
     moment = rng.choice(MOMENTS)
     if moment not in target.moments:
         moment = rng.choice(target.moments)
+    if target.first:   # (drawn after the others: the other targets' seeds replay as before)
+        first = rng.randrange(servers)
+        if rank == first:
+            rank = rng.choice([r for r in target.ranks(servers) if r != first])
+        at = rng.randint(1, 20) if moment == "rounds" else rng.randint(1, 3)   # after the rebuild
+        bound = ROUND_DELAY_S if moment == "rounds" else SAVE_DELAY_S
+        return Case(seed, mode, workers, servers, fault, target.name, rank, moment, at=at,
+                    delay_s=round(rng.uniform(0, bound), 4), first=first, rounds=target.rounds)
     if moment == "rounds":
         return Case(seed, mode, workers, servers, fault, target.name, rank, moment,
                     at=rng.randint(3, ROUNDS - 15), delay_s=round(rng.uniform(0, ROUND_DELAY_S), 4))
@@ -167,32 +191,32 @@ def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ..
 
 class References:
     """The final weights of uninterrupted ``dist_sync`` runs without replicas, by W
-    (they depend on W and the rounds only), each computed once."""
+    and the rounds (they depend on these only), each computed once."""
 
     def __init__(self) -> None:
-        self._digests: dict[int, str] = {}
+        self._digests: dict[tuple[int, int], str] = {}
 
-    def digest(self, workers: int) -> str:
+    def digest(self, workers: int, rounds: int = ROUNDS) -> str:
         """The digest; RuntimeError if the uninterrupted job fails."""
-        if workers not in self._digests:
+        if (workers, rounds) not in self._digests:
             tag = uuid.uuid4().hex
             env = job_env(tag, KVSTORE_DETERMINISTIC="1", KVSTORE_CHUNK_BYTES=REPLICATED["KVSTORE_CHUNK_BYTES"])
-            job = Job(launcher_argv(workers, 2, [SCRIPT, "--mode", "sync", "--rounds", str(ROUNDS)], env), env)
+            job = Job(launcher_argv(workers, 2, [SCRIPT, "--mode", "sync", "--rounds", str(rounds)], env), env)
             code = job.end(BOUND_S)
             problems = finish([job], tag)
             got = set(re.findall(r"^\[worker:\d+\] digest (\w+)$", job.text, re.M))
             if code != 0 or len(got) != 1 or problems:
                 raise RuntimeError(f"the uninterrupted run of {workers} workers failed (status {code}, "
                                    f"{problems}):\n{job.text[-3000:]}")
-            self._digests[workers] = got.pop()
-        return self._digests[workers]
+            self._digests[(workers, rounds)] = got.pop()
+        return self._digests[(workers, rounds)]
 
 
 class Launched:
     """A job through ``python -m tracker.local``: one output, lines prefixed by role and rank."""
 
     def __init__(self, case: Case, env: dict[str, str], flags: tuple[str, ...]):
-        script = [SCRIPT, "--mode", case.mode, "--rounds", str(ROUNDS), "--save-every", str(SAVE_EVERY)]
+        script = [SCRIPT, "--mode", case.mode, "--rounds", str(case.rounds), "--save-every", str(SAVE_EVERY)]
         self.tag = env["CHAOS_TAG"]
         self.job = Job(launcher_argv(case.workers, case.servers, script, env,
                                      flags=("--kill-grace", "1", *flags)), env)
@@ -281,7 +305,7 @@ def run_case(case: Case, refs: References) -> dict:
     """Run ``case``; its record (``problems`` empty when it passed)."""
     record: dict = {**dataclasses.asdict(case), "problems": []}
     problems: list[str] = record["problems"]
-    want = refs.digest(case.workers) if case.mode == "sync" else None
+    want = refs.digest(case.workers, case.rounds) if case.mode == "sync" else None
     target = next(t for t in TARGETS if t.name == case.target)
     directory = tempfile.mkdtemp(prefix="chaos-replicated-")
     env = job_env(uuid.uuid4().hex, **REPLICATED, KVSTORE_CHECKPOINT_DIR=directory, KVSTORE_TIMEOUT=TIMEOUT,
@@ -290,10 +314,13 @@ def run_case(case: Case, refs: References) -> dict:
     started = time.monotonic()
     try:
         job = Placed(case, env) if case.fault == "partition" else Launched(case, env, target.flags)
-        if target.after is not None and isinstance(job, Launched) and \
-                job.job.wait_for(target.after, START_S) is None:
-            problems.append(f"the job never printed {target.after!r}")
-            return record
+        if case.first >= 0:
+            assert isinstance(job, Launched)    # (no partitions for this target)
+            rebuilt = first_failure(job, case)
+            if rebuilt is None:
+                problems.append(f"server {case.first}'s replacement did not get its {REBUILDS} replicas rebuilt")
+                return record
+            case = rebuilt
         if not reach_moment(job, case, target.role):
             problems.append(f"the job did not reach the fault's moment ({case.moment} {case.at or case.startup})")
             return record
@@ -326,7 +353,7 @@ def run_case(case: Case, refs: References) -> dict:
                                                 job.lines("worker", 0)) if m]
         if any(end > fault_at for end in ends):
             record["pause_s"] = round(pause(ends, fault_at), 4)
-        if target.survived not in job.text:
+        if job.text.count(target.survived) < (2 if case.first >= 0 else 1):
             problems.append(f"the {target.name}'s loss was not reported survived ({target.survived!r})")
     except Exception as e:   # noqa: BLE001  (a broken run is recorded, the next one runs)
         problems.append(f"the runner failed: {type(e).__name__}: {e}")
@@ -335,9 +362,29 @@ def run_case(case: Case, refs: References) -> dict:
             problems += job.close()
             if problems:
                 record["tail"] = job.text[-6000:]
+                record["worker0"] = "\n".join(job.lines("worker", 0)[-80:])
         shutil.rmtree(directory, ignore_errors=True)
         record["wall_s"] = round(time.monotonic() - started, 1)
     return record
+
+
+def first_failure(job: Launched, case: Case) -> Case | None:
+    """(second-server) SIGKILL of ``case.first`` after worker 0's round FIRST_ROUND,
+    then wait until the scheduler reported the replicas rebuilt on the replacement.
+    Returns the case with its moment made absolute (``at`` rounds or saves after the
+    last round worker 0 finished by then), or None if that did not happen."""
+    if job.wait_for("worker", 0, rf"round {FIRST_ROUND} ", START_S) is None:
+        return None
+    pid = pid_of(job.tag, "server", case.first)
+    if pid is None:
+        return None
+    os.kill(pid, signal.SIGKILL)
+    if not job.job.wait_count(REBUILT, REBUILDS, START_S):
+        return None
+    done = max((int(m.group(1)) for m in map(re.compile(r"^round (\d+) ").match, job.lines("worker", 0)) if m),
+               default=FIRST_ROUND)
+    at = done + case.at if case.moment == "rounds" else done // SAVE_EVERY + case.at
+    return dataclasses.replace(case, at=at)
 
 
 def reach_moment(job: Launched | Placed, case: Case, role: str) -> bool:

@@ -231,14 +231,22 @@ class Client:
                     on_reply(header, arrays)
             return keep
         # (replicated servers: each live server once, by the first share it serves; a dead
-        # one's share answers as its new server, a replacement's as the shares it took over)
+        # one's share answers as its new server, a replacement's as the shares it took over.
+        # A server can start serving a share while this call waits (a death: _fail_over drops
+        # the dead one's request): it is asked then, if it was not already)
         route = self.failover.route if self.failover is not None else (lambda s: s)
-        first: dict[int, int] = {}
-        for share in range(self.num_shares):
-            first.setdefault(route(share), share)
-        self.wait([self.request(share, op, what, (), RequestOptions(on_reply=keeper(server)), **fields)[0]
-                   for server, share in sorted(first.items())], what)
-        return [replies[route(s)] for s in range(self.num_shares)]
+        sent: dict[int, int] = {}      # server -> the id of its request
+        while True:
+            first: dict[int, int] = {}
+            for share in range(self.num_shares):
+                first.setdefault(route(share), share)
+            for server, share in sorted(first.items()):
+                if server not in sent:
+                    sent[server] = self.request(share, op, what, (), RequestOptions(on_reply=keeper(server)),
+                                                **fields)[0]
+            if all(server in replies for server in first):
+                return [replies[route(s)] for s in range(self.num_shares)]
+            self.wait([sent[server] for server in first if server not in replies], what)
 
     def _encode(self, server: int, what: str, header: dict, arrays, shared) -> list:
         """The frames of one request, or InvalidArgumentError (before anything is

@@ -173,3 +173,18 @@ def test_a_replicated_job_goes_on_after_its_scheduler_is_killed_in_rounds():
     run = chaos_replicated.run_case(case, chaos_replicated.References())
     assert not run["problems"], run
     assert run["exit"] == 0, run
+
+
+@pytest.mark.timeout(120)
+def test_a_replicated_job_survives_a_second_server_lost_in_a_save_after_a_replacement():
+    """The second-server target: server 2 of 3 killed after round 3, a replacement
+    (server 3) backs up the shares that lost their backup; then server 1 is killed
+    4.7 ms into a save, so that its share moves to the replacement while the save's
+    requests to every server wait (chaos seed 647892279 found that the replacement
+    was never asked: KeyError in request_all). Exit 0, every push applied once, both
+    losses reported survived, nothing left."""
+    case = chaos_replicated.Case(seed=0, mode="async", workers=3, servers=3, fault="SIGKILL", target="second-server",
+                                 rank=1, moment="save", at=2, delay_s=0.0047, first=2, rounds=300)
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0, run

@@ -130,7 +130,7 @@ def test_registered_tells_slots_members_epoch_progress_and_the_elastic_bounds():
         "workers": ["h:100", "h:101", "", ""], "slots": 4, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": [1, 4],
         "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""], "incarnation": job.state.incarnation,
-        "barriers": 0}
+        "barriers": 0, "restartable": False}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -145,7 +145,7 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
         "workers": ["h:100", "h:101"], "slots": 2, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": None,
         "worker_addrs": ["tcp://worker-0", "tcp://worker-1"], "incarnation": job.state.incarnation,
-        "barriers": 0}
+        "barriers": 0, "restartable": False}
     assert (job.state.members, job.state.epoch) == ([0, 1], 0)
 
 
@@ -167,7 +167,7 @@ def test_a_joiner_takes_the_lowest_vacant_rank_and_is_answered_once_the_server_a
                      "servers": ["tcp://server-0"], "workers": ["h:100", "h:101", "h:500", ""],
                      "slots": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
                      "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""],
-                     "incarnation": job.state.incarnation, "barriers": 0}
+                     "incarnation": job.state.incarnation, "barriers": 0, "restartable": False}
     assert ("worker 2 (pid 500 on h) joins the job (members 0, 1, epoch 1); it becomes a member at "
             "its first barrier") in caplog.text
     assert "worker 2 (pid 500 on h) joined the job: every server holds epoch 1" in caplog.text

@@ -1,7 +1,8 @@
 """The scheduler names who is missing: a barrier that times out names the workers
 that did not arrive (on every waiting worker), and a standalone scheduler
 (``python -m tracker.scheduler``) whose server dies after the shutdown ends
-non-zero naming it instead of waiting for ever. Nodes are in-process
+non-zero naming it instead of waiting for ever; nodes wait for a lost
+scheduler's restart only when a launcher restarts it. Nodes are in-process
 ``Membership`` objects on 127.0.0.1 with random ports."""
 
 from __future__ import annotations
@@ -229,3 +230,25 @@ def test_an_invalid_log_level_for_the_standalone_scheduler_is_status_2():
     p = subprocess.run([sys.executable, "-m", "tracker.scheduler"], capture_output=True, text=True,
                        timeout=60, env={"KVSTORE_LOG_LEVEL": "loud", "PYTHONPATH": root})
     assert p.returncode == 2 and "KVSTORE_LOG_LEVEL='loud' is invalid" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("restartable", [False, True], ids=["hand-started", "under-a-launcher"])
+def test_a_node_waits_for_a_restart_only_of_a_scheduler_a_launcher_restarts(restartable):
+    """The scheduler's `registered` says whether a launcher restarts it: a node that
+    lost a hand-started one stops at the heartbeat timeout (1.5 s here); one under a
+    launcher keeps trying for KVSTORE_SCHEDULER_RESTART_TIMEOUT (60 s here) more."""
+    sched = Scheduler(1, 1, restartable=restartable, **FAST).start()
+    nodes = [Membership(role=role, rank=0, scheduler=("127.0.0.1", sched.port), restart_timeout=60.0, **FAST)
+             for role in ("server", "worker")]
+    try:
+        run_all([node.register for node in nodes])
+        assert [node.restart_window for node in nodes] == [60.0 if restartable else 0.0] * 2
+        sched.close()
+        lost = nodes[1].aborted.wait(FAST["heartbeat_timeout"] + 3.0)     # (an event: at 1.5 s if it stops)
+        assert lost is not restartable, nodes[1].abort_reason
+        if not restartable:
+            assert nodes[1].abort_reason.endswith("for 1.5s (KVSTORE_HEARTBEAT_TIMEOUT)"), nodes[1].abort_reason
+    finally:
+        for node in nodes:
+            node.close()
+        sched.close()

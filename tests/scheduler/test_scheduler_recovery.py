@@ -97,6 +97,7 @@ def test_nothing_completes_until_every_member_registered_again_and_the_book_surv
         b"hb:server-0", b"hb:server-2", b"hb:worker-0", b"hb:worker-1"]
     reply = [s for s in sends if s.ident == b"hb:worker-1"][0].fields
     assert reply["incarnation"] == new.state.incarnation and reply["rank"] == 1
+    assert reply["restartable"] is True          # a restarted scheduler has a launcher that restarts it
     assert (reply["book_epoch"], reply["owners"], reply["backups"]) == (1, [0, 2, 2], [None, None, 0])
     new.request("worker-0", "barrier", token="t", timeout=30.0)
     _, sends = new.request("worker-1", "barrier", token="t", timeout=30.0)
@@ -324,7 +325,7 @@ def test_live_a_barrier_released_to_one_worker_before_the_restart_reaches_the_ot
     send before it died), the scheduler is closed and a restarted one started on its
     port. Worker 1 calls 'save_checkpoint' again and is answered with the release
     worker 0 got; both then pass 'save_checkpoint done' (the next release, 3)."""
-    old = Scheduler(2, 1, job=JOB, restart_timeout=RESTART, **FAST).start()
+    old = Scheduler(2, 1, job=JOB, restart_timeout=RESTART, restartable=True, **FAST).start()
     port, new = old.port, None
     servers, workers = members(port, 2)
     try:
@@ -348,3 +349,25 @@ def test_live_a_barrier_released_to_one_worker_before_the_restart_reaches_the_ot
         for node in servers + workers:
             node.close()
         (new or old).close()
+
+
+def test_a_server_that_died_before_the_restart_keeps_its_address_in_the_rebuilt_book():
+    """Its address comes from the reports (it registers no more): the restarted
+    scheduler's `registered` lists every server's, as the old one did, not ''."""
+    old = formed(2, 3, replicas=1)
+    old.state.node_exited("server", 1, -9, now=1.0)
+    addresses = [f"tcp://server-{r}" for r in range(3)]
+    new = Nodes(scheduler(2, 3, True, replicas=1))
+    for node in ("worker-0", "worker-1", "server-0"):
+        new.register(node, report(old.state, servers=addresses))
+    sends = new.register("server-2", report(old.state, servers=addresses))
+    replies = [s.fields for s in sends if s.op == wire.REGISTERED]
+    assert len(replies) == 4 and all(r["servers"] == addresses for r in replies), replies
+
+
+def test_a_rejoin_reports_server_addresses_are_checked():
+    new = Nodes(scheduler(2, 2, True))
+    for bad in (["tcp://a"], "tcp://a", ["tcp://a", 7], ["tcp://a", "x" * 2000]):
+        [error] = new.register("worker-0", report(servers=bad))
+        assert error.op == wire.ERROR and "rejoin's 'servers' must list the 2 servers' addresses" in \
+            error.fields["message"], (bad, error.fields)

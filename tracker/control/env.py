@@ -197,7 +197,8 @@ VARIABLES: tuple[Var, ...] = (
         "checkpoint directory's lock (held by another live job's server) before it fails."),
     Var("KVSTORE_SCHEDULER_RESTART_TIMEOUT", (), 10.0, _NON_NEGATIVE_FLOAT,
         "Seconds a process that lost contact with the scheduler for KVSTORE_HEARTBEAT_TIMEOUT "
-        "keeps trying, for its launcher to restart the scheduler (tracker.local, tracker.ssh), "
+        "keeps trying, for its launcher to restart the scheduler (tracker.local, tracker.ssh; a "
+        "hand-started scheduler is not waited for), "
         "before it stops with \"lost contact with the scheduler\"; a restarted scheduler waits "
         "as long (plus the heartbeat timeout) for every member to register again. 0: stop at the "
         "heartbeat timeout."),

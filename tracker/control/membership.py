@@ -139,6 +139,9 @@ class Membership:
         # with: when they differ, the scheduler was restarted and this node registers again
         self._heard: str | None = None
         self._joined: str | None = None
+        # whether a launcher restarts the scheduler (its `registered` says): only then does a
+        # node that lost it keep trying for restart_timeout after the heartbeat timeout
+        self._restartable = False
         self._on_abort = on_abort
         self._security = security
         self._ids = itertools.count(1)
@@ -275,6 +278,7 @@ class Membership:
             elastic=None if elastic is None else tuple(elastic),
             worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))
         self.progress = self.registration.progress
+        self._restartable = msg.get("restartable") is True
         if type(msg.get("barriers")) is int:   # the job's barriers released before this worker joined it
             self.barriers_heard = msg["barriers"]
         self._note_members(msg["epoch"], msg["members"], msg["workers"])
@@ -452,18 +456,19 @@ class Membership:
                         self._note_servers(msg)
                         self._note_finished(msg.get("workers_finished"))
                         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
-                elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout + self.restart_timeout:
-                    waited = (f"{self.heartbeat_timeout:g}s (KVSTORE_HEARTBEAT_TIMEOUT)" if not self.restart_timeout
-                              else f"{self.heartbeat_timeout + self.restart_timeout:g}s (KVSTORE_HEARTBEAT_TIMEOUT "
+                elif contacted and time.monotonic() - last_contact > self.heartbeat_timeout + self.restart_window:
+                    waited = (f"{self.heartbeat_timeout:g}s (KVSTORE_HEARTBEAT_TIMEOUT)" if not self.restart_window
+                              else f"{self.heartbeat_timeout + self.restart_window:g}s (KVSTORE_HEARTBEAT_TIMEOUT "
                               "+ KVSTORE_SCHEDULER_RESTART_TIMEOUT): it died and was not restarted, or is stuck")
                     self._abort(f"lost contact with the scheduler at {self.scheduler[0]}:"
                                 f"{self.scheduler[1]} for {waited}")
                     return
-                elif contacted and not told_lost and time.monotonic() - last_contact > self.heartbeat_timeout:
+                elif contacted and not told_lost and self.restart_window \
+                        and time.monotonic() - last_contact > self.heartbeat_timeout:
                     told_lost = True
                     log.warning("%s: no answer from the scheduler at %s:%s for %gs; waiting up to %gs more for "
                                 "it to be restarted (KVSTORE_SCHEDULER_RESTART_TIMEOUT)", self.name,
-                                self.scheduler[0], self.scheduler[1], self.heartbeat_timeout, self.restart_timeout)
+                                self.scheduler[0], self.scheduler[1], self.heartbeat_timeout, self.restart_window)
                 elif not contacted and time.monotonic() - last_contact > self.timeout:
                     self._abort(f"the scheduler at {self.scheduler[0]}:{self.scheduler[1]} did not "
                                 f"answer within {self.timeout:g}s (KVSTORE_TIMEOUT): is it running?")
@@ -473,6 +478,13 @@ class Membership:
                 self._abort(f"heartbeat channel to the scheduler failed: {e}")
         finally:
             sock.close(linger=0)
+
+    @property
+    def restart_window(self) -> float:
+        """Seconds this node keeps trying after the heartbeat timeout for a scheduler it
+        lost: ``restart_timeout`` when a launcher restarts the scheduler (its
+        ``registered`` said so), else 0 (a hand-started scheduler: nothing brings it back)."""
+        return self.restart_timeout if self._restartable else 0.0
 
     def _rejoin_message(self, req_id: int) -> bytes:
         """This node's registration with a restarted scheduler: its role, rank, address,
@@ -486,7 +498,8 @@ class Membership:
                                "job": reg.job, "book": book, "epoch": epoch, "members": members,
                                "finished_workers": sorted(self.finished_workers),
                                "shutdown": self.shutdown.is_set(), "progress": self.progress,
-                               "barrier": None if self.last_barrier is None else self.last_barrier.report()})
+                               "barrier": None if self.last_barrier is None else self.last_barrier.report(),
+                               "servers": list(reg.servers[:reg.num_servers])})
 
     def _rejoined(self, msg: dict) -> None:
         """The restarted scheduler answered this node's registration again."""
@@ -499,6 +512,7 @@ class Membership:
         self._note_members(msg.get("epoch"), msg.get("members"), msg.get("workers"))
         if isinstance(msg.get("incarnation"), str):
             self._joined = msg["incarnation"]
+        self._restartable = msg.get("restartable") is True
         log.info("%s registered again with the restarted scheduler", self.name)
 
     def _note_finished(self, ranks) -> None:

@@ -38,6 +38,7 @@ from .failover import ServerBook
 from .records import Released, read_released
 
 PROGRESS_BYTES = 64 << 10   # as tracker.control.elastic's bound on a saved progress
+ADDRESS_CHARS = 1024        # a server's data-plane address (its advert) in a report
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Report:
     shutdown: bool                   # (servers) it was told to shut down
     progress: dict                   # the job's progress as last heard
     barrier: Released | None = None  # (workers) the last barrier's release it heard
+    servers: tuple[str, ...] = ()    # the job's servers' data-plane addresses by rank, as it registered
 
 
 def read_report(rejoin, worker_ranks: int, num_servers: int, job: str) -> Report:
@@ -82,8 +84,13 @@ def read_report(rejoin, worker_ranks: int, num_servers: int, job: str) -> Report
         raise RendezvousError("rejoin's 'shutdown' must be true or false")
     if not isinstance(progress, dict) or len(msgpack.packb(progress, use_bin_type=True)) > PROGRESS_BYTES:
         raise RendezvousError(f"rejoin's 'progress' must be a map of at most {PROGRESS_BYTES} bytes")
+    servers = rejoin.get("servers", [])
+    if not (isinstance(servers, list) and len(servers) in (0, num_servers)
+            and all(isinstance(a, str) and len(a) <= ADDRESS_CHARS for a in servers)):
+        raise RendezvousError(f"rejoin's 'servers' must list the {num_servers} servers' addresses "
+                              f"(strings of at most {ADDRESS_CHARS} characters)")
     return Report(book, epoch, tuple(sorted(set(members))), frozenset(finished), shutdown, progress,
-                  read_released(rejoin.get("barrier"), worker_ranks))
+                  read_released(rejoin.get("barrier"), worker_ranks), tuple(servers))
 
 
 class Recovery:
@@ -137,6 +144,11 @@ class Recovery:
         the scheduler before the restart may have sent it to some workers only."""
         heard = [r.barrier for r in self.reports.values() if r.barrier is not None]
         return max(heard, key=lambda b: b.number, default=None)
+
+    def addresses(self) -> tuple[str, ...]:
+        """The job's servers' addresses by rank as the nodes registered with them (those
+        of servers that died before the restart included), or () if none reported them."""
+        return next((r.servers for r in self.reports.values() if r.servers), ())
 
     def missing(self, registered: set) -> list[tuple[str, int]]:
         """The (role, rank) still expected to register again: ``registered`` holds those

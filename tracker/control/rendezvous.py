@@ -44,7 +44,8 @@ class Scheduler:
                  security: Security = Security(), elastic: tuple[int, int] | None = None,
                  replicas: int = env.default("KVSTORE_REPLICAS"), job: str | None = None,
                  restarted: bool = False,
-                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT"),
+                 restartable: bool = False):
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.host = host
@@ -55,7 +56,7 @@ class Scheduler:
                                      heartbeat_interval=heartbeat_interval,
                                      heartbeat_timeout=heartbeat_timeout, elastic=elastic,
                                      replicas=replicas, job=job, restarted=restarted,
-                                     restart_timeout=restart_timeout)
+                                     restart_timeout=restart_timeout, restartable=restartable)
         self._crash: str | None = None
         self._requested_port = port
         self._port: int | None = None   # start() binds it
@@ -71,7 +72,7 @@ class Scheduler:
     def for_job(cls, settings: env.Settings, num_workers: int, num_servers: int, **kwargs) -> "Scheduler":
         """A scheduler with the timeout, heartbeat, elastic, replica and restart settings of
         ``settings`` (:class:`tracker.control.env.Settings`); ``kwargs``: host, port, security,
-        job, restarted."""
+        job, restarted, restartable (a launcher restarts it if it dies)."""
         return cls(num_workers, num_servers, timeout=settings.timeout,
                    heartbeat_interval=settings.heartbeat_interval,
                    heartbeat_timeout=settings.heartbeat_timeout, elastic=settings.elastic,

@@ -93,7 +93,8 @@ class SchedulerState:
                  heartbeat_interval: float, heartbeat_timeout: float,
                  elastic: tuple[int, int] | None = None, job: str | None = None,
                  replicas: int = env.default("KVSTORE_REPLICAS"), restarted: bool = False,
-                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT")):
+                 restart_timeout: float = env.default("KVSTORE_SCHEDULER_RESTART_TIMEOUT"),
+                 restartable: bool = False):
         if num_workers < 1 or num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
         if replicas and num_servers < 2:
@@ -120,6 +121,10 @@ class SchedulerState:
         self.incarnation = secrets.token_hex(4)
         self.restart_timeout = restart_timeout
         self.restarted = restarted
+        # a launcher restarts this scheduler if it dies (tracker.scheduler_process): told to
+        # every node in `registered`, which then waits KVSTORE_SCHEDULER_RESTART_TIMEOUT for
+        # it before stopping (a hand-started scheduler: only the heartbeat timeout)
+        self.restartable = restartable or restarted
         # restarted by its launcher: the job is rebuilt from the members' registrations
         self._recovery = Recovery(self._ranks.count, num_servers, elastic=elastic is not None,
                                   job=self.job) if restarted else None
@@ -305,9 +310,11 @@ class SchedulerState:
         self._out.append(Send(ident, op, fields))
 
     def _flush(self) -> list[Send]:
-        """The messages to send; every ``ack`` and ``registered`` with :attr:`incarnation`."""
+        """The messages to send; every ``ack`` and ``registered`` with :attr:`incarnation`,
+        every ``registered`` with :attr:`restartable`."""
         out, self._out = self._out, []
-        return [Send(s.ident, s.op, {**s.fields, "incarnation": self.incarnation})
+        return [Send(s.ident, s.op, {**s.fields, "incarnation": self.incarnation,
+                                     **({"restartable": self.restartable} if s.op == wire.REGISTERED else {})})
                 if s.op in (wire.ACK, wire.REGISTERED) else s for s in out]
 
     def _op_heartbeat(self, ident: bytes, msg: dict) -> None:
@@ -496,13 +503,16 @@ class SchedulerState:
             if node.role == "server" and node.ranked in dead:   # failed over, yet it came back (stopped)
                 node.finished, node.removed = True, f"{dead[node.ranked]}; its chunks are served by their backups now"
         server_ranks = book.ranks if book is not None else self.num_servers   # replacements included
+        addresses = rec.addresses()
         for role, total in (("server", server_ranks), ("worker", self._ranks.count)):
             for rank in range(total):
                 if (role, rank) in registered or (role == "worker" and self.elastic is not None
                                                   and rank not in members):
                     continue
                 code = rec.exited.get((role, rank))
-                node = Node(f"{role}-{rank}-before-the-restart", role, rank, "?", "", 0, b"", self._now)
+                # (a server that died before the restart keeps its address in the job's book)
+                addr = addresses[rank] if role == "server" and rank < len(addresses) else ""
+                node = Node(f"{role}-{rank}-before-the-restart", role, rank, "?", addr, 0, b"", self._now)
                 # a node that ended with a failure during the restart: its exit, replayed below, judges it
                 node.finished = not (code and rank not in dead and self.elastic is None)
                 node.removed = f"{dead[rank]}; its chunks are served by their backups now" \
