@@ -126,6 +126,9 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer, batc
     backend with numpy (tests/benchmarks/test_gpu_check.py); the GPU run times it on CuPy."""
     import numpy as np
     from kvstore.server.state import ServerState
+    from typing import cast
+
+    from kvstore.modes import SYNC
     from kvstore.server.sync import Sync
     state = ServerState(name="bench", backend=backend)
     state.handle(b"w", {"op": "configure", "id": 1, "src": 0, "mode": "sync", "num_workers": workers}, [])
@@ -136,8 +139,8 @@ def server_rounds(backend, xp, n: int, count: int, workers: int, optimizer, batc
     with backend.scope():
         grads = [xp.full(n, 0.5 * (w + 1), xp.float32) for w in range(workers)]
     chunks = [(("k", i), state.chunks[("k", i)]) for i in range(count)]
-    sync = state.consistency
-    assert isinstance(sync, Sync)   # configured "sync" above
+    assert state.consistency is not None and state.consistency.mode is SYNC    # configured "sync" above
+    sync = cast(Sync, state.consistency)     # (the sync mode's rounds: contribute, apply_complete)
 
     def one_round() -> None:
         if batched:

@@ -382,9 +382,7 @@ class DistStore(KVStore):
                                    [(info, targets) for info, _, targets in items], paced, rows,
                                    plan.routes() if plan is not None else None)
 
-    def _do_pushpull_finish(self, handle: Pending) -> None:
-        self._exchange.fill(handle)
-        self._checkpoints.pulled()
+    _do_pushpull_finish = _do_pull_finish     # the same: fill the outputs, a pull for checkpoints
 
     def _do_pushpull_open(self, items) -> OpenRound:
         self._check_can_push()

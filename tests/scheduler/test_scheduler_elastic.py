@@ -120,14 +120,14 @@ def test_the_initial_workers_must_lie_within_min_and_max(workers, elastic):
 
 
 # -- registration ----------------------------------------------------------------------------
-def test_registered_tells_slots_members_epoch_progress_and_the_elastic_bounds():
+def test_registered_tells_worker_ranks_members_epoch_progress_and_the_elastic_bounds():
     job = Elastic(workers=2, servers=1, elastic=(1, 4))
     job.register("server", 0)
     job.register("worker", 1)
     req_id, sends = job.register("worker", 0)
     assert only(to(sends, b"worker-0")).fields == {
         "id": req_id, "rank": 0, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
-        "workers": ["h:100", "h:101", "", ""], "slots": 4, "members": [0, 1], "epoch": 0,
+        "workers": ["h:100", "h:101", "", ""], "worker_ranks": 4, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": [1, 4],
         "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""], "incarnation": job.state.incarnation,
         "barriers": 0, "restartable": False}
@@ -142,7 +142,7 @@ def test_without_elastic_registered_has_the_same_fields_with_every_worker_a_memb
     _, sends = job.register("worker", 0)
     assert only(to(sends, b"worker-1")).fields == {
         "id": req_id, "rank": 1, "num_workers": 2, "num_servers": 1, "servers": ["tcp://server-0"],
-        "workers": ["h:100", "h:101"], "slots": 2, "members": [0, 1], "epoch": 0,
+        "workers": ["h:100", "h:101"], "worker_ranks": 2, "members": [0, 1], "epoch": 0,
         "joined": False, "progress": {}, "elastic": None,
         "worker_addrs": ["tcp://worker-0", "tcp://worker-1"], "incarnation": job.state.incarnation,
         "barriers": 0, "restartable": False}
@@ -165,7 +165,7 @@ def test_a_joiner_takes_the_lowest_vacant_rank_and_is_answered_once_the_server_a
     reply = only(to(sends, b"worker-new")).fields
     assert reply == {"id": req_id, "rank": 2, "num_workers": 2, "num_servers": 1,
                      "servers": ["tcp://server-0"], "workers": ["h:100", "h:101", "h:500", ""],
-                     "slots": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
+                     "worker_ranks": 4, "members": [0, 1], "epoch": 1, "joined": True, "progress": {},
                      "elastic": [1, 4], "worker_addrs": ["tcp://worker-0", "tcp://worker-1", "", ""],
                      "incarnation": job.state.incarnation, "barriers": 0, "restartable": False}
     assert ("worker 2 (pid 500 on h) joins the job (members 0, 1, epoch 1); it becomes a member at "

@@ -115,10 +115,10 @@ class WorkerRanks:
                                           or self.pending.get(node.rank) is node)
 
     def registered(self, node: Node, book: dict, joined: bool = False) -> dict:
-        """The fields of ``registered`` for ``node``: ``book`` (servers) and the ranks (its "slots" field)."""
+        """The fields of ``registered`` for ``node``: ``book`` (servers) and the ranks (``worker_ranks``)."""
         holder = lambda r: self.holders.get(r) or self.pending.get(r)   # noqa: E731
         return {"rank": node.rank, **book, "joined": joined, "num_workers": len(self.holders),
-                "slots": self.count, "progress": self.progress,
+                "worker_ranks": self.count, "progress": self.progress,
                 # workers' own endpoints (host groups: kvstore.hostgroup.group), "" where none
                 "worker_addrs": [n.addr if (n := holder(r)) else "" for r in range(self.count)],
                 "elastic": None if self.bounds is None else list(self.bounds),

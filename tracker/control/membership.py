@@ -273,7 +273,7 @@ class Membership:
         elastic = msg["elastic"]
         self.registration = Registration(
             msg["rank"], msg["num_workers"], msg["num_servers"], list(msg["servers"]),
-            list(msg["workers"]), worker_ranks=msg["slots"], members=tuple(msg["members"]),
+            list(msg["workers"]), worker_ranks=msg["worker_ranks"], members=tuple(msg["members"]),
             epoch=msg["epoch"], joined=bool(msg["joined"]), progress=dict(msg["progress"]),
             elastic=None if elastic is None else tuple(elastic),
             worker_addrs=[str(a) for a in msg.get("worker_addrs") or ()], job=str(msg.get("job") or ""))
