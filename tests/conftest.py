@@ -37,10 +37,21 @@ def pytest_collection_modifyitems(config, items):
     sshd, a Slurm cluster, a live job, a reference run) start once; the tests that
     build network namespaces run on one worker, one at a time, since they check
     that no ``kvlink-`` namespace appeared while they ran (state of the machine).
-    Without xdist the marks change nothing."""
+    The docs' snippets are one group per file (each runs in its own directory), and
+    the groups holding a test marked slow come first, so that the longest ones do
+    not start last and hold the suite's end. Without xdist the marks change nothing."""
+    groups = {}
     for item in items:
-        group = "netns" if "netns_ok" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        if "netns_ok" in getattr(item, "fixturenames", ()):
+            group = "netns"
+        elif item.nodeid.startswith("tests/project/test_snippets.py::test_snippets_run_as_written["):
+            group = item.nodeid.split("::")[1]
+        else:
+            group = item.nodeid.split("::")[0]
+        groups[item.nodeid] = group
         item.add_marker(pytest.mark.xdist_group(group))
+    slow = {groups[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: groups[item.nodeid] not in slow)     # (stable: each group's order kept)
 
 
 @pytest.fixture

@@ -118,6 +118,13 @@ class Job:
             lines = self.lines[since:]
         return next((m for m in map(regex.search, lines) if m), None)
 
+    def after(self, pattern: str) -> int:
+        """The number of the line after the last one so far matching ``pattern`` (0 if
+        none): where to look for what followed it (``since`` of :meth:`wait_for`)."""
+        regex = re.compile(pattern)
+        with self.changed:
+            return next((i + 1 for i in range(len(self.lines) - 1, -1, -1) if regex.search(self.lines[i])), 0)
+
     @property
     def count(self) -> int:
         """How many lines have come so far."""

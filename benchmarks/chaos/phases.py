@@ -412,7 +412,9 @@ def kill_mid_write(run: Run, job: Job, tag: str) -> float | None:
         if c.at > 1 and job.wait_for(me + rf"saved {c.at - 1}$", START_TIMEOUT) is None:
             run.problems.append(f"the job did not reach save {c.at - 1}")
             return None
-        before, since = writing(run.directory, c.big_rank), job.count
+        # (from the line after the last save's end: a fast job may print this save's start
+        # before the line count is read here)
+        before, since = writing(run.directory, c.big_rank), job.after(me + rf"saved {c.at - 1}$") if c.at > 1 else 0
         if job.wait_for(me + rf"saving {c.at}$", START_TIMEOUT, since) is None:
             run.problems.append(f"the job did not reach save {c.at}")
             return None
