@@ -53,7 +53,7 @@ class DataPlane:
             memory.tune(single_arena=True)
         # name -> endpoint, in the registry's order
         self.endpoints: dict[str, Endpoint] = {
-            name: registry.endpoint(name)(config) for name in registry.chosen(config.transport)}
+            name: registry.endpoint(name, Endpoint)(config) for name in registry.chosen(config.transport)}
         ends = list(self.endpoints.values())
         self._answers: dict[str, Endpoint] = {}
         for end in ends:

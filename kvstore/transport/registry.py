@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from .endpoints.base import Endpoint
-    from .links.base import Link
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,16 +72,16 @@ def chosen(name: str) -> list[str]:
     return order if check(name) == AUTO else order[order.index(name):]
 
 
-def link(name: str) -> type[Link]:
-    """The worker's Link class of transport ``name``."""
-    from .links.base import Link
-    return _load(name, _entry(name).link, Link)
+def link(name: str, base: type[T]) -> type[T]:
+    """The worker's Link class of transport ``name``, which must subclass ``base``
+    (the caller's ``links.base.Link``: this table imports neither end)."""
+    return _load(name, _entry(name).link, base)
 
 
-def endpoint(name: str) -> type[Endpoint]:
-    """The server's Endpoint class of transport ``name``."""
-    from .endpoints.base import Endpoint
-    return _load(name, _entry(name).endpoint, Endpoint)
+def endpoint(name: str, base: type[T]) -> type[T]:
+    """The server's Endpoint class of transport ``name``, which must subclass ``base``
+    (the caller's ``endpoints.base.Endpoint``)."""
+    return _load(name, _entry(name).endpoint, base)
 
 
 def _entry(name: str) -> Transport:

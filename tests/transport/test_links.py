@@ -29,7 +29,7 @@ def names(found):
 
 
 def test_an_unknown_transport_is_a_config_error_naming_the_known_ones():
-    for call in (lambda: registry.link("udp"), lambda: candidates(COLOCATED, Config(transport="udp"), True)):
+    for call in (lambda: registry.link("udp", Link), lambda: candidates(COLOCATED, Config(transport="udp"), True)):
         with pytest.raises(ConfigError, match="unknown transport 'udp'.*auto, cuda_ipc, shm, ipc, tcp"):
             call()
 
@@ -79,16 +79,16 @@ def test_every_module_of_each_end_is_registered_and_each_entry_is_a_class_in_its
     where = {name: getattr(entry, side).partition(":")[0] for name, entry in TRANSPORTS.items()}
     assert {module.rsplit(".", 1)[-1] for module in where.values()} == modules
     for name in TRANSPORTS:
-        cls = load(name)
+        cls = load(name, base)
         assert issubclass(cls, base) and cls is not base and cls.kind == name
         assert importlib.import_module(cls.__module__).__file__ == str(folder / f"{where[name].rsplit('.', 1)[-1]}.py")
 
 
 def test_a_class_registered_under_another_name_is_a_config_error(monkeypatch):
     monkeypatch.setattr(registry, "TRANSPORTS", {**TRANSPORTS, "tcp2": TRANSPORTS["tcp"]})
-    for load in (registry.link, registry.endpoint):
+    for load, base in ((registry.link, Link), (registry.endpoint, Endpoint)):
         with pytest.raises(ConfigError, match="transport 'tcp2'.*kind is 'tcp2'"):
-            load("tcp2")
+            load("tcp2", base)
 
 
 KEYS = ["big", "small", "ints"]
@@ -122,7 +122,7 @@ def first_applying(name: str) -> str:
     that need device memory (cuda_ipc; its own job runs in test_cuda_ipc.py) do not
     apply and are skipped before their handshake."""
     cpu_worker = types.SimpleNamespace(accelerators=None)
-    return next(n for n in registry.chosen(name) if registry.link(n).applies(cpu_worker))
+    return next(n for n in registry.chosen(name) if registry.link(n, Link).applies(cpu_worker))
 
 
 @pytest.mark.parametrize("name", list(TRANSPORTS))

@@ -33,7 +33,7 @@ def candidates(advert, config, colocated: bool) -> list[tuple[type[Link], str]]:
     from the first). Never empty while the last link (tcp) reaches every advert."""
     found = []
     for name in registry.chosen(config.transport):     # ConfigError for a name not registered
-        cls = registry.link(name)
+        cls = registry.link(name, Link)
         url = cls.reach(advert, config, colocated)
         if url:
             found.append((cls, url))
