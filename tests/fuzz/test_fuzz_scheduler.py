@@ -220,11 +220,15 @@ def test_a_restarted_scheduler_refuses_every_bad_field_of_a_registration_again(c
     caplog.set_level(logging.WARNING)
     book = {"book_epoch": 1, "owners": [0, 2, 2], "backups": [None, None, 0],
             "dead": [[1, "was killed by SIGKILL"]], "lost_with": [1, 1, None]}
+    release = {"number": 2, "token": "t", "fields": {"epoch": 0, "members": [0, 1], "progress": {}, "barrier": 2}}
     good = {"job": "j", "book": book, "epoch": 0, "members": [0, 1], "finished_workers": [],
-            "shutdown": False, "progress": {}}
+            "shutdown": False, "progress": {}, "barrier": release, "servers": ["tcp://a", "tcp://b", "tcp://c"]}
     everyone = "server 0, server 1, server 2, worker 0, worker 1"   # no report yet: every node
     reports = [{**good, name: value} for name in good for value in CTRL_BAD] + \
         [{**good, "book": {**book, name: value}} for name in book for value in CTRL_BAD] + \
+        [{**good, "barrier": {**release, name: value}} for name in release for value in CTRL_BAD] + \
+        [{**good, "barrier": {**release, "fields": {**release["fields"], name: value}}}
+         for name in release["fields"] for value in CTRL_BAD] + \
         [{**good, "book": {**book, "owners": [0, 1, 2]}}, {**good, "job": "another"},   # a dead owner
          {**good, "members": [0, 5]}, {**good, "book": {**book, "book_epoch": 2}}] + \
         [value for value in CTRL_BAD if value is not None]                           # not a map

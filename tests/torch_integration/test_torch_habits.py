@@ -363,16 +363,22 @@ def test_a_model_under_4_mib_is_exchanged_in_several_buckets_during_backward(mak
     assert per_step >= 3, when                 # several buckets a step
     assert min(when) < len(sizes) - 1          # the first started with gradients still to come
     # and it trains as one process does
-    model = mid_model()
+    want = one_process(mid_model(), 3, 32, 3)
+    for got in results:
+        assert_same(got, want)
+
+
+def one_process(model, steps: int, features: int, classes: int) -> list:
+    """``model``'s parameters after ``steps`` SGD steps of one process on the W workers'
+    batches together (the same generator the workers' batches come from)."""
     opt = torch.optim.SGD(model.parameters(), **SGD)
     g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        x, y = torch.randn(W * B, 32, generator=g), torch.randint(0, 3, (W * B,), generator=g)
+    for _ in range(steps):
+        x, y = torch.randn(W * B, features, generator=g), torch.randint(0, classes, (W * B,), generator=g)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    for got in results:
-        assert_same(got, [p.detach() for p in model.parameters()])
+    return [p.detach() for p in model.parameters()]
 
 
 def tiny_model(seed=0):
@@ -414,16 +420,9 @@ def test_a_tiny_model_has_a_request_in_flight_before_backward_ends(make_cluster,
         for first, end in zip(firsts, ends):
             assert any(first <= t < end for t in sent), f"worker {rank}: no request between {first} and {end}"
     if not update_on_kvstore:      # and it trains as one process does
-        model = tiny_model()
-        opt = torch.optim.SGD(model.parameters(), **SGD)
-        g = torch.Generator().manual_seed(0)
-        for _ in range(steps):
-            x, y = torch.randn(W * B, 8, generator=g), torch.randint(0, 2, (W * B,), generator=g)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
+        want = one_process(tiny_model(), steps, 8, 2)
         for got in results:
-            assert_same(got, [p.detach() for p in model.parameters()])
+            assert_same(got, want)
 
 
 def test_a_bucket_fills_before_the_last_gradient_whatever_the_first_parameter_holds():
