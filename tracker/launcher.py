@@ -215,7 +215,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
         if spawn_error is None and not signals.received:
             replace = _Replacements(spec, spawn, children) if settings.elastic and start_all is None else None
             restart = _ServerRestarts(spec, spawn, children) if spec.restart_servers else None
-            first_failure = _monitor(children, codes, scheduler, settings, signals, replace, restart)
+            again = _StartsAgain(spawn, children, codes) if settings.replicas else None
+            first_failure = _monitor(children, codes, scheduler, settings, signals, replace, restart, again)
             if first_failure is not None and first_failure[0] == "scheduler":
                 _settle(children, codes, scheduler, signals)
     finally:
@@ -329,15 +330,57 @@ class _ServerRestarts:
                 log.error("could not start a server in place of %s: %s", dead.spec.label, e)
 
 
+class _StartsAgain:
+    """Replicated servers: the servers the scheduler asked to start again in place,
+    because they died or hung before the job formed (tracker.control.start_again;
+    ``scheduler.start_again``, rank -> count). For each new request, the process
+    of that rank is killed if it still runs (a stopped one; its end is recorded here,
+    not reported: the scheduler forgot it) and the same command starts again, with
+    the same rank and variables, as ``server R #N``."""
+
+    def __init__(self, spawn, children: list, codes: dict):
+        self._spawn = spawn
+        self._children = children
+        self._codes = codes
+        self._done: dict[int, int] = {}
+
+    def __call__(self, asked: Mapping[int, int]) -> None:
+        for rank, count in sorted(asked.items()):
+            while self._done.get(rank, 0) < count:
+                self._done[rank] = self._done.get(rank, 0) + 1
+                self._start(rank)
+
+    def _start(self, rank: int) -> None:
+        old = next((c for c in reversed(self._children) if c.spec.role == "server" and c.spec.rank == rank),
+                   None)
+        if old is None:
+            log.error("the scheduler asked to start server %d again, but no such server was started", rank)
+            return
+        if old.spec.label not in self._codes:
+            code = old.poll()
+            if code is None:
+                old.signal(signal.SIGKILL)
+                code = -signal.SIGKILL
+            self._codes[old.spec.label] = code
+        proc = dataclasses.replace(old.spec, restart=old.spec.restart + 1)
+        try:
+            self._children.append(self._spawn(proc))
+            log.warning("started %s in place of %s: it died or hung before the job formed (KVSTORE_REPLICAS=1)",
+                        proc.label, old.spec.label)
+        except OSError as e:
+            log.error("could not start %s again: %s", old.spec.label, e)
+
+
 def _monitor(children, codes, scheduler, settings, signals, replace=None,
-             restart=None) -> tuple[str, int] | None:
+             restart=None, again=None) -> tuple[str, int] | None:
     """Wait until every worker succeeded (and servers ended), something failed
     (returned: the first failure), or a signal came (None). ``replace``: an elastic
     job's :class:`_Replacements`; a worker's failure is then the scheduler's to
     judge (it aborts the job below the minimum, returned as a scheduler failure).
     With replicated servers (``settings.replicas``) a server's death is the
     scheduler's to judge too (tracker.control.failover); ``restart``
-    (:class:`_ServerRestarts`) starts servers in place of those it failed over."""
+    (:class:`_ServerRestarts`) starts servers in place of those it failed over, and
+    ``again`` (:class:`_StartsAgain`) those lost before the job formed."""
     servers_done_by = done_at = None
     failed_over_ended: set = set()     # replicated servers the scheduler failed over, then killed here
     while not signals.received:
@@ -363,13 +406,15 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
                     # replicated servers: the scheduler hands its chunks to their backups, or
                     # (a chain's second failure) aborts the job, found at the next turn
                     log.warning("%s %s: with KVSTORE_REPLICAS=1 the scheduler hands its chunks to their "
-                                "backups, or ends the job (a chain's second failure, a server that never "
-                                "registered)", label, describe_exit(code))
+                                "backups, has it started again (the job had not formed), or ends the job "
+                                "(a chain's second failure)", label, describe_exit(code))
                     continue
                 if not failed_before:
                     return label, code
                 nonzero = True
         if settings.replicas:
+            if again is not None and scheduler.failure is None:
+                again(scheduler.start_again)
             _end_failed_over(children, codes, scheduler.failed_over, failed_over_ended)
             if restart is not None and scheduler.failure is None and not scheduler.done:
                 restart(scheduler.failed_over)

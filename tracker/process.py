@@ -32,7 +32,8 @@ class ProcSpec:
     argv: tuple[str, ...]
     env: dict = field(default_factory=dict)
     cwd: str | None = None
-    restart: int = 0     # > 0: the n-th replacement of a worker that left an elastic job
+    restart: int = 0     # > 0: the n-th process in place of this role and rank: of a worker that left an
+    #                      elastic job, or a server started again before a replicated job formed
     replaces: int | None = None   # a replacement server (--restart-servers): the rank of the dead one
 
     @property

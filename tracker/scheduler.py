@@ -14,7 +14,8 @@ dies): the settings and the secret in its environment, then one JSON line per
 message on its stdin (the first: ``{"job": ID, "restarted": BOOL, "port": P}``,
 port 0 for any free one; then ``{"exited": [ROLE, RANK, STATUS]}``, ``{"abort":
 REASON}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
-listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"done": true}``).
+listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"start_again": [[RANK, COUNT], ...]}``,
+``{"done": true}``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
                      name="kvstore-scheduler-launcher").start()
     failure: str | None = None
     failed_over: frozenset[int] = frozenset()
+    start_again: dict[int, int] = {}
     try:
         say(port=sched.port, pid=os.getpid())
         while not stop.is_set():
@@ -117,6 +119,9 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
             if sched.failed_over != failed_over:
                 failed_over = sched.failed_over
                 say(failed_over=sorted(failed_over))
+            if sched.start_again != start_again:
+                start_again = sched.start_again
+                say(start_again=sorted(start_again.items()))
             if ended:
                 say(done=True)
                 break

@@ -18,7 +18,7 @@ Example::
     scheduler = SchedulerProcess(settings, 2, 1, host="127.0.0.1", secret=secret).start()
     ... start the processes with KVSTORE_SCHEDULER_PORT=scheduler.port ...
     scheduler.node_exited("worker", 0, 0)      # what the launcher saw
-    scheduler.failure, scheduler.failed_over, scheduler.done
+    scheduler.failure, scheduler.failed_over, scheduler.start_again, scheduler.done
     scheduler.close()
 """
 
@@ -50,7 +50,7 @@ class SchedulerProcess:
     """The scheduler of one job as a child of this process, restarted when it dies
     (the same interface as :class:`tracker.control.rendezvous.Scheduler` offers a
     launcher: ``port``, ``node_exited``, ``abort``, ``failure``, ``failed_over``,
-    ``done``, ``close``). ``host``: the address it binds; ``secret``: the job's."""
+    ``start_again``, ``done``, ``close``). ``host``: the address it binds; ``secret``: the job's."""
 
     def __init__(self, settings: Settings, num_workers: int, num_servers: int, *, host: str,
                  secret: str, environ: Mapping[str, str] = os.environ):
@@ -77,6 +77,7 @@ class SchedulerProcess:
         self._port = 0
         self._failure: str | None = None
         self._failed_over: frozenset[int] = frozenset()
+        self._start_again: dict[int, int] = {}
         self._done = threading.Event()
         self._closing = False
 
@@ -96,6 +97,12 @@ class SchedulerProcess:
     def failed_over(self) -> frozenset[int]:
         """Replicated servers: the ranks of the servers whose chunks their backups serve now."""
         return self._failed_over
+
+    @property
+    def start_again(self) -> dict[int, int]:
+        """Replicated servers: server rank -> how many times the scheduler asked for that
+        server to be started again in place (lost before the job formed)."""
+        return self._start_again
 
     @property
     def done(self) -> bool:
@@ -198,6 +205,9 @@ class SchedulerProcess:
                 self._failure = msg["failure"]
             if isinstance(msg.get("failed_over"), list):
                 self._failed_over = frozenset(r for r in msg["failed_over"] if type(r) is int)
+            if isinstance(msg.get("start_again"), list):
+                self._start_again = {p[0]: p[1] for p in msg["start_again"]
+                                     if isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)}
             if msg.get("done") is True:
                 self._done.set()
         code = popen.wait()

@@ -188,3 +188,18 @@ def test_a_replicated_job_survives_a_second_server_lost_in_a_save_after_a_replac
     run = chaos_replicated.run_case(case, chaos_replicated.References())
     assert not run["problems"], run
     assert run["exit"] == 0, run
+
+
+@pytest.mark.timeout(90)
+def test_a_replicated_job_forms_with_a_server_killed_as_soon_as_it_existed():
+    """The ``spawned`` moment: server 1 of 2 SIGKILLed as soon as its process exists,
+    before it registered (nothing to fail over yet). The scheduler has its launcher
+    start it again in place (tracker.control.start_again), the job forms with it and
+    ends with exit 0, the uninterrupted weights and the start again reported. (A
+    stopped one is started again at the registration deadline: the state machine's
+    and the launcher's tests, and the chaos runs of record.)"""
+    case = chaos_replicated.Case(seed=0, mode="sync", workers=2, servers=2, fault="SIGKILL", target="server",
+                                 rank=1, moment="startup", startup="spawned")
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0, run

@@ -132,6 +132,13 @@ class Scheduler:
         book = self._state.servers_book
         return frozenset(book.dead) if book is not None else frozenset()
 
+    @property
+    def start_again(self) -> dict[int, int]:
+        """Replicated servers a launcher runs: server rank -> how many times the
+        scheduler asked for that server to be started again in place (it died or hung
+        before the job formed: tracker.control.start_again)."""
+        return self._state.start_again
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job finished or failed. True when every node finished."""
         self._done.wait(timeout)

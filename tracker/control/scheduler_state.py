@@ -53,6 +53,7 @@ from .errors import RendezvousError
 from .failover import ServerBook
 from .records import Node, Send, describe_exit, gather_budget, missing
 from .recovery import Recovery, read_report
+from .start_again import StartsAgain
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class SchedulerState:
         # restarted by its launcher: the job is rebuilt from the members' registrations
         self._recovery = Recovery(self._ranks.count, num_servers, elastic=elastic is not None,
                                   job=self.job) if restarted else None
+        # replicated jobs a launcher runs: servers lost before the job formed are started again
+        self._starts_again = StartsAgain(num_servers) if replicas and restartable and not restarted else None
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -144,6 +147,13 @@ class SchedulerState:
             wire.HEARTBEAT: self._op_heartbeat, wire.REGISTER: self._op_register, wire.BARRIER: self._op_barrier,
             wire.FINISH: self._op_finish, wire.FAIL: self._op_fail, wire.PROGRESS: self._op_progress}
         assert tuple(self._handlers) == self.OPS
+
+    @property
+    def start_again(self) -> dict[int, int]:
+        """Server rank -> how many times this scheduler asked its launcher to start that
+        server again in place (it died or hung before the job formed:
+        :mod:`tracker.control.start_again`)."""
+        return dict(self._starts_again.counts) if self._starts_again is not None else {}
 
     @property
     def members(self) -> list[int]:
@@ -202,6 +212,8 @@ class SchedulerState:
         node = next((n for n in reversed(self._nodes.values()) if n.role == role and n.rank == rank),
                     None)   # the last to register with that rank: a replacement if one joined
         what = f"{role} {rank}" if node is None else node.name()
+        if role == "server" and code != 0 and self._start_again(rank, describe_exit(code)):
+            return
         if role == "server" and node is not None and self.servers_book is not None \
                 and node.rank in self.servers_book.dead:
             log.info("%s %s (its chunks were handed to their backups)", what, describe_exit(code))
@@ -257,6 +269,8 @@ class SchedulerState:
                             f"KVSTORE_SCHEDULER_RESTART_TIMEOUT) for the job's members to register again: "
                             f"{self.recovering} did not (dead or stuck, or cut off from the scheduler)")
         elif self._book is None and now > self._deadline:
+            if self._start_missing_again():
+                return self._flush()
             who = missing(self._nodes.values(), self.num_workers, self.num_servers)
             self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
         elif not self._check_liveness(now):
@@ -294,6 +308,8 @@ class SchedulerState:
                         continue
                 if self._lost_at_shutdown(node, node.role):
                     self._server_lost_at_shutdown(node, why)
+                    continue
+                if node.role == "server" and self._start_again(node.rank, why):
                     continue
                 self._abort(f"{node.name()} {why}")
                 return True
@@ -353,7 +369,9 @@ class SchedulerState:
             f"the job has not formed {self._now - self._started:.0f}s after the scheduler started: {who}. "
             "Start the missing processes (a server: DMLC_ROLE=server, or python -m kvstore.server), or make "
             "KVSTORE_NUM_WORKERS / KVSTORE_NUM_SERVERS (DMLC_NUM_WORKER / DMLC_NUM_SERVER) match what runs; "
-            f"registration gives up {self.timeout:g}s after the start (KVSTORE_TIMEOUT)")}
+            f"registration gives up {self.timeout:g}s after the start (KVSTORE_TIMEOUT)"
+            + ("; servers still missing then are started again by the launcher (KVSTORE_REPLICAS=1)"
+               if self._starts_again is not None else ""))}
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
         if self.failure is not None:
@@ -595,6 +613,37 @@ class SchedulerState:
         node.finished, node.removed = True, f"{why} after every worker finished"
         log.warning("%s %s after every worker finished: nothing is lost (every round it answered is "
                     "on its backup); the job ends as it would have", node.name(), why)
+
+    def _start_again(self, rank, why: str) -> bool:
+        """Before a replicated job formed: ask the launcher to start server ``rank``
+        again in place (it died or hung ``why``), forgetting its registration, and give
+        it a whole KVSTORE_TIMEOUT to register; whether it was asked (else the caller
+        ends the job). Nothing is lost: no server has served a request yet."""
+        again = self._starts_again
+        if again is None or self._book is not None or self.failure is not None or not again.take(rank):
+            return False
+        gone = [node_id for node_id, n in self._nodes.items() if n.role == "server" and n.rank == rank]
+        for node_id in gone:
+            del self._nodes[node_id]
+        self._registered_at_start = [e for e in self._registered_at_start if e[1] not in gone]
+        self._deadline = max(self._deadline, self._now + self.timeout)
+        log.warning("server %s %s before the job formed: its launcher starts it again in place (%s; nothing "
+                    "was served yet, KVSTORE_REPLICAS=1)", rank, why, again.describe(rank))
+        return True
+
+    def _start_missing_again(self) -> bool:
+        """At the registration deadline: when the processes missing are servers only and
+        each may start again (stopped or hung before they registered), ask for them;
+        whether it did (else the caller ends the job)."""
+        again = self._starts_again
+        have = {(n.role, n.rank) for n in self._nodes.values()}
+        gone = [r for r in range(self.num_servers) if ("server", r) not in have]
+        workers = sum(1 for n in self._nodes.values() if n.role == "worker")
+        if again is None or workers < self.num_workers or not gone or not all(map(again.can, gone)):
+            return False
+        for rank in gone:
+            self._start_again(rank, f"did not register within {self.timeout:g}s (KVSTORE_TIMEOUT)")
+        return True
 
     def _server_died(self, node: Node, why: str) -> None:
         """Server ``node`` died ``why``: the backups of its chunks take over (every node
