@@ -29,8 +29,9 @@ from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError, Proto
 from ..protocol import encode, ops
 from ..protocol.codec import MAX_HEADER_BYTES
 from ..timeline import Timeline
-from ..transport import Advert, links, memory
+from ..transport import Advert, memory
 from ..transport.links import PLAIN, RequestOptions
+from ..transport.links.opening import open_links
 from ..transport.pace import Pace
 from ..transport.traffic import Traffic
 from ..transport.sockets import Sockets
@@ -109,7 +110,7 @@ class Client:
         # kept until answered (kvstore.worker.failover); None: each share is its server
         self.failover = Failover(len(servers)) if config.replicas else None
         try:
-            links.open_links(self, self._socks, [Advert.parse(a) for a in servers])
+            open_links(self, self._socks, [Advert.parse(a) for a in servers])
         except BaseException:   # e.g. the job aborted meanwhile: leave no sockets behind
             self.close()
             raise
@@ -412,7 +413,7 @@ class Client:
         self.links += [None] * len(new)
         self._seq += [0] * len(new)
         self._socks.grow(server + 1)
-        links.open_links(self, self._socks, {s: Advert.parse(advert if s == server else self.failover.advert(s))
+        open_links(self, self._socks, {s: Advert.parse(advert if s == server else self.failover.advert(s))
                                              for s in new})
         log.warning("[worker:%d] server %d (a replacement) serves a share now: connected to %s",
                     self.rank, server, self.links[server].url)

@@ -17,7 +17,8 @@ from kvstore.config import Config
 from kvstore.errors import ConfigError
 from kvstore.transport import Advert, endpoints, links, registry, shm
 from kvstore.transport.endpoints import Endpoint
-from kvstore.transport.links import Link, candidates
+from kvstore.transport.links import Link
+from kvstore.transport.links.opening import candidates
 from kvstore.transport.registry import TRANSPORTS
 
 COLOCATED = Advert.parse("tcp://a:1 ipc://@x shm host=h1 pid=1")

@@ -17,7 +17,8 @@ import kvstore
 from kvstore.config import Config
 from kvstore.errors import ProtocolError
 from kvstore.protocol import decode, encode
-from kvstore.transport import Advert, endpoints, links, shm
+from kvstore.transport import Advert, endpoints, shm
+from kvstore.transport.links import opening
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST = endpoints.host_identity()
@@ -37,7 +38,7 @@ def test_advert_round_trip_and_bare_urls():
 def choose(advert, mode, local):
     """(URL, transport) of the first link a worker on host ``local`` tries (the registry
     in kvstore.transport.links decides; it falls back after a failed handshake)."""
-    cls, url = links.candidates(advert, Config(transport=mode), advert.host is not None and advert.host == local)[0]
+    cls, url = opening.candidates(advert, Config(transport=mode), advert.host is not None and advert.host == local)[0]
     return url, cls.kind
 
 
