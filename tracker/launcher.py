@@ -263,8 +263,6 @@ def _refuse_replicas(spec: JobSpec, all_at_once: bool) -> str | None:
     if all_at_once:
         return ("KVSTORE_REPLICAS=1 is set, but this launcher (mpirun, srun) ends every process when one "
                 "fails: run replicated jobs with tracker.local or tracker.ssh")
-    if spec.settings.elastic is not None:
-        return "KVSTORE_REPLICAS=1 with elastic workers (--elastic) is not built yet"
     return None
 
 

@@ -22,6 +22,10 @@ server. One fault of a random **target** (:data:`TARGETS`) at a random **moment*
   and ``set_optimizer``), or ``spawned`` (as soon as the process exists,
   before it registers).
 
+With ``--elastic`` every job runs with ``--elastic 1:W`` (replicated servers in an
+elastic job, docs/reliability.md); the faults and the judgement are the same (no
+worker leaves, so the weights are still the uninterrupted run's).
+
 The ``second-server`` target is a second failure after a replacement: the job
 runs with ``--restart-servers 1`` and 300 rounds; after worker 0's round 3 a
 random server is killed (SIGKILL), the launcher starts a replacement, and once
@@ -147,6 +151,7 @@ class Case:
     delay_s: float = 0.0
     first: int = -1          # second-server: the server killed first (-1: none)
     rounds: int = ROUNDS
+    elastic: bool = False    # the job runs with --elastic 1:W (workers may leave and join)
 
     def describe(self) -> str:
         when = {"rounds": f"after round {self.at} + {1e3 * self.delay_s:.0f} ms",
@@ -156,13 +161,19 @@ class Case:
             when = f"{when.replace('round ', 'round +').replace('save ', 'save +')} of the replicas rebuilt " \
                    f"after server {self.first}'s SIGKILL"
         return (f"seed {self.seed}: {self.fault} -> {self.target} {self.rank} {when} "
-                f"(dist_{self.mode}, W={self.workers} S={self.servers})")
+                f"(dist_{self.mode}{', elastic' if self.elastic else ''}, W={self.workers} S={self.servers})")
 
 
-def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ...] = DEFAULT_TARGETS) -> Case:
+def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ...] = DEFAULT_TARGETS,
+         elastic: bool = False) -> Case:
     """The case of run ``seed``: every choice random, from that seed alone
     (``partitions``: whether network partitions can be made here; ``targets``: the
-    names of the :data:`TARGETS` drawn from)."""
+    names of the :data:`TARGETS` drawn from; ``elastic``: every job elastic, which
+    draws nothing, so a seed is the same case either way)."""
+    return dataclasses.replace(_pick(seed, modes, partitions, targets), elastic=elastic)
+
+
+def _pick(seed: int, modes, partitions: bool, targets: tuple[str, ...]) -> Case:
     rng = random.Random(seed)
     mode = modes[0] if len(modes) == 1 else ("sync" if rng.random() < SYNC_SHARE else "async")
     workers, servers = rng.randint(2, 4), rng.randint(2, 4)
@@ -221,8 +232,9 @@ class Launched:
     def __init__(self, case: Case, env: dict[str, str], flags: tuple[str, ...]):
         script = [SCRIPT, "--mode", case.mode, "--rounds", str(case.rounds), "--save-every", str(SAVE_EVERY)]
         self.tag = env["CHAOS_TAG"]
+        elastic = ("--elastic", f"1:{case.workers}") if case.elastic else ()
         self.job = Job(launcher_argv(case.workers, case.servers, script, env,
-                                     flags=("--kill-grace", "1", *flags)), env)
+                                     flags=("--kill-grace", "1", *elastic, *flags)), env)
 
     def wait_for(self, role: str, rank: int, pattern: str, timeout: float) -> re.Match | None:
         return self.job.wait_for(line_of(role, rank) + pattern, timeout)
@@ -257,6 +269,8 @@ class Placed:
         self.link.up()
         hosts = ["B" if r == case.rank else "A" for r in range(case.servers)]
         extra = {k: v for k, v in env.items() if k.startswith(("KVSTORE_", "CHAOS_"))}
+        if case.elastic:      # the standalone scheduler reads it (a launcher takes --elastic)
+            extra["KVSTORE_ELASTIC"] = f"1:{case.workers}"
         procs = netns.ps_job(self.link, case.workers, case.servers, [sys.executable, "-m", "kvstore.server"],
                              [sys.executable, SCRIPT, "--mode", case.mode, "--rounds", str(ROUNDS),
                               "--save-every", str(SAVE_EVERY)], extra,
@@ -487,7 +501,7 @@ def summary(runs: list[dict]) -> str:
 
 def describe(run: dict) -> str:
     """One line about a run, for the progress output and the list of failures."""
-    case = Case(**{f.name: run[f.name] for f in dataclasses.fields(Case)})
+    case = Case(**{f.name: run[f.name] for f in dataclasses.fields(Case) if f.name in run})
     status = "ok" if not run["problems"] else "FAILED: " + "; ".join(run["problems"])
     shown = f", pause {run['pause_s']:.3f} s" if "pause_s" in run else ""
     return f"{case.describe()}: exit {run.get('exit')}{shown} ({run['wall_s']} s), {status}"

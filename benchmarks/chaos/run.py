@@ -340,7 +340,8 @@ def main(argv=None) -> int:
                    help="half the runs through tracker.ssh, on a loopback sshd started here "
                         "(127.0.0.2-3; needs openssh-server, as the tests)")
     p.add_argument("--elastic", action="store_true",
-                   help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them")
+                   help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them; "
+                        "with --replicated: every replicated job elastic (--elastic 1:W)")
     p.add_argument("--replicated", action="store_true",
                    help="replicated servers (KVSTORE_REPLICAS=1): a server's fault must not end the job "
                         "(benchmarks/chaos/replicated.py)")
@@ -422,8 +423,8 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     modes = tuple(args.modes.split(","))
     if not modes or set(modes) - set(chaos_replicated.MODES) or len(set(modes)) != len(modes):
         p.error(f"--modes: a comma-separated list of {', '.join(chaos_replicated.MODES)}")
-    if args.elastic or args.ssh or args.phases:
-        p.error("--replicated runs its own jobs: no --elastic, --ssh or --phases")
+    if args.ssh or args.phases:
+        p.error("--replicated runs its own jobs: no --ssh or --phases (--elastic: every job elastic)")
     targets = tuple(args.targets.split(","))
     names = [t.name for t in chaos_replicated.TARGETS]
     if not targets or set(targets) - set(names) or len(set(targets)) != len(targets):
@@ -434,10 +435,12 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     seeds = [args.replay] if args.replay is not None else [rng.randrange(1 << 31) for _ in range(args.runs)]
     partitions = chaos_replicated.can_partition()
     print(f"replicated, seed {seed}, modes {', '.join(modes)}, targets {', '.join(targets)}" +
+          (", elastic jobs" if args.elastic else "") +
           ("" if partitions else "; no network partitions: they need root and iproute2 (ip)"), flush=True)
     runs, t0, refs = [], time.time(), chaos_replicated.References()
     for i, run_seed in enumerate(seeds):
-        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions, targets), refs)
+        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions, targets, args.elastic),
+                                        refs)
         run["run"] = i
         runs.append(run)
         print(f"run {i}: {chaos_replicated.describe(run)}", flush=True)
@@ -449,6 +452,7 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
                    "loadavg_at_end": load}, f, indent=1)
     with open(os.path.join(out_dir, "chaos-replicated.md"), "w") as f:
         f.write(f"# Chaos, replicated servers: {len(runs)} runs (seed {seed}, modes {', '.join(modes)}, "
+                f"{'elastic jobs (--elastic 1:W), ' if args.elastic else ''}"
                 f"targets {', '.join(targets)}, "
                 f"{time.strftime('%Y-%m-%d')}, {round(time.time() - t0)} s, load average at the end "
                 f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n\n{summary}\n")

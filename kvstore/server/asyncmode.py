@@ -76,5 +76,9 @@ class Async(Consistency):
     def applied(self, cid) -> tuple[int, dict]:
         return self._applied.get(cid, 0), dict(self._last.get(cid, {}))
 
+    def became_member(self, worker: int) -> None:
+        for last in self._last.values():    # its new process numbers its pushes from 1 again
+            last.pop(worker, None)
+
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         return [reply_values(peer, req_id, self.table.backend, chunks, True, copy=True)]

@@ -85,12 +85,15 @@ class Consistency:
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
         """StoredChunk ``cid`` (a promoted replica: kvstore.server.replication) has had
         ``rounds`` rounds (or pushes) applied already; ``last``: per worker, the
-        number of its last push applied (where pushes are applied one by one)."""
+        number of its last push applied (where pushes are applied one by one), or
+        (where pushes join rounds) the bases of the workers that joined
+        (kvstore.server.numbering)."""
 
     def applied(self, cid) -> tuple[int, dict]:
         """(Replicated servers) the rounds (or pushes) applied to chunk ``cid`` and, where
-        pushes are applied one by one, each worker's last push number applied: what a
-        replica rebuilt now must start from."""
+        pushes are applied one by one, each worker's last push number applied (where
+        pushes join rounds: the bases of the workers that joined): what a replica
+        rebuilt now must start from."""
         return 0, {}
 
     def workers_finished(self) -> list[Reply]:
@@ -100,6 +103,10 @@ class Consistency:
     def left(self, worker: int, message: str) -> list[Reply]:
         """``worker`` left the elastic job: what it was part of goes on without it."""
         return []
+
+    def became_member(self, worker: int) -> None:
+        """(Replicated servers) ``worker`` became a member of the elastic job, a new
+        process that numbers its pushes from 1 again (kvstore.server.numbering)."""
 
     def queued_rounds(self) -> Iterator:
         """(chunk id, round) of every round still waiting (for the stall inspector)."""

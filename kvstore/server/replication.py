@@ -332,8 +332,9 @@ class Replicas:
         # the shares it backs up (a share: server s's chunks as the job formed; its
         # primary is s, or the server that took it over when s died)
         self.primaries: frozenset[int] = frozenset()
-        # share -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async),
-        #                      a row table's [shape, servers] or None]}
+        # share -> {chunk id: [value, rounds applied, {worker: its last push applied} (dist_async)
+        #                      or {worker: its base} (dist_sync, the workers that joined:
+        #                      kvstore.server.numbering), a row table's [shape, servers] or None]}
         self.held: dict[int, dict[tuple, list]] = {}
 
     def nbytes(self) -> int:
@@ -533,6 +534,18 @@ class Replicas:
                                        "optimizer: set_optimizer must reach every server")
         self.optimizer.set_states(header, arrays, replica_of)
         return [ok(peer, header["id"])]
+
+    def became_member(self, worker: int, per_push: bool) -> None:
+        """``worker`` became a member of the elastic job, a new process that numbers its
+        pushes from 1 again: where pushes are applied one by one (``per_push``,
+        dist_async) its last push applied is forgotten; where they join rounds, its
+        base is each replica's rounds applied now (kvstore.server.numbering)."""
+        for chunks in self.held.values():
+            for entry in chunks.values():
+                if per_push and entry[3] is None:
+                    entry[2].pop(worker, None)
+                else:
+                    entry[2][worker] = entry[1]
 
     def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict, list | None]]:
         """Server ``primary`` died and this one serves its chunks now: each chunk's

@@ -591,7 +591,8 @@ class ServerState:
         for cid in ids:
             value = self.backend.to_numpy(self.table.chunks[cid].value)
             if cid in self.table.row_tables:
-                chunks.append((cid, value, self.rows.table_of(cid), self.rows.applied(cid), {}))
+                rounds, bases = self.rows.applied(cid)
+                chunks.append((cid, value, self.rows.table_of(cid), rounds, bases))
             else:
                 rounds, last = strategy.applied(cid) if strategy is not None else (0, {})
                 chunks.append((cid, value, None, rounds, last))
@@ -609,9 +610,9 @@ class ServerState:
         join this table with their round counts (the next push of each is numbered
         one more). Returns the replies now ready (none: nothing waits on them yet)."""
         adopted = self.replicas.promote(primary)
-        for cid, (value, rounds, _, table) in adopted.items():
+        for cid, (value, rounds, last, table) in adopted.items():
             if table is not None:        # a row-sparse table (kvstore.server.tables)
-                self.rows.adopt(cid, value, table, rounds)
+                self.rows.adopt(cid, value, table, rounds, last)
         dense = {cid: entry for cid, entry in adopted.items() if entry[3] is None}
         self.table.chunks.update({cid: StoredChunk(value) for cid, (value, _, _, _) in dense.items()})
         self._adopted |= set(adopted)
@@ -660,7 +661,10 @@ class ServerState:
             self.members.pending = (epoch, ranks)
             return []
         replies = []
+        before = self.members.ranks      # None: every rank (the job's first members)
         with self.backend.scope():
+            for worker in sorted(ranks - before) if before is not None else ():
+                self._became_member(worker)
             for worker in self.members.change(epoch, ranks, self.num_workers):
                 message = f"worker {worker} left the job"
                 if self.consistency is not None:
@@ -668,6 +672,14 @@ class ServerState:
                 replies += self.rows.leave(worker, message)
                 replies += self.dyn.leave(worker, message)
             return self.reply_precision.narrowed(replies)
+
+    def _became_member(self, worker: int) -> None:
+        """``worker`` became a member (a new process: replicated servers number its
+        pushes from its join on, kvstore.server.numbering)."""
+        if self.consistency is not None:
+            self.consistency.became_member(worker)
+        self.rows.became_member(worker)
+        self.replicas.became_member(worker, per_push=self.consistency is not None and not self.consistency.mode.rounds)
 
     def stalled(self, now: float, after: float) -> list[str]:
         """Rounds waiting longer than ``after`` seconds for some workers (each

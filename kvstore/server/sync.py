@@ -59,6 +59,7 @@ from ..protocol import chunk_label, error_header, ops
 from .chunks import ChunkTable
 from .consistency import Consistency
 from .members import Members
+from .numbering import JoinBases
 from .server_optimizer import ServerOptimizer
 from .requests import ok
 from .rounds import StoredChunk, ParkedRequest, Reply, Round
@@ -80,6 +81,7 @@ class Sync(Consistency):
         self.xp = table.backend.xp
         self.writes = WriteQueue()        # the writes queued and granted into these rounds
         self._applied: dict = {}       # chunk id -> rounds applied (to name a round by number)
+        self._bases = JoinBases()      # replicated, elastic: where a joiner's push numbers start
         # requests answered with values once their other chunks are done: a chunk
         # whose round of theirs was applied keeps that value for them if a later
         # round changes it first (possible when a worker pushes again before its
@@ -130,7 +132,7 @@ class Sync(Consistency):
         InvalidArgumentError for a number that is neither that nor the next round."""
         done = set()
         for cid, chunk, number in zip(ids, chunks, rounds):
-            applied = self._applied.get(cid, 0)
+            applied = self._applied.get(cid, 0) - self._bases.base(cid, worker)   # of this worker's pushes
             expected = applied + self.round_to_join(chunk, worker) + 1
             if number <= applied:
                 done.add(cid)
@@ -141,9 +143,13 @@ class Sync(Consistency):
 
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
         self._applied[cid] = rounds
+        self._bases.adopt(cid, last)
 
     def applied(self, cid) -> tuple[int, dict]:
-        return self._applied.get(cid, 0), {}
+        return self._applied.get(cid, 0), self._bases.of(cid)
+
+    def became_member(self, worker: int) -> None:
+        self._bases.joined(worker, ((cid, self._applied.get(cid, 0)) for cid in self.table.chunks))
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         pending = ParkedRequest(peer, req_id, worker, ids, True,

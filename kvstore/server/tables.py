@@ -39,6 +39,7 @@ from .backend import HostBackend
 from .budget import MemoryBudget
 from .chunks import ChunkTable
 from .members import Members
+from .numbering import JoinBases
 from .modes import Job
 from .server_optimizer import ServerOptimizer
 from .replication import Replication
@@ -104,6 +105,7 @@ class RowTables:
         # each table's rounds applied (a numbered push re-sent after a failover is not applied twice)
         self.replication = Replication()       # idle; the state gives its own
         self._applied: dict[tuple, int] = {}
+        self._bases = JoinBases()      # elastic: where a joiner's push numbers start
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
@@ -174,18 +176,26 @@ class RowTables:
         self.table.row_tables.add(cid)
         return [ok(peer, header["id"])]
 
-    def adopt(self, cid, value, table: list, rounds: int) -> None:
+    def adopt(self, cid, value, table: list, rounds: int, bases: dict | None = None) -> None:
         """(Replicated servers) the replica of a dead server's row table ``cid``
-        (``table``: its ``[shape, servers]``) serves here now, ``rounds`` applied."""
+        (``table``: its ``[shape, servers]``) serves here now, ``rounds`` applied
+        (``bases``: of the workers that joined, kvstore.server.numbering)."""
         shape, servers = table
         self.table.chunks[cid] = StoredChunk(value)
         self.tables[cid] = Table(RowLayout(shape[0], math.prod(shape[1:]), cid[1], servers), tuple(shape[1:]))
         self.table.row_tables.add(cid)
         self._applied[cid] = rounds
+        self._bases.adopt(cid, bases)
 
-    def applied(self, cid) -> int:
-        """(Replicated servers) the rounds applied to row table ``cid``."""
-        return self._applied.get(cid, 0)
+    def applied(self, cid) -> tuple[int, dict]:
+        """(Replicated servers) the rounds applied to row table ``cid`` and the bases
+        of the workers that joined (kvstore.server.numbering)."""
+        return self._applied.get(cid, 0), self._bases.of(cid)
+
+    def became_member(self, worker: int) -> None:
+        """(Replicated servers) ``worker`` became a member of the elastic job: a new
+        process, whose pushes are numbered from 1 again."""
+        self._bases.joined(worker, ((cid, self._applied.get(cid, 0)) for cid in self.tables))
 
     def table_of(self, cid) -> list:
         """(Replicated servers) row table ``cid``'s ``[shape, servers]``, as a replica records it."""
@@ -264,7 +274,7 @@ class RowTables:
             return False
         if not (isinstance(numbers, list) and len(numbers) == 1 and is_int(numbers[0]) and numbers[0] >= 1):
             raise ProtocolError("'rounds' of a row push must be a list of one round number >= 1")
-        applied = self._applied.get(cid, 0)
+        applied = self._applied.get(cid, 0) - self._bases.base(cid, worker)    # of this worker's pushes
         pos = next((i for i, r in enumerate(table.rounds) if worker not in r.parts), len(table.rounds))
         if numbers[0] <= applied:
             return True

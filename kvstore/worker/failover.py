@@ -52,8 +52,6 @@ def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Confi
         raise refuse("KVSTORE_HOST_REDUCE=1")
     if config.server_device != "cpu":
         raise refuse("KVSTORE_SERVER_DEVICE=gpu")
-    if config.elastic is not None:
-        raise refuse("elastic workers (--elastic)")
     return config.replace(transport="tcp", data_channel=False, write_in=False)
 
 

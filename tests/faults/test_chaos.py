@@ -203,3 +203,15 @@ def test_a_replicated_job_forms_with_a_server_killed_as_soon_as_it_existed():
     run = chaos_replicated.run_case(case, chaos_replicated.References())
     assert not run["problems"], run
     assert run["exit"] == 0, run
+
+
+@pytest.mark.timeout(90)
+def test_an_elastic_replicated_job_survives_a_server_killed_in_rounds():
+    """``--replicated --elastic``: the job runs with ``--elastic 1:W``; server 0 of 3
+    killed 10 ms after round 7 of dist_sync: exit 0, the uninterrupted weights bit
+    for bit, the failover reported."""
+    case = chaos_replicated.Case(seed=0, mode="sync", workers=3, servers=3, fault="SIGKILL", target="server",
+                                 rank=0, moment="rounds", at=7, delay_s=0.01, elastic=True)
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0 and "pause_s" in run, run

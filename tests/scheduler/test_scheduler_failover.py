@@ -100,12 +100,9 @@ def test_a_chains_second_failure_aborts_naming_both_servers():
     assert {s.op for s in sends} == {wire.ABORT}
 
 
-def test_replicas_need_two_servers_and_no_elastic_workers():
+def test_replicas_need_two_servers():
     with pytest.raises(ValueError, match="at least 2 servers"):
         SchedulerState(2, 1, now=0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1, replicas=1)
-    with pytest.raises(ValueError, match="elastic"):
-        SchedulerState(2, 2, now=0, timeout=1, heartbeat_interval=1, heartbeat_timeout=1, replicas=1,
-                       elastic=(1, 2))
 
 
 def test_a_replacement_backs_up_the_shares_without_a_replica_and_counts_once_rebuilt():

@@ -16,7 +16,9 @@ of the weights it pulls after it; a worker that joined the running job meets
 the others at such a barrier, takes their step and prints its first pull.
 Worker RANK, unless it is a replacement, kills itself at step STEP. With
 --members K, the workers wait at the barrier of step M (and later ones) until K
-workers are members, so that a joiner meets them there.
+workers are members, so that a joiner meets them there. With --kill-server R:S
+(replicated servers), worker 0 sends server R SIGKILL right after its pushpull of
+step S.
 
 async (dist_async, sgd lr 1: each push of ones subtracts 1): worker RANK kills
 itself after STEP pushpulls; the others pass a final barrier (which completes
@@ -44,6 +46,7 @@ p.add_argument("--die", type=int, default=-1)
 p.add_argument("--die-at", type=int, default=-1)
 p.add_argument("--members", type=int, default=0,
                help="train: from step --every on, pass barriers until this many workers are members")
+p.add_argument("--kill-server", default="", help="train: R:S, worker 0 kills server R after its step S")
 args = p.parse_args()
 
 
@@ -106,7 +109,11 @@ else:
             os.kill(os.getpid(), signal.SIGKILL)
         grad = np.sin(out * (kv.rank + 1) + step).astype(np.float32)
         kv.pushpull("w", grad, out=out)
+        if args.kill_server and kv.rank == 0 and not kv.joined and step == int(args.kill_server.split(":")[1]):
+            from job_processes import server_pid     # tests/scripts/, this script's folder
+            os.kill(server_pid(int(args.kill_server.split(":")[0])), signal.SIGKILL)
+            print(f"worker 0 killed server {args.kill_server.split(':')[0]} at step {step}", flush=True)
         step += 1
     kv.save_progress({"step": args.steps})
-    print(f"worker {kv.rank} done members {list(kv.members)}", flush=True)
+    print(f"worker {kv.rank} done members {list(kv.members)} weights {digest(out)}", flush=True)
 kv.close()

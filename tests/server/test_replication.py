@@ -487,3 +487,76 @@ def test_a_numbered_set_optimizer_reaches_a_replacement_through_its_primaries_an
     assert replacement.state.optimizer.config() == primary.state.optimizer.config() == slower
     rid, r = primary.send(0, ops.SET_OPTIMIZER, optimizer=slower, call=0)
     expect_error(only(r), peer(0), rid, "ProtocolError", "'call'")
+
+
+def members(servers, epoch: int, ranks) -> None:
+    """The scheduler's members of an elastic job as every server hears them."""
+    for server in servers:
+        assert server.state.set_members(epoch, ranks) == []
+
+
+def test_a_joiner_numbers_its_pushes_from_its_join_and_a_promoted_replica_knows_where_they_start():
+    """Elastic jobs (kvstore.server.numbering): worker 2 leaves after round 1 and a new
+    process joins in its rank after round 2, numbering its pushes from 1 again. The
+    primary takes its push 1 as round 3; the backup learnt the same base at the join,
+    so once promoted it takes the joiner's push 2 as round 4 and a re-sent push 1 as
+    applied already. (Without the bases: "its next round ... is 3", then 4.)"""
+    primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
+    reference = Server(num_workers=W, opt=OPTIMIZERS["sgd-momentum-wd"])     # the same rounds, no failover
+    primary.init({A: np.linspace(0, 1, 8, dtype=F32)})
+    reference.init({A: np.linspace(0, 1, 8, dtype=F32)})
+    forward(primary, backup)
+    grad = {w: np.full(8, w + 1, F32) for w in range(W)}
+
+    def push(servers, worker, number, replicate=True):
+        for server in servers:
+            rid, r = server.send(worker, ops.PUSH, [A], [grad[worker]], rounds=[number])
+            assert all(x.header["op"] == ops.OK for x in r), r
+            if server is primary and replicate:
+                forward(primary, backup)
+
+    for w in range(W):
+        push([primary, reference], w, 1)                  # round 1
+    members([primary, backup, reference], 1, {0, 1})      # worker 2 left
+    for w in (0, 1):
+        push([primary, reference], w, 2)                  # round 2, without it
+    members([primary, backup, reference], 2, {0, 1, 2})   # a new process joined in rank 2
+    for w, number in ((0, 3), (1, 3), (2, 1)):
+        push([primary, reference], w, number)             # round 3: the joiner's push 1
+    push([primary, reference], 2, 2, replicate=False)     # round 4 opens: the primary dies
+    backup.state.promote(0)
+    rid, r = backup.send(2, ops.PUSHPULL, [A], [grad[2]], rounds=[1])    # a lost reply: sent again
+    assert expect_ok(only(r), peer(2), rid).arrays[0].tobytes() == primary.state.chunks[A].value.tobytes()
+    push([backup], 2, 2)                                  # round 4 on the promoted replica
+    push([backup], 0, 4)
+    push([backup, reference], 1, 4)
+    push([reference], 0, 4)
+    assert backup.state.chunks[A].value.tobytes() == reference.state.chunks[A].value.tobytes()
+    rid, r = backup.send(2, ops.PUSH, [A], [grad[2]], rounds=[4])
+    expect_error(only(r), peer(2), rid, "InvalidArgumentError", "worker 2 pushes its round 4",
+                 "its next round", "is 3")
+
+
+def test_in_dist_async_a_joiners_pushes_are_not_taken_for_its_predecessors():
+    """dist_async: worker 1 pushed twice and left; a new process joins in rank 1 and
+    pushes its push 1 and 2: applied (a predecessor's numbers would make them look
+    applied already: lost), on the primary and on the promoted replica alike."""
+    primary = Server(mode="async", num_workers=2, opt=optimizer.SGD(learning_rate=1.0))
+    backup = Server(mode="async", num_workers=2, opt=optimizer.SGD(learning_rate=1.0))
+    primary.state.replication.backup = 1
+    backup.state.replicas.primaries = frozenset({0})
+    primary.init({A: np.zeros(4, F32)})
+    forward(primary, backup)
+    ones = np.ones(4, F32)
+    for number in (1, 2):
+        primary.send(1, ops.PUSH, [A], [ones], rounds=[number])
+        forward(primary, backup)
+    members([primary, backup], 1, {0})
+    members([primary, backup], 2, {0, 1})          # the new process
+    primary.send(1, ops.PUSH, [A], [ones], rounds=[1])
+    forward(primary, backup)
+    assert primary.state.chunks[A].value.tolist() == [-3.0] * 4
+    backup.state.promote(0)
+    backup.send(1, ops.PUSH, [A], [ones], rounds=[1])          # sent again: applied already
+    backup.send(1, ops.PUSH, [A], [ones], rounds=[2])
+    assert backup.state.chunks[A].value.tolist() == [-4.0] * 4

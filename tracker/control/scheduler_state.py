@@ -101,8 +101,6 @@ class SchedulerState:
         if replicas and num_servers < 2:
             raise ValueError(f"KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another server); "
                              f"this job has {num_servers}")
-        if replicas and elastic is not None:
-            raise ValueError("KVSTORE_REPLICAS=1 with elastic workers (--elastic) is not built yet")
         self.replicas = replicas
         self.servers_book: ServerBook | None = None   # replicas: who serves each share, once formed
         self._ranks = WorkerRanks(num_workers, elastic)   # raises ValueError naming --elastic
