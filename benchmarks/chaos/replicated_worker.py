@@ -64,7 +64,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--save-every", type=int, default=0, help="rounds between saves [0: none]")
     args = p.parse_args()
-    kv = kvstore.create(f"dist_{args.mode}", **({"staleness": STALENESS} if args.mode == "ssp" else {}))
+    kv = kvstore.create("dist_ssp", staleness=STALENESS) if args.mode == "ssp" else kvstore.create(f"dist_{args.mode}")
     from kvstore.worker.dist import DistStore   # imported by create already (a server never gets here)
     assert isinstance(kv, DistStore)   # what dist_sync, dist_async and dist_ssp build
     keys = list(SIZES)
