@@ -9,7 +9,9 @@ Each run draws its own seed from ``--seed`` and every choice from that seed, so
 a failure is replayed with ``--replay SEED`` (the same modes: ``--modes``).
 A run is a job of benchmarks/chaos/replicated_worker.py: W in 2-4 workers, S in
 2-4 servers, ``dist_sync`` with ``KVSTORE_DETERMINISTIC=1`` (two thirds of the
-runs, or what ``--modes`` allows) or ``dist_async``; 60 rounds, a checkpoint
+runs, or what ``--modes`` allows) or ``dist_async``, or (only when ``--modes``
+names it: ``--modes sync,async,ssp``) ``dist_ssp`` (staleness 2, drawn as evenly
+as async); 60 rounds, a checkpoint
 (``save_checkpoint``) every 10 rounds. Keys are cut into 4 KB chunks over every
 server. One fault of a random **target** (:data:`TARGETS`) at a random **moment**:
 
@@ -48,7 +50,9 @@ A run passes when, within 60 s of the fault:
 - ``dist_sync``: every worker's final weights equal an uninterrupted run's of the
   same W without replicas (computed once per W), bit for bit;
   ``dist_async``: every worker printed ``exact`` (every acknowledged push applied
-  exactly once) and none saw a wrong value;
+  exactly once) and none saw a wrong value; ``dist_ssp``: the same, and no
+  ``pushpull`` read broke the bound (every worker's first c - s pushes in what a
+  worker read at its clock c);
 - the failover was reported (the launcher's or the scheduler's "its chunks are
   served by their backups");
 - no process of the job is left (by the CHAOS_TAG in their environment).
@@ -83,7 +87,8 @@ from benchmarks.chaos.jobs import (LATE, ROOT, WRONG, Job, await_pid, end_jobs, 
 from benchmarks.harness.pause import pause
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "chaos", "replicated_worker.py")
-MODES = ("sync", "async")
+MODES = ("sync", "async", "ssp")
+DEFAULT_MODES = ("sync", "async")   # what --modes draws from unless told (old seeds replay as they did)
 FAULTS = ("SIGKILL", "SIGSTOP", "partition")
 MOMENTS = ("rounds", "save", "startup")
 STARTUP = ("registered", "initialised", "spawned")
@@ -164,8 +169,22 @@ class Case:
                 f"(dist_{self.mode}{', elastic' if self.elastic else ''}, W={self.workers} S={self.servers})")
 
 
-def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ...] = DEFAULT_TARGETS,
-         elastic: bool = False) -> Case:
+def draw_mode(rng: random.Random, modes) -> str:
+    """One of ``modes``: ``dist_sync`` in :data:`SYNC_SHARE` of the runs (where it is
+    one of them), the others evenly; one random number whatever the modes, so the
+    later draws of a seed are the same (sync and async: as before ssp existed)."""
+    if len(modes) == 1:
+        return modes[0]
+    r, others = rng.random(), [m for m in MODES if m in modes and m != "sync"]
+    if "sync" in modes:
+        if r < SYNC_SHARE:
+            return "sync"
+        r = (r - SYNC_SHARE) / (1 - SYNC_SHARE)
+    return others[min(int(r * len(others)), len(others) - 1)]
+
+
+def pick(seed: int, modes=DEFAULT_MODES, partitions: bool = True,
+         targets: tuple[str, ...] = DEFAULT_TARGETS, elastic: bool = False) -> Case:
     """The case of run ``seed``: every choice random, from that seed alone
     (``partitions``: whether network partitions can be made here; ``targets``: the
     names of the :data:`TARGETS` drawn from; ``elastic``: every job elastic, which
@@ -175,7 +194,7 @@ def pick(seed: int, modes=MODES, partitions: bool = True, targets: tuple[str, ..
 
 def _pick(seed: int, modes, partitions: bool, targets: tuple[str, ...]) -> Case:
     rng = random.Random(seed)
-    mode = modes[0] if len(modes) == 1 else ("sync" if rng.random() < SYNC_SHARE else "async")
+    mode = draw_mode(rng, modes)
     workers, servers = rng.randint(2, 4), rng.randint(2, 4)
     fault = rng.choice(FAULTS if partitions else FAULTS[:-1])
     target = rng.choice([t for t in TARGETS if t.name in targets])

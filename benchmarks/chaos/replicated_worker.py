@@ -19,6 +19,11 @@ previous pull, else ``WRONG ...`` (status 3). After a barrier every worker pulls
 and prints ``exact`` when the values are the initial ones minus every push each
 counted once (every acknowledged push applied exactly once), else ``WRONG``.
 
+``--mode ssp`` (dist_ssp, staleness :data:`STALENESS`): as async, and each value a
+``pushpull`` returns at this worker's clock c (its c-th round) must also hold the
+bound: at least this worker's c pushes and every other worker's first c - s
+(``WRONG ... bound``), a check a server that lost the clocks in a failover fails.
+
 Printed, for the runner: ``initialised`` after ``init`` (before ``set_optimizer``);
 ``round N T`` after each round (T: ``time.time()`` when its ``pushpull`` returned);
 with ``--save-every K``: ``saving K`` / ``saved K`` around the K-th
@@ -40,6 +45,7 @@ import kvstore
 from kvstore import optimizer as opt
 
 SIZES = {"w": 3000, "b": 7, "v": 1500}
+STALENESS = 2          # --mode ssp
 
 
 def gradient(rank: int, step: int, size: int) -> np.ndarray:
@@ -54,13 +60,13 @@ def pushed(rank: int, step: int) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["sync", "async"], default="sync")
+    p.add_argument("--mode", choices=["sync", "async", "ssp"], default="sync")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--save-every", type=int, default=0, help="rounds between saves [0: none]")
     args = p.parse_args()
-    kv = kvstore.create("dist_sync" if args.mode == "sync" else "dist_async")
+    kv = kvstore.create("dist_ssp", staleness=STALENESS) if args.mode == "ssp" else kvstore.create(f"dist_{args.mode}")
     from kvstore.worker.dist import DistStore   # imported by create already (a server never gets here)
-    assert isinstance(kv, DistStore)   # what dist_sync and dist_async build
+    assert isinstance(kv, DistStore)   # what dist_sync, dist_async and dist_ssp build
     keys = list(SIZES)
     if args.mode == "sync":
         kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
@@ -80,13 +86,21 @@ def main() -> int:
             grads = [np.full(n, pushed(kv.rank, step), np.float32) for n in SIZES.values()]
         kv.pushpull(keys, grads, out=outs)
         done = time.time()
-        if args.mode == "async":
+        if args.mode != "sync":
             mine = pushed(kv.rank, step)
             bad = [k for k, o, prev in zip(keys, outs, last)
                    if not ((o <= prev - mine).all() and (o == np.round(o)).all())]
             if bad:
                 print(f"WRONG round {step} keys {bad}: {[o.flat[:3].tolist() for o in outs]}", flush=True)
                 return 3
+            if args.mode == "ssp":       # at clock step + 1: every worker's first step + 1 - s pushes, all of its own
+                least = sum(pushed(kv.rank, t) for t in range(step + 1)) + sum(
+                    pushed(r, t) for r in range(kv.num_workers) if r != kv.rank for t in range(step + 1 - STALENESS))
+                bad = [k for k, o in zip(keys, outs) if not (o <= -least).all()]
+                if bad:
+                    print(f"WRONG round {step} keys {bad} bound: {[float(o.max()) for o in outs]} read, at most "
+                          f"{-least} (staleness {STALENESS})", flush=True)
+                    return 3
             for prev, o in zip(last, outs):
                 np.copyto(prev, o)
         print(f"round {step} {done:.6f}", flush=True)

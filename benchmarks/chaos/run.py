@@ -345,8 +345,9 @@ def main(argv=None) -> int:
     p.add_argument("--replicated", action="store_true",
                    help="replicated servers (KVSTORE_REPLICAS=1): a server's fault must not end the job "
                         "(benchmarks/chaos/replicated.py)")
-    p.add_argument("--modes", default="sync,async",
-                   help="--replicated: the consistency modes the runs draw from [default: sync,async]")
+    p.add_argument("--modes", default=",".join(chaos_replicated.DEFAULT_MODES),
+                   help="--replicated: the consistency modes the runs draw from, of "
+                        f"{', '.join(chaos_replicated.MODES)} [default: %(default)s]")
     p.add_argument("--targets", default=",".join(chaos_replicated.DEFAULT_TARGETS),
                    help="--replicated: what the faults strike, of "
                         f"{', '.join(t.name for t in chaos_replicated.TARGETS)} (the scheduler: SIGKILL "

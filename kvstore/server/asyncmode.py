@@ -40,17 +40,25 @@ class Async(Consistency):
              rounds: list | None = None) -> list[Reply]:
         """``rounds`` (replicated servers): the worker's number of this push of each
         chunk; a chunk whose numbered push was applied already is not applied again."""
-        pushes = None
-        if rounds is not None:
-            pushes = []
-            for cid, number in zip(ids, rounds):
-                last = self._last.get(cid, {}).get(worker, 0)
-                if number > last + 1:
-                    raise InvalidArgumentError(f"{chunk_label(cid)}: worker {worker} pushes its push {number}, but "
-                                               f"its last one applied on {self.table.name} is {last}")
-                pushes.append((worker, number) if number > last else None)
-        self.apply(ids, chunks, arrays, rows, pushes)
+        self.apply(ids, chunks, arrays, rows, self.numbered(worker, ids, rounds))
         return [reply_values(peer, req_id, self.table.backend, chunks, want_values, copy=True)]
+
+    def numbered(self, worker: int, ids, rounds: list | None) -> list | None:
+        """A push's ``rounds`` (replicated servers: ``worker``'s number of this push of
+        each chunk) as :meth:`apply` takes them: per chunk (worker, number), or None
+        where that number was applied already (a push sent again after a failover);
+        None without numbers. Raises InvalidArgumentError for a number that skips one
+        (checked for every chunk before anything changes)."""
+        if rounds is None:
+            return None
+        pushes = []
+        for cid, number in zip(ids, rounds):
+            last = self._last.get(cid, {}).get(worker, 0)
+            if number > last + 1:
+                raise InvalidArgumentError(f"{chunk_label(cid)}: worker {worker} pushes its push {number}, but "
+                                           f"its last one applied on {self.table.name} is {last}")
+            pushes.append((worker, number) if number > last else None)
+        return pushes
 
     def apply(self, ids, chunks, arrays, rows: list | None = None, pushes: list | None = None) -> None:
         """Apply each chunk's gradient; ``pushes``: per chunk (worker, its push number),

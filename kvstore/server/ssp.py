@@ -26,6 +26,15 @@ the chunk yet, holds no read back. A joiner's clock on a chunk starts, at its
 first push there, at the slowest active member's, so that it runs within the
 bound of the others from then on rather than far behind them.
 
+Replicated servers (``KVSTORE_REPLICAS=1``, kvstore.server.replication): pushes
+are numbered per (worker, chunk) and replicated one by one as in async mode, so
+the backup's replica keeps each worker's last push number applied, which *is*
+its clock on the chunk (every push applied once, numbered from 1; elastic
+workers, whose clocks start elsewhere, are refused with replicas). A promoted
+replica's clocks are those numbers (:meth:`Ssp.adopt`): the reads the workers send
+again wait exactly as they would have on the dead server, and a pushpull sent
+again whose push was applied already is not counted twice.
+
 Why clocks are per chunk and not per worker step: a server sees pushes, not
 steps, and a worker may push a key several times per step or keys in any order;
 per chunk, "pushes applied" is exact. A restarted (resumed) server starts every
@@ -88,12 +97,17 @@ class Ssp(Async):
     def push(self, peer, req_id, worker: int, ids, chunks, arrays, want_values: bool,
              group: frozenset | None, norms: bool = False, rows: list | None = None,
              rounds: list | None = None) -> list[Reply]:
-        # (``rounds``, numbered pushes of replicated servers, are refused in this mode by the state)
+        """``rounds`` (replicated servers): the worker's number of this push of each
+        chunk; a chunk whose numbered push was applied already (sent again after a
+        failover) is neither applied nor counted again, and a pushpull's read still
+        waits as the bound says."""
+        pushes = self.numbered(worker, ids, rounds)      # (checked before anything changes)
         for cid in ids:          # a new member's clocks start at its first push
             if self.members.start(worker, cid):
                 self.joined(worker, cid)
-        self.apply(ids, chunks, arrays, rows)
-        return self.pushed(peer, req_id, worker, ids, want_values)
+        self.apply(ids, chunks, arrays, rows, pushes)
+        counted = ids if pushes is None else [cid for cid, p in zip(ids, pushes) if p is not None]
+        return self.pushed(peer, req_id, worker, ids, want_values, counted)
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
         return self.read(peer, req_id, worker, ids)
@@ -108,13 +122,15 @@ class Ssp(Async):
             if gone:
                 raise InvalidArgumentError(self._gone_message(worker, cid, need, gone))
 
-    def pushed(self, peer, req_id: int, worker: int, ids, want_values: bool) -> list[Reply]:
-        """A push (``want_values``: a pushpull) of ``worker`` was applied to ``ids``:
-        advance its clocks; the replies now ready (its own, unless it must wait, and
+    def pushed(self, peer, req_id: int, worker: int, ids, want_values: bool, counted=None) -> list[Reply]:
+        """A push (``want_values``: a pushpull) of ``worker`` was applied to ``ids``
+        (``counted``: those of them it was applied to now, all unless given): advance
+        its clocks there; the replies now ready (its own, unless it must wait, and
         the reads that waited for this push)."""
-        for cid in ids:
+        counted = ids if counted is None else counted
+        for cid in counted:
             self.clock(cid)[worker] += 1
-        replies = self._release(ids)
+        replies = self._release(counted)
         if want_values:
             return self.read(peer, req_id, worker, ids, ops.PUSHPULL) + replies
         return [ok(peer, req_id)] + replies
@@ -134,6 +150,17 @@ class Ssp(Async):
             self.reads.append(pending)
             return []
         return [self._answer(pending)]
+
+    # -- replicated servers ------------------------------------------------------------
+    def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
+        """A promoted replica: its clocks are its workers' last push numbers applied
+        (each worker numbers its pushes of a chunk 1, 2, ... and each is applied
+        once, so the number of its last one is how many were applied: the clock the
+        dead primary had), and the staleness rule goes on from them."""
+        super().adopt(cid, rounds, last)
+        clock = self.clock(cid)
+        for worker, number in (last or {}).items():
+            clock[worker] = number
 
     # -- releasing -----------------------------------------------------------------------
     def _release(self, ids) -> list[Reply]:

@@ -227,9 +227,6 @@ class ServerState:
         if pending is not None:
             self.members.check(pending[1], workers)
             self.members.pending = None
-        if bounded and self.replication.active:
-            raise InvalidArgumentError(f"dist_ssp on replicated servers (KVSTORE_REPLICAS=1) is not built yet; "
-                                       f"{self.name} replicates dist_sync and dist_async")
         if fresh:                          # also after a resume: ssp clocks start at 0
             self._configure(strategy, workers, bound if bounded else None, ordered)
         return [ok(peer, header["id"])] + (self.set_members(*pending) if pending else [])
@@ -340,9 +337,6 @@ class ServerState:
             return None
         if not (isinstance(rounds, list) and len(rounds) == len(ids) and all(is_int(n) and n >= 1 for n in rounds)):
             raise ProtocolError("'rounds' must be a list of round numbers >= 1, one per chunk")
-        if self.consistency is None or self.consistency.mode.bounded:
-            raise InvalidArgumentError(f"numbered pushes (replicated servers) are for dist_sync and dist_async; "
-                                       f"{self.name} runs dist_{self._mode_name}")
         return rounds
 
     @staticmethod
@@ -551,20 +545,24 @@ class ServerState:
         mode, workers, ordered, config = header["mode"], header["num_workers"], header["deterministic"], \
             header.get("optimizer")
         strategy = MODES.get(mode) if isinstance(mode, str) else None
-        if strategy is None or strategy.mode.bounded or not is_int(workers) or workers < 1 \
-                or not isinstance(ordered, bool) or not (config is None or isinstance(config, dict)):
-            raise ProtocolError(f"a replica's setup needs mode (sync or async), num_workers, deterministic "
-                                f"and optimizer; got {mode!r}, {workers!r}, {ordered!r}")
+        bound = header.get("staleness")
+        if strategy is None or strategy.mode.bounded != (is_int(bound) and bound >= 1) or not is_int(workers) \
+                or workers < 1 or not isinstance(ordered, bool) or not (config is None or isinstance(config, dict)):
+            raise ProtocolError(f"a replica's setup needs mode (sync, async, or ssp with its staleness), "
+                                f"num_workers, deterministic and optimizer; got {mode!r}, {workers!r}, {ordered!r}"
+                                + (f", staleness {bound!r}" if "staleness" in header else ""))
         now = self.consistency
-        if now is not None and (self.mode, self.num_workers, now.ordered) != (strategy.mode, workers, ordered):
-            raise InvalidArgumentError(f"{self.name} runs dist_{self._mode_name} for {self.num_workers} workers; "
-                                       f"server {header['src']} replicates dist_{mode} for {workers}")
+        if now is not None and (self.mode, self.num_workers, now.ordered, now.bound) != \
+                (strategy.mode, workers, ordered, bound):
+            was, wants = (f" (staleness {b})" if b is not None else "" for b in (now.bound, bound))
+            raise InvalidArgumentError(f"{self.name} runs dist_{self._mode_name}{was} for {self.num_workers} "
+                                       f"workers; server {header['src']} replicates dist_{mode}{wants} for {workers}")
         current = self.optimizer.config()
         if config is not None and current is not None and current != config:
             raise InvalidArgumentError(f"{self.name} holds replicas with optimizer {current.get('name')!r}; "
                                        f"server {header['src']} replicates with {config.get('name')!r}")
         if now is None:
-            self._configure(strategy, workers, None, ordered)
+            self._configure(strategy, workers, bound, ordered)
         if config is not None and current is None:
             self.optimizer.set({"optimizer": config})
         for worker, call in calls:                 # the calls that config includes: not applied again
@@ -584,6 +582,7 @@ class ServerState:
             ids = [cid for cid in self.served.get(share, ()) if cid in self.table.chunks]
         strategy = self.consistency
         setup = {"mode": self._mode_name, "num_workers": self.num_workers,
+                 **({} if strategy is None or strategy.bound is None else {"staleness": strategy.bound}),
                  "deterministic": bool(strategy is not None and strategy.ordered),
                  "optimizer": self.optimizer.config(),
                  "calls": [[w, c] for w, c in sorted(self._optimizer_calls.items())]}

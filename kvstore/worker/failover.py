@@ -46,12 +46,14 @@ def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Confi
     if config.num_servers is not None and config.num_servers < 2:
         raise ConfigError(f"kvstore.create({kind!r}): KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on "
                           f"another server); this job has {config.num_servers}")
-    if mode.bounded:      # dist_ssp's clocks are not replicated
-        raise refuse(f"{kind} (replicated servers apply dist_sync rounds and dist_async pushes)")
     if config.host_reduce:
         raise refuse("KVSTORE_HOST_REDUCE=1")
     if config.server_device != "cpu":
         raise refuse("KVSTORE_SERVER_DEVICE=gpu")
+    if mode.bounded and config.elastic is not None:
+        # a joiner's clock starts at the slowest member's, not at its push numbers, which are
+        # what a promoted replica's clocks are rebuilt from (kvstore.server.ssp.Ssp.adopt)
+        raise refuse(f"{kind} and elastic workers (--elastic)")
     return config.replace(transport="tcp", data_channel=False, write_in=False)
 
 

@@ -6,7 +6,8 @@ A server killed (SIGKILL, by worker 0 right after its push of a step, so that th
 step's rounds are open or unanswered, or between init and set_optimizer) or stopped (SIGSTOP: found by heartbeats)
 mid-training: the job ends with exit 0 and every worker's final weights equal the
 uninterrupted run's bit for bit. dist_async (tests/scripts/replicated_async.py):
-every push applied exactly once across a failover (exact integer sums). Two
+every push applied exactly once across a failover (exact integer sums); dist_ssp
+(tests/scripts/replicated_ssp.py): the same, and every read within the bound. Two
 failures of one replication chain end the job naming both servers; what is not
 built is refused at start, naming the setting."""
 
@@ -206,6 +207,29 @@ def test_dist_async_applies_every_acknowledged_push_exactly_once_across_a_failov
     assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
 
 
+@pytest.mark.parametrize("kill, signal, moment", [
+    ("1", "SIGKILL", "before"), ("2", "SIGKILL", "during"), ("0", "SIGSTOP", "during")])
+def test_dist_ssp_keeps_its_bound_and_applies_every_push_once_across_a_failover(tmp_path, kill, signal, moment):
+    """tests/scripts/replicated_ssp.py, staleness 1: worker 1 held while worker 0 is as
+    far ahead as the bound allows, a server stopped (SIGKILL, or SIGSTOP found by
+    heartbeats) before or while worker 0's next read waits there; worker 1 released
+    once worker 0 routes to the promoted backup. Every read holds the bound (a
+    promoted backup whose clocks were not the primary's lets that read through at
+    once: "bound broken") and every push is applied exactly once."""
+    script = os.path.join(ROOT, "tests", "scripts", "replicated_ssp.py")
+    env = {"KVSTORE_HEARTBEAT_TIMEOUT": "2"} if signal == "SIGSTOP" else {}
+    out = run(sys.executable, script, KVSTORE_REPLICAS="1", KVSTORE_DETERMINISTIC="0", KVSTORE_STALENESS="1",
+              EVENTS=str(tmp_path), KILL=kill, KILL_SIGNAL=signal, MOMENT=moment, **env)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert f"killed server {kill} before the read of step 5 ({moment})" in out.stdout, log
+    assert "served by their backups" in log and f"serves server {kill}'s chunks now" in log, log
+    if signal == "SIGSTOP":
+        assert "sent no heartbeat" in log, log
+    assert "bound broken" not in log
+    assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
+
+
 def test_two_failures_of_one_chain_end_the_job_naming_both_servers():
     out = run(KVSTORE_REPLICAS="1", KILL="1:2,2:6")
     log = out.stdout + out.stderr
@@ -222,7 +246,6 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
 
 @pytest.mark.parametrize("case, env, servers, text", [
     ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
-    ("dist_ssp", {"STORE": "dist_ssp", "KVSTORE_DETERMINISTIC": "0"}, 2, "KVSTORE_REPLICAS=1 with dist_ssp"),
     ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
     ("dynamic keys", {"STORE": "dyn"}, 2, "dynamic keys on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,

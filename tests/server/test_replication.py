@@ -3,7 +3,8 @@
 primary's values bit for bit after every round (and init); the backup refuses
 rounds out of order or from a server it does not back up; the reply gate holds
 replies until the backup acknowledged; a promoted replica serves re-sent pushes
-without applying a round twice (dist_sync) or a push twice (dist_async). Real ServerStates, driven as the node drives them
+without applying a round twice (dist_sync) or a push twice (dist_async, dist_ssp),
+and a promoted dist_ssp replica reads with the dead primary's clocks. Real ServerStates, driven as the node drives them
 (kvstore.server.replica_link carries the same requests over ZeroMQ; the failover of
 a real job is tests/faults/test_replicated_servers.py)."""
 
@@ -266,13 +267,75 @@ def test_dist_async_replicas_follow_every_push_and_a_promoted_one_applies_none_t
     expect_error(only(r), peer(1), rid, "InvalidArgumentError", "push 5", "last one applied", "is 2")
 
 
-def test_dist_ssp_is_refused_with_a_backup():
-    state = ServerState(name="server 0")
-    state.replication.backup = 1
-    reply = only(state.handle(peer(0), {"op": ops.CONFIGURE, "id": 1, "src": 0, "mode": "ssp", "num_workers": W,
-                                        "staleness": 2}, []))
-    expect_error(reply, peer(0), 1, "InvalidArgumentError", "dist_ssp on replicated servers")
+def ssp_pair(bound: int):
+    """Primary and backup in dist_ssp (staleness ``bound``), SGD(learning_rate=1):
+    integer pushes keep exact sums."""
+    opt = optimizer.SGD(learning_rate=1.0)
+    primary, backup = (Server(mode="ssp", num_workers=W, opt=opt, staleness=bound) for _ in range(2))
+    primary.state.replication.backup = 1
+    backup.state.replicas.primaries = frozenset({0})
+    return primary, backup
 
+
+def test_dist_ssp_replicas_carry_every_workers_clock_and_a_promoted_one_holds_reads_as_the_primary_did():
+    """Each replicated push advances the replica's clock of its worker (its last push
+    number applied); promoted, the backup's clocks are the primary's: a pushpull sent
+    again whose push was applied is not applied or counted twice and its read waits
+    exactly as on the primary, and the pushes that release it there release it here
+    (with clocks at 0 it would be answered at once: that is what this test catches)."""
+    primary, backup = ssp_pair(1)
+    primary.init({A: np.zeros(4, F32)})
+    forward(primary, backup)
+
+    def push(server, w, number, op=ops.PUSH):        # worker w's pushes are 10 ** w each
+        return server.send(w, op, [A], [np.full(4, 10 ** w, F32)], rounds=[number])
+    for w, number in ((0, 1), (1, 1), (2, 1), (0, 2)):
+        expect_ok(only(push(primary, w, number)[1]), peer(w))
+        forward(primary, backup)
+    parked, r = push(primary, 0, 3, ops.PUSHPULL)   # worker 0 at clock 3, the others at 1: bound 1 holds it
+    forward(primary, backup)
+    assert r == [] and primary.state.consistency.clock(A) == [3, 1, 1]
+    assert backup.state.replicas.held[0][A][2] == {0: 3, 1: 1, 2: 1}
+    backup.state.promote(0)                          # the primary died with worker 0's read parked
+    assert backup.state.consistency.clock(A) == [3, 1, 1]
+    assert backup.state.chunks[A].value.tolist() == primary.state.chunks[A].value.tolist() == [-113.0] * 4
+    again, r = push(backup, 0, 3, ops.PUSHPULL)      # sent again: applied already, so only its read
+    assert r == [] and backup.state.chunks[A].value.tolist() == [-113.0] * 4
+    assert backup.state.consistency.clock(A) == [3, 1, 1]
+    for server, read in ((primary, parked), (backup, again)):
+        expect_ok(only(push(server, 1, 2)[1]), peer(1))     # worker 1 catches up: 2 < 3 - 1 no more, but
+        ok, released = push(server, 2, 2)[1]                # the read waits for worker 2 too, released here
+        expect_ok(ok, peer(2))
+        assert released.header["id"] == read and released.arrays[0].tolist() == [-223.0] * 4
+    assert backup.state.chunks[A].value.tobytes() == primary.state.chunks[A].value.tobytes()
+    rid, r = backup.send(1, ops.PUSH, [A], [np.ones(4, F32)], rounds=[5])
+    expect_error(only(r), peer(1), rid, "InvalidArgumentError", "push 5", "last one applied", "is 2")
+
+
+def test_a_restored_dist_ssp_primary_and_its_replicas_start_every_clock_at_0():
+    """A resume starts every clock at 0 (the checkpoint holds values, not clocks) on the
+    primary and on the replicas its restore rebuilds: promoted, the backup reads with
+    the clocks the resumed workers count from."""
+    primary, backup = ssp_pair(2)
+    primary.init({A: np.zeros(4, F32)})
+    forward(primary, backup)
+    for n in (1, 2):
+        for w in range(W):
+            primary.send(w, ops.PUSH, [A], [np.ones(4, F32)], rounds=[n])
+            forward(primary, backup)
+    snap = primary.state.snapshot({"step": 2})
+    restored, fresh_backup = ssp_pair(2)
+    restored.state.restore(snap)
+    rid, r = restored.send(0, ops.CONFIGURE, mode="ssp", num_workers=W, staleness=2)
+    expect_ok(only(r), peer(0), rid)
+    forward(restored, fresh_backup)
+    assert fresh_backup.state.replicas.held[0][A][1:3] == [0, {}]
+    assert restored.state.consistency.clock(A) == [0] * W
+    expect_ok(only(restored.send(0, ops.PUSH, [A], [np.ones(4, F32)], rounds=[1])[1]), peer(0))
+    forward(restored, fresh_backup)
+    fresh_backup.state.promote(0)
+    assert fresh_backup.state.consistency.clock(A) == [1, 0, 0]
+    assert fresh_backup.state.chunks[A].value.tolist() == restored.state.chunks[A].value.tolist() == [-7.0] * 4
 
 
 U = ("u", 0)        # a chunk of the backup's own share
@@ -385,15 +448,17 @@ def test_a_row_sparse_push_on_a_dense_key_is_updated_lazily_on_the_replica_too(m
     assert states_of(backup, [A]) == states_of(primary, [A])
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
 def test_a_replacement_rebuilt_mid_job_holds_the_primarys_bits_and_round_counts_from_then_on(mode):
     """--restart-servers: a replacement (an unconfigured server) becomes the backup of
     the primary's own share and of a dead server's share the primary serves; the
     rebuild (setup, values with their round counts, optimizer state) then later
     rounds keep its replicas equal bit for bit, and promoted it applies no round
-    (dist_sync) or push (dist_async) twice."""
+    (dist_sync) or push (dist_async, dist_ssp) twice; dist_ssp's clocks go on from
+    the pushes counted."""
     opt = optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3)
-    primary, old = Server(mode=mode, num_workers=W, opt=opt), Server(mode=mode, num_workers=W, opt=opt)
+    bound = 2 if mode == "ssp" else None                # (dist_ssp: the setup carries the bound)
+    primary, old = (Server(mode=mode, num_workers=W, opt=opt, staleness=bound) for _ in range(2))
     primary.state.replication.backup = 1
     old.state.replicas.primaries = frozenset({0})
     rng = np.random.default_rng(11)
@@ -429,6 +494,7 @@ def test_a_replacement_rebuilt_mid_job_holds_the_primarys_bits_and_round_counts_
     assert new.state.mode is not None and new.state.updater is not None
     held = new.state.replicas.held[0]
     assert held[A][1] == 5 * (1 if mode == "sync" else W)       # the rounds (pushes) applied before
+    assert new.state.consistency is not None and new.state.consistency.bound == bound
     def deliver():
         for f, arrays in old.state.replication.take():
             expect_ok(only(new.state.handle(b"s1", replicate_request(6, 1, 1, f), arrays)), b"s1")
@@ -443,6 +509,8 @@ def test_a_replacement_rebuilt_mid_job_holds_the_primarys_bits_and_round_counts_
         expect_ok(only(new.state.handle(peer(w), {"op": ops.PUSH, "id": 99, "src": w, "chunks": [list(A)],
                                                   "rounds": [numbers[w]]}, [np.ones(40, F32)])), peer(w))
     assert new.state.chunks[A].value.tobytes() == before.tobytes()
+    if mode == "ssp":                            # its clocks: every worker's pushes, counted once
+        assert new.state.consistency.clock(A) == [numbers[w] for w in range(W)] == [7] * W
 
 
 def test_a_setup_that_disagrees_with_the_replicas_held_is_refused():

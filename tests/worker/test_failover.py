@@ -75,10 +75,9 @@ def test_replicated_config_sends_everything_over_plain_tcp():
 @pytest.mark.parametrize("settings, mode, kind, fragment", [
     ({"num_servers": 1}, SYNC, "dist_sync", "KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another "
                                             "server); this job has 1"),
-    ({"num_servers": 2}, SSP, "dist_ssp", "KVSTORE_REPLICAS=1 with dist_ssp (replicated servers apply dist_sync "
-                                          "rounds and dist_async pushes) is not built yet"),
     ({"num_servers": 2, "host_reduce": True}, SYNC, "dist_sync", "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1"),
     ({"num_servers": 2, "server_device": "gpu"}, SYNC, "dist_sync", "with KVSTORE_SERVER_DEVICE=gpu"),
+    ({"num_servers": 2, "elastic": (1, 4)}, SSP, "dist_ssp", "with dist_ssp and elastic workers (--elastic)"),
 ])
 def test_replicated_config_refuses_what_is_not_built_naming_the_setting(settings, mode, kind, fragment):
     with pytest.raises(ConfigError) as e:
