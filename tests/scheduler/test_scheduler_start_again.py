@@ -107,19 +107,36 @@ def test_a_server_that_registered_then_went_silent_before_the_job_formed_is_star
     assert [s.op for s in job.beat(node)] == [wire.ACK], "forgotten: its stale heartbeat is a stranger's"
 
 
-def test_servers_missing_at_the_registration_deadline_are_started_again_with_a_new_deadline():
+def test_servers_still_missing_a_heartbeat_timeout_after_the_last_registration_are_started_again():
+    """Stopped (or hung) before they registered: every worker and server 0 registered
+    at 0 s; servers 1 and 2 are as late as a silent node after HB_TIMEOUT, started
+    again then, with a whole KVSTORE_TIMEOUT from there to register."""
     job = Forming(servers=3)
     job.register("worker", 0)
     job.register("worker", 1)
     job.register("server", 0)
-    for t in (1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0, 13.5, 15.0, 16.5, 18.0, 19.5, 20.5):
-        job.later(t)
+    job.later(HB_TIMEOUT - 0.5)
+    assert job.state.start_again == {}
+    job.later(HB_TIMEOUT + 0.5)
     assert job.state.failure is None and job.state.start_again == {1: 1, 2: 1}
-    job.later(20.5 + TIMEOUT - 1.0)                           # the new deadline: a whole KVSTORE_TIMEOUT
-    assert job.state.failure is None
+    for t in range(4, int(HB_TIMEOUT + TIMEOUT), 2):       # past the first deadline (20 s), within the new one
+        job.later(float(t))
+    assert job.state.failure is None and job.state.start_again == {1: 1, 2: 1}, "once per rank"
     job.register("server", 1)
     _, sends = job.register("server", 2)
     assert len(job.registered(sends)) == 5 and job.state.failure is None
+
+
+def test_a_server_missing_again_after_its_start_again_ends_the_job_at_the_deadline():
+    job = Forming()
+    job.register("worker", 0)
+    job.register("worker", 1)
+    job.register("server", 0)
+    job.later(HB_TIMEOUT + 0.5)
+    assert job.state.start_again == {1: 1}
+    for t in range(4, int(HB_TIMEOUT + TIMEOUT) + 4, 2):     # past the new deadline (22.5 s)
+        job.later(float(t))
+    assert job.state.failure is not None and "missing ranks 1" in job.state.failure, job.state.failure
 
 
 def test_a_worker_missing_at_the_registration_deadline_ends_the_job_as_before():
@@ -128,6 +145,7 @@ def test_a_worker_missing_at_the_registration_deadline_ends_the_job_as_before():
     job.register("server", 0)
     for t in (1.5, 3.0, 4.5, 6.0, 7.5, 9.0, 10.5, 12.0, 13.5, 15.0, 16.5, 18.0, 19.5, TIMEOUT + 0.5):
         job.later(t)
+        assert job.state.start_again == {}, "a worker is missing: no server is started again"
     assert job.state.failure is not None and "registration did not complete" in job.state.failure
     assert job.state.start_again == {}
 

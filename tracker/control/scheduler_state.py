@@ -129,6 +129,7 @@ class SchedulerState:
                                   job=self.job) if restarted else None
         # replicated jobs a launcher runs: servers lost before the job formed are started again
         self._starts_again = StartsAgain(num_servers) if replicas and restartable and not restarted else None
+        self._registered_at = now       # the last registration before the job formed (start_again)
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -266,8 +267,12 @@ class SchedulerState:
                 self._abort(f"the scheduler was restarted and waited {waited:g}s (KVSTORE_HEARTBEAT_TIMEOUT + "
                             f"KVSTORE_SCHEDULER_RESTART_TIMEOUT) for the job's members to register again: "
                             f"{self.recovering} did not (dead or stuck, or cut off from the scheduler)")
+        elif self._book is None and self._recovery is None and now > self._registered_at + self.heartbeat_timeout \
+                and self._start_missing_again(f"had not registered {now - self._registered_at:.1f}s after the "
+                                              f"last process did (KVSTORE_HEARTBEAT_TIMEOUT={self.heartbeat_timeout:g})"):
+            pass
         elif self._book is None and now > self._deadline:
-            if self._start_missing_again():
+            if self._start_missing_again(f"did not register within {self.timeout:g}s (KVSTORE_TIMEOUT)"):
                 return self._flush()
             who = missing(self._nodes.values(), self.num_workers, self.num_servers)
             self._abort(f"registration did not complete within {self.timeout:g}s (KVSTORE_TIMEOUT): {who}")
@@ -368,7 +373,8 @@ class SchedulerState:
             "Start the missing processes (a server: DMLC_ROLE=server, or python -m kvstore.server), or make "
             "KVSTORE_NUM_WORKERS / KVSTORE_NUM_SERVERS (DMLC_NUM_WORKER / DMLC_NUM_SERVER) match what runs; "
             f"registration gives up {self.timeout:g}s after the start (KVSTORE_TIMEOUT)"
-            + ("; servers still missing then are started again by the launcher (KVSTORE_REPLICAS=1)"
+            + ("; a server still missing KVSTORE_HEARTBEAT_TIMEOUT after the last registration is started "
+               "again by the launcher (KVSTORE_REPLICAS=1)"
                if self._starts_again is not None else ""))}
 
     def _op_register(self, ident: bytes, msg: dict) -> None:
@@ -401,6 +407,7 @@ class SchedulerState:
         node = Node.registering(msg, role, rank, ident, self._now, self._hb_idents)
         self._nodes[node.node_id] = node
         self._registered_at_start.append((ident, node.node_id, msg.get("id")))
+        self._registered_at = self._now
         log.debug("registered %s", node.name())
         if len(self._nodes) == self.num_workers + self.num_servers:
             self._complete_registration()
@@ -629,10 +636,11 @@ class SchedulerState:
                     "was served yet, KVSTORE_REPLICAS=1)", rank, why, again.describe(rank))
         return True
 
-    def _start_missing_again(self) -> bool:
-        """At the registration deadline: when the processes missing are servers only and
-        each may start again (stopped or hung before they registered), ask for them;
-        whether it did (else the caller ends the job)."""
+    def _start_missing_again(self, why: str) -> bool:
+        """When every worker registered and the processes missing are servers only, each
+        of which may start again (stopped or hung before they registered: ``why``),
+        ask for them; whether it did. Tried ``KVSTORE_HEARTBEAT_TIMEOUT`` after the last
+        registration (as late as a silent node), and at the registration deadline."""
         again = self._starts_again
         have = {(n.role, n.rank) for n in self._nodes.values()}
         gone = [r for r in range(self.num_servers) if ("server", r) not in have]
@@ -640,7 +648,7 @@ class SchedulerState:
         if again is None or workers < self.num_workers or not gone or not all(map(again.can, gone)):
             return False
         for rank in gone:
-            self._start_again(rank, f"did not register within {self.timeout:g}s (KVSTORE_TIMEOUT)")
+            self._start_again(rank, why)
         return True
 
     def _server_died(self, node: Node, why: str) -> None:

@@ -16,10 +16,11 @@ new one (tracker.launcher). Found by the chaos runner's ``spawned`` moment
 
 What counts as "before the job formed": the scheduler has not answered every
 registration yet. A server killed before it registered is seen by its launcher;
-one that registered and then went silent, by its heartbeats; one stopped before
-it registered, at the registration deadline (``KVSTORE_TIMEOUT``), when the
-missing processes are servers only. A server started again gets a whole
-``KVSTORE_TIMEOUT`` to register.
+one that registered and then went silent, by its heartbeats; one stopped (or hung)
+before it registered, when every worker registered and only servers are missing,
+``KVSTORE_HEARTBEAT_TIMEOUT`` after the last registration (as late as a silent node
+is dead), else at the registration deadline (``KVSTORE_TIMEOUT``). A server started
+again gets a whole ``KVSTORE_TIMEOUT`` to register.
 
 Example::
 
