@@ -4,7 +4,9 @@ hashed to the servers, lazy Adam on the servers, a row budget with eviction and
 eviction by age, so rows are created and evicted every few steps). With KILL=R:S
 (as tests/scripts/replicated.py) worker 0 sends server R SIGKILL right after its
 pushes of step S, before the pulls (so that step's rounds are open or unanswered
-when it dies). Prints a digest of the final table (every id ever pushed, pulled:
+when it dies). REBUILT=S (with --restart-servers): before its kills of step S
+worker 0 waits until a replacement's rebuild made every replica complete again
+(tests/scripts/replicated.py). Prints a digest of the final table (every id ever pushed, pulled:
 an evicted row reads as its initial value) and of the counters that the rows
 decide (rows, created, evicted by age and by budget, rounds, updates).
 
@@ -20,7 +22,7 @@ import numpy as np
 import kvstore
 from kvstore import optimizer as opt
 from job_processes import server_pid
-from replicated import kills_by_step      # tests/scripts/, this script's folder
+from replicated import kills_by_step, wait_rebuilt      # tests/scripts/, this script's folder
 
 STEPS, WIDTH = 12, 4
 SPEC = kvstore.DynamicRows(WIDTH, init=("normal", 0.1), seed=7, budget=14, evict_after=3)
@@ -44,6 +46,8 @@ def main() -> None:
         grad = np.cos(ids[:, None] % 1000 * 0.1 + np.arange(WIDTH) + step).astype(np.float32)
         kv.push("emb", kvstore.RowSparse(grad, ids, SPEC.shape))
         if kv.rank == 0:
+            if step == int(os.environ.get("REBUILT", -2)):
+                wait_rebuilt(kv)
             for server in kills.get(step, ()):
                 os.kill(server_pid(server), signal.SIGKILL)
                 print(f"killed server {server} at step {step}", flush=True)
