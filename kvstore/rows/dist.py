@@ -43,7 +43,7 @@ class DistRows:
 
     @property
     def servers(self) -> int:
-        return len(self._client.servers)
+        return self._client.num_shares     # the job's servers (a replacement serves one of their shares)
 
     def chunks(self, key) -> list:
         return [[key, s] for s in range(self.servers)]

@@ -18,6 +18,7 @@ Checkpoints carry the tables (:meth:`DynTables.snapshot`, :meth:`DynTables.resto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,9 +77,17 @@ class DynTables(RowTables):
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
+        return self.init_table(peer, header, arrays)
+
+    def init_table(self, peer, header, arrays, share: int | None = None) -> list[Reply]:
+        """``init_dyn``; ``share``: (replicated servers) the dead server whose share the
+        table is of, served here now (replicated to that share's backup, if any)."""
         cid = self._cid(header)
         if not self._mode().takes_rows:
             raise InvalidArgumentError(self._mode().no_rows)
+        if self.replication.active and not self._mode().rounds:
+            raise InvalidArgumentError(f"dynamic rows (kvstore.DynamicRows) in dist_{self._mode().name} on replicated "
+                                       "servers (KVSTORE_REPLICAS=1) are not built yet (dist_sync's are)")
         servers, server = header["servers"], cid[1]
         if not (is_int(servers) and 0 <= server < servers) or arrays:
             raise ProtocolError("init_dyn needs servers (the job's count) and a spec, and carries no buffers")
@@ -105,9 +114,39 @@ class DynTables(RowTables):
         except BaseException:          # refused or failed: what it reserved is free again
             budget.give(budget.held - held)
             raise
-        self.tables[cid] = DynRecord(HashLayout(ID_LIMIT, spec.width, server, servers), spec.row_shape, rows=rows, spec=spec,
-                                     dtype_of=StoredChunk(np.zeros(0, spec.dtype)))
+        self._record(cid, rows, spec, servers)
+        if self.replication.active:     # the backup holds a replica (a restored table's rows included)
+            self.replication.dyn_initialized(cid, spec.to_wire(), servers, rows, share)
         return [ok(peer, header["id"])]
+
+    def _record(self, cid, rows: DynTable, spec: DynamicRows, servers: int) -> None:
+        self.tables[cid] = DynRecord(HashLayout(ID_LIMIT, spec.width, cid[1], servers), spec.row_shape, rows=rows,
+                                     spec=spec, dtype_of=StoredChunk(np.zeros(0, spec.dtype)))
+
+    # -- replicated servers (kvstore.server.replication, kvstore.server.dyn_replicas) ----
+    def adopt_table(self, cid, rows: DynTable, servers: int, rounds: int, bases: dict | None = None) -> None:
+        """The replica of a dead server's dynamic table ``cid`` (``servers``: the job's
+        count) serves here now, ``rounds`` applied (``bases``: of the workers that
+        joined, kvstore.server.numbering)."""
+        self._record(cid, rows, rows.spec, servers)
+        self._applied[cid] = rounds
+        self._bases.adopt(cid, bases)
+
+    def rebuilt(self, ids, share: int | None) -> None:
+        """(Replicated servers) the backup of ``share`` (None: this server's own), whose
+        tables are ``ids``, is new (a replacement): each table goes to it as it is
+        now, with its rounds applied."""
+        for cid in ids:
+            record = self.tables[cid]
+            assert isinstance(record, DynRecord) and record.spec is not None and record.rows is not None
+            self.replication.dyn_initialized(cid, record.spec.to_wire(), record.layout.servers, record.rows,
+                                             share, self.applied(cid))
+
+    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray) -> None:
+        assert isinstance(table, DynRecord) and table.rows is not None
+        counts = table.rows.counts
+        self.replication.dyn_applied(cid, self._applied[cid], local, data, self.optimizer.updater is not None,
+                                     (counts["hits"], counts["misses"]))
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
         """As a row table's pull; but ids need not have rows, so the reply (a row per
@@ -180,14 +219,17 @@ class DynTables(RowTables):
         return [t.rows for t in self.tables.values() if isinstance(t, DynRecord) and t.rows is not None]
 
     # -- checkpoints ---------------------------------------------------------------------
-    def snapshot(self) -> list:
+    def snapshot(self, chosen: Callable[[tuple], bool] = lambda cid: True) -> list:
         """``[[key, server, spec, table], ...]``: every table after its last applied round
-        (and the restored ones not initialised again yet)."""
+        (and the restored ones not initialised again yet); those whose chunk id is
+        ``chosen`` (replicated servers: a share's)."""
         out = []
         for cid, record in self.tables.items():
+            if not chosen(cid):
+                continue
             assert isinstance(record, DynRecord) and record.spec is not None and record.rows is not None
             out.append([cid[0], cid[1], record.spec.to_wire(), record.rows.snapshot()])
-        out += [[cid[0], cid[1], spec, snap] for cid, (spec, snap) in self.restored.items()]
+        out += [[cid[0], cid[1], spec, snap] for cid, (spec, snap) in self.restored.items() if chosen(cid)]
         return out
 
     def restore(self, entries: list) -> None:

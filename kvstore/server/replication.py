@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
+from .dyn_replicas import DYN_INIT, DYN_ROUNDS, DynReplicas, table_wire
 from .server_optimizer import ServerOptimizer
 from .requests import chunk_ids, ok
 from .rounds import StoredChunk, Reply, is_int
@@ -74,6 +75,7 @@ class _Batch:
         self.row_rounds: tuple[list, list, list, list] = ([], [], [], [])   # ids, numbers, [rows, data], updated
         self.row_sets: list[tuple] = []                                      # (id, local rows, data)
         self.states: tuple[list, list] = ([], [])     # [key, index, t, count], arrays
+        self.dyn: list[tuple[dict, list]] = []        # dynamic tables' requests (kvstore.server.dyn_replicas), in order
 
     def requests(self, share: int | None) -> list[tuple[dict, list]]:
         """Its ``replicate`` requests, in order (``share``: named unless it is the server's own)."""
@@ -108,6 +110,7 @@ class _Batch:
                          "updated": flags}, arrays))
         for cid, local, data in self.row_sets:
             out.append(({"kind": ROW_SET, **named, "chunks": [list(cid)]}, [local, data]))
+        out += [({**fields, **named}, arrays) for fields, arrays in self.dyn]
         if self.states[0]:
             out.append(({"kind": STATES, **named, "states": self.states[0]}, self.states[1]))
         return out
@@ -204,6 +207,33 @@ class Replication:
         numbers.append(number)
         arrays += [np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)]
         flags.append(updated)
+
+    def dyn_initialized(self, cid, spec: dict, servers: int, rows, share: int | None = None,
+                        applied: tuple[int, dict] | None = None) -> None:
+        """Dynamic table ``cid`` (``spec``: its DynamicRows wire; ``servers``: the job's
+        count) is served here with ``rows`` (its :class:`~kvstore.rows.dyntable.DynTable`,
+        sent as it is now: empty at a key's init, a checkpoint's rows when resumed, the
+        table of the moment in a rebuild, which gives ``applied``: the rounds applied
+        and the bases of the workers that joined); of ``share`` (None: this server's own)."""
+        self._share_of[cid] = share
+        if share not in self.backups:
+            return
+        table, arrays = table_wire(rows)
+        fields = {"kind": DYN_INIT, "chunk": list(cid), "spec": spec, "servers": servers, "table": table}
+        if applied is not None:
+            fields["applied"] = [applied[0], [[w, n] for w, n in sorted(applied[1].items())]]
+        self._batches.setdefault(share, _Batch()).dyn.append((fields, [np.array(a, copy=True) for a in arrays]))
+
+    def dyn_applied(self, cid, number: int, ids, data, updated: bool, reads: tuple[int, int]) -> None:
+        """Round ``number`` of dynamic table ``cid`` is being applied: its merged ``ids``
+        and their summed gradient ``data`` (or without an optimizer their new values);
+        ``reads``: the table's (hits, misses) counters (its pulls are not replicated)."""
+        batch = self._batch(cid)
+        if batch is None:
+            return
+        batch.dyn.append(({"kind": DYN_ROUNDS, "chunks": [list(cid)], "rounds": [number], "updated": [updated],
+                           "reads": [list(reads)]},
+                          [np.array(ids, dtype=np.int64, copy=True), np.array(data, copy=True)]))
 
     def rows_set(self, cid, local, data) -> None:
         """``set_rows`` assigned ``data`` to the local rows ``local`` of row table ``cid``."""
@@ -336,9 +366,10 @@ class Replicas:
         #                      or {worker: its base} (dist_sync, the workers that joined:
         #                      kvstore.server.numbering), a row table's [shape, servers] or None]}
         self.held: dict[int, dict[tuple, list]] = {}
+        self.dyn = DynReplicas(name, optimizer, self.budget)    # the dynamic tables' replicas, by share
 
     def nbytes(self) -> int:
-        return sum(entry[0].nbytes for chunks in self.held.values() for entry in chunks.values())
+        return sum(entry[0].nbytes for chunks in self.held.values() for entry in chunks.values()) + self.dyn.nbytes()
 
     def share_of(self, header: dict) -> int:
         """The share a ``replicate`` request is for (``share``, else its sender's own),
@@ -362,6 +393,8 @@ class Replicas:
             return self._set_states(peer, header, arrays, primary, held)
         if kind in (ROW_ROUNDS, ROW_SET):
             return self._rows(peer, header, arrays, primary, held)
+        if kind in (DYN_INIT, DYN_ROUNDS):
+            return self.dyn.on_replicate(peer, header, arrays, primary)
         lazy = header.get("lazy")
         indices: list = []
         if kind == ROUNDS and lazy is not None:   # lazy updates: the values' indices after the sums
@@ -416,7 +449,8 @@ class Replicas:
                         [value, x[0], {w: n for w, n in x[1]}, meta[cid]]
             return [ok(peer, header["id"])]
         if kind != ROUNDS:
-            raise ProtocolError(f"'kind' must be one of {[INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET]}, got {kind!r}")
+            raise ProtocolError(f"'kind' must be one of {[INIT, ROUNDS, STATES, ROW_ROUNDS, ROW_SET, DYN_INIT, DYN_ROUNDS]}"
+                                f", got {kind!r}")
         numbers, updated = header.get("rounds"), header.get("updated")
         if not (isinstance(numbers, list) and len(numbers) == len(ids) and all(is_int(n) for n in numbers)):
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
@@ -546,6 +580,7 @@ class Replicas:
                     entry[2].pop(worker, None)
                 else:
                     entry[2][worker] = entry[1]
+        self.dyn.became_member(worker)
 
     def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict, list | None]]:
         """Server ``primary`` died and this one serves its chunks now: each chunk's
@@ -560,6 +595,7 @@ class Replicas:
         self.primaries = self.primaries - {primary}
         gone = self.held.pop(primary, {})
         self.budget.give(sum(entry[0].nbytes for entry in gone.values()))
+        self.dyn.drop(primary)
 
 
 def replicate_request(req_id: int, src: int, seq: int, fields: dict) -> dict:

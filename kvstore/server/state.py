@@ -92,7 +92,7 @@ class ServerState:
         # apply, and the replicas this server holds for others (both idle unless set up)
         self.replication = Replication()
         self.replicas = Replicas(name, self.optimizer, self.table.alloc, self.budget)
-        self.rows.replication = self.replication
+        self.rows.replication = self.dyn.replication = self.replication
         self._adopted: set = set()         # promoted chunks whose init may come again (re-sent)
         self._optimizer_calls: dict = {}   # worker -> its last numbered set_optimizer applied here
         # the shares of dead servers this one serves now: their chunks (promoted, or
@@ -282,10 +282,17 @@ class ServerState:
         return share
 
     def _on_init_dyn(self, peer, header, arrays):
-        if self.replication.active:
-            raise InvalidArgumentError("dynamic rows on replicated servers (KVSTORE_REPLICAS=1) are not built "
-                                       "yet: unset KVSTORE_REPLICAS")
-        return self.dyn.on_init(peer, header, arrays)
+        share = self._share(header)
+        cid = self.dyn.chunk_of(header)
+        if share is not None and cid in self._adopted:
+            # an init_dyn the dead primary applied, and its replica holds, sent again by a
+            # worker it had not answered: the replica's table stays
+            self._adopted.discard(cid)
+            return [ok(peer, header["id"])]
+        replies = self.dyn.init_table(peer, header, arrays, share=share)
+        if share is not None:            # a dead server's dynamic table, made here: saved as its part
+            self.served[share].add(cid)
+        return replies
 
     def _on_push(self, peer, header, arrays):
         """A push, or a pushpull (``want_values``: answered with the values after its round)."""
@@ -449,10 +456,12 @@ class ServerState:
             return False
         before = self.updater
         self.optimizer.set(fields)
-        if self.updater is not before:          # a new optimizer: fresh state
+        if self.updater is not before:          # a new optimizer: fresh state (replicas' too)
             self.dyn.optimizer_changed(True, 1.0)
+            self.replicas.dyn.optimizer_changed(True, 1.0)
         elif fields.get("keep_state"):          # new hyper-parameters, state kept (maybe scaled)
             self.dyn.optimizer_changed(False, float(fields.get("state_scale", 1.0)))
+            self.replicas.dyn.optimizer_changed(False, float(fields.get("state_scale", 1.0)))
         if call is None:
             return False
         self._optimizer_calls[caller] = call
@@ -485,14 +494,14 @@ class ServerState:
         server's share it serves now (that server's part of a checkpoint); never
         the replicas it holds."""
         chunks = self.table.chunks
+        foreign = set().union(*self.served.values()) if self.served else set()
         if share is not None:
-            chunks = {cid: chunks[cid] for cid in self.served[share]}
-        elif self.served:
-            foreign = set().union(*self.served.values())
+            chunks = {cid: chunks[cid] for cid in self.served[share] if cid in chunks}
+        elif foreign:
             chunks = {cid: c for cid, c in chunks.items() if cid not in foreign}
+        ours = (lambda cid: cid in self.served[share]) if share is not None else (lambda cid: cid not in foreign)
         return _snapshot.take(self.name, self.mode and self.mode.name, self.num_workers, chunks,
-                              self.optimizer, self.backend.to_numpy, meta,
-                              self.dyn.snapshot() if share is None else [])
+                              self.optimizer, self.backend.to_numpy, meta, self.dyn.snapshot(ours))
 
     def restore(self, snap: dict) -> None:
         """Start from a checkpoint: the next init of a restored chunk keeps the
@@ -573,13 +582,15 @@ class ServerState:
         """(Replicated servers) the backup of ``share`` (None: this server's own) is a
         replacement: queue everything it must hold, as of now, before any later round
         (kvstore.server.replication.Replication.rebuild): the mode and optimizer, every
-        chunk's value with the rounds applied to it, their optimizer state. Returns
-        how many chunks."""
+        chunk's value with the rounds applied to it, their optimizer state, every dynamic table as it is
+        (kvstore.server.dyn_replicas). Returns how many chunks and tables."""
+        foreign = set().union(*self.served.values()) if self.served else set()
         if share is None:
-            foreign = set().union(*self.served.values()) if self.served else set()
             ids = [cid for cid in self.table.chunks if cid not in foreign]
+            dyn = [cid for cid in self.dyn.tables if cid not in foreign]
         else:
             ids = [cid for cid in self.served.get(share, ()) if cid in self.table.chunks]
+            dyn = [cid for cid in self.served.get(share, ()) if cid in self.dyn.tables]
         strategy = self.consistency
         setup = {"mode": self._mode_name, "num_workers": self.num_workers,
                  **({} if strategy is None or strategy.bound is None else {"staleness": strategy.bound}),
@@ -596,13 +607,14 @@ class ServerState:
                 rounds, last = strategy.applied(cid) if strategy is not None else (0, {})
                 chunks.append((cid, value, None, rounds, last))
         self.replication.rebuild(share, setup, chunks)
+        self.dyn.rebuilt(dyn, share)           # dynamic tables: each as it is now (kvstore.server.dyn_replicas)
         if self.updater is not None:
             states = self.updater.get_states()
             kept = [cid for cid in ids if cid in states]
             self.replication.states_set(
                 [[cid[0], cid[1], int(states[cid]["t"]), len(states[cid]["state"])] for cid in kept],
                 [self.backend.to_numpy(a) for cid in kept for a in states[cid]["state"]])
-        return len(ids)
+        return len(ids) + len(dyn)
 
     def promote(self, primary: int) -> list[Reply]:
         """Server ``primary`` died and this server serves its chunks now: the replicas
@@ -612,11 +624,14 @@ class ServerState:
         for cid, (value, rounds, last, table) in adopted.items():
             if table is not None:        # a row-sparse table (kvstore.server.tables)
                 self.rows.adopt(cid, value, table, rounds, last)
+        tables = self.replicas.dyn.promote(primary)
+        for cid, replica in tables.items():   # dynamic rows (kvstore.server.dyntables)
+            self.dyn.adopt_table(cid, replica.rows, replica.servers, replica.rounds, replica.bases)
         dense = {cid: entry for cid, entry in adopted.items() if entry[3] is None}
         self.table.chunks.update({cid: StoredChunk(value) for cid, (value, _, _, _) in dense.items()})
-        self._adopted |= set(adopted)
-        self.served.setdefault(primary, set()).update(adopted)
-        self.replication.adopted(adopted, primary)
+        self._adopted |= set(adopted) | set(tables)
+        self.served.setdefault(primary, set()).update(adopted, tables)
+        self.replication.adopted([*adopted, *tables], primary)
         if self.consistency is not None:
             for cid, (_, rounds, last, _) in dense.items():
                 self.consistency.adopt(cid, rounds, last)
@@ -678,6 +693,7 @@ class ServerState:
         if self.consistency is not None:
             self.consistency.became_member(worker)
         self.rows.became_member(worker)
+        self.dyn.became_member(worker)
         self.replicas.became_member(worker, per_push=self.consistency is not None and not self.consistency.mode.rounds)
 
     def stalled(self, now: float, after: float) -> list[str]:

@@ -292,8 +292,7 @@ class RowTables:
             kind, error = "RemoteError", ""
             self._applied[cid] = self._applied.get(cid, 0) + 1
             if self.replication.active:      # the backup applies the merged rows too
-                self.replication.rows_applied(cid, self._applied[cid], self._rows_at(cid, table, rows), data,
-                                              self.optimizer.updater is not None)
+                self._replicate(cid, table, self._rows_at(cid, table, rows), data)
             try:
                 self._apply(cid, table, chunk, self._rows_at(cid, table, rows), data)
             except KVStoreError as e:    # a round the table refuses (a dynamic table's budget)
@@ -304,6 +303,11 @@ class RowTables:
                         else ok(peer, rid) for peer, rid, _ in rnd.acks]
             replies += self._release_pulls(table, chunk)
         return replies
+
+    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray) -> None:
+        """(Replicated servers) round ``self._applied[cid]`` of ``cid``, its merged rows
+        at ``local`` and their data, for the backup (kvstore.server.replication)."""
+        self.replication.rows_applied(cid, self._applied[cid], local, data, self.optimizer.updater is not None)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
         """Where a round's merged ``rows`` lie in the chunk (global ids -> local rows)."""

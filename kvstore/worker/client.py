@@ -160,12 +160,12 @@ class Client:
             server = self.failover.route(share)
             arrays = self.failover.owned(arrays)
             rounds = self.failover.number(op, fields.get("chunks") or
-                                          ([fields["chunk"]] if op == ops.PUSH_ROWS else None))
+                                          ([fields["chunk"]] if op in (ops.PUSH_ROWS, ops.PUSH_DYN) else None))
             if rounds is not None:
                 fields["rounds"] = rounds
             if self.failover.epoch:       # a server that has not heard of this book yet waits for it
                 fields["book"] = self.failover.epoch
-            if op in (ops.INIT, ops.INIT_ROWS) and server != share:   # a dead server's chunks: saved as its part
+            if op in (ops.INIT, ops.INIT_ROWS, ops.INIT_DYN) and server != share:   # a dead server's chunks: saved as its part
                 fields["share"] = share
         into = options.into
         # (only requests that change values or read them need their chunks as a set)
@@ -395,7 +395,7 @@ class Client:
             server = self.failover.route(share)
             log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
                         self.rank, req.server, req_id, req.what, server)
-            if op in (ops.INIT, ops.INIT_ROWS):
+            if op in (ops.INIT, ops.INIT_ROWS, ops.INIT_DYN):
                 fields = {**fields, "share": share}
             frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
                                                      "book": self.failover.epoch, "seq": self._seq[server]},

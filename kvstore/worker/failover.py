@@ -89,10 +89,10 @@ class Failover:
         return sorted(set(self._route))
 
     def number(self, op: str, chunks) -> list[int] | None:
-        """A push's (pushpull's, row-sparse push's) ``rounds``: this worker's count of
-        its pushes of each chunk (a row table's chunk: ``[key, server]``), this one
-        included; None for other requests."""
-        if op not in (ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS) or not chunks:
+        """A push's (pushpull's, row-sparse or dynamic rows push's) ``rounds``: this
+        worker's count of its pushes of each chunk (a row table's chunk: ``[key,
+        server]``), this one included; None for other requests."""
+        if op not in (ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS, ops.PUSH_DYN) or not chunks:
             return None
         numbers = []
         for chunk in chunks:

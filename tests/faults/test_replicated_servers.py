@@ -247,7 +247,8 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
 @pytest.mark.parametrize("case, env, servers, text", [
     ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
     ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
-    ("dynamic keys", {"STORE": "dyn"}, 2, "dynamic keys on replicated servers (KVSTORE_REPLICAS=1) are not built"),
+    ("dynamic keys, dist_async", {"STORE": "dyn", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
+     "dynamic keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
      "row-sparse keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("clipping on the servers", {"STORE": "clip"}, 2,

@@ -420,12 +420,6 @@ def test_row_sparse_rounds_and_assignments_keep_the_replica_equal_and_a_promoted
         primary.state.chunks[cid].value.reshape(5, 3)[[1, 3]].tobytes()
 
 
-def test_dynamic_rows_are_refused_with_a_backup():
-    primary, _ = pair(OPTIMIZERS["sgd-momentum-wd"])
-    rid, r = primary.send(0, ops.INIT_DYN, chunk=["d", 0], servers=2, spec={"row_shape": [2]})
-    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "dynamic rows on replicated servers")
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_row_sparse_push_on_a_dense_key_is_updated_lazily_on_the_replica_too(mode):
     from kvstore.rows import lazy
