@@ -78,8 +78,10 @@ PURE = files("kvstore", "protocol") + files("kvstore", "sharding.py") + files("k
     files("tracker", "control", "scheduler_state.py") + files("tracker", "control", "records.py") + \
     files("tracker", "control", "recovery.py") + files("tracker", "control", "failover.py") + \
     files("kvstore", "modes.py") + \
-    [p for name in ("chunks", "modes", "consistency", "sync", "asyncmode", "members", "requests", "sequencer")
-     for p in files("kvstore", "server", f"{name}.py")] + files("tracker", "control", "elastic.py")
+    [p for name in ("chunks", "modes", "consistency", "sync", "asyncmode", "members", "requests", "sequencer",
+                    "replication", "numbering", "dyn_replicas")
+     for p in files("kvstore", "server", f"{name}.py")] + files("tracker", "control", "elastic.py") + \
+    files("tracker", "control", "start_again.py")
 
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(ROOT)))
