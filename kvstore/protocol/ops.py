@@ -1,6 +1,6 @@
 """Operation names of the data plane (worker -> server requests and replies)."""
 
-CONFIGURE = "configure"          # {mode: "sync"|"async", num_workers}
+CONFIGURE = "configure"          # {mode: "sync"|"async"|"ssp", num_workers, staleness (ssp), ...}
 INIT = "init"                    # chunks + one buffer each: initial values
 PUSH = "push"                    # chunks + one buffer each: gradients ({norms: true}: layer-wise,
                                  # replied to with each chunk's terms once its round is complete)

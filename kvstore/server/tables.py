@@ -18,7 +18,9 @@ updates its rows on arrival (an optimizer is required, as for dense keys). The
 ssp mode (dist_ssp) refuses row-sparse keys at init (its mode's ``no_rows`` says why).
 What this reads of the job comes as narrow collaborators, not the server's state:
 the :class:`~kvstore.server.modes.Job` (mode and ranks), the optimizer, the members
-and the memory budget.
+and the memory budget; with replicated servers the state also gives it its
+:class:`~kvstore.server.replication.Replication` (``replication``, which collects the
+rounds applied for the backup).
 """
 
 from __future__ import annotations
