@@ -145,11 +145,11 @@ class Ssp(Async):
             # (a joiner that has not pushed to cid yet has no clock there: it reads now)
             if self._slowest(cid) < need and self.members.active(worker, cid):
                 needs[cid] = need
-        pending = Read(peer, req_id, worker, list(ids), needs, op)
+        waiting = Read(peer, req_id, worker, list(ids), needs, op)
         if needs:
-            self.reads.append(pending)
+            self.reads.append(waiting)
             return []
-        return [self._answer(pending)]
+        return [self._answer(waiting)]
 
     # -- replicated servers ------------------------------------------------------------
     def adopt(self, cid, rounds: int, last: dict | None = None) -> None:
@@ -166,32 +166,32 @@ class Ssp(Async):
     def _release(self, ids) -> list[Reply]:
         """Answer the parked reads that the clocks of ``ids`` no longer hold back."""
         replies, still = [], []
-        for pending in self.reads:
+        for waiting in self.reads:
             for cid in ids:
-                if cid in pending.needs and self._slowest(cid) >= pending.needs[cid]:
-                    del pending.needs[cid]
-            if pending.needs:
-                still.append(pending)
+                if cid in waiting.needs and self._slowest(cid) >= waiting.needs[cid]:
+                    del waiting.needs[cid]
+            if waiting.needs:
+                still.append(waiting)
             else:
-                replies.append(self._answer(pending))
+                replies.append(self._answer(waiting))
         self.reads = still
         return replies
 
-    def _answer(self, pending: Read) -> Reply:
-        chunks = [self.table.chunks[cid] for cid in pending.chunks]
-        return reply_values(pending.peer, pending.req_id, self.table.backend, chunks, True, copy=True)
+    def _answer(self, waiting: Read) -> Reply:
+        chunks = [self.table.chunks[cid] for cid in waiting.chunks]
+        return reply_values(waiting.peer, waiting.req_id, self.table.backend, chunks, True, copy=True)
 
     def workers_finished(self) -> list[Reply]:
         """The parked reads that wait for a worker that finished fail, naming it."""
         replies, still = [], []
-        for pending in self.reads:
-            failed = next(((cid, need, gone) for cid, need in pending.needs.items()
+        for waiting in self.reads:
+            failed = next(((cid, need, gone) for cid, need in waiting.needs.items()
                            if (gone := self._lagging(cid, need, self.table.gone))), None)
             if failed is None:
-                still.append(pending)
+                still.append(waiting)
                 continue
-            message = self._gone_message(pending.worker, *failed)
-            replies.append(Reply(pending.peer, error_header(pending.req_id, "RemoteError", message)))
+            message = self._gone_message(waiting.worker, *failed)
+            replies.append(Reply(waiting.peer, error_header(waiting.req_id, "RemoteError", message)))
         self.reads = still
         return replies
 
@@ -240,15 +240,15 @@ class Ssp(Async):
         """Reads parked longer than ``after`` seconds (each reported once), naming the
         chunk and the workers they wait for; ``now`` is the caller's clock."""
         lines = []
-        for pending in self.reads:
-            pending.seen = now if pending.seen is None else pending.seen
-            if pending.reported or now - pending.seen < after:
+        for waiting in self.reads:
+            waiting.seen = now if waiting.seen is None else waiting.seen
+            if waiting.reported or now - waiting.seen < after:
                 continue
-            pending.reported = True
-            cid, need = next(iter(pending.needs.items()))
+            waiting.reported = True
+            cid, need = next(iter(waiting.needs.items()))
             slow = self._lagging(cid, need, [w for w in range(self.num_workers)
                                              if self.members.active(w, cid)])
-            lines.append(f"a {pending.op} of worker {pending.worker} has waited {now - pending.seen:.0f}s "
+            lines.append(f"a {waiting.op} of worker {waiting.worker} has waited {now - waiting.seen:.0f}s "
                          f"for worker(s) {', '.join(map(str, slow))} to push {chunk_label(cid)} "
                          f"{need} times ({self._rule()}; they pushed it "
                          f"{', '.join(str(self.clock(cid)[w]) for w in slow)} times)")

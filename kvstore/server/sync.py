@@ -152,13 +152,13 @@ class Sync(Consistency):
         self._bases.joined(worker, ((cid, self._applied.get(cid, 0)) for cid in self.table.chunks))
 
     def pull(self, peer, req_id, worker: int, ids, chunks) -> list[Reply]:
-        pending = ParkedRequest(peer, req_id, worker, ids, True,
+        parked = ParkedRequest(peer, req_id, worker, ids, True,
                           {cid for cid, c in zip(ids, chunks)
                            if c.pending_from(worker) or self._writing(worker, cid, c)})
-        if not pending.blocked:
-            return [self.finish(pending)]
-        for cid in pending.blocked:
-            self.table.chunks[cid].waiting.append(pending)
+        if not parked.blocked:
+            return [self.finish(parked)]
+        for cid in parked.blocked:
+            self.table.chunks[cid].waiting.append(parked)
         return []
 
     def workers_finished(self) -> list[Reply]:
@@ -248,9 +248,9 @@ class Sync(Consistency):
         worker, grant = self.writes.take(header, self.num_workers)
         if grant.error is not None:          # its rounds failed meanwhile (a worker finished)
             return [Reply(peer, error_header(header["id"], "InvalidArgumentError", grant.error))]
-        pending = ParkedRequest(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
+        parked = ParkedRequest(peer, header["id"], worker, grant.ids, grant.want_values, set(grant.ids))
         for chunk in grant.chunks:
-            chunk.waiting.append(pending)
+            chunk.waiting.append(parked)
         ready = []
         for cid, chunk, rnd in zip(grant.ids, grant.chunks, grant.rounds):
             rnd.writer = None
@@ -258,7 +258,7 @@ class Sync(Consistency):
             for grad in rnd.deferred:          # pushes that came while it wrote
                 rnd.acc += grad
             rnd.deferred = []
-            pending.rounds[cid] = rnd
+            parked.rounds[cid] = rnd
             ready += self.apply_complete(cid, chunk)
         return ready + self._grant_ready()
 
@@ -341,18 +341,18 @@ class Sync(Consistency):
         applied already."""
         # Park the request first: completing (or failing) the rounds below answers
         # it through the same path as everyone else waiting on those chunks.
-        pending = ParkedRequest(peer, req_id, worker, ids, want_values, set(ids) - done if done else set(ids), norms=norms)
-        if not pending.blocked:
-            return [self.finish(pending)]
+        parked = ParkedRequest(peer, req_id, worker, ids, want_values, set(ids) - done if done else set(ids), norms=norms)
+        if not parked.blocked:
+            return [self.finish(parked)]
         for cid, chunk in zip(ids, chunks):
             if not done or cid not in done:
-                chunk.waiting.append(pending)
+                chunk.waiting.append(parked)
         ready, ranks = [], group or frozenset((worker,))
         with self.table.backend.batched():    # on a GPU: one launch for the updates it completes
             for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
                 if done and cid in done:
                     continue
-                pending.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
+                parked.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
                                                       None if rows is None else rows[i])
                 ready += self.apply_complete(cid, chunk)
         return ready
@@ -481,10 +481,10 @@ class Sync(Consistency):
         return self.release(cid, chunk)
 
     def _fail_depending(self, cid, chunk: StoredChunk, rnd: Round, message: str) -> None:
-        for pending in chunk.waiting:
-            joined = pending.rounds.get(cid)
-            if joined is rnd or (joined is None and pending.worker in rnd.workers):
-                pending.error = message   # answered with it when it completes
+        for parked in chunk.waiting:
+            joined = parked.rounds.get(cid)
+            if joined is rnd or (joined is None and parked.worker in rnd.workers):
+                parked.error = message   # answered with it when it completes
 
     # -- layer-wise rounds (norms across servers) --------------------------------------------
     def _phase1(self, cid, chunk: StoredChunk, rnd: Round) -> list[Reply]:
@@ -543,34 +543,34 @@ class Sync(Consistency):
         """Answer the requests parked on ``chunk`` that no longer wait for it (and for
         no other chunk)."""
         replies, still = [], []
-        for pending in chunk.waiting:
+        for parked in chunk.waiting:
             # (a push whose round was applied, nothing queued after it: done here, the
             # common case, decided without _waits' calls)
-            if (chunk.rounds or cid not in pending.rounds) and self._waits(pending, cid, chunk):
-                still.append(pending)
+            if (chunk.rounds or cid not in parked.rounds) and self._waits(parked, cid, chunk):
+                still.append(parked)
                 continue
-            pending.blocked.discard(cid)
-            if not pending.blocked:
-                replies.append(self.finish(pending))
-            elif pending.want_values:
-                self._partial.setdefault(cid, []).append(pending)
+            parked.blocked.discard(cid)
+            if not parked.blocked:
+                replies.append(self.finish(parked))
+            elif parked.want_values:
+                self._partial.setdefault(cid, []).append(parked)
         chunk.waiting = still
         return replies
 
-    def _waits(self, pending: ParkedRequest, cid, chunk: StoredChunk) -> bool:
+    def _waits(self, parked: ParkedRequest, cid, chunk: StoredChunk) -> bool:
         """A push waits for its own round; a pull for every round of its worker,
         including the one a write of that worker (granted, or still queued) goes to."""
-        if pending.waits_on(cid, chunk):
+        if parked.waits_on(cid, chunk):
             return True
-        return cid not in pending.rounds and self._writing(pending.worker, cid, chunk)
+        return cid not in parked.rounds and self._writing(parked.worker, cid, chunk)
 
-    def finish(self, pending: ParkedRequest) -> Reply:
-        captured = self._captured.pop(id(pending), {})
-        if pending.error is not None:
-            return Reply(pending.peer, error_header(pending.req_id, "RemoteError", pending.error))
-        if pending.norms:        # phase 1 of its rounds ran: their terms, for the leader to add up
-            rounds = [pending.rounds[cid] for cid in pending.chunks]
-            return ok(pending.peer, pending.req_id, [np.asarray(r.terms, np.float64) for r in rounds],
+    def finish(self, parked: ParkedRequest) -> Reply:
+        captured = self._captured.pop(id(parked), {})
+        if parked.error is not None:
+            return Reply(parked.peer, error_header(parked.req_id, "RemoteError", parked.error))
+        if parked.norms:        # phase 1 of its rounds ran: their terms, for the leader to add up
+            rounds = [parked.rounds[cid] for cid in parked.chunks]
+            return ok(parked.peer, parked.req_id, [np.asarray(r.terms, np.float64) for r in rounds],
                       rounds=[r.number for r in rounds])
         chunks = self.table.chunks
         # Values are sent without a copy: in sync mode a chunk cannot change again
@@ -578,27 +578,27 @@ class Sync(Consistency):
         # has pushed (or asked to write) again already, which a worker that did not
         # wait for this reply can (_pushpull_start, then a push): then its next round
         # may complete before the reply is read, so it gets a copy.
-        values = [captured.get(cid, chunks[cid].value) for cid in pending.chunks] \
-            if pending.want_values else []
-        worker = pending.worker
+        values = [captured.get(cid, chunks[cid].value) for cid in parked.chunks] \
+            if parked.want_values else []
+        worker = parked.worker
         ahead = bool(values) and (
             any(self._writing(worker, cid, chunks[cid]) or chunks[cid].pending_from(worker)
-                for cid in pending.chunks if chunks[cid].rounds)
-            or (self.writes.waiting() and any(self.writes.queued(worker, cid) for cid in pending.chunks)))
+                for cid in parked.chunks if chunks[cid].rounds)
+            or (self.writes.waiting() and any(self.writes.queued(worker, cid) for cid in parked.chunks)))
         # a captured value is a copy made for this reply alone: it must not be left on
         # the device for a worker to read by reference after the reply dropped it
-        return ok(pending.peer, pending.req_id, self.table.backend.values(values, copy=ahead or bool(captured)))
+        return ok(parked.peer, parked.req_id, self.table.backend.values(values, copy=ahead or bool(captured)))
 
     # -- rounds that cannot complete ------------------------------------------------------
     def fail_round(self, cid, chunk: StoredChunk, rnd: Round, message: str) -> None:
         """``rnd`` will never be applied: the requests that depend on it (pushes that
         joined it, later reads of the workers that pushed to it, its writer's grant)
         are answered with ``message`` once they wait for nothing else."""
-        for pending in chunk.waiting:
-            joined = pending.rounds.get(cid)
-            if joined is rnd or (joined is None and (pending.worker in rnd.workers - rnd.filled
-                                                     or rnd.writer == pending.worker)):
-                pending.error = pending.error or message
+        for parked in chunk.waiting:
+            joined = parked.rounds.get(cid)
+            if joined is rnd or (joined is None and (parked.worker in rnd.workers - rnd.filled
+                                                     or rnd.writer == parked.worker)):
+                parked.error = parked.error or message
         self.writes.fail_grants_into(rnd, message)
 
     def gone_message(self, cid, pos: int, workers) -> str:
