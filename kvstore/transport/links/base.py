@@ -30,6 +30,7 @@ from ...protocol import decode
 from .options import RequestOptions
 
 if TYPE_CHECKING:
+    from .client_seam import LinkClient
     from .write_in import Writer
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Link:
     reads_device = False  # it takes device arrays in requests and ``into`` (cuda_ipc)
 
     @classmethod
-    def applies(cls, client) -> bool:
+    def applies(cls, client: LinkClient) -> bool:
         """Whether this worker can use the transport at all (e.g. it has GPUs); a link
         that does not apply is skipped quietly, before its handshake."""
         return True
@@ -72,7 +73,7 @@ class Link:
         Here: the URL the server's endpoint of this transport advertises."""
         return advert.url(cls.kind)
 
-    def __init__(self, client, server: int, url: str, advert):
+    def __init__(self, client: LinkClient, server: int, url: str, advert):
         self.client = client
         self.config = client.config
         self.server = server

@@ -32,6 +32,11 @@ runs over shared memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client_seam import LinkClient
+
 import os
 
 import numpy as np
@@ -52,14 +57,16 @@ class CudaIpcLink(ShmLink):
     reads_device = True
 
     @classmethod
-    def applies(cls, client) -> bool:
+    def applies(cls, client: LinkClient) -> bool:
         acc = client.accelerators
         return acc is not None and acc.sharing is not None
 
-    def __init__(self, client, server: int, url: str, advert):
+    def __init__(self, client: LinkClient, server: int, url: str, advert):
         super().__init__(client, server, url, advert)
-        self._acc = client.accelerators
-        self._sharing = self._acc.sharing
+        acc = client.accelerators
+        assert acc is not None and acc.sharing is not None   # applies() chose this link only then
+        self._acc = acc
+        self._sharing = acc.sharing
         self._index = self._acc.current()       # the device peers' memory is opened on
         self._device_slots = DeviceSlots(self._acc)   # held by request id until its reply
         # kv.empty(..., device=i) memory, read by the servers in place (shared by the client's links)

@@ -13,6 +13,7 @@ from ...errors import ProtocolError
 from .. import registry
 from ..endpoints import host_identity
 from .base import Link, LinkUnavailable
+from .client_seam import LinkClient
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def candidates(advert, config, colocated: bool) -> list[tuple[type[Link], str]]:
     return found
 
 
-def open_links(client, sockets, adverts) -> None:
+def open_links(client: LinkClient, sockets, adverts) -> None:
     """Give every server a link in ``client.links``: its first candidate whose
     handshake succeeds. All servers' handshakes run at once (``client.wait``); a
     server whose link failed tries its next candidate in the next pass, on its

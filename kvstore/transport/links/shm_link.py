@@ -18,6 +18,11 @@ its sums in shared memory, sync pushpulls may be written straight into them
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client_seam import LinkClient
+
 import os
 
 import numpy as np
@@ -38,7 +43,7 @@ class ShmLink(Link):
         # control messages go to the tcp endpoint; the server says it serves shm
         return advert.url("tcp") if colocated and advert.offers(cls.kind) else None
 
-    def __init__(self, client, server: int, url: str, advert):
+    def __init__(self, client: LinkClient, server: int, url: str, advert):
         super().__init__(client, server, url, advert)
         # no link transfer to overlap: fewer, larger messages cost fewer round trips
         self.pipeline_bytes = self.config.shm_pipeline_bytes

@@ -12,6 +12,11 @@ on ZeroMQ alone: it never falls back to another transport.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client_seam import LinkClient
+
 import logging
 import queue
 
@@ -28,7 +33,7 @@ class TcpLink(Link):
     kind = "tcp"
     aside = "data channel"
 
-    def __init__(self, client, server: int, url: str, advert):
+    def __init__(self, client: LinkClient, server: int, url: str, advert):
         super().__init__(client, server, url, advert)
         self.receiver: channel.Receiver | None = None   # None: no channel (any more)
         self._offer: dict | None = None
