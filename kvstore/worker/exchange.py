@@ -492,6 +492,8 @@ class Exchange:
                                        [parts[i] for i in dense]) if dense else None
                 if writing is not None:
                     writes.append(writing)
+                    # grants already here are written now: the other workers' turns wait on ours
+                    client.progress(what)
                     rest = sorted(set(range(len(wire_ids))) - {dense[i] for i in writing.chosen})
                     wire_ids, parts, payload = ([x[i] for i in rest] for x in (wire_ids, parts, payload))
                     if not parts:

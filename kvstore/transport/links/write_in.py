@@ -56,7 +56,9 @@ class Writer:
         ``write_in_bytes`` at least; None when nothing is written. The others are
         left to push as usual: small ones, and those already in our shared memory
         (which the server reads in place). The grant is handled whenever this worker
-        next waits (here first, for grants already in), and sends ``written``."""
+        next waits or hands on the replies already in (the exchange does, right after a
+        write: ``client.progress``), and sends ``written``. Only sends: it drives no
+        replies itself."""
         arena = self._link.arena
         chosen = [i for i, a in enumerate(arrays)
                   if a.nbytes >= self._config.zero_copy_bytes and arena.locate(a) is None]
@@ -72,8 +74,6 @@ class Writer:
             chunks=written, values=True)[0]
         # written into the server's memory: counted as sent, as a push's arrays are
         self._client.traffic.sent(self._link.kind, sum(arrays[i].nbytes for i in chosen))
-        # grants already here are written now: the other workers' turns wait on ours
-        self._client.progress(what)
         return writing
 
     def _granted(self, what: str, arrays: list, into: list, chunks: list, writing: Writing):
