@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .options import RequestOptions
 
 if TYPE_CHECKING:
-    from ...config import Config
     from ...devices.base import Accelerators
     from ..traffic import Traffic
 
@@ -28,7 +27,9 @@ if TYPE_CHECKING:
 class LinkClient(Protocol):
     """The worker's client as its links see it (kvstore.worker.client.Client)."""
 
-    config: Config
+    # kvstore.config.Config, not imported: the config imports the transport registry, whose
+    # table names the links, so the type would close an import cycle (tests/project/test_layering.py)
+    config: Any
     rank: int
     links: list
     accelerators: Accelerators | None
