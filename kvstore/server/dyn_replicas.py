@@ -1,5 +1,5 @@
 """Replicas of dynamic row tables (kvstore.server.dyntables) on a backup server
-(replicated servers, ``KVSTORE_REPLICAS=1``, dist_sync): the backup's side for
+(replicated servers, ``KVSTORE_REPLICAS=1``, dist_sync and dist_async): the backup's side for
 :class:`~kvstore.DynamicRows` keys, beside :class:`~kvstore.server.replication.Replicas`
 for chunks and row-sparse tables. Pure: no sockets, threads or clocks.
 
@@ -19,7 +19,9 @@ A primary replicates each dynamic table of a share it serves as two kinds of
   own optimizer, so the replica's ids, rows, stamps, evictions and optimizer state
   equal the primary's bit for bit; a round the primary's table refused (its row
   budget, an optimizer error) is refused here the same way, changing nothing,
-  and is counted.
+  and is counted. In dist_async each push is a round, and names its pusher
+  (``pushes``: [worker, its number of the push]): the replica keeps each worker's
+  last push applied, so that a push sent again after a promotion is not applied twice.
 
 When the primary dies, :meth:`DynReplicas.promote` hands each table with its round
 count to the server's own :class:`~kvstore.server.dyntables.DynTables`.
@@ -36,7 +38,7 @@ from ..protocol import chunk_label
 from ..rows.dynamic import DynamicRows
 from ..rows.dyntable import COUNTERS, DynTable
 from .budget import MemoryBudget
-from .requests import ok
+from .requests import ok, pushes_field
 from .rounds import Reply, is_int
 from .server_optimizer import ServerOptimizer
 
@@ -93,7 +95,8 @@ class _Charge:
 @dataclass
 class DynReplica:
     """A backup's replica of one dynamic table: the rows, the job's server count, the
-    rounds applied, the bases of the workers that joined, the bytes it reserved."""
+    rounds applied, the bases of the workers that joined (dist_sync; in dist_async:
+    each worker's last push applied), the bytes it reserved."""
     rows: DynTable
     servers: int
     charge: _Charge
@@ -165,6 +168,7 @@ class DynReplicas:
                 and all(isinstance(r, list) and len(r) == 2 and all(is_int(x) and x >= 0 for x in r) for r in reads)):
             raise ProtocolError("a dyn_rounds request carries chunks, rounds, updated and reads ([hits, misses]), "
                                 "one each per round, and two buffers per round: ids and their rows")
+        pushes = pushes_field(header, len(ids))
         updater = self.optimizer.updater
         expected: dict = {}
         work = []
@@ -187,8 +191,10 @@ class DynReplicas:
                 raise InvalidArgumentError(f"replicate: round {n} of {chunk_label(cid)} came, but the replica's "
                                            f"next round is {want} (a replicate request was lost or repeated)")
             expected[cid] = n
-            work.append((cid, replica, rows, data, updated, reads[i]))
-        for cid, replica, rows, data, updated, (hits, misses) in work:
+            work.append((cid, replica, rows, data, updated, reads[i], pushes[i]))
+        for cid, replica, rows, data, updated, (hits, misses), pusher in work:
+            if pusher is not None:         # dist_async: the worker's last push applied
+                replica.bases[pusher[0]] = pusher[1]
             optimizer = updater.optimizer if updated and updater is not None else None
             # as the primary's table (kvstore.server.dyntables): a round refused there (its
             # budget, an optimizer that is not lazy or fails) is refused here, and counted
@@ -200,12 +206,16 @@ class DynReplicas:
             replica.rounds += 1
             replica.rows.counts["hits"], replica.rows.counts["misses"] = hits, misses
 
-    def became_member(self, worker: int) -> None:
+    def became_member(self, worker: int, per_push: bool = False) -> None:
         """``worker`` joined the elastic job (a new process numbering its pushes from
-        1): its base is each replica's rounds applied now."""
+        1): its base is each replica's rounds applied now; where pushes are applied
+        one by one (``per_push``, dist_async) its last push applied is forgotten."""
         for tables in self.held.values():
             for replica in tables.values():
-                replica.bases[worker] = replica.rounds
+                if per_push:
+                    replica.bases.pop(worker, None)
+                else:
+                    replica.bases[worker] = replica.rounds
 
     def optimizer_changed(self, fresh: bool, scale: float) -> None:
         """As :meth:`kvstore.server.dyntables.DynTables.optimizer_changed`, for the replicas."""

@@ -85,9 +85,6 @@ class DynTables(RowTables):
         cid = self._cid(header)
         if not self._mode().takes_rows:
             raise InvalidArgumentError(self._mode().no_rows)
-        if self.replication.active and not self._mode().rounds:
-            raise InvalidArgumentError(f"dynamic rows (kvstore.DynamicRows) in dist_{self._mode().name} on replicated "
-                                       "servers (KVSTORE_REPLICAS=1) are not built yet (dist_sync's are)")
         servers, server = header["servers"], cid[1]
         if not (is_int(servers) and 0 <= server < servers) or arrays:
             raise ProtocolError("init_dyn needs servers (the job's count) and a spec, and carries no buffers")
@@ -126,11 +123,11 @@ class DynTables(RowTables):
     # -- replicated servers (kvstore.server.replication, kvstore.server.dyn_replicas) ----
     def adopt_table(self, cid, rows: DynTable, servers: int, rounds: int, bases: dict | None = None) -> None:
         """The replica of a dead server's dynamic table ``cid`` (``servers``: the job's
-        count) serves here now, ``rounds`` applied (``bases``: of the workers that
-        joined, kvstore.server.numbering)."""
+        count) serves here now, ``rounds`` applied (``bases``: in dist_sync of the
+        workers that joined, kvstore.server.numbering; in dist_async each worker's
+        last push applied)."""
         self._record(cid, rows, rows.spec, servers)
-        self._applied[cid] = rounds
-        self._bases.adopt(cid, bases)
+        self.adopt_numbers(cid, rounds, bases)
 
     def rebuilt(self, ids, share: int | None) -> None:
         """(Replicated servers) the backup of ``share`` (None: this server's own), whose
@@ -142,11 +139,12 @@ class DynTables(RowTables):
             self.replication.dyn_initialized(cid, record.spec.to_wire(), record.layout.servers, record.rows,
                                              share, self.applied(cid))
 
-    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray) -> None:
+    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray,
+                   pusher: tuple[int, int] | None = None) -> None:
         assert isinstance(table, DynRecord) and table.rows is not None
         counts = table.rows.counts
         self.replication.dyn_applied(cid, self._applied[cid], local, data, self.optimizer.updater is not None,
-                                     (counts["hits"], counts["misses"]))
+                                     (counts["hits"], counts["misses"]), pusher)
 
     def on_pull(self, peer, header, arrays) -> list[Reply]:
         """As a row table's pull; but ids need not have rows, so the reply (a row per

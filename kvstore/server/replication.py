@@ -46,7 +46,7 @@ from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
 from .dyn_replicas import DYN_INIT, DYN_ROUNDS, DynReplicas, table_wire
 from .server_optimizer import ServerOptimizer
-from .requests import chunk_ids, ok
+from .requests import chunk_ids, ok, pushes_field
 from .rounds import StoredChunk, Reply, is_int
 
 # what a ``replicate`` request carries (its ``kind``): inits, dense rounds, loaded optimizer
@@ -73,6 +73,7 @@ class _Batch:
         self.updated: bool | None = None
         self.lazy: list = []        # per round of ``rounds``: the values a lazy update changes, or None
         self.row_rounds: tuple[list, list, list, list] = ([], [], [], [])   # ids, numbers, [rows, data], updated
+        self.row_pushers: list = []     # per row round: [worker, its push number] (dist_async) or None
         self.row_sets: list[tuple] = []                                      # (id, local rows, data)
         self.states: tuple[list, list] = ([], [])     # [key, index, t, count], arrays
         self.dyn: list[tuple[dict, list]] = []        # dynamic tables' requests (kvstore.server.dyn_replicas), in order
@@ -106,8 +107,11 @@ class _Batch:
             out.append((fields, arrays))
         if self.row_rounds[0]:
             ids, numbers, arrays, flags = self.row_rounds
-            out.append(({"kind": ROW_ROUNDS, **named, "chunks": [list(c) for c in ids], "rounds": numbers,
-                         "updated": flags}, arrays))
+            fields = {"kind": ROW_ROUNDS, **named, "chunks": [list(c) for c in ids], "rounds": numbers,
+                      "updated": flags}
+            if any(p is not None for p in self.row_pushers):
+                fields["pushes"] = self.row_pushers
+            out.append((fields, arrays))
         for cid, local, data in self.row_sets:
             out.append(({"kind": ROW_SET, **named, "chunks": [list(cid)]}, [local, data]))
         out += [({**fields, **named}, arrays) for fields, arrays in self.dyn]
@@ -194,11 +198,13 @@ class Replication:
         for share in self.backups:
             self._batches.setdefault(share, _Batch()).optimizer = dict(fields)
 
-    def rows_applied(self, cid, number: int, local, data, updated: bool) -> None:
+    def rows_applied(self, cid, number: int, local, data, updated: bool, pusher: tuple | None = None) -> None:
         """Round ``number`` of row table ``cid`` is being applied: ``local`` (its merged
         rows, as the table's local row indices) and ``data`` (their summed gradient, or
         without an optimizer their new values); the replica applies them lazily, as
-        the primary does (copies: the optimizer may change its gradient)."""
+        the primary does (copies: the optimizer may change its gradient). ``pusher``
+        (dist_async, where each push is a round): (worker, its number of the push),
+        which the replica keeps to apply no push twice after a failover."""
         batch = self._batch(cid)
         if batch is None:
             return
@@ -207,6 +213,7 @@ class Replication:
         numbers.append(number)
         arrays += [np.array(local, dtype=np.int64, copy=True), np.array(data, copy=True)]
         flags.append(updated)
+        batch.row_pushers.append(None if pusher is None else list(pusher))
 
     def dyn_initialized(self, cid, spec: dict, servers: int, rows, share: int | None = None,
                         applied: tuple[int, dict] | None = None) -> None:
@@ -224,16 +231,20 @@ class Replication:
             fields["applied"] = [applied[0], [[w, n] for w, n in sorted(applied[1].items())]]
         self._batches.setdefault(share, _Batch()).dyn.append((fields, [np.array(a, copy=True) for a in arrays]))
 
-    def dyn_applied(self, cid, number: int, ids, data, updated: bool, reads: tuple[int, int]) -> None:
+    def dyn_applied(self, cid, number: int, ids, data, updated: bool, reads: tuple[int, int],
+                    pusher: tuple | None = None) -> None:
         """Round ``number`` of dynamic table ``cid`` is being applied: its merged ``ids``
         and their summed gradient ``data`` (or without an optimizer their new values);
-        ``reads``: the table's (hits, misses) counters (its pulls are not replicated)."""
+        ``reads``: the table's (hits, misses) counters (its pulls are not replicated);
+        ``pusher`` (dist_async): (worker, its number of the push), as :meth:`rows_applied`'s."""
         batch = self._batch(cid)
         if batch is None:
             return
-        batch.dyn.append(({"kind": DYN_ROUNDS, "chunks": [list(cid)], "rounds": [number], "updated": [updated],
-                           "reads": [list(reads)]},
-                          [np.array(ids, dtype=np.int64, copy=True), np.array(data, copy=True)]))
+        fields = {"kind": DYN_ROUNDS, "chunks": [list(cid)], "rounds": [number], "updated": [updated],
+                  "reads": [list(reads)]}
+        if pusher is not None:
+            fields["pushes"] = [list(pusher)]
+        batch.dyn.append((fields, [np.array(ids, dtype=np.int64, copy=True), np.array(data, copy=True)]))
 
     def rows_set(self, cid, local, data) -> None:
         """``set_rows`` assigned ``data`` to the local rows ``local`` of row table ``cid``."""
@@ -456,11 +467,7 @@ class Replicas:
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
         if not isinstance(updated, bool):
             raise ProtocolError("'updated' must be true or false")
-        pushes = header.get("pushes", [None] * len(ids))
-        if not (isinstance(pushes, list) and len(pushes) == len(ids) and all(
-                p is None or (isinstance(p, list) and len(p) == 2 and all(is_int(x) and x >= 0 for x in p))
-                for p in pushes)):
-            raise ProtocolError("'pushes' must be a list with one [worker, number] (or null) per chunk")
+        pushes = pushes_field(header, len(ids))
         updater = self.optimizer.updater
         if updated and updater is None:
             raise InvalidArgumentError(f"server {primary} applied a round with an optimizer, but {self.name} "
@@ -515,6 +522,7 @@ class Replicas:
             raise ProtocolError("'rounds' must be a list of round numbers, one per chunk")
         if not (isinstance(flags, list) and len(flags) == len(ids) and all(isinstance(f, bool) for f in flags)):
             raise ProtocolError("'updated' must be a list of true or false, one per chunk")
+        pushes = pushes_field(header, len(ids)) if rounding else [None] * len(ids)
         updater = self.optimizer.updater
         expected: dict = {}
         work = []
@@ -539,8 +547,10 @@ class Replicas:
                                                f"replica's next round is {want} (a replicate request was lost "
                                                "or repeated)")
                 expected[cid] = n
-            work.append((cid, entry, width, local, data, updated))
-        for cid, entry, width, local, data, updated in work:
+            work.append((cid, entry, width, local, data, updated, pushes[i]))
+        for cid, entry, width, local, data, updated, pusher in work:
+            if pusher is not None:           # dist_async: the worker's last push applied
+                entry[2][pusher[0]] = pusher[1]
             weights = entry[0].reshape(-1, width)
             grad = np.array(data, copy=True).reshape(len(local), width)
             if updated:
@@ -576,11 +586,11 @@ class Replicas:
         base is each replica's rounds applied now (kvstore.server.numbering)."""
         for chunks in self.held.values():
             for entry in chunks.values():
-                if per_push and entry[3] is None:
+                if per_push:
                     entry[2].pop(worker, None)
                 else:
                     entry[2][worker] = entry[1]
-        self.dyn.became_member(worker)
+        self.dyn.became_member(worker, per_push)
 
     def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict, list | None]]:
         """Server ``primary`` died and this one serves its chunks now: each chunk's

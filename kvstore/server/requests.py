@@ -51,3 +51,13 @@ def reply_values(peer, req_id, backend, chunks, want_values: bool, copy: bool) -
     """The reply to ``req_id`` with the values of ``chunks`` (none unless
     ``want_values``), downloaded from ``backend`` (``copy``: not views on them)."""
     return ok(peer, req_id, backend.download([c.value for c in chunks], copy) if want_values else [])
+
+
+def pushes_field(header: dict, count: int) -> list:
+    """A replicate request's ``pushes`` (dist_async: per round of ``count``, the push
+    it is, ``[worker, its number]``, or null; absent: all null)."""
+    pushes = header.get("pushes", [None] * count)
+    if not (isinstance(pushes, list) and len(pushes) == count and all(
+        p is None or (isinstance(p, list) and len(p) == 2 and all(is_int(x) and x >= 0 for x in p)) for p in pushes)):
+        raise ProtocolError("'pushes' must be a list with one [worker, number] (or null) per round")
+    return pushes

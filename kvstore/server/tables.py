@@ -14,7 +14,11 @@ order) and applied once: lazily by the optimizer (only the merged rows and their
 state change), or, without one, the merged rows are assigned their sum and every
 other row keeps its value. A push is acknowledged when its round is applied; a
 pull is answered once the sender's pushes here are applied. Async: each push
-updates its rows on arrival (an optimizer is required, as for dense keys). The
+updates its rows on arrival (an optimizer is required, as for dense keys); with
+replicated servers it is numbered per (worker, table shard) by its worker and
+replicated (its rows and data, and the pusher's number) before its
+acknowledgement, and one sent again after a failover whose number was applied
+already is answered without being applied. The
 ssp mode (dist_ssp) refuses row-sparse keys at init (its mode's ``no_rows`` says why).
 What this reads of the job comes as narrow collaborators, not the server's state:
 the :class:`~kvstore.server.modes.Job` (mode and ranks), the optimizer, the members
@@ -107,7 +111,8 @@ class RowTables:
         # each table's rounds applied (a numbered push re-sent after a failover is not applied twice)
         self.replication = Replication()       # idle; the state gives its own
         self._applied: dict[tuple, int] = {}
-        self._bases = JoinBases()      # elastic: where a joiner's push numbers start
+        self._bases = JoinBases()      # elastic (dist_sync): where a joiner's push numbers start
+        self._last: dict[tuple, dict[int, int]] = {}    # dist_async: chunk id -> {worker: its last push applied}
 
     # -- requests ----------------------------------------------------------------------
     def on_init(self, peer, header, arrays) -> list[Reply]:
@@ -138,9 +143,6 @@ class RowTables:
         self.budget.check(nbytes + staged, what)
         rows, data = self._rows_data(cid, layout, arrays, dtype)
         replicated = self.replication.active
-        if replicated and not self._mode().rounds:
-            raise InvalidArgumentError(f"row-sparse keys on replicated servers (KVSTORE_REPLICAS=1) in "
-                                       f"dist_{self._mode().name} are not built yet (dist_sync's are)")
         spec = None if header.get("init") is None else RowInit.from_wire(header["init"])
         if spec is not None and math.prod(spec.shape[1:]) != width:
             raise InvalidArgumentError(f"{chunk_label(cid)}: its initializer is for rows of {spec.shape[1:]}, "
@@ -186,18 +188,39 @@ class RowTables:
         self.table.chunks[cid] = StoredChunk(value)
         self.tables[cid] = Table(RowLayout(shape[0], math.prod(shape[1:]), cid[1], servers), tuple(shape[1:]))
         self.table.row_tables.add(cid)
+        self.adopt_numbers(cid, rounds, bases)
+
+    def adopt_numbers(self, cid, rounds: int, numbers: dict | None) -> None:
+        """(Replicated servers) table ``cid`` comes with ``rounds`` applied and
+        ``numbers``: in dist_sync the bases of the workers that joined
+        (kvstore.server.numbering), in dist_async each worker's last push applied."""
         self._applied[cid] = rounds
-        self._bases.adopt(cid, bases)
+        if self._per_push():
+            self._last[cid] = dict(numbers or {})
+        else:
+            self._bases.adopt(cid, numbers)
 
     def applied(self, cid) -> tuple[int, dict]:
-        """(Replicated servers) the rounds applied to row table ``cid`` and the bases
-        of the workers that joined (kvstore.server.numbering)."""
+        """(Replicated servers) the rounds applied to row table ``cid`` (in dist_async:
+        its pushes applied) and, in dist_sync, the bases of the workers that joined
+        (kvstore.server.numbering), in dist_async each worker's last push applied."""
+        if self._per_push():
+            return self._applied.get(cid, 0), dict(self._last.get(cid, {}))
         return self._applied.get(cid, 0), self._bases.of(cid)
 
     def became_member(self, worker: int) -> None:
         """(Replicated servers) ``worker`` became a member of the elastic job: a new
-        process, whose pushes are numbered from 1 again."""
+        process, whose pushes are numbered from 1 again (dist_async: its last push
+        applied is forgotten; dist_sync: its base is each table's rounds applied now)."""
+        if self._per_push():
+            for last in self._last.values():
+                last.pop(worker, None)
+            return
         self._bases.joined(worker, ((cid, self._applied.get(cid, 0)) for cid in self.tables))
+
+    def _per_push(self) -> bool:
+        """Whether pushes are applied one by one (dist_async), not in rounds."""
+        return self.job.mode is not None and not self.job.mode.rounds
 
     def table_of(self, cid) -> list:
         """(Replicated servers) row table ``cid``'s ``[shape, servers]``, as a replica records it."""
@@ -219,6 +242,15 @@ class RowTables:
             if mode.needs_optimizer and updater is None:
                 raise InvalidArgumentError(f"dist_{mode.name} applies every push with an optimizer: "
                                            "call set_optimizer() before push")
+            number = self._push_number(header, cid, worker)
+            if number == 0:
+                return [ok(peer, header["id"])]    # a push re-sent after a failover, applied already
+            data = data.reshape((len(rows),) + table.row_shape)
+            self._applied[cid] = self._applied.get(cid, 0) + 1
+            if number is not None:
+                self._last.setdefault(cid, {})[worker] = number
+            if self.replication.active:    # the backup applies it too, before the acknowledgement
+                self._replicate(cid, table, local, data, None if number is None else (worker, number))
             self._apply(cid, table, chunk, local, data)
             return [ok(peer, header["id"])]
         self._refuse_if_gone(cid, table, worker)
@@ -267,6 +299,22 @@ class RowTables:
         return [ok(peer, header["id"])]
 
     # -- rounds ------------------------------------------------------------------------
+    def _push_number(self, header, cid, worker: int) -> int | None:
+        """(dist_async) A push's number (``rounds``: replicated servers, the worker's
+        number of its push of this table): the number to apply, 0 when that push was
+        applied already (sent again after a failover), None without one;
+        InvalidArgumentError for a number that skips one."""
+        numbers = header.get("rounds")
+        if numbers is None:
+            return None
+        if not (isinstance(numbers, list) and len(numbers) == 1 and is_int(numbers[0]) and numbers[0] >= 1):
+            raise ProtocolError("'rounds' of a row push must be a list of one round number >= 1")
+        last = self._last.get(cid, {}).get(worker, 0)
+        if numbers[0] > last + 1:
+            raise InvalidArgumentError(f"{chunk_label(cid)}: worker {worker} pushes its push {numbers[0]}, but "
+                                       f"its last one applied on {self.table.name} is {last}")
+        return numbers[0] if numbers[0] > last else 0
+
     def _applied_already(self, header, cid, table: Table, worker: int) -> bool:
         """Of a numbered push (``rounds``: replicated servers, the worker's number of its
         push of this table), whether its round was applied already; InvalidArgumentError
@@ -306,10 +354,13 @@ class RowTables:
             replies += self._release_pulls(table, chunk)
         return replies
 
-    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray) -> None:
+    def _replicate(self, cid, table: Table, local: np.ndarray, data: np.ndarray,
+                   pusher: tuple[int, int] | None = None) -> None:
         """(Replicated servers) round ``self._applied[cid]`` of ``cid``, its merged rows
-        at ``local`` and their data, for the backup (kvstore.server.replication)."""
-        self.replication.rows_applied(cid, self._applied[cid], local, data, self.optimizer.updater is not None)
+        at ``local`` and their data, for the backup (kvstore.server.replication);
+        ``pusher`` (dist_async, each push a round): (worker, its number of the push)."""
+        self.replication.rows_applied(cid, self._applied[cid], local, data, self.optimizer.updater is not None,
+                                      pusher)
 
     def _rows_at(self, cid, table: Table, rows: np.ndarray) -> np.ndarray:
         """Where a round's merged ``rows`` lie in the chunk (global ids -> local rows)."""

@@ -308,12 +308,6 @@ class DistStore(KVStore):
     def _do_init_rows(self, items) -> None:
         if not self._mode.takes_rows:
             raise InvalidArgumentError(f"init: {self._mode.no_rows}")
-        if self._config.replicas and not self._mode.rounds:
-            # dist_sync's row-sparse and dynamic tables are replicated (kvstore.server.tables, .dyntables)
-            dynamic = any(isinstance(spec, DynamicRows) for _, _, _, spec, *_ in items)
-            raise InvalidArgumentError(f"init: {'dynamic' if dynamic else 'row-sparse'} keys in dist_{self._mode.name} "
-                                       "on replicated servers (KVSTORE_REPLICAS=1) are not built yet; unset "
-                                       "KVSTORE_REPLICAS")
         self._rows.init(items)
         self._keys.update({k: KeyInfo(k, tuple(shape), np.dtype(dtype), sparse=True,
                                       dynamic=spec if isinstance(spec, DynamicRows) else None)

@@ -247,10 +247,6 @@ def test_without_replicas_a_killed_server_still_ends_the_job():
 @pytest.mark.parametrize("case, env, servers, text", [
     ("one server", {}, 1, "KVSTORE_REPLICAS=1 needs at least 2 servers"),
     ("host groups", {"KVSTORE_HOST_REDUCE": "1"}, 2, "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1 is not built yet"),
-    ("dynamic keys, dist_async", {"STORE": "dyn", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
-     "dynamic keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
-    ("row-sparse, dist_async", {"STORE": "rows", "KIND": "dist_async", "KVSTORE_DETERMINISTIC": "0"}, 2,
-     "row-sparse keys in dist_async on replicated servers (KVSTORE_REPLICAS=1) are not built"),
     ("clipping on the servers", {"STORE": "clip"}, 2,
      "TorchAdamW with clip_grad_norm or grad_scale (kvstore.torch.Trainer's clip_grad_norm="),
 ])
@@ -258,10 +254,6 @@ def test_what_is_not_built_is_refused_at_start_naming_the_setting(tmp_path, case
     code = ("import os, numpy as np, kvstore\n"
             "kind = 'dist_ssp' if os.environ.get('STORE') == 'dist_ssp' else os.environ.get('KIND', 'dist_sync')\n"
             "kv = kvstore.create(kind)\n"
-            "if os.environ.get('STORE') == 'rows':\n"
-            "    kv.init('e', kvstore.RowInit('normal', 0.1, (10, 2)))\n"
-            "if os.environ.get('STORE') == 'dyn':\n"
-            "    kv.init('e', kvstore.DynamicRows(2))\n"
             "if os.environ.get('STORE') == 'clip':\n"
             "    kv.set_optimizer(kvstore.optimizer.create('torch_adamw', lr=0.1, clip_grad_norm=1.0))\n")
     env = {k: v.replace("{tmp}", str(tmp_path / "ckpt")) for k, v in env.items()}

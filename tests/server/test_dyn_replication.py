@@ -191,9 +191,3 @@ def test_a_resumed_table_reaches_the_replica_with_its_init():
     same(replica(fresh_backup, D).rows, table(restored, D))
     same(table(restored, D), table(primary, D))
 
-
-def test_dynamic_rows_in_dist_async_on_replicated_servers_are_refused_naming_both():
-    primary, _, _ = pair(OPTIMIZERS["adam"], mode="async")
-    rid, r = primary.send(0, ops.INIT_DYN, chunk=list(D), servers=SERVERS, spec=EVICTING.to_wire())
-    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "dynamic rows", "dist_async",
-                 "replicated servers (KVSTORE_REPLICAS=1)")
