@@ -318,7 +318,13 @@ def test_workers_whose_models_differ_are_told_the_first_parameter_that_differs(m
                env=FAST_FAILURE)
     assert p.wait(120) == 1, p.text
     for rank in range(workers):   # (with flat buckets: each names its own bucket's parameters)
-        assert f"[worker:{rank}] error: {error.format(rank=rank, width=64 if rank == 0 else 32)}" in p.text, p.text
+        want = error.format(rank=rank, width=64 if rank == 0 else 32)
+        line = next((x for x in p.text.splitlines() if x.startswith(f"[worker:{rank}] error: ")), "")
+        # the disagreement, then this worker's own bucket: when another worker's report (with
+        # its own bucket) reached this one first as the abort, that report's bucket comes between
+        disagreement, _, own = want.partition("; on worker")
+        assert line.startswith(f"[worker:{rank}] error: {disagreement}"), p.text
+        assert (not own or line.endswith(f"; on worker{own}")), p.text
     cause = p.text.split("job failed:")[1]
     assert cause.startswith(f" worker {blamed} differs from the other workers at a collective call; "), p.text
     row = re.search(rf"^worker {blamed} +\d+  (.*)$", p.text, re.M)
