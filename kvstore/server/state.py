@@ -260,15 +260,23 @@ class ServerState:
         return [ok(peer, header["id"])]
 
     def _on_init_rows(self, peer, header, arrays):
+        return self._init_table(self.rows, peer, header, arrays)
+
+    def _on_init_dyn(self, peer, header, arrays):
+        return self._init_table(self.dyn, peer, header, arrays)
+
+    def _init_table(self, tables: RowTables, peer, header, arrays):
+        """``init_rows`` / ``init_dyn``: a row table of ``tables`` (the row-sparse ones or
+        the dynamic ones) made here; for a dead server's share, saved as its part."""
         share = self._share(header)
-        cid = self.rows.chunk_of(header)
+        cid = tables.chunk_of(header)
         if share is not None and cid in self._adopted:
-            # an init_rows the dead primary applied, and its replica holds, sent again by a
-            # worker it had not answered: the replica's rows stay
+            # an init the dead primary applied, and its replica holds, sent again by a
+            # worker it had not answered: the replica's table stays
             self._adopted.discard(cid)
             return [ok(peer, header["id"])]
-        replies = self.rows.init_table(peer, header, arrays, share=share)
-        if share is not None:            # a dead server's row table, made here: saved as its part
+        replies = tables.init_table(peer, header, arrays, share=share)
+        if share is not None:
             self.served[share].add(cid)
         return replies
 
@@ -280,19 +288,6 @@ class ServerState:
             raise InvalidArgumentError(f"init for server {share!r}'s share: {self.name} does not serve it "
                                        f"(it serves {sorted(self.served) or 'no other server'}'s)")
         return share
-
-    def _on_init_dyn(self, peer, header, arrays):
-        share = self._share(header)
-        cid = self.dyn.chunk_of(header)
-        if share is not None and cid in self._adopted:
-            # an init_dyn the dead primary applied, and its replica holds, sent again by a
-            # worker it had not answered: the replica's table stays
-            self._adopted.discard(cid)
-            return [ok(peer, header["id"])]
-        replies = self.dyn.init_table(peer, header, arrays, share=share)
-        if share is not None:            # a dead server's dynamic table, made here: saved as its part
-            self.served[share].add(cid)
-        return replies
 
     def _on_push(self, peer, header, arrays):
         """A push, or a pushpull (``want_values``: answered with the values after its round)."""

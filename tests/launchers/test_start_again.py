@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,11 +24,11 @@ SLEEPER = (sys.executable, "-c", "import os, signal; print('up', os.environ['KVS
 
 
 def ended(child: Child, within: float = 10.0) -> int | None:
-    """The child's status once it ended (polled until ``within`` s); None if it still runs."""
-    deadline = time.monotonic() + within
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)  # a poll interval of a process's end, not synchronisation
-    return child.poll()
+    """The child's status once it ended (waited for up to ``within`` s); None if it still runs."""
+    try:
+        return child.popen.wait(within)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def test_a_stopped_server_is_killed_and_started_again_under_its_rank_once_per_request():

@@ -54,6 +54,19 @@ def kill_scheduler(step: int, where: str) -> None:
         print(f"killed the scheduler (pid {pid}) at step {step} ({where})", flush=True)
 
 
+def kill_at(kv, step: int, kills: dict[int, list[int]]) -> None:
+    """Worker 0, after its pushes of ``step``: with REBUILT=step, wait for the rebuilt
+    replicas first; then send each server KILL names for this step SIGKILL (or
+    KILL_SIGNAL)."""
+    if kv.rank != 0:
+        return
+    if step == int(os.environ.get("REBUILT", -2)):
+        wait_rebuilt(kv)
+    for server in kills.get(step, ()):
+        os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
+        print(f"killed server {server} at step {step}", flush=True)
+
+
 def wait_rebuilt(kv, deadline: float = 60.0) -> None:
     """Wait (an event: the servers' book the scheduler publishes) until a replacement
     server holds a complete replica of every share: every share has a backup and
@@ -94,12 +107,8 @@ def main() -> None:
             kv.pushpull(keys, grads, out=outs)
         else:
             kv.push(keys, grads)
+            kill_at(kv, step, kills)
             if kv.rank == 0:
-                if step == int(os.environ.get("REBUILT", -2)):
-                    wait_rebuilt(kv)
-                for server in kills.get(step, ()):
-                    os.kill(server_pid(server), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
-                    print(f"killed server {server} at step {step}", flush=True)
                 kill_scheduler(step, "push")
             kv.pull(keys, out=outs)
         states = os.environ.get("STATES")

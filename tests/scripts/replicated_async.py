@@ -9,16 +9,13 @@ every push was applied exactly once, else the difference.
     python -m tracker.local -n 2 -s 3 python replicated_async.py     (KVSTORE_REPLICAS=1)
 """
 
-import os
-import signal
 
 import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
 
-from job_processes import server_pid
-from replicated import kills_by_step, wait_rebuilt  # tests/scripts/replicated.py, beside this file
+from replicated import kill_at, kills_by_step  # tests/scripts/replicated.py, beside this file
 
 STEPS = 40
 SIZES = {"w": 3000, "b": 7}
@@ -30,12 +27,7 @@ kv.init(keys, [np.zeros(n, np.float32) for n in SIZES.values()])
 kv.set_optimizer(opt.SGD(learning_rate=1.0))
 for step in range(STEPS):
     kv.push(keys, [np.full(n, (kv.rank + 1) * (step % 5 + 1), np.float32) for n in SIZES.values()])
-    if kv.rank == 0:
-        if step == int(os.environ.get("REBUILT", -2)):
-            wait_rebuilt(kv)
-        for server in kills.get(step, ()):
-            os.kill(server_pid(server), signal.SIGKILL)
-            print(f"killed server {server} at step {step}", flush=True)
+    kill_at(kv, step, kills)
 kv.barrier()
 outs = [np.empty(n, np.float32) for n in SIZES.values()]
 kv.pull(keys, out=outs)

@@ -12,16 +12,13 @@ every share). After a barrier every worker pulls both tables and prints
     python -m tracker.local -n 2 -s 3 python replicated_async_rows.py     (KVSTORE_REPLICAS=1)
 """
 
-import os
-import signal
 
 import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
 
-from job_processes import server_pid
-from replicated import kills_by_step, wait_rebuilt  # tests/scripts/replicated.py, beside this file
+from replicated import kill_at, kills_by_step  # tests/scripts/replicated.py, beside this file
 
 STEPS, ROWS, WIDTH = 30, 200, 3
 SPEC = kvstore.DynamicRows(WIDTH)        # rows made at 0 by their first push, never evicted
@@ -50,12 +47,7 @@ def main() -> None:
         rows, ids, value = rows_of(step, kv.rank), ids_of(step, kv.rank), amount(step, kv.rank)
         kv.push("emb", kvstore.RowSparse(np.full((len(rows), WIDTH), value, np.float32), rows, (ROWS, WIDTH)))
         kv.push("dyn", kvstore.RowSparse(np.full((len(ids), WIDTH), value, np.float32), ids, SPEC.shape))
-        if kv.rank == 0:
-            if step == int(os.environ.get("REBUILT", -2)):
-                wait_rebuilt(kv)
-            for server in kills.get(step, ()):
-                os.kill(server_pid(server), signal.SIGKILL)
-                print(f"killed server {server} at step {step}", flush=True)
+        kill_at(kv, step, kills)
     kv.barrier()
     want_rows = np.zeros((ROWS, WIDTH), np.float64)
     want_ids: dict[int, float] = {}

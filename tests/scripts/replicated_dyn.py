@@ -14,15 +14,12 @@ decide (rows, created, evicted by age and by budget, rounds, updates).
 """
 
 import hashlib
-import os
-import signal
 
 import numpy as np
 
 import kvstore
 from kvstore import optimizer as opt
-from job_processes import server_pid
-from replicated import kills_by_step, wait_rebuilt      # tests/scripts/, this script's folder
+from replicated import kill_at, kills_by_step      # tests/scripts/, this script's folder
 
 STEPS, WIDTH = 12, 4
 SPEC = kvstore.DynamicRows(WIDTH, init=("normal", 0.1), seed=7, budget=14, evict_after=3)
@@ -45,12 +42,7 @@ def main() -> None:
         ids = ids_of(step, kv.rank)
         grad = np.cos(ids[:, None] % 1000 * 0.1 + np.arange(WIDTH) + step).astype(np.float32)
         kv.push("emb", kvstore.RowSparse(grad, ids, SPEC.shape))
-        if kv.rank == 0:
-            if step == int(os.environ.get("REBUILT", -2)):
-                wait_rebuilt(kv)
-            for server in kills.get(step, ()):
-                os.kill(server_pid(server), signal.SIGKILL)
-                print(f"killed server {server} at step {step}", flush=True)
+        kill_at(kv, step, kills)
         kv.row_sparse_pull("emb", out=kvstore.RowSparse.zeros(SPEC.shape), row_ids=ids)
         seen |= {int(i) for r in range(2) for i in ids_of(step, r)}
         print(f"step {step} done", flush=True)

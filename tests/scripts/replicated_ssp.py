@@ -48,7 +48,7 @@ def wait_for(what, deadline: float = DEADLINE) -> None:
     while not what():
         if time.monotonic() > end:
             raise TimeoutError(f"{what.__doc__ or what} did not happen within {deadline}s")
-        time.sleep(0.005)
+        time.sleep(0.005)   # a bounded poll of another process's marker file: no event to wait on
 
 
 def counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
