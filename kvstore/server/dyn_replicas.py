@@ -38,6 +38,7 @@ from ..protocol import chunk_label
 from ..rows.dynamic import DynamicRows
 from ..rows.dyntable import COUNTERS, DynTable
 from .budget import MemoryBudget
+from .numbering import member_again
 from .requests import ok, pushes_field
 from .rounds import Reply, is_int
 from .server_optimizer import ServerOptimizer
@@ -212,10 +213,7 @@ class DynReplicas:
         one by one (``per_push``, dist_async) its last push applied is forgotten."""
         for tables in self.held.values():
             for replica in tables.values():
-                if per_push:
-                    replica.bases.pop(worker, None)
-                else:
-                    replica.bases[worker] = replica.rounds
+                member_again(replica.bases, worker, replica.rounds, per_push)
 
     def optimizer_changed(self, fresh: bool, scale: float) -> None:
         """As :meth:`kvstore.server.dyntables.DynTables.optimizer_changed`, for the replicas."""

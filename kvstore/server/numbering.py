@@ -33,6 +33,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 
+def member_again(numbers: dict[int, int], worker: int, applied: int, per_push: bool) -> None:
+    """One chunk's per-worker numbers when ``worker`` became a member (a new process,
+    numbering its pushes from 1 again): where pushes are applied one by one
+    (``per_push``, dist_async: ``numbers`` are the workers' last pushes applied) its
+    last is forgotten; where they join rounds (``numbers``: the joiners' bases) its
+    base is the chunk's rounds ``applied`` now. For replicas, which keep both kinds
+    in one dict per chunk."""
+    if per_push:
+        numbers.pop(worker, None)
+    else:
+        numbers[worker] = applied
+
+
 class JoinBases:
     """Per chunk, the rounds applied when each worker that joined became a member."""
 

@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, ProtocolError
 from ..protocol import chunk_label, ops
 from .budget import MemoryBudget
+from .numbering import member_again
 from .dyn_replicas import DYN_INIT, DYN_ROUNDS, DynReplicas, table_wire
 from .server_optimizer import ServerOptimizer
 from .requests import chunk_ids, ok, pushes_field
@@ -586,10 +587,7 @@ class Replicas:
         base is each replica's rounds applied now (kvstore.server.numbering)."""
         for chunks in self.held.values():
             for entry in chunks.values():
-                if per_push:
-                    entry[2].pop(worker, None)
-                else:
-                    entry[2][worker] = entry[1]
+                member_again(entry[2], worker, entry[1], per_push)
         self.dyn.became_member(worker, per_push)
 
     def promote(self, primary: int) -> dict[tuple, tuple[np.ndarray, int, dict, list | None]]:
