@@ -41,13 +41,14 @@ class Server:
     """Drives a ServerState the way the I/O loop does: one request at a time."""
 
     def __init__(self, mode="sync", num_workers=3, opt=None, init=None, write_in=False, staleness=None,
-                 **state_args):
+                 deterministic=None, **state_args):
         if "backend" not in state_args and BACKEND is not None:
             state_args["backend"] = BACKEND()
         self.state = ServerState(name="server 0", write_in=write_in, **state_args)
         self._ids = itertools.count(1)
         _, r = self.send(0, ops.CONFIGURE, mode=mode, num_workers=num_workers,
-                         **({} if staleness is None else {"staleness": staleness}))
+                         **({} if staleness is None else {"staleness": staleness}),
+                         **({} if deterministic is None else {"deterministic": deterministic}))
         expect_ok(only(r), peer(0))
         if opt is not None:
             self.set_optimizer(opt)

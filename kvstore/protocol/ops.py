@@ -43,7 +43,8 @@ PUSHING = frozenset({PUSH, PUSHPULL, WRITE, WRITTEN, PUSH_ROWS, PUSH_DYN})
 
 # Answered by the server node, not its state machine (kvstore.server.commands):
 COMMAND = "command"              # {head, body}: MXNet's _send_command_to_servers; reply {result}
-NODE = frozenset({COMMAND})
+DURABLE = "durable"              # no fields: replied to once what the server applied is on its backups
+NODE = frozenset({COMMAND, DURABLE})
 
 # Answered by the server's transport layer, not its state machine:
 HELLO = "hello"                  # {nonce} + one shared buffer holding it: probe shared memory

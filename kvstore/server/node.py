@@ -21,6 +21,7 @@ from .checkpoint_ops import CheckpointOps
 from .commands import ServerCommands
 from .dataplane import DataPlane
 from .replica_link import BackupFailed, ReplicaLink
+from .requests import ok
 from .budget import MemoryBudget
 from .sequencer import Sequencer
 from .state import ServerState
@@ -28,6 +29,11 @@ from .state import ServerState
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+# (replicated servers, workers fixed) requests whose event's replies leave before the backups
+# acknowledged what it applied (kvstore.server.replication.ReplyGate.early): the numbered pushes
+# a worker keeps until its server says they are durable, and reads. Dynamic rows' pushes and
+# pulls (which may create rows) and everything else wait at the gate.
+EARLY = frozenset({ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS, ops.PULL, ops.PULL_ROWS})
 
 
 class ServerNode:
@@ -271,6 +277,9 @@ class ServerNode:
             assert self._commands is not None          # made with the state, at registration
             self._send(peer, self._commands.handle(header), [])
             return None
+        if header["op"] == ops.DURABLE:     # answered once all this server applied is on its backups
+            self._send_all([ok(peer, header["id"])])
+            return None
         if self._checkpoints is not None:
             if header["op"] in CheckpointOps.HANDLED:
                 self._send(peer, self._checkpoints.handle(header), [])
@@ -289,7 +298,7 @@ class ServerNode:
             # the backup applies this event's rounds before any of its replies leaves (a
             # backup's own acknowledgements never wait: two servers backing up each other
             # would wait for each other)
-            replies = self._replica.after(replies)
+            replies = self._replica.after(replies, early=not self._elastic and header["op"] in EARLY)
         if self._checkpoints is not None and header["op"] == ops.SET_OPTIMIZER:
             # after a resume: a warning when it dropped the restored optimizer state
             self._checkpoints.optimizer_set(header, ok=all(r.header.get("op") == ops.OK for r in replies))
@@ -331,6 +340,8 @@ class ServerNode:
 
     def _send(self, peer: bytes, header: dict, arrays: list) -> None:
         start = self._timeline.now() if self._timeline is not None else 0
+        if self._replica is not None:   # how far the backups have it: workers forget pushes up to there
+            header = {**header, "durable": self._replica.gate.durable}
         try:
             # never block: a peer that does not read its replies must not stall everyone
             self._data.reply(peer, header, arrays, lambda frames: self._sock.send_multipart(

@@ -155,10 +155,12 @@ class ReplicaLink:
         return self.gate.forget(self._sent.pop(backup, set()))
 
     # -- events ----------------------------------------------------------------------------
-    def after(self, replies: list[Reply]) -> list[Reply]:
+    def after(self, replies: list[Reply], early: bool = False) -> list[Reply]:
         """An event of the state machine made ``replies``: send the ``replicate``
         requests it made, each to its share's backup, then the replies that may
-        leave now (the others are held until the backups acknowledged)."""
+        leave now (the others are held until the backups acknowledged; with
+        ``early``, a round's replies, all of them, each with its ``ticket``:
+        :meth:`ReplyGate.early`)."""
         for fields, arrays in self.state.replication.take():
             share = fields.get("share")
             backup = self._backups[share]
@@ -171,7 +173,7 @@ class ReplicaLink:
             mine = self.rank if share is None else share
             if mine in self._rebuilding and self._rebuilding[mine][0] == backup:
                 self._rebuilding[mine] = (backup, req_id)
-        return self.gate.hold(replies)
+        return self.gate.early(replies) if early else self.gate.hold(replies)
 
     def acks(self) -> list[Reply]:
         """Read the backups' answers; the replies they release. Raises BackupFailed

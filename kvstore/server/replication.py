@@ -19,7 +19,9 @@ collaborators, all pure (no sockets, threads or clocks):
 - :class:`ReplyGate`, also the primary's: no reply leaves before the backup
   acknowledged every ``replicate`` request made before it (replies keep their
   order; those with values are copied when held, since a later round may change
-  the value before they leave).
+  the value before they leave), except a round's replies in a job whose workers
+  are fixed: they leave at once with a ``ticket``, and the worker keeps the
+  pushes they answer until the server says that ticket is ``durable``.
 - :class:`Replicas`, the backup's side: for each share it backs up, a replica of
   every chunk (values in the backup's own memory) with the number of rounds
   applied to it. A ``replicate`` request applies each round with the backup's own
@@ -310,6 +312,15 @@ class ReplyGate:
         gate.sent(7)                      # a replicate request with sequence 7 is out
         gate.hold(replies)                # -> []: they wait for 7
         gate.acknowledged(7)              # -> replies
+        gate.early(replies)               # -> the replies now, each with ``ticket`` 7
+        gate.durable                      # 7: every request up to 7 is acknowledged
+
+    A round's replies need not wait (:meth:`early`, docs/architecture.md §8.1): they
+    leave at once, each naming the last ``replicate`` request made before it (its
+    ``ticket``), and the worker keeps its pushes until a later reply from this
+    server says that ticket is acknowledged (``durable``, which :meth:`durable`
+    gives every reply); a push the backup may lack is then still the worker's to
+    send again.
     """
 
     def __init__(self) -> None:
@@ -326,6 +337,12 @@ class ReplyGate:
         """Replicate requests not acknowledged yet."""
         return len(self._unacked)
 
+    @property
+    def durable(self) -> int:
+        """The highest sequence up to which every replicate request is acknowledged
+        (sequences are consecutive: the link numbers them 1, 2, ...; -1: none sent)."""
+        return min(self._unacked) - 1 if self._unacked else self._last
+
     def hold(self, replies: list[Reply]) -> list[Reply]:
         """``replies`` made now: those that may leave (all, when nothing is unacknowledged
         and nothing is held), the others kept (values copied)."""
@@ -335,6 +352,14 @@ class ReplyGate:
             self._held.append((self._last, [Reply(r.peer, r.header, [np.array(a, copy=True) for a in r.arrays])
                                             for r in replies]))
         return []
+
+    def early(self, replies: list[Reply]) -> list[Reply]:
+        """``replies`` made now, to leave at once: while a replicate request is
+        unacknowledged, each names the last one made (``ticket``), which the worker
+        waits to see durable before it forgets the pushes they answer."""
+        if not self._unacked:
+            return replies
+        return [Reply(r.peer, {**r.header, "ticket": self._last}, r.arrays) for r in replies]
 
     def acknowledged(self, seq: int) -> list[Reply]:
         """The backup acknowledged ``seq``: the replies that may leave now."""

@@ -380,9 +380,18 @@ class Client:
         for server in self.failover.live():      # a replacement serves a share now: connect to it
             if server >= len(self.links):
                 self._add_server(server, self.failover.advert(server))
-        for req_id, req in list(self._pending.items()):
+        # the pushes it answered before its backup had them, and those it had not
+        # answered, in the order they were first sent (request ids); the former's
+        # replies go nowhere (their calls have returned)
+        for req_id, what in self.failover.unconfirmed(dead):
+            self._pending[req_id] = _Request(-1, what, PLAIN)
+        again = sorted(req_id for req_id, req in self._pending.items() if req.server in dead or req.server < 0)
+        for req_id in again:
+            req = self._pending[req_id]
             kept = self.failover.kept(req_id)
-            if req.server not in dead or kept is None:
+            if kept is None:
+                if req.server < 0:
+                    del self._pending[req_id]
                 continue
             share, op, fields, arrays = kept
             if not fields.get("chunks") and "chunk" not in fields:
@@ -393,8 +402,8 @@ class Client:
                 self.failover.answered(req_id)
                 continue
             server = self.failover.route(share)
-            log.warning("[worker:%d] server %d died: sending its request %d (%s) again to server %d",
-                        self.rank, req.server, req_id, req.what, server)
+            log.warning("[worker:%d] a server died: sending request %d (%s) again to server %d",
+                        self.rank, req_id, req.what, server)
             if op in (ops.INIT, ops.INIT_ROWS, ops.INIT_DYN):
                 fields = {**fields, "share": share}
             frames = self._encode(server, req.what, {"op": op, "id": req_id, "src": self.rank, **fields,
@@ -417,6 +426,14 @@ class Client:
                                              for s in new})
         log.warning("[worker:%d] server %d (a replacement) serves a share now: connected to %s",
                     self.rank, server, self.links[server].url)
+
+    def settle(self, what: str) -> None:
+        """(Replicated servers) wait until every push a server answered before its
+        backups had it is on them: a ``durable`` request to each such server, whose
+        reply leaves its gate once they acknowledged all it applied. A worker that
+        leaves holds no push only it could send again (close)."""
+        while self.failover is not None and (shares := self.failover.unsettled()):
+            self.wait([self.request(share, ops.DURABLE, what)[0] for share in shares], what)
 
     def replied(self, ids) -> bool:   # every reply (or error) of ``ids`` is in
         return not any(i in self._pending for i in ids)
@@ -497,6 +514,8 @@ class Client:
         self._complete(server, header, arrays)
 
     def _complete(self, server: int, header: dict, arrays: list) -> None:
+        if self.failover is not None:     # pushes it answered ahead of its backups may be on them now
+            self.failover.durable(server, header.get("durable"))
         req = self._pending.get(header["id"])
         if req is None or req.server != server:
             # (replicated servers: a dead server's late reply to a request sent again elsewhere)
@@ -505,7 +524,7 @@ class Client:
             return
         del self._pending[header["id"]]
         if self.failover is not None:
-            self.failover.answered(header["id"])
+            self.failover.answered(header["id"], server, header.get("ticket"), req.what)
         if self.timeline is not None:
             self.timeline.reply(header["id"], header["op"] == ops.ERROR)
         link = self.links[server]

@@ -18,12 +18,19 @@ wait:
   in order, to the new server of its share when the book says its server died
   (:meth:`Failover.moved`); that server may be a replacement started since
   (``--restart-servers``), which the client connects to first (:meth:`Failover.advert`).
+  A push answered before its round was on the backup (the reply's ``ticket``:
+  kvstore.server.replication.ReplyGate.early) stays kept until a reply from the
+  same server says that ticket is ``durable`` (:meth:`Failover.durable`); when
+  that server dies first, it is sent again too (:meth:`Failover.unconfirmed`), its
+  number telling the new server whether the backup had applied it.
 
 :func:`replicated_config` checks at ``create`` what replicated servers support
 and refuses the rest, naming the setting.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -33,6 +40,9 @@ from ..config import Config
 from ..errors import ConfigError
 from ..modes import ConsistencyMode
 from ..protocol import ops
+
+# requests numbered per chunk (Failover.number): the only ones kept after their reply
+PUSHES = frozenset({ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS, ops.PUSH_DYN})
 
 
 def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Config:
@@ -74,6 +84,9 @@ class Failover:
         self._epoch = 0
         self._pushes: dict[tuple, int] = {}
         self._kept: dict[int, tuple[int, str, dict, list]] = {}
+        # pushes answered ahead of their backup: server -> [(ticket, request id)], in reply order
+        self._unconfirmed: dict[int, deque[tuple[int, int]]] = {}
+        self._answered_by: dict[int, tuple[int, str]] = {}    # request id -> (server, what)
 
     @property
     def epoch(self) -> int:
@@ -92,7 +105,7 @@ class Failover:
         """A push's (pushpull's, row-sparse or dynamic rows push's) ``rounds``: this
         worker's count of its pushes of each chunk (a row table's chunk: ``[key,
         server]``), this one included; None for other requests."""
-        if op not in (ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS, ops.PUSH_DYN) or not chunks:
+        if op not in PUSHES or not chunks:
             return None
         numbers = []
         for chunk in chunks:
@@ -111,8 +124,46 @@ class Failover:
         """Keep request ``req_id`` (for ``share``) until :meth:`answered`."""
         self._kept[req_id] = (share, op, {k: v for k, v in fields.items() if k != "seq"}, arrays)
 
-    def answered(self, req_id: int) -> None:
-        self._kept.pop(req_id, None)
+    def answered(self, req_id: int, server: int = -1, ticket=None, what: str = "") -> None:
+        """Request ``req_id`` was answered by ``server``: forgotten, unless it is a push
+        answered before the backup had its round (``ticket``, an int): kept until
+        :meth:`durable` says so."""
+        kept = self._kept.get(req_id)
+        if kept is None:
+            return
+        if type(ticket) is not int or kept[1] not in PUSHES:
+            del self._kept[req_id]
+            return
+        self._unconfirmed.setdefault(server, deque()).append((ticket, req_id))
+        self._answered_by[req_id] = (server, what)
+
+    def durable(self, server: int, upto) -> None:
+        """A reply from ``server`` says everything up to ticket ``upto`` is on its
+        backups: the pushes it answered ahead of them are forgotten."""
+        queue = self._unconfirmed.get(server)
+        if not queue or type(upto) is not int:
+            return
+        while queue and queue[0][0] <= upto:
+            req_id = queue.popleft()[1]
+            if self._answered_by.pop(req_id, (None,))[0] == server:
+                self._kept.pop(req_id, None)
+
+    def unconfirmed(self, dead: set[int]) -> list[tuple[int, str]]:
+        """(request id, what) of the pushes that a server in ``dead`` answered before its
+        backup had them, to send again (they are kept until the new server answers)."""
+        out = [(req_id, what) for req_id, (server, what) in self._answered_by.items() if server in dead]
+        for server in dead:
+            self._unconfirmed.pop(server, None)
+        for req_id, _ in out:
+            del self._answered_by[req_id]
+        return out
+
+    def unsettled(self) -> list[int]:
+        """The shares of the pushes answered ahead of their backups, one per server."""
+        shares: dict[int, int] = {}
+        for req_id, (server, _) in self._answered_by.items():
+            shares.setdefault(server, self._kept[req_id][0])
+        return sorted(shares.values())
 
     def kept(self, req_id: int) -> tuple[int, str, dict, list] | None:
         """(share, op, header fields without ``seq``, buffers) of a kept request."""

@@ -70,6 +70,7 @@ class Departure:
                 if self._host is not None:
                     self._host.flush("close")   # its calls first: the leader's are the client's
                 self._client.flush("close")
+                self._client.settle("close")    # (replicas) no push left that only this worker holds
                 if self._host is not None:
                     self._host.leave("close")   # the leader waits until its members have all
                 self._job.finish()

@@ -74,6 +74,7 @@ TEMPLATES: dict[str, tuple[dict, list]] = {
     ops.REPLICATE: ({"kind": "rounds", "chunks": [list(A)], "rounds": [1], "updated": True}, [np.zeros(6, F32)]),
     # answered by the node and its transports, not the state machine (the live job below)
     ops.COMMAND: ({"head": "profile_stop", "body": ""}, []),
+    ops.DURABLE: ({}, []),
     ops.HELLO: ({"nonce": b"\0" * 16}, [np.zeros(16, np.uint8)]),
     ops.CHANNEL: ({}, []),
     ops.DEVICE_HELLO: ({"nonce": b"\0" * 16, "dev_reply": True}, [np.zeros(16, np.uint8)]),

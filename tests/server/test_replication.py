@@ -29,10 +29,11 @@ OPTIMIZERS = {
 }
 
 
-def pair(opt):
+def pair(opt, deterministic=None):
     """Server 0 (primary, backed up by server 1) and server 1, both configured for
-    W workers in deterministic sync mode, with ``opt``; returns (primary, backup)."""
-    primary, backup = Server(num_workers=W, opt=opt), Server(num_workers=W, opt=opt)
+    W workers in sync mode (sums in arrival order unless ``deterministic``), with
+    ``opt``; returns (primary, backup)."""
+    primary, backup = (Server(num_workers=W, opt=opt, deterministic=deterministic) for _ in range(2))
     primary.state.replication.backup = 1
     backup.state.replicas.primaries = frozenset({0})
     return primary, backup
@@ -103,6 +104,22 @@ def test_the_gate_holds_replies_until_every_earlier_replicate_is_acknowledged():
     assert [r.header["id"] for r in gate.open()] == [4]   # the backup died: everything leaves
 
 
+def test_a_rounds_replies_leave_at_once_naming_the_replicate_they_wait_for_and_durable_counts_acks():
+    gate = ReplyGate()
+    assert gate.durable == -1 and gate.early([Reply(b"a", {"id": 1})]) == [Reply(b"a", {"id": 1})]
+    gate.sent(1)
+    gate.sent(2)
+    out = gate.early([Reply(b"a", {"id": 2}), Reply(b"b", {"id": 3})])   # not held: each names 2
+    assert [(r.peer, r.header) for r in out] == [(b"a", {"id": 2, "ticket": 2}), (b"b", {"id": 3, "ticket": 2})]
+    assert gate.durable == 0 and gate.hold([Reply(b"c", {"id": 4})]) == []   # others still wait
+    assert gate.acknowledged(2) == [] and gate.durable == 0     # 1 is still out: 2 is not durable yet
+    assert [r.header["id"] for r in gate.acknowledged(1)] == [4] and gate.durable == 2
+    gate.sent(3)
+    gate.sent(4)
+    assert gate.forget([3]) == [] and gate.durable == 3          # a gone backup's request counts as done
+    assert gate.open() == [] and gate.durable == 4
+
+
 def test_a_promoted_replica_applies_no_round_twice_and_completes_the_open_one():
     primary, backup = pair(OPTIMIZERS["sgd-momentum-wd"])
     primary.init({A: np.linspace(0, 1, 8, dtype=F32)})
@@ -128,6 +145,40 @@ def test_a_promoted_replica_applies_no_round_twice_and_completes_the_open_one():
     assert backup.state.chunks[A].value.tobytes() == primary.state.chunks[A].value.tobytes()
     rid, r = backup.send(0, ops.PUSH, [A], [grads[0]], rounds=[4])
     expect_error(only(r), peer(0), rid, "InvalidArgumentError", "round 4", "next round", "is 3")
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd-momentum-wd"])
+def test_rounds_answered_before_their_replicate_reached_the_backup_are_rebuilt_from_the_kept_pushes(name):
+    """Replies leave ahead of the backup (ReplyGate.early): the primary answered
+    rounds 2 and 3, their replicates were lost with it, and round 4 was open. The
+    workers send again every push they still keep (2, 3, 4, in order), in any
+    order across workers: the promoted replica reaches the primary's bits, and its
+    next round is the job's next (deterministic sums: the same bits whatever the
+    pushes' order)."""
+    primary, backup = pair(OPTIMIZERS[name], deterministic=True)
+    rng = np.random.default_rng(3)
+    primary.init({A: rng.standard_normal(64).astype(F32)})
+    forward(primary, backup)
+    grads = {(w, n): rng.standard_normal(64).astype(F32) for w in range(W) for n in range(1, 5)}
+    for w in range(W):                                    # round 1: on the backup
+        primary.send(w, ops.PUSH, [A], [grads[w, 1]], rounds=[1])
+        forward(primary, backup)
+    for n in (2, 3):                                      # answered, their replicates never sent
+        for w in range(W):
+            primary.send(w, ops.PUSHPULL, [A], [grads[w, n]], rounds=[n])
+        primary.state.replication.take()
+    for w in (1, 2):                                      # round 4: open when the primary dies
+        primary.send(w, ops.PUSH, [A], [grads[w, 4]], rounds=[4])
+    backup.state.promote(0)
+    for w in (2, 0, 1):
+        for n in (2, 3):
+            backup.send(w, ops.PUSHPULL, [A], [grads[w, n]], rounds=[n])
+    for w in (1, 2, 0):
+        backup.send(w, ops.PUSH, [A], [grads[w, 4]], rounds=[4])
+    primary.send(0, ops.PUSH, [A], [grads[0, 4]], rounds=[4])    # the uninterrupted reference
+    assert backup.state.chunks[A].value.tobytes() == primary.state.chunks[A].value.tobytes()
+    rid, r = backup.send(0, ops.PUSH, [A], [grads[0, 4]], rounds=[6])
+    expect_error(only(r), peer(0), rid, "InvalidArgumentError", "round 6", "is 5")
 
 
 def test_layerwise_pushes_are_refused_with_a_backup():

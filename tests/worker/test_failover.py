@@ -66,6 +66,42 @@ def test_a_request_is_kept_with_its_own_buffers_until_answered():
     f.answered(7)                                                     # twice: nothing to drop
 
 
+def test_a_push_answered_ahead_of_its_backup_is_kept_until_its_server_says_it_is_durable():
+    f = Failover(2)
+    for req_id, op in ((1, ops.PUSHPULL), (2, ops.PUSH), (3, ops.PULL), (4, ops.PUSH)):
+        f.keep(req_id, 1, op, {"chunks": [["w", 1]]}, [])
+    f.answered(1, 1, 5, "pushpull of key 'w'")
+    f.answered(2, 1, 6, "push of key 'w'")
+    f.answered(3, 1, 6, "pull of key 'w'")         # a read: nothing to send again, forgotten
+    f.answered(4, 1, None, "push of key 'w'")      # no ticket: durable already
+    assert [f.kept(i) is not None for i in (1, 2, 3, 4)] == [True, True, False, False]
+    assert f.unsettled() == [1]
+    f.durable(0, 9)                                 # another server's tickets: not these
+    f.durable(1, "6")                               # not a number: ignored
+    f.durable(1, 5)
+    assert f.kept(1) is None and f.kept(2) is not None
+    f.durable(1, 6)
+    assert f.kept(2) is None and f.unsettled() == []
+
+
+def test_the_pushes_a_dead_server_answered_ahead_of_its_backup_are_sent_again_and_kept_anew():
+    f = Failover(3)
+    f.keep(1, 1, ops.PUSH, {"chunks": [["w", 1]]}, [])
+    f.keep(2, 2, ops.PUSH, {"chunks": [["w", 2]]}, [])
+    f.answered(1, 1, 4, "push of key 'w'")
+    f.answered(2, 2, 4, "push of key 'w'")
+    assert f.unsettled() == [1, 2]
+    assert f.unconfirmed({1}) == [(1, "push of key 'w'")] and f.unconfirmed({1}) == []
+    assert f.kept(1) is not None and f.unsettled() == [2]     # kept: its new server answers it next
+    f.durable(1, 9)                                           # the dead server's word no longer counts
+    assert f.kept(1) is not None
+    f.answered(1, 2, 7, "push of key 'w'")                    # the new server answered it ahead of its backup
+    f.durable(2, 6)
+    assert f.kept(2) is None and f.kept(1) is not None
+    f.durable(2, 7)
+    assert f.kept(1) is None
+
+
 def test_replicated_config_sends_everything_over_plain_tcp():
     config = replicated_config(Config(num_servers=2, transport="auto"), SYNC, "dist_sync")
     assert (config.transport, config.data_channel, config.write_in) == ("tcp", False, False)
