@@ -295,9 +295,10 @@ class ServerNode:
                 return None       # sent by a newer servers' book than this server heard of yet
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
         if self._replica is not None and header["op"] != ops.REPLICATE:
-            # the backup applies this event's rounds before any of its replies leaves (a
-            # backup's own acknowledgements never wait: two servers backing up each other
-            # would wait for each other)
+            # the backup applies this event's rounds before any of its replies leaves, or
+            # (EARLY, workers fixed) its replies leave now with their ticket and the workers
+            # keep their pushes until it is durable (a backup's own acknowledgements never
+            # wait: two servers backing up each other would wait for each other)
             replies = self._replica.after(replies, early=not self._elastic and header["op"] in EARLY)
         if self._checkpoints is not None and header["op"] == ops.SET_OPTIMIZER:
             # after a resume: a warning when it dropped the restored optimizer state
