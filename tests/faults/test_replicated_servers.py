@@ -230,6 +230,33 @@ def test_dist_ssp_keeps_its_bound_and_applies_every_push_once_across_a_failover(
     assert sorted(re.findall(r"\[worker:(\d)\] exact", out.stdout)) == ["0", "1"], log
 
 
+SETTLE = """
+import numpy as np, kvstore
+kv = kvstore.create("dist_sync")
+kv.init("w", np.zeros(3000, np.float32))
+out = np.empty(3000, np.float32)
+for step in range(4):
+    kv.pushpull("w", np.full(3000, kv.rank + 1.0, np.float32), out=out)
+failover = kv._client.failover
+held = failover.unsettled()
+kv._client.settle("test")
+print("HELD", bool(held), "AFTER", failover.unsettled(), "SUM", float(out[0]), flush=True)
+kv.close()
+"""
+
+
+def test_replies_leave_before_the_backup_and_a_worker_keeps_its_pushes_until_they_are_durable(tmp_path):
+    """A round's replies name their replicate (``ticket``) and leave at once: after
+    the last step each worker still holds pushes the backups may lack, and the
+    ``durable`` request (what close sends) leaves only when they have them, which
+    the reply says: nothing is held after it. Without an optimizer the value is the
+    last round's sum, 1 + 2."""
+    out = run(sys.executable, "-c", SETTLE, timeout=60, KVSTORE_REPLICAS="1")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert sorted(re.findall(r"HELD (\w+) AFTER (\[\]) SUM (\S+)", out.stdout)) == [("True", "[]", "3.0")] * 2, log
+
+
 def test_two_failures_of_one_chain_end_the_job_naming_both_servers():
     out = run(KVSTORE_REPLICAS="1", KILL="1:2,2:6")
     log = out.stdout + out.stderr
