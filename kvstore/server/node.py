@@ -277,9 +277,6 @@ class ServerNode:
             assert self._commands is not None          # made with the state, at registration
             self._send(peer, self._commands.handle(header), [])
             return None
-        if header["op"] == ops.DURABLE:     # answered once all this server applied is on its backups
-            self._send_all([ok(peer, header["id"])])
-            return None
         if self._checkpoints is not None:
             if header["op"] in CheckpointOps.HANDLED:
                 self._send(peer, self._checkpoints.handle(header), [])
@@ -293,6 +290,9 @@ class ServerNode:
             self._send_all(self._replica.book(self.membership.servers), gated=False)
             if not waited and self._replica.waits(peer, header, arrays, time.monotonic()):
                 return None       # sent by a newer servers' book than this server heard of yet
+        if header["op"] == ops.DURABLE:     # answered once all this server applied is on its backups
+            self._send_all([ok(peer, header["id"])])
+            return None
         replies = self._live.handle(peer, header, arrays)   # what raises is answered by _handle
         if self._replica is not None and header["op"] != ops.REPLICATE:
             # the backup applies this event's rounds before any of its replies leaves, or

@@ -304,6 +304,11 @@ class Replication:
         return out
 
 
+# replicate requests a primary may have unacknowledged and still answer a round at once
+# (ReplyGate.early); past it, replies wait for the backup again
+AHEAD = 32
+
+
 class ReplyGate:
     """The primary's replies held until the backup acknowledged every ``replicate``
     request sent before them; in order. Example::
@@ -356,9 +361,14 @@ class ReplyGate:
     def early(self, replies: list[Reply]) -> list[Reply]:
         """``replies`` made now, to leave at once: while a replicate request is
         unacknowledged, each names the last one made (``ticket``), which the worker
-        waits to see durable before it forgets the pushes they answer."""
+        waits to see durable before it forgets the pushes they answer. With more than
+        :data:`AHEAD` requests unacknowledged (a backup slower than its primary) they
+        are held instead: the gate is then the backpressure that bounds the primary's
+        queue to the backup and the pushes the workers keep."""
         if not self._unacked:
             return replies
+        if len(self._unacked) > AHEAD:
+            return self.hold(replies)
         return [Reply(r.peer, {**r.header, "ticket": self._last}, r.arrays) for r in replies]
 
     def acknowledged(self, seq: int) -> list[Reply]:

@@ -35,7 +35,7 @@ from ..transport.links.opening import open_links
 from ..transport.pace import Pace
 from ..transport.traffic import Traffic
 from ..transport.sockets import Sockets
-from .failover import Failover
+from .failover import RESENT, Failover
 
 if TYPE_CHECKING:
     from ..devices.base import Accelerators
@@ -384,20 +384,22 @@ class Client:
         # answered, in the order they were first sent (request ids); the former's
         # replies go nowhere (their calls have returned)
         for req_id, what in self.failover.unconfirmed(dead):
-            self._pending[req_id] = _Request(-1, what, PLAIN)
-        again = sorted(req_id for req_id, req in self._pending.items() if req.server in dead or req.server < 0)
+            self._pending[req_id] = _Request(RESENT, what, PLAIN)
+        again = sorted(req_id for req_id, req in self._pending.items() if req.server in dead or req.server == RESENT)
         for req_id in again:
             req = self._pending[req_id]
             kept = self.failover.kept(req_id)
             if kept is None:
-                if req.server < 0:
+                if req.server == RESENT:
                     del self._pending[req_id]
                 continue
             share, op, fields, arrays = kept
-            if not fields.get("chunks") and "chunk" not in fields:
+            if not fields.get("chunks") and "chunk" not in fields and op != ops.SET_STATES:
                 # a request to every server (set_optimizer, configure, get_states, ...): the
                 # server that serves the dead one's share got its own copy; request_all
-                # takes that one's reply for both (sent again, it would apply it twice)
+                # takes that one's reply for both (sent again, it would apply it twice).
+                # (set_states carries its share's states: sent again, setting them twice
+                # sets the same values)
                 del self._pending[req_id]
                 self.failover.answered(req_id)
                 continue
@@ -430,9 +432,18 @@ class Client:
     def settle(self, what: str) -> None:
         """(Replicated servers) wait until every push a server answered before its
         backups had it is on them: a ``durable`` request to each such server, whose
-        reply leaves its gate once they acknowledged all it applied. A worker that
-        leaves holds no push only it could send again (close)."""
-        while self.failover is not None and (shares := self.failover.unsettled()):
+        reply leaves its gate once they acknowledged all it applied; pushes a death
+        made this worker send again are awaited first (and then settled in turn).
+        So a worker that leaves, or waits on the others through the scheduler (a
+        barrier), holds no push that only it could send again."""
+        while self.failover is not None:
+            again = self.failover.resent()
+            if again:
+                self.wait(again, what)
+                continue
+            shares = self.failover.unsettled()
+            if not shares:
+                return
             self.wait([self.request(share, ops.DURABLE, what)[0] for share in shares], what)
 
     def replied(self, ids) -> bool:   # every reply (or error) of ``ids`` is in
@@ -524,7 +535,7 @@ class Client:
             return
         del self._pending[header["id"]]
         if self.failover is not None:
-            self.failover.answered(header["id"], server, header.get("ticket"), req.what)
+            self.failover.answered(header["id"], server, header, req.what)
         if self.timeline is not None:
             self.timeline.reply(header["id"], header["op"] == ops.ERROR)
         link = self.links[server]

@@ -207,6 +207,11 @@ class DistStore(KVStore):
         joined a running job passes alone until its first :meth:`barrier`."""
         if self._joining:
             return
+        # (replicated servers) no push of this worker may be only in its memory once the
+        # others pass: they may read what it pushed, or send every server a request
+        # (set_optimizer) that must not reach a backup before the rounds it follows do
+        # (a backup applies those rounds with the optimizer it has when they come)
+        self._client.settle(token)
         _, members = self._job.collective(token, deadline, items)
         self._now_members(members)
 
@@ -409,6 +414,7 @@ class DistStore(KVStore):
         if keep_state:
             fields.update(keep_state=True, **({"state_scale": state_scale} if state_scale != 1.0 else {}))
         if not collective:
+            self._client.settle("set_optimizer")    # (replicas) see _collective
             self._client.request_all(ops.SET_OPTIMIZER, "set_optimizer", **fields)
             return
         self._exchange.flush("set_optimizer")
@@ -482,6 +488,7 @@ class DistStore(KVStore):
                 "barrier(), where it meets the others (docs/elastic.md)")
         # through the scheduler (tracker.control.membership.Membership.allgather): its
         # control channel authenticates every peer; the members come back with the payloads
+        self._client.settle("allgather_bytes")
         members, parts = self._job.allgather(data, "allgather_bytes", timeout)
         self._now_members(members)
         return parts

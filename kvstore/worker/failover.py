@@ -43,6 +43,7 @@ from ..protocol import ops
 
 # requests numbered per chunk (Failover.number): the only ones kept after their reply
 PUSHES = frozenset({ops.PUSH, ops.PUSHPULL, ops.PUSH_ROWS, ops.PUSH_DYN})
+RESENT = -1     # (Failover._answered_by) a push its dead server answered, sent again, not answered since
 
 
 def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Config:
@@ -124,15 +125,18 @@ class Failover:
         """Keep request ``req_id`` (for ``share``) until :meth:`answered`."""
         self._kept[req_id] = (share, op, {k: v for k, v in fields.items() if k != "seq"}, arrays)
 
-    def answered(self, req_id: int, server: int = -1, ticket=None, what: str = "") -> None:
-        """Request ``req_id`` was answered by ``server``: forgotten, unless it is a push
-        answered before the backup had its round (``ticket``, an int): kept until
-        :meth:`durable` says so."""
+    def answered(self, req_id: int, server: int = -1, header: dict | None = None, what: str = "") -> None:
+        """Request ``req_id`` was answered by ``server`` (its reply's ``header``):
+        forgotten, unless it is a push answered before the backup had its round (an
+        ``ok`` with a ``ticket``): kept until :meth:`durable` says so. A push answered
+        with an error was not applied: it is never sent again."""
         kept = self._kept.get(req_id)
         if kept is None:
             return
+        ticket = header.get("ticket") if header is not None and header.get("op") == ops.OK else None
         if type(ticket) is not int or kept[1] not in PUSHES:
             del self._kept[req_id]
+            self._answered_by.pop(req_id, None)
             return
         self._unconfirmed.setdefault(server, deque()).append((ticket, req_id))
         self._answered_by[req_id] = (server, what)
@@ -145,24 +149,31 @@ class Failover:
             return
         while queue and queue[0][0] <= upto:
             req_id = queue.popleft()[1]
-            if self._answered_by.pop(req_id, (None,))[0] == server:
+            if self._answered_by.get(req_id, (None,))[0] == server:
+                del self._answered_by[req_id]
                 self._kept.pop(req_id, None)
 
     def unconfirmed(self, dead: set[int]) -> list[tuple[int, str]]:
         """(request id, what) of the pushes that a server in ``dead`` answered before its
-        backup had them, to send again (they are kept until the new server answers)."""
+        backup had them, to send again: they stay kept, and count as :meth:`resent`
+        until their new server answers them."""
         out = [(req_id, what) for req_id, (server, what) in self._answered_by.items() if server in dead]
         for server in dead:
             self._unconfirmed.pop(server, None)
-        for req_id, _ in out:
-            del self._answered_by[req_id]
+        for req_id, what in out:
+            self._answered_by[req_id] = (RESENT, what)
         return out
+
+    def resent(self) -> list[int]:
+        """The request ids of those pushes sent again and not answered yet."""
+        return [req_id for req_id, (server, _) in self._answered_by.items() if server == RESENT]
 
     def unsettled(self) -> list[int]:
         """The shares of the pushes answered ahead of their backups, one per server."""
         shares: dict[int, int] = {}
         for req_id, (server, _) in self._answered_by.items():
-            shares.setdefault(server, self._kept[req_id][0])
+            if server != RESENT:
+                shares.setdefault(server, self._kept[req_id][0])
         return sorted(shares.values())
 
     def kept(self, req_id: int) -> tuple[int, str, dict, list] | None:

@@ -239,7 +239,7 @@ for step in range(4):
     kv.pushpull("w", np.full(3000, kv.rank + 1.0, np.float32), out=out)
 failover = kv._client.failover
 held = failover.unsettled()
-kv._client.settle("test")
+kv.barrier()
 print("HELD", bool(held), "AFTER", failover.unsettled(), "SUM", float(out[0]), flush=True)
 kv.close()
 """
@@ -247,9 +247,10 @@ kv.close()
 
 def test_replies_leave_before_the_backup_and_a_worker_keeps_its_pushes_until_they_are_durable(tmp_path):
     """A round's replies name their replicate (``ticket``) and leave at once: after
-    the last step each worker still holds pushes the backups may lack, and the
-    ``durable`` request (what close sends) leaves only when they have them, which
-    the reply says: nothing is held after it. Without an optimizer the value is the
+    the last step each worker still holds pushes the backups may lack. A barrier
+    (where the others may go on to read them) first sends the ``durable`` request
+    (close does too), whose reply leaves only when the backups have them and says
+    so: nothing is held after it. Without an optimizer the value is the
     last round's sum, 1 + 2."""
     out = run(sys.executable, "-c", SETTLE, timeout=60, KVSTORE_REPLICAS="1")
     log = out.stdout + out.stderr

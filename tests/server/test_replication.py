@@ -15,7 +15,7 @@ import pytest
 
 from kvstore import optimizer
 from kvstore.protocol import ops
-from kvstore.server.replication import ReplyGate, replicate_request
+from kvstore.server.replication import AHEAD, ReplyGate, replicate_request
 from kvstore.server.rounds import Reply
 from kvstore.server.state import ServerState
 from state_driver import A, B, Server, expect_error, expect_ok, only, peer
@@ -118,6 +118,19 @@ def test_a_rounds_replies_leave_at_once_naming_the_replicate_they_wait_for_and_d
     gate.sent(4)
     assert gate.forget([3]) == [] and gate.durable == 3          # a gone backup's request counts as done
     assert gate.open() == [] and gate.durable == 4
+
+
+def test_past_ahead_unacknowledged_replicates_a_rounds_replies_wait_for_the_backup_again():
+    gate = ReplyGate()
+    for seq in range(1, AHEAD + 1):
+        gate.sent(seq)
+    assert gate.early([Reply(b"a", {"id": 1})])[0].header["ticket"] == AHEAD     # AHEAD out: still early
+    gate.sent(AHEAD + 1)
+    assert gate.early([Reply(b"a", {"id": 2})]) == []                            # one more: held
+    released = []
+    for seq in range(1, AHEAD + 2):
+        released += gate.acknowledged(seq)
+    assert [r.header for r in released] == [{"id": 2}]
 
 
 def test_a_promoted_replica_applies_no_round_twice_and_completes_the_open_one():

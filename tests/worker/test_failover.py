@@ -70,11 +70,13 @@ def test_a_push_answered_ahead_of_its_backup_is_kept_until_its_server_says_it_is
     f = Failover(2)
     for req_id, op in ((1, ops.PUSHPULL), (2, ops.PUSH), (3, ops.PULL), (4, ops.PUSH)):
         f.keep(req_id, 1, op, {"chunks": [["w", 1]]}, [])
-    f.answered(1, 1, 5, "pushpull of key 'w'")
-    f.answered(2, 1, 6, "push of key 'w'")
-    f.answered(3, 1, 6, "pull of key 'w'")         # a read: nothing to send again, forgotten
-    f.answered(4, 1, None, "push of key 'w'")      # no ticket: durable already
-    assert [f.kept(i) is not None for i in (1, 2, 3, 4)] == [True, True, False, False]
+    f.keep(5, 1, ops.PUSH, {"chunks": [["w", 1]]}, [])
+    f.answered(1, 1, {"op": "ok", "ticket": 5}, "pushpull of key 'w'")
+    f.answered(2, 1, {"op": "ok", "ticket": 6}, "push of key 'w'")
+    f.answered(3, 1, {"op": "ok", "ticket": 6}, "pull of key 'w'")     # a read: nothing to send again
+    f.answered(4, 1, {"op": "ok"}, "push of key 'w'")                  # no ticket: durable already
+    f.answered(5, 1, {"op": "error", "ticket": 6}, "push of key 'w'")  # refused: never sent again
+    assert [f.kept(i) is not None for i in (1, 2, 3, 4, 5)] == [True, True, False, False, False]
     assert f.unsettled() == [1]
     f.durable(0, 9)                                 # another server's tickets: not these
     f.durable(1, "6")                               # not a number: ignored
@@ -88,14 +90,16 @@ def test_the_pushes_a_dead_server_answered_ahead_of_its_backup_are_sent_again_an
     f = Failover(3)
     f.keep(1, 1, ops.PUSH, {"chunks": [["w", 1]]}, [])
     f.keep(2, 2, ops.PUSH, {"chunks": [["w", 2]]}, [])
-    f.answered(1, 1, 4, "push of key 'w'")
-    f.answered(2, 2, 4, "push of key 'w'")
-    assert f.unsettled() == [1, 2]
+    f.answered(1, 1, {"op": "ok", "ticket": 4}, "push of key 'w'")
+    f.answered(2, 2, {"op": "ok", "ticket": 4}, "push of key 'w'")
+    assert f.unsettled() == [1, 2] and f.resent() == []
     assert f.unconfirmed({1}) == [(1, "push of key 'w'")] and f.unconfirmed({1}) == []
     assert f.kept(1) is not None and f.unsettled() == [2]     # kept: its new server answers it next
+    assert f.resent() == [1]                                  # sent again, not answered yet
     f.durable(1, 9)                                           # the dead server's word no longer counts
     assert f.kept(1) is not None
-    f.answered(1, 2, 7, "push of key 'w'")                    # the new server answered it ahead of its backup
+    f.answered(1, 2, {"op": "ok", "ticket": 7}, "push of key 'w'")   # the new server answered it ahead of its backup
+    assert f.resent() == []
     f.durable(2, 6)
     assert f.kept(2) is None and f.kept(1) is not None
     f.durable(2, 7)
