@@ -245,12 +245,13 @@ kv.close()
 """
 
 
-def test_replies_leave_before_the_backup_and_a_worker_keeps_its_pushes_until_they_are_durable(tmp_path):
+def test_replies_leave_before_the_backup_and_a_worker_keeps_its_pushes_until_they_are_durable():
     """A round's replies name their replicate (``ticket``) and leave at once: after
     the last step each worker still holds pushes the backups may lack. A barrier
-    (where the others may go on to read them) first sends the ``durable`` request
-    (close does too), whose reply leaves only when the backups have them and says
-    so: nothing is held after it. Without an optimizer the value is the
+    (where the others may go on to read them; every call through the scheduler,
+    set_optimizer's too, takes the same path: DistStore._collective) first sends
+    the ``durable`` request (close does too), whose reply leaves only when the
+    backups have them and says so: nothing is held after it. Without an optimizer the value is the
     last round's sum, 1 + 2."""
     out = run(sys.executable, "-c", SETTLE, timeout=60, KVSTORE_REPLICAS="1")
     log = out.stdout + out.stderr
