@@ -16,7 +16,11 @@ signals come from the runner.
 Elastic jobs (``--every K``, docs/elastic.md): every K rounds each member
 records the round (``kv.save_progress``) and passes ``kv.barrier()``; a worker
 that joined the running job (a replacement) meets the others at such a barrier,
-takes their round from ``kv.progress`` and works to the end. Workers leave, so
+takes their round from ``kv.progress`` and works to the end. With
+``--await-members W`` the workers go on past ``--rounds``, to the first barrier
+where the job has W members again (a replacement joined) or ``--await-seconds``
+have passed since the last round: a replacement that starts slowly (a loaded
+machine) still finds a running job to join. Workers leave, so
 in sync mode a round holds the pushes of some of the workers only; each element
 must then be (step % 97 + 1) times a sum of distinct r + 1 over a set of slots
 that :class:`Shares` allows (see there).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -116,6 +121,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=100_000)
     p.add_argument("--every", type=int, default=0,
                    help="elastic jobs: save the round and pass a barrier every this many rounds [0: never]")
+    p.add_argument("--await-members", type=int, default=0,
+                   help="elastic jobs: past --rounds, go on to a barrier with this many members [0: do not]")
+    p.add_argument("--await-seconds", type=float, default=45.0,
+                   help="the longest wait for --await-members past --rounds, in seconds")
     args = p.parse_args()
     fault, fault_rank = os.environ.get("CHAOS_FAULT"), int(os.environ.get("CHAOS_RANK", "-1"))
     after = int(os.environ.get("CHAOS_AFTER", "0"))
@@ -133,8 +142,11 @@ def main() -> int:
         shares = Shares(kv.rank, kv.elastic[1], sum(o.size for o in outs))
         shares.barrier(kv.members)
     print(f"ready rank {kv.rank} pid {os.getpid()}", flush=True)
-    step, joining = 0, kv.joined
-    while step < args.rounds:
+    step, joining, give_up = 0, kv.joined, None
+    # past --rounds with --await-members, each barrier decides whether to go on
+    while step < args.rounds or args.every and args.await_members:
+        if step >= args.rounds and give_up is None:
+            give_up = time.monotonic() + args.await_seconds
         if args.every and (joining or step % args.every == 0):
             # every member saves (the same round): kv.members is as of the last
             # barrier, and its first one may have left since
@@ -146,8 +158,10 @@ def main() -> int:
                 print(f"joined the running job at round {step}, members {list(kv.members)}", flush=True)
             if shares is not None:
                 shares.barrier(kv.members)
-            if step >= args.rounds:
-                break
+            if step >= args.rounds and (len(kv.members) >= args.await_members
+                                        or give_up is not None and time.monotonic() > give_up):
+                break   # members decide alike (kv.members is the barrier's); one that
+                        # gives up first finishes, and a finished worker has left
         if kv.rank == fault_rank and step == after and not kv.joined:
             if fault == "exit":
                 print("chaos: exiting with status 1", flush=True)
@@ -163,7 +177,7 @@ def main() -> int:
         print(f"round {step} ok", flush=True)
         step += 1
     if args.every:
-        kv.save_progress({"round": args.rounds})   # a worker joining now has nothing left to do
+        kv.save_progress({"round": step})   # a worker joining now has nothing left to do
     kv.close()
     return 0
 
