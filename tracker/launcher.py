@@ -196,6 +196,7 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     signals = _Signals().install()
     spawn_error = None
     strays = Strays(lambda: [c.popen.pid for c in children] + scheduler.pids)
+    replace: _Replacements | None = None
     try:
         procs = [dataclasses.replace(p, env={**p.env, "KVSTORE_SECRET": secret})
                  for p in spec.processes(scheduler.port)]
@@ -217,6 +218,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
             restart = _ServerRestarts(spec, spawn, children) if spec.restart_servers else None
             again = _StartsAgain(spawn, children, codes) if settings.replicas else None
             first_failure = _monitor(children, codes, scheduler, settings, signals, replace, restart, again)
+            if replace is not None:
+                replace.judge(scheduler, over=True)   # exits still waiting: the job is over
             if first_failure is not None and first_failure[0] == "scheduler":
                 _settle(children, codes, scheduler, signals)
     finally:
@@ -241,7 +244,8 @@ def launch(spec: JobSpec, spawn: Callable[[ProcSpec], Child] | None = None,
     if spawn_error is not None:
         return Outcome(127, spawn_error, [row(c, c.poll(), "") for c in children],
                        spec.num_workers, spec.num_servers, time.monotonic() - started)
-    outcome = conclude(children, codes, first_failure, interrupted, scheduler.failure)
+    outcome = conclude(children, codes, first_failure, interrupted, scheduler.failure,
+                       late=replace.late if replace is not None else ())
     outcome.num_workers, outcome.num_servers = spec.num_workers, spec.num_servers
     outcome.elapsed = time.monotonic() - started
     return outcome
@@ -270,15 +274,44 @@ class _Replacements:
     """Elastic jobs: a worker that ended with a non-zero status left the job (the
     scheduler decides; below the minimum it aborts), and up to ``max_restarts``
     times a new process is started in its place, with the same command, rank and
-    variables: it joins the running job (docs/elastic.md)."""
+    variables: it joins the running job (docs/elastic.md).
+
+    A worker that had called close() first had finished its part: it is not
+    replaced, and its status is the job's at the end (:attr:`late`; the others go
+    on). Which it was, the scheduler knows: each failed exit waits (:meth:`judge`)
+    until the scheduler's report has handled it, then reads whether that worker
+    had said ``finish`` (it says so before close() returns, so before the exit)."""
 
     def __init__(self, spec: JobSpec, spawn, children: list):
         self._left = spec.max_restarts
         self._spawn = spawn
         self._children = children
         self.started = 0
+        self._waiting: list[tuple] = []      # (child, status, the exit's number) to judge
+        self.late: list[tuple[str, int]] = []   # (label, status): failed after close()
 
-    def __call__(self, child, code: int) -> None:
+    def __call__(self, child, code: int, told: int) -> None:
+        self._waiting.append((child, code, told))
+
+    def judge(self, scheduler, over: bool = False) -> None:
+        """Decide each waiting exit the scheduler has handled (every one once the job is
+        ``over`` or done: nothing is started then)."""
+        heard, closed = scheduler.heard
+        over = over or scheduler.done
+        for item in [w for w in self._waiting if w[2] <= heard or over]:
+            self._waiting.remove(item)
+            child, code, _ = item
+            if child.spec.rank in closed:
+                log.error("%s %s after it finished (called close()): not replaced; the job goes on and "
+                          "ends with its status", child.spec.label, describe_exit(code))
+                self.late.append((child.spec.label, code))
+            elif over:
+                log.warning("%s %s: the elastic job is over, nothing replaces it", child.spec.label,
+                            describe_exit(code))
+            else:
+                self._replace(child, code)
+
+    def _replace(self, child, code: int) -> None:
         log.warning("%s %s: it leaves the elastic job%s", child.spec.label, describe_exit(code),
                     " (no replacement: --max-restarts reached)" if self.started and not self._left else "")
         if self._left <= 0:
@@ -395,10 +428,10 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
             codes[label] = code
             if code and getattr(child, "blame", None):   # never started: its command failed
                 scheduler.abort(child.blame)
-            scheduler.node_exited(child.spec.role, child.spec.rank, code)
+            told = scheduler.node_exited(child.spec.role, child.spec.rank, code)
             if code != 0:
                 if replace is not None and child.spec.role == "worker" and not failed_before:
-                    replace(child, code)
+                    replace(child, code, told)
                     continue
                 if settings.replicas and child.spec.role == "server" and not failed_before:
                     # replicated servers: the scheduler hands its chunks to their backups, or
@@ -410,6 +443,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
                 if not failed_before:
                     return label, code
                 nonzero = True
+        if replace is not None:
+            replace.judge(scheduler)
         if settings.replicas:
             if again is not None and scheduler.failure is None:
                 again(scheduler.start_again)

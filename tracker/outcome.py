@@ -152,7 +152,10 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> Outcome:
+def conclude(children, codes, first_failure, interrupted, scheduler_failure, late=()) -> Outcome:
+    """The job's :class:`Outcome`. ``late``: (label, status) of elastic workers that
+    failed after they finished (called close()): the job went on without them, and
+    the first is its root cause unless something else failed."""
     root = None
     culprits: list[str] = []
     returncode = 0
@@ -188,6 +191,12 @@ def conclude(children, codes, first_failure, interrupted, scheduler_failure) -> 
     elif interrupted is not None:
         root = f"the launcher was interrupted by {signal.Signals(interrupted).name}"
         returncode = 128 + interrupted
+    elif late:
+        label, code = late[0]
+        culprits = [label]
+        root = (f"{_describe(by_label[label], code, exception=True)} after it finished its part (called "
+                "close()); the elastic job went on without it")
+        returncode = _status(code)
     rows = []
     for child in children:
         label = child.spec.label

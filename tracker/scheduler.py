@@ -15,6 +15,8 @@ message on its stdin (the first: ``{"job": ID, "restarted": BOOL, "port": P}``,
 port 0 for any free one; then ``{"exited": [ROLE, RANK, STATUS]}``, ``{"abort":
 REASON}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
 listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"start_again": [[RANK, COUNT], ...]}``,
+``{"exits": N, "closed": [RANKS]}`` (the ``exited`` lines handled so far, and the
+workers that called close(): what the launcher judges a worker's failed exit by),
 ``{"done": true}``).
 """
 
@@ -109,6 +111,7 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
     failure: str | None = None
     failed_over: frozenset[int] = frozenset()
     start_again: dict[int, int] = {}
+    exits: tuple[int, frozenset[int]] = (0, frozenset())
     try:
         say(port=sched.port, pid=os.getpid())
         while not stop.is_set():
@@ -122,6 +125,9 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
             if sched.start_again != start_again:
                 start_again = sched.start_again
                 say(start_again=sorted(start_again.items()))
+            if (sched.exits_heard, sched.closed_workers) != exits:
+                exits = (sched.exits_heard, sched.closed_workers)
+                say(exits=exits[0], closed=sorted(exits[1]))
             if ended:
                 say(done=True)
                 break

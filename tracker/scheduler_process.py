@@ -17,8 +17,9 @@ Example::
 
     scheduler = SchedulerProcess(settings, 2, 1, host="127.0.0.1", secret=secret).start()
     ... start the processes with KVSTORE_SCHEDULER_PORT=scheduler.port ...
-    scheduler.node_exited("worker", 0, 0)      # what the launcher saw
+    scheduler.node_exited("worker", 0, 0)      # what the launcher saw: the exit's number (1, 2, ...)
     scheduler.failure, scheduler.failed_over, scheduler.start_again, scheduler.done
+    scheduler.exits_heard, scheduler.closed_workers   # a failed worker's exit: had it called close()?
     scheduler.close()
 """
 
@@ -78,6 +79,10 @@ class SchedulerProcess:
         self._failure: str | None = None
         self._failed_over: frozenset[int] = frozenset()
         self._start_again: dict[int, int] = {}
+        self._exits_told = 0
+        # (exits the scheduler handled, workers that called close()), from one report; the
+        # ranks are kept across restarts (a rank, once closed, stays so)
+        self._heard: tuple[int, frozenset[int]] = (0, frozenset())
         self._done = threading.Event()
         self._closing = False
 
@@ -109,15 +114,27 @@ class SchedulerProcess:
         """The job ended (every node finished, or it was aborted)."""
         return self._done.is_set()
 
+    @property
+    def heard(self) -> tuple[int, frozenset[int]]:
+        """``(n, ranks)``: the scheduler had handled the first n exits :meth:`node_exited`
+        told it (a restarted one hears them all again), and the workers of ``ranks``
+        had called close() (said ``finish``) by then."""
+        return self._heard
+
     def start(self) -> "SchedulerProcess":
         """Start the scheduler; OSError if it cannot start (its log says why)."""
         with self._lock:
             self._spawn(restarted=False)
         return self
 
-    def node_exited(self, role: str, rank: int, returncode: int) -> None:
-        """The launcher saw the process of ``role`` ``rank`` end with ``returncode``."""
+    def node_exited(self, role: str, rank: int, returncode: int) -> int:
+        """The launcher saw the process of ``role`` ``rank`` end with ``returncode``;
+        returns the exit's number (1 for the first told), which :attr:`heard` counts."""
+        with self._lock:
+            self._exits_told += 1
+            told = self._exits_told
         self._tell({"exited": [role, rank, returncode]})
+        return told
 
     def abort(self, reason: str) -> None:
         """Abort the job: every node is told ``reason``."""
@@ -208,6 +225,9 @@ class SchedulerProcess:
             if isinstance(msg.get("start_again"), list):
                 self._start_again = {p[0]: p[1] for p in msg["start_again"]
                                      if isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)}
+            exits, closed = msg.get("exits"), msg.get("closed")
+            if type(exits) is int and isinstance(closed, list) and popen is self._popen:
+                self._heard = (exits, self._heard[1] | {r for r in closed if type(r) is int})
             if msg.get("done") is True:
                 self._done.set()
         code = popen.wait()

@@ -103,9 +103,10 @@ class JobMember:
         """Record the job's progress with the scheduler (what joining workers read)."""
         self._translate(self.membership.save_progress, progress)
 
-    def finish(self) -> None:
-        """Tell the scheduler this worker is done."""
-        self._translate(self.membership.finish)
+    def finish(self, closed: bool = True) -> None:
+        """Tell the scheduler this worker is done (``closed``: the script said so, not
+        the exit handler)."""
+        self._translate(self.membership.finish, closed)
 
     def _translate(self, fn, *args):
         """Call a tracker function, re-raising its errors as kvstore errors."""

@@ -57,8 +57,10 @@ class Departure:
             sys.excepthook = hook
         atexit.register(self._close_at_exit)
 
-    def close(self) -> None:
-        """Wait for pushes in flight, tell the scheduler this worker is done, release sockets."""
+    def close(self, at_exit: bool = False) -> None:
+        """Wait for pushes in flight, tell the scheduler this worker is done, release
+        sockets. ``at_exit``: the exit handler's, not the script's (the status the
+        interpreter exits with is not known yet: the launcher judges it)."""
         if self.left:
             return
         if self._client.failure is not None:   # an earlier call gave up: do not wait again
@@ -73,7 +75,7 @@ class Departure:
                 self._client.settle("close")    # (replicas) no push left that only this worker holds
                 if self._host is not None:
                     self._host.leave("close")   # the leader waits until its members have all
-                self._job.finish()
+                self._job.finish(closed=not at_exit)
         except BaseException as e:      # e.g. a push that failed: the job must learn it now
             try:
                 self._membership.fail(f"close: {type(e).__name__}: {e}")
@@ -111,6 +113,6 @@ class Departure:
         if self._crash is not None and not self.left:
             return self.fail(self._crash)
         try:
-            self.close()
+            self.close(at_exit=True)
         except Exception as e:  # at interpreter exit there is no caller left to raise to
             log.error("[worker:%d] closing the store at exit failed: %s", self._rank, e)

@@ -100,6 +100,20 @@ def test_the_launcher_replaces_a_lost_worker():
     assert "worker 1 done members [0, 1]" in job.text
 
 
+def test_a_worker_that_fails_after_close_is_not_replaced_and_its_status_ends_the_job():
+    """Worker 1 closes its store at step 2 and exits with status 3: it finished its
+    part, so nothing replaces it (--max-restarts 1 is not used) and worker 0 trains
+    on alone to the end; the job's status is worker 1's, naming it."""
+    job = launch("-n", "2", "-s", "1", "--elastic", "1:2", "--max-restarts", "1", "--", "sums",
+                 "--steps", "8", "--die", "1", "--die-at", "2", "--close-then-fail")
+    assert job.wait(120) == 3, job.text
+    assert values(job.text, 0, "a") == [3, 3, 3] + [1] * 5, job.text     # on alone after step 2
+    assert "worker 1 exited with status 3 after it finished (called close()): not replaced" in job.text
+    assert "in place of worker 1" not in job.text, job.text
+    assert re.search(r"job failed: worker 1 exited with status 3 after it finished its part", job.text), job.text
+    assert re.search(r"worker 1 +\d+ +exited with status 3 +<- root cause", job.text), job.text
+
+
 def test_below_the_minimum_the_job_fails_fast_naming_who_left():
     started = time.monotonic()
     job = launch("-n", "2", "-s", "1", "--elastic", "2:2", "--", "sums", "--steps", "50",

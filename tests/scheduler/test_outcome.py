@@ -91,3 +91,14 @@ def test_of_workers_that_failed_alike_before_the_scheduler_heard_the_first_in_la
         assert outcome.root_cause == f"worker 1 exited with status 1: {same}"
     outcome = conclude(children, {"worker 3": 1}, ("worker 3", 1), None, None)
     assert marked(outcome) == ["worker 3"]
+
+
+def test_an_elastic_worker_that_failed_after_close_is_the_root_cause_of_a_job_that_went_on():
+    children = job(0, 3, 0)
+    outcome = conclude(children, {"worker 0": 0, "worker 1": 3, "worker 2": 0}, None, None, None,
+                       late=[("worker 1", 3)])
+    assert marked(outcome) == ["worker 1"] and outcome.returncode == 3
+    assert outcome.root_cause == ("worker 1 exited with status 3 after it finished its part (called close()); "
+                                  "the elastic job went on without it")
+    assert conclude(children, {"worker 1": 3}, ("worker 1", 3), None, None,
+                    late=[("worker 1", 3)]).root_cause == "worker 1 exited with status 3"   # a failure first

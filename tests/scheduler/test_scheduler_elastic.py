@@ -358,6 +358,22 @@ def test_a_finished_worker_is_acknowledged_not_told_it_was_removed():
                             "in its barriers", req_id)
 
 
+def test_a_launcher_reads_which_workers_closed_and_how_many_exits_were_handled():
+    """What tracker.launcher judges a failed worker's exit by: the workers that said
+    ``finish`` from close() (not from an exit handler) and the count of exits handled (each exit, even one that
+    changes nothing, counts: the launcher waits for its own exit's number)."""
+    job = Elastic(workers=3, elastic=(1, 4))
+    job.form()
+    assert (job.state.exits_heard, job.state.closed_workers) == (0, frozenset())
+    job.request("worker-2", "finish", closed=False)      # an exit handler's: judged by its status
+    job.request("worker-1", "finish", closed=True)
+    assert job.state.closed_workers == {1}
+    job.state.node_exited("worker", 1, 3, job.now)      # it failed after close(): no member any more
+    job.state.node_exited("worker", 2, 9, job.now)      # failed without close()
+    assert (job.state.exits_heard, job.state.closed_workers) == (2, frozenset({1}))
+    assert job.state.members == [0] and job.state.failure is None
+
+
 def test_servers_hear_members_never_workers_finished():
     job = Elastic(workers=2, elastic=(1, 4))
     job.form()

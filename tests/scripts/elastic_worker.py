@@ -8,7 +8,8 @@ sums (dist_sync, no optimizer): keys 'a' and 'b' (each split over the servers);
 at every step worker r pushes r + 1 into each with one pushpull per key and
 prints what it got: the sum of the round. Worker RANK kills itself (SIGKILL) at
 step STEP after its pushpull of 'a' and before 'b', so that round of 'a' holds its
-push and that of 'b' does not.
+push and that of 'b' does not. With --close-then-fail, worker RANK instead
+calls kv.close() at that step, after both pushpulls, and exits with status 3.
 
 train (dist_sync, sgd on the servers): every M steps the members record the
 step (kv.save_progress), every worker passes a barrier and prints a digest
@@ -44,6 +45,8 @@ p.add_argument("--steps", type=int, default=8)
 p.add_argument("--every", type=int, default=4)
 p.add_argument("--die", type=int, default=-1)
 p.add_argument("--die-at", type=int, default=-1)
+p.add_argument("--close-then-fail", action="store_true",
+               help="sums: worker --die closes its store at --die-at and exits with status 3")
 p.add_argument("--members", type=int, default=0,
                help="train: from step --every on, pass barriers until this many workers are members")
 p.add_argument("--kill-server", default="", help="train: R:S, worker 0 kills server R after its step S")
@@ -69,8 +72,12 @@ if args.mode == "sums":
             kv.pushpull(key, np.full(SIZE, kv.rank + 1, np.float32), out=out)
             assert (out == out[0]).all(), out
             print(f"worker {kv.rank} step {step} {key} {out[0]:g}", flush=True)
-            if key == "a" and die_now(step):
+            if key == "a" and die_now(step) and not args.close_then_fail:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if die_now(step) and args.close_then_fail:
+            kv.close()
+            print(f"worker {kv.rank} closed at step {step}; exiting with status 3", flush=True)
+            raise SystemExit(3)
 
 elif args.mode == "async":
     kv.init("w", np.zeros(SIZE, np.float32))

@@ -158,7 +158,7 @@ def test_a_host_group_is_flushed_before_the_client_and_left_before_the_finish(st
     client, member = job.clients[0], job.members[0]
     client_flush, finish = client.flush, member.finish
     client.flush = lambda what: (calls.append(("client flush", what)), client_flush(what))[1]
-    member.finish = lambda: (calls.append(("finish",)), finish())[1]
+    member.finish = lambda closed=True: (calls.append(("finish",)), finish(closed))[1]
     d0.attach(client, RecordingHost(calls), 0)
     d0.close()
     assert calls == [("host flush", "close"), ("client flush", "close"), ("host leave", "close"), ("finish",),

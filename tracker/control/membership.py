@@ -354,11 +354,14 @@ class Membership:
         self._request(wire.PROGRESS, "acknowledgement of saved progress", progress=progress)
         self.progress = dict(progress)
 
-    def finish(self) -> None:
-        """Tell the scheduler this node is done, then stop heartbeats."""
+    def finish(self, closed: bool = True) -> None:
+        """Tell the scheduler this node is done, then stop heartbeats. ``closed``: the
+        script said so (close(), the end of a ``with`` block), not the exit handler of an
+        interpreter that may be exiting with a failure status (a launcher judges a later
+        non-zero exit by it: tracker/launcher.py)."""
         try:
             if not self.aborted.is_set():
-                self._request(wire.FINISH, "acknowledgement of finish", min(self.timeout, 10.0))
+                self._request(wire.FINISH, "acknowledgement of finish", min(self.timeout, 10.0), closed=closed)
         finally:
             self.close()
 

@@ -139,6 +139,16 @@ class Scheduler:
         before the job formed: tracker.control.start_again)."""
         return self._state.start_again
 
+    @property
+    def exits_heard(self) -> int:
+        """How many of a launcher's ``node_exited`` reports the scheduler has handled."""
+        return self._state.exits_heard
+
+    @property
+    def closed_workers(self) -> frozenset[int]:
+        """The ranks of the workers that called close() (said ``finish``)."""
+        return self._state.closed_workers
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job finished or failed. True when every node finished."""
         self._done.wait(timeout)

@@ -130,6 +130,11 @@ class SchedulerState:
         # replicated jobs a launcher runs: servers lost before the job formed are started again
         self._starts_again = StartsAgain(num_servers) if replicas and restartable and not restarted else None
         self._registered_at = now       # the last registration before the job formed (start_again)
+        # what a launcher reads to judge a worker's failed exit (tracker.launcher): the
+        # exits it reported so far, and the ranks of the workers that called close()
+        # (replaced whole, never changed in place: read from the launcher's thread)
+        self.exits_heard = 0
+        self.closed_workers: frozenset[int] = frozenset()
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -199,6 +204,7 @@ class SchedulerState:
         worker: the one holding the rank now, which may replace one that left). While a
         restarted scheduler waits for the members, kept for after the recovery."""
         self._now = now
+        self.exits_heard += 1
         if self._recovery is not None:
             self._recovery.exit(role, rank, code)
             self._maybe_recover()
@@ -761,6 +767,8 @@ class SchedulerState:
         if self._handled(node, msg):
             return
         node.finished_at = self._now
+        if node.role == "worker" and node.rank is not None and msg.get("closed") is True:
+            self.closed_workers = self.closed_workers | {node.rank}
         self._send(ident, wire.FINISHED, id=msg.get("id"))
         log.debug("%s finished", node.name())
         if self._elastic_worker(node):   # leaves: the others go on without it
