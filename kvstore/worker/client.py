@@ -141,6 +141,14 @@ class Client:
             self._shared[name] = make()
         return self._shared[name]
 
+    def pushed_by_host(self, chunks) -> None:
+        """This worker's push of ``chunks`` goes in its host's sum, which the group's
+        leader pushes (kvstore.hostgroup): with replicated servers it counts among this
+        worker's pushes of each chunk too (a server numbers a chunk's rounds per worker),
+        so that its own later pushes carry the numbers the servers expect."""
+        if self.failover is not None:
+            self.failover.number(ops.PUSHPULL, chunks)
+
     def request(self, server: int, op: str, what: str, arrays=(), options: RequestOptions = PLAIN,
                 **fields) -> tuple[int, zmq.MessageTracker | None]:
         """Send one request ``op`` to ``server`` with ``arrays`` and the header

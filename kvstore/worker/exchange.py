@@ -356,6 +356,8 @@ class Exchange:
             targets, pending.staged = self._staging.outputs(targets, on_device=outputs_on_device, dtypes=narrowed)
         if via_group:
             assert self.host is not None
+            if not self.host.leads:     # (replicas) the leader's push carries ours: count it as ours
+                self._client.pushed_by_host([chunk.wire_id for info, _ in sources for chunk in info.chunks])
             pending.host = self.host.start(what, sources, targets)    # the host sums it first
             return pending
         if (op == ops.PUSHPULL and sources is not None and wire.splits_norms

@@ -57,8 +57,6 @@ def replicated_config(config: Config, mode: ConsistencyMode, kind: str) -> Confi
     if config.num_servers is not None and config.num_servers < 2:
         raise ConfigError(f"kvstore.create({kind!r}): KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on "
                           f"another server); this job has {config.num_servers}")
-    if config.host_reduce:
-        raise refuse("KVSTORE_HOST_REDUCE=1")
     if config.server_device != "cpu":
         raise refuse("KVSTORE_SERVER_DEVICE=gpu")
     if mode.bounded and config.elastic is not None:

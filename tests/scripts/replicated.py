@@ -91,7 +91,7 @@ def main() -> None:
         kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     keys = list(SIZES)
     start = kv.resume_meta.get("step", 0) if kv.resumed else 0
-    print(f"resumed={kv.resumed} start={start}", flush=True)
+    print(f"resumed={kv.resumed} start={start} host group={list(kv.host_group)}", flush=True)
     kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])   # resumed: kept
     if kv.rank == 0:
         for server in kills.get(-1, ()):        # step -1: between init and set_optimizer

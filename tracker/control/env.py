@@ -286,11 +286,12 @@ VARIABLES: tuple[Var, ...] = (
         "deterministic=True) overrides it. Read by workers; dist_async and dist_ssp refuse it."),
     Var("KVSTORE_REPLICAS", (), 0, _replicas,
         "1: each server's share of chunks has a backup on another server (the next in the ring, on "
-        "another host where there is one) that applies every dist_sync round (dist_async push) before "
-        "any worker is answered; when a server dies the backup takes over its chunks and the job goes "
-        "on (docs/reliability.md). Needs 2 or more servers, dist_sync or dist_async, dense keys, host "
-        "memory, no checkpoint directory, no host groups, not elastic: other combinations are refused "
-        "at start. 0: a dead server ends the job. Set it for the whole job (the launcher and every process)."),
+        "another host where there is one) that applies every dist_sync round (dist_async, dist_ssp push) "
+        "too, and a worker keeps each push until its backup has it; when a server dies the backup takes "
+        "over its chunks and the job goes on (docs/reliability.md). Needs 2 or more servers in host memory "
+        "(not KVSTORE_SERVER_DEVICE=gpu), tracker.local or tracker.ssh (not mpirun, srun), and not dist_ssp "
+        "with elastic workers: other combinations are refused at start. 0: a dead server ends the job. "
+        "Set it for the whole job (the launcher and every process)."),
     Var("KVSTORE_STALL_WARNING", (), 60.0, _NON_NEGATIVE_FLOAT,
         "Seconds a synchronous round may wait for missing workers before the server logs "
         "which workers and which key it waits for (0: never)."),
