@@ -1,9 +1,11 @@
-"""benchmarks/trainer/run.py --link at tiny size: every contender split over two network
-namespaces joined by a rate-limited veth pair (ours over tcp, DDP over gloo across
-the veth, the floor on A), every worker's weights checked; and over a --layout's
-hosts (dedicated: worker hosts A, B and a server host S0). Needs root and network
-namespaces (skipped otherwise). Never asserts on speed: timings are only checked to
-exist."""
+"""benchmarks/trainer/run.py --link at tiny size: the contenders split over two network
+namespaces joined by a rate-limited veth pair (ours over tcp, DDP over gloo across the
+veth, the floor on A; ours with and without overlap, the servers and the workers
+updating, each once: the four combinations differ in the Trainer, which
+tests/benchmarks/test_bench_trainer.py runs all of, not in what crosses the link),
+every worker's weights checked; and over a --layout's hosts (dedicated: worker hosts
+A, B and a server host S0). Needs root and network namespaces (skipped otherwise).
+Never asserts on speed: timings are only checked to exist."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from benchmarks.harness import layouts  # noqa: E402
 from benchmarks.trainer import run as trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow
+LINKED = ("ours-overlap-server", "ours-nooverlap-worker", "ddp", "floor")
 
 # mlp: no BatchNorm, so the floor is checked too; 1 warm-up + 2 timed steps, 1 launch
 TINY = ["--link", "1gbit", "--network", "mlp", "--batch-size", "4", "--image-size", "8",
@@ -60,18 +63,18 @@ def passed(p, tmp_path, name: str) -> dict:
 def test_trainer_over_the_link_tiny(netns_ok, tmp_path):
     pytest.importorskip("torch")
     before = {n for n in namespaces() if n.startswith(PREFIX)}
-    p = run_link(tmp_path, "-w", "2", "-s", "2")      # W=2, S=2 as the run of record
+    p = run_link(tmp_path, "-w", "2", "-s", "2", "--contenders", ",".join(LINKED))  # W=2, S=2 as of record
     after = {n for n in namespaces() if n.startswith(PREFIX)}
     assert after - before == set(), "a namespace was left behind"
     data = passed(p, tmp_path, "trainer-link-1gbit")
     assert not (tmp_path / "trainer.json").exists()       # the default run's files are untouched
     # every contender ran and has positive medians
-    assert set(data["summary"]) == set(trainer.DEFAULT_CONTENDERS)
+    assert set(data["summary"]) == set(LINKED)
     for name, s in data["summary"].items():
         assert s["n"] == 2 and s["median"] > 0 and s["p10"] > 0, (name, s)
         assert all(v > 0 for v in s["parts_median"].values()), (name, s)
     # the correctness check ran for every contender and passed
-    assert set(data["correctness"]["by_contender"]) == set(trainer.DEFAULT_CONTENDERS)
+    assert set(data["correctness"]["by_contender"]) == set(LINKED)
     # ours really ran across the link: shm on its own side, tcp across; server r on side r
     addr = data["link"]["addresses"]
     for r in data["rows"]:
