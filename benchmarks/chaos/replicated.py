@@ -26,7 +26,11 @@ server. One fault of a random **target** (:data:`TARGETS`) at a random **moment*
 
 With ``--elastic`` every job runs with ``--elastic 1:W`` (replicated servers in an
 elastic job, docs/reliability.md); the faults and the judgement are the same (no
-worker leaves, so the weights are still the uninterrupted run's).
+worker leaves, so the weights are still the uninterrupted run's). With
+``--host-reduce`` every job runs with ``KVSTORE_HOST_REDUCE=1``: the workers
+(all on this host) form one host group in ``dist_sync``, whose leader pushes
+their sum (the other modes have no host sums); the judgement is the same, and a
+``dist_sync`` job must have formed the group.
 
 The ``second-server`` target is a second failure after a replacement: the job
 runs with ``--restart-servers 1`` and 300 rounds; after worker 0's round 3 a
@@ -157,6 +161,7 @@ class Case:
     first: int = -1          # second-server: the server killed first (-1: none)
     rounds: int = ROUNDS
     elastic: bool = False    # the job runs with --elastic 1:W (workers may leave and join)
+    host_reduce: bool = False   # KVSTORE_HOST_REDUCE=1: dist_sync's workers push their host's sum
 
     def describe(self) -> str:
         when = {"rounds": f"after round {self.at} + {1e3 * self.delay_s:.0f} ms",
@@ -166,7 +171,8 @@ class Case:
             when = f"{when.replace('round ', 'round +').replace('save ', 'save +')} of the replicas rebuilt " \
                    f"after server {self.first}'s SIGKILL"
         return (f"seed {self.seed}: {self.fault} -> {self.target} {self.rank} {when} "
-                f"(dist_{self.mode}{', elastic' if self.elastic else ''}, W={self.workers} S={self.servers})")
+                f"(dist_{self.mode}{', elastic' if self.elastic else ''}"
+                f"{', host groups' if self.host_reduce else ''}, W={self.workers} S={self.servers})")
 
 
 def draw_mode(rng: random.Random, modes) -> str:
@@ -184,12 +190,13 @@ def draw_mode(rng: random.Random, modes) -> str:
 
 
 def pick(seed: int, modes=DEFAULT_MODES, partitions: bool = True,
-         targets: tuple[str, ...] = DEFAULT_TARGETS, elastic: bool = False) -> Case:
+         targets: tuple[str, ...] = DEFAULT_TARGETS, elastic: bool = False, host_reduce: bool = False) -> Case:
     """The case of run ``seed``: every choice random, from that seed alone
     (``partitions``: whether network partitions can be made here; ``targets``: the
-    names of the :data:`TARGETS` drawn from; ``elastic``: every job elastic, which
-    draws nothing, so a seed is the same case either way)."""
-    return dataclasses.replace(_pick(seed, modes, partitions, targets), elastic=elastic)
+    names of the :data:`TARGETS` drawn from; ``elastic``: every job elastic, and
+    ``host_reduce``: every job with host groups, which draw nothing, so a seed is
+    the same case either way)."""
+    return dataclasses.replace(_pick(seed, modes, partitions, targets), elastic=elastic, host_reduce=host_reduce)
 
 
 def _pick(seed: int, modes, partitions: bool, targets: tuple[str, ...]) -> Case:
@@ -345,7 +352,8 @@ def run_case(case: Case, refs: References) -> dict:
     target = next(t for t in TARGETS if t.name == case.target)
     directory = tempfile.mkdtemp(prefix="chaos-replicated-")
     env = job_env(uuid.uuid4().hex, **REPLICATED, KVSTORE_CHECKPOINT_DIR=directory, KVSTORE_TIMEOUT=TIMEOUT,
-                  **({"KVSTORE_DETERMINISTIC": "1"} if case.mode == "sync" else {}))
+                  **({"KVSTORE_DETERMINISTIC": "1"} if case.mode == "sync" else {}),
+                  **({"KVSTORE_HOST_REDUCE": "1"} if case.host_reduce else {}))
     job: Launched | Placed | None = None
     started = time.monotonic()
     try:
@@ -448,6 +456,9 @@ def judge(job: Launched | Placed, case: Case, want: str | None, record: dict, en
     failed job's missing results are its status's problem, not a wrong value)."""
     problems = []
     outputs = {r: job.lines("worker", r) for r in range(case.workers)}
+    group = f"host group {list(range(case.workers))}"
+    if case.host_reduce and case.mode == "sync" and ended_ok and group not in outputs[0]:
+        problems.append(f"worker 0 did not report {group!r} (KVSTORE_HOST_REDUCE=1)")
     if any("WRONG" in line for lines in outputs.values() for line in lines):
         problems.append(f"a worker saw a {WRONG}")
     if case.mode == "sync":

@@ -72,6 +72,7 @@ def main() -> int:
         kv.init(keys, [np.linspace(-1, 1, n, dtype=np.float32) for n in SIZES.values()])
     else:
         kv.init(keys, [np.zeros(n, np.float32) for n in SIZES.values()])
+    print(f"host group {list(kv.host_group)}", flush=True)   # (KVSTORE_HOST_REDUCE=1, dist_sync)
     print("initialised", flush=True)
     if args.mode == "sync":
         kv.set_optimizer(opt.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))

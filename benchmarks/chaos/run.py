@@ -333,6 +333,8 @@ def main(argv=None) -> int:
     p.add_argument("--elastic", action="store_true",
                    help="elastic jobs (--elastic MIN:W, --max-restarts): a worker's fault must not end them; "
                         "with --replicated: every replicated job elastic (--elastic 1:W)")
+    p.add_argument("--host-reduce", action="store_true",
+                   help="with --replicated: every job with host groups (KVSTORE_HOST_REDUCE=1; dist_sync forms them)")
     p.add_argument("--replicated", action="store_true",
                    help="replicated servers (KVSTORE_REPLICAS=1): a server's fault must not end the job "
                         "(benchmarks/chaos/replicated.py)")
@@ -352,6 +354,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.replicated:
         return replicated_main(p, args)
+    if args.host_reduce:
+        p.error("--host-reduce goes with --replicated")
     phases = tuple(args.phases.split(",")) if args.phases else ("run",) if args.elastic else every
     if not phases or set(phases) - set(every) or len(set(phases)) != len(phases):
         p.error(f"--phases: a comma-separated list of distinct phases of {', '.join(every)}")
@@ -417,6 +421,8 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
         p.error(f"--modes: a comma-separated list of {', '.join(chaos_replicated.MODES)}")
     if args.ssh or args.phases:
         p.error("--replicated runs its own jobs: no --ssh or --phases (--elastic: every job elastic)")
+    if args.host_reduce and args.elastic:
+        p.error("--host-reduce and --elastic: elastic jobs form no host groups")
     targets = tuple(args.targets.split(","))
     names = [t.name for t in chaos_replicated.TARGETS]
     if not targets or set(targets) - set(names) or len(set(targets)) != len(targets):
@@ -427,12 +433,12 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     seeds = [args.replay] if args.replay is not None else [rng.randrange(1 << 31) for _ in range(args.runs)]
     partitions = chaos_replicated.can_partition()
     print(f"replicated, seed {seed}, modes {', '.join(modes)}, targets {', '.join(targets)}" +
-          (", elastic jobs" if args.elastic else "") +
+          (", elastic jobs" if args.elastic else "") + (", host groups" if args.host_reduce else "") +
           ("" if partitions else "; no network partitions: they need root and iproute2 (ip)"), flush=True)
     runs, t0, refs = [], time.time(), chaos_replicated.References()
     for i, run_seed in enumerate(seeds):
-        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions, targets, args.elastic),
-                                        refs)
+        run = chaos_replicated.run_case(chaos_replicated.pick(run_seed, modes, partitions, targets, args.elastic,
+                                                              args.host_reduce), refs)
         run["run"] = i
         runs.append(run)
         print(f"run {i}: {chaos_replicated.describe(run)}", flush=True)
@@ -445,6 +451,7 @@ def replicated_main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int
     with open(os.path.join(out_dir, "chaos-replicated.md"), "w") as f:
         f.write(f"# Chaos, replicated servers: {len(runs)} runs (seed {seed}, modes {', '.join(modes)}, "
                 f"{'elastic jobs (--elastic 1:W), ' if args.elastic else ''}"
+                f"{'host groups (KVSTORE_HOST_REDUCE=1), ' if args.host_reduce else ''}"
                 f"targets {', '.join(targets)}, "
                 f"{time.strftime('%Y-%m-%d')}, {round(time.time() - t0)} s, load average at the end "
                 f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n\n{summary}\n")
