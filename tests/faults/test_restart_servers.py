@@ -109,3 +109,40 @@ def test_restart_servers_without_replicas_is_refused_before_anything_starts():
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--restart-servers 1 starts servers in place of dead ones" in out.stderr, out.stderr
     assert "KVSTORE_REPLICAS=1" in out.stderr and "worker:" not in out.stdout, out.stdout + out.stderr
+
+
+def test_a_server_started_by_hand_replaces_a_dead_one_so_a_second_kill_keeps_the_uninterrupted_weights(
+        uninterrupted):
+    """No --restart-servers: the job's user starts the replacement, as a worker that
+    joins an elastic job is started (docs/reliability.md): ``python -m kvstore.server``
+    with the job's scheduler, secret and settings and the next server rank
+    (KVSTORE_RANK=S, the job's S servers in KVSTORE_NUM_SERVERS). 3 servers: server 1
+    dies after step 2, the hand-started server 3 backs up the shares that lost their
+    backup and has them rebuilt; worker 0 waits for that, and server 2 dies after step
+    6: the weights of the uninterrupted job."""
+    from services import Proc
+    from test_replicated_servers import BASE
+    secret = os.urandom(16).hex()
+    settings = {**BASE, "KVSTORE_REPLICAS": "1", "KVSTORE_SECRET": secret}
+    job = Proc([sys.executable, "-m", "tracker.local", "-n", "2", "-s", "3", "--kill-grace", "1", sys.executable,
+                os.path.join(SCRIPTS, "replicated.py")],
+               env={**settings, "KILL": "1:2,2:6", "REBUILT": "6",
+                    "PYTHONPATH": os.pathsep.join((SCRIPTS, ROOT))})
+    try:
+        job.wait_for(r"scheduler listening on 127\.0\.0\.1:\d+", timeout=30)
+        port = re.search(r"scheduler listening on 127\.0\.0\.1:(\d+)", job.text).group(1)
+        job.wait_for(r"killed server 1 at step 2", timeout=60)
+        server = Proc([sys.executable, "-m", "kvstore.server"], env={
+            **settings, "KVSTORE_ROLE": "server", "KVSTORE_RANK": "3", "KVSTORE_NUM_SERVERS": "3",
+            "KVSTORE_NUM_WORKERS": "2", "KVSTORE_SCHEDULER_HOST": "127.0.0.1", "KVSTORE_SCHEDULER_PORT": port})
+        assert job.wait(120) == 0, job.text + "\n--- server 3 ---\n" + server.text
+        assert server.wait(60) == 0, server.text
+    finally:
+        if job.popen.poll() is None:    # a failed test: the launcher stops its processes
+            job.popen.terminate()
+            job.wait(30)
+    assert "joined as a replacement" in job.text and "[worker:0] replicas rebuilt" in job.text, job.text
+    assert "killed server 2 at step 6" in job.text, job.text
+    assert "server 3 serves server 1's chunks now" in server.text, server.text
+    found = sorted(re.findall(r"\[worker:(\d)\] digest (\w+)", job.text))
+    assert found == [("0", uninterrupted), ("1", uninterrupted)], job.text
