@@ -191,3 +191,12 @@ def test_curve_job_through_the_launcher_and_no_secret_on_any_command_line(tmp_pa
                           "--env", f"KVSTORE_SECRET={SECRET}", "python", "x.py"],
                          env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert SECRET not in dry.stdout + dry.stderr
+
+
+def test_a_monitor_event_is_read_as_libzmq_writes_it():
+    import struct
+    from tracker.control.security import monitor_event
+    frames = [struct.pack("=hi", zmq.EVENT_ACCEPTED, 17), b"tcp://127.0.0.1:5555"]
+    assert monitor_event(frames) == (zmq.EVENT_ACCEPTED, 17, "tcp://127.0.0.1:5555")
+    with pytest.raises(RuntimeError, match="not a ZeroMQ monitor event"):
+        monitor_event([b"\x00" * 5, b"x"])

@@ -37,7 +37,6 @@ from typing import Callable
 
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
@@ -228,9 +227,8 @@ class Authenticator:
                 ready = dict(poller.poll(100))
                 for monitor, handshakes in monitors.items():
                     if monitor in ready:
-                        event = recv_monitor_message(monitor)
-                        endpoint = event["endpoint"].decode(errors="replace")
-                        failed = handshakes.on_event(event["event"], event["value"], endpoint)
+                        event, value, endpoint = monitor_event(monitor.recv_multipart())
+                        failed = handshakes.on_event(event, value, endpoint)
                         if failed is not None:
                             self._log_handshake(endpoint, *failed)
                 if sock not in ready:
@@ -259,3 +257,14 @@ class Authenticator:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2)
+
+
+def monitor_event(frames: list) -> tuple[int, int, str]:
+    """A ZeroMQ socket monitor's message (libzmq's zmq_socket_monitor): a frame of a
+    16-bit event id and a 32-bit value (native byte order, no padding), then the
+    endpoint; as ``(event, value, endpoint)``. (pyzmq's ``recv_monitor_message`` does
+    the same, but its module imports asyncio: ~25 ms more in every process's start.)"""
+    if len(frames) != 2 or len(frames[0]) != 6:
+        raise RuntimeError(f"not a ZeroMQ monitor event: {frames!r:.200}")
+    event, value = struct.unpack("=hi", frames[0])
+    return event, value, bytes(frames[1]).decode(errors="replace")
