@@ -110,12 +110,13 @@ def test_replicated_config_sends_everything_over_plain_tcp():
     config = replicated_config(Config(num_servers=2, transport="auto"), SYNC, "dist_sync")
     assert (config.transport, config.data_channel, config.write_in) == ("tcp", False, False)
     assert replicated_config(Config(num_servers=3), ASYNC, "dist_async").transport == "tcp"
+    # host groups are replicated too (their leader's push is numbered as each member's)
+    assert replicated_config(Config(num_servers=2, host_reduce=True), SYNC, "dist_sync").host_reduce
 
 
 @pytest.mark.parametrize("settings, mode, kind, fragment", [
     ({"num_servers": 1}, SYNC, "dist_sync", "KVSTORE_REPLICAS=1 needs at least 2 servers (a backup on another "
                                             "server); this job has 1"),
-    ({"num_servers": 2, "host_reduce": True}, SYNC, "dist_sync", "KVSTORE_REPLICAS=1 with KVSTORE_HOST_REDUCE=1"),
     ({"num_servers": 2, "server_device": "gpu"}, SYNC, "dist_sync", "with KVSTORE_SERVER_DEVICE=gpu"),
     ({"num_servers": 2, "elastic": (1, 4)}, SSP, "dist_ssp", "with dist_ssp and elastic workers (--elastic)"),
 ])
