@@ -154,7 +154,7 @@ CTRL_TEMPLATES = {   # one well-formed request per op of SchedulerState.OPS, fro
     "heartbeat": {},
     "register": {"role": "worker", "rank": 0, "host": "127.0.0.1", "addr": "", "pid": 100},
     "barrier": {"token": "barrier", "timeout": 30.0},
-    "finish": {},
+    "finish": {"closed": True},
     "fail": {"reason": "fuzz"},
     "progress": {"progress": {"epoch": 1}},
 }
