@@ -125,6 +125,8 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
             if sched.start_again != start_again:
                 start_again = sched.start_again
                 say(start_again=sorted(start_again.items()))
+            # the count first: a worker's finish comes before its exit, so ranks read after
+            # a count that holds an exit already hold that worker if it had closed
             if (sched.exits_heard, sched.closed_workers) != exits:
                 exits = (sched.exits_heard, sched.closed_workers)
                 say(exits=exits[0], closed=sorted(exits[1]))

@@ -19,7 +19,7 @@ Example::
     ... start the processes with KVSTORE_SCHEDULER_PORT=scheduler.port ...
     scheduler.node_exited("worker", 0, 0)      # what the launcher saw: the exit's number (1, 2, ...)
     scheduler.failure, scheduler.failed_over, scheduler.start_again, scheduler.done
-    scheduler.exits_heard, scheduler.closed_workers   # a failed worker's exit: had it called close()?
+    scheduler.heard           # (exits handled, workers that called close()): judging a failed exit
     scheduler.close()
 """
 
