@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 TICK = 0.05
 SETTLE = 2.0   # seconds the processes a scheduler-found failure names get to end by themselves
+HEARD = 2.0    # seconds a failed exit waits for the scheduler's word on it (tracker.scheduler_process)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -293,15 +294,15 @@ class _Replacements:
     def __call__(self, child, code: int, told: int) -> None:
         self._waiting.append((child, code, told))
 
-    def judge(self, scheduler, over: bool = False) -> None:
+    def judge(self, scheduler: SchedulerProcess, over: bool = False) -> None:
         """Decide each waiting exit the scheduler has handled (every one once the job is
         ``over`` or done: nothing is started then)."""
-        heard, closed = scheduler.heard
+        heard = scheduler.heard
         over = over or scheduler.done
-        for item in [w for w in self._waiting if w[2] <= heard or over]:
+        for item in [w for w in self._waiting if w[2] <= heard.exits or over]:
             self._waiting.remove(item)
             child, code, _ = item
-            if child.spec.rank in closed:
+            if child.spec.rank in heard.closed:
                 log.error("%s %s after it finished (called close()): not replaced; the job goes on and "
                           "ends with its status", child.spec.label, describe_exit(code))
                 self.late.append((child.spec.label, code))
@@ -426,7 +427,8 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
             if code is None:
                 continue
             codes[label] = code
-            if code and getattr(child, "blame", None):   # never started: its command failed
+            blamed = bool(code and getattr(child, "blame", None))
+            if blamed:      # never started: its command failed (this abort is this exit's own)
                 scheduler.abort(child.blame)
             told = scheduler.node_exited(child.spec.role, child.spec.rank, code)
             if code != 0:
@@ -440,7 +442,7 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
                                 "backups, has it started again (the job had not formed), or ends the job "
                                 "(a chain's second failure)", label, describe_exit(code))
                     continue
-                if not failed_before:
+                if not failed_before and (blamed or not _after_failure(scheduler, told)):
                     return label, code
                 nonzero = True
         if replace is not None:
@@ -474,6 +476,17 @@ def _monitor(children, codes, scheduler, settings, signals, replace=None,
                 return None
         time.sleep(TICK)  # a poll interval of the monitor, not synchronisation
     return None
+
+
+def _after_failure(scheduler: SchedulerProcess, told: int) -> bool:
+    """Whether the launcher's exit number ``told`` came after the job had failed (a
+    consequence: the scheduler aborted the job, and a process it told exited), not
+    its cause. The scheduler's word on it may reach the launcher later than that
+    exit (the abort reaches the process over its socket, the failure the launcher
+    over the scheduler's pipe): it is awaited, up to HEARD seconds."""
+    scheduler.wait_heard(told, HEARD)
+    after = scheduler.heard.failed_after
+    return after is not None and after < told and scheduler.failure is not None
 
 
 def _end_failed_over(children, codes, failed_over: frozenset, ended: set) -> None:

@@ -15,8 +15,9 @@ message on its stdin (the first: ``{"job": ID, "restarted": BOOL, "port": P}``,
 port 0 for any free one; then ``{"exited": [ROLE, RANK, STATUS]}``, ``{"abort":
 REASON}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
 listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"start_again": [[RANK, COUNT], ...]}``,
-``{"exits": N, "closed": [RANKS]}`` (the ``exited`` lines handled so far, and the
-workers that called close(): what the launcher judges a worker's failed exit by),
+``{"exits": N, "closed": [RANKS], "failed_after": M}`` (the ``exited`` lines handled
+so far, the workers that called close(), and how many exits it had heard when the
+job failed, or null: what the launcher judges a failed exit by),
 ``{"done": true}``).
 """
 
@@ -111,7 +112,7 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
     failure: str | None = None
     failed_over: frozenset[int] = frozenset()
     start_again: dict[int, int] = {}
-    exits: tuple[int, frozenset[int]] = (0, frozenset())
+    exits: tuple[int, frozenset[int], int | None] = (0, frozenset(), None)
     try:
         say(port=sched.port, pid=os.getpid())
         while not stop.is_set():
@@ -125,11 +126,12 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
             if sched.start_again != start_again:
                 start_again = sched.start_again
                 say(start_again=sorted(start_again.items()))
-            # the count first: a worker's finish comes before its exit, so ranks read after
-            # a count that holds an exit already hold that worker if it had closed
-            if (sched.exits_heard, sched.closed_workers) != exits:
-                exits = (sched.exits_heard, sched.closed_workers)
-                say(exits=exits[0], closed=sorted(exits[1]))
+            # the count first: a worker's finish comes before its exit, and a failure
+            # before the exits it causes, so what is read after a count that holds an
+            # exit holds that worker's close() and a failure that came first
+            if (sched.exits_heard, sched.closed_workers, sched.failed_after) != exits:
+                exits = (sched.exits_heard, sched.closed_workers, sched.failed_after)
+                say(exits=exits[0], closed=sorted(exits[1]), failed_after=exits[2])
             if ended:
                 say(done=True)
                 break

@@ -19,7 +19,8 @@ Example::
     ... start the processes with KVSTORE_SCHEDULER_PORT=scheduler.port ...
     scheduler.node_exited("worker", 0, 0)      # what the launcher saw: the exit's number (1, 2, ...)
     scheduler.failure, scheduler.failed_over, scheduler.start_again, scheduler.done
-    scheduler.heard           # (exits handled, workers that called close()): judging a failed exit
+    scheduler.heard           # (exits handled, workers that called close(), exits before the failure)
+    scheduler.wait_heard(3, 2.0)    # until it handled exit 3 (and told the failure, if one came first)
     scheduler.close()
 """
 
@@ -34,7 +35,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import IO, Mapping
+from typing import IO, Mapping, NamedTuple
 
 from .control.env import Settings
 from .control.records import describe_exit
@@ -45,6 +46,16 @@ log = logging.getLogger(__name__)
 MAX_RESTARTS = 10      # restarts of one job's scheduler before its death ends the job
 STOP_GRACE = 5.0       # seconds the scheduler gets to end after ``stop``, before SIGKILL
 START_TIMEOUT = 60.0   # seconds a scheduler process gets to listen (a Python start, a bind)
+
+
+class Heard(NamedTuple):
+    """What the scheduler said of the exits the launcher told it: it handled the first
+    ``exits``; the workers of ``closed`` had called close() by then; the job had failed
+    after it had heard ``failed_after`` exits (None: it has not failed), so that an exit
+    numbered above that is a consequence of the failure, not its cause."""
+    exits: int
+    closed: frozenset
+    failed_after: int | None
 
 
 class SchedulerProcess:
@@ -80,9 +91,9 @@ class SchedulerProcess:
         self._failed_over: frozenset[int] = frozenset()
         self._start_again: dict[int, int] = {}
         self._exits_told = 0
-        # (exits the scheduler handled, workers that called close()), from one report; the
-        # ranks are kept across restarts (a rank, once closed, stays so)
-        self._heard: tuple[int, frozenset[int]] = (0, frozenset())
+        # from one report; the closed ranks are kept across restarts (once closed, always)
+        self._heard = Heard(0, frozenset(), None)
+        self._heard_changed = threading.Condition()
         self._done = threading.Event()
         self._closing = False
 
@@ -115,11 +126,21 @@ class SchedulerProcess:
         return self._done.is_set()
 
     @property
-    def heard(self) -> tuple[int, frozenset[int]]:
-        """``(n, ranks)``: the scheduler had handled the first n exits :meth:`node_exited`
-        told it (a restarted one hears them all again), and the workers of ``ranks``
-        had called close() (said ``finish``) by then."""
+    def heard(self) -> Heard:
+        """What the scheduler said of the exits :meth:`node_exited` told it (a restarted
+        one hears them all again): :class:`Heard`."""
         return self._heard
+
+    def wait_heard(self, told: int, timeout: float) -> bool:
+        """Wait until the scheduler handled exit number ``told`` (and, if the job had
+        failed before it, said why: :attr:`failure`), the job ended, or ``timeout``
+        seconds passed; whether it did."""
+        def said() -> bool:
+            heard = self._heard
+            return self._done.is_set() or (heard.exits >= told and (heard.failed_after is None
+                                                                   or self._failure is not None))
+        with self._heard_changed:
+            return self._heard_changed.wait_for(said, timeout)
 
     def start(self) -> "SchedulerProcess":
         """Start the scheduler; OSError if it cannot start (its log says why)."""
@@ -225,11 +246,14 @@ class SchedulerProcess:
             if isinstance(msg.get("start_again"), list):
                 self._start_again = {p[0]: p[1] for p in msg["start_again"]
                                      if isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)}
-            exits, closed = msg.get("exits"), msg.get("closed")
-            if type(exits) is int and isinstance(closed, list) and popen is self._popen:
-                self._heard = (exits, self._heard[1] | {r for r in closed if type(r) is int})
+            exits, closed, after = msg.get("exits"), msg.get("closed"), msg.get("failed_after")
+            if type(exits) is int and isinstance(closed, list) and (after is None or type(after) is int) \
+                    and popen is self._popen:
+                self._heard = Heard(exits, self._heard.closed | {r for r in closed if type(r) is int}, after)
             if msg.get("done") is True:
                 self._done.set()
+            with self._heard_changed:
+                self._heard_changed.notify_all()
         code = popen.wait()
         with self._lock:
             if self._done.is_set() or self._closing or popen is not self._popen:

@@ -149,6 +149,12 @@ class Scheduler:
         """The ranks of the workers that called close() (said ``finish``)."""
         return self._state.closed_workers
 
+    @property
+    def failed_after(self) -> int | None:
+        """How many of the launcher's exits the scheduler had heard when the job
+        failed (None: it has not failed)."""
+        return self._state.failed_after
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job finished or failed. True when every node finished."""
         self._done.wait(timeout)

@@ -130,11 +130,13 @@ class SchedulerState:
         # replicated jobs a launcher runs: servers lost before the job formed are started again
         self._starts_again = StartsAgain(num_servers) if replicas and restartable and not restarted else None
         self._registered_at = now       # the last registration before the job formed (start_again)
-        # what a launcher reads to judge a worker's failed exit (tracker.launcher): the
-        # exits it reported so far, and the ranks of the workers that called close()
-        # (replaced whole, never changed in place: read from the launcher's thread)
+        # what a launcher reads to judge a failed exit (tracker.launcher): the exits it
+        # reported so far, the ranks of the workers that called close() (replaced whole,
+        # never changed in place: read from the launcher's thread), and how many exits
+        # had been heard when the job failed (an exit after those is a consequence)
         self.exits_heard = 0
         self.closed_workers: frozenset[int] = frozenset()
+        self.failed_after: int | None = None
         self._now = now
         self._out: list[Send] = []
         self._nodes: dict[str, Node] = {}
@@ -843,6 +845,7 @@ class SchedulerState:
     def _abort(self, reason: str) -> None:
         if self.failure is not None:
             return
+        self.failed_after = self.exits_heard
         self.failure = reason
         log.error("aborting the job: %s", reason)
         for node in self._nodes.values():

@@ -1,0 +1,43 @@
+"""The launcher's scheduler process (tracker/scheduler_process.py) over its real
+pipes: what it says of the exits the launcher tells it, which the launcher judges
+a failed exit by (tracker/launcher.py): whether the job had failed before the exit
+(then the exit is a consequence, not the cause), and whether a worker had called
+close() first."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracker.control.env import Settings
+from tracker.control.security import new_secret
+from tracker.scheduler_process import SchedulerProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def scheduler():
+    sched = SchedulerProcess(Settings(heartbeat_interval=0.2, heartbeat_timeout=5.0, timeout=30.0), 2, 1,
+                             host="127.0.0.1", secret=new_secret()).start()
+    yield sched
+    sched.close()
+
+
+def test_an_exit_after_the_jobs_failure_is_said_to_come_after_it(scheduler):
+    """The job fails (here: the launcher aborts it), then a process exits: the
+    scheduler says it had heard no exit when the job failed, so exit 1 came after."""
+    assert scheduler.heard.exits == 0 and scheduler.heard.failed_after is None
+    scheduler.abort("worker 1 failed: RuntimeError: boom")
+    told = scheduler.node_exited("worker", 0, 1)
+    assert told == 1
+    assert scheduler.wait_heard(told, 10.0)
+    assert scheduler.heard.exits >= 1 and scheduler.heard.failed_after == 0
+    assert scheduler.failure is not None and "boom" in scheduler.failure
+
+
+def test_an_exit_that_fails_the_job_is_said_to_be_its_cause(scheduler):
+    """A process exits with status 1 before the job formed (nothing failed before):
+    the scheduler fails the job at that exit, and says it had heard it."""
+    told = scheduler.node_exited("server", 0, 1)
+    assert scheduler.wait_heard(told, 10.0)
+    assert scheduler.heard.failed_after == told and "server 0" in (scheduler.failure or "")
