@@ -78,6 +78,18 @@ class Proc:
     def text(self):
         return "\n".join(self.lines)
 
+    def stop(self, timeout=30):
+        """End it if it still runs (a failed test): SIGTERM, which a launcher takes to
+        stop its job's processes, then wait."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            self.wait(timeout)
+
+    def scheduler_port(self, timeout=30) -> int:
+        """The port of the scheduler a launcher said it started (tracker.local's log)."""
+        self.wait_for(r"scheduler listening on 127\.0\.0\.1:\d+", timeout=timeout)
+        return int(re.search(r"scheduler listening on 127\.0\.0\.1:(\d+)", self.text).group(1))
+
 
 def end_leftovers(since: int) -> None:
     """Kill whatever the Procs started since ``STARTED[since]`` (by one test) left

@@ -129,8 +129,7 @@ def test_a_server_started_by_hand_replaces_a_dead_one_so_a_second_kill_keeps_the
                env={**settings, "KILL": "1:2,2:6", "REBUILT": "6",
                     "PYTHONPATH": os.pathsep.join((SCRIPTS, ROOT))})
     try:
-        job.wait_for(r"scheduler listening on 127\.0\.0\.1:\d+", timeout=30)
-        port = re.search(r"scheduler listening on 127\.0\.0\.1:(\d+)", job.text).group(1)
+        port = str(job.scheduler_port())
         job.wait_for(r"killed server 1 at step 2", timeout=60)
         server = Proc([sys.executable, "-m", "kvstore.server"], env={
             **settings, "KVSTORE_ROLE": "server", "KVSTORE_RANK": "3", "KVSTORE_NUM_SERVERS": "3",
@@ -138,9 +137,7 @@ def test_a_server_started_by_hand_replaces_a_dead_one_so_a_second_kill_keeps_the
         assert job.wait(120) == 0, job.text + "\n--- server 3 ---\n" + server.text
         assert server.wait(60) == 0, server.text
     finally:
-        if job.popen.poll() is None:    # a failed test: the launcher stops its processes
-            job.popen.terminate()
-            job.wait(30)
+        job.stop()
     assert "joined as a replacement" in job.text and "[worker:0] replicas rebuilt" in job.text, job.text
     assert "killed server 2 at step 6" in job.text, job.text
     assert "server 3 serves server 1's chunks now" in server.text, server.text

@@ -67,7 +67,7 @@ def test_a_worker_started_by_hand_joins_with_the_others_weights():
     job = launch("-n", "2", "-s", "2", "--elastic", "2:3", "--", "train", "--steps", "16", "--every", "4",
                  "--members", "3", env={"KVSTORE_SECRET": secret})
     try:
-        port = _scheduler_port(job)
+        port = job.scheduler_port()
         job.wait_for(r"worker 0 started, joined=False", timeout=60)   # the job formed: now one joins
         joiner = Proc([sys.executable, WORKER, "train", "--steps", "16", "--every", "4"], env={
             **ENV, "KVSTORE_ROLE": "worker", "KVSTORE_SCHEDULER_HOST": "127.0.0.1",
@@ -76,9 +76,7 @@ def test_a_worker_started_by_hand_joins_with_the_others_weights():
         assert joiner.wait(120) == 0, joiner.text + "\n--- job ---\n" + job.text
         assert job.wait(60) == 0, job.text
     finally:
-        if job.popen.poll() is None:    # a failed test: the launcher stops its processes
-            job.popen.terminate()
-            job.wait(30)
+        job.stop()
     joined = re.search(r"worker 2 joined step (\d+) members \[0, 1, 2\] weights (\w+)", joiner.text)
     assert joined, joiner.text
     step, weights = joined.groups()
@@ -147,11 +145,6 @@ def test_mpirun_refuses_elastic_jobs():
                           env={"KVSTORE_ELASTIC": "1:2"})
     assert job.wait(30) == 2, job.text
     assert "ends every process when one fails" in job.text, job.text
-
-
-def _scheduler_port(job: Proc) -> int:
-    job.wait_for(r"scheduler listening on 127\.0\.0\.1:\d+", timeout=30)
-    return int(re.search(r"scheduler listening on 127\.0\.0\.1:(\d+)", job.text).group(1))
 
 
 @pytest.mark.slow
