@@ -21,6 +21,7 @@ import math
 
 from ..errors import ProtocolError
 from ..transport.shm import fits
+from .references import Exported, Opened
 
 HANDLE_WORDS = 8          # cudaIpcMemHandle_t: 64 bytes
 LAZY_PEER_ACCESS = 1      # cudaIpcMemLazyEnablePeerAccess: a peer GPU's memory opens too
@@ -34,12 +35,17 @@ class CudaSharing:
         self._driver = ctypes.CDLL("libcuda.so.1")
         self._exported: dict[tuple, tuple[int, ...]] = {}   # (allocation base, size) -> its segment
         self._opened: dict[tuple, tuple[int, int]] = {}      # (handle, device) -> (mapped base, real size)
+        self._arrays = Opened()        # the same reference again: the same array (kvstore/devices/references.py)
+        self._places = Exported()
 
     def empty(self, index: int, size: int, dtype):
         with self._cupy.cuda.Device(index):
             return self._cupy.empty(size, dtype)
 
     def export(self, a):
+        place = self._places.get(a)
+        if place is not None:
+            return place
         if not isinstance(a, self._cupy.ndarray) or not a.flags.c_contiguous:
             return None
         ptr = int(a.data.ptr)
@@ -53,7 +59,7 @@ class CudaSharing:
                 handle = bytes(self._rt.ipcGetMemHandle(base))
             words = tuple(int.from_bytes(handle[i:i + 8], "little") for i in range(0, 64, 8))
             segment = self._exported[(base, size)] = (*words, size)
-        return segment, ptr - base
+        return self._places.keep(a, (segment, ptr - base))
 
     def _range(self, ptr: int) -> tuple[int, int]:
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
@@ -63,6 +69,13 @@ class CudaSharing:
         return base.value, size.value
 
     def open(self, index: int, segment, offset: int, dtype, shape):
+        key = (index, tuple(segment), offset, dtype, tuple(shape))
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays.keep(key, self._open(index, segment, offset, dtype, shape))
+        return a
+
+    def _open(self, index: int, segment, offset: int, dtype, shape):
         cupy = self._cupy
         if not (len(segment) == HANDLE_WORDS + 1 and all(type(v) is int and 0 <= v < 1 << 64 for v in segment)):
             raise ProtocolError(f"bad device-memory segment {list(segment)!r}: expected 8 handle words and a size")
@@ -97,6 +110,8 @@ class CudaSharing:
             self._cupy.cuda.get_current_stream().synchronize()
 
     def close(self) -> None:
+        self._arrays.clear()
+        self._places.clear()
         for (_, index), (base, _) in self._opened.items():
             try:
                 with self._cupy.cuda.Device(index):

@@ -24,12 +24,15 @@ import numpy as np
 
 from ..transport import shm
 from .host import _DeviceArray
+from .references import Exported, Opened
 
 
 class HostSharing:
     def __init__(self, label: str):
         self._arena = shm.Arena(f"dev-{label}")
         self._mapper = shm.Mapper()
+        self._opened = Opened()        # the same reference again: the same array (kvstore/devices/references.py)
+        self._exported = Exported()
 
     def empty(self, index: int, size: int, dtype):
         host = self._arena.alloc(size, dtype)
@@ -38,13 +41,21 @@ class HostSharing:
         return _tagged(host, index)
 
     def export(self, a):
+        place = self._exported.get(a)
+        if place is not None:
+            return place
         if not isinstance(a, _DeviceArray) or not a.flags.c_contiguous:
             return None
-        place = self._arena.locate(a)
-        return None if place is None else (tuple(place[0]), int(place[1]))
+        located = self._arena.locate(a)
+        return None if located is None else self._exported.keep(a, (tuple(located[0]), int(located[1])))
 
     def open(self, index: int, segment, offset: int, dtype, shape):
-        return _tagged(self._mapper.view(list(segment), offset, np.dtype(dtype), shape), index)
+        dtype = np.dtype(dtype)
+        key = (index, tuple(segment), offset, dtype, tuple(shape))
+        a = self._opened.get(key)
+        if a is None:
+            a = self._opened.keep(key, _tagged(self._mapper.view(list(segment), offset, dtype, shape), index))
+        return a
 
     def allow(self, pids) -> None:
         self._mapper.allow(pids)
@@ -56,6 +67,8 @@ class HostSharing:
         pass                  # the host devices complete every operation when it is called
 
     def close(self) -> None:
+        self._opened.clear()
+        self._exported.clear()
         self._mapper.close()
         self._arena.close()
 

@@ -146,7 +146,8 @@ class Staging:
         the links deliver device to device, the cuda_ipc transport) device memory on
         that output's device. ``staged.deliver()``, once the replies are in, copies a
         host block to the device in one copy and spreads it to the outputs from
-        there. None when no output is on a device. ``dtypes``: {key: the dtype its
+        there. None when no output is on a device, or (``on_device``) when every
+        key's replies go into its output itself (:meth:`_direct`). ``dtypes``: {key: the dtype its
         reply comes in} where it is not the key's (multi-precision: float16, or
         ``uint16`` for bfloat16 patterns, which go into bfloat16 outputs as patterns)."""
         acc = self._acc
@@ -155,6 +156,14 @@ class Staging:
             return targets, None
         dtypes = dtypes or {}
         index = next(acc.index_of(o) for _, outs in devices for o in outs if acc.holds(o))
+        if on_device:
+            direct = self._direct(devices, dtypes, index)
+            if direct:
+                devices = [(info, outs) for info, outs in devices if info.key not in direct]
+                targets = [(info, [direct[info.key]]) if info.key in direct else (info, outs)
+                           for info, outs in targets]
+                if not devices:
+                    return targets, None
         alloc = (lambda nbytes: acc.empty(index, nbytes, np.uint8)) if on_device else self._pinned
         block, views = carved_views([(info.size, dtypes.get(info.key, info.dtype)) for info, _ in devices], alloc)
         # a bfloat16 output takes its reply's patterns through its 2-byte integer view
@@ -164,6 +173,29 @@ class Staging:
         blocks = dict(zip((info.key for info, _ in devices), views))
         staged = [(info, [blocks[info.key]]) if info.key in blocks else (info, outs) for info, outs in targets]
         return staged, Staged(acc, devices, block, views, index, bits)
+
+    def _direct(self, devices: list, dtypes: dict, index: int) -> dict:
+        """{key: a flat view of its output} for the keys whose replies the links can
+        deliver into the output itself (device to device, no block and no copy after):
+        one output, the device layer's own array (a cupy array, not a torch tensor,
+        whose stream the copies after the block join), on device ``index``,
+        C-contiguous, of the key's dtype and size and not rounded on the wire, and no
+        output of the call given twice (whose last write would then depend on which
+        server answered first)."""
+        acc = self._acc
+        count: dict[int, int] = {}
+        for _, outs in devices:
+            for o in outs:
+                count[id(o)] = count.get(id(o), 0) + 1
+        found = {}
+        for info, outs in devices:
+            if len(outs) != 1 or info.key in dtypes:
+                continue
+            o = outs[0]
+            if (count[id(o)] == 1 and acc.holds(o) and acc.view(o, "an output") is o and acc.index_of(o) == index
+                    and o.flags.c_contiguous and o.dtype == info.dtype and o.size == info.size):
+                found[info.key] = flat_view(o)
+        return found
 
     def holds(self, value) -> bool:
         """Whether ``value`` is device memory (e.g. a block of :meth:`outputs`)."""

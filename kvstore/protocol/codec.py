@@ -142,7 +142,8 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     The returned arrays are read-only views on the frames (no copy). A message
     whose header has references of a kind (``shm``, ``dev``) is accepted only when
     ``resolve`` has that kind's resolver, ``resolve[kind](segment, offset, dtype,
-    shape)``, which returns the referenced array (or raises ProtocolError)."""
+    shape)`` (``segment`` a tuple of ints), which returns the referenced array (or
+    raises ProtocolError)."""
     if not frames:
         raise ProtocolError("empty message")
     header = parse_header(_buffer(frames[0]))
@@ -272,6 +273,7 @@ def _references(header: dict, count: int, resolve: Mapping[str, Resolver]) -> di
                         for r in refs)):
             raise _error(f"invalid {kind!r} field: expected {{segs: [[int...]...], refs: [null or "
                          "[segment, offset]] with one entry per buffer}", header)
+        segs = [tuple(s) for s in segs]     # (hashable once per message: resolvers key by segment)
         for i, ref in enumerate(refs):
             if ref is None:
                 continue

@@ -573,6 +573,40 @@ def test_staging_packs_and_spreads_by_device():
         np.testing.assert_array_equal(o, 7)
 
 
+def test_staging_answers_the_device_layers_own_outputs_in_place_over_device_links():
+    """With links that deliver device to device (``on_device``: cuda_ipc), a key whose
+    one output is a flat-able device array of the device layer, of the key's dtype
+    and size, is answered into that output itself (no block, nothing left to
+    deliver); an output given twice, several outputs of one key, a rounded reply,
+    another dtype or a strided output still go through the block."""
+    from kvstore.devices.staging import Staging
+    from kvstore.worker.store import KeyInfo
+    acc = HostAccelerators(1)
+    staging = Staging(acc)
+    infos = [KeyInfo(k, (2, 3), np.dtype(np.float32)) for k in "abcdef"]
+    own = acc.empty(0, 6, np.float32).reshape(2, 3)
+    twice = acc.empty(0, 6, np.float32).reshape(2, 3)
+    pair = [acc.empty(0, 6, np.float32).reshape(2, 3) for _ in range(2)]
+    wide = acc.empty(0, 6, np.float64).reshape(2, 3)
+    strided = acc.empty(0, 12, np.float32).reshape(2, 6)[:, ::2]
+    targets, staged = staging.outputs([(infos[0], [own])], on_device=True)
+    assert staged is None and len(targets[0][1]) == 1
+    flat = targets[0][1][0]
+    assert flat.shape == (6,) and np.shares_memory(flat, own)
+    calls = [(infos[1], [twice]), (infos[2], [twice]), (infos[3], pair), (infos[4], [wide]), (infos[5], [strided])]
+    targets, staged = staging.outputs([(infos[0], [own])] + calls, on_device=True, dtypes={})
+    assert np.shares_memory(targets[0][1][0], own)
+    assert staged is not None
+    for (_, outs), (_, given) in zip(targets[1:], calls):
+        assert not any(np.shares_memory(outs[0], g) for g in given)      # a block's view
+    # a reply rounded on the wire (multi-precision) is received into a block of its dtype
+    targets, staged = staging.outputs([(infos[0], [own])], on_device=True, dtypes={"a": np.dtype(np.float16)})
+    assert staged is not None and targets[0][1][0].dtype == np.float16
+    # without device links the replies come up into a host block, as before
+    targets, staged = staging.outputs([(infos[0], [own])])
+    assert staged is not None and not acc.holds(targets[0][1][0])
+
+
 # ==== GPU-only checks ===============================================================================
 
 @pytest.fixture
