@@ -53,6 +53,7 @@ import math
 
 import numpy as np
 
+from ..devices.arrays import flat_view
 from ..errors import InvalidArgumentError, ProtocolError
 from ..modes import SYNC
 from ..protocol import chunk_label, error_header, ops
@@ -113,6 +114,8 @@ class Sync(Consistency):
         push re-sent after a failover, kvstore.server.replication) is not applied again."""
         done = self._applied_already(worker, ids, chunks, rounds) if rounds is not None else None
         for cid, chunk in zip(ids, chunks):
+            if not chunk.rounds:          # (the first push of a round: nothing to disagree with)
+                continue
             pos = self.round_to_join(chunk, worker)
             if pos < len(chunk.rounds) and chunk.rounds[pos].layerwise != norms:
                 raise InvalidArgumentError(
@@ -352,7 +355,7 @@ class Sync(Consistency):
             for i, (cid, chunk, grad) in enumerate(zip(ids, chunks, arrays)):
                 if done and cid in done:
                     continue
-                parked.rounds[cid] = self.contribute(cid, chunk, ranks, grad.reshape(-1), norms,
+                parked.rounds[cid] = self.contribute(cid, chunk, ranks, flat_view(grad), norms,
                                                       None if rows is None else rows[i])
                 ready += self.apply_complete(cid, chunk)
         return ready
@@ -614,5 +617,8 @@ class Sync(Consistency):
 
     def round_to_join(self, chunk: StoredChunk, worker: int) -> int:
         """The position in ``chunk``'s queue of the round ``worker``'s next push joins."""
-        return next((i for i, r in enumerate(chunk.rounds) if r.open_to(worker)), len(chunk.rounds))
+        for i, r in enumerate(chunk.rounds):       # (a loop: next() over a generator cost more, per chunk)
+            if r.open_to(worker):
+                return i
+        return len(chunk.rounds)
 
