@@ -43,6 +43,10 @@ class DeviceArena:
         bisect.insort(self._spans.setdefault(index, []), (start, start + a.nbytes, a), key=_start)
         return a
 
+    def __bool__(self) -> bool:
+        """Whether any memory was allocated here (none: no value can lie in it)."""
+        return bool(self._spans)
+
     def locate(self, a) -> tuple | None:
         """``(segment, offset)`` of a device array that lies wholly in one of this arena's
         allocations (a peer opens it with the device layer's ``Sharing.open``), else None."""

@@ -673,3 +673,41 @@ def test_a_reference_opened_or_exported_again_is_the_same_array_and_checks_stay(
     finally:
         peer.close()
         mine.close()
+
+
+def test_device_slots_take_a_key_lists_last_slots_again_only_when_all_are_free_and_fit():
+    """kvstore.devices.slots' remembered choice (``Chosen``): the same keys staged again
+    after their release go into the same slots (the same references, the new values
+    copied in); while a holder still holds them, or when a value is of another size,
+    dtype or device, the slots are chosen key by key as before."""
+    from kvstore.devices.slots import DeviceSlots
+    acc = HostAccelerators(2, sharing=HostSharing("chosen"))
+    peer = HostSharing("chosen-peer")
+    peer.allow([os.getpid()])
+    try:
+        slots = DeviceSlots(acc)
+        keys = [("k", 0), ("k", 1)]
+        first = slots.stage("a", keys, [on(acc, np.arange(4), 0), on(acc, np.arange(6), 0)])
+        slots.release("a")
+        again = slots.stage("b", keys, [on(acc, np.arange(4) + 10, 0), on(acc, np.arange(6) + 20, 0)])
+        assert again == first
+        seen = peer.open(0, again[1][0], again[1][1], np.dtype(np.float32), (6,))
+        np.testing.assert_array_equal(seen, np.arange(6) + 20)
+        busy = slots.stage("c", keys, [on(acc, np.arange(4), 0), on(acc, np.arange(6), 0)])   # "b" holds them
+        assert not set(busy) & set(first)
+        slots.release("b")
+        slots.release("c")
+        # the last choice was "c"'s: free again, taken again
+        assert slots.stage("d", keys, [on(acc, np.arange(4), 0), on(acc, np.arange(6), 0)]) == busy
+        slots.release("d")
+        for values in ([on(acc, np.arange(4), 0), on(acc, np.arange(7), 0)],            # another size
+                       [on(acc, np.arange(4), 0), on(acc, np.arange(6), 1)],            # another device
+                       [on(acc, np.arange(4), 0), acc.to_device(np.arange(6, dtype=np.float64), 0)]):
+            places = slots.stage("e", keys, values)
+            assert places[1] not in busy + first
+            seen = peer.open(0, places[1][0], places[1][1], values[1].dtype, (values[1].size,))
+            np.testing.assert_array_equal(seen, values[1])
+            slots.release("e")
+    finally:
+        peer.close()
+        acc.sharing.close()

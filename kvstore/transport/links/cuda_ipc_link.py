@@ -129,7 +129,8 @@ class CudaIpcLink(ShmLink):
         keys = [_hashable(k) for k in stage] if stage is not None else [("buffer", i) for i in range(len(arrays))]
         # values in our arena (kv.empty(..., device=i)) go as they are, once their devices'
         # queued work is done; the others are copied into slots held until the reply
-        located = [self._arena.locate(arrays[i]) if options.in_place else None for i in on_device]
+        located = [self._arena.locate(arrays[i]) for i in on_device] if options.in_place and self._arena \
+            else [None] * len(on_device)
         rest = [i for i, place in zip(on_device, located) if place is None]
         places: list = [None] * len(arrays)
         for i, place in zip(rest, self._device_slots.places(req_id, [keys[i] for i in rest],
