@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -140,6 +141,9 @@ class ServerNode:
                  self.address, backend.describe())
         next_stall_check = time.monotonic() + 1.0
         finished: frozenset = frozenset()   # workers the state machine knows have finished
+        # what the server's start made lives as long as it: the cyclic collector's full passes
+        # (a few ms each, in the middle of requests) need not walk it again
+        gc.freeze()
         try:
             self._timeline = open_timeline(self.config.timeline, "server", reg.rank)
             while True:
