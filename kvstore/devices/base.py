@@ -96,6 +96,12 @@ class Accelerators(Protocol):
         """An array of the device's array module over ``value``'s memory (no copy)."""
         ...
 
+    def native(self, value) -> bool:
+        """Whether ``value`` is an array of the device's array module itself (a cupy
+        array, not a torch tensor): :meth:`view` returns it as it is, and copies into
+        it need no other library's stream joined."""
+        ...
+
     def on(self, index: int) -> ContextManager:
         """Make device ``index`` current for array calls inside."""
         ...

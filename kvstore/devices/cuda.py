@@ -92,6 +92,9 @@ class CudaAccelerators:
     def view(self, value, what: str):
         return arrays.as_cupy(value, what)
 
+    def native(self, value) -> bool:
+        return isinstance(value, self._cupy.ndarray)
+
     def on(self, index: int):
         return self._cupy.cuda.Device(index)
 

@@ -148,6 +148,9 @@ class HostAccelerators:
     def current(self) -> int:
         return 0
 
+    def native(self, value) -> bool:
+        return isinstance(value, _DeviceArray)
+
     def view(self, value, what: str):
         if not self.holds(value):
             raise TypeError(f"{what}: a {type(value).__name__} on the host is not a device value")

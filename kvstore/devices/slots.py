@@ -27,7 +27,7 @@ class Chosen(NamedTuple):
     """The slots a list of keys was staged into last, on one device: taken again as
     they are when all are free and every value is on that device with its slot's
     size and dtype (a training step stages the same keys every call)."""
-    index: int
+    device: int
     slots: list
     ids: frozenset          # id() of each slot
     places: list
@@ -85,7 +85,7 @@ class DeviceSlots:
         its device with its slot's size and dtype."""
         if len(values) != len(chosen.slots):
             return False
-        acc, index = self._acc, chosen.index
+        acc, index = self._acc, chosen.device
         for a, slot in zip(values, chosen.slots):
             if a.size != slot.size or a.dtype != slot.dtype or acc.index_of(a) != index:
                 return False
@@ -94,9 +94,9 @@ class DeviceSlots:
     def _again(self, holder, chosen: Chosen, values) -> list:
         """:meth:`stage` into the slots it chose for these keys last time (all free)."""
         acc = self._acc
-        with acc.on(chosen.index):
+        with acc.on(chosen.device):
             acc.copy_many(chosen.slots, [flat_view(a) for a in values])
-        self._sharing.publish(chosen.index)
+        self._sharing.publish(chosen.device)
         self._busy.update(chosen.ids)
         self._held.setdefault(holder, []).extend(chosen.slots)
         return list(chosen.places)

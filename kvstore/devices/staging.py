@@ -192,7 +192,7 @@ class Staging:
             if len(outs) != 1 or info.key in dtypes:
                 continue
             o = outs[0]
-            if (count[id(o)] == 1 and acc.holds(o) and acc.view(o, "an output") is o and acc.index_of(o) == index
+            if (count[id(o)] == 1 and acc.native(o) and acc.index_of(o) == index
                     and o.flags.c_contiguous and o.dtype == info.dtype and o.size == info.size):
                 found[info.key] = flat_view(o)
         return found
