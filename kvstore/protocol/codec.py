@@ -136,18 +136,22 @@ def _buffer(frame) -> memoryview:
 
 
 def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
-           resolve: Mapping[str, Resolver] | None = None) -> tuple[dict, list[np.ndarray]]:
+           resolve: Mapping[str, Resolver] | Callable[[dict], Mapping[str, Resolver]] | None = None
+           ) -> tuple[dict, list[np.ndarray]]:
     """Parse one message. Raises ProtocolError naming what is wrong.
 
     The returned arrays are read-only views on the frames (no copy). A message
     whose header has references of a kind (``shm``, ``dev``) is accepted only when
     ``resolve`` has that kind's resolver, ``resolve[kind](segment, offset, dtype,
     shape)`` (``segment`` a tuple of ints), which returns the referenced array (or
-    raises ProtocolError)."""
+    raises ProtocolError). ``resolve`` may also be a function of the checked header
+    that returns them (a receiver whose checks depend on who sent the message)."""
     if not frames:
         raise ProtocolError("empty message")
     header = parse_header(_buffer(frames[0]))
     bufs = header["bufs"]
+    if callable(resolve):
+        resolve = resolve(header)
     found = _references(header, len(bufs), resolve or {})
     packed = _pack_field(header, len(bufs), found)
     inline = len(bufs) - len(found) - len(packed) + (1 if packed else 0)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Callable
 
 import numpy as np
 
 from ..config import Config
 from ..errors import ConfigError, ProtocolError
 from ..protocol import decode, encode, ops
-from ..protocol.codec import Resolver, parse_header
+from ..protocol.codec import Resolver
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
 from ..transport.endpoints.owners import MemoryOwners
@@ -120,7 +121,7 @@ class DataPlane:
     def decode(self, peer, body) -> tuple[dict, list]:
         """A request of connection ``peer``: (header, arrays), references resolved into
         the sender's own memory only. Raises ProtocolError."""
-        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer, body))
+        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer))
         if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
                                               or header.get("compression") is not None):
             # the state machine takes device buffers only where it uploads pushes
@@ -130,31 +131,27 @@ class DataPlane:
             raise error
         return header, arrays
 
-    def _resolvers(self, peer, body) -> dict[str, Resolver]:
-        """The resolvers for one message of ``peer``: each reference is checked
-        against its sender (:class:`MemoryOwners`) before its endpoint maps it. The
-        header is read again only for a message that has references (the codec's
-        resolvers see segments, not headers)."""
+    def _resolvers(self, peer) -> Callable[[dict], dict[str, Resolver]] | None:
+        """The resolvers for one message of ``peer``, made from its checked header:
+        each reference is checked against its sender (:class:`MemoryOwners`) before its
+        endpoint maps it."""
         if not self._resolve:
-            return self._resolve
-        seen: list = []
-        passed: set = set()       # (kind, segment) checked for this message: the same answer again
+            return None
 
-        def header() -> dict:
-            if not seen:
-                seen.append(parse_header(body[0].buffer if hasattr(body[0], "buffer") else body[0]))
-            return seen[0]
+        def made(header: dict) -> dict[str, Resolver]:
+            passed: set = set()       # (kind, segment) checked for this message: the same answer again
 
-        def checked(kind: str, resolve: Resolver) -> Resolver:
-            def resolver(segment, offset, dtype, shape):
-                # (a message's many references into one segment: checked once, not per buffer)
-                key = (kind, tuple(segment))
-                if key not in passed:
-                    self.owners.check(peer, header(), kind, segment, self._owner[kind].owner(kind, segment))
-                    passed.add(key)
-                return resolve(segment, offset, dtype, shape)
-            return resolver
-        return {kind: checked(kind, resolve) for kind, resolve in self._resolve.items()}
+            def checked(kind: str, resolve: Resolver) -> Resolver:
+                def resolver(segment, offset, dtype, shape):
+                    # (a message's many references into one segment: checked once, not per buffer)
+                    key = (kind, segment)
+                    if key not in passed:
+                        self.owners.check(peer, header, kind, segment, self._owner[kind].owner(kind, segment))
+                        passed.add(key)
+                    return resolve(segment, offset, dtype, shape)
+                return resolver
+            return {kind: checked(kind, resolve) for kind, resolve in self._resolve.items()}
+        return made
 
     def intercept(self, peer, header: dict, arrays: list):
         """Let every endpoint note what a request asks of its transport; answer the
