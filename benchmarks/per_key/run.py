@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` importable
     __package__ = "benchmarks.per_key"
 
 from benchmarks.harness import common  # noqa: E402
+from benchmarks.harness.checkouts import checkouts as _checkouts, commit, tree_option  # noqa: E402
 from benchmarks.harness.key_layouts import layout  # noqa: E402
 from benchmarks.harness.options import layout_options  # noqa: E402
 from benchmarks.harness.output import ResultsDir  # noqa: E402
@@ -101,40 +102,16 @@ def report(all_results: dict, cfg: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit(tree: str) -> str:
-    """The commit a checkout is at ("+" when it has uncommitted changes), or "?"."""
-    try:
-        head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-    return head + ("+" if dirty else "")
-
-
-def _trees(values) -> dict[str, str]:
-    trees = {"this": REPO}
-    for value in values:
-        label, sep, path = value.partition("=")
-        if not sep or not label or label in trees or not os.path.isdir(os.path.join(path, "kvstore")):
-            raise click.BadParameter(f"{value!r}: expected LABEL=DIR, a new label and a checkout with kvstore/",
-                                     param_hint="--tree")
-        trees[label] = os.path.abspath(path)
-    return trees
-
-
 @click.command()
 @layout_options(LAYOUTS, workers=1, servers=1, iters=100, warmup=5)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="launches per checkout and layout")
-@click.option("--tree", "trees", multiple=True, metavar="LABEL=DIR",
-              help="also measure the checkout in DIR (e.g. a git worktree of an earlier commit)")
+@tree_option
 @OUTPUT.click_options
 def main(layouts, scale, workers, servers, iters, warmup, repeats, trees, out_dir):
-    checkouts = _trees(trees)
+    checkouts = _checkouts(trees, REPO)
     cfg = {"scale": scale, "workers": workers, "servers": servers, "iters": iters, "warmup": warmup,
-           "repeats": repeats, "trees": {label: {"path": tree, "commit": _commit(tree)} for label, tree in checkouts.items()},
+           "repeats": repeats, "trees": {label: {"path": tree, "commit": commit(tree)} for label, tree in checkouts.items()},
            "load": [os.getloadavg()[0]]}
     runs: dict = {label: {name: [] for name in layouts} for label in checkouts}
     for _ in range(repeats):
