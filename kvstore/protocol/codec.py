@@ -19,6 +19,11 @@ never ambiguous.
 Small buffers may travel packed into one frame (``pack``: the indices of the buffers
 in it, docs/protocol.md 2.1): one frame of many small values costs ZeroMQ one part
 instead of one each, which for a call of 161 keys was most of a message's cost.
+
+The fields that describe the buffers (``bufs``, ``pack``, ``shm``, ``dev`` and
+``chunks``) may travel in a frame of their own after the header (``layout``: true,
+docs/protocol.md 2.1), which a receiver with a :class:`~.layouts.LayoutMemo` decodes
+once per sender and content (kvstore/protocol/layouts.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from . import ops
+from .layouts import LAYOUT_FIELDS, Layout, LayoutMemo
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -52,7 +58,8 @@ ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
     "float16", "float32", "float64"))
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None,
+           layout: bool = False) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
@@ -67,15 +74,19 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     :data:`PACK_BYTES`, if there are two or more, to be copied into one frame, the
     first after the header (the header's ``pack`` then lists them; without two such
     buffers it is dropped); only for messages that go through ZeroMQ as they are (a
-    data channel writes each buffer on its own, docs/protocol.md 2.8)."""
+    data channel writes each buffer on its own, docs/protocol.md 2.8).
+
+    ``layout``: the fields that describe the buffers (:data:`LAYOUT_FIELDS`) go in a
+    frame of their own after the header, which says ``layout: true`` (requests a
+    receiver decodes with a :class:`LayoutMemo`; not for a data channel)."""
     header = dict(header, v=VERSION, bufs=[[_dtype_str(a), list(a.shape)] for a in arrays])
     pack = header.pop("pack", None) is True
     if not shared or not any(place is not None for place in shared):
         if pack:
             packed = _packed(header, arrays, range(len(arrays)))
             if packed is not None:
-                return [msgpack.packb(header, use_bin_type=True), *packed]
-        return [msgpack.packb(header, use_bin_type=True), *arrays]
+                return _framed(header, packed, layout)
+        return _framed(header, arrays, layout)
     segments: dict[str, dict] = {kind: {} for kind in REF_KINDS}
     refs: dict[str, list] = {kind: [None] * len(arrays) for kind in REF_KINDS}
     inline: list = []
@@ -93,7 +104,17 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     frames = _packed(header, arrays, inline) if pack else None
     if frames is None:
         frames = [arrays[i] for i in inline]
-    return [msgpack.packb(header, use_bin_type=True), *frames]
+    return _framed(header, frames, layout)
+
+
+def _framed(header: dict, buffers: Sequence, layout: bool) -> list:
+    """The message's frames: its header, with its layout fields in a frame of their own
+    after it when ``layout``, then ``buffers``."""
+    if not layout:
+        return [msgpack.packb(header, use_bin_type=True), *buffers]
+    fields = {name: header.pop(name) for name in sorted(LAYOUT_FIELDS) if name in header}
+    header["layout"] = True
+    return [msgpack.packb(header, use_bin_type=True), msgpack.packb(fields, use_bin_type=True), *buffers]
 
 
 def _packed(header: dict, arrays: Sequence, inline) -> list | None:
@@ -136,8 +157,8 @@ def _buffer(frame) -> memoryview:
 
 
 def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
-           resolve: Mapping[str, Resolver] | Callable[[dict], Mapping[str, Resolver]] | None = None
-           ) -> tuple[dict, list[np.ndarray]]:
+           resolve: Mapping[str, Resolver] | Callable[[dict], Mapping[str, Resolver]] | None = None,
+           memo: LayoutMemo | None = None) -> tuple[dict, list[np.ndarray]]:
     """Parse one message. Raises ProtocolError naming what is wrong.
 
     The returned arrays are read-only views on the frames (no copy). A message
@@ -145,30 +166,55 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     ``resolve`` has that kind's resolver, ``resolve[kind](segment, offset, dtype,
     shape)`` (``segment`` a tuple of ints), which returns the referenced array (or
     raises ProtocolError). ``resolve`` may also be a function of the checked header
-    that returns them (a receiver whose checks depend on who sent the message)."""
+    that returns them (a receiver whose checks depend on who sent the message).
+
+    ``memo`` (one per sender): a message with a layout frame (``layout``) whose
+    bytes, ``src`` and ``op`` are those of an earlier message that decoded is
+    decoded from what that one's layout decoded to (kvstore/protocol/layouts.py):
+    the same checks passed, the same references resolved to the same arrays."""
     if not frames:
         raise ProtocolError("empty message")
     header = parse_header(_buffer(frames[0]))
+    buffer_frames = frames[1:]
+    known, key = None, None
+    if "layout" in header:
+        head = _layout_frame(header, buffer_frames)
+        buffer_frames = buffer_frames[1:]
+        if memo is not None:
+            key = (bytes(head), header.get("src"), header["op"])
+            known = memo.get(key)
+        header.update(known.fields if known is not None else _layout_fields(head, header))
+        _check_bufs(header)
     bufs = header["bufs"]
-    if callable(resolve):
-        resolve = resolve(header)
-    found = _references(header, len(bufs), resolve or {})
-    packed = _pack_field(header, len(bufs), found)
+    found: dict
+    if known is not None:
+        found, packed, specs = known.resolved, known.packed, known.specs
+    else:
+        if callable(resolve):
+            resolve = resolve(header)
+        found = _references(header, len(bufs), resolve or {})
+        packed = _pack_field(header, len(bufs), found)
+        specs = buffer_specs(header, max_buffer_bytes)
     inline = len(bufs) - len(found) - len(packed) + (1 if packed else 0)
-    if inline != len(frames) - 1:
-        raise _error(f"header describes {inline} buffers but {len(frames) - 1} followed "
+    if inline != len(buffer_frames):
+        raise _error(f"header describes {inline} buffers but {len(buffer_frames)} followed "
                      "(truncated message?)", header)
     arrays: list = []
-    pending = iter(frames[1:])
+    resolved: dict = {}
+    pending = iter(buffer_frames)
     pack = _buffer(next(pending)) if packed else None
     offset = 0
-    for i, (dtype, shape, expected) in enumerate(buffer_specs(header, max_buffer_bytes)):
+    for i, (dtype, shape, expected) in enumerate(specs):
         if i in found:
+            if known is not None:           # (a layout decoded before: its references' arrays)
+                arrays.append(found[i])
+                continue
             resolver, segment, offset_ = found[i]
             try:
-                arrays.append(resolver(segment, offset_, dtype, shape))
+                resolved[i] = array = resolver(segment, offset_, dtype, shape)
             except ProtocolError as e:
                 raise _error(f"buffer {i}: {e}", header) from None
+            arrays.append(array)
             continue
         if i in packed:
             assert pack is not None
@@ -189,7 +235,41 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
             raise _error(f"buffer {i}: shape {shape} is unusable: {e}", header) from None
     if pack is not None and offset != pack.nbytes:
         raise _error(f"the packed frame has {pack.nbytes} bytes; its buffers take {offset}", header)
+    if key is not None and known is None:
+        assert memo is not None
+        memo.keep(key, Layout({name: header[name] for name in LAYOUT_FIELDS if name in header},
+                              specs, packed, resolved))
     return header, arrays
+
+
+def _layout_frame(header: dict, rest: Sequence) -> memoryview:
+    """The layout frame of a message whose header says ``layout`` (which must be true,
+    with none of the layout's fields in the header itself)."""
+    if header["layout"] is not True or not rest:
+        raise _error("invalid 'layout': true, with the buffers' fields in the frame after the header", header)
+    if any(name in header for name in LAYOUT_FIELDS):
+        raise _error("a message with a layout frame has its buffers' fields there, not in the header", header)
+    head = _buffer(rest[0])
+    if head.nbytes > MAX_HEADER_BYTES:
+        raise _error(f"layout frame of {head.nbytes} bytes exceeds the limit of {MAX_HEADER_BYTES}", header)
+    return head
+
+
+def _layout_fields(head, header: dict) -> dict:
+    """The checked map of a layout frame: fields of :data:`LAYOUT_FIELDS` only."""
+    try:
+        fields = msgpack.unpackb(head, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises many unrelated types on garbage
+        raise _error(f"layout frame is not valid msgpack: {e}", header) from None
+    if not isinstance(fields, dict) or not set(fields) <= LAYOUT_FIELDS:
+        raise _error(f"a layout frame is a map of {', '.join(sorted(LAYOUT_FIELDS))} only", header)
+    return fields
+
+
+def _check_bufs(header: dict) -> None:
+    bufs = header.get("bufs")
+    if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:
+        raise _error("header has no valid 'bufs' list", header)
 
 
 def _pack_field(header: dict, count: int, found: dict) -> frozenset:
@@ -209,7 +289,8 @@ def _pack_field(header: dict, count: int, found: dict) -> frozenset:
 
 def parse_header(head) -> dict:
     """The checked header map of a message (``head``: its first frame's bytes):
-    our version, an ``op`` string, an integer ``id`` and a ``bufs`` list. Raises
+    our version, an ``op`` string, an integer ``id`` and a ``bufs`` list (unless it
+    says ``layout``: then its layout frame has them, see :func:`decode`). Raises
     ProtocolError naming what is wrong."""
     head = memoryview(head)
     if head.nbytes > MAX_HEADER_BYTES:
@@ -230,9 +311,8 @@ def parse_header(head) -> dict:
     if (req_id is not None and not isinstance(req_id, int)) or isinstance(req_id, bool) \
             or (req_id is None and header["op"] != ops.ERROR):
         raise _error("header has no integer 'id'", header)
-    bufs = header.get("bufs")
-    if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS:
-        raise _error("header has no valid 'bufs' list", header)
+    if "layout" not in header:         # (else its layout frame has them: decode checks them there)
+        _check_bufs(header)
     return header
 
 

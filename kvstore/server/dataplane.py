@@ -29,9 +29,14 @@ from ..config import Config
 from ..errors import ConfigError, ProtocolError
 from ..protocol import decode, encode, ops
 from ..protocol.codec import Resolver
+from ..protocol.layouts import LayoutMemo
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
 from ..transport.endpoints.owners import MemoryOwners
+
+# connections whose requests' layouts are kept (each its own LayoutMemo); a server's
+# connections are its workers' (and a replacement's), far fewer
+MAX_MEMOS = 1024
 
 
 def _overrides(endpoint: Endpoint, method: str) -> bool:
@@ -69,6 +74,8 @@ class DataPlane:
         self._owner: dict[str, Endpoint] = {}        # kind of reference -> the endpoint that resolves it
         # a reference is resolved only into its sender's memory (kvstore.transport.endpoints.owners)
         self.owners = MemoryOwners()
+        # per connection: its requests' layouts decoded (kvstore/protocol/layouts.py)
+        self._memos: dict[bytes, LayoutMemo] = {}
         self._backend = None  # where the values live (serving): replies may hold its device arrays
         self._downloads: dict | None = None   # within a batch: reply values' host copies
 
@@ -98,6 +105,8 @@ class DataPlane:
             if tail.isdigit():
                 pids.append(int(tail))
         self.owners.joined(list(workers))
+        # who may reference what changed: a layout is decoded, and its references checked, anew
+        self._memos.clear()
         for end in self.endpoints.values():
             end.joined(pids)
 
@@ -121,7 +130,8 @@ class DataPlane:
     def decode(self, peer, body) -> tuple[dict, list]:
         """A request of connection ``peer``: (header, arrays), references resolved into
         the sender's own memory only. Raises ProtocolError."""
-        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer))
+        header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer),
+                                memo=self._memo(peer))
         if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
                                               or header.get("compression") is not None):
             # the state machine takes device buffers only where it uploads pushes
@@ -130,6 +140,16 @@ class DataPlane:
             error.request_id = header["id"]
             raise error
         return header, arrays
+
+    def _memo(self, peer) -> LayoutMemo:
+        """The layouts connection ``peer``'s requests decoded to (bounded per connection;
+        the connections are bounded by MAX_MEMOS, past which all start again empty)."""
+        memo = self._memos.get(peer)
+        if memo is None:
+            if len(self._memos) >= MAX_MEMOS:
+                self._memos.clear()
+            memo = self._memos[peer] = LayoutMemo()
+        return memo
 
     def _resolvers(self, peer) -> Callable[[dict], dict[str, Resolver]] | None:
         """The resolvers for one message of ``peer``, made from its checked header:

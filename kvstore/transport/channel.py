@@ -107,6 +107,8 @@ def read_message(sock: socket.socket, max_buffer_bytes: int,
     head = bytearray(length)
     _recv_exact(sock, memoryview(head), "a header")
     header = parse_header(head)
+    if "layout" in header:
+        raise ProtocolError("a data-channel message has its buffers' fields in its header, not in a layout frame")
     if any(header.get(kind) is not None for kind in REF_KINDS):
         raise ProtocolError("a data-channel message may not point into shared or device memory")
     specs = buffer_specs(header, max_buffer_bytes)

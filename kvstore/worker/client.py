@@ -198,7 +198,7 @@ class Client:
             # taken only now that the request is on its way: one that could not be
             # encoded or sent leaves no gap that would hold back the later ones
             self._seq[server] += 1
-        self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + payload)
+        self.traffic.sent(link.kind, memoryview(frames[0]).nbytes + memoryview(frames[1]).nbytes + payload)
         reads = _chunk_set(options.reads) if options.reads is not None else (chunks if into is not None else None)
         self._pending[req_id] = _Request(server, what, options, aside, reads)
         if reads is not None:
@@ -261,15 +261,18 @@ class Client:
         """The frames of one request, or InvalidArgumentError (before anything is
         sent) when it cannot be encoded or a frame exceeds what the server accepts."""
         try:
-            frames = encode(dict(header, pack=True), arrays, shared)     # small buffers in one frame
+            # small buffers in one frame; the buffers' fields in a frame of their own, which the
+            # server decodes once per content (kvstore/protocol/layouts.py)
+            frames = encode(dict(header, pack=True), arrays, shared, layout=True)
         except (TypeError, ValueError, OverflowError) as e:
             raise InvalidArgumentError(
                 f"{what}: the request to server {server} cannot be encoded ({type(e).__name__}: {e}); "
                 "fields may hold only str, int, float, bool, None, bytes, lists and dicts") from None
-        if len(frames[0]) > MAX_HEADER_BYTES:
-            raise InvalidArgumentError(f"{what}: the request's header has {len(frames[0])} bytes, more "
-                                       f"than the {MAX_HEADER_BYTES} a server accepts")
-        largest = max((memoryview(f).nbytes for f in frames[1:]), default=0)
+        for part, frame in (("header", frames[0]), ("layout", frames[1])):
+            if len(frame) > MAX_HEADER_BYTES:
+                raise InvalidArgumentError(f"{what}: the request's {part} has {len(frame)} bytes, more "
+                                           f"than the {MAX_HEADER_BYTES} a server accepts")
+        largest = max((memoryview(f).nbytes for f in frames[2:]), default=0)
         if largest > self.config.max_message_bytes:
             raise InvalidArgumentError(f"{what}: a buffer of {largest} bytes exceeds "
                                        f"KVSTORE_MAX_MESSAGE_BYTES={self.config.max_message_bytes}")

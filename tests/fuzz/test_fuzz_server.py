@@ -43,6 +43,7 @@ from fuzzing import (COMPRESSIONS, DIMS, DTYPES, FIELDS, MAX_MSG, MODELED, NEAR,
 from kvstore import compression, optimizer
 from kvstore.errors import ProtocolError
 from kvstore.protocol import codec, decode, encode, ops
+from kvstore.protocol.layouts import LAYOUT_FIELDS
 
 pytest_plugins = ["fuzzing"]   # the module-scoped ``live`` fixture
 
@@ -259,6 +260,14 @@ def mutated_messages(draw, meta: dict):
                     frames[i] = (frames[i] + b"\0" * 9)[:n]
                 else:
                     frames[i] = draw(st.binary(max_size=64))
+    if draw(st.integers(0, 2)) == 0:     # the buffers' fields in a layout frame (the client's requests)
+        fields = {name: header.pop(name) for name in sorted(LAYOUT_FIELDS) if name in header}
+        header["layout"] = draw(st.sampled_from([True] * 6 + [1, False, None]))
+        layout = msgpack.packb(fields, use_bin_type=True)
+        if draw(st.integers(0, 5)) == 0 and layout:
+            i = draw(st.integers(0, len(layout) - 1))
+            layout = layout[:i] + bytes([layout[i] ^ draw(st.integers(1, 255))]) + layout[i + 1:]
+        frames.insert(1, layout)
     head = msgpack.packb(header, use_bin_type=True)
     how = draw(st.sampled_from(["none"] * 12 + ["truncate", "flip", "append"]))
     if how == "truncate":

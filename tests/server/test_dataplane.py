@@ -234,6 +234,52 @@ def test_the_shm_endpoint_answers_hello_and_its_probe_goes_by_reference(plane, m
 
 
 @needs_memfd
+def test_a_requests_layout_is_decoded_once_per_connection_until_the_members_change(plane, monkeypatch):
+    """kvstore/protocol/layouts.py at the server: a push repeated with the same layout
+    (the client's layout frame) is decoded from the connection's memo, its references
+    checked against their owner and opened once; another connection decodes its own;
+    once the job's workers change, the same layout is checked again, and refused when
+    its memory is no longer the sending worker's."""
+    p = plane("shm")
+    p.data.joined([f"127.0.0.1:{os.getpid()}"])                  # worker 0 is this process
+    checks = []
+    check = p.data.owners.check
+    monkeypatch.setattr(p.data.owners, "check", lambda *a: checks.append(a[3]) or check(*a))
+    arena = shm.Arena("layout-test", segment_bytes=1 << 16)
+    try:
+        grads = [arena.alloc(8, np.float32) for _ in range(3)]
+        places = [arena.locate(g) for g in grads]
+        hello = {"op": ops.HELLO, "id": 1, "src": 0, "nonce": b"x" * 16}
+        socks = [p.dealer(p.advert.url("tcp")) for _ in range(2)]
+        for sock in socks:        # each connection is bound to worker 0 by its handshake
+            p.request(sock, hello, [grads[0]], [places[0]])
+
+        def push(sock, rid, fill):
+            for g in grads:
+                g[:] = fill
+            sock.send_multipart(encode({"op": ops.PUSH, "id": rid, "src": 0, "chunks": [[k, 0] for k in range(3)]},
+                                       grads, places, layout=True))
+            peer, body = p.received()
+            return p.data.decode(peer, body)
+        checks.clear()
+        header, arrays = push(socks[0], 2, 1.0)
+        assert header["layout"] is True and header["chunks"] == [[0, 0], [1, 0], [2, 0]] and len(checks) == 1
+        again, arrays2 = push(socks[0], 3, 2.0)
+        assert again["id"] == 3 and len(checks) == 1               # from the memo: not checked again
+        assert all(a is b for a, b in zip(arrays, arrays2)) and all((a == 2).all() for a in arrays2)
+        push(socks[1], 4, 3.0)                                     # another connection: its own memo
+        assert len(checks) == 2
+        p.data.joined([f"127.0.0.1:{os.getpid()}"])                # the members changed: checked anew
+        push(socks[0], 5, 4.0)
+        assert len(checks) == 3
+        p.data.joined(["127.0.0.1:1"])                             # worker 0 is another process now
+        with pytest.raises(ProtocolError, match="made no handshake"):     # its binding was dropped
+            push(socks[0], 6, 5.0)
+    finally:
+        arena.close()
+
+
+@needs_memfd
 def test_a_reply_is_sent_by_reference_only_when_its_request_asked_and_only_large_values(plane, mapper):
     p = plane("shm", zero_copy_bytes=4096)
     sock = p.dealer(p.advert.url("tcp"))
@@ -250,7 +296,9 @@ def test_a_reply_is_sent_by_reference_only_when_its_request_asked_and_only_large
         np.testing.assert_array_equal(got[0], np.arange(2048))
         np.testing.assert_array_equal(got[1], 7)
         if asks:           # the large value by reference into our memory, the small one inline
-            assert len(frames) == 2 and reply["shm"]["refs"][0] is not None and reply["shm"]["refs"][1] is None
+            # (the header, the buffers' fields in a layout frame, the small value)
+            assert reply["layout"] is True and len(frames) == 3
+            assert reply["shm"]["refs"][0] is not None and reply["shm"]["refs"][1] is None
         else:              # plain frames
             assert len(frames) == 3 and "shm" not in reply
 

@@ -95,6 +95,7 @@ def test_malformed_headers_are_protocol_errors(payload, match):
 @pytest.mark.parametrize("change, match", [
     ({"shm": {"segs": [], "refs": [None]}}, "may not point into shared or device memory"),
     ({"dev": {"segs": [], "refs": [None]}}, "may not point into shared or device memory"),
+    ({"layout": True}, "not in a layout frame"),       # (a channel writes each buffer on its own)
     ({"bufs": [["|O", [3]]]}, "not allowed"),
     ({"bufs": [["<f4", [1 << 30]]]}, "exceeds the limit"),
 ])

@@ -108,7 +108,8 @@ class CudaIpcEndpoint(Endpoint):
         if any(place is None for place in places):
             return None
         self._backend.publish()            # the values are final before the worker reads them
-        return encode(header, list(arrays), places)
+        # (the buffers' fields in a layout frame, which the worker decodes once per content)
+        return encode(header, list(arrays), places, layout=True)
 
     def _place(self, a):
         place = self._sharing.export(a) if self._sharing is not None else None

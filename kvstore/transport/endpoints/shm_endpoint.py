@@ -85,9 +85,10 @@ class ShmEndpoint(Endpoint):
         # small values travel in the message (cheaper than a reference), except the
         # hello reply's probe, which must prove the shared memory works
         least = 0 if header.get("shm_ok") is True else self.config.zero_copy_bytes
-        # (the small ones packed into one frame: this reply never goes to a data channel)
+        # (the small ones packed into one frame, and a data reply's buffers' fields in a layout
+        # frame, which the worker decodes once per content: this reply never goes to a data channel)
         return encode(dict(header, pack=True), arrays,
-                      [self._locate(a) if a.nbytes >= least else None for a in arrays])
+                      [self._locate(a) if a.nbytes >= least else None for a in arrays], layout=least > 0)
 
     def _locate(self, a: np.ndarray):
         return self.memory.locate(a) if self.memory is not None else None

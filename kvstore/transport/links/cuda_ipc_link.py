@@ -154,7 +154,7 @@ class CudaIpcLink(ShmLink):
     # -- replies ---------------------------------------------------------------------------
     def decode(self, frames) -> tuple[dict, list]:
         return decode(frames, self.config.max_message_bytes,
-                      resolve={"shm": self._mapper.view, "dev": self._open})
+                      resolve={"shm": self._mapper.view, "dev": self._open}, memo=self._layouts)
 
     def _open(self, segment, offset: int, dtype, shape):
         return self._sharing.open(self._index, segment, offset, dtype, shape)

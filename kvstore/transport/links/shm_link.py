@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from ...protocol import decode, ops
+from ...protocol.layouts import LayoutMemo
 from .. import shm
 from .base import Link, LinkUnavailable
 from .options import RequestOptions
@@ -54,6 +55,7 @@ class ShmLink(Link):
         self._mapper = shm.Mapper(writable=self.config.write_in)   # sums it may write into
         self._probe: np.ndarray | None = None
         self._answer: dict | None = None
+        self._layouts = LayoutMemo()     # the server's replies' layouts decoded (kvstore/protocol/layouts.py)
 
     def hello(self) -> list[int]:
         place = None
@@ -123,7 +125,8 @@ class ShmLink(Link):
         self._slots.release(req_id)     # the server has finished with our slots
 
     def decode(self, frames) -> tuple[dict, list]:
-        return decode(frames, self.config.max_message_bytes, resolve={"shm": self._mapper.view})
+        return decode(frames, self.config.max_message_bytes, resolve={"shm": self._mapper.view},
+                      memo=self._layouts)
 
     def empty(self, size: int, dtype) -> np.ndarray:
         return self.arena.alloc(size, dtype)
