@@ -183,17 +183,15 @@ class Staging:
         output of the call given twice (whose last write would then depend on which
         server answered first)."""
         acc = self._acc
-        count: dict[int, int] = {}
-        for _, outs in devices:
-            for o in outs:
-                count[id(o)] = count.get(id(o), 0) + 1
+        given = [id(o) for _, outs in devices for o in outs]
+        twice = set() if len(set(given)) == len(given) else {i for i in given if given.count(i) > 1}
         found = {}
         for info, outs in devices:
             if len(outs) != 1 or info.key in dtypes:
                 continue
             o = outs[0]
-            if (count[id(o)] == 1 and acc.native(o) and acc.index_of(o) == index
-                    and o.flags.c_contiguous and o.dtype == info.dtype and o.size == info.size):
+            if (acc.native(o) and o.size == info.size and o.dtype == info.dtype and id(o) not in twice
+                    and acc.index_of(o) == index and o.flags.c_contiguous):
                 found[info.key] = flat_view(o)
         return found
 

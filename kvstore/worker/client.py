@@ -581,7 +581,10 @@ class Client:
 
 
 def _nbytes(arrays) -> int:
-    return sum(a.nbytes if hasattr(a, "nbytes") else memoryview(a).nbytes for a in arrays)
+    try:
+        return sum(a.nbytes for a in arrays)
+    except AttributeError:        # (bytes-like buffers)
+        return sum(a.nbytes if hasattr(a, "nbytes") else memoryview(a).nbytes for a in arrays)
 
 
 def _listing(whats: list) -> str:

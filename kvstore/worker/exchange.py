@@ -413,7 +413,7 @@ class Exchange:
         """``arrays.flat_target``, a device block of the staging as it is, and a float32
         buffer for a float16/bfloat16 output of a float32 key (multi-precision)."""
         if self._staging is not None and self._staging.holds(out):
-            return out.reshape(-1), True
+            return arrays.flat_view(out), True
         buffer = wire.out_buffer(info, out) if wire.low_precision else None
         if buffer is not None:
             return buffer, False
@@ -438,7 +438,7 @@ class Exchange:
         patterns: set = set()
         for info, outs in targets:
             if staged and info.key in staged:          # the staging's block, in the reply's dtype
-                flats.append((info, outs[0].reshape(-1), True))
+                flats.append((info, arrays.flat_view(outs[0]), True))
                 for chunk in info.chunks:
                     narrow[tuple(chunk.wire_id)] = precision.NAMES[staged[info.key]]
                 continue

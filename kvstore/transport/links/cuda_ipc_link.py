@@ -163,18 +163,21 @@ class CudaIpcLink(ShmLink):
         """Copy each reply value into its output: device to device (across devices by a
         peer copy), host to device by an upload, and to host outputs as the shm link."""
         acc = self._acc
+        holds, index_of = acc.holds, acc.index_of
         if len(values) != len(into):
             raise InvalidArgumentError(f"reply carries {len(values)} arrays for {len(into)} chunks")
         within: dict[int, tuple[list, list]] = {}     # device -> copies within it (one kernel each)
         for dest, value in zip(into, values):
             if value.size != dest.size:
                 raise InvalidArgumentError(f"reply carries {value.size} values for a chunk of {dest.size}")
-            index = acc.index_of(dest) if acc.holds(dest) else None
-            if index is not None and acc.holds(value) and acc.index_of(value) == index and dest.dtype == value.dtype:
-                dsts, srcs = within.setdefault(index, ([], []))
-                dsts.append(flat_view(dest))
-                srcs.append(flat_view(value))
-            elif acc.holds(dest) or acc.holds(value):
+            on_dest, on_value = holds(dest), holds(value)
+            if on_dest and on_value and dest.dtype == value.dtype and index_of(dest) == (index := index_of(value)):
+                copies = within.get(index)
+                if copies is None:
+                    copies = within[index] = ([], [])
+                copies[0].append(flat_view(dest))
+                copies[1].append(flat_view(value))
+            elif on_dest or on_value:
                 copy_into(acc, dest, value)
             else:
                 super().deliver([value], [dest])
