@@ -35,7 +35,9 @@ class _HostArrayModule:
     (numpy's ``copy`` would return untagged host memory and hide where it goes)."""
 
     def __getattr__(self, name):
-        return getattr(np, name)
+        value = getattr(np, name)
+        setattr(self, name, value)        # (found as an attribute from then on: no call per use)
+        return value
 
     @staticmethod
     def copy(a, order="K"):

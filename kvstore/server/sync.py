@@ -381,7 +381,8 @@ class Sync(Consistency):
                 else:
                     self._add(chunk, rnd, grad)
                 rnd.workers.update(ranks)
-                self._fold(chunk, rnd)
+                if rnd.held:                   # (deterministic sums: pushes held for their turn)
+                    self._fold(chunk, rnd)
                 return rnd
         rnd = self.opened(chunk, None, first=None if self.ordered else grad)
         rnd.layerwise = layerwise
@@ -389,7 +390,8 @@ class Sync(Consistency):
         if self.ordered:
             rnd.held[min(ranks)] = (ranks, grad)
         rnd.workers.update(ranks)
-        self._fold(chunk, rnd)
+        if rnd.held:
+            self._fold(chunk, rnd)
         return rnd
 
     def _add(self, chunk: StoredChunk, rnd: Round, grad) -> None:
@@ -469,7 +471,8 @@ class Sync(Consistency):
                 self._captured.setdefault(id(waiting), {}).setdefault(cid, self.xp.copy(chunk.value))
         acc = self._summed(chunk, rnd)
         # replicated servers: the backup applies the same sum before anyone is answered
-        self.replication.round_applied(cid, self._applied[cid], acc, update is not None, rows=rnd.rows)
+        if self.replication.active:
+            self.replication.round_applied(cid, self._applied[cid], acc, update is not None, rows=rnd.rows)
         if update is None:
             # no optimizer: the merged sum becomes the value; the old value
             # buffer is recycled as the next round's accumulator
