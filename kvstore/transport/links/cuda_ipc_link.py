@@ -129,6 +129,9 @@ class CudaIpcLink(ShmLink):
         keys = [_hashable(k) for k in stage] if stage is not None else [("buffer", i) for i in range(len(arrays))]
         # values in our arena (kv.empty(..., device=i)) go as they are, once their devices'
         # queued work is done; the others are copied into slots held until the reply
+        if len(on_device) == len(arrays) and not (options.in_place and self._arena):
+            # every value a device array to copy into a slot (a step's gradients, the common case)
+            return arrays, self._device_slots.stage(req_id, keys, arrays), False
         located = [self._arena.locate(arrays[i]) for i in on_device] if options.in_place and self._arena \
             else [None] * len(on_device)
         rest = [i for i, place in zip(on_device, located) if place is None]
