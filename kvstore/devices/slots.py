@@ -143,6 +143,10 @@ class DeviceSlots:
     def holders(self) -> list:
         return list(self._held)
 
+    def forget(self) -> None:
+        """Forget which slots each key list took last (each is chosen again)."""
+        self._chosen.clear()
+
     def clear(self) -> None:
         self._chosen.clear()
         self._places.clear()

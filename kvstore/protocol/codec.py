@@ -180,8 +180,9 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     if "layout" in header:
         head = _layout_frame(header, buffer_frames)
         buffer_frames = buffer_frames[1:]
-        if memo is not None:
-            key = (bytes(head), header.get("src"), header["op"])
+        src = header.get("src")
+        if memo is not None and (type(src) is int or src is None):    # (any other src is refused later)
+            key = (bytes(head), src, header["op"])
             known = memo.get(key)
         header.update(known.fields if known is not None else _layout_fields(head, header))
         _check_bufs(header)

@@ -13,8 +13,9 @@ buffer's description, and the arrays its references resolved to. A later message
 whose layout frame has the same bytes, from the same sender (``src``) with the same
 op, is decoded from there: it would pass every check the same way (the checks
 depend on nothing else; a receiver drops its memos when who may send what changes,
-e.g. the job's members), and its references name the same memory, so they resolve
-to the same arrays. Buffers sent as frames are read from the new message as ever.
+e.g. the job's members, and a server also when keys are initialised, as the stores
+forget their call plans then), and its references name the same memory, so they
+resolve to the same arrays. Buffers sent as frames are read from the new message as ever.
 
 A memo is bounded (:data:`MAX_LAYOUTS` layouts, :data:`MAX_LAYOUT_BYTES` of their
 frames); past that it starts again empty, so a sender that never repeats a layout

@@ -34,6 +34,7 @@ DYN_STATS = "dyn_stats"          # {chunk}; reply {stats: {rows, created, evicte
 REPLICATE = "replicate"          # {kind: init|rounds, chunks, rounds, updated} + one buffer per chunk: the
                                  # values an init stored, or each applied round's sum (the value without optimizer)
 
+INITS = frozenset({INIT, INIT_ROWS, INIT_DYN})      # requests that create keys
 REQUESTS = frozenset({CONFIGURE, INIT, PUSH, PULL, PUSHPULL, SET_OPTIMIZER, GET_STATES, SET_STATES,
                       CHECKPOINT, CHECKPOINT_COMMIT, CHECKPOINT_LIST, CHECKPOINT_RESTORE,
                       GET_META, WRITE, WRITTEN, INIT_ROWS, PUSH_ROWS,

@@ -132,6 +132,10 @@ class DataPlane:
         the sender's own memory only. Raises ProtocolError."""
         header, arrays = decode(body, self.config.max_message_bytes, resolve=self._resolvers(peer),
                                 memo=self._memo(peer))
+        if header["op"] in ops.INITS:
+            # keys are made (a collective call: every store forgets its call plans, only the
+            # leader sends the values): every connection's layouts start again too
+            self._memos.clear()
         if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
                                               or header.get("compression") is not None):
             # the state machine takes device buffers only where it uploads pushes

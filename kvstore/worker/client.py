@@ -569,6 +569,11 @@ class Client:
         finally:
             self._abandoned.discard(header["id"])
 
+    def forget(self) -> None:
+        """Forget what the links kept of repeated calls (the store forgot its call plans)."""
+        for link in self.links:
+            link.forget()
+
     def close(self) -> None:
         if self.timeline is not None:
             self.timeline.close({"comm_stats": self.traffic.by_transport()})

@@ -85,6 +85,7 @@ class DistStore(KVStore):
             # until its first barrier meets theirs (docs/elastic.md)
             self._joining = self._joined = bool(reg.joined)
             client = self._client = Client(config, self._membership, reg.servers, reg.rank, accelerators)
+            self._plans.also_forget(client.forget)      # the links' layouts go with the call plans
             self._timeline = self._client.timeline = open_timeline(config.timeline, "worker", reg.rank)
             # sending and filling (kvstore.worker.exchange); device values cross to the host by staging
             self._exchange = Exchange(client, config, self._mode, self._leads, self._wire, self._timeline,

@@ -138,6 +138,7 @@ class Plans:
     def __init__(self, limit: int = PLAN_LIMIT):
         self._plans: dict = {}
         self._limit = limit
+        self._also: list = []        # what else forgets with the plans (also_forget)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -145,6 +146,14 @@ class Plans:
     def clear(self) -> None:
         """Forget every plan: what they were made under changed."""
         self._plans.clear()
+        for forget in self._also:
+            forget()
+
+    def also_forget(self, forget) -> None:
+        """Call ``forget()`` whenever the plans are forgotten: what the transport keeps
+        of repeated calls (the links' layouts, kvstore/protocol/layouts.py) starts again
+        with them."""
+        self._also.append(forget)
 
     def find(self, op: str, keys, values, outs=None) -> tuple[CallPlan, list, list | None] | None:
         """``(plan, values, outs)`` (the values and outputs as lists, one per key) when

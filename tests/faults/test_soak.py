@@ -98,9 +98,13 @@ def mark(kv, pause, marks: list) -> None:
     A store keeps up to ``PLAN_LIMIT`` call plans (kvstore/worker/plans.py; their bound
     is tested in tests/worker/test_plans.py), and the rounds here name new keys nearly
     every time, so a full set of plans holds a varying number of objects (+-200 per
-    store between two moments). Initialising a fresh key forgets them (as any init
-    does), so both measures see none and only growth per round remains."""
-    kv.init(FRESH_KEY + len(marks), np.zeros(1, np.float32))
+    store between two moments); so do the layouts the links and the servers keep of
+    repeated messages (kvstore/protocol/layouts.py, at most 256 per connection).
+    Initialising a fresh key forgets them (as any init does: the store its plans and
+    its links' layouts, each server that receives an init every connection's layouts;
+    the key is cut into chunks on every server), so both measures see none and only
+    growth per round remains."""
+    kv.init(FRESH_KEY + len(marks), np.zeros(4 * CHUNK_BYTES // 4, np.float32))
     marks.append(pause(kv))
 
 

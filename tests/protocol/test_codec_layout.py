@@ -142,3 +142,17 @@ def test_layout_messages_decode_to_what_was_encoded(specs, refs):
         for a, v in zip(arrays[refs:], values):
             np.testing.assert_array_equal(a, v)
     assert memory.resolved == refs
+
+
+def test_a_sender_field_that_is_not_an_int_decodes_without_the_memo():
+    """(found by the server fuzz: a map as ``src`` made the memo's key unhashable and
+    the message was dropped unanswered) ``src`` other than an int is decoded as
+    ever, never kept, and left for the receiver to refuse."""
+    memory, memo = Memory(), LayoutMemo()
+    frames = wire(request([np.full(3, 1, np.int64)]))
+    header = msgpack.unpackb(frames[0])
+    for src in ({"a": 1}, [0], 1.5, True):
+        odd = [msgpack.packb(dict(header, src=src)), *frames[1:]]
+        got, _ = decode(odd, resolve={"shm": memory.resolve}, memo=memo)
+        assert got["src"] == src
+    assert len(memo) == 0

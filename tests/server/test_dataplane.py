@@ -238,8 +238,8 @@ def test_a_requests_layout_is_decoded_once_per_connection_until_the_members_chan
     """kvstore/protocol/layouts.py at the server: a push repeated with the same layout
     (the client's layout frame) is decoded from the connection's memo, its references
     checked against their owner and opened once; another connection decodes its own;
-    once the job's workers change, the same layout is checked again, and refused when
-    its memory is no longer the sending worker's."""
+    once the job's workers change, or keys are initialised, the same layout is checked
+    again, and refused when its memory is no longer the sending worker's."""
     p = plane("shm")
     p.data.joined([f"127.0.0.1:{os.getpid()}"])                  # worker 0 is this process
     checks = []
@@ -272,6 +272,11 @@ def test_a_requests_layout_is_decoded_once_per_connection_until_the_members_chan
         p.data.joined([f"127.0.0.1:{os.getpid()}"])                # the members changed: checked anew
         push(socks[0], 5, 4.0)
         assert len(checks) == 3
+        socks[1].send_multipart(encode({"op": ops.INIT, "id": 50, "src": 0, "chunks": [[9, 0]]},
+                                       [np.zeros(2, np.float32)], layout=True))
+        p.data.decode(*p.received())                               # keys made: every connection's anew
+        push(socks[0], 7, 4.5)
+        assert len(checks) == 4
         p.data.joined(["127.0.0.1:1"])                             # worker 0 is another process now
         with pytest.raises(ProtocolError, match="made no handshake"):     # its binding was dropped
             push(socks[0], 6, 5.0)

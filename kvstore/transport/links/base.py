@@ -145,5 +145,9 @@ class Link:
         this link does not read device memory."""
         return None
 
+    def forget(self) -> None:
+        """Forget what this link kept of repeated calls (the store forgot its call
+        plans): nothing here."""
+
     def close(self) -> None:
         """Release what the link holds (not the socket: the client owns it)."""

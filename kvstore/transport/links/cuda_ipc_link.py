@@ -188,6 +188,10 @@ class CudaIpcLink(ShmLink):
             with acc.on(index):
                 acc.copy_many(dsts, srcs)
 
+    def forget(self) -> None:
+        super().forget()
+        self._device_slots.forget()
+
     def close(self) -> None:
         self._device_slots.clear()
         super().close()

@@ -128,6 +128,9 @@ class ShmLink(Link):
         return decode(frames, self.config.max_message_bytes, resolve={"shm": self._mapper.view},
                       memo=self._layouts)
 
+    def forget(self) -> None:
+        self._layouts.clear()
+
     def empty(self, size: int, dtype) -> np.ndarray:
         return self.arena.alloc(size, dtype)
 
