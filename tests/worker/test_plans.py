@@ -201,13 +201,17 @@ def test_dist_plans_exchange_right_values_and_refuse_bad_input_before_sending(ma
         with pytest.raises(InvalidArgumentError, match="dtype"):
             kv.pushpull(keys, [np.ones(n, np.float64) for n in sizes], out=outs)
         assert kv.comm_stats()["bytes_sent"] == sent          # refused before anything was sent
-        # the members changing forgets the plans (what each collective call reports)
+        # the members changing forgets the plans (what each collective call reports), and
+        # with them the layouts the links kept of the servers' replies (Plans.also_forget)
+        def layouts():
+            return sum(len(link._layouts) for link in kv._client.links if hasattr(link, "_layouts"))
+        kept = layouts() > 0
         kv._now_members(kv.members + (99,))
-        forgotten = len(kv._plans)
+        forgotten = (len(kv._plans), layouts())
         kv._now_members(kv.members[:-1])
         kv.barrier()
-        return planned, forgotten
-    assert cluster.run(work) == [((1, 3), 0), ((1, 3), 0)]
+        return planned, kept, forgotten
+    assert cluster.run(work) == [((1, 3), True, (0, 0))] * 2
 
 
 def test_a_call_in_a_new_form_is_checked_in_full():
