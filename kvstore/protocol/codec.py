@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from . import ops
-from .layouts import LAYOUT_FIELDS, Layout, LayoutMemo
+from .layouts import LAYOUT_FIELDS, Described, Layout, LayoutFrames, LayoutMemo
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -59,7 +59,7 @@ ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
 
 
 def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None,
-           layout: bool = False) -> list:
+           layout: bool = False, sent: LayoutFrames | None = None) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
@@ -78,51 +78,78 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
 
     ``layout``: the fields that describe the buffers (:data:`LAYOUT_FIELDS`) go in a
     frame of their own after the header, which says ``layout: true`` (requests a
-    receiver decodes with a :class:`LayoutMemo`; not for a data channel)."""
-    header = dict(header, v=VERSION, bufs=[[_dtype_str(a), list(a.shape)] for a in arrays])
+    receiver decodes with a :class:`LayoutMemo`; not for a data channel). ``sent``
+    (the sender's :class:`LayoutFrames`): a layout of the same content as one packed
+    before (chunks, each buffer's dtype, shape and reference) is not built again."""
+    header = dict(header, v=VERSION)
     pack = header.pop("pack", None) is True
-    if not shared or not any(place is not None for place in shared):
-        if pack:
-            packed = _packed(header, arrays, range(len(arrays)))
-            if packed is not None:
-                return _framed(header, packed, layout)
-        return _framed(header, arrays, layout)
-    segments: dict[str, dict] = {kind: {} for kind in REF_KINDS}
-    refs: dict[str, list] = {kind: [None] * len(arrays) for kind in REF_KINDS}
-    inline: list = []
-    for i, (a, place) in enumerate(zip(arrays, shared)):
-        if place is None:
-            inline.append(i)
-            continue
-        kind = place[2] if len(place) > 2 else "shm"
-        if kind not in REF_KINDS:
-            raise ValueError(f"unknown kind of reference {kind!r} (known: {', '.join(REF_KINDS)})")
-        refs[kind][i] = [segments[kind].setdefault(tuple(place[0]), len(segments[kind])), int(place[1])]
-    for kind in REF_KINDS:
-        if segments[kind]:
-            header[kind] = {"segs": [list(s) for s in segments[kind]], "refs": refs[kind]}
-    frames = _packed(header, arrays, inline) if pack else None
-    if frames is None:
-        frames = [arrays[i] for i in inline]
-    return _framed(header, frames, layout)
+    key = _content(header, arrays, shared, pack) if layout and sent is not None else None
+    described = sent.get(key) if sent is not None and key is not None else None
+    if described is None:
+        described = _described(header, arrays, shared, pack, layout)
+        if sent is not None and key is not None:
+            sent.keep(key, described)
+    if layout:
+        header.pop("chunks", None)            # (in the layout frame)
+        header["layout"] = True
+        head = [msgpack.packb(header, use_bin_type=True), described.frame]
+    else:
+        header.update(described.fields)
+        head = [msgpack.packb(header, use_bin_type=True)]
+    inline, small = described.inline, described.small
+    if small:
+        chosen = set(small)
+        return [*head, _joined(arrays, small), *(arrays[i] for i in inline if i not in chosen)]
+    return [*head, *(arrays[i] for i in inline)]
 
 
-def _framed(header: dict, buffers: Sequence, layout: bool) -> list:
-    """The message's frames: its header, with its layout fields in a frame of their own
-    after it when ``layout``, then ``buffers``."""
-    if not layout:
-        return [msgpack.packb(header, use_bin_type=True), *buffers]
-    fields = {name: header.pop(name) for name in sorted(LAYOUT_FIELDS) if name in header}
-    header["layout"] = True
-    return [msgpack.packb(header, use_bin_type=True), msgpack.packb(fields, use_bin_type=True), *buffers]
-
-
-def _packed(header: dict, arrays: Sequence, inline) -> list | None:
-    """The buffer frames of the ``inline`` arrays with the small ones packed into the
-    first (``header["pack"]`` set), or None when fewer than two are small."""
-    small = [i for i in inline if arrays[i].nbytes < PACK_BYTES]
-    if len(small) < 2:
+def _content(header: dict, arrays: Sequence, shared: Sequence | None, pack: bool) -> tuple | None:
+    """What a message's layout is made of, as a key (None: not hashable as given)."""
+    chunks = header.get("chunks")
+    try:
+        return (None if chunks is None else tuple(map(tuple, chunks)),
+                tuple([(a.dtype, a.shape) for a in arrays]), None if shared is None else tuple(shared), pack)
+    except TypeError:
         return None
+
+
+def _described(header: dict, arrays: Sequence, shared: Sequence | None, pack: bool, layout: bool) -> Described:
+    """A message's buffers described: the fields (``bufs``, and ``shm``/``dev``, ``pack``
+    where there are any; with ``layout`` also ``chunks``, and the layout frame packed),
+    the buffers sent as frames and the small ones among them packed into one."""
+    fields: dict = {"bufs": [[_dtype_str(a), list(a.shape)] for a in arrays]}
+    inline: list = list(range(len(arrays)))
+    if shared and any(place is not None for place in shared):
+        segments: dict[str, dict] = {kind: {} for kind in REF_KINDS}
+        refs: dict[str, list] = {kind: [None] * len(arrays) for kind in REF_KINDS}
+        inline = []
+        for i, (a, place) in enumerate(zip(arrays, shared)):
+            if place is None:
+                inline.append(i)
+                continue
+            kind = place[2] if len(place) > 2 else "shm"
+            if kind not in REF_KINDS:
+                raise ValueError(f"unknown kind of reference {kind!r} (known: {', '.join(REF_KINDS)})")
+            refs[kind][i] = [segments[kind].setdefault(tuple(place[0]), len(segments[kind])), int(place[1])]
+        for kind in REF_KINDS:
+            if segments[kind]:
+                fields[kind] = {"segs": [list(s) for s in segments[kind]], "refs": refs[kind]}
+    small = [i for i in inline if arrays[i].nbytes < PACK_BYTES] if pack else []
+    if len(small) < 2:
+        small = []
+    else:
+        fields["pack"] = small
+    frame = None
+    if layout:
+        if "chunks" in header:
+            fields["chunks"] = header["chunks"]
+        frame = msgpack.packb({name: fields[name] for name in sorted(LAYOUT_FIELDS) if name in fields},
+                              use_bin_type=True)
+    return Described(fields, inline, small, frame)
+
+
+def _joined(arrays: Sequence, small: list) -> bytes:
+    """The ``small`` arrays in one frame, each at a multiple of PACK_ALIGN bytes."""
     parts: list = []
     offset = 0
     for i in small:
@@ -132,9 +159,7 @@ def _packed(header: dict, arrays: Sequence, inline) -> list | None:
             parts.append(_PADS[pad])
         parts.append(a)             # (bytes.join takes the C-contiguous array's buffer as it is)
         offset += pad + a.nbytes
-    header["pack"] = small
-    chosen = set(small)
-    return [b"".join(parts), *(arrays[i] for i in inline if i not in chosen)]
+    return b"".join(parts)
 
 
 _STRS: dict = {}      # dtype -> its string (np.dtype(...).str costs ~1 us, on every buffer)

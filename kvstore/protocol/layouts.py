@@ -50,6 +50,46 @@ class Layout(NamedTuple):
     resolved: dict
 
 
+class Described(NamedTuple):
+    """What a sender made of a message's buffers (kvstore.protocol.codec.encode):
+    ``fields`` (``bufs``, ``shm``/``dev``, ``pack``; with a layout frame also ``chunks``),
+    the buffers that travel as frames (``inline``), the small ones among them packed
+    into one (``small``), and the packed layout frame (None without one)."""
+    fields: dict
+    inline: list
+    small: list
+    frame: bytes | None
+
+
+class LayoutFrames:
+    """A sender's layouts by content (the message's chunks, each buffer's dtype, shape
+    and reference): a repeated call's layout frame is built and packed once. Bounded as
+    :class:`LayoutMemo` is; the sender forgets them when it forgets its call plans."""
+
+    def __init__(self, max_layouts: int = MAX_LAYOUTS, max_bytes: int = MAX_LAYOUT_BYTES):
+        self._described: dict[tuple, Described] = {}
+        self._bytes = 0
+        self._max_layouts, self._max_bytes = max_layouts, max_bytes
+
+    def get(self, key: tuple) -> Described | None:
+        return self._described.get(key)
+
+    def keep(self, key: tuple, described: Described) -> None:
+        size = len(described.frame or b"")
+        if len(self._described) >= self._max_layouts or self._bytes + size > self._max_bytes:
+            self.clear()
+        if size <= self._max_bytes:
+            self._described[key] = described
+            self._bytes += size
+
+    def clear(self) -> None:
+        self._described.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._described)
+
+
 class LayoutMemo:
     def __init__(self, max_layouts: int = MAX_LAYOUTS, max_bytes: int = MAX_LAYOUT_BYTES):
         self._layouts: dict[tuple, Layout] = {}

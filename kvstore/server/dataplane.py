@@ -106,7 +106,7 @@ class DataPlane:
                 pids.append(int(tail))
         self.owners.joined(list(workers))
         # who may reference what changed: a layout is decoded, and its references checked, anew
-        self._memos.clear()
+        self._forget_layouts()
         for end in self.endpoints.values():
             end.joined(pids)
 
@@ -135,7 +135,7 @@ class DataPlane:
         if header["op"] in ops.INITS:
             # keys are made (a collective call: every store forgets its call plans, only the
             # leader sends the values): every connection's layouts start again too
-            self._memos.clear()
+            self._forget_layouts()
         if header.get("dev") is not None and (header["op"] not in ops.DEVICE_BUFFERS
                                               or header.get("compression") is not None):
             # the state machine takes device buffers only where it uploads pushes
@@ -144,6 +144,12 @@ class DataPlane:
             error.request_id = header["id"]
             raise error
         return header, arrays
+
+    def _forget_layouts(self) -> None:
+        """Every connection's requests' layouts, and the endpoints' of their replies."""
+        self._memos.clear()
+        for end in self.endpoints.values():
+            end.forget()
 
     def _memo(self, peer) -> LayoutMemo:
         """The layouts connection ``peer``'s requests decoded to (bounded per connection;

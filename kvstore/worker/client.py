@@ -28,6 +28,7 @@ from ..config import Config
 from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
 from ..protocol import encode, ops
 from ..protocol.codec import MAX_HEADER_BYTES
+from ..protocol.layouts import LayoutFrames
 from ..timeline import Timeline
 from ..transport import Advert, memory
 from ..transport.links import PLAIN, RequestOptions
@@ -92,6 +93,7 @@ class Client:
         self._shared: dict = {}                     # what links of one kind share (shared())
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
+        self._sent = LayoutFrames()      # its requests' layouts, packed once per content (kvstore/protocol/layouts.py)
         self._pending: dict[int, _Request] = {}
         # the ids of those whose replies read chunks' values (a push waits for them: see
         # _read_before_changing); a superset of the pending ones, pruned as it is read
@@ -263,7 +265,7 @@ class Client:
         try:
             # small buffers in one frame; the buffers' fields in a frame of their own, which the
             # server decodes once per content (kvstore/protocol/layouts.py)
-            frames = encode(dict(header, pack=True), arrays, shared, layout=True)
+            frames = encode(dict(header, pack=True), arrays, shared, layout=True, sent=self._sent)
         except (TypeError, ValueError, OverflowError) as e:
             raise InvalidArgumentError(
                 f"{what}: the request to server {server} cannot be encoded ({type(e).__name__}: {e}); "
@@ -570,7 +572,9 @@ class Client:
             self._abandoned.discard(header["id"])
 
     def forget(self) -> None:
-        """Forget what the links kept of repeated calls (the store forgot its call plans)."""
+        """Forget what the links kept of repeated calls, and the requests' layouts (the
+        store forgot its call plans)."""
+        self._sent.clear()
         for link in self.links:
             link.forget()
 

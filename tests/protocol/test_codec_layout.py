@@ -156,3 +156,33 @@ def test_a_sender_field_that_is_not_an_int_decodes_without_the_memo():
         got, _ = decode(odd, resolve={"shm": memory.resolve}, memo=memo)
         assert got["src"] == src
     assert len(memo) == 0
+
+
+def test_a_sender_packs_a_layout_of_the_same_content_once_and_every_buffer_anew():
+    """``LayoutFrames`` (the sender's side): a message of the same chunks, dtypes, shapes
+    and references as one sent before takes that one's layout frame (the same bytes,
+    not built again), while its buffers (packed small ones included) are this message's;
+    another chunk, shape, dtype or reference is another layout."""
+    from kvstore.protocol.layouts import LayoutFrames
+    sent = LayoutFrames()
+
+    def frames(fill, chunks=((1, 0), (2, 0), (3, 0)), n=3, dtype=np.int64, offset=64):
+        values = [np.full(n, fill, dtype), np.full(2, fill + 1, np.float32)]
+        return encode({"op": "pushpull", "id": fill, "src": 0, "chunks": [list(c) for c in chunks], "pack": True},
+                      [np.zeros(4, np.float32)] + values, [(SEGMENT, offset, "shm"), None, None], layout=True,
+                      sent=sent)
+    first, again = frames(1), frames(2)
+    assert len(sent) == 1 and again[1] == first[1]
+    plain = encode({"op": "pushpull", "id": 2, "src": 0, "chunks": [[1, 0], [2, 0], [3, 0]], "pack": True},
+                   [np.zeros(4, np.float32), np.full(3, 2, np.int64), np.full(2, 3, np.float32)],
+                   [(SEGMENT, 64, "shm"), None, None], layout=True)
+    assert wire(again) == wire(plain)                     # what was built without the memo, to the byte
+    memory = Memory()
+    _, arrays = decode(wire(again), resolve={"shm": memory.resolve})
+    np.testing.assert_array_equal(arrays[1], 2)
+    np.testing.assert_array_equal(arrays[2], 3)
+    for other in (dict(chunks=((1, 0), (2, 0), (4, 0))), dict(n=4), dict(dtype=np.int32), dict(offset=128)):
+        assert frames(5, **other)[1] != first[1]
+    assert len(sent) == 5
+    sent.clear()
+    assert len(sent) == 0

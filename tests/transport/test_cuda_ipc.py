@@ -393,12 +393,12 @@ def no_device_frames(monkeypatch, *modules) -> list:
     from kvstore.protocol import encode as original
     seen: list = []
 
-    def encode(header, arrays=(), shared=None, layout=False):
+    def encode(header, arrays=(), shared=None, layout=False, sent=None):
         places = list(shared) if shared else [None] * len(arrays)
         bad = [i for i, (a, place) in enumerate(zip(arrays, places)) if place is None and isinstance(a, _DeviceArray)]
         assert not bad, f"{header.get('op')} reply {header.get('id')}: device arrays {bad} as frames"
         seen.append(header.get("id"))
-        return original(header, arrays, shared, layout)
+        return original(header, arrays, shared, layout, sent)
     for module in modules:
         monkeypatch.setattr(module, "encode", encode)
     return seen

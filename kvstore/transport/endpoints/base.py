@@ -87,5 +87,9 @@ class Endpoint:
         True, or False to leave it to the ROUTER socket."""
         return False
 
+    def forget(self) -> None:
+        """Forget what it kept of repeated replies (their layouts: keys were made, or
+        the job's members changed)."""
+
     def close(self) -> None:
         """Release what it holds (not the socket: the server node owns it)."""

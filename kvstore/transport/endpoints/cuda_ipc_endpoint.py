@@ -29,6 +29,7 @@ import numpy as np
 
 from ...errors import ProtocolError
 from ...protocol import encode, ops
+from ...protocol.layouts import LayoutFrames
 from .base import Endpoint
 
 
@@ -47,6 +48,7 @@ class CudaIpcEndpoint(Endpoint):
         self._reads: set = set()       # (peer, request id) whose buffers are workers' device memory
         self._replies: set = set()     # (peer, request id) whose values may go by device reference
         self.resolves = {"dev": self._open}
+        self._sent = LayoutFrames()    # data replies' layouts, packed once (kvstore/protocol/layouts.py)
 
     def bind(self, sock) -> dict[str, str] | None:
         return {} if self.config.server_device == "gpu" else None
@@ -109,7 +111,10 @@ class CudaIpcEndpoint(Endpoint):
             return None
         self._backend.publish()            # the values are final before the worker reads them
         # (the buffers' fields in a layout frame, which the worker decodes once per content)
-        return encode(header, list(arrays), places, layout=True)
+        return encode(header, list(arrays), places, layout=True, sent=self._sent)
+
+    def forget(self) -> None:
+        self._sent.clear()
 
     def _place(self, a):
         place = self._sharing.export(a) if self._sharing is not None else None

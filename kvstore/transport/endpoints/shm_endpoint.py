@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from ...protocol import encode, error_header, ops
+from ...protocol.layouts import LayoutFrames
 from .. import shm
 from .base import Endpoint
 
@@ -32,6 +33,7 @@ class ShmEndpoint(Endpoint):
         self.resolves = {"shm": self._mapper.view}
         self._replies: set = set()   # (peer, request id) whose reply may point into our memory
         self._probe: np.ndarray | None = None
+        self._sent = LayoutFrames()   # data replies' layouts, packed once (kvstore/protocol/layouts.py)
 
     def bind(self, sock) -> dict[str, str] | None:
         if not shm.available():
@@ -88,7 +90,11 @@ class ShmEndpoint(Endpoint):
         # (the small ones packed into one frame, and a data reply's buffers' fields in a layout
         # frame, which the worker decodes once per content: this reply never goes to a data channel)
         return encode(dict(header, pack=True), arrays,
-                      [self._locate(a) if a.nbytes >= least else None for a in arrays], layout=least > 0)
+                      [self._locate(a) if a.nbytes >= least else None for a in arrays], layout=least > 0,
+                      sent=self._sent)
+
+    def forget(self) -> None:
+        self._sent.clear()
 
     def _locate(self, a: np.ndarray):
         return self.memory.locate(a) if self.memory is not None else None
