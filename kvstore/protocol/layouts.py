@@ -24,6 +24,11 @@ costs a receiver that much memory and a dictionary lookup per message.
 The fields handed out from a memo are shared by every message of that layout: a
 reader may keep them, never change them.
 
+The sender's side is :class:`LayoutFrames`: a layout of the same content (the chunks,
+each buffer's dtype, shape and reference) as one sent before is not described and
+packed again (kvstore.protocol.codec.encode's ``sent``): the same bytes go out, which
+is also what lets the receiver's memo find them.
+
 Example::
 
     memo = LayoutMemo()
