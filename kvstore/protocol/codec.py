@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from . import ops
-from .layouts import LAYOUT_FIELDS, Described, Layout, LayoutFrames, LayoutMemo
+from .layouts import LAYOUT_FIELDS, Described, Layout, LayoutMemo
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -59,7 +59,7 @@ ALLOWED_DTYPES = frozenset(np.dtype(t).str for t in (
 
 
 def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | None = None,
-           layout: bool = False, sent: LayoutFrames | None = None) -> list:
+           layout: bool = False, sent: LayoutMemo[Described] | None = None) -> list:
     """Build the frames of one message. ``arrays`` must be C-contiguous; they are
     not copied (the caller sends them zero-copy or lets ZeroMQ copy small ones).
 
@@ -79,7 +79,7 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     ``layout``: the fields that describe the buffers (:data:`LAYOUT_FIELDS`) go in a
     frame of their own after the header, which says ``layout: true`` (requests a
     receiver decodes with a :class:`LayoutMemo`; not for a data channel). ``sent``
-    (the sender's :class:`LayoutFrames`): a layout of the same content as one packed
+    (the sender's :class:`LayoutMemo`): a layout of the same content as one packed
     before (chunks, each buffer's dtype, shape and reference) is not built again."""
     header = dict(header, v=VERSION)
     pack = header.pop("pack", None) is True
@@ -88,7 +88,7 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), shared: Sequence | N
     if described is None:
         described = _described(header, arrays, shared, pack, layout)
         if sent is not None and key is not None:
-            sent.keep(key, described)
+            sent.keep(key, described, len(described.frame or b""))
     if layout:
         header.pop("chunks", None)            # (in the layout frame)
         header["layout"] = True
@@ -183,7 +183,7 @@ def _buffer(frame) -> memoryview:
 
 def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
            resolve: Mapping[str, Resolver] | Callable[[dict], Mapping[str, Resolver]] | None = None,
-           memo: LayoutMemo | None = None) -> tuple[dict, list[np.ndarray]]:
+           memo: LayoutMemo[Layout] | None = None) -> tuple[dict, list[np.ndarray]]:
     """Parse one message. Raises ProtocolError naming what is wrong.
 
     The returned arrays are read-only views on the frames (no copy). A message
@@ -264,7 +264,7 @@ def decode(frames: Sequence, max_buffer_bytes: int = 1 << 30,
     if key is not None and known is None:
         assert memo is not None
         memo.keep(key, Layout({name: header[name] for name in LAYOUT_FIELDS if name in header},
-                              specs, packed, resolved))
+                              specs, packed, resolved), len(key[0]))
     return header, arrays
 
 

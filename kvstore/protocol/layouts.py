@@ -24,25 +24,27 @@ costs a receiver that much memory and a dictionary lookup per message.
 The fields handed out from a memo are shared by every message of that layout: a
 reader may keep them, never change them.
 
-The sender's side is :class:`LayoutFrames`: a layout of the same content (the chunks,
+The sender keeps a :class:`LayoutMemo` too: a layout of the same content (the chunks,
 each buffer's dtype, shape and reference) as one sent before is not described and
 packed again (kvstore.protocol.codec.encode's ``sent``): the same bytes go out, which
 is also what lets the receiver's memo find them.
 
 Example::
 
-    memo = LayoutMemo()
-    header, arrays = decode(frames, resolve=resolvers, memo=memo)   # (kvstore.protocol.codec)
+    sent, memo = LayoutMemo(), LayoutMemo()          # the sender's, the receiver's
+    frames = encode(header, arrays, places, layout=True, sent=sent)   # (kvstore.protocol.codec)
+    header, arrays = decode(frames, resolve=resolvers, memo=memo)
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 # the header fields that describe a message's buffers; the layout frame holds them
 LAYOUT_FIELDS = frozenset({"bufs", "pack", "shm", "dev", "chunks"})
 MAX_LAYOUTS = 256
 MAX_LAYOUT_BYTES = 1 << 20
+V = TypeVar("V")
 
 
 class Layout(NamedTuple):
@@ -66,56 +68,31 @@ class Described(NamedTuple):
     frame: bytes | None
 
 
-class LayoutFrames:
-    """A sender's layouts by content (the message's chunks, each buffer's dtype, shape
-    and reference): a repeated call's layout frame is built and packed once. Bounded as
-    :class:`LayoutMemo` is; the sender forgets them when it forgets its call plans."""
+class LayoutMemo(Generic[V]):
+    """Layouts kept by key, bounded by their number and the bytes of their frames (past
+    either it starts again empty). The receiver's: ``key`` (the layout frame's bytes,
+    the sender's ``src``, the op) -> :class:`Layout`. The sender's: ``key`` (the chunks,
+    each buffer's dtype, shape and reference) -> :class:`Described`."""
 
     def __init__(self, max_layouts: int = MAX_LAYOUTS, max_bytes: int = MAX_LAYOUT_BYTES):
-        self._described: dict[tuple, Described] = {}
+        self._kept: dict[tuple, V] = {}
         self._bytes = 0
         self._max_layouts, self._max_bytes = max_layouts, max_bytes
 
-    def get(self, key: tuple) -> Described | None:
-        return self._described.get(key)
+    def get(self, key: tuple) -> V | None:
+        return self._kept.get(key)
 
-    def keep(self, key: tuple, described: Described) -> None:
-        size = len(described.frame or b"")
-        if len(self._described) >= self._max_layouts or self._bytes + size > self._max_bytes:
+    def keep(self, key: tuple, value: V, size: int) -> None:
+        """Keep ``value`` (its layout frame ``size`` bytes) under ``key``."""
+        if len(self._kept) >= self._max_layouts or self._bytes + size > self._max_bytes:
             self.clear()
         if size <= self._max_bytes:
-            self._described[key] = described
+            self._kept[key] = value
             self._bytes += size
 
     def clear(self) -> None:
-        self._described.clear()
+        self._kept.clear()
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._described)
-
-
-class LayoutMemo:
-    def __init__(self, max_layouts: int = MAX_LAYOUTS, max_bytes: int = MAX_LAYOUT_BYTES):
-        self._layouts: dict[tuple, Layout] = {}
-        self._bytes = 0
-        self._max_layouts, self._max_bytes = max_layouts, max_bytes
-
-    def get(self, key: tuple) -> Layout | None:
-        """``key``: (the layout frame's bytes, the sender's ``src``, the op)."""
-        return self._layouts.get(key)
-
-    def keep(self, key: tuple, layout: Layout) -> None:
-        size = len(key[0])
-        if len(self._layouts) >= self._max_layouts or self._bytes + size > self._max_bytes:
-            self.clear()
-        if size <= self._max_bytes:
-            self._layouts[key] = layout
-            self._bytes += size
-
-    def clear(self) -> None:
-        self._layouts.clear()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._layouts)
+        return len(self._kept)

@@ -29,7 +29,7 @@ from ..config import Config
 from ..errors import ConfigError, ProtocolError
 from ..protocol import decode, encode, ops
 from ..protocol.codec import Resolver
-from ..protocol.layouts import LayoutMemo
+from ..protocol.layouts import Layout, LayoutMemo
 from ..transport import memory, registry
 from ..transport.endpoints import Advert, Endpoint, host_identity
 from ..transport.endpoints.owners import MemoryOwners
@@ -75,7 +75,7 @@ class DataPlane:
         # a reference is resolved only into its sender's memory (kvstore.transport.endpoints.owners)
         self.owners = MemoryOwners()
         # per connection: its requests' layouts decoded (kvstore/protocol/layouts.py)
-        self._memos: dict[bytes, LayoutMemo] = {}
+        self._memos: dict[bytes, LayoutMemo[Layout]] = {}
         self._backend = None  # where the values live (serving): replies may hold its device arrays
         self._downloads: dict | None = None   # within a batch: reply values' host copies
 
@@ -151,7 +151,7 @@ class DataPlane:
         for end in self.endpoints.values():
             end.forget()
 
-    def _memo(self, peer) -> LayoutMemo:
+    def _memo(self, peer) -> LayoutMemo[Layout]:
         """The layouts connection ``peer``'s requests decoded to (bounded per connection;
         the connections are bounded by MAX_MEMOS, past which all start again empty)."""
         memo = self._memos.get(peer)

@@ -28,7 +28,7 @@ from ..config import Config
 from ..errors import DeadlineError, InvalidArgumentError, NodeFailedError, ProtocolError, RemoteError
 from ..protocol import encode, ops
 from ..protocol.codec import MAX_HEADER_BYTES
-from ..protocol.layouts import LayoutFrames
+from ..protocol.layouts import Described, LayoutMemo
 from ..timeline import Timeline
 from ..transport import Advert, memory
 from ..transport.links import PLAIN, RequestOptions
@@ -93,7 +93,7 @@ class Client:
         self._shared: dict = {}                     # what links of one kind share (shared())
         self._ids = itertools.count(1)
         self._seq = [0] * len(servers)   # per-connection order: the server handles each once, in order
-        self._sent = LayoutFrames()      # its requests' layouts, packed once per content (kvstore/protocol/layouts.py)
+        self._sent: LayoutMemo[Described] = LayoutMemo()      # its requests' layouts, packed once per content (kvstore/protocol/layouts.py)
         self._pending: dict[int, _Request] = {}
         # the ids of those whose replies read chunks' values (a push waits for them: see
         # _read_before_changing); a superset of the pending ones, pruned as it is read

@@ -117,15 +117,15 @@ def test_a_layout_that_does_not_decode_is_refused_by_name_and_not_remembered():
 
 
 def test_a_memo_is_bounded_and_starts_again_empty():
-    memo = LayoutMemo(max_layouts=2, max_bytes=100)
+    memo: LayoutMemo = LayoutMemo(max_layouts=2, max_bytes=100)
     for i in range(2):
-        memo.keep((b"x" * 10 + bytes([i]), 0, "push"), "layout")
+        memo.keep((i, 0, "push"), "layout", 11)
     assert len(memo) == 2
-    memo.keep((b"third", 0, "push"), "layout")
-    assert len(memo) == 1 and memo.get((b"third", 0, "push")) == "layout"
-    memo.keep((b"y" * 96, 0, "push"), "big")                 # past the bytes: starts again
-    assert len(memo) == 1 and memo.get((b"third", 0, "push")) is None
-    memo.keep((b"z" * 101, 0, "push"), "too big")            # never kept
+    memo.keep(("third", 0, "push"), "layout", 5)
+    assert len(memo) == 1 and memo.get(("third", 0, "push")) == "layout"
+    memo.keep(("y", 0, "push"), "big", 96)                   # past the bytes: starts again
+    assert len(memo) == 1 and memo.get(("third", 0, "push")) is None
+    memo.keep(("z", 0, "push"), "too big", 101)              # never kept
     assert len(memo) == 0
 
 
@@ -159,12 +159,11 @@ def test_a_sender_field_that_is_not_an_int_decodes_without_the_memo():
 
 
 def test_a_sender_packs_a_layout_of_the_same_content_once_and_every_buffer_anew():
-    """``LayoutFrames`` (the sender's side): a message of the same chunks, dtypes, shapes
+    """The sender's ``LayoutMemo``: a message of the same chunks, dtypes, shapes
     and references as one sent before takes that one's layout frame (the same bytes,
     not built again), while its buffers (packed small ones included) are this message's;
     another chunk, shape, dtype or reference is another layout."""
-    from kvstore.protocol.layouts import LayoutFrames
-    sent = LayoutFrames()
+    sent = LayoutMemo()
 
     def frames(fill, chunks=((1, 0), (2, 0), (3, 0)), n=3, dtype=np.int64, offset=64):
         values = [np.full(n, fill, dtype), np.full(2, fill + 1, np.float32)]

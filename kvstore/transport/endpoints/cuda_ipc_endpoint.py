@@ -29,7 +29,7 @@ import numpy as np
 
 from ...errors import ProtocolError
 from ...protocol import encode, ops
-from ...protocol.layouts import LayoutFrames
+from ...protocol.layouts import Described, LayoutMemo
 from .base import Endpoint
 
 
@@ -48,7 +48,7 @@ class CudaIpcEndpoint(Endpoint):
         self._reads: set = set()       # (peer, request id) whose buffers are workers' device memory
         self._replies: set = set()     # (peer, request id) whose values may go by device reference
         self.resolves = {"dev": self._open}
-        self._sent = LayoutFrames()    # data replies' layouts, packed once (kvstore/protocol/layouts.py)
+        self._sent: LayoutMemo[Described] = LayoutMemo()    # data replies' layouts, packed once (kvstore/protocol/layouts.py)
 
     def bind(self, sock) -> dict[str, str] | None:
         return {} if self.config.server_device == "gpu" else None

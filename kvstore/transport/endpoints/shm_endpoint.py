@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from ...protocol import encode, error_header, ops
-from ...protocol.layouts import LayoutFrames
+from ...protocol.layouts import Described, LayoutMemo
 from .. import shm
 from .base import Endpoint
 
@@ -33,7 +33,7 @@ class ShmEndpoint(Endpoint):
         self.resolves = {"shm": self._mapper.view}
         self._replies: set = set()   # (peer, request id) whose reply may point into our memory
         self._probe: np.ndarray | None = None
-        self._sent = LayoutFrames()   # data replies' layouts, packed once (kvstore/protocol/layouts.py)
+        self._sent: LayoutMemo[Described] = LayoutMemo()   # data replies' layouts, packed once (kvstore/protocol/layouts.py)
 
     def bind(self, sock) -> dict[str, str] | None:
         if not shm.available():

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from ...protocol import decode, ops
-from ...protocol.layouts import LayoutMemo
+from ...protocol.layouts import Layout, LayoutMemo
 from .. import shm
 from .base import Link, LinkUnavailable
 from .options import RequestOptions
@@ -55,7 +55,7 @@ class ShmLink(Link):
         self._mapper = shm.Mapper(writable=self.config.write_in)   # sums it may write into
         self._probe: np.ndarray | None = None
         self._answer: dict | None = None
-        self._layouts = LayoutMemo()     # the server's replies' layouts decoded (kvstore/protocol/layouts.py)
+        self._layouts: LayoutMemo[Layout] = LayoutMemo()     # the server's replies' layouts decoded (kvstore/protocol/layouts.py)
 
     def hello(self) -> list[int]:
         place = None
