@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning as L
 import torchmetrics
 from listening import listening      # tests/scripts/, this script's folder
+from shared_pipe import write_lines
 
 
 class Net(L.LightningModule):
@@ -146,10 +147,8 @@ def main():
                 f"stop {s.reduce_boolean_decision(rank == 1, all=False)}/{s.reduce_boolean_decision(rank == 1)} "
                 f"sampler {trainer.train_dataloader.sampler.num_replicas}:{trainer.train_dataloader.sampler.rank}")
         # what this worker listens on (tests/scripts/listening.py): the strategy opens nothing
-        line += f"\nrank {rank} listens on {listening()}"
-        # one write with its newlines: under torchrun both workers share one pipe
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        # one write(2) of both lines: under torchrun both workers share one pipe
+        write_lines([line, f"rank {rank} listens on {listening()}"])
         s.barrier()
     seen, labels = float(model.seen.compute()), len(model.labels.compute())   # collective: every rank
     if rank == 0:
@@ -157,7 +156,7 @@ def main():
                     "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
                     "loss": float(trainer.callback_metrics["loss"]), "steps": trainer.global_step,
                     "scales": model.scales, "norms": model.norms}, args.out)
-    print(f"rank {rank}: done after {trainer.global_step} steps", flush=True)
+    write_lines([f"rank {rank}: done after {trainer.global_step} steps"])
     if args.strategy == "ddp" and torch.distributed.is_initialized():
         # end gloo's process group before the interpreter does: left to exit, its
         # threads can meet a torn-down runtime ("terminate called without an active

@@ -17,6 +17,7 @@ import numpy as np
 
 import kvstore
 from listening import listening      # tests/scripts/, this script's folder
+from shared_pipe import write_lines
 
 kv = kvstore.create("dist_sync")
 kv.init("w", np.zeros(1000, np.float32))
@@ -40,5 +41,5 @@ if os.environ.get("PEEK_STORE") and kv.rank == 0:
     values = [peer.get(key) if peer.check([key]) else b"" for key in keys]
     holding = sum(1 for v in values if secret and secret.encode() in v)
     lines += [f"store keys {keys}", f"store values holding the secret: {holding}"]
-print("\n".join(lines), flush=True)    # one write: under torchrun the workers share one pipe
+write_lines(lines)       # one write(2): under torchrun the workers share one pipe
 kv.close()
