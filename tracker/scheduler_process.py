@@ -252,16 +252,14 @@ class SchedulerProcess:
                 self._heard = Heard(exits, self._heard.closed | {r for r in closed if type(r) is int}, after)
             if msg.get("done") is True:
                 self._done.set()
-            with self._heard_changed:
-                self._heard_changed.notify_all()
+            self._tell_waiters()
         code = popen.wait()
         with self._lock:
             if self._done.is_set() or self._closing or popen is not self._popen:
                 return
             why = f"the scheduler (pid {popen.pid}) {describe_exit(code)}"
             if self.restarts >= MAX_RESTARTS:
-                self._failure = f"{why}, after {MAX_RESTARTS} restarts: the job ends"
-                self._done.set()
+                self._end(f"{why}, after {MAX_RESTARTS} restarts: the job ends")
                 return
             self.restarts += 1
             log.warning("%s: restarting it on %s:%d (restart %d); the job pauses at its next control-plane "
@@ -269,5 +267,15 @@ class SchedulerProcess:
             try:
                 self._spawn(restarted=True)
             except OSError as e:
-                self._failure = f"{why} and could not be restarted: {e}"
-                self._done.set()
+                self._end(f"{why} and could not be restarted: {e}")
+
+    def _end(self, failure: str) -> None:
+        """The job ends for ``failure`` with no scheduler left to say so: waiters hear it now."""
+        self._failure = failure
+        self._done.set()
+        self._tell_waiters()
+
+    def _tell_waiters(self) -> None:
+        """Wake :meth:`wait_heard`'s waiters to look again."""
+        with self._heard_changed:
+            self._heard_changed.notify_all()

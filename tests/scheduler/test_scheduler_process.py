@@ -41,3 +41,19 @@ def test_an_exit_that_fails_the_job_is_said_to_be_its_cause(scheduler):
     told = scheduler.node_exited("server", 0, 1)
     assert scheduler.wait_heard(told, 10.0)
     assert scheduler.heard.failed_after == told and "server 0" in (scheduler.failure or "")
+
+
+def test_a_scheduler_that_cannot_come_back_wakes_who_waits_on_its_word(scheduler, monkeypatch):
+    """The scheduler dies with no restart left: the job ends with a failure naming it,
+    and a launcher waiting on its word of an exit hears that now, not at its own
+    timeout (which here is longer than the test's deadline)."""
+    import os
+    import signal
+
+    from tracker import scheduler_process
+    monkeypatch.setattr(scheduler_process, "MAX_RESTARTS", 0)
+    told = scheduler.node_exited("worker", 0, 0)
+    os.kill(scheduler.pids[-1], signal.SIGKILL)
+    assert scheduler.wait_heard(told + 1, 600.0)     # an exit it will never hear: the end wakes it
+    assert scheduler.done and "after 0 restarts: the job ends" in (scheduler.failure or "")
+    assert "killed by SIGKILL" in scheduler.failure
