@@ -173,13 +173,22 @@ def reap_orphans():
             return
 
 
+def stopping(role, rank, reason):
+    """The line a kvstore process logs when it stops for a reason of the job's, not a
+    bug of its own (a server that lost the scheduler, or was told the job aborted):
+    :class:`Exceptions` takes ``reason`` from it, as from a worker's traceback."""
+    return f"{role} {rank} stopping: {reason}"
+
+
 class Exceptions:
-    """Watches a process's output lines for Python tracebacks: :attr:`last` is the
-    last line of the last one (the exception, ``ValueError: bad value``), or None.
+    """Watches a process's output lines for why it failed: :attr:`last` is the last
+    line of the last Python traceback (the exception, ``ValueError: bad value``) or
+    the reason of the last :func:`stopping` line, whichever came later, or None.
     Lines of other threads between a traceback's frames (a log line) are skipped:
     the exception's line names a class (``name.Name: message`` or ``Name``)."""
 
     LINE = re.compile(r"^[A-Za-z_][\w.]*(?::(?: .*)?)?$")
+    STOPPING = re.compile(r"\b(?:server|worker) \d+ stopping: (.+)$")
 
     def __init__(self):
         self.last = None
@@ -190,6 +199,10 @@ class Exceptions:
             self._inside = True
         elif self._inside and self.LINE.match(line):
             self.last, self._inside = line.strip()[:500], False
+        elif not self._inside:
+            said = self.STOPPING.search(line)
+            if said:
+                self.last = said.group(1).strip()[:500]
 
 
 class Wrapped:

@@ -11,6 +11,7 @@ from typing import cast
 import zmq
 
 from tracker.control.membership import Membership
+from tracker.wrapper import stopping
 
 from ..config import Config
 from ..errors import CheckpointError, ProtocolError
@@ -165,7 +166,8 @@ class ServerNode:
                 # early requests whose worker gave up (its connection lost one) let go of their memory
                 self.sequencer.expire(time.monotonic(), self.config.timeout)
                 if self.membership.aborted.is_set():
-                    log.error("server %d stopping: %s", reg.rank, self.membership.abort_reason)
+                    # the launcher reads the reason from this line (tracker.wrapper.Exceptions)
+                    log.error("%s", stopping("server", reg.rank, self.membership.abort_reason))
                     return 1
                 if self.membership.shutdown.is_set():
                     log.info("server %d: all workers finished, shutting down", reg.rank)

@@ -18,6 +18,12 @@ class Ended:
         return self.code
 
 
+@dataclass
+class Failed(Ended):
+    """One that also said why: its last exception (or stopping line's reason)."""
+    exception: str | None = None
+
+
 def job(*codes):
     return [Ended(ProcSpec("worker", rank, ("x",)), 100 + rank, code) for rank, code in enumerate(codes)]
 
@@ -75,11 +81,32 @@ def test_the_exception_of_a_traceback_is_found_among_other_threads_log_lines():
     assert seen.last == "KeyboardInterrupt"
 
 
-def test_of_workers_that_failed_alike_before_the_scheduler_heard_the_first_in_launch_order_is_marked():
-    @dataclass
-    class Failed(Ended):
-        exception: str | None = None
+def test_the_reason_a_server_logged_as_it_stopped_is_its_exception():
+    """A server that stops for the job's reason (it lost the scheduler) logs
+    tracker.wrapper.stopping()'s line, no traceback: the launcher says that reason
+    with its exit, as it says a worker's exception."""
+    import logging
 
+    from tracker.wrapper import Exceptions, stopping
+    record = logging.LogRecord("x", logging.ERROR, "node.py", 1, "%s",
+                               (stopping("server", 2, "lost contact with the scheduler for 3s"),), None)
+    line = logging.Formatter("%(asctime)s [server:2] %(levelname)s %(message)s").format(record)
+    seen = Exceptions()
+    for text in ["2026-12-07 23:25:09,760 [server:2] INFO server 2 serving on tcp://127.0.0.1:1", line,
+                 "2026-12-07 23:25:12,900 [server:2] INFO server 2: closed"]:
+        seen.feed(text)
+    assert seen.last == "lost contact with the scheduler for 3s"
+    child = Failed(ProcSpec("server", 2, ("x",)), 100, 1, seen.last)
+    assert conclude([child], {"server 2": 1}, ("server 2", 1), None, None).root_cause == \
+        "server 2 exited with status 1: lost contact with the scheduler for 3s"
+    # a traceback after it is the later word; inside one, a quoted stopping line is not
+    for text in ["Traceback (most recent call last):", "  server 1 stopping: quoted in a frame",
+                 "ValueError: bad"]:
+        seen.feed(text)
+    assert seen.last == "ValueError: bad"
+
+
+def test_of_workers_that_failed_alike_before_the_scheduler_heard_the_first_in_launch_order_is_marked():
     same = "kvstore.errors.ConfigError: unknown store type 'dist_sync_cpu'"
     children = [Failed(ProcSpec("worker", 0, ("x",)), 100, -15, same),     # stopped by the teardown
                 Failed(ProcSpec("worker", 1, ("x",)), 101, 1, same),
