@@ -13,8 +13,10 @@ Our own launchers run it as their child with ``--launcher``
 dies): the settings and the secret in its environment, then one JSON line per
 message on its stdin (the first: ``{"job": ID, "restarted": BOOL, "port": P}``,
 port 0 for any free one; then ``{"exited": [ROLE, RANK, STATUS]}``, ``{"abort":
-REASON}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
-listens, ``{"failure": REASON}``, ``{"failed_over": [RANKS]}``, ``{"start_again": [[RANK, COUNT], ...]}``,
+REASON}``, ``{"ping": N}`` or ``{"stop": true}``) and on its stdout (``{"port": P}`` once it
+listens, ``{"pong": N}`` once its serving loop handled ping N (the launcher kills
+and restarts a scheduler that stops answering), ``{"failure": REASON}``,
+``{"failed_over": [RANKS]}``, ``{"start_again": [[RANK, COUNT], ...]}``,
 ``{"exits": N, "closed": [RANKS], "failed_after": M}`` (the ``exited`` lines handled
 so far, the workers that called close(), and how many exits it had heard when the
 job failed, or null: what the launcher judges a failed exit by),
@@ -113,10 +115,14 @@ def serve_launcher(environ: Mapping[str, str], stdin: IO[str], stdout: IO[str]) 
     failed_over: frozenset[int] = frozenset()
     start_again: dict[int, int] = {}
     exits: tuple[int, frozenset[int], int | None] = (0, frozenset(), None)
+    pinged = 0
     try:
         say(port=sched.port, pid=os.getpid())
         while not stop.is_set():
             ended = sched.wait(TICK) or sched.done
+            if sched.pinged != pinged:
+                pinged = sched.pinged
+                say(pong=pinged)
             if sched.failure != failure:
                 failure = sched.failure
                 say(failure=failure)
@@ -152,6 +158,8 @@ def _launcher_events(sched: Scheduler, stdin: IO[str], stop: threading.Event) ->
                 sched.node_exited(str(role), int(rank), int(code))
             elif "abort" in event:
                 sched.abort(str(event["abort"]))
+            elif "ping" in event:
+                sched.ping(int(event["ping"]))
             elif event.get("stop"):
                 stop.set()
                 return

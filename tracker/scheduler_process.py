@@ -11,7 +11,11 @@ and job id, told that it was restarted, and handed every exit the launcher had
 reported: it rebuilds the job from its members, which register again
 (:mod:`tracker.control.recovery`, docs/architecture.md §8.2). Up to
 ``MAX_RESTARTS`` times; a scheduler that cannot be started again ends the job,
-naming it.
+naming it. A scheduler that hangs (stopped, a deadlock) is killed (SIGKILL) and so
+restarted: every KVSTORE_HEARTBEAT_INTERVAL it is pinged through its serving
+loop, and one that answered none for KVSTORE_HEARTBEAT_TIMEOUT is taken for
+hung, in time for the nodes, which wait KVSTORE_SCHEDULER_RESTART_TIMEOUT more
+for a restart (with that 0 nothing waits, and a hung one is left to the nodes).
 
 Example::
 
@@ -35,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import IO, Mapping, NamedTuple
 
 from .control.env import Settings
@@ -96,6 +101,11 @@ class SchedulerProcess:
         self._heard_changed = threading.Condition()
         self._done = threading.Event()
         self._closing = False
+        # the watch for a hung scheduler: pings sent, when the last answer (or start) came
+        self._ping_every, self._hung_after = settings.heartbeat_interval, settings.heartbeat_timeout
+        self._watch = settings.scheduler_restart_timeout > 0    # 0: no node waits for a restart
+        self._pings = 0
+        self._answered_at = 0.0
 
     # -- what a launcher asks ------------------------------------------------------------
     @property
@@ -146,6 +156,8 @@ class SchedulerProcess:
         """Start the scheduler; OSError if it cannot start (its log says why)."""
         with self._lock:
             self._spawn(restarted=False)
+        if self._watch:
+            threading.Thread(target=self._watch_for_a_hang, daemon=True, name="kvstore-scheduler-watch").start()
         return self
 
     def node_exited(self, role: str, rank: int, returncode: int) -> int:
@@ -225,6 +237,7 @@ class SchedulerProcess:
             raise OSError(f"the scheduler could not start on {self.host}:{self._port or 'a free port'} "
                           f"within {START_TIMEOUT:g}s ({describe_exit(code)}; its log above says why)")
         self._port, self._popen = port, popen
+        self._answered_at = time.monotonic()
         for event in self._history if restarted else ():
             self._write(event)
         threading.Thread(target=self._read, args=(popen, popen.stdout), daemon=True,
@@ -250,6 +263,8 @@ class SchedulerProcess:
             if type(exits) is int and isinstance(closed, list) and (after is None or type(after) is int) \
                     and popen is self._popen:
                 self._heard = Heard(exits, self._heard.closed | {r for r in closed if type(r) is int}, after)
+            if type(msg.get("pong")) is int and popen is self._popen:
+                self._answered_at = time.monotonic()
             if msg.get("done") is True:
                 self._done.set()
             self._tell_waiters()
@@ -268,6 +283,24 @@ class SchedulerProcess:
                 self._spawn(restarted=True)
             except OSError as e:
                 self._end(f"{why} and could not be restarted: {e}")
+
+    def _watch_for_a_hang(self) -> None:
+        """Ping the scheduler every heartbeat interval until the job ends; kill one that
+        answered nothing for the heartbeat timeout (its reader then restarts it)."""
+        killed = None
+        while not self._done.wait(self._ping_every):
+            with self._lock:
+                if self._closing:
+                    return
+                popen, self._pings = self._popen, self._pings + 1
+                self._write({"ping": self._pings})
+                silent = time.monotonic() - self._answered_at
+            if popen is None or popen is killed or silent <= self._hung_after or popen.poll() is not None:
+                continue
+            log.warning("the scheduler (pid %d) answered no ping for %.1fs (KVSTORE_HEARTBEAT_TIMEOUT): "
+                        "stopped or stuck; killing it to start it again", popen.pid, silent)
+            killed = popen
+            popen.send_signal(signal.SIGKILL)
 
     def _end(self, failure: str) -> None:
         """The job ends for ``failure`` with no scheduler left to say so: waiters hear it now."""

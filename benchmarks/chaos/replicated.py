@@ -128,9 +128,9 @@ class Target:
     survived: str = FAILED_OVER       # the line that says it was survived
 
 
-# The scheduler survives SIGKILL only (its launcher restarts it: docs/reliability.md;
-# a stopped one is not restarted, and its partition is the whole job's), after start-up.
-SCHEDULER = Target("scheduler", "scheduler", lambda servers: (0,), faults=("SIGKILL",),
+# The scheduler survives SIGKILL and SIGSTOP (its launcher restarts it, killing a stopped
+# one that answers no ping: docs/reliability.md; its partition is the whole job's), after start-up.
+SCHEDULER = Target("scheduler", "scheduler", lambda servers: (0,), faults=("SIGKILL", "SIGSTOP"),
                    moments=("rounds", "save"), survived="the restarted scheduler rebuilt the job")
 # A second server after a replacement: any server of the job or the replacement (rank S).
 SECOND = Target("second-server", "server", lambda servers: range(servers + 1), flags=("--restart-servers", "1"),

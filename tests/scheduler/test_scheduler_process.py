@@ -57,3 +57,44 @@ def test_a_scheduler_that_cannot_come_back_wakes_who_waits_on_its_word(scheduler
     assert scheduler.wait_heard(told + 1, 600.0)     # an exit it will never hear: the end wakes it
     assert scheduler.done and "after 0 restarts: the job ends" in (scheduler.failure or "")
     assert "killed by SIGKILL" in scheduler.failure
+
+
+def test_a_stopped_scheduler_is_killed_and_started_again():
+    """The scheduler stops answering (SIGSTOP: alive, so no death to see): it answered
+    no ping for the heartbeat timeout, so it is killed and started again on its
+    port, and the new one hears the launcher (an exit told after the restart)."""
+    import os
+    import signal
+    import threading
+
+    sched = SchedulerProcess(Settings(heartbeat_interval=0.1, heartbeat_timeout=1.0, timeout=30.0,
+                                      scheduler_restart_timeout=5.0), 2, 1,
+                             host="127.0.0.1", secret=new_secret()).start()
+    try:
+        first, port = sched.pids[0], sched.port
+        os.kill(first, signal.SIGSTOP)
+        waited = threading.Event()
+        for _ in range(600):        # up to 30 s: a restart is the heartbeat timeout plus a start
+            if sched.restarts == 1 and len(sched.pids) == 2:
+                break
+            waited.wait(0.05)
+        assert sched.restarts == 1 and len(sched.pids) == 2 and sched.port == port
+        assert not os.path.exists(f"/proc/{first}") or open(f"/proc/{first}/stat").read().split()[2] == "Z"
+        told = sched.node_exited("server", 0, 1)
+        assert sched.wait_heard(told, 10.0) and sched.heard.exits == 1
+    finally:
+        sched.close()
+
+
+def test_with_no_restart_to_wait_for_a_stopped_scheduler_is_left_to_the_nodes(scheduler):
+    """KVSTORE_SCHEDULER_RESTART_TIMEOUT=0: no node waits for a restart, so nothing
+    pings the scheduler (the nodes stop at their heartbeat timeout, naming it)."""
+    import threading
+    sched = SchedulerProcess(Settings(heartbeat_interval=0.1, heartbeat_timeout=1.0, timeout=30.0,
+                                      scheduler_restart_timeout=0.0), 2, 1,
+                             host="127.0.0.1", secret=new_secret()).start()
+    try:
+        watches = [t for t in threading.enumerate() if t.name == "kvstore-scheduler-watch"]
+        assert len(watches) == 1       # the fixture's scheduler's, not this one's
+    finally:
+        sched.close()

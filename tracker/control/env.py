@@ -201,7 +201,8 @@ VARIABLES: tuple[Var, ...] = (
         "hand-started scheduler is not waited for), "
         "before it stops with \"lost contact with the scheduler\"; a restarted scheduler waits "
         "as long (plus the heartbeat timeout) for every member to register again. 0: stop at the "
-        "heartbeat timeout."),
+        "heartbeat timeout (and the launcher does not kill a scheduler that hangs: nothing would wait "
+        "for its restart)."),
     Var("KVSTORE_ABORT_GRACE", (), 5.0, _POSITIVE_FLOAT,
         "Seconds a worker whose job was aborted may keep running (to raise the error "
         "from its next kvstore call) before it exits by itself with status 70."),

@@ -61,6 +61,7 @@ class Scheduler:
         self._requested_port = port
         self._port: int | None = None   # start() binds it
         self._events: queue.Queue = queue.Queue()
+        self._pinged = 0
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
@@ -124,6 +125,16 @@ class Scheduler:
     def abort(self, reason: str) -> None:
         """Abort the job: every node is told ``reason``."""
         self._events.put(("abort", reason))
+
+    def ping(self, number: int) -> None:
+        """A launcher's liveness probe: :attr:`pinged` becomes ``number`` once the
+        serving loop handled it (a loop that hangs never answers)."""
+        self._events.put(("ping", number))
+
+    @property
+    def pinged(self) -> int:
+        """The last :meth:`ping` the serving loop handled (0: none)."""
+        return self._pinged
 
     @property
     def failed_over(self) -> frozenset[int]:
@@ -216,6 +227,8 @@ class Scheduler:
             elif event[0] == "exited":
                 _, role, rank, code = event
                 self._send(state.node_exited(role, rank, code, now=time.monotonic()))
+            elif event[0] == "ping":
+                self._pinged = event[1]
 
     def _send(self, sends) -> None:
         for send in sends:
