@@ -178,6 +178,20 @@ def test_a_replicated_job_goes_on_after_its_scheduler_is_killed_in_rounds():
     assert run["exit"] == 0, run
 
 
+@pytest.mark.timeout(90)
+def test_an_elastic_replicated_job_goes_on_after_its_scheduler_is_stopped_in_a_save():
+    """SIGSTOP of the scheduler 1 ms into save 1 of an elastic dist_async job: alive,
+    it answers no ping, so after the heartbeat timeout (2 s) the launcher kills it and
+    starts it again; the restarted scheduler rebuilds the membership from the
+    members' reports (it was tested on the state machine only), the save's barriers
+    are sent again, and the job ends with exit 0, every push applied once."""
+    case = chaos_replicated.Case(seed=0, mode="async", workers=3, servers=3, fault="SIGSTOP", target="scheduler",
+                                 rank=0, moment="save", at=1, delay_s=0.001, elastic=True)
+    run = chaos_replicated.run_case(case, chaos_replicated.References())
+    assert not run["problems"], run
+    assert run["exit"] == 0 and run["pause_s"] < 10, run
+
+
 @pytest.mark.timeout(120)
 def test_a_replicated_job_survives_a_second_server_lost_in_a_save_after_a_replacement():
     """The second-server target: server 2 of 3 killed after round 3, a replacement
