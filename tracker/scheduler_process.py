@@ -157,7 +157,8 @@ class SchedulerProcess:
         with self._lock:
             self._spawn(restarted=False)
         if self._watch:
-            threading.Thread(target=self._watch_for_a_hang, daemon=True, name="kvstore-scheduler-watch").start()
+            threading.Thread(target=self._watch_for_a_hang, daemon=True,
+                             name=f"kvstore-scheduler-watch-{self.job}").start()
         return self
 
     def node_exited(self, role: str, rank: int, returncode: int) -> int:

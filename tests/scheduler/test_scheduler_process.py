@@ -94,7 +94,8 @@ def test_with_no_restart_to_wait_for_a_stopped_scheduler_is_left_to_the_nodes(sc
                                       scheduler_restart_timeout=0.0), 2, 1,
                              host="127.0.0.1", secret=new_secret()).start()
     try:
-        watches = [t for t in threading.enumerate() if t.name == "kvstore-scheduler-watch"]
-        assert len(watches) == 1       # the fixture's scheduler's, not this one's
+        watching = {t.name for t in threading.enumerate() if t.name.startswith("kvstore-scheduler-watch-")}
+        assert f"kvstore-scheduler-watch-{scheduler.job}" in watching       # the fixture's (the default: 10 s)
+        assert f"kvstore-scheduler-watch-{sched.job}" not in watching
     finally:
         sched.close()
