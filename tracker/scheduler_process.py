@@ -10,7 +10,10 @@ crashed), it is started again on the same address and port with the same secret
 and job id, told that it was restarted, and handed every exit the launcher had
 reported: it rebuilds the job from its members, which register again
 (:mod:`tracker.control.recovery`, docs/architecture.md §8.2). Up to
-``MAX_RESTARTS`` times; a scheduler that cannot be started again ends the job,
+``MAX_RESTARTS`` restarts within any ``RESTART_WINDOW`` seconds: a crash loop ends
+the job, while a week-long job may lose its scheduler any number of times, only
+not that often (systemd's start limit counts the same way); a scheduler that
+cannot be started again ends the job,
 naming it. A scheduler that hangs (stopped, a deadlock) is killed (SIGKILL) and so
 restarted: every KVSTORE_HEARTBEAT_INTERVAL it is pinged through its serving
 loop, and one that answered none for KVSTORE_HEARTBEAT_TIMEOUT is taken for
@@ -48,7 +51,8 @@ from .scheduler import LAUNCHER_FLAG
 
 log = logging.getLogger(__name__)
 
-MAX_RESTARTS = 10      # restarts of one job's scheduler before its death ends the job
+MAX_RESTARTS = 10      # restarts of one job's scheduler within RESTART_WINDOW before its death ends the job
+RESTART_WINDOW = 600.0  # seconds: restarts longer ago than this no longer count
 STOP_GRACE = 5.0       # seconds the scheduler gets to end after ``stop``, before SIGKILL
 START_TIMEOUT = 60.0   # seconds a scheduler process gets to listen (a Python start, a bind)
 
@@ -74,6 +78,7 @@ class SchedulerProcess:
         self.host = host
         self.job = secrets.token_hex(8)   # the job's id (servers' checkpoint files), kept across restarts
         self.restarts = 0
+        self._restarted_at: list[float] = []   # when each restart within RESTART_WINDOW happened
         self.pids: list[int] = []       # of every scheduler process started (the launcher's own children)
         elastic = settings.elastic
         self._env = {**environ, "KVSTORE_ROLE": "scheduler", "DMLC_ROLE": "scheduler",
@@ -274,9 +279,13 @@ class SchedulerProcess:
             if self._done.is_set() or self._closing or popen is not self._popen:
                 return
             why = f"the scheduler (pid {popen.pid}) {describe_exit(code)}"
-            if self.restarts >= MAX_RESTARTS:
-                self._end(f"{why}, after {MAX_RESTARTS} restarts: the job ends")
+            now = time.monotonic()
+            self._restarted_at = [t for t in self._restarted_at if now - t < RESTART_WINDOW]
+            if len(self._restarted_at) >= MAX_RESTARTS:
+                self._end(f"{why}, after {MAX_RESTARTS} restart{'' if MAX_RESTARTS == 1 else 's'} within "
+                          f"{RESTART_WINDOW:g}s: the job ends")
                 return
+            self._restarted_at.append(now)
             self.restarts += 1
             log.warning("%s: restarting it on %s:%d (restart %d); the job pauses at its next control-plane "
                         "call until every process registered again", why, self.host, self._port, self.restarts)

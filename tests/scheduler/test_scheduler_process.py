@@ -55,7 +55,7 @@ def test_a_scheduler_that_cannot_come_back_wakes_who_waits_on_its_word(scheduler
     told = scheduler.node_exited("worker", 0, 0)
     os.kill(scheduler.pids[-1], signal.SIGKILL)
     assert scheduler.wait_heard(told + 1, 600.0)     # an exit it will never hear: the end wakes it
-    assert scheduler.done and "after 0 restarts: the job ends" in (scheduler.failure or "")
+    assert scheduler.done and "after 0 restarts within 600s: the job ends" in (scheduler.failure or "")
     assert "killed by SIGKILL" in scheduler.failure
 
 
@@ -96,3 +96,30 @@ def test_with_no_restart_to_wait_for_a_stopped_scheduler_is_left_to_the_nodes(sc
         assert f"kvstore-scheduler-watch-{sched.job}" not in watching
     finally:
         sched.close()
+
+
+@pytest.mark.parametrize("window, ends", [(600.0, True), (0.0, False)])
+def test_restarts_count_against_the_limit_only_within_the_window(scheduler, monkeypatch, window, ends):
+    """One restart allowed per window: a second death within it ends the job (a crash
+    loop); with the first restart already outside the window (here: a window of 0 s)
+    the scheduler is started again, as a week-long job's occasional deaths are."""
+    import os
+    import signal
+
+    from services import eventually_empty
+    from tracker import scheduler_process
+    monkeypatch.setattr(scheduler_process, "MAX_RESTARTS", 1)
+    monkeypatch.setattr(scheduler_process, "RESTART_WINDOW", window)
+    os.kill(scheduler.pids[-1], signal.SIGKILL)
+    assert not eventually_empty(lambda: [] if len(scheduler.pids) == 2 else ["waiting"], 30)
+    told = scheduler.node_exited("worker", 0, 0)
+    assert scheduler.wait_heard(told, 10.0)       # the first restart serves
+    os.kill(scheduler.pids[-1], signal.SIGKILL)
+    if ends:
+        assert scheduler.wait_heard(told + 1, 600.0) and scheduler.done
+        assert "after 1 restart within 600s: the job ends" in (scheduler.failure or "")
+    else:
+        assert not eventually_empty(lambda: [] if len(scheduler.pids) == 3 else ["waiting"], 30)
+        assert scheduler.restarts == 2 and not scheduler.done
+        told = scheduler.node_exited("worker", 1, 0)
+        assert scheduler.wait_heard(told, 10.0)
