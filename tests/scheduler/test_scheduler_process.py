@@ -6,13 +6,23 @@ close() first."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from tracker.control.env import Settings
 from tracker.control.security import new_secret
 from tracker.scheduler_process import SchedulerProcess
+from services import eventually_empty
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def started(sched: SchedulerProcess, count: int, timeout: float = 30.0) -> bool:
+    """Whether ``count`` scheduler processes were started (the first and its restarts)
+    within ``timeout`` seconds."""
+    return not eventually_empty(lambda: [] if len(sched.pids) >= count else ["waiting"], timeout)
 
 
 @pytest.fixture
@@ -47,9 +57,6 @@ def test_a_scheduler_that_cannot_come_back_wakes_who_waits_on_its_word(scheduler
     """The scheduler dies with no restart left: the job ends with a failure naming it,
     and a launcher waiting on its word of an exit hears that now, not at its own
     timeout (which here is longer than the test's deadline)."""
-    import os
-    import signal
-
     from tracker import scheduler_process
     monkeypatch.setattr(scheduler_process, "MAX_RESTARTS", 0)
     told = scheduler.node_exited("worker", 0, 0)
@@ -63,18 +70,13 @@ def test_a_stopped_scheduler_is_killed_and_started_again():
     """The scheduler stops answering (SIGSTOP: alive, so no death to see): it answered
     no ping for the heartbeat timeout, so it is killed and started again on its
     port, and the new one hears the launcher (an exit told after the restart)."""
-    import os
-    import signal
-
-    from services import eventually_empty
     sched = SchedulerProcess(Settings(heartbeat_interval=0.1, heartbeat_timeout=1.0, timeout=30.0,
                                       scheduler_restart_timeout=5.0), 2, 1,
                              host="127.0.0.1", secret=new_secret()).start()
     try:
         first, port = sched.pids[0], sched.port
         os.kill(first, signal.SIGSTOP)
-        # up to 30 s: a restart is the heartbeat timeout plus a start
-        assert not eventually_empty(lambda: [] if sched.restarts == 1 and len(sched.pids) == 2 else ["waiting"], 30)
+        assert started(sched, 2)        # a restart is the heartbeat timeout plus a start
         assert sched.restarts == 1 and len(sched.pids) == 2 and sched.port == port
         assert not os.path.exists(f"/proc/{first}") or open(f"/proc/{first}/stat").read().split()[2] == "Z"
         told = sched.node_exited("server", 0, 1)
@@ -103,15 +105,11 @@ def test_restarts_count_against_the_limit_only_within_the_window(scheduler, monk
     """One restart allowed per window: a second death within it ends the job (a crash
     loop); with the first restart already outside the window (here: a window of 0 s)
     the scheduler is started again, as a week-long job's occasional deaths are."""
-    import os
-    import signal
-
-    from services import eventually_empty
     from tracker import scheduler_process
     monkeypatch.setattr(scheduler_process, "MAX_RESTARTS", 1)
     monkeypatch.setattr(scheduler_process, "RESTART_WINDOW", window)
     os.kill(scheduler.pids[-1], signal.SIGKILL)
-    assert not eventually_empty(lambda: [] if len(scheduler.pids) == 2 else ["waiting"], 30)
+    assert started(scheduler, 2)
     told = scheduler.node_exited("worker", 0, 0)
     assert scheduler.wait_heard(told, 10.0)       # the first restart serves
     os.kill(scheduler.pids[-1], signal.SIGKILL)
@@ -119,7 +117,7 @@ def test_restarts_count_against_the_limit_only_within_the_window(scheduler, monk
         assert scheduler.wait_heard(told + 1, 600.0) and scheduler.done
         assert "after 1 restart within 600s: the job ends" in (scheduler.failure or "")
     else:
-        assert not eventually_empty(lambda: [] if len(scheduler.pids) == 3 else ["waiting"], 30)
+        assert started(scheduler, 3)
         assert scheduler.restarts == 2 and not scheduler.done
         told = scheduler.node_exited("worker", 1, 0)
         assert scheduler.wait_heard(told, 10.0)
